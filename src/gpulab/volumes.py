@@ -1,0 +1,344 @@
+"""Data volumes: the ``container@store[/prefix]:/mount[:ro|rw|rwd]`` syntax and object stores.
+
+Pure code, no I/O. A volume names a bucket ("container") on an object store configured by the
+administrator, an optional key prefix, the mount path inside the workload, and a sync mode:
+
+- ``ro`` (default): pulled before the workload starts, never pushed;
+- ``rw``: pushed afterwards (additions and changes), remote objects are never deleted;
+- ``rwd``: like ``rw`` and local deletions are propagated to the store.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+__all__ = [
+    "MODES",
+    "RESERVED_MOUNTS",
+    "CredentialsSource",
+    "Grant",
+    "ObjectStore",
+    "VolumeAccessError",
+    "VolumeError",
+    "VolumeSpec",
+    "WorkspaceLocation",
+    "check_access",
+    "parse_volume",
+    "parse_volumes",
+    "validate_bucket_name",
+]
+
+Mode = Literal["ro", "rw", "rwd"]
+MODES: tuple[Mode, ...] = ("ro", "rw", "rwd")
+
+#: Paths a volume may not be mounted on, under, or above (it would hide them).
+RESERVED_MOUNTS: tuple[str, ...] = (
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc",
+    "/bin",
+    "/sbin",
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/boot",
+    "/var/run",
+    "/run",
+)
+
+_SPEC_RE = re.compile(
+    r"^(?P<bucket>[^@:/\s]+)@(?P<store>[^/:\s]+)(?P<prefix>/[^:]*)?:(?P<mount>[^:]*)"
+    r"(?::(?P<mode>[^:]*))?$"
+)
+_STORE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_BUCKET_CHARS_RE = re.compile(r"^[a-z0-9.-]+$")
+_IP_LIKE_RE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+_SYNTAX_HELP = "expected container@store[/prefix]:/mount/path[:ro|rw|rwd]"
+
+
+class VolumeError(ValueError):
+    """A volume specification or store configuration is invalid (message names the spec)."""
+
+
+class VolumeAccessError(VolumeError):
+    """The user may not use this bucket/prefix (or with this mode)."""
+
+
+@dataclass(frozen=True)
+class CredentialsSource:
+    """Where the sync helper finds the store's credentials: never the values themselves.
+
+    Either two environment variable names, or a file path (an AWS shared-credentials file or
+    ``KEY=VALUE`` lines). Holding only names keeps secrets out of any ``repr`` or log line.
+    """
+
+    access_key_env: str = "AWS_ACCESS_KEY_ID"
+    secret_key_env: str = "AWS_SECRET_ACCESS_KEY"
+    file: str | None = None
+
+
+@dataclass(frozen=True)
+class ObjectStore:
+    """An object storage endpoint configured by the administrator.
+
+    ``kind="s3"``: an S3-compatible endpoint (``endpoint_url`` None means AWS itself).
+    ``kind="filesystem"``: the embedded default, objects persisted under the ``root`` directory
+    with the same sync semantics as S3.
+    """
+
+    name: str
+    kind: Literal["s3", "filesystem"] = "s3"
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    credentials: CredentialsSource = field(default_factory=CredentialsSource)
+    root: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _STORE_NAME_RE.match(self.name or ""):
+            raise VolumeError(
+                f"object store name {self.name!r} is invalid: use letters, digits, '.', '_', '-'"
+            )
+        if self.kind not in ("s3", "filesystem"):
+            raise VolumeError(
+                f"object store {self.name!r}: kind must be 's3' or 'filesystem', not {self.kind!r}"
+            )
+        if self.kind == "filesystem" and not (self.root and self.root.startswith("/")):
+            raise VolumeError(
+                f"object store {self.name!r}: a filesystem store needs an absolute 'root' directory"
+            )
+        if self.endpoint_url is not None:
+            url = self.endpoint_url
+            if not re.match(r"^https?://[^/@\s]+(/.*)?$", url):
+                raise VolumeError(
+                    f"object store {self.name!r}: endpoint_url must be http(s)://host[:port] "
+                    "without credentials in it"
+                )
+
+
+@dataclass(frozen=True)
+class VolumeSpec:
+    """A parsed volume. ``prefix`` has no leading/trailing slash ("" = whole bucket)."""
+
+    bucket: str
+    store: str
+    prefix: str
+    mount: str
+    mode: Mode = "ro"
+
+    @property
+    def pushes(self) -> bool:
+        """True when the volume is pushed back to the store after the workload."""
+        return self.mode != "ro"
+
+    @property
+    def deletes(self) -> bool:
+        """True when local deletions are propagated to the store."""
+        return self.mode == "rwd"
+
+    def __str__(self) -> str:
+        prefix = f"/{self.prefix}" if self.prefix else ""
+        return f"{self.bucket}@{self.store}{prefix}:{self.mount}:{self.mode}"
+
+
+def validate_bucket_name(bucket: str) -> None:
+    """Raise VolumeError unless ``bucket`` follows the S3 bucket naming rules."""
+    problem = _bucket_problem(bucket)
+    if problem:
+        raise VolumeError(f"invalid bucket name {bucket!r}: {problem}")
+
+
+def _bucket_problem(bucket: str) -> str | None:
+    if not 3 <= len(bucket) <= 63:
+        return "must be 3 to 63 characters long"
+    if not _BUCKET_CHARS_RE.match(bucket):
+        return "only lowercase letters, digits, '.' and '-' are allowed"
+    if not (bucket[0].isalnum() and bucket[-1].isalnum()):
+        return "must start and end with a letter or digit"
+    if ".." in bucket:
+        return "must not contain '..'"
+    if _IP_LIKE_RE.match(bucket):
+        return "must not look like an IP address"
+    return None
+
+
+def _store_names(stores: Mapping[str, ObjectStore] | Iterable[str]) -> set[str]:
+    if isinstance(stores, Mapping):
+        return set(stores)
+    return {s.name if isinstance(s, ObjectStore) else s for s in stores}
+
+
+def _is_within(path: str, root: str) -> bool:
+    """True if ``path`` equals ``root`` or lies under it (both normalised, absolute)."""
+    return path == root or root == "/" or path.startswith(root.rstrip("/") + "/")
+
+
+def _check_mount(spec: str, mount: str, workspace: str) -> str:
+    if not mount:
+        raise VolumeError(f"volume {spec!r}: missing mount path ({_SYNTAX_HELP})")
+    if not mount.startswith("/"):
+        raise VolumeError(f"volume {spec!r}: mount path {mount!r} must be absolute (start with /)")
+    segments = mount.strip("/").split("/")
+    if mount != "/" and any(s in ("", ".", "..") for s in segments):
+        raise VolumeError(
+            f"volume {spec!r}: mount path {mount!r} must not contain empty, '.' or '..' segments"
+        )
+    norm = posixpath.normpath(mount)
+    if norm == "/":
+        raise VolumeError(f"volume {spec!r}: cannot mount a volume on '/'")
+    for reserved in RESERVED_MOUNTS:
+        if _is_within(norm, reserved) or _is_within(reserved, norm):
+            raise VolumeError(
+                f"volume {spec!r}: mount path {norm!r} is reserved (conflicts with {reserved}); "
+                "mount data volumes under e.g. /data/<name>"
+            )
+    ws = posixpath.normpath(workspace)
+    if _is_within(norm, ws) or _is_within(ws, norm):
+        raise VolumeError(
+            f"volume {spec!r}: mount path {norm!r} overlaps the workspace {ws!r}, which is synced "
+            "on its own; mount data volumes elsewhere, e.g. /data/<name>"
+        )
+    return norm
+
+
+def _check_prefix(spec: str, raw: str | None) -> str:
+    if not raw:
+        return ""
+    prefix = raw[1:]  # drop the "/" separating it from the store name
+    if prefix.endswith("/"):
+        prefix = prefix[:-1]
+    if not prefix:
+        return ""
+    segments = prefix.split("/")
+    if any(s == "" for s in segments):
+        raise VolumeError(f"volume {spec!r}: prefix {prefix!r} contains an empty segment ('//')")
+    if any(s in (".", "..") for s in segments):
+        raise VolumeError(f"volume {spec!r}: prefix {prefix!r} must not contain '.' or '..'")
+    return prefix
+
+
+def parse_volume(
+    spec: str,
+    stores: Mapping[str, ObjectStore] | Iterable[str],
+    workspace: str = "/workspace",
+) -> VolumeSpec:
+    """Parse one ``container@store[/prefix]:/mount/path[:ro|rw|rwd]`` specification."""
+    m = _SPEC_RE.match(spec.strip()) if isinstance(spec, str) else None
+    if not m:
+        raise VolumeError(f"volume {spec!r} is malformed: {_SYNTAX_HELP}")
+    bucket, store = m["bucket"], m["store"]
+    names = _store_names(stores)
+    if store not in names:
+        known = ", ".join(sorted(names)) or "none configured"
+        raise VolumeError(f"volume {spec!r}: unknown object store {store!r} (known: {known})")
+    problem = _bucket_problem(bucket)
+    if problem:
+        raise VolumeError(f"volume {spec!r}: invalid bucket name {bucket!r}: {problem}")
+    prefix = _check_prefix(spec, m["prefix"])
+    mount = _check_mount(spec, m["mount"], workspace)
+    mode = m["mode"] if m["mode"] is not None else "ro"
+    if mode not in MODES:
+        raise VolumeError(f"volume {spec!r}: unknown mode {mode!r} (use ro, rw or rwd)")
+    return VolumeSpec(bucket=bucket, store=store, prefix=prefix, mount=mount, mode=mode)
+
+
+def parse_volumes(
+    specs: Sequence[str],
+    stores: Mapping[str, ObjectStore] | Iterable[str],
+    workspace: str = "/workspace",
+) -> list[VolumeSpec]:
+    """Parse several volumes; two volumes may not share a mount or be nested in one another."""
+    names = _store_names(stores)
+    parsed = [parse_volume(s, names, workspace) for s in specs]
+    for i, a in enumerate(parsed):
+        for b in parsed[i + 1 :]:
+            if a.mount == b.mount:
+                raise VolumeError(f"volumes {str(a)!r} and {str(b)!r} use the same mount path")
+            if _is_within(a.mount, b.mount) or _is_within(b.mount, a.mount):
+                raise VolumeError(
+                    f"volumes {str(a)!r} and {str(b)!r} are nested: one mount path lies inside "
+                    "the other"
+                )
+    return parsed
+
+
+@dataclass(frozen=True)
+class Grant:
+    """An administrator's permission: ``bucket`` on ``store`` under ``prefix`` ("" = all).
+
+    ``users`` None means every user; ``modes`` lists the modes allowed.
+    """
+
+    store: str
+    bucket: str
+    prefix: str = ""
+    modes: frozenset[str] = frozenset(MODES)
+    users: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class WorkspaceLocation:
+    """Where users' workspaces live: ``<root>/<user>/`` in ``bucket`` on ``store``."""
+
+    store: str
+    bucket: str
+    root: str = "workspaces"
+
+
+def _prefix_within(prefix: str, root: str) -> bool:
+    return not root or prefix == root or prefix.startswith(root.rstrip("/") + "/")
+
+
+def check_access(
+    user: str,
+    spec: VolumeSpec,
+    allowed: Iterable[Grant],
+    workspaces: WorkspaceLocation | None = None,
+) -> None:
+    """Raise VolumeAccessError unless ``user`` may use ``spec``.
+
+    A user's own workspace prefix is always theirs; another user's workspace (or a prefix
+    that contains other workspaces) is refused whatever the grants say. Anything else needs a
+    grant covering the store, bucket, prefix and mode.
+    """
+    if workspaces and (spec.store, spec.bucket) == (workspaces.store, workspaces.bucket):
+        root = workspaces.root.strip("/")
+        own = f"{root}/{user}"
+        if _prefix_within(spec.prefix, own):
+            return
+        if _prefix_within(spec.prefix, root) and spec.prefix != root:
+            raise VolumeAccessError(
+                f"volume {str(spec)!r}: prefix {spec.prefix!r} is another user's workspace; "
+                f"yours is {own}/"
+            )
+        if _prefix_within(root, spec.prefix):
+            raise VolumeAccessError(
+                f"volume {str(spec)!r}: prefix {spec.prefix or '(whole bucket)'!r} contains "
+                f"other users' workspaces; use {own}/"
+            )
+    mode_refused: list[Grant] = []
+    for grant in allowed:
+        if (grant.store, grant.bucket) != (spec.store, spec.bucket):
+            continue
+        if grant.users is not None and user not in grant.users:
+            continue
+        if not _prefix_within(spec.prefix, grant.prefix.strip("/")):
+            continue
+        if spec.mode in grant.modes:
+            return
+        mode_refused.append(grant)
+    if mode_refused:
+        modes = sorted({m for g in mode_refused for m in g.modes})
+        raise VolumeAccessError(
+            f"volume {str(spec)!r}: mode {spec.mode!r} is not allowed here (allowed: "
+            f"{', '.join(modes) or 'none'})"
+        )
+    raise VolumeAccessError(
+        f"volume {str(spec)!r}: user {user!r} may not use bucket {spec.bucket!r} "
+        f"prefix {spec.prefix or '(whole bucket)'!r} on store {spec.store!r}; ask an "
+        "administrator for access"
+    )

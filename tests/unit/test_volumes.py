@@ -1,0 +1,303 @@
+"""Unit tests for the volume syntax, object store config and access policy (pure code)."""
+
+import dataclasses
+
+import pytest
+
+from gpulab.volumes import (
+    CredentialsSource,
+    Grant,
+    ObjectStore,
+    VolumeAccessError,
+    VolumeError,
+    VolumeSpec,
+    WorkspaceLocation,
+    check_access,
+    parse_volume,
+    parse_volumes,
+    validate_bucket_name,
+)
+
+STORES = {"s3": ObjectStore(name="s3", endpoint_url="http://127.0.0.1:9000"), "local": None}
+
+
+def parse(spec: str, workspace: str = "/workspace") -> VolumeSpec:
+    return parse_volume(spec, ["s3", "local"], workspace)
+
+
+# -- valid specs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("data@s3:/data", VolumeSpec("data", "s3", "", "/data", "ro")),
+        ("data@s3:/data:ro", VolumeSpec("data", "s3", "", "/data", "ro")),
+        ("data@s3:/data:rw", VolumeSpec("data", "s3", "", "/data", "rw")),
+        ("data@s3:/data:rwd", VolumeSpec("data", "s3", "", "/data", "rwd")),
+        (
+            "my.bucket-1@local/a/b:/mnt/x/:rw",
+            VolumeSpec("my.bucket-1", "local", "a/b", "/mnt/x", "rw"),
+        ),
+        (
+            "data@s3/imagenet/:/data/imagenet",
+            VolumeSpec("data", "s3", "imagenet", "/data/imagenet"),
+        ),
+        ("  data@s3/p:/home/me/data  ", VolumeSpec("data", "s3", "p", "/home/me/data")),
+    ],
+)
+def test_parse_valid(spec: str, expected: VolumeSpec) -> None:
+    assert parse(spec) == expected
+
+
+def test_spec_properties_and_str_round_trip() -> None:
+    v = parse("data@s3/a/b:/data:rwd")
+    assert v.pushes and v.deletes
+    assert not parse("data@s3:/data").pushes
+    assert parse(str(v)) == v
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        v.mode = "ro"  # type: ignore[misc]
+
+
+def test_stores_may_be_a_mapping() -> None:
+    assert parse_volume("data@s3:/data", STORES).store == "s3"
+
+
+# -- errors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "",
+        "data",
+        "data@s3",
+        "@s3:/data",
+        "data@:/data",
+        "data:/data",
+        "data@s3:/a:rw:x",
+        "a b@s3:/d",
+    ],
+)
+def test_malformed(spec: str) -> None:
+    with pytest.raises(VolumeError, match="malformed|missing mount") as exc:
+        parse(spec)
+    assert "container@store" in str(exc.value) or "mount" in str(exc.value)
+
+
+def test_missing_mount_path() -> None:
+    with pytest.raises(VolumeError, match="missing mount path"):
+        parse("data@s3:")
+
+
+def test_unknown_store_lists_known_ones() -> None:
+    with pytest.raises(VolumeError) as exc:
+        parse("data@nope:/data")
+    msg = str(exc.value)
+    assert "unknown object store 'nope'" in msg and "local, s3" in msg and "data@nope:/data" in msg
+
+
+def test_unknown_store_when_none_configured() -> None:
+    with pytest.raises(VolumeError, match="none configured"):
+        parse_volume("data@s3:/data", [])
+
+
+@pytest.mark.parametrize(
+    ("bucket", "reason"),
+    [
+        ("ab", "3 to 63"),
+        ("a" * 64, "3 to 63"),
+        ("Data", "lowercase"),
+        ("data_set", "lowercase"),
+        ("-data", "start and end"),
+        ("data.", "start and end"),
+        ("da..ta", "'..'"),
+        ("192.168.1.10", "IP address"),
+    ],
+)
+def test_invalid_bucket(bucket: str, reason: str) -> None:
+    with pytest.raises(VolumeError, match=reason) as exc:
+        parse(f"{bucket}@s3:/data")
+    assert bucket in str(exc.value)
+    with pytest.raises(VolumeError, match=reason):
+        validate_bucket_name(bucket)
+
+
+def test_valid_bucket_names() -> None:
+    for name in ("abc", "a" * 63, "my.data-set.2", "1bucket"):
+        validate_bucket_name(name)
+
+
+def test_mount_not_absolute() -> None:
+    with pytest.raises(VolumeError, match="must be absolute") as exc:
+        parse("data@s3:data")
+    assert "data@s3:data" in str(exc.value)
+
+
+@pytest.mark.parametrize("mount", ["/a/../b", "/a//b", "/a/./b"])
+def test_mount_bad_segments(mount: str) -> None:
+    with pytest.raises(VolumeError, match="segments"):
+        parse(f"data@s3:{mount}")
+
+
+@pytest.mark.parametrize(
+    "mount",
+    [
+        "/",
+        "/proc",
+        "/sys/x",
+        "/dev",
+        "/etc/ssl",
+        "/bin",
+        "/usr/local/data",
+        "/lib",
+        "/var/run",
+        "/var",
+        "/run/x",
+    ],
+)
+def test_mount_reserved(mount: str) -> None:
+    with pytest.raises(VolumeError, match="reserved|cannot mount") as exc:
+        parse(f"data@s3:{mount}")
+    assert "data@s3:" in str(exc.value)
+
+
+@pytest.mark.parametrize("mount", ["/workspace", "/workspace/data"])
+def test_mount_workspace(mount: str) -> None:
+    with pytest.raises(VolumeError, match="overlaps the workspace"):
+        parse(f"data@s3:{mount}")
+
+
+def test_workspace_parameter() -> None:
+    assert parse("data@s3:/workspace", workspace="/home/jovyan/work").mount == "/workspace"
+    with pytest.raises(VolumeError, match="overlaps the workspace '/home/jovyan/work'"):
+        parse("data@s3:/home/jovyan", workspace="/home/jovyan/work")
+
+
+@pytest.mark.parametrize("prefix", ["/a//b", "/a/../b", "/..", "/a/./b"])
+def test_bad_prefix(prefix: str) -> None:
+    with pytest.raises(VolumeError, match="prefix"):
+        parse(f"data@s3{prefix}:/data")
+
+
+def test_unknown_mode() -> None:
+    with pytest.raises(VolumeError, match="unknown mode 'wr'"):
+        parse("data@s3:/data:wr")
+    with pytest.raises(VolumeError, match="unknown mode ''"):
+        parse("data@s3:/data:")
+
+
+def test_parse_volumes_ok() -> None:
+    vols = parse_volumes(["a-1@s3:/data/a", "b-1@local/x:/data/b:rw"], ["s3", "local"])
+    assert [v.mount for v in vols] == ["/data/a", "/data/b"]
+
+
+def test_parse_volumes_same_mount() -> None:
+    with pytest.raises(VolumeError, match="same mount path"):
+        parse_volumes(["a-1@s3:/data", "b-1@s3:/data/:rw"], ["s3"])
+
+
+def test_parse_volumes_nested() -> None:
+    with pytest.raises(VolumeError, match="nested") as exc:
+        parse_volumes(["a-1@s3:/data", "b-1@s3:/data/b"], ["s3"])
+    assert "a-1@s3:/data:ro" in str(exc.value) and "b-1@s3:/data/b:ro" in str(exc.value)
+
+
+def test_parse_volumes_propagates_single_errors() -> None:
+    with pytest.raises(VolumeError, match="unknown object store"):
+        parse_volumes(["a-1@s3:/data", "b-1@zz:/other"], ["s3"])
+
+
+# -- object stores -------------------------------------------------------------------------
+
+
+def test_object_store_repr_has_no_secrets() -> None:
+    store = ObjectStore(
+        name="s3",
+        endpoint_url="http://127.0.0.1:9000",
+        credentials=CredentialsSource(access_key_env="MY_KEY", secret_key_env="MY_SECRET"),
+    )
+    # Only the names of the variables are held, never values.
+    assert {f.name for f in dataclasses.fields(CredentialsSource)} == {
+        "access_key_env",
+        "secret_key_env",
+        "file",
+    }
+    assert "MY_SECRET" in repr(store)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"name": "bad name"}, "name"),
+        ({"name": "x", "kind": "ftp"}, "kind"),
+        ({"name": "x", "kind": "filesystem"}, "root"),
+        ({"name": "x", "kind": "filesystem", "root": "rel/dir"}, "root"),
+        ({"name": "x", "endpoint_url": "ftp://host"}, "endpoint_url"),
+        ({"name": "x", "endpoint_url": "http://user:pw@host:9000"}, "without credentials"),
+    ],
+)
+def test_object_store_invalid(kwargs: dict, match: str) -> None:
+    with pytest.raises(VolumeError, match=match):
+        ObjectStore(**kwargs)
+
+
+def test_filesystem_store() -> None:
+    store = ObjectStore(name="local", kind="filesystem", root="/var/lib/gpulab/objects")
+    assert store.kind == "filesystem" and store.root == "/var/lib/gpulab/objects"
+
+
+# -- access policy -------------------------------------------------------------------------
+
+WS = WorkspaceLocation(store="s3", bucket="gpulab")
+GRANTS = [
+    Grant(store="s3", bucket="datasets", prefix="public", modes=frozenset({"ro"})),
+    Grant(store="s3", bucket="team-a", users=frozenset({"alice"})),
+]
+
+
+def spec(s: str) -> VolumeSpec:
+    return parse(s)
+
+
+def test_own_workspace_allowed() -> None:
+    check_access("alice", spec("gpulab@s3/workspaces/alice:/data/ws:rwd"), [], WS)
+    check_access("alice", spec("gpulab@s3/workspaces/alice/proj:/data/p:rw"), [], WS)
+
+
+@pytest.mark.parametrize("prefix", ["workspaces/bob", "workspaces/bob/x", "workspaces/alicex"])
+def test_other_users_workspace_refused(prefix: str) -> None:
+    with pytest.raises(VolumeAccessError, match="another user's workspace") as exc:
+        check_access("alice", spec(f"gpulab@s3/{prefix}:/data/x"), GRANTS, WS)
+    assert isinstance(exc.value, VolumeError)
+
+
+@pytest.mark.parametrize("prefix", ["", "/workspaces"])
+def test_prefix_containing_workspaces_refused(prefix: str) -> None:
+    grants = [Grant(store="s3", bucket="gpulab")]  # even an explicit grant does not help
+    with pytest.raises(VolumeAccessError, match="other users' workspaces"):
+        check_access("alice", spec(f"gpulab@s3{prefix}:/data/x"), grants, WS)
+
+
+def test_granted_prefix_and_mode() -> None:
+    check_access("bob", spec("datasets@s3/public/imagenet:/data/in"), GRANTS, WS)
+    with pytest.raises(VolumeAccessError, match="mode 'rw' is not allowed"):
+        check_access("bob", spec("datasets@s3/public:/data/in:rw"), GRANTS, WS)
+
+
+def test_not_granted() -> None:
+    with pytest.raises(VolumeAccessError, match="may not use bucket 'datasets'"):
+        check_access("bob", spec("datasets@s3/private:/data/in"), GRANTS, WS)
+    with pytest.raises(VolumeAccessError, match="may not use"):
+        check_access("bob", spec("other@s3:/data/in"), GRANTS, WS)
+
+
+def test_grant_restricted_to_users() -> None:
+    check_access("alice", spec("team-a@s3/x:/data/t:rwd"), GRANTS, WS)
+    with pytest.raises(VolumeAccessError, match="user 'bob'"):
+        check_access("bob", spec("team-a@s3/x:/data/t"), GRANTS, WS)
+
+
+def test_grant_prefix_is_a_path_prefix_not_a_string_prefix() -> None:
+    with pytest.raises(VolumeAccessError):
+        check_access("bob", spec("datasets@s3/publicity:/data/in"), GRANTS, WS)
