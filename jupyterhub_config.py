@@ -1,0 +1,116 @@
+"""A working gpulab hub: the notebook spawner, the gpulab service and roles.
+
+`make run` starts it on http://127.0.0.1:$GPULAB_PORT (8000). Everything gpulab-specific is
+configured on `c.GpulabSettings` (shared by the hub and the service) and `c.NotebookSpawner`.
+"""
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (provided by JupyterHub's config loader)
+
+here = Path(__file__).parent.resolve()
+data = Path(os.environ.get("GPULAB_DATA_DIR", here / "data")).resolve()
+data.mkdir(parents=True, exist_ok=True)
+os.chdir(data)  # hub db, cookie secret and proxy pid live here
+
+
+def _docker_bridge_gateway() -> str:
+    """Notebook containers reach the hub at the bridge gateway (172.17.0.1 by default)."""
+    try:
+        out = subprocess.run(
+            ["docker", "network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}"],
+            capture_output=True, text=True, timeout=10,
+        )
+        return out.stdout.strip() or "172.17.0.1"
+    except (OSError, subprocess.SubprocessError):
+        return "172.17.0.1"
+
+
+# --- the hub ---------------------------------------------------------------------------------
+c.JupyterHub.bind_url = f"http://127.0.0.1:{os.environ.get('GPULAB_PORT', '8000')}"
+gateway = _docker_bridge_gateway()
+# the hub API listens on the docker bridge only: reachable by notebook containers, not outside
+c.JupyterHub.hub_ip = gateway
+c.JupyterHub.hub_port = int(os.environ.get("GPULAB_HUB_PORT", "8081"))
+c.JupyterHub.hub_connect_ip = gateway
+c.JupyterHub.db_url = f"sqlite:///{data / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+c.JupyterHub.allow_named_servers = True
+c.JupyterHub.named_server_limit_per_user = 10
+# servers survive a hub restart: the hub finds them again from the spawner's saved state
+c.JupyterHub.cleanup_servers = False
+
+# a stable proxy token, so that a restarted hub can talk to the proxy that kept running
+token_file = data / "proxy_auth_token"
+if not token_file.exists():
+    token_file.write_text(secrets.token_hex(32))
+    token_file.chmod(0o600)
+c.ConfigurableHTTPProxy.auth_token = token_file.read_text().strip()
+chp = here / ".build" / "node" / "node_modules" / ".bin" / "configurable-http-proxy"
+if chp.exists():
+    c.ConfigurableHTTPProxy.command = [str(chp)]
+
+# --- log-in: a shared password for local use ---------------------------------------------------
+# Anyone may log in with any user name and the shared user password; the admin user logs in
+# with the admin password. Both come from the environment or are generated once into
+# data/passwords.txt (mode 0600). Replace with your organisation's authenticator
+# (OAuthenticator, LDAP...) for real use.
+def _passwords() -> dict[str, str]:
+    path = data / "passwords.txt"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(
+            f"user={secrets.token_urlsafe(12)}\nadmin={secrets.token_urlsafe(32)}\n"
+        )
+    return dict(line.split("=", 1) for line in path.read_text().split())
+
+
+_pw = _passwords()
+c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.user_password = os.environ.get("GPULAB_USER_PASSWORD", _pw["user"])
+c.SharedPasswordAuthenticator.admin_password = os.environ.get(
+    "GPULAB_ADMIN_PASSWORD", _pw["admin"]
+)
+admin = os.environ.get("GPULAB_ADMIN_USER", "admin")
+c.Authenticator.admin_users = {admin}
+c.Authenticator.allow_all = True
+
+# --- notebooks -------------------------------------------------------------------------------
+c.JupyterHub.spawner_class = "gpulab"
+c.GpulabSettings.database_url = f"sqlite:///{data / 'gpulab.sqlite'}"
+# GPUs of this host: empty means discover them with NVML. For example:
+# c.GpulabSettings.gpu_devices = [{"id": "0", "model": "A100", "memory": "80G"}]
+# c.GpulabSettings.gpu_mode = "device_request"  # or "env" when the default runtime is nvidia
+
+# --- the gpulab service ----------------------------------------------------------------------
+c.JupyterHub.services = [
+    {
+        "name": "gpulab",
+        "url": f"http://127.0.0.1:{os.environ.get('GPULAB_SERVICE_PORT', '10101')}",
+        # the service reads the same configuration file as the hub (GPULAB_CONFIG_FILE names
+        # the top-level one when this file is loaded from another with load_subconfig)
+        "command": [
+            sys.executable, "-m", "gpulab.service",
+            "--config", os.environ.get("GPULAB_CONFIG_FILE", str(Path(__file__).resolve())),
+        ],
+        "environment": {"GPULAB_DATA_DIR": str(data)},
+        "oauth_no_confirm": True,
+        "display": True,
+    }
+]
+c.JupyterHub.load_roles = [
+    {
+        # the service stops (and restarts) notebooks past their maximum run time
+        "name": "gpulab-service",
+        "scopes": ["servers", "read:users", "read:groups"],
+        "services": ["gpulab"],
+    },
+    {
+        "name": "user",
+        "scopes": ["self", "access:services!service=gpulab"],
+    },
+]

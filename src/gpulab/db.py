@@ -1,0 +1,161 @@
+"""gpulab's own tables (SQLAlchemy): notebooks and their history, and the GPU ledger.
+
+The hub process (spawner) and the service process share this database. SQLite is the embedded
+default: WAL mode and a busy timeout let both processes write; writers that must not race (GPU
+reservations) take SQLite's write lock up front with BEGIN IMMEDIATE.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+from sqlalchemy import (
+    DateTime,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    Session,
+    mapped_column,
+    relationship,
+    sessionmaker,
+)
+from sqlalchemy.types import TypeDecorator
+
+from .lifecycle import utcnow
+
+
+class UTCDateTime(TypeDecorator):
+    """Store naive UTC, hand back aware UTC (SQLite keeps no time zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect):
+        return value.replace(tzinfo=None) if value is not None and value.tzinfo else value
+
+    def process_result_value(self, value: datetime | None, dialect):
+        from datetime import UTC
+
+        return value.replace(tzinfo=UTC) if value is not None else None
+
+
+class JSONText(TypeDecorator):
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return json.dumps(value) if value is not None else None
+
+    def process_result_value(self, value, dialect):
+        return json.loads(value) if value else None
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Notebook(Base):
+    __tablename__ = "notebooks"
+    __table_args__ = (UniqueConstraint("instance", "user", "server"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(64))
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    server: Mapped[str] = mapped_column(String(255))
+    state: Mapped[str] = mapped_column(String(32))
+    options: Mapped[dict | None] = mapped_column(JSONText, nullable=True)
+    # the raw user_options, kept so that a restart can spawn the notebook as it was
+    user_options: Mapped[dict | None] = mapped_column(JSONText, nullable=True)
+    container: Mapped[str] = mapped_column(String(255), default="")
+    created: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    running_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # why the next stop happens, when someone other than the owner asks for it
+    stop_reason: Mapped[str] = mapped_column(String(64), default="")
+    stop_message: Mapped[str] = mapped_column(Text, default="")
+
+    events: Mapped[list[NotebookEvent]] = relationship(
+        back_populates="notebook", order_by="NotebookEvent.id", cascade="all, delete-orphan"
+    )
+
+
+class NotebookEvent(Base):
+    __tablename__ = "notebook_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    notebook_id: Mapped[int] = mapped_column(ForeignKey("notebooks.id"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    notebook: Mapped[Notebook] = relationship(back_populates="events")
+
+
+class GpuAllocation(Base):
+    """One row per (device, share) held by a workload: the uniqueness is the ledger's guarantee."""
+
+    __tablename__ = "gpu_allocations"
+    __table_args__ = (UniqueConstraint("instance", "device", "share"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(64))
+    device: Mapped[str] = mapped_column(String(128))
+    # 0 for a whole device; 1..n for fractions of a shared device
+    share: Mapped[int] = mapped_column(Integer, default=0)
+    workload: Mapped[str] = mapped_column(String(255), index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    owner: Mapped[str] = mapped_column(String(255))
+    since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url, connect_args={"timeout": 30, "check_same_thread": False}, pool_pre_ping=True
+        )
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            # let pysqlite leave transaction control to us (BEGIN IMMEDIATE below)
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    Base.metadata.create_all(engine)
+    return engine
+
+
+class Database:
+    """A session factory; each unit of work is one short transaction."""
+
+    def __init__(self, url: str):
+        self.engine = make_engine(url)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._sessions() as s, s.begin():
+            yield s

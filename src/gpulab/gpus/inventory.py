@@ -1,0 +1,65 @@
+"""The GPUs of this host: configured by the admin, or discovered with NVML."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    id: str  # what the engine is given: an index ("0") or a UUID ("GPU-...")
+    model: str = ""
+    memory: str = ""
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "model": self.model, "memory": self.memory}
+
+
+def from_config(devices: Sequence[Mapping]) -> list[GpuDevice]:
+    out = [
+        GpuDevice(id=str(d["id"]), model=str(d.get("model", "")), memory=str(d.get("memory", "")))
+        for d in devices
+    ]
+    ids = [d.id for d in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"gpu_devices lists a device twice: {ids}")
+    return out
+
+
+def discover_nvml() -> list[GpuDevice]:
+    """Ask the NVIDIA driver through NVML; no library or no driver means no GPU."""
+    try:
+        import pynvml  # provided by nvidia-ml-py
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        log.info("NVML not available (%s): no GPUs discovered", e)
+        return []
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
+            name = pynvml.nvmlDeviceGetName(h)
+            out.append(
+                GpuDevice(
+                    id=str(i),
+                    model=name.decode() if isinstance(name, bytes) else str(name),
+                    memory=f"{mem // 1024**2}M",
+                )
+            )
+        return out
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def load_inventory(devices: Sequence[Mapping], discover: bool = True) -> list[GpuDevice]:
+    if devices:
+        return from_config(devices)
+    return discover_nvml() if discover else []

@@ -1,0 +1,205 @@
+"""Resource requests, flavors and limits (pure, no I/O).
+
+A notebook asks for a flavor (``cpu-small``, ``gpu-1``...) or explicit cpus/memory/gpus. The
+request is checked against the maximum the admin allows that user (per user, else the most
+generous of their groups, else the default), then turned into container limits.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+_MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+
+class ResourceError(ValueError):
+    """An invalid or over-limit resource request; the message says what is allowed."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+def parse_memory(value: str | int | float, field: str = "memory") -> int:
+    """Parse ``512M``, ``16G``, ``1.5GiB`` or a byte count into bytes."""
+    if isinstance(value, bool):
+        raise ResourceError(field, f"{field} must be a size such as 512M or 4G, not {value!r}")
+    if isinstance(value, int | float):
+        if value <= 0:
+            raise ResourceError(field, f"{field} must be positive, got {value}")
+        return int(value)
+    m = _MEM_RE.match(str(value))
+    if not m:
+        raise ResourceError(field, f"{field} must be a size such as 512M or 4G, not {value!r}")
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size <= 0:
+        raise ResourceError(field, f"{field} must be positive, got {value!r}")
+    return size
+
+
+def format_memory(size: int) -> str:
+    for unit in ("T", "G", "M", "K"):
+        if size >= _UNITS[unit] and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return str(size)
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: float
+    memory: int  # bytes
+    gpus: int = 0
+
+    def to_json(self) -> dict:
+        return {"cpus": self.cpus, "memory": format_memory(self.memory), "gpus": self.gpus}
+
+
+@dataclass(frozen=True)
+class Flavor:
+    id: str
+    title: str
+    resources: Resources
+
+    @classmethod
+    def from_config(cls, d: Mapping) -> Flavor:
+        try:
+            res = Resources(
+                cpus=float(d["cpus"]),
+                memory=parse_memory(d["memory"]),
+                gpus=int(d.get("gpus", 0)),
+            )
+            return cls(id=str(d["id"]), title=str(d.get("title", d["id"])), resources=res)
+        except KeyError as e:
+            raise ValueError(f"flavor {d!r} lacks {e.args[0]!r}") from None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The most one notebook may ask for."""
+
+    cpus: float
+    memory: int
+    gpus: int
+
+    @classmethod
+    def from_config(cls, d: Mapping) -> Limits:
+        return cls(cpus=float(d["cpus"]), memory=parse_memory(d["memory"]), gpus=int(d["gpus"]))
+
+    def describe(self) -> str:
+        return f"cpus ≤ {self.cpus:g}, memory ≤ {format_memory(self.memory)}, gpus ≤ {self.gpus}"
+
+
+def effective_limits(
+    user: str,
+    groups: Iterable[str],
+    default: Mapping,
+    per_user: Mapping[str, Mapping],
+    per_group: Mapping[str, Mapping],
+) -> Limits:
+    """A user's own limit wins; otherwise the most generous of their groups; else default."""
+    if user in per_user:
+        return Limits.from_config({**default, **per_user[user]})
+    group_limits = [
+        Limits.from_config({**default, **per_group[g]}) for g in groups if g in per_group
+    ]
+    if not group_limits:
+        return Limits.from_config(default)
+    return Limits(
+        cpus=max(g.cpus for g in group_limits),
+        memory=max(g.memory for g in group_limits),
+        gpus=max(g.gpus for g in group_limits),
+    )
+
+
+def _number(value, field: str, kind: type) -> float | int:
+    if isinstance(value, bool):
+        raise ResourceError(field, f"{field} must be a number, not {value!r}")
+    try:
+        n = kind(value)
+    except (TypeError, ValueError):
+        raise ResourceError(field, f"{field} must be a number, not {value!r}") from None
+    if kind is int and isinstance(value, float | str) and float(value) != n:
+        raise ResourceError(field, f"{field} must be a whole number, not {value!r}")
+    return n
+
+
+def resolve_resources(
+    flavors: Mapping[str, Flavor],
+    limits: Limits,
+    flavor: str | None = None,
+    cpus=None,
+    memory=None,
+    gpus=None,
+) -> Resources:
+    """Combine a flavor and explicit overrides into a request, and check it against limits."""
+    if flavor is not None:
+        if flavor not in flavors:
+            raise ResourceError(
+                "flavor", f"unknown flavor {flavor!r}; choose one of: {', '.join(flavors)}"
+            )
+        base = flavors[flavor].resources
+    elif cpus is None and memory is None and gpus is None:
+        raise ResourceError("flavor", "choose a flavor or give cpus and memory")
+    else:
+        base = Resources(cpus=1.0, memory=parse_memory("2G"), gpus=0)
+
+    res = Resources(
+        cpus=base.cpus if cpus is None else float(_number(cpus, "cpus", float)),
+        memory=base.memory if memory is None else parse_memory(memory),
+        gpus=base.gpus if gpus is None else int(_number(gpus, "gpus", int)),
+    )
+    if res.cpus <= 0:
+        raise ResourceError("cpus", f"cpus must be positive, got {res.cpus:g}")
+    if res.gpus < 0:
+        raise ResourceError("gpus", f"gpus cannot be negative, got {res.gpus}")
+    for name, asked, most in (
+        ("cpus", res.cpus, limits.cpus),
+        ("memory", res.memory, limits.memory),
+        ("gpus", res.gpus, limits.gpus),
+    ):
+        if asked > most:
+            shown = format_memory(asked) if name == "memory" else f"{asked:g}"
+            raise ResourceError(
+                name, f"{name}={shown} is over your limit; allowed: {limits.describe()}"
+            )
+    return res
+
+
+@dataclass(frozen=True)
+class ContainerLimits:
+    """What the engine enforces: CPU quota, memory, process count and /dev/shm size."""
+
+    cpu_period: int
+    cpu_quota: int
+    mem_limit: int
+    pids_limit: int
+    shm_size: int
+
+    def host_config(self) -> dict:
+        """Keyword arguments for docker's ``create_host_config``."""
+        return {
+            "cpu_period": self.cpu_period,
+            "cpu_quota": self.cpu_quota,
+            "mem_limit": self.mem_limit,
+            # no extra swap beyond the memory limit
+            "memswap_limit": self.mem_limit,
+            "pids_limit": self.pids_limit,
+            "shm_size": self.shm_size,
+        }
+
+
+def container_limits(
+    res: Resources, pids_limit: int = 4096, shm_fraction: float = 0.5
+) -> ContainerLimits:
+    """PyTorch data loaders need a large /dev/shm: give it a share of the memory limit."""
+    period = 100_000
+    return ContainerLimits(
+        cpu_period=period,
+        cpu_quota=int(res.cpus * period),
+        mem_limit=res.memory,
+        pids_limit=pids_limit,
+        shm_size=max(64 * 1024**2, int(res.memory * shm_fraction)),
+    )

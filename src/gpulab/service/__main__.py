@@ -1,0 +1,53 @@
+"""Run the gpulab service: `python -m gpulab.service --config jupyterhub_config.py`.
+
+The hub starts it as a managed service and passes its URL, prefix and token in the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from urllib.parse import urlparse
+
+from .. import __version__
+from ..db import Database
+from ..notebooks import NotebookRecords
+from ..settings import GpulabSettings
+from .app import make_app
+from .config import load_config
+from .hub import HubClient
+from .watchdog import RunTimeWatchdog
+
+log = logging.getLogger("gpulab.service")
+
+
+async def watchdog_loop(settings: GpulabSettings) -> None:
+    records = NotebookRecords(Database(settings.database_url), settings.instance)
+    dog = RunTimeWatchdog(records, HubClient(), settings.max_run_time)
+    while True:
+        await asyncio.sleep(settings.watchdog_interval)
+        try:
+            await dog.check()
+        except Exception:
+            log.exception("run-time watchdog pass failed")
+
+
+async def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="gpulab-service", description=__doc__)
+    parser.add_argument("--config", help="the hub's jupyterhub_config.py")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s"
+    )
+    settings = GpulabSettings(config=load_config(args.config))
+    url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
+    app = make_app(settings)
+    app.listen(url.port or 80, url.hostname or "127.0.0.1")
+    log.info("gpulab service %s listening on %s", __version__, url.geturl())
+    await watchdog_loop(settings)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

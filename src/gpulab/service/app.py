@@ -1,0 +1,94 @@
+"""The gpulab hub service: a tornado app under /services/gpulab/.
+
+Browsers come through the hub's OAuth; API clients send a hub token. Users see only their own
+notebooks; admins may read anyone's. Someone else's notebook is a 404, never a 403, so that its
+existence is not revealed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+
+from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.utils import url_path_join
+from tornado import web
+
+from ..db import Database
+from ..notebooks import NotebookRecords
+from ..settings import GpulabSettings
+
+log = logging.getLogger("gpulab.service")
+
+
+class BaseHandler(HubOAuthenticated, web.RequestHandler):
+    @property
+    def records(self) -> NotebookRecords:
+        return self.settings["records"]
+
+    def is_admin(self, user: dict) -> bool:
+        """Admins (users or services) are those whose token holds admin:servers."""
+        return bool(user.get("admin")) or "admin:servers" in user.get("scopes", ())
+
+    def write_json(self, obj, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(obj))
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        message = self._reason
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": status_code, "message": message}))
+
+
+class HealthHandler(web.RequestHandler):
+    def get(self):
+        self.finish({"status": "ok"})
+
+
+class NotebooksHandler(BaseHandler):
+    @web.authenticated
+    async def get(self):
+        """The caller's notebooks; admins may ask for ?user=NAME or ?all=true."""
+        me = self.current_user
+        user = self.get_argument("user", me["name"])
+        want_all = self.get_argument("all", "false").lower() == "true"
+        if (user != me["name"] or want_all) and not self.is_admin(me):
+            raise web.HTTPError(403, "only admins may list other users' notebooks")
+        rows = await asyncio.to_thread(self.records.list, None if want_all else user)
+        self.write_json({"notebooks": rows})
+
+
+class NotebookHandler(BaseHandler):
+    @web.authenticated
+    async def get(self, user: str, server: str):
+        """One notebook with its state and history. The default server is the empty name."""
+        me = self.current_user
+        nb = None
+        if user == me["name"] or self.is_admin(me):
+            nb = await asyncio.to_thread(self.records.get, user, server)
+        if nb is None:
+            raise web.HTTPError(404, f"no notebook {server or '(default)'} for {user}")
+        self.write_json(nb)
+
+
+def make_app(settings: GpulabSettings) -> web.Application:
+    prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
+    records = NotebookRecords(Database(settings.database_url), settings.instance)
+    api = url_path_join(prefix, "api")
+    return web.Application(
+        [
+            (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+            (url_path_join(api, "health"), HealthHandler),
+            (url_path_join(api, "notebooks"), NotebooksHandler),
+            (url_path_join(api, "notebooks", r"([^/]+)", r"([^/]*)"), NotebookHandler),
+        ],
+        cookie_secret=os.urandom(32),
+        records=records,
+        gpulab=settings,
+    )

@@ -1,0 +1,41 @@
+"""Stops notebooks that reached the maximum run time, and restarts those that asked for it."""
+
+from __future__ import annotations
+
+import logging
+
+from ..notebooks import NotebookRecords
+from .hub import HubClient
+
+log = logging.getLogger(__name__)
+
+
+class RunTimeWatchdog:
+    def __init__(self, records: NotebookRecords, hub: HubClient, max_run_time: float):
+        self.records = records
+        self.hub = hub
+        self.max_run_time = max_run_time
+
+    async def check(self) -> list[tuple[str, str]]:
+        """One pass; returns the (user, server) pairs it stopped."""
+        acted = []
+        for nb in self.records.running_longer_than(self.max_run_time):
+            user, server = nb["user"], nb["server"]
+            hours = self.max_run_time / 3600
+            self.records.set_stop_reason(
+                user,
+                server,
+                "MAX_RUN_TIME",
+                f"maximum run time reached ({hours:g} h)"
+                + ("; restarting as it was" if nb["auto_restart"] else ""),
+            )
+            try:
+                await self.hub.stop_server(user, server)
+                if nb["auto_restart"]:
+                    log.info("restarting %s/%s after its maximum run time", user, server)
+                    await self.hub.start_server(user, server, nb["user_options"])
+            except Exception:
+                log.exception("could not stop/restart %s/%s", user, server)
+                continue
+            acted.append((user, server))
+        return acted

@@ -1,0 +1,158 @@
+"""Settings shared by the hub's spawner and the gpulab service, as one traitlets Configurable.
+
+Both processes read the same ``jupyterhub_config.py`` (``c.GpulabSettings.*``), so the catalog,
+flavors, limits, GPU inventory and database are defined once.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode
+from traitlets.config import Configurable
+
+from .frameworks import Catalog
+from .resources import Flavor, Limits, effective_limits
+
+DEFAULT_FRAMEWORKS = [
+    {
+        "id": "python",
+        "title": "Python 3.11 (JupyterLab)",
+        "versions": [{"id": "3.11", "image": "gpulab/python:3.11"}],
+        "editors": ["jupyterlab"],
+    },
+    {
+        "id": "pytorch",
+        "title": "PyTorch",
+        "versions": [{"id": "2.13", "image": "gpulab/pytorch:2.13", "title": "2.13 (CPU build)"}],
+        "editors": ["jupyterlab"],
+    },
+]
+
+DEFAULT_FLAVORS = [
+    {"id": "cpu-small", "title": "CPU small: 1 CPU, 2 GiB", "cpus": 1, "memory": "2G"},
+    {"id": "cpu-large", "title": "CPU large: 2 CPUs, 8 GiB", "cpus": 2, "memory": "8G"},
+    {"id": "gpu-1", "title": "1 GPU, 2 CPUs, 8 GiB", "cpus": 2, "memory": "8G", "gpus": 1},
+    {"id": "gpu-2", "title": "2 GPUs, 2 CPUs, 16 GiB", "cpus": 2, "memory": "16G", "gpus": 2},
+]
+
+
+class GpulabSettings(Configurable):
+    """What the admin configures once for the whole platform."""
+
+    instance = Unicode(
+        "gpulab",
+        help="""Name of this gpulab installation. It prefixes container and volume names and is
+        put on every container's labels, so several installations (or test runs) can share one
+        engine without touching each other's workloads.""",
+    ).tag(config=True)
+
+    database_url = Unicode(
+        "sqlite:///gpulab.sqlite",
+        help="""SQLAlchemy URL of gpulab's own database (notebook history, GPU ledger, jobs).
+        SQLite by default; a postgresql:// URL is supported. Shared by the hub and the service.""",
+    ).tag(config=True)
+
+    frameworks = List(
+        Dict(),
+        default_value=DEFAULT_FRAMEWORKS,
+        help="""The framework catalog: a list of {id, title, versions: [{id, image, title}],
+        editors: [editor ids]}. The first version of each framework is its default.""",
+    ).tag(config=True)
+
+    editors = Dict(
+        default_value={"jupyterlab": {"title": "JupyterLab", "default_url": "/lab"}},
+        help="""Editors by id: {title, default_url}. A second editor (for example VS Code through
+        jupyter-vscode-proxy, default_url /vscode/) is one more entry, offered by the frameworks
+        whose images carry it.""",
+    ).tag(config=True)
+
+    default_framework = Unicode(
+        "", help="Framework preselected in the form and used when none is given (default: first)."
+    ).tag(config=True)
+
+    flavors = List(
+        Dict(),
+        default_value=DEFAULT_FLAVORS,
+        help="Resource flavors: a list of {id, title, cpus, memory ('8G'), gpus}.",
+    ).tag(config=True)
+
+    default_flavor = Unicode("cpu-small", help="Flavor used when a request names none.").tag(
+        config=True
+    )
+
+    max_resources = Dict(
+        default_value={"cpus": 2, "memory": "16G", "gpus": 2},
+        help="Most that one notebook of any user may ask for: {cpus, memory, gpus}.",
+    ).tag(config=True)
+
+    user_max_resources = Dict(
+        default_value={},
+        help="Per-user maximums, {username: {cpus, memory, gpus}}; they override group maximums.",
+    ).tag(config=True)
+
+    group_max_resources = Dict(
+        default_value={},
+        help="Per-group maximums, {group: {cpus, memory, gpus}}; a member gets the most "
+        "generous of their groups.",
+    ).tag(config=True)
+
+    allowed_images = List(
+        Unicode(),
+        default_value=[],
+        help="""Images outside the catalog that users may name with the `image` option.
+        Empty by default: users choose from the catalog only.""",
+    ).tag(config=True)
+
+    pids_limit = Integer(4096, help="Most processes one notebook container may run.").tag(
+        config=True
+    )
+
+    shm_fraction = Float(
+        0.5, help="Size of /dev/shm as a fraction of the memory limit (data loaders need it)."
+    ).tag(config=True)
+
+    gpu_devices = List(
+        Dict(),
+        default_value=[],
+        help="""The GPUs of this host: a list of {id (index or UUID), model, memory}. Empty
+        means discover them with NVML (nvidia-ml-py) when a driver is present.""",
+    ).tag(config=True)
+
+    gpu_mode = Enum(
+        ["device_request", "env"],
+        default_value="device_request",
+        help="""How GPUs reach a container: 'device_request' (Docker DeviceRequest, driver nvidia,
+        explicit device IDs; needs the NVIDIA container toolkit) or 'env' (NVIDIA_VISIBLE_DEVICES,
+        for hosts whose default runtime is nvidia).""",
+    ).tag(config=True)
+
+    workspace_dir = Unicode(
+        "/workspace", help="Where a notebook's workspace is mounted in its container."
+    ).tag(config=True)
+
+    max_run_time = Float(
+        7 * 24 * 3600.0,
+        help="Seconds a notebook may run before it is stopped (restarted if auto_restart).",
+    ).tag(config=True)
+
+    watchdog_interval = Float(
+        60.0, help="Seconds between the service's checks of notebooks' run time."
+    ).tag(config=True)
+
+    discover_gpus = Bool(True, help="Discover GPUs with NVML when gpu_devices is empty.").tag(
+        config=True
+    )
+
+    @cached_property
+    def catalog(self) -> Catalog:
+        return Catalog.from_config(self.frameworks, self.editors, self.default_framework)
+
+    @cached_property
+    def flavor_map(self) -> dict[str, Flavor]:
+        return {f["id"]: Flavor.from_config(f) for f in self.flavors}
+
+    def limits_for(self, user: str, groups) -> Limits:
+        return effective_limits(
+            user, groups, self.max_resources, self.user_max_resources, self.group_max_resources
+        )

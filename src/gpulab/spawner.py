@@ -1,0 +1,442 @@
+"""NotebookSpawner: JupyterHub's Spawner API for gpulab notebooks, on top of DockerSpawner.
+
+The spawner is a thin adapter: options are validated by :mod:`gpulab.options`, GPUs come from
+the shared :class:`~gpulab.gpus.ledger.GpuLedger`, states are kept by
+:class:`~gpulab.notebooks.NotebookRecords`, and what is sent to the engine is built by
+:mod:`gpulab.runtime.objects`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import cached_property
+from pathlib import Path
+
+from dockerspawner import DockerSpawner
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+from traitlets import Float, Unicode, default
+
+from . import __version__
+from .db import Database
+from .gpus.inventory import load_inventory
+from .gpus.ledger import GpuLedger, NoGpuAvailable
+from .lifecycle import InvalidTransition, NotebookState
+from .notebooks import NotebookRecords
+from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
+from .resources import container_limits, format_memory
+from .runtime.docker import APIError, DockerRuntime, EngineError
+from .runtime.objects import (
+    gpu_request,
+    hardened_host_config,
+    notebook_container_name,
+    notebook_volume_name,
+    notebook_workload_id,
+    workload_labels,
+)
+from .settings import GpulabSettings
+
+S = NotebookState
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+class SpawnFailed(web.HTTPError):
+    """A spawn that cannot go on; the message is what the user sees on the progress page."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(status, "%s", message)
+        self.message = message
+        self.jupyterhub_message = message
+
+
+class NotebookSpawner(DockerSpawner):
+    """GPU notebooks from a framework catalog, with flavors, limits and lifecycle states."""
+
+    _databases: dict[str, Database] = {}
+    _reconciled: set[str] = set()
+
+    notebook_user = Unicode(
+        "1000",
+        help="""User (uid or uid:gid) that notebook containers run as, whatever the image says.
+        Never root: JupyterHub's single-user server refuses it and it must not own the host.""",
+    ).tag(config=True)
+
+    editor_wait_interval = Float(
+        0.05, help="Seconds between checks that a starting notebook's editor answers."
+    ).tag(config=True)
+
+    @default("remove")
+    def _default_remove(self):
+        # the container goes; the workspace (a named volume, then object storage) stays
+        return True
+
+    @default("pull_policy")
+    def _default_pull_policy(self):
+        # images are built locally; a missing one is an ERROR, not a pull from who-knows-where
+        return "never"
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        return lambda spawner, user_options: spawner.apply_notebook_options(user_options)
+
+    @default("options_form")
+    def _default_options_form(self):
+        return lambda spawner: spawner.render_options_form()
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return lambda formdata: form_to_options(formdata)
+
+    # --- shared parts ----------------------------------------------------------------------
+
+    @cached_property
+    def settings(self) -> GpulabSettings:
+        return GpulabSettings(config=self.config)
+
+    @property
+    def gpulab_db(self) -> Database:
+        url = self.settings.database_url
+        if url not in self._databases:
+            self._databases[url] = Database(url)
+        return self._databases[url]
+
+    @cached_property
+    def ledger(self) -> GpuLedger:
+        devices = load_inventory(self.settings.gpu_devices, self.settings.discover_gpus)
+        return GpuLedger(self.gpulab_db, self.settings.instance, devices)
+
+    @cached_property
+    def records(self) -> NotebookRecords:
+        return NotebookRecords(self.gpulab_db, self.settings.instance)
+
+    @cached_property
+    def runtime(self) -> DockerRuntime:
+        return DockerRuntime(self.client)
+
+    @property
+    def executor(self):
+        # DockerSpawner's own engine calls share gpulab's wide pool instead of one thread
+        return DockerRuntime.shared_executor()
+
+    @property
+    def workload_id(self) -> str:
+        return notebook_workload_id(self.settings.instance, self.user.name, self.name)
+
+    def _object_name_default(self):
+        return notebook_container_name(self.settings.instance, self.user.name, self.name)
+
+    @property
+    def volume_name(self) -> str:
+        return notebook_volume_name(self.settings.instance, self.user.name, self.name)
+
+    gpulab_options: NotebookOptions | None = None
+    gpu_ids: list[str] = []
+
+    # --- options --------------------------------------------------------------------------
+
+    def _user_groups(self) -> list[str]:
+        return [g.name for g in getattr(self.user, "groups", [])]
+
+    def parse_options(self, user_options: dict) -> NotebookOptions:
+        s = self.settings
+        return parse_notebook_options(
+            user_options or {},
+            s.catalog,
+            s.flavor_map,
+            s.limits_for(self.user.name, self._user_groups()),
+            s.default_flavor or None,
+            frozenset(s.allowed_images),
+        )
+
+    def apply_notebook_options(self, user_options: dict) -> None:
+        """Validate options (form and API alike); JupyterHub answers 400 with our message."""
+        try:
+            opts = self.parse_options(user_options)
+        except OptionsError as e:
+            raise web.HTTPError(400, "Invalid notebook options: %s", str(e)) from None
+        total = len(self.ledger.devices)
+        if opts.resources.gpus > total:
+            raise web.HTTPError(
+                400,
+                "Invalid notebook options: %s",
+                f"gpus={opts.resources.gpus} requested but this host has {total} GPU(s)",
+            )
+        self.gpulab_options = opts
+        self.image = opts.image
+        self.default_url = opts.default_url
+
+    def render_options_form(self) -> str:
+        s = self.settings
+        limits = s.limits_for(self.user.name, self._user_groups())
+        env = Environment(
+            loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"])
+        )
+        try:
+            free = self.ledger.free_count()
+        except Exception:  # the form must render even if the ledger is unreachable
+            self.log.exception("cannot read the GPU ledger")
+            free = None
+        return env.get_template("spawn_form.html").render(
+            catalog=s.catalog,
+            flavors=list(s.flavor_map.values()),
+            default_flavor=s.default_flavor,
+            limits=limits,
+            limit_memory=format_memory(limits.memory),
+            gpus_total=len(self.ledger.devices),
+            gpus_free=free,
+        )
+
+    # --- state ----------------------------------------------------------------------------
+
+    def get_state(self):
+        state = super().get_state()
+        if self.gpu_ids:
+            state["gpulab_gpus"] = list(self.gpu_ids)
+        if self.gpulab_options:
+            state["gpulab_image"] = self.gpulab_options.image
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.gpu_ids = list(state.get("gpulab_gpus", []))
+
+    def clear_state(self):
+        super().clear_state()
+        self.gpu_ids = []
+
+    async def _record(self, state: NotebookState, **kw) -> None:
+        """Record a transition; a refused one is logged, never allowed to break a spawn."""
+        try:
+            await self.runtime.run(self.records.transition, self.user.name, self.name, state, **kw)
+        except InvalidTransition as e:
+            self.log.warning("%s: not recorded: %s", self._log_name, e)
+
+    async def _current_state(self) -> NotebookState | None:
+        return await self.runtime.run(self.records.state, self.user.name, self.name)
+
+    # --- progress -------------------------------------------------------------------------
+
+    def _progress(self, percent: int, message: str) -> None:
+        self._progress_events.append({"progress": percent, "message": message})
+        self._progress_signal.set()
+
+    async def progress(self):
+        seen = 0
+        while True:
+            while seen < len(self._progress_events):
+                yield self._progress_events[seen]
+                seen += 1
+            if self._progress_done:
+                return
+            self._progress_signal.clear()
+            try:
+                await asyncio.wait_for(self._progress_signal.wait(), timeout=1)
+            except TimeoutError:
+                pass
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def _reconcile_once(self) -> None:
+        """After a restart, GPUs held by notebooks whose container is gone are released."""
+        instance = self.settings.instance
+        if instance in self._reconciled:
+            return
+        self._reconciled.add(instance)
+        containers = await self.runtime.labelled_containers(instance, "notebook")
+        live = [c["Labels"].get("org.gpulab.workload", "") for c in containers]
+        gone = await self.runtime.run(self.ledger.reconcile, live, "notebook")
+        if gone:
+            self.log.warning("released GPUs of vanished notebooks: %s", ", ".join(gone))
+
+    async def start(self):
+        self._progress_events: list[dict] = []
+        self._progress_signal = asyncio.Event()
+        self._progress_done = False
+        try:
+            return await self._start()
+        finally:
+            self._progress_done = True
+            self._progress_signal.set()
+
+    async def _start(self):
+        opts = self.gpulab_options or self.parse_options(self.user_options)
+        self.gpulab_options = opts
+        user, server = self.user.name, self.name
+        s = self.settings
+        res = opts.resources
+        summary = (
+            f"{opts.framework} {opts.version} with {opts.editor}; "
+            f"{res.cpus:g} CPU, {format_memory(res.memory)}, {res.gpus} GPU"
+        )
+        await self._record(
+            S.STARTING,
+            reason="SPAWN",
+            message=summary,
+            options=opts.to_json(),
+            user_options=dict(self.user_options or {}),
+            container=self.object_name,
+        )
+        self._progress(5, f"Options validated: {summary}")
+        await self._reconcile_once()
+
+        # GPUs
+        self._progress(15, f"Reserving {res.gpus} GPU(s)" if res.gpus else "No GPU requested")
+        try:
+            self.gpu_ids = await self.runtime.run(
+                self.ledger.reserve, self.workload_id, user, "notebook", res.gpus
+            )
+        except NoGpuAvailable as e:
+            await self._fail(S.FAILED, "NO_GPU_AVAILABLE", str(e))
+            raise SpawnFailed(409, str(e)) from None
+        if self.gpu_ids:
+            self._progress(20, f"GPUs reserved: {', '.join(self.gpu_ids)}")
+
+        # image
+        self._progress(30, f"Preparing image {opts.image}")
+        try:
+            present = await self.runtime.image_exists(opts.image)
+        except EngineError as e:
+            await self._fail(S.ERROR, "ENGINE_UNREACHABLE", f"container engine error: {e}")
+            raise SpawnFailed(503, f"the container engine did not answer: {e}") from None
+        if not present:
+            msg = f"image {opts.image} is missing on this host (the admin builds it: make images)"
+            await self._fail(S.ERROR, "IMAGE_MISSING", msg)
+            raise SpawnFailed(503, msg)
+
+        # data: the workspace volume (object-storage sync comes with the sync engine)
+        self._progress(45, f"Workspace {s.workspace_dir} ready")
+
+        # container
+        gpu_host, gpu_env = gpu_request(self.gpu_ids, s.gpu_mode)
+        limits = container_limits(res, s.pids_limit, s.shm_fraction)
+        self.extra_host_config = {**hardened_host_config(), **limits.host_config(), **gpu_host}
+        self.extra_create_kwargs = {
+            "labels": workload_labels(
+                s.instance, "notebook", user, self.workload_id, self.gpu_ids, server=server
+            ),
+            "user": self.notebook_user,
+        }
+        self.environment = {**self.environment, **gpu_env}
+        self.volumes = {self.volume_name: s.workspace_dir}
+        self.notebook_dir = s.workspace_dir
+        self._progress(60, "Starting the container")
+        try:
+            ip, port = await super().start()
+        except APIError as e:
+            await self._fail(
+                S.ERROR, "ENGINE_ERROR", f"the engine refused the container: {e.explanation or e}"
+            )
+            raise SpawnFailed(
+                503, f"the engine refused the container: {e.explanation or e}"
+            ) from None
+
+        # editor
+        self._progress(80, f"Waiting for {opts.editor} to answer")
+        await self._wait_for_editor(ip, port)
+        await self._record(S.RUNNING, reason="READY", message=f"{opts.editor} answers")
+        self._progress(100, f"{opts.editor} is ready")
+        return (ip, port)
+
+    async def _fail(self, state: NotebookState, reason: str, message: str, exit_code=None):
+        self.log.error("%s: %s: %s", self._log_name, reason, message)
+        self._progress(100, f"{state.value}: {message}")
+        await self._record(state, reason=reason, message=message, exit_code=exit_code)
+
+    async def _wait_for_editor(self, ip: str, port: int) -> None:
+        url = f"http://{ip}:{port}{self.server.base_url}api"
+        client = AsyncHTTPClient()
+        deadline = time.monotonic() + self.http_timeout
+        last_check = 0.0
+        while time.monotonic() < deadline:
+            try:
+                await client.fetch(url, request_timeout=2, connect_timeout=1)
+                return
+            except HTTPClientError as e:
+                if e.code < 500 and e.code != 599:
+                    return  # any HTTP answer below 500 means the server is up
+            except OSError:
+                pass
+            if time.monotonic() - last_check > 0.5:
+                last_check = time.monotonic()
+                exited = await self._exit_status()
+                if exited is not None:
+                    code, msg = exited
+                    await self._fail(S.FAILED, "EXITED", msg, exit_code=code)
+                    raise SpawnFailed(500, msg)
+            await asyncio.sleep(self.editor_wait_interval)
+        msg = f"the editor did not answer within {self.http_timeout:g} s"
+        await self._fail(S.FAILED, "READY_TIMEOUT", msg)
+        raise SpawnFailed(500, msg)
+
+    async def _exit_status(self) -> tuple[int, str] | None:
+        """(exit code, explanation) if the container has stopped, else None."""
+        info = await self.runtime.inspect_container(self.object_name)
+        if info is None:
+            return (-1, "the notebook container vanished")
+        st = info["State"]
+        if st.get("Running"):
+            return None
+        code = int(st.get("ExitCode", -1))
+        if st.get("OOMKilled"):
+            limit = self.gpulab_options.resources.memory if self.gpulab_options else 0
+            why = f"killed: out of memory (limit {format_memory(limit)})"
+        else:
+            why = st.get("Error") or "the notebook process exited"
+        return (code, f"{why} (exit code {code})")
+
+    async def poll(self):
+        status = await super().poll()
+        if status is not None:
+            current = await self._current_state()
+            if current is S.RUNNING:
+                exited = await self._exit_status()
+                if exited and exited[0] != 0:
+                    await self._record(
+                        S.FAILED, reason="EXITED", message=exited[1], exit_code=exited[0]
+                    )
+        return status
+
+    async def stop(self, now=False):
+        current = await self._current_state()
+        ended = current in (S.FAILED, S.ERROR)
+        if not ended:
+            reason, message = await self.runtime.run(
+                self.records.take_stop_reason, self.user.name, self.name
+            )
+            await self._record(S.STOPPING, reason=reason, message=message)
+        try:
+            await super().stop(now=now)
+        except APIError as e:
+            await self._record(S.ERROR, reason="ENGINE_ERROR", message=f"could not stop: {e}")
+            raise
+        finally:
+            released = await self.runtime.run(self.ledger.release, self.workload_id)
+            if released:
+                self.log.info("%s released GPUs %s", self._log_name, ", ".join(released))
+            self.gpu_ids = []
+        if not ended:
+            await self._record(S.STOPPED, reason="STOPPED", message="compute released")
+
+    async def delete_forever(self):
+        """A named server deleted for good: its container, workspace volume and GPUs go."""
+        await self._record(S.DELETING, reason="DELETE", message="notebook deleted by its owner")
+        try:
+            await self.runtime.remove_container(self.object_name)
+            await self.runtime.remove_volume(self.volume_name)
+            await self.runtime.run(self.ledger.release, self.workload_id)
+        except EngineError as e:
+            await self._record(S.ERROR, reason="DELETE_FAILED", message=str(e))
+            raise
+        await self._record(S.DELETED, reason="DELETED", message="container and workspace removed")
+        await super().delete_forever()
+
+    async def check_allowed(self, image):
+        # the image was validated against the catalog in apply_notebook_options
+        if self.gpulab_options and image == self.gpulab_options.image:
+            return image
+        raise web.HTTPError(400, f"image {image!r} is not in the catalog")
+
+
+__all__ = ["NotebookSpawner", "__version__"]

@@ -1,0 +1,69 @@
+"""Shared fixtures: the real Docker engine, the built images, and real hub processes.
+
+Tests that need Docker skip on a developer machine without an engine, but FAIL in CI
+(CI=true): a suite that silently skips its integration tests proves nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+import docker
+import pytest
+
+from .hubctl import Hub
+
+IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
+BASE_IMAGE = "gpulab/python:3.11"
+PYTORCH_IMAGE = "gpulab/pytorch:2.13"
+
+
+def _need(message: str):
+    if IN_CI:
+        pytest.fail(message + " (CI=true: a missing engine is a failure, not a skip)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as e:  # any failure to reach the engine
+        _need(f"no Docker engine answers ({e}); run `make engine`")
+    return client
+
+
+def _image(client, image: str) -> str:
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        _need(f"image {image} is missing; run `make images`")
+    return image
+
+
+@pytest.fixture(scope="session")
+def images(docker_client):
+    """The base notebook image that most tests spawn."""
+    return _image(docker_client, BASE_IMAGE)
+
+
+@pytest.fixture(scope="session")
+def pytorch_image(docker_client):
+    return _image(docker_client, PYTORCH_IMAGE)
+
+
+@pytest.fixture
+def hub_factory(tmp_path_factory, images):
+    """Start hubs with extra config; all are stopped and their containers removed afterwards."""
+    hubs: list[Hub] = []
+
+    def make(extra_config: str = "", start: bool = True) -> Hub:
+        hub = Hub(workdir=tmp_path_factory.mktemp("hub"), extra_config=extra_config)
+        hubs.append(hub)
+        return hub.start() if start else hub
+
+    yield make
+    for hub in hubs:
+        hub.stop()
+        hub.remove_workloads()

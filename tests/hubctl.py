@@ -1,0 +1,229 @@
+"""Start and drive a real JupyterHub process (with its proxy and the gpulab service) for tests.
+
+The hub loads the repository's own jupyterhub_config.py, then the test's overrides: its own
+ports, data directory and gpulab instance name, so that tests never touch each other's (or a
+developer's) containers.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import docker
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+CHP_BIN = REPO / ".build" / "node" / "node_modules" / ".bin"
+
+
+class SpawnFailed(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Hub:
+    workdir: Path
+    extra_config: str = ""
+    instance: str = field(default_factory=lambda: "t" + secrets.token_hex(4))
+    admin_token: str = field(default_factory=lambda: secrets.token_hex(24))
+    port: int = field(default_factory=free_port)
+    hub_port: int = field(default_factory=free_port)
+    service_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api(self) -> str:
+        return f"{self.url}/hub/api"
+
+    @property
+    def config_file(self) -> Path:
+        return self.workdir / "test_config.py"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / "hub.log"
+
+    def write_config(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(
+            textwrap.dedent(
+                f"""
+                load_subconfig({str(REPO / "jupyterhub_config.py")!r})
+                c.GpulabSettings.instance = {self.instance!r}
+                c.JupyterHub.log_level = "DEBUG"
+                c.JupyterHub.services.append({{"name": "test-admin", "api_token": {self.admin_token!r}}})
+                c.JupyterHub.load_roles.append({{
+                    "name": "test-admin",
+                    "scopes": ["admin:users", "admin:servers", "admin:groups", "tokens",
+                               "access:servers", "access:services", "read:users"],
+                    "services": ["test-admin"],
+                }})
+                """
+            )
+            + textwrap.dedent(self.extra_config)
+        )
+
+    def start(self, timeout: float = 60) -> Hub:
+        self.write_config()
+        env = {
+            **os.environ,
+            "GPULAB_PORT": str(self.port),
+            "GPULAB_HUB_PORT": str(self.hub_port),
+            "GPULAB_SERVICE_PORT": str(self.service_port),
+            "GPULAB_DATA_DIR": str(self.workdir / "data"),
+            "GPULAB_CONFIG_FILE": str(self.config_file),
+            "PATH": f"{CHP_BIN}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+        }
+        log = open(self.log_file, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config_file)],
+            cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if requests.get(f"{self.api}/", timeout=1).ok:
+                    self._wait_service(deadline)
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"hub did not answer in {timeout} s:\n{self.tail()}")
+
+    def _wait_service(self, deadline: float) -> None:
+        url = f"{self.url}/services/gpulab/api/health"
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(url, timeout=1).ok:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"gpulab service did not answer:\n{self.tail()}")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Kill the hub with its proxy and services, as a service manager's cgroup kill would."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def remove_workloads(self) -> None:
+        client = docker.from_env()
+        label = f"org.gpulab.instance={self.instance}"
+        for c in client.containers.list(all=True, filters={"label": label}):
+            c.remove(force=True)
+        for v in client.volumes.list():
+            if v.name.startswith(self.instance + "-"):
+                v.remove(force=True)
+
+    def tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    # --- REST API ------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, token: str | None = None, **kw) -> requests.Response:
+        headers = {"Authorization": f"token {token or self.admin_token}"}
+        return requests.request(method, self.api + path, headers=headers, timeout=120, **kw)
+
+    def create_user(self, name: str, admin: bool = False) -> str:
+        """Create a user and return an API token of theirs."""
+        r = self.request("POST", f"/users/{name}")
+        assert r.status_code in (201, 409), r.text
+        if admin:
+            self.request("PATCH", f"/users/{name}", json={"admin": True}).raise_for_status()
+        r = self.request("POST", f"/users/{name}/tokens", json={"note": "test"})
+        r.raise_for_status()
+        return r.json()["token"]
+
+    def server_path(self, user: str, server: str) -> str:
+        return f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
+
+    def spawn(self, user: str, server: str, options: dict, token: str | None = None):
+        return self.request("POST", self.server_path(user, server), token=token,
+                            json={"user_options": options})
+
+    def server_model(self, user: str, server: str) -> dict | None:
+        r = self.request("GET", f"/users/{user}")
+        r.raise_for_status()
+        return r.json().get("servers", {}).get(server)
+
+    def wait_ready(self, user: str, server: str, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            model = self.server_model(user, server)
+            if model and model.get("ready"):
+                return model
+            if not model or not model.get("pending"):
+                raise SpawnFailed(f"{user}/{server} is neither ready nor starting: {model}")
+            time.sleep(0.2)
+        raise TimeoutError(f"{user}/{server} not ready in {timeout} s:\n{self.tail()}")
+
+    def wait_stopped(self, user: str, server: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            model = self.server_model(user, server)
+            if model is None or (not model.get("ready") and not model.get("pending")):
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"{user}/{server} did not stop in {timeout} s")
+
+    def stop_server(self, user: str, server: str, remove: bool = False) -> None:
+        body = {"remove": True} if remove else None
+        r = self.request("DELETE", self.server_path(user, server), json=body)
+        assert r.status_code in (202, 204), r.text
+        if r.status_code == 202:
+            self.wait_stopped(user, server)
+
+    def wait_state(self, user: str, server: str, state: str, timeout: float = 60) -> dict:
+        """Poll the service until the notebook reaches ``state``; returns the notebook."""
+        deadline = time.monotonic() + timeout
+        nb: dict = {}
+        while time.monotonic() < deadline:
+            r = self.notebook(user, server)
+            if r.status_code == 200:
+                nb = r.json()
+                if nb["state"] == state:
+                    return nb
+            time.sleep(0.2)
+        raise TimeoutError(f"{user}/{server} not {state} in {timeout} s: {nb}\n{self.tail()}")
+
+    def notebook(self, user: str, server: str, token: str | None = None) -> requests.Response:
+        """The gpulab service's view of a notebook: state and history."""
+        return requests.get(
+            f"{self.url}/services/gpulab/api/notebooks/{user}/{server}",
+            headers={"Authorization": f"token {token or self.admin_token}"}, timeout=30,
+        )

@@ -1,0 +1,72 @@
+"""Notebooks end to end: a real hub process, its proxy, the gpulab service, the Docker engine."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, images):
+    from ..hubctl import Hub
+
+    hub = Hub(workdir=tmp_path_factory.mktemp("lifecycle")).start()
+    yield hub
+    hub.stop()
+    hub.remove_workloads()
+
+
+def states(hub, user, server):
+    r = hub.notebook(user, server)
+    assert r.status_code == 200, r.text
+    return [e["state"] for e in r.json()["history"]]
+
+
+def test_spawn_reach_stop_start_delete(hub, docker_client):
+    token = hub.create_user("alice")
+    r = hub.spawn("alice", "nb1", {"framework": "python", "flavor": "cpu-small"}, token=token)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("alice", "nb1")
+
+    # the user's own token reaches the notebook server through the proxy
+    status = requests.get(
+        f"{hub.url}/user/alice/nb1/api/status",
+        headers={"Authorization": f"token {token}"}, timeout=30,
+    )
+    assert status.status_code == 200, status.text
+    assert "started" in status.json()
+
+    r = hub.notebook("alice", "nb1", token=token)
+    assert r.status_code == 200, r.text
+    nb = r.json()
+    assert nb["state"] == "RUNNING"
+    assert [e["state"] for e in nb["history"]] == ["STARTING", "RUNNING"]
+    name = nb["container"]
+    c = docker_client.containers.get(name)
+    labels = c.labels
+    assert labels["org.gpulab.user"] == "alice"
+    assert labels["org.gpulab.server"] == "nb1"
+    assert labels["org.gpulab.kind"] == "notebook"
+    assert labels["org.gpulab.instance"] == hub.instance
+    hc = c.attrs["HostConfig"]
+    assert hc["NanoCpus"] == 0 and hc["CpuQuota"] == 100_000 and hc["CpuPeriod"] == 100_000
+    assert hc["Memory"] == 2 * 1024**3
+    assert hc["PidsLimit"] == 4096
+    assert hc["ShmSize"] == 1024**3
+    assert c.attrs["Config"]["User"] == "1000"
+    assert hc["CapDrop"] == ["ALL"]
+
+    hub.stop_server("alice", "nb1")
+    assert states(hub, "alice", "nb1") == ["STARTING", "RUNNING", "STOPPING", "STOPPED"]
+
+    hub.spawn("alice", "nb1", {}, token=token)
+    hub.wait_ready("alice", "nb1")
+    assert states(hub, "alice", "nb1")[-2:] == ["STARTING", "RUNNING"]
+
+    hub.stop_server("alice", "nb1", remove=True)
+    hub.wait_state("alice", "nb1", "DELETED")
+    assert states(hub, "alice", "nb1")[-4:] == ["STOPPING", "STOPPED", "DELETING", "DELETED"]
+    volumes = [v.name for v in docker_client.volumes.list()]
+    assert not [v for v in volumes if v.startswith(hub.instance)]
