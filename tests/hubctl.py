@@ -96,7 +96,10 @@ class Hub:
         log = open(self.log_file, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(self.config_file)],
-            cwd=self.workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=self.workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout
@@ -173,8 +176,9 @@ class Hub:
         return f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
 
     def spawn(self, user: str, server: str, options: dict, token: str | None = None):
-        return self.request("POST", self.server_path(user, server), token=token,
-                            json={"user_options": options})
+        return self.request(
+            "POST", self.server_path(user, server), token=token, json={"user_options": options}
+        )
 
     def server_model(self, user: str, server: str) -> dict | None:
         r = self.request("GET", f"/users/{user}")
@@ -225,5 +229,6 @@ class Hub:
         """The gpulab service's view of a notebook: state and history."""
         return requests.get(
             f"{self.url}/services/gpulab/api/notebooks/{user}/{server}",
-            headers={"Authorization": f"token {token or self.admin_token}"}, timeout=30,
+            headers={"Authorization": f"token {token or self.admin_token}"},
+            timeout=30,
         )

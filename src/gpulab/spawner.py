@@ -311,7 +311,13 @@ class NotebookSpawner(DockerSpawner):
         # container
         gpu_host, gpu_env = gpu_request(self.gpu_ids, s.gpu_mode)
         limits = container_limits(res, s.pids_limit, s.shm_fraction)
-        self.extra_host_config = {**hardened_host_config(), **limits.host_config(), **gpu_host}
+        self.extra_host_config = {
+            **hardened_host_config(),
+            **limits.host_config(),
+            **gpu_host,
+            # keep an exited container until stop() removes it, so its exit code can be read
+            "auto_remove": False,
+        }
         self.extra_create_kwargs = {
             "labels": workload_labels(
                 s.instance, "notebook", user, self.workload_id, self.gpu_ids, server=server

@@ -33,7 +33,8 @@ def test_spawn_reach_stop_start_delete(hub, docker_client):
     # the user's own token reaches the notebook server through the proxy
     status = requests.get(
         f"{hub.url}/user/alice/nb1/api/status",
-        headers={"Authorization": f"token {token}"}, timeout=30,
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
     )
     assert status.status_code == 200, status.text
     assert "started" in status.json()
