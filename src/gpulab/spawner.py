@@ -413,7 +413,13 @@ class NotebookSpawner(DockerSpawner):
             )
             await self._record(S.STOPPING, reason=reason, message=message)
         try:
-            await super().stop(now=now)
+            if ended and self.object_id:
+                # keep a failed container (stopped) for its logs and configuration; the next
+                # start or a delete removes it
+                await self.stop_object()
+                self.clear_state()
+            else:
+                await super().stop(now=now)
         except APIError as e:
             await self._record(S.ERROR, reason="ENGINE_ERROR", message=f"could not stop: {e}")
             raise
