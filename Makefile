@@ -1,0 +1,96 @@
+# gpulab: JupyterHub + DockerSpawner for GPU notebooks. `make help` lists the targets.
+#
+# Everything a fresh Debian 12 machine needs is installed by these targets: the virtualenv
+# (.venv), configurable-http-proxy from npm (.build/node), a Docker engine (apt docker.io,
+# started without systemd) and the notebook images (built offline, see scripts/build-images.sh).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON      ?= python3
+VENV        := .venv
+NODE_DIR    := .build/node
+PROXY_BIN   := $(NODE_DIR)/node_modules/.bin
+CHP         := $(PROXY_BIN)/configurable-http-proxy
+CHP_VERSION ?= 5
+DATA_DIR    := data
+
+# Port the hub listens on (read by jupyterhub_config.py).
+GPULAB_PORT ?= 8000
+export GPULAB_PORT
+# Extra arguments for pytest, e.g. `make test PYTEST_ARGS='-k spawn -x'`.
+PYTEST_ARGS ?=
+# `make images FORCE=1` rebuilds the images even when they are up to date.
+FORCE ?=
+
+# PATH for the hub, the tests and the benchmarks: the proxy and the venv's scripts first.
+RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: help venv proxy engine images setup run test lint format bench clean-images clean
+
+help: ## Show this help
+	@echo "Usage: make TARGET [GPULAB_PORT=8000] [PYTEST_ARGS=...] [FORCE=1]"
+	@echo
+	@grep -hE '^[a-zA-Z_.-]+:.*## ' $(MAKEFILE_LIST) \
+		| awk 'BEGIN {FS = ":.*## "} {printf "  %-13s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed ## Create .venv and install gpulab with its test extras (again when pyproject.toml changes)
+
+$(CHP):
+	@command -v npm >/dev/null 2>&1 || { \
+		echo "npm not found: installing Debian's nodejs and npm"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; }
+	mkdir -p $(NODE_DIR)
+	npm install --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error \
+		configurable-http-proxy@$(CHP_VERSION)
+	@test -x $@ || { echo "ERROR: npm install did not produce $@" >&2; exit 1; }
+	$@ --version
+
+proxy: $(CHP) ## Install configurable-http-proxy (npm) into .build/node
+
+engine: ## Make sure a Docker engine runs (installs docker.io and starts dockerd if needed)
+	scripts/ensure-docker.sh
+
+images: engine ## Build the notebook images gpulab/{debian:bookworm,python:3.11,pytorch:2.13} when missing or stale
+	scripts/build-images.sh $(if $(FORCE),--force)
+
+setup: venv proxy engine images ## Everything run and test need
+
+run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in data/)
+	mkdir -p $(DATA_DIR)
+	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(CURDIR)/$(DATA_DIR)" \
+		exec $(VENV)/bin/jupyterhub -f jupyterhub_config.py
+
+test: setup ## Run the test suite (PYTEST_ARGS=... passes arguments to pytest)
+	PATH="$(RUN_PATH)" $(VENV)/bin/pytest -ra $(PYTEST_ARGS)
+
+lint: venv ## Check style with ruff (lint + format check)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+format: venv ## Format the code with ruff (and sort imports)
+	$(VENV)/bin/ruff check --fix --select I src tests bench
+	$(VENV)/bin/ruff format src tests bench
+
+bench: setup ## Run every bench/bench_*.py benchmark
+	@set -e; found=0; \
+	for f in bench/bench_*.py; do \
+		[ -e "$$f" ] || continue; found=1; \
+		echo "=== $$f"; \
+		PATH="$(RUN_PATH)" $(VENV)/bin/python "$$f"; \
+	done; \
+	[ $$found = 1 ] || echo "no bench/bench_*.py to run"
+
+clean-images: ## Remove the gpulab images (and the build contexts in .build/ctx)
+	-docker rmi $${GPULAB_PYTORCH_IMAGE:-gpulab/pytorch:2.13} $${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11} \
+		$${GPULAB_DEBIAN_IMAGE:-gpulab/debian:bookworm}
+	rm -rf .build/ctx
+
+clean: ## Remove .venv, .build (wheel cache, proxy, logs) and caches; keeps data/ and the images
+	rm -rf $(VENV) .build .pytest_cache .ruff_cache src/*.egg-info
+	find src tests bench -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true

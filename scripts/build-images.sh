@@ -1,0 +1,251 @@
+#!/usr/bin/env bash
+# Build gpulab's notebook images locally, offline: no container registry is reachable here and
+# pip inside `docker build` cannot reach PyPI, so
+#   1. gpulab/debian:bookworm  is made with debootstrap + `docker import` (skipped if BASE_IMAGE),
+#   2. gpulab/python:3.11      images/python  (jupyterhub + jupyterlab in /opt/gpulab/venv),
+#   3. gpulab/pytorch:2.13     images/pytorch (+ torch, CPU build, and numpy),
+# with the Python wheels downloaded on the host (cache: .build/wheels/<image>/) and copied into
+# the build context (.build/ctx/<image>/).
+#
+# An image is built only when it is missing, or when its Dockerfile, requirements or base image
+# changed since it was built (label org.gpulab.build-hash); --force rebuilds all selected ones.
+#
+# Usage: scripts/build-images.sh [--force] [debian|python|pytorch ...]   (default: all)
+# Environment:
+#   BASE_IMAGE            base of gpulab/python instead of the debootstrap image (e.g.
+#                         debian:bookworm-slim, a CUDA base); the debian step is then skipped
+#   GPULAB_DEBIAN_IMAGE   tag of the debootstrap image   (default gpulab/debian:bookworm)
+#   GPULAB_PYTHON_IMAGE   tag of the python image        (default gpulab/python:3.11)
+#   GPULAB_PYTORCH_IMAGE  tag of the pytorch image       (default gpulab/pytorch:2.13)
+#   GPULAB_PY_VERSION     Python version the wheels are chosen for (default: asked from the
+#                         base image, else 3.11.2 = Debian 12's python3)
+#   GPULAB_BUILD_VERBOSE=1  stream docker build output (it always goes to .build/logs/)
+#   GPULAB_ALLOW_CUDA_TORCH=1  accept a non-CPU torch wheel (several GB of CUDA packages)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=$ROOT/.build
+LOGS=$BUILD/logs
+DEBIAN_IMAGE=${GPULAB_DEBIAN_IMAGE:-gpulab/debian:bookworm}
+PYTHON_IMAGE=${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11}
+PYTORCH_IMAGE=${GPULAB_PYTORCH_IMAGE:-gpulab/pytorch:2.13}
+DEBIAN_SUITE=bookworm
+DEBIAN_INCLUDE=python3,python3-venv,ca-certificates
+
+FORCE=0
+SELECTED=()
+for arg in "$@"; do
+    case "$arg" in
+        --force | -f) FORCE=1 ;;
+        debian | python | pytorch) SELECTED+=("$arg") ;;
+        -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) echo "build-images: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+    esac
+done
+[ ${#SELECTED[@]} -gt 0 ] || SELECTED=(debian python pytorch)
+selected() { [[ " ${SELECTED[*]} " == *" $1 "* ]]; }
+
+T_START=$SECONDS
+log() { printf '[build-images %4ds] %s\n' "$((SECONDS - T_START))" "$*" >&2; }
+die() { printf '[build-images] ERROR: %s\n' "$*" >&2; exit 1; }
+
+command -v docker >/dev/null || die "docker client not found (run scripts/ensure-docker.sh)"
+timeout 15 docker info >/dev/null 2>&1 || die "no Docker engine answers (run scripts/ensure-docker.sh)"
+
+mkdir -p "$BUILD" "$LOGS"
+# One build at a time: a concurrent `make images` waits here, then finds the images built.
+exec 9>"$BUILD/images.lock"
+if ! flock -n 9; then
+    log "another build holds $BUILD/images.lock; waiting for it ..."
+    flock -w 3600 9 || die "timed out waiting for $BUILD/images.lock"
+fi
+
+image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
+image_id() { docker image inspect --format '{{.Id}}' "$1" 2>/dev/null || echo "$1"; }
+image_label() { docker image inspect --format "{{index .Config.Labels \"$2\"}}" "$1" 2>/dev/null || true; }
+sha() { sha256sum | cut -c1-16; }
+
+# ---------------------------------------------------------------------------------------------
+# 1. Debian base rootfs: debootstrap + docker import
+# ---------------------------------------------------------------------------------------------
+build_debian() {
+    local tag=$1
+    if ! command -v debootstrap >/dev/null; then
+        [ "$(id -u)" = 0 ] || die "debootstrap is missing and installing it needs root"
+        log "installing debootstrap (apt-get) ..."
+        DEBIAN_FRONTEND=noninteractive apt-get update -q >"$LOGS/apt-debootstrap.log" 2>&1 \
+            && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap \
+                >>"$LOGS/apt-debootstrap.log" 2>&1 \
+            || { tail -n 20 "$LOGS/apt-debootstrap.log" >&2; die "apt-get install debootstrap failed"; }
+    fi
+    [ "$(id -u)" = 0 ] || die "debootstrap needs root"
+    local dir=$BUILD/rootfs-$DEBIAN_SUITE t0=$SECONDS
+    rm -rf "$dir"
+    log "debootstrap --variant=minbase --include=$DEBIAN_INCLUDE $DEBIAN_SUITE (log: $LOGS/debootstrap.log) ..."
+    if ! debootstrap --variant=minbase --include="$DEBIAN_INCLUDE" "$DEBIAN_SUITE" "$dir" \
+        >"$LOGS/debootstrap.log" 2>&1; then
+        tail -n 30 "$LOGS/debootstrap.log" >&2
+        [ -f "$dir/debootstrap/debootstrap.log" ] && tail -n 30 "$dir/debootstrap/debootstrap.log" >&2
+        rm -rf "$dir"
+        die "debootstrap failed (log above)"
+    fi
+    # Downloaded .debs and package lists are not needed in the image (apt-get update refetches).
+    rm -rf "$dir"/var/cache/apt/archives/*.deb "$dir"/var/lib/apt/lists/* "$dir"/tmp/*
+    log "debootstrap done in $((SECONDS - t0)) s; docker import -> $tag ..."
+    tar -C "$dir" --numeric-owner -c . \
+        | docker import --change 'CMD ["/bin/bash"]' \
+            --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+            --change 'ENV LANG=C.UTF-8' \
+            --message "debootstrap --variant=minbase --include=$DEBIAN_INCLUDE $DEBIAN_SUITE" \
+            - "$tag" >/dev/null \
+        || { rm -rf "$dir"; die "docker import failed"; }
+    rm -rf "$dir"
+    docker run --rm "$tag" python3 -c 'import venv, ensurepip, ssl' \
+        || die "$tag: python3 with venv/ensurepip/ssl does not work"
+    log "built $tag in $((SECONDS - t0)) s ($(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%d MB", $1/1e6}'))"
+}
+
+# ---------------------------------------------------------------------------------------------
+# 2./3. Dockerfile images with host-downloaded wheels
+# ---------------------------------------------------------------------------------------------
+PIP_PLATFORM_FLAGS=(--only-binary=:all: --implementation cp
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
+    --platform manylinux_2_28_x86_64 --platform any)
+
+# Python version of a base image's python3 (or the default when it has none).
+base_python_version() {
+    if [ -n "${GPULAB_PY_VERSION:-}" ]; then echo "$GPULAB_PY_VERSION"; return; fi
+    local v
+    v=$(docker run --rm --entrypoint sh "$1" -c \
+        'python3 -c "import platform; print(platform.python_version())"' 2>/dev/null || true)
+    echo "${v:-3.11.2}"
+}
+
+# download_wheels NAME PYVERSION: wheels for images/NAME/requirements.txt into .build/wheels/NAME,
+# skipped when that directory already holds a download for the same requirements and version.
+download_wheels() {
+    local name=$1 pyver=$2 req=$ROOT/images/$1/requirements.txt dir=$BUILD/wheels/$1
+    local stamp
+    stamp=$( { cat "$req"; echo "$pyver ${PIP_PLATFORM_FLAGS[*]}"; } | sha)
+    if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$stamp" ] && ls "$dir"/*.whl >/dev/null 2>&1; then
+        log "wheels for $name: cached in ${dir#"$ROOT"/} ($(ls "$dir"/*.whl | wc -l) wheels)"
+        return
+    fi
+    rm -rf "$dir" && mkdir -p "$dir"
+    local t0=$SECONDS pipcmd=(python3 -m pip download --progress-bar off -d "$dir"
+        --python-version "$pyver" "${PIP_PLATFORM_FLAGS[@]}")
+    # torch first and alone: the pinned version must resolve to the CPU wheel kept on this
+    # machine (pip's find-links); anything else would pull several GB of CUDA packages.
+    local torch_req
+    torch_req=$(grep -E '^torch([=<>!~ ]|$)' "$req" || true)
+    if [ -n "$torch_req" ]; then
+        log "pip download $torch_req (no deps) ..."
+        "${pipcmd[@]}" --no-deps "$torch_req" >"$LOGS/wheels-$name.log" 2>&1 \
+            || { grep -v 'is ignored' "$LOGS/wheels-$name.log" | tail -n 20 >&2; die "pip download $torch_req failed"; }
+        local whl
+        whl=$(cd "$dir" && ls torch-*.whl)
+        log "torch resolved to $whl"
+        if [[ "$whl" != *+cpu* ]] && [ "${GPULAB_ALLOW_CUDA_TORCH:-0}" != 1 ]; then
+            rm -rf "$dir"
+            die "torch resolved to $whl, not a +cpu build: its CUDA dependencies are several GB. Pin the version whose CPU wheel is in pip's find-links (pip config list), or set GPULAB_ALLOW_CUDA_TORCH=1."
+        fi
+    fi
+    log "pip download -r images/$name/requirements.txt for cp$pyver manylinux x86_64 -> ${dir#"$ROOT"/} ..."
+    "${pipcmd[@]}" -r "$req" >>"$LOGS/wheels-$name.log" 2>&1 \
+        || { grep -v 'is ignored' "$LOGS/wheels-$name.log" | tail -n 30 >&2; rm -rf "$dir"; die "pip download for $name failed (log: $LOGS/wheels-$name.log)"; }
+    echo "$stamp" >"$dir/.stamp"
+    log "downloaded $(ls "$dir"/*.whl | wc -l) wheels ($(du -sh "$dir" | cut -f1)) in $((SECONDS - t0)) s"
+}
+
+# build_dockerfile NAME TAG BASE: build images/NAME/Dockerfile on BASE, unless TAG is current.
+build_dockerfile() {
+    local name=$1 tag=$2 base=$3 src=$ROOT/images/$1
+    local hash
+    hash=$( { cat "$src/Dockerfile" "$src/requirements.txt"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; } | sha)
+    if [ "$FORCE" = 0 ] && image_exists "$tag"; then
+        local have
+        have=$(image_label "$tag" org.gpulab.build-hash)
+        if [ "$have" = "$hash" ]; then
+            log "$tag: up to date"
+            return
+        fi
+        log "$tag: exists but is stale (Dockerfile, requirements or base $base changed); rebuilding"
+    fi
+    image_exists "$base" || log "base $base is not local: docker build will try to pull it"
+    local t0=$SECONDS pyver
+    pyver=$(base_python_version "$base")
+    download_wheels "$name" "$pyver"
+
+    local ctx=$BUILD/ctx/$name
+    rm -rf "$ctx" && mkdir -p "$ctx"
+    cp "$src/Dockerfile" "$src/requirements.txt" "$ctx/"
+    # Hard links: no copy of the (large) wheels when .build is on one filesystem.
+    cp -al "$BUILD/wheels/$name" "$ctx/wheels" 2>/dev/null || cp -a "$BUILD/wheels/$name" "$ctx/wheels"
+    rm -f "$ctx/wheels/.stamp"
+
+    log "docker build $tag (images/$name/Dockerfile, BASE_IMAGE=$base; log: ${LOGS#"$ROOT"/}/build-$name.log) ..."
+    local cmd=(docker build --force-rm --build-arg "BASE_IMAGE=$base" --label "org.gpulab.build-hash=$hash"
+        --label "org.gpulab.base-image=$base" -t "$tag" "$ctx")
+    local ok=1
+    if [ "${GPULAB_BUILD_VERBOSE:-0}" = 1 ]; then
+        DOCKER_BUILDKIT=0 "${cmd[@]}" 2>&1 | tee "$LOGS/build-$name.log" || ok=0
+    else
+        DOCKER_BUILDKIT=0 "${cmd[@]}" >"$LOGS/build-$name.log" 2>&1 || ok=0
+    fi
+    # The legacy builder leaves the builder stages (which hold the wheels) behind as untagged
+    # images, and a failed step its intermediate images: remove them (their untagged parents go
+    # with them; an image that still has children just fails to go, harmlessly).
+    docker images -a -q --filter "label=org.gpulab.stage=builder" | sort -u \
+        | xargs -r docker rmi >/dev/null 2>&1 || true
+    rm -rf "$ctx"
+    if [ "$ok" = 0 ]; then
+        tail -n 40 "$LOGS/build-$name.log" >&2
+        die "docker build $tag failed (log above; full log: $LOGS/build-$name.log)"
+    fi
+    log "built $tag in $((SECONDS - t0)) s ($(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%d MB", $1/1e6}'))"
+}
+
+# verify TAG PYTHON-CODE EXPECTED: the image runs as uid 1000 and the code prints EXPECTED*.
+verify() {
+    local tag=$1 code=$2 want=$3 out
+    out=$(docker run --rm "$tag" sh -c "id -u; stat -c %u /workspace; pwd; python -c '$code'" 2>&1) \
+        || { echo "$out" >&2; die "$tag: verification run failed"; }
+    local uid owner cwd got
+    { read -r uid; read -r owner; read -r cwd; got=$(tail -n 1); } <<<"$out"
+    [ "$uid" = 1000 ] || die "$tag runs as uid '$uid', not 1000"
+    [ "$owner" = 1000 ] || die "$tag: /workspace is owned by uid '$owner', not 1000"
+    [ "$cwd" = /workspace ] || die "$tag: working directory is '$cwd', not /workspace"
+    [[ "$got" == "$want"* ]] || { echo "$out" >&2; die "$tag: expected '$want', got '$got'"; }
+    log "verified $tag: uid 1000, /workspace, $got"
+}
+
+# ---------------------------------------------------------------------------------------------
+if [ -n "${BASE_IMAGE:-}" ]; then
+    BASE=$BASE_IMAGE
+    selected debian && log "BASE_IMAGE=$BASE_IMAGE: skipping the debootstrap image"
+else
+    BASE=$DEBIAN_IMAGE
+    if selected debian; then
+        if [ "$FORCE" = 0 ] && image_exists "$DEBIAN_IMAGE"; then
+            log "$DEBIAN_IMAGE: exists"
+        else
+            build_debian "$DEBIAN_IMAGE"
+        fi
+    fi
+fi
+
+if selected python; then
+    before=$(image_id "$PYTHON_IMAGE")
+    build_dockerfile python "$PYTHON_IMAGE" "$BASE"
+    [ "$(image_id "$PYTHON_IMAGE")" = "$before" ] \
+        || verify "$PYTHON_IMAGE" 'import jupyterhub, jupyterlab; print("jupyterhub", jupyterhub.__version__, "jupyterlab", jupyterlab.__version__)' "jupyterhub 6.1.1"
+fi
+
+if selected pytorch; then
+    before=$(image_id "$PYTORCH_IMAGE")
+    build_dockerfile pytorch "$PYTORCH_IMAGE" "$PYTHON_IMAGE"
+    [ "$(image_id "$PYTORCH_IMAGE")" = "$before" ] \
+        || verify "$PYTORCH_IMAGE" 'import numpy, torch; print(torch.__version__)' "2.13.0"
+fi
+
+log "done: $(for s in "${SELECTED[@]}"; do case $s in debian) [ -n "${BASE_IMAGE:-}" ] || printf '%s ' "$DEBIAN_IMAGE" ;; python) printf '%s ' "$PYTHON_IMAGE" ;; pytorch) printf '%s ' "$PYTORCH_IMAGE" ;; esac; done)"
