@@ -1,0 +1,175 @@
+"""``gpulab-sync``: pull or push one volume between object storage and a local directory.
+
+Credentials come only from the environment (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``)
+or from ``--credentials-file``; they are never accepted on the command line nor printed.
+``--store-endpoint file:///dir`` selects the embedded filesystem store.
+
+Exit codes: 0 all objects synced, 1 some objects failed, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from gpulab.volumes import VolumeError, validate_bucket_name
+
+from .backend import Remote
+from .credentials import Credentials, CredentialsError
+from .engine import SyncOptions, pull, push
+from .filesystem import FilesystemRemote
+from .manifest import Locked
+from .models import SyncProgress, SyncReport
+from .s3 import MiB, S3Remote, S3Settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+log = logging.getLogger("gpulab.datasync")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpulab-sync",
+        description="Incremental, verified sync between an object store bucket and a directory.",
+        epilog="Credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment, "
+        "or --credentials-file. Exit codes: 0 ok, 1 some objects failed, 2 bad usage/config.",
+    )
+    p.add_argument("operation", choices=("pull", "push"))
+    p.add_argument("--local", required=True, type=Path, help="local directory")
+    p.add_argument("--bucket", required=True, help="bucket (container) name")
+    p.add_argument("--prefix", default="", help="key prefix to sync (default: whole bucket)")
+    p.add_argument(
+        "--store-endpoint",
+        default=None,
+        help="S3 endpoint URL (default: AWS), or file:///dir for the filesystem store",
+    )
+    p.add_argument("--region", default="us-east-1")
+    p.add_argument(
+        "--mode",
+        choices=("ro", "rw", "rwd"),
+        default="rw",
+        help="push: rw uploads additions/changes, rwd also deletes, ro pushes nothing",
+    )
+    p.add_argument(
+        "--delete",
+        action="store_true",
+        help="pull: remove local files whose remote object was deleted since the last sync",
+    )
+    p.add_argument("--credentials-file", type=Path, help="AWS credentials file or KEY=VALUE file")
+    p.add_argument("--json-progress", action="store_true", help="print JSON lines on stdout")
+    p.add_argument("--workers", type=int, default=16, help="objects in flight (default 16)")
+    p.add_argument("--retry-mode", choices=("standard", "adaptive"), default="standard")
+    p.add_argument("--max-attempts", type=int, default=5, help="attempts per request")
+    p.add_argument("--multipart-threshold-mib", type=int, default=64)
+    p.add_argument("--multipart-chunksize-mib", type=int, default=16)
+    p.add_argument("--connect-timeout", type=float, default=5.0)
+    p.add_argument("--read-timeout", type=float, default=60.0)
+    return p
+
+
+class UsageError(Exception):
+    """Bad configuration (exit code 2)."""
+
+
+def _remote(args: argparse.Namespace) -> Remote:
+    endpoint = args.store_endpoint
+    if endpoint and endpoint.startswith("file://"):
+        root = urlsplit(endpoint).path
+        if not root.startswith("/"):
+            raise UsageError("a file:// store endpoint needs an absolute path")
+        return FilesystemRemote(root, args.bucket)
+    if endpoint and not (endpoint.startswith(("http://", "https://")) and "@" not in endpoint):
+        raise UsageError("--store-endpoint must be http(s)://host[:port] (no credentials in it)")
+    try:
+        if args.credentials_file:
+            creds = Credentials.from_file(args.credentials_file)
+        else:
+            creds = Credentials.from_env()
+    except CredentialsError as exc:
+        raise UsageError(str(exc)) from None
+    if creds is None:
+        raise UsageError(
+            "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+            "or pass --credentials-file"
+        )
+    if min(args.multipart_threshold_mib, args.multipart_chunksize_mib) < 5:
+        raise UsageError("multipart threshold and chunk size must be at least 5 MiB")
+    settings = S3Settings(
+        retry_mode=args.retry_mode,
+        max_attempts=args.max_attempts,
+        max_pool_connections=args.workers + 16,
+        connect_timeout=args.connect_timeout,
+        read_timeout=args.read_timeout,
+        multipart_threshold=args.multipart_threshold_mib * MiB,
+        multipart_chunksize=args.multipart_chunksize_mib * MiB,
+    )
+    return S3Remote(
+        args.bucket, endpoint_url=endpoint, region=args.region, credentials=creds, settings=settings
+    )
+
+
+def _print_json(data: dict) -> None:
+    sys.stdout.write(json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+def _summary(report: SyncReport) -> str:
+    return (
+        f"{report.operation} {report.bucket}/{report.prefix}: {report.completed} transferred, "
+        f"{report.skipped} unchanged, {report.deleted} deleted, {report.failed} failed of "
+        f"{report.objects_total} ({report.bytes_transferred} bytes in {report.elapsed_s:.2f} s)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``gpulab-sync``; returns the exit code."""
+    logging.basicConfig(level=logging.WARNING, format="gpulab-sync: %(levelname)s %(message)s")
+    args = _parser().parse_args(argv)
+    try:
+        validate_bucket_name(args.bucket)
+        if args.workers < 1 or args.max_attempts < 1:
+            raise UsageError("--workers and --max-attempts must be at least 1")
+        remote = _remote(args)
+        on_progress = None
+        if args.json_progress:
+
+            def on_progress(p: SyncProgress) -> None:
+                _print_json(p.to_dict())
+
+        options = SyncOptions(workers=args.workers)
+        if args.operation == "pull":
+            report = pull(
+                remote,
+                args.local,
+                args.prefix,
+                delete=args.delete,
+                progress=on_progress,
+                options=options,
+            )
+        else:
+            report = push(
+                args.local,
+                remote,
+                args.prefix,
+                args.mode,
+                progress=on_progress,
+                options=options,
+            )
+    except (UsageError, VolumeError, Locked, FileNotFoundError, ValueError) as exc:
+        print(f"gpulab-sync: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json_progress:
+        _print_json(report.to_dict())
+    else:
+        print(_summary(report))
+        for failure in report.failures:
+            print(f"gpulab-sync: failed {failure.key}: {failure.reason}", file=sys.stderr)
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,402 @@
+"""The sync engine: incremental, parallel, verified pull and push.
+
+Both directions work from the manifest kept with the local data (see :mod:`.manifest`):
+
+- ``pull`` lists the remote prefix and downloads only objects whose size/ETag differ from
+  the manifest, to a temporary file renamed into place once verified. Local changes made
+  since the last sync are never overwritten: if the remote object changed too, the object
+  is reported as a conflict and the local file is kept.
+- ``push`` walks the local tree and uploads only files whose size/mtime differ from the
+  manifest and whose SHA-256 then differs too. ``rw`` never deletes remote objects; ``rwd``
+  also deletes objects the manifest knows were synced and whose local file is gone (and only
+  if the remote object is still the one that was synced); ``ro`` pushes nothing.
+
+Only verified transfers enter the manifest, so a failed run is simply resumed by the next.
+If the store becomes unreachable (after the client's own retries), the remaining objects
+fail at once instead of each waiting out its retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from botocore.exceptions import ClientError
+
+from .backend import Remote
+from .hashing import hash_file
+from .localtree import LocalFile, key_to_relpath, normalize_prefix, scan, temp_path_for
+from .manifest import Entry, Manifest, locked
+from .models import (
+    Conflict,
+    Failure,
+    IntegrityError,
+    RemoteObject,
+    RemoteUnavailable,
+    SyncError,
+    SyncProgress,
+    SyncReport,
+    Transferred,
+    UnsafeKey,
+)
+
+ProgressCallback = Callable[[SyncProgress], None]
+T = TypeVar("T")
+PUSH_MODES = ("ro", "rw", "rwd")
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """Engine tuning: ``workers`` objects in flight; ``attempts`` per object for transfers
+    that fail verification (transport errors are retried by the client itself)."""
+
+    workers: int = 16
+    attempts: int = 3
+    backoff_s: float = 0.2
+    progress_interval_s: float = 0.25
+    manifest_save_interval_s: float = 5.0
+
+
+class _Run:
+    """Counters, failures and throttled progress callbacks of one sync (main thread only)."""
+
+    def __init__(
+        self, report: SyncReport, progress: ProgressCallback | None, interval: float
+    ) -> None:
+        self.report = report
+        self.progress = progress
+        self.interval = interval
+        self.started = time.monotonic()
+        self.last_emit = 0.0
+
+    def skip(self) -> None:
+        self.report.skipped += 1
+        self.report.processed += 1
+
+    def complete(self, nbytes: int) -> None:
+        self.report.completed += 1
+        self.report.processed += 1
+        self.report.bytes_transferred += nbytes
+
+    def deleted(self) -> None:
+        self.report.deleted += 1
+        self.report.processed += 1
+
+    def fail(self, key: str, exc: BaseException | str) -> None:
+        self.report.failed += 1
+        self.report.processed += 1
+        self.report.failures.append(Failure(key, exc if isinstance(exc, str) else _reason(exc)))
+
+    def emit(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.progress is None or (not force and now - self.last_emit < self.interval):
+            return
+        self.last_emit = now
+        r = self.report
+        self.progress(
+            SyncProgress(
+                r.objects_total,
+                r.processed,
+                r.completed,
+                r.skipped,
+                r.failed,
+                r.deleted,
+                r.bytes_transferred,
+            )
+        )
+
+    def finish(self) -> SyncReport:
+        self.report.elapsed_s = round(time.monotonic() - self.started, 3)
+        self.emit(force=True)
+        return self.report
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, SyncError):
+        return str(exc)
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        return f"{err.get('Code', 'error')}: {err.get('Message', '')}".strip()
+    if isinstance(exc, OSError):
+        return f"local I/O error: {exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _with_retries(fn: Callable[[], T], opts: SyncOptions, abort: threading.Event) -> T:
+    """Run ``fn``; retry integrity failures with exponential backoff; stop all on outage."""
+    for attempt in range(opts.attempts):
+        if abort.is_set():
+            raise RemoteUnavailable("not attempted: the object store became unreachable")
+        try:
+            return fn()
+        except RemoteUnavailable:
+            abort.set()
+            raise
+        except IntegrityError:
+            if attempt == opts.attempts - 1:
+                raise
+            time.sleep(opts.backoff_s * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _run_tasks(
+    run: _Run,
+    manifest: Manifest,
+    opts: SyncOptions,
+    tasks: list[tuple[str, Callable[[], T]]],
+    on_result: Callable[[str, T], None],
+) -> None:
+    """Run tasks in a thread pool; results and failures are handled in this thread."""
+    abort = threading.Event()
+    last_save = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, opts.workers)) as pool:
+        futures: dict[Future[T], str] = {
+            pool.submit(_with_retries, fn, opts, abort): key for key, fn in tasks
+        }
+        try:
+            for fut in as_completed(futures):
+                key = futures[fut]
+                try:
+                    result = fut.result()
+                except Exception as exc:
+                    run.fail(key, exc)
+                else:
+                    on_result(key, result)
+                run.emit()
+                if time.monotonic() - last_save > opts.manifest_save_interval_s:
+                    manifest.save()
+                    last_save = time.monotonic()
+        except BaseException:
+            abort.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        return None
+
+
+# -- pull ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pulled:
+    transferred: Transferred
+    mtime_ns: int
+    downloaded: bool
+
+
+def _pull_one(remote: Remote, obj: RemoteObject, dest: Path, entry: Entry | None) -> _Pulled:
+    st = _stat(dest)
+    if st is not None:
+        if not dest.is_file():
+            raise Conflict(f"{dest.name}: something other than a file is in the way")
+        local_changed = entry is None or (st.st_size, st.st_mtime_ns) != (
+            entry.size,
+            entry.mtime_ns,
+        )
+        if local_changed:
+            digest = hash_file(dest, md5=True)
+            if entry is None:
+                if digest.size == obj.size and digest.md5 == obj.etag:
+                    adopted = Transferred(obj.key, obj.size, obj.etag, digest.sha256)
+                    return _Pulled(adopted, st.st_mtime_ns, downloaded=False)
+                raise Conflict(
+                    "a local file not synced before differs from the remote object; kept it"
+                )
+            if digest.sha256 != entry.sha256:
+                raise Conflict("changed both locally and remotely since the last sync; kept local")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(dest)
+    try:
+        got = remote.download(obj, tmp)
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return _Pulled(got, os.stat(dest).st_mtime_ns, downloaded=True)
+
+
+def pull(
+    remote: Remote,
+    local_dir: str | Path,
+    prefix: str = "",
+    *,
+    delete: bool = False,
+    progress: ProgressCallback | None = None,
+    options: SyncOptions | None = None,
+) -> SyncReport:
+    """Bring ``local_dir`` up to date with ``remote``'s objects under ``prefix``.
+
+    The bucket is created if missing. With ``delete``, local files whose remote object was
+    deleted since the last sync (and that were not changed locally) are removed.
+    """
+    opts = options or SyncOptions()
+    prefix = normalize_prefix(prefix)
+    local = Path(local_dir)
+    local.mkdir(parents=True, exist_ok=True)
+    report = SyncReport("pull", remote.bucket, prefix, "mirror" if delete else "update")
+    run = _Run(report, progress, opts.progress_interval_s)
+    with locked(local):
+        manifest = Manifest.load(local, remote.identity, prefix)
+        if manifest.reset_reason:
+            report.notes.append(manifest.reset_reason)
+        try:
+            try:
+                if remote.ensure_bucket():
+                    report.notes.append(f"bucket {remote.bucket} did not exist: created it")
+                listing = {obj.key: obj for obj in remote.list(prefix)}
+            except Exception as exc:
+                run.fail("", f"cannot list {remote.bucket}/{prefix}: {_reason(exc)}")
+                return run.finish()
+            gone = [k for k in manifest.entries if k not in listing] if delete else []
+            report.objects_total = len(listing) + len(gone)
+            tasks: list[tuple[str, Callable[[], _Pulled]]] = []
+            for key, obj in listing.items():
+                entry = manifest.get(key)
+                if entry is not None and (entry.etag, entry.size) == (obj.etag, obj.size):
+                    run.skip()
+                    continue
+                try:
+                    dest = local / key_to_relpath(key, prefix)
+                except UnsafeKey as exc:
+                    run.fail(key, exc)
+                    continue
+                tasks.append((key, lambda o=obj, d=dest, e=entry: _pull_one(remote, o, d, e)))
+            for key in gone:
+                _delete_local(run, manifest, local, prefix, key)
+            run.emit(force=True)
+
+            def on_result(key: str, res: _Pulled) -> None:
+                t = res.transferred
+                manifest.set(key, Entry(t.size, t.etag, t.sha256, res.mtime_ns))
+                if res.downloaded:
+                    run.complete(t.size)
+                else:
+                    run.skip()
+
+            _run_tasks(run, manifest, opts, tasks, on_result)
+        finally:
+            manifest.save()
+    return run.finish()
+
+
+def _delete_local(run: _Run, manifest: Manifest, local: Path, prefix: str, key: str) -> None:
+    entry = manifest.entries[key]
+    try:
+        path = local / key_to_relpath(key, prefix)
+        st = _stat(path)
+        if st is not None and (st.st_size, st.st_mtime_ns) == (entry.size, entry.mtime_ns):
+            path.unlink()
+            run.deleted()
+        else:
+            run.skip()  # already gone, or changed locally since: keep the local version
+        manifest.drop(key)
+    except (OSError, UnsafeKey) as exc:
+        run.fail(key, exc)
+
+
+# -- push ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Pushed:
+    transferred: Transferred
+    uploaded: bool
+
+
+def _push_one(remote: Remote, f: LocalFile, entry: Entry | None) -> _Pushed:
+    part_size = remote.part_size_for(f.size)
+    digest = hash_file(Path(f.path), md5=part_size is None, part_size=part_size)
+    if entry is not None and (digest.size, digest.sha256) == (entry.size, entry.sha256):
+        same = Transferred(f.key, entry.size, entry.etag, entry.sha256)
+        return _Pushed(same, uploaded=False)  # only the mtime changed
+    return _Pushed(remote.upload(f.key, Path(f.path), digest), uploaded=True)
+
+
+def push(
+    local_dir: str | Path,
+    remote: Remote,
+    prefix: str = "",
+    mode: str = "rw",
+    *,
+    progress: ProgressCallback | None = None,
+    options: SyncOptions | None = None,
+) -> SyncReport:
+    """Send local changes under ``local_dir`` to ``remote`` under ``prefix``.
+
+    ``rw``: additions and changes; ``rwd``: also deletions of synced objects; ``ro``: nothing.
+    """
+    if mode not in PUSH_MODES:
+        raise ValueError(f"mode must be one of {', '.join(PUSH_MODES)}, not {mode!r}")
+    opts = options or SyncOptions()
+    prefix = normalize_prefix(prefix)
+    local = Path(local_dir)
+    if not local.is_dir():
+        raise FileNotFoundError(f"local directory {local} does not exist")
+    report = SyncReport("push", remote.bucket, prefix, mode)
+    run = _Run(report, progress, opts.progress_interval_s)
+    if mode == "ro":
+        report.notes.append("read-only volume: nothing pushed")
+        return run.finish()
+    with locked(local):
+        manifest = Manifest.load(local, remote.identity, prefix)
+        if manifest.reset_reason:
+            report.notes.append(manifest.reset_reason)
+        try:
+            files = list(scan(local, prefix))
+            present = {f.key for f in files}
+            gone = [k for k in manifest.entries if k not in present] if mode == "rwd" else []
+            report.objects_total = len(files) + len(gone)
+            tasks: list[tuple[str, Callable[[], Any]]] = []
+            for f in files:
+                entry = manifest.get(f.key)
+                if entry is not None and (entry.size, entry.mtime_ns) == (f.size, f.mtime_ns):
+                    run.skip()
+                else:
+                    tasks.append((f.key, lambda f=f, e=entry: _push_one(remote, f, e)))
+            for key in gone:
+                etag = manifest.entries[key].etag
+                tasks.append((key, lambda k=key, t=etag: remote.delete(k, t)))
+            run.emit(force=True)
+            if tasks:
+                try:
+                    remote.ensure_bucket()
+                except Exception as exc:
+                    reason = f"bucket {remote.bucket} unavailable: {_reason(exc)}"
+                    for key, _ in tasks:
+                        run.fail(key, reason)
+                    return run.finish()
+            mtimes = {f.key: f.mtime_ns for f in files}
+
+            def on_result(key: str, res: Any) -> None:
+                if isinstance(res, _Pushed):
+                    t = res.transferred
+                    manifest.set(key, Entry(t.size, t.etag, t.sha256, mtimes[key]))
+                    if res.uploaded:
+                        run.complete(t.size)
+                    else:
+                        run.skip()
+                else:  # a delete outcome: "deleted", "missing" or "changed"
+                    manifest.drop(key)
+                    if res == "deleted":
+                        run.deleted()
+                    else:
+                        run.skip()
+                        if res == "changed":
+                            report.notes.append(f"{key}: changed remotely since; not deleted")
+
+            _run_tasks(run, manifest, opts, tasks, on_result)
+        finally:
+            manifest.save()
+    return run.finish()

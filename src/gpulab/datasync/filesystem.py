@@ -1,0 +1,135 @@
+"""The embedded object store: objects as files under ``<root>/<bucket>/<key>``.
+
+Writes are atomic (temp file + rename). Each object has a sidecar
+``<root>/.gpulab-meta/<bucket>/<key>.json`` holding its size and SHA-256, against which
+downloads are verified. The ETag is a change token built from the object file's size and
+mtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from .backend import DeleteOutcome
+from .hashing import FileDigest
+from .localtree import RESERVED_PREFIX
+from .models import IntegrityError, RemoteObject, Transferred, UnsafeKey
+
+META_DIR = ".gpulab-meta"
+_BUF = 1024 * 1024
+
+
+def _safe_key(key: str) -> str:
+    parts = key.split("/")
+    if any(p in ("", ".", "..") or p.startswith(RESERVED_PREFIX) for p in parts):
+        raise UnsafeKey(f"key {key!r} is not valid for a filesystem store")
+    return key
+
+
+def _etag(st: os.stat_result) -> str:
+    return f"{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+def _copy(src: Path, dest: Path) -> tuple[int, str]:
+    """Copy src to dest (fsynced); return (size, sha256 hex) of what was written."""
+    sha = hashlib.sha256()
+    size = 0
+    with open(src, "rb") as fin, open(dest, "wb") as fout:
+        while chunk := fin.read(_BUF):
+            fout.write(chunk)
+            sha.update(chunk)
+            size += len(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return size, sha.hexdigest()
+
+
+class FilesystemRemote:
+    """A bucket in a directory tree that persists objects on disk."""
+
+    def __init__(self, root: str | Path, bucket: str) -> None:
+        self.root = Path(root)
+        self.bucket = bucket
+        self.data = self.root / bucket
+        self.meta = self.root / META_DIR / bucket
+
+    @property
+    def identity(self) -> str:
+        return f"file://{self.root.resolve()}/{self.bucket}"
+
+    def ensure_bucket(self) -> bool:
+        created = not self.data.is_dir()
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.meta.mkdir(parents=True, exist_ok=True)
+        return created
+
+    def list(self, prefix: str) -> Iterator[RemoteObject]:
+        if not self.data.is_dir():
+            return
+        for dirpath, dirnames, filenames in os.walk(self.data):
+            dirnames[:] = [d for d in dirnames if not d.startswith(RESERVED_PREFIX)]
+            rel_dir = os.path.relpath(dirpath, self.data)
+            for name in filenames:
+                if name.startswith(RESERVED_PREFIX):
+                    continue
+                key = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+                if key.startswith(prefix):
+                    st = os.stat(os.path.join(dirpath, name))
+                    yield RemoteObject(key, st.st_size, _etag(st))
+
+    def _meta_path(self, key: str) -> Path:
+        return self.meta / f"{key}.json"
+
+    def download(self, obj: RemoteObject, dest: Path) -> Transferred:
+        path = self.data / _safe_key(obj.key)
+        try:
+            meta = json.loads(self._meta_path(obj.key).read_text())
+        except FileNotFoundError:
+            meta = None
+        st = os.stat(path)
+        size, sha = _copy(path, dest)
+        if size != st.st_size:
+            raise IntegrityError(f"size mismatch: read {size} bytes, object has {st.st_size}")
+        if meta is not None and (meta["size"] != size or meta["sha256"] != sha):
+            raise IntegrityError("checksum mismatch: content differs from its recorded SHA-256")
+        return Transferred(obj.key, size, _etag(st), sha)
+
+    def upload(self, key: str, src: Path, digest: FileDigest) -> Transferred:
+        dest = self.data / _safe_key(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f"{RESERVED_PREFIX}-tmp-{os.urandom(6).hex()}"
+        try:
+            size, sha = _copy(src, tmp)
+            if (size, sha) != (digest.size, digest.sha256):
+                raise IntegrityError("local file changed while it was being uploaded")
+            meta_path = self._meta_path(key)
+            meta_path.parent.mkdir(parents=True, exist_ok=True)
+            meta_tmp = meta_path.parent / f"{RESERVED_PREFIX}-tmp-{os.urandom(6).hex()}"
+            meta_tmp.write_text(json.dumps({"size": size, "sha256": sha}))
+            os.replace(meta_tmp, meta_path)
+            os.replace(tmp, dest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        return Transferred(key, size, _etag(os.stat(dest)), sha)
+
+    def delete(self, key: str, expected_etag: str) -> DeleteOutcome:
+        path = self.data / _safe_key(key)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return "missing"
+        if _etag(st) != expected_etag:
+            return "changed"
+        path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self._meta_path(key).unlink()
+        return "deleted"
+
+    def part_size_for(self, size: int) -> int | None:
+        return None

@@ -1,0 +1,322 @@
+"""S3 backend (boto3): adaptive/standard retries, multipart/ranged transfers, verification.
+
+Verification, strongest first:
+- uploads send the precomputed SHA-256 (``ChecksumSHA256``), which S3 checks server-side;
+  the result is verified from the checksum the server returns or, when it returns none
+  (moto), from the ETag, which is the MD5 of what the server received (single part) or the
+  MD5 of the parts' MD5s (multipart, recomputed locally from the same part size);
+- downloads are verified against the ``gpulab-sha256`` metadata written by uploads, else
+  the object's full SHA-256/CRC checksum, else its (single- or multi-part) MD5 ETag.
+A size mismatch or a body cut short always fails the object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import boto3
+from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import (
+    ClientError,
+    FlexibleChecksumError,
+    IncompleteReadError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+from botocore.exceptions import ConnectionError as BotoConnectionError
+from s3transfer.exceptions import RetriesExceededError
+from s3transfer.utils import ChunksizeAdjuster
+
+from .backend import DeleteOutcome
+from .credentials import Credentials
+from .hashing import FileDigest, hash_file
+from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
+
+MiB = 1024 * 1024
+META_SHA256 = "gpulab-sha256"
+_MD5_RE = re.compile(r"^[0-9a-f]{32}$")
+_MULTIPART_RE = re.compile(r"^[0-9a-f]{32}-(\d+)$")
+_BOTO_VALIDATED = ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumCRC64NVME", "ChecksumSHA1")
+_NOT_FOUND = {"404", "NoSuchBucket", "NotFound", "NoSuchKey"}
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Client tuning. Objects of ``multipart_threshold`` bytes or more use ranged/multipart
+    transfers of ``multipart_chunksize`` parts with ``transfer_concurrency`` threads each."""
+
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+    max_attempts: int = 5
+    max_pool_connections: int = 64
+    connect_timeout: float = 5.0
+    read_timeout: float = 60.0
+    multipart_threshold: int = 64 * MiB
+    multipart_chunksize: int = 16 * MiB
+    transfer_concurrency: int = 8
+    addressing_style: Literal["auto", "path", "virtual"] = "path"
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    """Map botocore/s3transfer errors onto the engine's error classes."""
+    try:
+        yield
+    except (BotoConnectionError, ReadTimeoutError) as exc:
+        raise RemoteUnavailable(f"{what}: {exc}") from exc
+    except (ResponseStreamingError, IncompleteReadError) as exc:
+        raise IntegrityError(f"{what}: truncated, response body cut short ({exc})") from exc
+    except FlexibleChecksumError as exc:
+        raise IntegrityError(f"{what}: {exc}") from exc
+    except RetriesExceededError as exc:
+        last = exc.last_exception
+        if isinstance(last, BotoConnectionError | ReadTimeoutError):
+            raise RemoteUnavailable(f"{what}: {last}") from exc
+        raise IntegrityError(f"{what}: download failed after retries ({last})") from exc
+    except S3UploadFailedError as exc:
+        cause = exc.__context__
+        if isinstance(cause, BotoConnectionError | ReadTimeoutError):
+            raise RemoteUnavailable(f"{what}: {cause}") from exc
+        raise
+
+
+def _client_error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+class S3Remote:
+    """A bucket on an S3-compatible endpoint."""
+
+    def __init__(
+        self,
+        bucket: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str = "us-east-1",
+        credentials: Credentials | None = None,
+        settings: S3Settings | None = None,
+        store_name: str | None = None,
+    ) -> None:
+        """``store_name``, when given, names the store in :attr:`identity` instead of the
+        endpoint URL, so that a manifest stays valid if the store's address changes."""
+        self.bucket = bucket
+        self.store_name = store_name
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.settings = s = settings or S3Settings()
+        session = boto3.session.Session(
+            aws_access_key_id=credentials.access_key_id if credentials else None,
+            aws_secret_access_key=credentials.secret_access_key if credentials else None,
+            aws_session_token=credentials.session_token if credentials else None,
+            region_name=region,
+        )
+        config = Config(
+            retries={"mode": s.retry_mode, "max_attempts": s.max_attempts},
+            max_pool_connections=s.max_pool_connections,
+            connect_timeout=s.connect_timeout,
+            read_timeout=s.read_timeout,
+            tcp_keepalive=True,
+            s3={"addressing_style": s.addressing_style},
+            request_checksum_calculation="when_supported",
+            response_checksum_validation="when_supported",
+        )
+        self.client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        self.transfer_config = TransferConfig(
+            multipart_threshold=s.multipart_threshold,
+            multipart_chunksize=s.multipart_chunksize,
+            max_concurrency=s.transfer_concurrency,
+            use_threads=True,
+        )
+
+    def __repr__(self) -> str:
+        return f"S3Remote({self.identity!r})"
+
+    @property
+    def identity(self) -> str:
+        if self.store_name:
+            return f"store:{self.store_name}/{self.bucket}"
+        if self.endpoint_url:
+            parts = urlsplit(self.endpoint_url)
+            host = parts.hostname or ""
+            port = f":{parts.port}" if parts.port else ""
+            return f"s3+{parts.scheme}://{host}{port}/{self.bucket}"
+        return f"s3://{self.region}/{self.bucket}"
+
+    # -- buckets and listing -------------------------------------------------------------
+
+    def ensure_bucket(self) -> bool:
+        with _translated(f"bucket {self.bucket}"):
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+                return False
+            except ClientError as exc:
+                if _client_error_code(exc) not in _NOT_FOUND:
+                    raise
+            kwargs: dict[str, Any] = {"Bucket": self.bucket}
+            if self.region and self.region != "us-east-1":
+                kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
+            try:
+                self.client.create_bucket(**kwargs)
+            except ClientError as exc:
+                if _client_error_code(exc) != "BucketAlreadyOwnedByYou":
+                    raise
+                return False
+            return True
+
+    def list(self, prefix: str) -> Iterator[RemoteObject]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        with _translated(f"listing {self.bucket}/{prefix}"):
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for item in page.get("Contents", ()):
+                    key = item["Key"]
+                    if not key.endswith("/"):
+                        yield RemoteObject(key, int(item["Size"]), item["ETag"].strip('"'))
+
+    def part_size_for(self, size: int) -> int | None:
+        if size < self.settings.multipart_threshold:
+            return None
+        return ChunksizeAdjuster().adjust_chunksize(self.settings.multipart_chunksize, size)
+
+    # -- downloads -----------------------------------------------------------------------
+
+    def download(self, obj: RemoteObject, dest: Path) -> Transferred:
+        what = f"get {obj.key}"
+        with _translated(what):
+            if obj.size < self.settings.multipart_threshold:
+                return self._download_single(obj.key, dest)
+            return self._download_ranged(obj.key, dest)
+
+    def _download_single(self, key: str, dest: Path) -> Transferred:
+        resp = self.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+        expected = int(resp["ContentLength"])
+        sha, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
+        with open(dest, "wb") as f:
+            for chunk in resp["Body"].iter_chunks(MiB):
+                f.write(chunk)
+                sha.update(chunk)
+                md5.update(chunk)
+                size += len(chunk)
+        if size != expected:
+            raise IntegrityError(f"truncated: received {size} of {expected} bytes")
+        etag = resp["ETag"].strip('"')
+        digest = FileDigest(size, sha.hexdigest(), md5.hexdigest())
+        self._verify_download(key, dest, digest, etag, resp, streamed=True)
+        return Transferred(key, size, etag, digest.sha256)
+
+    def _download_ranged(self, key: str, dest: Path) -> Transferred:
+        head = self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
+        expected = int(head["ContentLength"])
+        etag = head["ETag"].strip('"')
+        self.client.download_file(
+            self.bucket, key, str(dest), ExtraArgs={}, Config=self.transfer_config
+        )
+        size = dest.stat().st_size
+        if size != expected:
+            raise IntegrityError(f"truncated: received {size} of {expected} bytes")
+        digest = hash_file(dest, md5=_MD5_RE.match(etag) is not None)
+        self._verify_download(key, dest, digest, etag, head, streamed=False)
+        return Transferred(key, size, etag, digest.sha256)
+
+    def _verify_download(
+        self,
+        key: str,
+        dest: Path,
+        digest: FileDigest,
+        etag: str,
+        resp: dict[str, Any],
+        *,
+        streamed: bool,
+    ) -> None:
+        """Raise IntegrityError unless the content matches the strongest checksum known."""
+        claimed = (resp.get("Metadata") or {}).get(META_SHA256)
+        if claimed:
+            if claimed != digest.sha256:
+                raise IntegrityError("checksum mismatch: SHA-256 differs from the uploaded one")
+            return
+        multipart = _MULTIPART_RE.match(etag)
+        if not multipart:
+            full_sha = resp.get("ChecksumSHA256")
+            if full_sha and "-" not in full_sha:
+                if full_sha != digest.sha256_b64:
+                    raise IntegrityError("checksum mismatch: SHA-256 differs from the server's")
+                return
+            if streamed and any(resp.get(name) for name in _BOTO_VALIDATED):
+                return  # botocore validated this checksum while the body was read
+            if _MD5_RE.match(etag):
+                if etag != digest.md5:
+                    raise IntegrityError("checksum mismatch: MD5 differs from the ETag")
+                return
+            raise IntegrityError("cannot verify: the server reports no usable checksum")
+        part = self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=1)
+        part_size = int(part["ContentLength"])
+        recomputed = hash_file(dest, part_size=part_size).multipart_etag
+        if recomputed != etag:
+            raise IntegrityError("checksum mismatch: multipart ETag differs")
+
+    # -- uploads and deletes -------------------------------------------------------------
+
+    def upload(self, key: str, src: Path, digest: FileDigest) -> Transferred:
+        metadata = {META_SHA256: digest.sha256}
+        with _translated(f"put {key}"):
+            part_size = self.part_size_for(digest.size)
+            if part_size is None:
+                with open(src, "rb") as body:
+                    resp = self.client.put_object(
+                        Bucket=self.bucket,
+                        Key=key,
+                        Body=body,
+                        ChecksumSHA256=digest.sha256_b64,
+                        Metadata=metadata,
+                    )
+                etag = resp["ETag"].strip('"')
+                returned = resp.get("ChecksumSHA256")
+                if returned:
+                    if returned != digest.sha256_b64:
+                        raise IntegrityError("server stored different content (SHA-256 differs)")
+                elif etag != digest.md5:
+                    raise IntegrityError(
+                        "server stored different content (MD5 ETag differs): the file may have "
+                        "changed during the upload"
+                    )
+                return Transferred(key, digest.size, etag, digest.sha256)
+            self.client.upload_file(
+                str(src),
+                self.bucket,
+                key,
+                ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": metadata},
+                Config=self.transfer_config,
+            )
+            head = self.client.head_object(Bucket=self.bucket, Key=key)
+            etag = head["ETag"].strip('"')
+            if int(head["ContentLength"]) != digest.size:
+                raise IntegrityError(
+                    f"size mismatch: server has {head['ContentLength']} bytes, "
+                    f"local file {digest.size}"
+                )
+            if etag != digest.multipart_etag:
+                raise IntegrityError(
+                    "server stored different content (multipart ETag differs): the file may "
+                    "have changed during the upload"
+                )
+            return Transferred(key, digest.size, etag, digest.sha256)
+
+    def delete(self, key: str, expected_etag: str) -> DeleteOutcome:
+        with _translated(f"delete {key}"):
+            try:
+                head = self.client.head_object(Bucket=self.bucket, Key=key)
+            except ClientError as exc:
+                if _client_error_code(exc) in _NOT_FOUND:
+                    return "missing"
+                raise
+            if head["ETag"].strip('"') != expected_etag:
+                return "changed"
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+            return "deleted"

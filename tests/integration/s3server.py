@@ -1,0 +1,173 @@
+"""Real S3-speaking HTTP servers for the sync tests and benchmark (loopback only).
+
+- :class:`MotoS3Server`: moto's S3 server (the same app as ``ThreadedMotoServer``) on
+  127.0.0.1 and a free port. ``stop()`` also cuts keep-alive connections, so clients really
+  see the server go away; ``start()`` again serves on the same port (moto keeps its state in
+  the process, so objects survive a restart, as with a persistent store).
+- :class:`FaultyProxy`: an HTTP proxy in front of a server that can corrupt or cut short the
+  bodies of object GETs, to test that bad downloads are detected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Literal
+from urllib.parse import urlsplit
+
+from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+from werkzeug.serving import BaseWSGIServer, make_server
+
+TEST_ACCESS_KEY = "AKIATESTGPULAB000001"
+TEST_SECRET_KEY = "gpulab-test-secret-7f3a9c1e5b2d4f60"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _TrackingHandler(MotoRequestHandler):
+    def log_request(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.live_connections.add(self.connection)  # type: ignore[attr-defined]
+
+    def finish(self) -> None:
+        self.server.live_connections.discard(self.connection)  # type: ignore[attr-defined]
+        with contextlib.suppress(OSError):
+            super().finish()
+
+
+class MotoS3Server:
+    """moto's S3 server on loopback; restartable on the same port."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self._server: BaseWSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> MotoS3Server:
+        app = DomainDispatcherApplication(create_backend_app)
+        server = make_server("127.0.0.1", self.port, app, True, request_handler=_TrackingHandler)
+        server.live_connections = set()  # type: ignore[attr-defined]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening and cut every open connection (like a crashed server)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        for conn in list(server.live_connections):  # type: ignore[attr-defined]
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        if self._thread:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> MotoS3Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+Fault = Literal["none", "flip", "cut", "short"]
+
+
+class FaultyProxy:
+    """Forward HTTP to ``upstream``; damage the body of object GETs according to ``fault``.
+
+    ``flip``: one byte changed (same length); ``cut``: the full Content-Length is announced but
+    the connection closes half-way; ``short``: half the body, with a matching Content-Length.
+    Listing requests (``?list-type``) and other methods pass through untouched.
+    """
+
+    def __init__(self, upstream: str, fault: Fault = "none") -> None:
+        self.upstream = urlsplit(upstream)
+        self.fault: Fault = fault
+        self.damaged = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                conn = http.client.HTTPConnection(
+                    proxy.upstream.hostname, proxy.upstream.port, timeout=30
+                )
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(self.command, self.path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                is_object_get = (
+                    self.command == "GET"
+                    and resp.status == 200
+                    and "list-type" not in self.path
+                    and self.path.strip("/").count("/") >= 1
+                    and len(data) > 1
+                )
+                fault = proxy.fault if is_object_get else "none"
+                send = data
+                if fault == "flip":
+                    mid = len(data) // 2
+                    send = data[:mid] + bytes([data[mid] ^ 0xFF]) + data[mid + 1 :]
+                elif fault in ("cut", "short"):
+                    send = data[: len(data) // 2]
+                if fault != "none":
+                    proxy.damaged += 1
+                self.send_response(resp.status)
+                for name, value in resp.getheaders():
+                    if name.lower() in ("content-length", "connection", "transfer-encoding"):
+                        continue
+                    self.send_header(name, value)
+                announced = len(data) if fault in ("cut", "none", "flip") else len(send)
+                if self.command == "HEAD":
+                    announced = int(resp.getheader("Content-Length") or 0)
+                self.send_header("Content-Length", str(announced))
+                if fault == "cut":
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(send)
+                if fault == "cut":
+                    self.wfile.flush()
+                    self.close_connection = True
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FaultyProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()

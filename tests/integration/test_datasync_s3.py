@@ -1,0 +1,412 @@
+"""The sync engine against a real S3-speaking HTTP server (moto's server on loopback)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import uuid
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from gpulab.datasync import (
+    Credentials,
+    S3Remote,
+    S3Settings,
+    SyncOptions,
+    SyncProgress,
+    pull,
+    push,
+)
+from gpulab.datasync.manifest import MANIFEST_NAME
+
+from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, FaultyProxy, MotoS3Server
+
+MiB = 1024 * 1024
+CREDS = Credentials(TEST_ACCESS_KEY, TEST_SECRET_KEY)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with MotoS3Server() as srv:
+        yield srv
+
+
+@pytest.fixture
+def bucket() -> str:
+    return f"t-{uuid.uuid4().hex[:16]}"
+
+
+def remote_for(endpoint: str, bucket: str, **settings) -> S3Remote:
+    # a store name, not the URL, identifies the remote: the same store seen through a proxy
+    return S3Remote(
+        bucket,
+        endpoint_url=endpoint,
+        credentials=CREDS,
+        settings=S3Settings(**settings),
+        store_name="test",
+    )
+
+
+def raw_client(endpoint: str, **config):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=TEST_ACCESS_KEY,
+        aws_secret_access_key=TEST_SECRET_KEY,
+        config=Config(s3={"addressing_style": "path"}, **config),
+    )
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in root.rglob("*")
+        if p.is_file() and not p.name.startswith(".gpulab-sync")
+    }
+
+
+def remote_tree(endpoint: str, bucket: str, prefix: str = "") -> dict[str, bytes]:
+    c = raw_client(endpoint)
+    out = {}
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            out[item["Key"]] = c.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+    return out
+
+
+def manifest_keys(root: Path) -> set[str]:
+    return set(json.loads((root / MANIFEST_NAME).read_text())["objects"])
+
+
+def sample_files(n: int = 20) -> dict[str, bytes]:
+    return {f"dir{i % 4}/sub/file{i}.bin": os.urandom(100 + 37 * i) for i in range(n)}
+
+
+def test_push_then_pull_round_trip(server, bucket, tmp_path):
+    files = sample_files()
+    write_tree(tmp_path / "a", files)
+    remote = remote_for(server.endpoint, bucket)
+    pushed = push(tmp_path / "a", remote, "proj/x", "rw")
+    assert (pushed.completed, pushed.failed, pushed.skipped) == (20, 0, 0)
+    assert pushed.bytes_transferred == sum(len(v) for v in files.values())
+    assert remote_tree(server.endpoint, bucket) == {f"proj/x/{k}": v for k, v in files.items()}
+    head = raw_client(server.endpoint).head_object(Bucket=bucket, Key="proj/x/dir0/sub/file0.bin")
+    assert (
+        head["Metadata"]["gpulab-sha256"] == hashlib.sha256(files["dir0/sub/file0.bin"]).hexdigest()
+    )
+
+    pulled = pull(remote, tmp_path / "b", "proj/x")
+    assert (pulled.objects_total, pulled.completed, pulled.failed) == (20, 20, 0)
+    assert read_tree(tmp_path / "b") == files
+    assert not list((tmp_path / "b").rglob(".gpulab-sync-tmp-*"))
+
+
+def test_second_sync_transfers_nothing(server, bucket, tmp_path):
+    write_tree(tmp_path / "a", sample_files())
+    remote = remote_for(server.endpoint, bucket)
+    push(tmp_path / "a", remote, "", "rw")
+    pull(remote, tmp_path / "b")
+    again_push = push(tmp_path / "a", remote, "", "rw")
+    again_pull = pull(remote, tmp_path / "b")
+    for rep in (again_push, again_pull):
+        assert (rep.objects_total, rep.skipped, rep.completed, rep.bytes_transferred) == (
+            20,
+            20,
+            0,
+            0,
+        )
+        assert rep.ok
+
+
+def test_push_sends_only_changes(server, bucket, tmp_path):
+    files = sample_files()
+    write_tree(tmp_path, files)
+    remote = remote_for(server.endpoint, bucket)
+    push(tmp_path, remote)
+    (tmp_path / "dir1/sub/file1.bin").write_bytes(b"changed")
+    (tmp_path / "new.txt").write_bytes(b"new file")
+    touched = tmp_path / "dir2/sub/file2.bin"
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    rep = push(tmp_path, remote)
+    assert (rep.completed, rep.skipped, rep.failed) == (2, 19, 0)
+    assert rep.bytes_transferred == len(b"changed") + len(b"new file")
+    tree = remote_tree(server.endpoint, bucket)
+    assert tree["dir1/sub/file1.bin"] == b"changed" and tree["new.txt"] == b"new file"
+    # the touched file's new mtime was recorded: the next push hashes nothing
+    assert push(tmp_path, remote).skipped == 21
+
+
+def test_ro_pushes_nothing(server, bucket, tmp_path):
+    write_tree(tmp_path, sample_files(3))
+    rep = push(tmp_path, remote_for(server.endpoint, bucket), "", "ro")
+    assert (rep.objects_total, rep.completed) == (0, 0) and rep.ok
+    buckets = [b["Name"] for b in raw_client(server.endpoint).list_buckets()["Buckets"]]
+    assert bucket not in buckets
+
+
+def test_rw_never_deletes_remote(server, bucket, tmp_path):
+    write_tree(tmp_path, sample_files(5))
+    remote = remote_for(server.endpoint, bucket)
+    push(tmp_path, remote, "", "rw")
+    (tmp_path / "dir0/sub/file0.bin").unlink()
+    rep = push(tmp_path, remote, "", "rw")
+    assert rep.deleted == 0 and rep.ok
+    assert "dir0/sub/file0.bin" in remote_tree(server.endpoint, bucket)
+
+
+def test_rwd_deletes_only_what_was_synced(server, bucket, tmp_path):
+    write_tree(tmp_path, sample_files(5))
+    remote = remote_for(server.endpoint, bucket)
+    push(tmp_path, remote, "", "rwd")
+    c = raw_client(server.endpoint)
+    c.put_object(Bucket=bucket, Key="foreign.txt", Body=b"never seen locally")
+    (tmp_path / "dir0/sub/file0.bin").unlink()
+    rep = push(tmp_path, remote, "", "rwd")
+    assert (rep.objects_total, rep.deleted, rep.skipped, rep.failed) == (5, 1, 4, 0)
+    tree = remote_tree(server.endpoint, bucket)
+    assert "dir0/sub/file0.bin" not in tree
+    assert tree["foreign.txt"] == b"never seen locally"
+    assert "dir0/sub/file0.bin" not in manifest_keys(tmp_path)
+
+
+def test_rwd_keeps_object_changed_remotely(server, bucket, tmp_path):
+    write_tree(tmp_path, {"a.txt": b"v1"})
+    remote = remote_for(server.endpoint, bucket)
+    push(tmp_path, remote, "", "rwd")
+    raw_client(server.endpoint).put_object(Bucket=bucket, Key="a.txt", Body=b"v2 by someone")
+    (tmp_path / "a.txt").unlink()
+    rep = push(tmp_path, remote, "", "rwd")
+    assert rep.deleted == 0 and rep.ok and any("changed remotely" in n for n in rep.notes)
+    assert remote_tree(server.endpoint, bucket) == {"a.txt": b"v2 by someone"}
+
+
+def test_pull_keeps_local_changes(server, bucket, tmp_path):
+    remote = remote_for(server.endpoint, bucket)
+    write_tree(tmp_path / "src", {"a.txt": b"v1", "b.txt": b"b1"})
+    push(tmp_path / "src", remote)
+    work = tmp_path / "work"
+    pull(remote, work)
+    (work / "a.txt").write_bytes(b"local edit")
+    assert pull(remote, work).skipped == 2
+    assert (work / "a.txt").read_bytes() == b"local edit"
+    raw_client(server.endpoint).put_object(Bucket=bucket, Key="a.txt", Body=b"remote edit")
+    rep = pull(remote, work)
+    assert rep.failed == 1 and rep.failures[0].key == "a.txt"
+    assert "kept local" in rep.failures[0].reason
+    assert (work / "a.txt").read_bytes() == b"local edit"
+
+
+def test_pull_adopts_identical_unsynced_file(server, bucket, tmp_path):
+    remote = remote_for(server.endpoint, bucket)
+    write_tree(tmp_path / "src", {"a.txt": b"same", "b.txt": b"remote"})
+    push(tmp_path / "src", remote)
+    write_tree(tmp_path / "work", {"a.txt": b"same", "b.txt": b"different local"})
+    rep = pull(remote, tmp_path / "work")
+    assert (rep.skipped, rep.completed, rep.failed) == (1, 0, 1)
+    assert rep.failures[0].key == "b.txt"
+    assert (tmp_path / "work/b.txt").read_bytes() == b"different local"
+    assert manifest_keys(tmp_path / "work") == {"a.txt"}
+
+
+def test_pull_delete_mirrors_remote_deletions(server, bucket, tmp_path):
+    remote = remote_for(server.endpoint, bucket)
+    write_tree(tmp_path / "src", {"a.txt": b"a", "b.txt": b"b"})
+    push(tmp_path / "src", remote)
+    pull(remote, tmp_path / "work")
+    raw_client(server.endpoint).delete_object(Bucket=bucket, Key="a.txt")
+    kept = pull(remote, tmp_path / "work")
+    assert kept.deleted == 0 and (tmp_path / "work/a.txt").exists()
+    rep = pull(remote, tmp_path / "work", delete=True)
+    assert rep.deleted == 1 and not (tmp_path / "work/a.txt").exists()
+    assert read_tree(tmp_path / "work") == {"b.txt": b"b"}
+
+
+def test_large_object_multipart_round_trip(server, bucket, tmp_path):
+    big = os.urandom(20 * MiB + 12345)
+    write_tree(tmp_path / "a", {"model/weights.bin": big})
+    remote = remote_for(
+        server.endpoint, bucket, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB
+    )
+    rep = push(tmp_path / "a", remote)
+    assert rep.completed == 1 and rep.bytes_transferred == len(big)
+    head = raw_client(server.endpoint).head_object(Bucket=bucket, Key="model/weights.bin")
+    assert head["ETag"].strip('"').endswith("-5")  # really a multipart upload
+    assert head["Metadata"]["gpulab-sha256"] == hashlib.sha256(big).hexdigest()
+    rep = pull(remote, tmp_path / "b")
+    assert rep.completed == 1 and rep.bytes_transferred == len(big)
+    assert (tmp_path / "b/model/weights.bin").read_bytes() == big
+
+
+def test_foreign_multipart_object_verified_by_etag(server, bucket, tmp_path):
+    """An object uploaded by another tool (no gpulab metadata) in parts is verified by its
+    multipart ETag, recomputed from the server's part size."""
+    data = os.urandom(11 * MiB)
+    (tmp_path / "src.bin").write_bytes(data)
+    c = raw_client(server.endpoint)
+    c.create_bucket(Bucket=bucket)
+    from boto3.s3.transfer import TransferConfig
+
+    c.upload_file(
+        str(tmp_path / "src.bin"),
+        bucket,
+        "x.bin",
+        Config=TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB),
+    )
+    remote = remote_for(server.endpoint, bucket, multipart_threshold=8 * MiB)
+    rep = pull(remote, tmp_path / "out")
+    assert rep.ok and rep.completed == 1
+    assert (tmp_path / "out/x.bin").read_bytes() == data
+
+
+def test_missing_bucket_created_on_pull(server, bucket, tmp_path):
+    rep = pull(remote_for(server.endpoint, bucket), tmp_path / "out", "data")
+    assert rep.ok and rep.objects_total == 0
+    assert any("created" in n for n in rep.notes)
+    raw_client(server.endpoint).head_bucket(Bucket=bucket)  # raises if it does not exist
+
+
+@pytest.mark.parametrize("fault", ["flip", "cut", "short"])
+@pytest.mark.parametrize("origin", ["gpulab", "plain", "crc32"])
+def test_damaged_download_detected(server, bucket, tmp_path, fault, origin):
+    """A corrupted or truncated body fails the object; the good local copy is kept."""
+    remote = remote_for(server.endpoint, bucket)
+    write_tree(tmp_path / "src", {"data.bin": b"version one " * 1000})
+    push(tmp_path / "src", remote)
+    work = tmp_path / "work"
+    pull(remote, work)
+    v2 = os.urandom(50_000)
+    if origin == "gpulab":  # carries gpulab-sha256 metadata
+        (tmp_path / "src/data.bin").write_bytes(v2)
+        push(tmp_path / "src", remote)
+    elif origin == "plain":  # no checksum at all: only the ETag (MD5) can verify it
+        c = raw_client(server.endpoint, request_checksum_calculation="when_required")
+        c.put_object(Bucket=bucket, Key="data.bin", Body=v2)
+        assert "ChecksumCRC32" not in c.head_object(
+            Bucket=bucket, Key="data.bin", ChecksumMode="ENABLED"
+        )
+    else:  # S3 CRC32 checksum, as boto3 adds by default
+        raw_client(server.endpoint).put_object(Bucket=bucket, Key="data.bin", Body=v2)
+    with FaultyProxy(server.endpoint, fault) as proxy:
+        bad = pull(
+            remote_for(proxy.endpoint, bucket, max_attempts=2),
+            work,
+            options=SyncOptions(attempts=2, backoff_s=0.01),
+        )
+        assert proxy.damaged >= 1
+    assert (bad.failed, bad.completed) == (1, 0) and not bad.ok
+    assert bad.failures[0].key == "data.bin"
+    assert any(w in bad.failures[0].reason.lower() for w in ("checksum", "truncated", "cut short"))
+    assert (work / "data.bin").read_bytes() == b"version one " * 1000
+    assert not list(work.glob(".gpulab-sync-tmp-*"))
+    good = pull(remote, work)
+    assert good.completed == 1 and (work / "data.bin").read_bytes() == v2
+
+
+def test_server_down_during_push_then_resume(tmp_path):
+    files = {f"f{i:03d}.bin": os.urandom(2000) for i in range(150)}
+    write_tree(tmp_path, files)
+    before = read_tree(tmp_path)
+    bucket = f"t-{uuid.uuid4().hex[:16]}"
+    srv = MotoS3Server().start()
+    try:
+        remote = remote_for(srv.endpoint, bucket, max_attempts=2, connect_timeout=1, read_timeout=3)
+        stopped = []
+
+        def stop_midway(p: SyncProgress) -> None:
+            if p.completed >= 30 and not stopped:
+                srv.stop()
+                stopped.append(p.completed)
+
+        rep = push(
+            tmp_path,
+            remote,
+            "ws",
+            "rw",
+            progress=stop_midway,
+            options=SyncOptions(workers=4, progress_interval_s=0),
+        )
+        assert stopped, "the server was never stopped"
+        assert not rep.ok and rep.failed > 0
+        assert rep.completed + rep.failed == 150
+        assert rep.completed < 150
+        assert any("unreachable" in f.reason or "connect" in f.reason.lower() for f in rep.failures)
+        assert rep.elapsed_s < 60
+        assert read_tree(tmp_path) == before  # local data untouched
+        synced = manifest_keys(tmp_path)
+        assert len(synced) == rep.completed
+        assert not synced & {f.key for f in rep.failures}
+
+        srv.start()  # same port; moto kept what it had received
+        on_server = set(remote_tree(srv.endpoint, bucket))
+        assert synced <= on_server  # the manifest only records what the server has
+        again = push(tmp_path, remote, "ws", "rw")
+        assert again.ok and again.completed == rep.failed and again.skipped == rep.completed
+        assert remote_tree(srv.endpoint, bucket) == {f"ws/{k}": v for k, v in files.items()}
+        assert len(manifest_keys(tmp_path)) == 150
+    finally:
+        srv.stop()
+
+
+def test_progress_and_report_are_json(server, bucket, tmp_path):
+    write_tree(tmp_path, sample_files(30))
+    events: list[SyncProgress] = []
+    rep = push(
+        tmp_path,
+        remote_for(server.endpoint, bucket),
+        progress=events.append,
+        options=SyncOptions(progress_interval_s=0),
+    )
+    assert len(events) >= 2
+    processed = [e.processed for e in events]
+    assert processed == sorted(processed) and events[-1].processed == 30
+    assert events[-1].completed == rep.completed == 30
+    assert all(e.objects_total == 30 for e in events)
+    decoded = json.loads(json.dumps(events[-1].to_dict()))
+    assert decoded["event"] == "progress" and decoded["bytes_transferred"] == rep.bytes_transferred
+    report = json.loads(rep.to_json())
+    assert report["event"] == "report" and report["ok"] is True and report["elapsed_s"] >= 0
+
+
+def test_unsafe_key_is_reported_not_written(server, bucket, tmp_path):
+    c = raw_client(server.endpoint)
+    c.create_bucket(Bucket=bucket)
+    c.put_object(Bucket=bucket, Key="a//b.txt", Body=b"x")
+    c.put_object(Bucket=bucket, Key="ok.txt", Body=b"y")
+    rep = pull(remote_for(server.endpoint, bucket), tmp_path)
+    assert (rep.completed, rep.failed) == (1, 1)
+    assert rep.failures[0].key == "a//b.txt" and "segment" in rep.failures[0].reason
+    assert read_tree(tmp_path) == {"ok.txt": b"y"}
+
+
+def test_credentials_never_in_reports_or_logs(server, bucket, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    write_tree(tmp_path / "a", sample_files(3))
+    remote = remote_for(server.endpoint, bucket)
+    reports = [push(tmp_path / "a", remote), pull(remote, tmp_path / "b")]
+    # a failing run too: its error messages must not leak anything either
+    reports.append(pull(remote_for("http://127.0.0.1:9", bucket, max_attempts=1), tmp_path / "c"))
+    assert not reports[-1].ok
+    texts = [r.to_json() for r in reports] + [
+        caplog.text,
+        repr(remote),
+        repr(CREDS),
+        str(CREDS),
+        (tmp_path / "a" / MANIFEST_NAME).read_text(),
+    ]
+    for text in texts:
+        assert TEST_SECRET_KEY not in text
+    for text in texts[:3] + texts[4:]:
+        assert TEST_ACCESS_KEY not in text
