@@ -115,14 +115,16 @@ def effective_limits(
 
 
 def _number(value, field: str, kind: type) -> float | int:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise ResourceError(field, f"{field} must be a number, not {value!r}")
     try:
-        n = kind(value)
-    except (TypeError, ValueError):
+        n = float(value)
+    except ValueError:
         raise ResourceError(field, f"{field} must be a number, not {value!r}") from None
-    if kind is int and isinstance(value, float | str) and float(value) != n:
-        raise ResourceError(field, f"{field} must be a whole number, not {value!r}")
+    if kind is int:
+        if n != int(n):
+            raise ResourceError(field, f"{field} must be a whole number, not {value!r}")
+        return int(n)
     return n
 
 
