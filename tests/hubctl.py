@@ -126,20 +126,46 @@ class Hub:
             time.sleep(0.2)
         raise TimeoutError(f"gpulab service did not answer:\n{self.tail()}")
 
+    def descendants(self) -> list[int]:
+        """Every process below the hub (JupyterHub starts services in sessions of their own)."""
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        out, todo = [], [self.proc.pid] if self.proc else []
+        while todo:
+            pid = todo.pop()
+            for child in children.get(pid, []):
+                out.append(child)
+                todo.append(child)
+        return out
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Kill the hub with its proxy and services, as a service manager's cgroup kill would."""
+        """Kill the hub and every process it started, as a service manager's cgroup kill would."""
         if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, sig)
+            for pid in [self.proc.pid, *self.descendants()]:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
             self.proc.wait(30)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
+            family = self.descendants()
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+                self.kill()
+            for pid in family:  # anything the hub left behind
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def remove_workloads(self) -> None:
         client = docker.from_env()

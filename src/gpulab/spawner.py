@@ -330,13 +330,18 @@ class NotebookSpawner(DockerSpawner):
         self._progress(60, "Starting the container")
         try:
             ip, port = await super().start()
-        except APIError as e:
-            await self._fail(
-                S.ERROR, "ENGINE_ERROR", f"the engine refused the container: {e.explanation or e}"
-            )
-            raise SpawnFailed(
-                503, f"the engine refused the container: {e.explanation or e}"
-            ) from None
+        except Exception as e:
+            # a process that dies at once makes DockerSpawner fail to read its port: that is the
+            # notebook's FAILED (with its exit code), not a platform ERROR
+            refused = isinstance(e, APIError)  # e.g. "could not select device driver"
+            exited = await self._exit_status() if self.object_id and not refused else None
+            if exited is not None and exited[0] != -1:
+                await self._fail(S.FAILED, "EXITED", exited[1], exit_code=exited[0])
+                raise SpawnFailed(500, exited[1]) from None
+            why = e.explanation if isinstance(e, APIError) else str(e)
+            msg = f"the engine could not start the container: {why}"
+            await self._fail(S.ERROR, "ENGINE_ERROR", msg)
+            raise SpawnFailed(503, msg) from None
 
         # editor
         self._progress(80, f"Waiting for {opts.editor} to answer")

@@ -34,6 +34,15 @@ async def watchdog_loop(settings: GpulabSettings) -> None:
             log.exception("run-time watchdog pass failed")
 
 
+async def follow_parent() -> None:
+    """Exit when the hub that started us is gone, so a restarted hub can start a fresh service."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(1)
+    log.warning("the hub (pid %d) is gone; exiting", parent)
+    os._exit(0)
+
+
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpulab-service", description=__doc__)
     parser.add_argument("--config", help="the hub's jupyterhub_config.py")
@@ -46,7 +55,7 @@ async def main(argv: list[str] | None = None) -> None:
     app = make_app(settings)
     app.listen(url.port or 80, url.hostname or "127.0.0.1")
     log.info("gpulab service %s listening on %s", __version__, url.geturl())
-    await watchdog_loop(settings)
+    await asyncio.gather(watchdog_loop(settings), follow_parent())
 
 
 if __name__ == "__main__":
