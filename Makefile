@@ -66,7 +66,9 @@ run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in data/)
 	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(CURDIR)/$(DATA_DIR)" \
 		exec $(VENV)/bin/jupyterhub -f jupyterhub_config.py
 
-test: setup ## Run the test suite (PYTEST_ARGS=... passes arguments to pytest)
+test: setup ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
 	PATH="$(RUN_PATH)" $(VENV)/bin/pytest -ra $(PYTEST_ARGS)
 
 lint: venv ## Check style with ruff (lint + format check)

@@ -124,7 +124,8 @@ def main() -> None:
     print(f"\n{args.concurrent} concurrent spawns")
     print(f"  {'spawner':16s} {'p50':>7s} {'p95':>7s} {'max':>7s} {'wall':>7s}")
     for n, (times, wall) in conc.items():
-        print(f"  {n:16s} {pct(times, 50):6.2f}s {pct(times, 95):6.2f}s {max(times):6.2f}s {wall:6.2f}s")
+        p50, p95_, top = pct(times, 50), pct(times, 95), max(times)
+        print(f"  {n:16s} {p50:6.2f}s {p95_:6.2f}s {top:6.2f}s {wall:6.2f}s")
     p95 = pct(conc["NotebookSpawner"][0], 95) / pct(conc["DockerSpawner"][0], 95)
     wall = conc["NotebookSpawner"][1] / conc["DockerSpawner"][1]
     print(f"  ratio p95 {p95:.3f}, wall {wall:.3f}  (targets <= 1.10)")

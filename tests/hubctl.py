@@ -7,6 +7,7 @@ developer's) containers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -93,7 +94,7 @@ class Hub:
             "GPULAB_CONFIG_FILE": str(self.config_file),
             "PATH": f"{CHP_BIN}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
         }
-        log = open(self.log_file, "ab")
+        log = open(self.log_file, "ab")  # noqa: SIM115 (handed to the hub process)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(self.config_file)],
             cwd=self.workdir,
@@ -147,10 +148,8 @@ class Hub:
         """Kill the hub and every process it started, as a service manager's cgroup kill would."""
         if self.proc and self.proc.poll() is None:
             for pid in [self.proc.pid, *self.descendants()]:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
             self.proc.wait(30)
 
     def stop(self) -> None:
@@ -162,10 +161,8 @@ class Hub:
             except subprocess.TimeoutExpired:
                 self.kill()
             for pid in family:  # anything the hub left behind
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
     def remove_workloads(self) -> None:
         client = docker.from_env()

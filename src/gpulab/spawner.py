@@ -9,6 +9,7 @@ the shared :class:`~gpulab.gpus.ledger.GpuLedger`, states are kept by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from functools import cached_property
 from pathlib import Path
@@ -231,10 +232,8 @@ class NotebookSpawner(DockerSpawner):
             if self._progress_done:
                 return
             self._progress_signal.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._progress_signal.wait(), timeout=1)
-            except TimeoutError:
-                pass
 
     # --- lifecycle ------------------------------------------------------------------------
 

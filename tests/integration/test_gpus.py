@@ -82,12 +82,16 @@ def test_device_request_mode_asks_for_explicit_devices(hub_factory, docker_clien
     # the failed container is kept (stopped) for inspection until the next start or delete
     container = docker_client.containers.get(nb["container"])
     assert container.attrs["HostConfig"]["DeviceRequests"] == [
-        {"Driver": "nvidia", "Count": 0, "DeviceIDs": ["0", "1"], "Capabilities": [["gpu"]],
-         "Options": {}}
+        {
+            "Driver": "nvidia",
+            "Count": 0,
+            "DeviceIDs": ["0", "1"],
+            "Capabilities": [["gpu"]],
+            "Options": {},
+        }
     ]
     assert "NVIDIA_VISIBLE_DEVICES" not in str(container.attrs["Config"]["Env"])
     # and the ledger gave them back
     hub.spawn("dora", "two", {"cpus": 0.5, "memory": "512M", "gpus": 4}, token=token)
     nb = hub.wait_state("dora", "two", "ERROR")
     assert nb["history"][-1]["reason"] == "ENGINE_ERROR"
-

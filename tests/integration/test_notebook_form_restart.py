@@ -28,7 +28,9 @@ def login(hub, user: str) -> requests.Session:
 
 
 def test_form_spawn_and_form_errors(hub_factory):
-    hub = hub_factory('c.GpulabSettings.gpu_devices = [{"id": "0"}]\nc.GpulabSettings.gpu_mode = "env"')
+    hub = hub_factory(
+        'c.GpulabSettings.gpu_devices = [{"id": "0"}]\nc.GpulabSettings.gpu_mode = "env"'
+    )
     s = login(hub, "erin")
     page = s.get(f"{hub.url}/hub/spawn/erin/viaform", timeout=30)
     assert page.status_code == 200
@@ -39,9 +41,16 @@ def test_form_spawn_and_form_errors(hub_factory):
     # an invalid custom request comes back on the form page with the reason
     bad = s.post(
         f"{hub.url}/hub/spawn/erin/viaform",
-        data={"framework": "python", "version": "3.11", "editor": "jupyterlab",
-              "flavor": "custom", "cpus": "1", "memory": "-2G", "gpus": "0",
-              "_xsrf": s.cookies["_xsrf"]},
+        data={
+            "framework": "python",
+            "version": "3.11",
+            "editor": "jupyterlab",
+            "flavor": "custom",
+            "cpus": "1",
+            "memory": "-2G",
+            "gpus": "0",
+            "_xsrf": s.cookies["_xsrf"],
+        },
         timeout=60,
     )
     assert bad.status_code == 400, bad.status_code
@@ -49,9 +58,16 @@ def test_form_spawn_and_form_errors(hub_factory):
 
     ok = s.post(
         f"{hub.url}/hub/spawn/erin/viaform",
-        data={"framework": "python", "version": "3.11", "editor": "jupyterlab",
-              "flavor": "cpu-small", "cpus": "", "memory": "", "gpus": "0",
-              "_xsrf": s.cookies["_xsrf"]},
+        data={
+            "framework": "python",
+            "version": "3.11",
+            "editor": "jupyterlab",
+            "flavor": "cpu-small",
+            "cpus": "",
+            "memory": "",
+            "gpus": "0",
+            "_xsrf": s.cookies["_xsrf"],
+        },
         timeout=60,
     )
     assert ok.status_code == 200, ok.status_code
@@ -83,8 +99,11 @@ def test_hub_killed_and_restarted(hub_factory, docker_client):
     hub.start()
 
     # the running notebook is still running and reachable with the same token
-    r = requests.get(f"{hub.url}/user/fred/keep/api/status",
-                     headers={"Authorization": f"token {token}"}, timeout=30)
+    r = requests.get(
+        f"{hub.url}/user/fred/keep/api/status",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     assert hub.server_model("fred", "keep")["ready"]
     assert hub.notebook("fred", "keep").json()["state"] == "RUNNING"
@@ -108,7 +127,11 @@ def test_pytorch_notebook_imports_torch(hub_factory, pytorch_image, docker_clien
     assert nb["options"]["image"] == pytorch_image
     # run code inside the running notebook's container, as its (non-root) user
     out = docker_client.containers.get(nb["container"]).exec_run(
-        ["python", "-c", "import os, torch; print(torch.__version__, os.getuid(), torch.ones(2).sum().item())"]
+        [
+            "python",
+            "-c",
+            "import os, torch; print(torch.__version__, os.getuid(), torch.ones(2).sum().item())",
+        ]
     )
     assert out.exit_code == 0, out.output
     version, uid, total = out.output.decode().split()
@@ -116,9 +139,7 @@ def test_pytorch_notebook_imports_torch(hub_factory, pytorch_image, docker_clien
 
 
 def test_max_run_time_stops_and_auto_restarts(hub_factory):
-    hub = hub_factory(
-        "c.GpulabSettings.max_run_time = 4\nc.GpulabSettings.watchdog_interval = 1\n"
-    )
+    hub = hub_factory("c.GpulabSettings.max_run_time = 4\nc.GpulabSettings.watchdog_interval = 1\n")
     token = hub.create_user("hank")
     hub.spawn("hank", "once", {}, token=token)
     hub.spawn("hank", "again", {"auto_restart": True}, token=token)

@@ -39,8 +39,20 @@ def parse(raw, **kw):
 
 
 def test_notebook_life_allows_the_domain_paths():
-    path = [S.STARTING, S.RUNNING, S.STOPPING, S.STOPPED, S.STARTING, S.RUNNING, S.STOPPING,
-            S.SYNC_FAILED, S.STOPPING, S.STOPPED, S.DELETING, S.DELETED]
+    path = [
+        S.STARTING,
+        S.RUNNING,
+        S.STOPPING,
+        S.STOPPED,
+        S.STARTING,
+        S.RUNNING,
+        S.STOPPING,
+        S.SYNC_FAILED,
+        S.STOPPING,
+        S.STOPPED,
+        S.DELETING,
+        S.DELETED,
+    ]
     old = None
     for new in path:
         check_notebook_transition(old, new)
@@ -49,8 +61,13 @@ def test_notebook_life_allows_the_domain_paths():
 
 @pytest.mark.parametrize(
     "old, new",
-    [(None, S.RUNNING), (S.STOPPED, S.RUNNING), (S.DELETED, S.RUNNING), (S.RUNNING, S.STOPPED),
-     (S.DELETING, S.STARTING)],
+    [
+        (None, S.RUNNING),
+        (S.STOPPED, S.RUNNING),
+        (S.DELETED, S.RUNNING),
+        (S.RUNNING, S.STOPPED),
+        (S.DELETING, S.STARTING),
+    ],
 )
 def test_notebook_life_refuses_shortcuts(old, new):
     with pytest.raises(InvalidTransition, match=f"to {new.value}"):
@@ -59,8 +76,13 @@ def test_notebook_life_refuses_shortcuts(old, new):
 
 def test_job_life():
     J = JobState
-    for old, new in [(None, J.QUEUED), (J.QUEUED, J.INITIALIZING), (J.RUNNING, J.RESTARTING),
-                     (J.FINALIZING, J.SYNC_FAILED), (J.INTERRUPTING, J.QUEUED)]:
+    for old, new in [
+        (None, J.QUEUED),
+        (J.QUEUED, J.INITIALIZING),
+        (J.RUNNING, J.RESTARTING),
+        (J.FINALIZING, J.SYNC_FAILED),
+        (J.INTERRUPTING, J.QUEUED),
+    ]:
         check_job_transition(old, new)
     with pytest.raises(InvalidTransition):
         check_job_transition(J.DONE, J.RUNNING)
@@ -68,8 +90,13 @@ def test_job_life():
 
 @pytest.mark.parametrize(
     "text, size",
-    [("512M", 512 * 1024**2), ("4G", 4 * 1024**3), ("1.5GiB", int(1.5 * 1024**3)),
-     ("2gb", 2 * 1024**3), (1024, 1024)],
+    [
+        ("512M", 512 * 1024**2),
+        ("4G", 4 * 1024**3),
+        ("1.5GiB", int(1.5 * 1024**3)),
+        ("2gb", 2 * 1024**3),
+        (1024, 1024),
+    ],
 )
 def test_parse_memory(text, size):
     assert parse_memory(text) == size
@@ -110,14 +137,25 @@ def test_resolve_resources_flavor_and_overrides():
 def test_container_limits():
     res = resolve_resources(FLAVORS, LIMITS, "cpu-small")
     hc = container_limits(res, pids_limit=100).host_config()
-    assert hc == {"cpu_period": 100_000, "cpu_quota": 100_000, "mem_limit": 2 * 1024**3,
-                  "memswap_limit": 2 * 1024**3, "pids_limit": 100, "shm_size": 1024**3}
+    assert hc == {
+        "cpu_period": 100_000,
+        "cpu_quota": 100_000,
+        "mem_limit": 2 * 1024**3,
+        "memswap_limit": 2 * 1024**3,
+        "pids_limit": 100,
+        "shm_size": 1024**3,
+    }
 
 
 def test_defaults_and_choices():
     opts = parse({})
     assert (opts.framework, opts.version, opts.editor, opts.image, opts.flavor) == (
-        "python", "3.11", "jupyterlab", "gpulab/python:3.11", "cpu-small")
+        "python",
+        "3.11",
+        "jupyterlab",
+        "gpulab/python:3.11",
+        "cpu-small",
+    )
     assert opts.default_url == "/lab"
     assert parse({"framework": "pytorch"}).image == "gpulab/pytorch:2.13"
 
@@ -133,10 +171,17 @@ def test_images_outside_catalog_only_when_allowed():
 
 @pytest.mark.parametrize(
     "raw, field",
-    [({"framework": "jax"}, "framework"), ({"version": "9"}, "version"), ({"editor": "vi"}, "editor"),
-     ({"flavor": "huge"}, "flavor"), ({"gpus": 3}, "gpus"), ({"cpus": True}, "cpus"),
-     ({"extra": 1}, "extra"), ({"framework": ["python"]}, "framework"),
-     ({"auto_restart": "sometimes"}, "auto_restart")],
+    [
+        ({"framework": "jax"}, "framework"),
+        ({"version": "9"}, "version"),
+        ({"editor": "vi"}, "editor"),
+        ({"flavor": "huge"}, "flavor"),
+        ({"gpus": 3}, "gpus"),
+        ({"cpus": True}, "cpus"),
+        ({"extra": 1}, "extra"),
+        ({"framework": ["python"]}, "framework"),
+        ({"auto_restart": "sometimes"}, "auto_restart"),
+    ],
 )
 def test_invalid_options_name_their_field(raw, field):
     with pytest.raises(OptionsError) as e:
@@ -146,16 +191,30 @@ def test_invalid_options_name_their_field(raw, field):
 
 def test_second_editor_needs_no_redesign():
     catalog = Catalog.from_config(
-        [{"id": "py", "versions": [{"id": "1", "image": "img"}], "editors": ["jupyterlab", "vscode"]}],
-        {"jupyterlab": {"default_url": "/lab"}, "vscode": {"title": "VS Code", "default_url": "/vscode/"}},
+        [
+            {
+                "id": "py",
+                "versions": [{"id": "1", "image": "img"}],
+                "editors": ["jupyterlab", "vscode"],
+            }
+        ],
+        {
+            "jupyterlab": {"default_url": "/lab"},
+            "vscode": {"title": "VS Code", "default_url": "/vscode/"},
+        },
     )
     opts = parse_notebook_options({"editor": "vscode"}, catalog, FLAVORS, LIMITS, "cpu-small")
     assert (opts.editor, opts.default_url) == ("vscode", "/vscode/")
 
 
 def test_form_to_options_keeps_custom_fields_only_for_custom():
-    form = {"framework": ["python"], "flavor": ["cpu-small"], "cpus": ["4"], "memory": [""],
-            "_xsrf": ["x"]}
+    form = {
+        "framework": ["python"],
+        "flavor": ["cpu-small"],
+        "cpus": ["4"],
+        "memory": [""],
+        "_xsrf": ["x"],
+    }
     assert form_to_options(form) == {"framework": "python", "flavor": "cpu-small"}
     form["flavor"] = ["custom"]
     assert form_to_options(form) == {"framework": "python", "cpus": "4"}
@@ -163,8 +222,11 @@ def test_form_to_options_keeps_custom_fields_only_for_custom():
 
 def test_gpu_request_modes():
     host, env = gpu_request(["1", "3"], "device_request")
-    assert host == {"device_requests": [
-        {"Driver": "nvidia", "DeviceIDs": ["1", "3"], "Capabilities": [["gpu"]]}]}
+    assert host == {
+        "device_requests": [
+            {"Driver": "nvidia", "DeviceIDs": ["1", "3"], "Capabilities": [["gpu"]]}
+        ]
+    }
     assert env == {}
     host, env = gpu_request(["2"], "env")
     assert host == {} and env["NVIDIA_VISIBLE_DEVICES"] == "2"

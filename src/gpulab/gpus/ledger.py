@@ -42,7 +42,7 @@ class GpuLedger:
         self.devices = list(devices)
 
     def reserve(self, workload: str, owner: str, kind: str, count: int) -> list[str]:
-        """Give ``count`` free devices to ``workload``; idempotent for a workload that holds some."""
+        """Give ``count`` free devices to ``workload`` (the ones it holds if it has some)."""
         if count <= 0:
             return []
         for _attempt in range(5):
