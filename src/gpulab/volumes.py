@@ -302,10 +302,20 @@ def check_access(
     """Raise VolumeAccessError unless ``user`` may use ``spec``.
 
     A user's own workspace prefix is always theirs; another user's workspace (or a prefix
-    that contains other workspaces) is refused whatever the grants say. Anything else needs a
+    that contains other workspaces) is refused whatever the grants say. Without
+    ``workspaces``, ``workspaces/<other user>/`` is refused in every bucket. Anything else needs a
     grant covering the store, bucket, prefix and mode.
     """
-    if workspaces and (spec.store, spec.bucket) == (workspaces.store, workspaces.bucket):
+    if workspaces is None:
+        # Location unknown: still refuse another user's workspace prefix in any bucket.
+        own = f"workspaces/{user}"
+        inside = _prefix_within(spec.prefix, "workspaces") and spec.prefix != "workspaces"
+        if inside and not _prefix_within(spec.prefix, own):
+            raise VolumeAccessError(
+                f"volume {str(spec)!r}: prefix {spec.prefix!r} is another user's "
+                f"workspace; yours is {own}/"
+            )
+    elif (spec.store, spec.bucket) == (workspaces.store, workspaces.bucket):
         root = workspaces.root.strip("/")
         own = f"{root}/{user}"
         if _prefix_within(spec.prefix, own):

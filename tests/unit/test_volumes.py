@@ -301,3 +301,11 @@ def test_grant_restricted_to_users() -> None:
 def test_grant_prefix_is_a_path_prefix_not_a_string_prefix() -> None:
     with pytest.raises(VolumeAccessError):
         check_access("bob", spec("datasets@s3/publicity:/data/in"), GRANTS, WS)
+
+
+def test_other_workspace_refused_without_workspace_location() -> None:
+    grants = [Grant(store="s3", bucket="shared")]
+    check_access("alice", spec("shared@s3/workspaces/alice/x:/data/x"), grants)
+    check_access("alice", spec("shared@s3/other:/data/x"), grants)
+    with pytest.raises(VolumeAccessError, match="another user's workspace"):
+        check_access("alice", spec("shared@s3/workspaces/bob:/data/x"), grants)

@@ -1,0 +1,355 @@
+"""Benchmark gpulab-sync against `aws s3 sync` and rclone on moto's S3 server (loopback).
+
+Not part of CI. One run measures, for each tool, on the same endpoint:
+  (a) 5,000 files of 1-64 KiB: push, then pull into an empty directory;
+  (b) 4 files of 256 MiB (64 MiB with --small): push, then pull;
+  (c) (a) again with nothing changed: push and pull;
+plus the endpoint's own ceiling (PUT/s and GET/s for small objects, MB/s for large ones)
+measured with a many-threaded raw boto3 client. The server (a ThreadedMotoServer) runs in
+its own process so that neither side steals the other's GIL.
+
+    .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+from botocore.config import Config
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+KEY, SECRET = "AKIABENCHGPULAB00001", "bench-secret-not-real-0123456789"
+MiB = 1024 * 1024
+
+SERVER_CODE = """
+import sys, time
+from moto.server import ThreadedMotoServer
+srv = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
+srv.start()
+print("ready", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def client(endpoint: str, threads: int = 64):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+        config=Config(max_pool_connections=threads, s3={"addressing_style": "path"}),
+    )
+
+
+def empty_bucket(c, bucket: str) -> None:
+    """Delete a bucket and its objects (frees moto's memory between tools)."""
+    try:
+        for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                c.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+        c.delete_bucket(Bucket=bucket)
+    except c.exceptions.NoSuchBucket:
+        pass
+
+
+# -- data ----------------------------------------------------------------------------------
+
+
+def make_small_tree(root: Path, n: int) -> int:
+    rng = random.Random(42)
+    total = 0
+    for i in range(n):
+        d = root / f"d{i % 100:03d}"
+        d.mkdir(parents=True, exist_ok=True)
+        size = rng.randint(1024, 64 * 1024)
+        (d / f"f{i:05d}.bin").write_bytes(os.urandom(size))
+        total += size
+    return total
+
+
+def make_large_tree(root: Path, count: int, size: int) -> int:
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        with open(root / f"big{i}.bin", "wb") as f:
+            for _ in range(size // MiB):
+                f.write(os.urandom(MiB))
+    return count * size
+
+
+# -- ceiling -------------------------------------------------------------------------------
+
+
+@dataclass
+class Ceiling:
+    put_per_s: float
+    get_per_s: float
+    put_mb_s: float
+    get_mb_s: float
+
+
+def measure_ceiling(endpoint: str, threads: int = 32) -> Ceiling:
+    c = client(endpoint, threads)
+    bucket = "bench-ceiling"
+    c.create_bucket(Bucket=bucket)
+    small = os.urandom(16 * 1024)
+    n = 1500
+
+    def timed(fn, items) -> float:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(fn, items))
+        return time.perf_counter() - start
+
+    put_s = timed(lambda i: c.put_object(Bucket=bucket, Key=f"s/{i}", Body=small), range(n))
+    get_s = timed(lambda i: c.get_object(Bucket=bucket, Key=f"s/{i}")["Body"].read(), range(n))
+    big = os.urandom(16 * MiB)
+    nbig = 32  # 512 MiB
+    bput_s = timed(lambda i: c.put_object(Bucket=bucket, Key=f"b/{i}", Body=big), range(nbig))
+    bget_s = timed(lambda i: c.get_object(Bucket=bucket, Key=f"b/{i}")["Body"].read(), range(nbig))
+    empty_bucket(c, bucket)
+    mb = nbig * len(big) / 1e6
+    return Ceiling(n / put_s, n / get_s, mb / bput_s, mb / bget_s)
+
+
+# -- tools ---------------------------------------------------------------------------------
+
+
+def run(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return elapsed, proc
+
+
+class Tool:
+    name = ""
+
+    def __init__(self, endpoint: str, workers: int, tmp: Path) -> None:
+        self.endpoint, self.workers, self.tmp = endpoint, workers, tmp
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "RCLONE_"))}
+        self.env.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET)
+
+    def push(self, local: Path, bucket: str) -> float: ...
+    def pull(self, bucket: str, local: Path) -> float: ...
+
+
+class Gpulab(Tool):
+    name = "gpulab-sync"
+    last_engine_s = 0.0
+
+    def _run(self, op: str, local: Path, bucket: str) -> float:
+        cmd = [str(BIN / "gpulab-sync"), op, "--store-endpoint", self.endpoint]
+        cmd += ["--bucket", bucket, "--local", str(local), "--workers", str(self.workers)]
+        cmd += ["--json-progress", "--mode", "rw"]
+        elapsed, proc = run(cmd, self.env)
+        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert report["ok"], report
+        self.last_engine_s = report["elapsed_s"]
+        return elapsed
+
+    def push(self, local: Path, bucket: str) -> float:
+        return self._run("push", local, bucket)
+
+    def pull(self, bucket: str, local: Path) -> float:
+        return self._run("pull", local, bucket)
+
+
+class AwsCli(Tool):
+    name = "aws s3 sync"
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        cfg = self.tmp / "aws-config"
+        cfg.write_text(
+            f"[default]\nregion = us-east-1\ns3 =\n  max_concurrent_requests = {self.workers}\n"
+        )
+        self.env["AWS_CONFIG_FILE"] = str(cfg)
+        self.env["AWS_SHARED_CREDENTIALS_FILE"] = str(self.tmp / "none")
+
+    def _sync(self, src: str, dst: str) -> float:
+        cmd = [str(BIN / "aws"), "--endpoint-url", self.endpoint, "s3", "sync", src, dst]
+        return run(cmd + ["--only-show-errors"], self.env)[0]
+
+    def push(self, local: Path, bucket: str) -> float:
+        c = client(self.endpoint)
+        if bucket not in [b["Name"] for b in c.list_buckets()["Buckets"]]:
+            c.create_bucket(Bucket=bucket)
+        return self._sync(str(local), f"s3://{bucket}")
+
+    def pull(self, bucket: str, local: Path) -> float:
+        return self._sync(f"s3://{bucket}", str(local))
+
+
+class Rclone(Tool):
+    name = "rclone copy"
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.env.update(
+            RCLONE_CONFIG_BENCH_TYPE="s3",
+            RCLONE_CONFIG_BENCH_PROVIDER="Other",
+            RCLONE_CONFIG_BENCH_ENDPOINT=self.endpoint,
+            RCLONE_CONFIG_BENCH_ACCESS_KEY_ID=KEY,
+            RCLONE_CONFIG_BENCH_SECRET_ACCESS_KEY=SECRET,
+            RCLONE_CONFIG_BENCH_REGION="us-east-1",
+            RCLONE_CONFIG_BENCH_FORCE_PATH_STYLE="true",
+            RCLONE_CONFIG="/dev/null",
+        )
+        for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_CA_BUNDLE"):
+            self.env.pop(k, None)  # AWS_CA_BUNDLE makes rclone's S3 backend fail at once
+
+    def _copy(self, src: str, dst: str) -> float:
+        n = str(self.workers)
+        cmd = ["rclone", "copy", src, dst, "--transfers", n, "--checkers", n]
+        return run(cmd, self.env)[0]
+
+    def push(self, local: Path, bucket: str) -> float:
+        return self._copy(str(local), f"bench:{bucket}")
+
+    def pull(self, bucket: str, local: Path) -> float:
+        return self._copy(f"bench:{bucket}", str(local))
+
+
+# -- main ----------------------------------------------------------------------------------
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="4 x 64 MiB instead of 4 x 256 MiB")
+    ap.add_argument("--files", type=int, default=5000)
+    ap.add_argument("--workers", type=int, default=16)
+    args = ap.parse_args()
+    big_size = (64 if args.small else 256) * MiB
+
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER_CODE, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    tmp = Path(tempfile.mkdtemp(prefix="gpulab-bench-"))
+    try:
+        assert server.stdout and server.stdout.readline().strip() == "ready"
+        print(f"moto server pid {server.pid} on {endpoint}; scratch {tmp}", flush=True)
+        small_bytes = make_small_tree(tmp / "small", args.files)
+        large_bytes = make_large_tree(tmp / "large", 4, big_size)
+        print(
+            f"data: {args.files} files / {small_bytes / MiB:.0f} MiB; "
+            f"4 files / {large_bytes / MiB:.0f} MiB",
+            flush=True,
+        )
+        ceiling = measure_ceiling(endpoint)
+        print(
+            f"ceiling (raw boto3, 32 threads): {ceiling.put_per_s:.0f} PUT/s, "
+            f"{ceiling.get_per_s:.0f} GET/s (16 KiB); {ceiling.put_mb_s:.0f} MB/s PUT, "
+            f"{ceiling.get_mb_s:.0f} MB/s GET (16 MiB objects)",
+            flush=True,
+        )
+        ideal = {
+            "small push": args.files / ceiling.put_per_s,
+            "small pull": args.files / ceiling.get_per_s,
+            "large push": large_bytes / 1e6 / ceiling.put_mb_s,
+            "large pull": large_bytes / 1e6 / ceiling.get_mb_s,
+        }
+        tools: list[type[Tool]] = [Gpulab, AwsCli]
+        if shutil.which("rclone"):
+            tools.append(Rclone)
+        else:
+            print("rclone not installed: skipped")
+        results: dict[str, dict[str, float]] = {}
+        engine_s: dict[str, float] = {}
+        raw = client(endpoint)
+        for tool_cls in tools:
+            tool = tool_cls(endpoint, args.workers, tmp)
+            r: dict[str, float] = {}
+            b_small, b_large = (
+                f"bench-{tool_cls.__name__.lower()}-s",
+                f"bench-{tool_cls.__name__.lower()}-l",
+            )
+            out_small, out_large = tmp / f"out-{b_small}", tmp / f"out-{b_large}"
+            r["small push"] = tool.push(tmp / "small", b_small)
+            r["small pull"] = tool.pull(b_small, out_small)
+            r["unchanged push"] = tool.push(tmp / "small", b_small)
+            if isinstance(tool, Gpulab):
+                engine_s["unchanged push"] = tool.last_engine_s
+            r["unchanged pull"] = tool.pull(b_small, out_small)
+            if isinstance(tool, Gpulab):
+                engine_s["unchanged pull"] = tool.last_engine_s
+            r["large push"] = tool.push(tmp / "large", b_large)
+            r["large pull"] = tool.pull(b_large, out_large)
+            n_out = sum(1 for p in out_small.rglob("*.bin"))
+            assert n_out == args.files, (tool.name, n_out)
+            for i in range(4):
+                assert (out_large / f"big{i}.bin").stat().st_size == big_size
+            empty_bucket(raw, b_small)
+            empty_bucket(raw, b_large)
+            shutil.rmtree(out_small)
+            shutil.rmtree(out_large)
+            results[tool.name] = r
+            print(f"{tool.name}: " + ", ".join(f"{k} {v:.2f}s" for k, v in r.items()), flush=True)
+
+        print()
+        others = [t for t in results if t != "gpulab-sync"]
+        head = f"{'scenario':<16}{'ceiling':>9}"
+        for t in results:
+            head += f"{t:>14}"
+        head += f"{'gpulab share':>14}" + "".join(f"{'x vs ' + t.split()[0]:>12}" for t in others)
+        print(head)
+        for scenario in results["gpulab-sync"]:
+            line = f"{scenario:<16}"
+            line += f"{ideal[scenario]:>8.2f}s" if scenario in ideal else f"{'-':>9}"
+            for t in results:
+                line += f"{results[t][scenario]:>13.2f}s"
+            g = results["gpulab-sync"][scenario]
+            share = f"{ideal[scenario] / g:.0%}" if scenario in ideal else "-"
+            line += f"{share:>14}"
+            for t in others:
+                line += f"{results[t][scenario] / g:>11.2f}x"
+            print(line)
+        print()
+        print(
+            "ceiling = the time the raw many-threaded boto3 client needs for the same objects/"
+            "bytes; share = ceiling / gpulab time; 'x vs T' = T's time / gpulab's (>1: gpulab "
+            "faster). Times are wall clock of the CLI process (incl. interpreter start-up)."
+        )
+        print(
+            "gpulab engine time (from its report, without process start-up): "
+            + ", ".join(f"{k} {v:.3f}s" for k, v in engine_s.items())
+        )
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
