@@ -50,6 +50,9 @@ if not token_file.exists():
     token_file.write_text(secrets.token_hex(32))
     token_file.chmod(0o600)
 c.ConfigurableHTTPProxy.auth_token = token_file.read_text().strip()
+c.ConfigurableHTTPProxy.api_url = (
+    f"http://127.0.0.1:{os.environ.get('GPULAB_PROXY_API_PORT', '8001')}"
+)
 chp = here / ".build" / "node" / "node_modules" / ".bin" / "configurable-http-proxy"
 if chp.exists():
     c.ConfigurableHTTPProxy.command = [str(chp)]

@@ -45,6 +45,7 @@ class Hub:
     port: int = field(default_factory=free_port)
     hub_port: int = field(default_factory=free_port)
     service_port: int = field(default_factory=free_port)
+    proxy_api_port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
 
     @property
@@ -90,6 +91,7 @@ class Hub:
             "GPULAB_PORT": str(self.port),
             "GPULAB_HUB_PORT": str(self.hub_port),
             "GPULAB_SERVICE_PORT": str(self.service_port),
+            "GPULAB_PROXY_API_PORT": str(self.proxy_api_port),
             "GPULAB_DATA_DIR": str(self.workdir / "data"),
             "GPULAB_CONFIG_FILE": str(self.config_file),
             "PATH": f"{CHP_BIN}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
