@@ -85,6 +85,21 @@ c.Authenticator.allow_all = True
 # --- notebooks -------------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpulab"
 c.GpulabSettings.database_url = f"sqlite:///{data / 'gpulab.sqlite'}"
+# Object storage. The embedded default keeps objects on this host's disk (data/objects) and
+# persists across restarts; workspaces live there under workspaces/<user>/<server>/. Add S3
+# stores by name, with credentials named, never written here, for example:
+# c.GpulabSettings.object_stores["s3"] = {
+#     "endpoint_url": "https://s3.example.org", "region": "us-east-1",
+#     "credentials": {"access_key_env": "S3_KEY_ID", "secret_key_env": "S3_SECRET"},
+# }
+# c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "datasets", "modes": ["ro"]})
+c.GpulabSettings.object_stores = {"local": {"kind": "filesystem", "root": str(data / "objects")}}
+c.GpulabSettings.workspace_store = "local"
+c.GpulabSettings.volume_grants = [
+    # a shared read-only bucket, and a scratch bucket everyone may read and write
+    {"store": "local", "bucket": "shared", "modes": ["ro"]},
+    {"store": "local", "bucket": "scratch"},
+]
 # GPUs of this host: empty means discover them with NVML. For example:
 # c.GpulabSettings.gpu_devices = [{"id": "0", "model": "A100", "memory": "80G"}]
 # c.GpulabSettings.gpu_mode = "device_request"  # or "env" when the default runtime is nvidia
@@ -100,7 +115,17 @@ c.JupyterHub.services = [
             sys.executable, "-m", "gpulab.service",
             "--config", os.environ.get("GPULAB_CONFIG_FILE", str(Path(__file__).resolve())),
         ],
-        "environment": {"GPULAB_DATA_DIR": str(data)},
+        # a managed service sees only this environment: store credentials named as environment
+        # variables must be forwarded (GPULAB_SERVICE_ENV="NAME1,NAME2"); a credentials file
+        # needs nothing
+        "environment": {
+            "GPULAB_DATA_DIR": str(data),
+            **{
+                name: os.environ[name]
+                for name in filter(None, os.environ.get("GPULAB_SERVICE_ENV", "").split(","))
+                if name in os.environ
+            },
+        },
         "oauth_no_confirm": True,
         "display": True,
     }

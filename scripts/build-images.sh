@@ -29,6 +29,7 @@ LOGS=$BUILD/logs
 DEBIAN_IMAGE=${GPULAB_DEBIAN_IMAGE:-gpulab/debian:bookworm}
 PYTHON_IMAGE=${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11}
 PYTORCH_IMAGE=${GPULAB_PYTORCH_IMAGE:-gpulab/pytorch:2.13}
+SYNC_IMAGE=${GPULAB_SYNC_IMAGE:-gpulab/sync:$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$ROOT/src/gpulab/__init__.py")}
 DEBIAN_SUITE=bookworm
 DEBIAN_INCLUDE=python3,python3-venv,ca-certificates
 
@@ -37,12 +38,12 @@ SELECTED=()
 for arg in "$@"; do
     case "$arg" in
         --force | -f) FORCE=1 ;;
-        debian | python | pytorch) SELECTED+=("$arg") ;;
+        debian | python | pytorch | sync) SELECTED+=("$arg") ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "build-images: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
 done
-[ ${#SELECTED[@]} -gt 0 ] || SELECTED=(debian python pytorch)
+[ ${#SELECTED[@]} -gt 0 ] || SELECTED=(debian python pytorch sync)
 selected() { [[ " ${SELECTED[*]} " == *" $1 "* ]]; }
 
 T_START=$SECONDS
@@ -161,7 +162,7 @@ download_wheels() {
 build_dockerfile() {
     local name=$1 tag=$2 base=$3 src=$ROOT/images/$1
     local hash
-    hash=$( { cat "$src/Dockerfile" "$src/requirements.txt"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; } | sha)
+    hash=$( { cat "$src/Dockerfile" "$src/requirements.txt"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"; } | sha)
     if [ "$FORCE" = 0 ] && image_exists "$tag"; then
         local have
         have=$(image_label "$tag" org.gpulab.build-hash)
@@ -182,6 +183,8 @@ build_dockerfile() {
     # Hard links: no copy of the (large) wheels when .build is on one filesystem.
     cp -al "$BUILD/wheels/$name" "$ctx/wheels" 2>/dev/null || cp -a "$BUILD/wheels/$name" "$ctx/wheels"
     rm -f "$ctx/wheels/.stamp"
+    # extra build context (the sync image's copy of gpulab's sync modules)
+    if [ -n "${EXTRA_CONTEXT:-}" ]; then cp -a "$EXTRA_CONTEXT"/. "$ctx/"; fi
 
     log "docker build $tag (images/$name/Dockerfile, BASE_IMAGE=$base; log: ${LOGS#"$ROOT"/}/build-$name.log) ..."
     local cmd=(docker build --force-rm --build-arg "BASE_IMAGE=$base" --label "org.gpulab.build-hash=$hash"
@@ -248,4 +251,20 @@ if selected pytorch; then
         || verify "$PYTORCH_IMAGE" 'import numpy, torch; print(torch.__version__)' "2.13.0"
 fi
 
-log "done: $(for s in "${SELECTED[@]}"; do case $s in debian) [ -n "${BASE_IMAGE:-}" ] || printf '%s ' "$DEBIAN_IMAGE" ;; python) printf '%s ' "$PYTHON_IMAGE" ;; pytorch) printf '%s ' "$PYTORCH_IMAGE" ;; esac; done)"
+if selected sync; then
+    # gpulab's sync modules (stdlib + boto3 only) are copied in; their content is in the hash
+    pkg=$BUILD/ctx-extra/sync
+    rm -rf "$pkg" && mkdir -p "$pkg/gpulab/datasync"
+    cp "$ROOT/src/gpulab/__init__.py" "$ROOT/src/gpulab/volumes.py" "$pkg/gpulab/"
+    cp "$ROOT"/src/gpulab/datasync/*.py "$pkg/gpulab/datasync/"
+    before=$(image_id "$SYNC_IMAGE")
+    EXTRA_CONTEXT=$pkg EXTRA_HASH=$(cd "$pkg" && find . -type f | sort | xargs cat | sha) \
+        build_dockerfile sync "$SYNC_IMAGE" "$BASE"
+    rm -rf "$pkg"
+    if [ "$(image_id "$SYNC_IMAGE")" != "$before" ]; then
+        docker run --rm "$SYNC_IMAGE" --help >/dev/null || die "$SYNC_IMAGE: gpulab-sync --help failed"
+        log "verified $SYNC_IMAGE: gpulab-sync runs"
+    fi
+fi
+
+log "done: $(for s in "${SELECTED[@]}"; do case $s in debian) [ -n "${BASE_IMAGE:-}" ] || printf '%s ' "$DEBIAN_IMAGE" ;; python) printf '%s ' "$PYTHON_IMAGE" ;; pytorch) printf '%s ' "$PYTORCH_IMAGE" ;; sync) printf '%s ' "$SYNC_IMAGE" ;; esac; done)"

@@ -46,6 +46,7 @@ class Hub:
     hub_port: int = field(default_factory=free_port)
     service_port: int = field(default_factory=free_port)
     proxy_api_port: int = field(default_factory=free_port)
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
 
     @property
@@ -95,6 +96,7 @@ class Hub:
             "GPULAB_DATA_DIR": str(self.workdir / "data"),
             "GPULAB_CONFIG_FILE": str(self.config_file),
             "PATH": f"{CHP_BIN}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+            **self.env,
         }
         log = open(self.log_file, "ab")  # noqa: SIM115 (handed to the hub process)
         self.proc = subprocess.Popen(

@@ -50,8 +50,9 @@ NOTEBOOK_TRANSITIONS: dict[NotebookState | None, frozenset[NotebookState]] = {
     # an ended notebook can start again (same workspace) or be deleted;
     # SYNC_FAILED may also retry its push through STOPPING
     N.STOPPED: frozenset({N.STARTING, N.DELETING}),
-    N.FAILED: frozenset({N.STARTING, N.STOPPING, N.DELETING}),
-    N.ERROR: frozenset({N.STARTING, N.STOPPING, N.DELETING}),
+    # a failed notebook's work is still pushed when the hub cleans it up; that push can fail
+    N.FAILED: frozenset({N.STARTING, N.STOPPING, N.SYNC_FAILED, N.DELETING}),
+    N.ERROR: frozenset({N.STARTING, N.STOPPING, N.SYNC_FAILED, N.DELETING}),
     N.SYNC_FAILED: frozenset({N.STARTING, N.STOPPING, N.DELETING}),
     N.DELETING: frozenset({N.DELETED, N.ERROR}),
     # a named server created again under a deleted name starts a new life

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from .frameworks import Catalog, CatalogError
 from .resources import Flavor, Limits, ResourceError, Resources, resolve_resources
+from .storage import StorageConfig
+from .volumes import VolumeError, VolumeSpec
 
 KNOWN_OPTIONS = (
     "framework",
@@ -23,6 +25,7 @@ KNOWN_OPTIONS = (
     "gpus",
     "image",
     "auto_restart",
+    "volumes",
 )
 
 
@@ -44,6 +47,7 @@ class NotebookOptions:
     flavor: str | None
     resources: Resources
     auto_restart: bool
+    volumes: tuple[VolumeSpec, ...] = ()
 
     def to_json(self) -> dict:
         return {
@@ -54,6 +58,7 @@ class NotebookOptions:
             "flavor": self.flavor,
             "resources": self.resources.to_json(),
             "auto_restart": self.auto_restart,
+            "volumes": [str(v) for v in self.volumes],
         }
 
 
@@ -83,6 +88,9 @@ def parse_notebook_options(
     limits: Limits,
     default_flavor: str | None,
     allowed_images: frozenset[str] = frozenset(),
+    storage: StorageConfig | None = None,
+    user: str = "",
+    workspace_dir: str = "/workspace",
 ) -> NotebookOptions:
     """Turn raw user options into validated :class:`NotebookOptions` or raise OptionsError.
 
@@ -124,7 +132,10 @@ def parse_notebook_options(
     except ResourceError as e:
         raise OptionsError(e.field, str(e)) from None
 
+    volumes = _volumes(raw.get("volumes"), storage, user, workspace_dir)
+
     return NotebookOptions(
+        volumes=tuple(volumes),
         framework=fw.id,
         version=version.id,
         editor=editor.id,
@@ -134,6 +145,24 @@ def parse_notebook_options(
         resources=res,
         auto_restart=_flag(raw.get("auto_restart", False), "auto_restart"),
     )
+
+
+def _volumes(raw, storage: StorageConfig | None, user: str, workspace_dir: str) -> list:
+    """A list of specs (API) or one spec per line (form)."""
+    if raw is None or raw == "" or raw == []:
+        return []
+    if isinstance(raw, str):
+        raw = [line.strip() for line in raw.splitlines() if line.strip()]
+    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+        raise OptionsError(
+            "volumes", "volumes must be a list of strings such as 'bucket@store/prefix:/mount:ro'"
+        )
+    if storage is None or not storage.stores:
+        raise OptionsError("volumes", "no object store is configured on this platform")
+    try:
+        return storage.user_volumes(user, raw, workspace_dir)
+    except VolumeError as e:
+        raise OptionsError("volumes", str(e)) from None
 
 
 def form_to_options(formdata: Mapping[str, list[str]]) -> dict:

@@ -11,8 +11,10 @@ from functools import cached_property
 from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode
 from traitlets.config import Configurable
 
+from . import __version__
 from .frameworks import Catalog
 from .resources import Flavor, Limits, effective_limits
+from .storage import StorageConfig
 
 DEFAULT_FRAMEWORKS = [
     {
@@ -140,6 +142,43 @@ class GpulabSettings(Configurable):
         60.0, help="Seconds between the service's checks of notebooks' run time."
     ).tag(config=True)
 
+    object_stores = Dict(
+        default_value={},
+        help="""Object stores by name: {name: {kind: 's3' | 'filesystem', endpoint_url, region,
+        credentials: {access_key_env, secret_key_env} or {file}, root}}. Credentials are named
+        (environment variables or a file read by the hub), never written here, and users never
+        see them: only the short-lived sync helper container receives them. A 'filesystem'
+        store keeps objects under 'root' on this host (the embedded default).""",
+    ).tag(config=True)
+
+    workspace_store = Unicode(
+        "",
+        help="""Store that holds workspaces: pulled at STARTING, pushed at STOPPING. Empty: a
+        workspace lives only in its notebook's local volume.""",
+    ).tag(config=True)
+
+    workspace_bucket = Unicode(
+        "gpulab-workspaces", help="Bucket of the workspace store that holds workspaces."
+    ).tag(config=True)
+
+    workspace_root = Unicode(
+        "workspaces",
+        help="Key prefix of workspaces: <root>/<user>/<server>/ (the default server is _default).",
+    ).tag(config=True)
+
+    volume_grants = List(
+        Dict(),
+        default_value=[],
+        help="""What users may attach as volumes: a list of {store, bucket, prefix ('' = all),
+        modes (default all of ro, rw, rwd), users (default everyone)}. A user's own workspace
+        prefix is always theirs; another user's never is.""",
+    ).tag(config=True)
+
+    sync_image = Unicode(
+        f"gpulab/sync:{__version__}",
+        help="Image of the data sync helper (gpulab-sync), built by `make images`.",
+    ).tag(config=True)
+
     discover_gpus = Bool(True, help="Discover GPUs with NVML when gpu_devices is empty.").tag(
         config=True
     )
@@ -147,6 +186,16 @@ class GpulabSettings(Configurable):
     @cached_property
     def catalog(self) -> Catalog:
         return Catalog.from_config(self.frameworks, self.editors, self.default_framework)
+
+    @cached_property
+    def storage(self) -> StorageConfig:
+        return StorageConfig.from_config(
+            self.object_stores,
+            self.volume_grants,
+            self.workspace_store,
+            self.workspace_bucket,
+            self.workspace_root,
+        )
 
     @cached_property
     def flavor_map(self) -> dict[str, Flavor]:

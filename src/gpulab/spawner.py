@@ -38,6 +38,14 @@ from .runtime.objects import (
     workload_labels,
 )
 from .settings import GpulabSettings
+from .workload_data import (
+    VolumeSync,
+    WorkloadData,
+    notebook_volumes,
+    progress_message,
+    push_all,
+    push_verdict,
+)
 
 S = NotebookState
 TEMPLATES = Path(__file__).parent / "templates"
@@ -132,6 +140,23 @@ class NotebookSpawner(DockerSpawner):
     def volume_name(self) -> str:
         return notebook_volume_name(self.settings.instance, self.user.name, self.name)
 
+    @cached_property
+    def data(self) -> WorkloadData:
+        s = self.settings
+        return WorkloadData(
+            self.runtime, s.storage.stores, s.sync_image, s.instance, self.workload_id
+        )
+
+    def data_volumes(self, specs: list[str]) -> list[VolumeSync]:
+        s = self.settings
+        return notebook_volumes(
+            s.storage, self.object_name, self.user.name, self.name, s.workspace_dir, specs
+        )
+
+    async def _recorded_volume_specs(self) -> list[str]:
+        nb = await self.runtime.run(self.records.get, self.user.name, self.name)
+        return list(((nb or {}).get("options") or {}).get("volumes") or [])
+
     gpulab_options: NotebookOptions | None = None
     gpu_ids: list[str] = []
 
@@ -149,6 +174,9 @@ class NotebookSpawner(DockerSpawner):
             s.limits_for(self.user.name, self._user_groups()),
             s.default_flavor or None,
             frozenset(s.allowed_images),
+            storage=s.storage,
+            user=self.user.name,
+            workspace_dir=s.workspace_dir,
         )
 
     def apply_notebook_options(self, user_options: dict) -> None:
@@ -304,8 +332,10 @@ class NotebookSpawner(DockerSpawner):
             await self._fail(S.ERROR, "IMAGE_MISSING", msg)
             raise SpawnFailed(503, msg)
 
-        # data: the workspace volume (object-storage sync comes with the sync engine)
-        self._progress(45, f"Workspace {s.workspace_dir} ready")
+        # data: pull the workspace and the volumes from object storage
+        self._skip_push = False
+        vols = self.data_volumes([str(v) for v in opts.volumes])
+        await self._pull(vols)
 
         # container
         gpu_host, gpu_env = gpu_request(self.gpu_ids, s.gpu_mode)
@@ -324,7 +354,17 @@ class NotebookSpawner(DockerSpawner):
             "user": self.notebook_user,
         }
         self.environment = {**self.environment, **gpu_env}
-        self.volumes = {self.volume_name: s.workspace_dir}
+        self.volumes = {
+            self.volume_name: s.workspace_dir,
+            **{
+                v.docker_volume: {
+                    "bind": v.spec.mount,
+                    "mode": "ro" if v.spec.mode == "ro" else "rw",
+                }
+                for v in vols
+                if v.label != "workspace"
+            },
+        }
         self.notebook_dir = s.workspace_dir
         self._progress(60, "Starting the container")
         try:
@@ -348,6 +388,30 @@ class NotebookSpawner(DockerSpawner):
         await self._record(S.RUNNING, reason="READY", message=f"{opts.editor} answers")
         self._progress(100, f"{opts.editor} is ready")
         return (ip, port)
+
+    async def _pull(self, vols: list[VolumeSync]) -> None:
+        s = self.settings
+        if not vols:
+            self._progress(45, f"Workspace {s.workspace_dir} is a local volume (no object store)")
+            return
+        if not await self.runtime.image_exists(s.sync_image):
+            msg = f"sync helper image {s.sync_image} is missing (the admin builds it: make images)"
+            await self._fail(S.ERROR, "IMAGE_MISSING", msg)
+            raise SpawnFailed(503, msg)
+        for vol in vols:
+            store = vol.spec.store
+            self._progress(40, f"Pulling {vol.label} from object store {store}")
+
+            def on_progress(p: dict, label=vol.label) -> None:
+                self._progress(45, progress_message("Pulling", label, p))
+
+            outcome = await self.data.run("pull", vol, on_progress)
+            if not outcome.ok:
+                self._skip_push = True  # nothing to push from a half-pulled start
+                msg = f"pull of volume {vol.label} failed: {outcome.reason}"
+                await self._fail(S.FAILED, "PULL_FAILED", msg)
+                raise SpawnFailed(500, msg)
+            self._progress(50, "Pulled " + outcome.summary())
 
     async def _fail(self, state: NotebookState, reason: str, message: str, exit_code=None):
         self.log.error("%s: %s: %s", self._log_name, reason, message)
@@ -411,6 +475,7 @@ class NotebookSpawner(DockerSpawner):
     async def stop(self, now=False):
         current = await self._current_state()
         ended = current in (S.FAILED, S.ERROR)
+        ran = bool(self.object_id)  # a notebook container existed: it may have written data
         if not ended:
             reason, message = await self.runtime.run(
                 self.records.take_stop_reason, self.user.name, self.name
@@ -432,20 +497,37 @@ class NotebookSpawner(DockerSpawner):
             if released:
                 self.log.info("%s released GPUs %s", self._log_name, ", ".join(released))
             self.gpu_ids = []
-        if not ended:
-            await self._record(S.STOPPED, reason="STOPPED", message="compute released")
+
+        # push the workspace and writable volumes; a failure keeps every local byte
+        ok, message = True, "compute released"
+        if ran and not getattr(self, "_skip_push", False):
+            vols = self.data_volumes(await self._recorded_volume_specs())
+            ok, message = push_verdict(await push_all(self.data, vols))
+        if not ok:
+            await self._record(S.SYNC_FAILED, reason="PUSH_FAILED", message=message)
+        elif not ended:
+            await self._record(S.STOPPED, reason="STOPPED", message=message)
 
     async def delete_forever(self):
-        """A named server deleted for good: its container, workspace volume and GPUs go."""
+        """A named server deleted for good: its remote workspace, container, volumes and GPUs."""
         await self._record(S.DELETING, reason="DELETE", message="notebook deleted by its owner")
+        vols = self.data_volumes(await self._recorded_volume_specs())
+        workspace = [v for v in vols if v.label == "workspace"]
+        if workspace:
+            outcome = await self.data.run("purge", workspace[0])
+            if not outcome.ok:
+                msg = f"could not delete the remote workspace: {outcome.reason}; local copy kept"
+                await self._record(S.ERROR, reason="DELETE_FAILED", message=msg)
+                return
         try:
             await self.runtime.remove_container(self.object_name)
-            await self.runtime.remove_volume(self.volume_name)
+            for name in {self.volume_name, *(v.docker_volume for v in vols)}:
+                await self.runtime.remove_volume(name)
             await self.runtime.run(self.ledger.release, self.workload_id)
         except EngineError as e:
             await self._record(S.ERROR, reason="DELETE_FAILED", message=str(e))
             raise
-        await self._record(S.DELETED, reason="DELETED", message="container and workspace removed")
+        await self._record(S.DELETED, reason="DELETED", message="workspace and volumes removed")
         await super().delete_forever()
 
     async def check_allowed(self, image):

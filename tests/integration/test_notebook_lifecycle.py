@@ -59,15 +59,25 @@ def test_spawn_reach_stop_start_delete(hub, docker_client):
     assert c.attrs["Config"]["User"] == "1000"
     assert hc["CapDrop"] == ["ALL"]
 
+    # the workspace is pushed to the embedded object store (a directory that persists)
+    c.exec_run(["sh", "-c", "echo kept > /workspace/kept.txt"])
     hub.stop_server("alice", "nb1")
     assert states(hub, "alice", "nb1") == ["STARTING", "RUNNING", "STOPPING", "STOPPED"]
+    stored = hub.workdir / "data/objects/gpulab-workspaces/workspaces/alice/nb1/kept.txt"
+    assert stored.read_text() == "kept\n"
 
+    # without its local volume, the notebook starts again with its workspace pulled back
+    docker_client.volumes.get(name + "-workspace").remove()
     hub.spawn("alice", "nb1", {}, token=token)
     hub.wait_ready("alice", "nb1")
     assert states(hub, "alice", "nb1")[-2:] == ["STARTING", "RUNNING"]
+    out = docker_client.containers.get(name).exec_run(["cat", "/workspace/kept.txt"])
+    assert out.output == b"kept\n"
 
     hub.stop_server("alice", "nb1", remove=True)
     hub.wait_state("alice", "nb1", "DELETED")
     assert states(hub, "alice", "nb1")[-4:] == ["STOPPING", "STOPPED", "DELETING", "DELETED"]
     volumes = [v.name for v in docker_client.volumes.list()]
     assert not [v for v in volumes if v.startswith(hub.instance)]
+    # and so is its remote workspace
+    assert not stored.exists()

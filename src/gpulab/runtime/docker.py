@@ -8,6 +8,7 @@ uses a single worker thread by default).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -89,3 +90,46 @@ class DockerRuntime:
             return True
         except NotFound:
             return False
+
+
+class HelperResult:
+    def __init__(self, exit_code: int, lines: list[str]):
+        self.exit_code = exit_code
+        self.lines = lines
+
+
+def _run_helper_blocking(client: docker.APIClient, config: dict, on_line) -> HelperResult:
+    """Create, start and follow a helper container to its end; always remove it."""
+    host_config = client.create_host_config(**config["host_config"])
+    kwargs = {k: v for k, v in config.items() if k != "host_config"}
+    container = client.create_container(host_config=host_config, **kwargs)
+    cid = container["Id"]
+    lines: list[str] = []
+    try:
+        client.start(cid)
+        buf = b""
+        for chunk in client.logs(cid, stdout=True, stderr=True, stream=True, follow=True):
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                lines.append(text)
+                on_line(text)
+        if buf:
+            lines.append(buf.decode(errors="replace"))
+            on_line(lines[-1])
+        code = client.wait(cid, timeout=600)["StatusCode"]
+        return HelperResult(int(code), lines)
+    finally:
+        with contextlib.suppress(NotFound):
+            client.remove_container(cid, force=True)
+
+
+async def run_helper(runtime: DockerRuntime, config: dict, on_line) -> HelperResult:
+    """Run a helper container off the event loop; ``on_line`` is called on the event loop."""
+    loop = asyncio.get_running_loop()
+
+    def threadsafe(line: str) -> None:
+        loop.call_soon_threadsafe(on_line, line)
+
+    return await runtime.run(_run_helper_blocking, runtime.client, config, threadsafe)

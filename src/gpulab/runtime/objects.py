@@ -86,3 +86,54 @@ def hardened_host_config() -> dict:
         "security_opt": ["no-new-privileges:true"],
         "privileged": False,
     }
+
+
+def sync_helper_config(
+    *,
+    image: str,
+    operation: str,
+    bucket: str,
+    prefix: str,
+    mode: str,
+    docker_volume: str | None,
+    store_kind: str,
+    store_root: str | None,
+    endpoint_url: str | None,
+    region: str,
+    labels: dict[str, str],
+    environment: dict[str, str],
+    user: str = "1000:100",
+) -> dict:
+    """Keyword arguments for ``create_container`` of a short-lived ``gpulab-sync`` helper.
+
+    The helper mounts the workload's volume at /data (and, for the embedded filesystem store,
+    the store's directory at /store). It uses the host's network so that it reaches the same
+    endpoints as the hub (a loopback endpoint included). It never runs user code.
+    """
+    command = [operation, "--bucket", bucket, "--prefix", prefix, "--json-progress"]
+    binds: dict[str, dict] = {}
+    if operation != "purge":
+        command += ["--local", "/data", "--mode", mode]
+        if docker_volume is None:
+            raise ValueError("pull and push need a volume")
+        binds[docker_volume] = {"bind": "/data", "mode": "rw"}
+    if store_kind == "filesystem":
+        command += ["--store-endpoint", "file:///store"]
+        binds[str(store_root)] = {"bind": "/store", "mode": "rw"}
+    else:
+        if endpoint_url:
+            command += ["--store-endpoint", endpoint_url]
+        command += ["--region", region]
+    return {
+        "image": image,
+        "command": command,
+        "labels": labels,
+        "environment": environment,
+        "user": user,
+        "host_config": {
+            "binds": binds,
+            "network_mode": "host",
+            "auto_remove": False,
+            **hardened_host_config(),
+        },
+    }

@@ -17,8 +17,12 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from ..db import Database
+from ..lifecycle import NotebookState
 from ..notebooks import NotebookRecords
+from ..runtime.docker import DockerRuntime
+from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
+from ..workload_data import WorkloadData, notebook_volumes, push_all, push_verdict
 
 log = logging.getLogger("gpulab.service")
 
@@ -77,6 +81,55 @@ class NotebookHandler(BaseHandler):
         self.write_json(nb)
 
 
+class NotebookPushHandler(BaseHandler):
+    """Retry the push of a notebook whose last push failed (SYNC_FAILED)."""
+
+    @web.authenticated
+    async def post(self, user: str, server: str):
+        me = self.current_user
+        nb = None
+        if user == me["name"] or self.is_admin(me):
+            nb = await asyncio.to_thread(self.records.get, user, server)
+        if nb is None:
+            raise web.HTTPError(404, f"no notebook {server or '(default)'} for {user}")
+        if nb["state"] != NotebookState.SYNC_FAILED.value:
+            raise web.HTTPError(
+                409, f"only a SYNC_FAILED notebook's push can be retried; this one is {nb['state']}"
+            )
+        gpulab: GpulabSettings = self.settings["gpulab"]
+        await asyncio.to_thread(
+            self.records.transition,
+            user,
+            server,
+            NotebookState.STOPPING,
+            reason="PUSH_RETRY",
+            message=f"push retried by {me['name']}",
+        )
+        vols = notebook_volumes(
+            gpulab.storage,
+            nb["container"],
+            user,
+            server,
+            gpulab.workspace_dir,
+            list((nb.get("options") or {}).get("volumes") or []),
+        )
+        workload = notebook_workload_id(gpulab.instance, user, server)
+        data = WorkloadData(
+            self.settings["runtime"],
+            gpulab.storage.stores,
+            gpulab.sync_image,
+            gpulab.instance,
+            workload,
+        )
+        ok, message = push_verdict(await push_all(data, vols))
+        state = NotebookState.STOPPED if ok else NotebookState.SYNC_FAILED
+        reason = "STOPPED" if ok else "PUSH_FAILED"
+        result = await asyncio.to_thread(
+            self.records.transition, user, server, state, reason=reason, message=message
+        )
+        self.write_json(result, 200 if ok else 502)
+
+
 def make_app(settings: GpulabSettings) -> web.Application:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
     records = NotebookRecords(Database(settings.database_url), settings.instance)
@@ -87,8 +140,13 @@ def make_app(settings: GpulabSettings) -> web.Application:
             (url_path_join(api, "health"), HealthHandler),
             (url_path_join(api, "notebooks"), NotebooksHandler),
             (url_path_join(api, "notebooks", r"([^/]+)", r"([^/]*)"), NotebookHandler),
+            (
+                url_path_join(api, "notebooks", r"([^/]+)", r"([^/]*)", "push"),
+                NotebookPushHandler,
+            ),
         ],
         cookie_secret=os.urandom(32),
         records=records,
         gpulab=settings,
+        runtime=DockerRuntime(),
     )

@@ -1,0 +1,101 @@
+"""Which object storage a workload uses: stores, grants, workspaces, user volumes (pure).
+
+Built once from the admin's configuration; used by the option validation (what a user may
+attach) and by the sync orchestration (what to pull and push).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .volumes import (
+    CredentialsSource,
+    Grant,
+    ObjectStore,
+    VolumeError,
+    VolumeSpec,
+    WorkspaceLocation,
+    check_access,
+    parse_volumes,
+    validate_bucket_name,
+)
+
+DEFAULT_SERVER_KEY = "_default"
+
+
+def _store(name: str, d: Mapping) -> ObjectStore:
+    creds = d.get("credentials") or {}
+    unknown = set(creds) - {"access_key_env", "secret_key_env", "file"}
+    if unknown:
+        raise ValueError(
+            f"object store {name!r}: credentials take access_key_env, secret_key_env or file "
+            f"(names, never values), not {sorted(unknown)}"
+        )
+    return ObjectStore(
+        name=name,
+        kind=d.get("kind", "s3"),
+        endpoint_url=d.get("endpoint_url"),
+        region=d.get("region", "us-east-1"),
+        credentials=CredentialsSource(**creds),
+        root=d.get("root"),
+    )
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    stores: dict[str, ObjectStore]
+    grants: tuple[Grant, ...]
+    workspace: WorkspaceLocation | None
+
+    @classmethod
+    def from_config(
+        cls,
+        stores: Mapping[str, Mapping],
+        grants: Sequence[Mapping],
+        workspace_store: str = "",
+        workspace_bucket: str = "gpulab-workspaces",
+        workspace_root: str = "workspaces",
+    ) -> StorageConfig:
+        built = {name: _store(name, d) for name, d in stores.items()}
+        workspace = None
+        if workspace_store:
+            if workspace_store not in built:
+                raise ValueError(f"workspace_store {workspace_store!r} is not an object store")
+            validate_bucket_name(workspace_bucket)
+            workspace = WorkspaceLocation(
+                workspace_store, workspace_bucket, workspace_root.strip("/")
+            )
+        return cls(
+            stores=built,
+            grants=tuple(
+                Grant(
+                    store=g["store"],
+                    bucket=g["bucket"],
+                    prefix=str(g.get("prefix", "")).strip("/"),
+                    modes=frozenset(g.get("modes", ("ro", "rw", "rwd"))),
+                    users=frozenset(g["users"]) if g.get("users") is not None else None,
+                )
+                for g in grants
+            ),
+            workspace=workspace,
+        )
+
+    def workspace_spec(self, user: str, server: str, mount: str) -> VolumeSpec | None:
+        """The notebook's workspace as a volume: deletions are propagated (rwd), so a file the
+        user deleted does not come back at the next start."""
+        if self.workspace is None:
+            return None
+        ws = self.workspace
+        prefix = f"{ws.root}/{user}/{server or DEFAULT_SERVER_KEY}".strip("/")
+        return VolumeSpec(ws.bucket, ws.store, prefix, mount, "rwd")
+
+    def user_volumes(self, user: str, specs: Iterable[str], workspace_dir: str) -> list[VolumeSpec]:
+        """Parse and authorise a user's volume specs; VolumeError says what is wrong."""
+        parsed = parse_volumes(list(specs), self.stores, workspace=workspace_dir)
+        for spec in parsed:
+            check_access(user, spec, self.grants, self.workspace)
+        return parsed
+
+
+__all__ = ["DEFAULT_SERVER_KEY", "StorageConfig", "VolumeError"]

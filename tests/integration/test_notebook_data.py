@@ -1,0 +1,312 @@
+"""Workspaces and volumes synced with a real S3-speaking server (moto over HTTP).
+
+The hub, its service and the sync helper containers are real; the helper containers reach the
+S3 server on loopback through the host network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+
+import boto3
+import pytest
+import requests
+
+from ..hubctl import SpawnFailed
+from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
+
+CONFIG = """
+c.GpulabSettings.object_stores = {{
+    "s3": {{
+        "endpoint_url": "{endpoint}",
+        "region": "us-east-1",
+        "credentials": {{"file": "{credentials}"}},
+    }},
+}}
+c.GpulabSettings.workspace_store = "s3"
+c.GpulabSettings.workspace_bucket = "workspaces-test"
+c.GpulabSettings.volume_grants = [
+    {{"store": "s3", "bucket": "datasets", "modes": ["ro"]}},
+    {{"store": "s3", "bucket": "results"}},
+]
+"""
+
+
+@pytest.fixture(scope="module")
+def s3():
+    server = MotoS3Server().start()
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=TEST_ACCESS_KEY,
+        aws_secret_access_key=TEST_SECRET_KEY,
+    )
+    server.client = client
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, images, s3):
+    from ..hubctl import Hub
+
+    workdir = tmp_path_factory.mktemp("data")
+    credentials = workdir / "s3-credentials"
+    credentials.touch(mode=0o600)
+    credentials.write_text(
+        f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
+    )
+    hub = Hub(
+        workdir=workdir,
+        extra_config=CONFIG.format(endpoint=s3.endpoint, credentials=credentials),
+    ).start()
+    hub.token = hub.create_user("alice")
+    yield hub
+    hub.stop()
+    hub.remove_workloads()
+
+
+def keys(s3, bucket: str, prefix: str = "") -> set[str]:
+    pages = s3.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+
+def sh(docker_client, container: str, command: str) -> tuple[int, str]:
+    res = docker_client.containers.get(container).exec_run(["sh", "-c", command], user="1000")
+    return res.exit_code, res.output.decode()
+
+
+def start(hub, server: str, options: dict) -> dict:
+    r = hub.spawn("alice", server, options, token=hub.token)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("alice", server, timeout=120)
+    return hub.notebook("alice", server).json()
+
+
+def test_workspace_round_trip_across_stop_and_start(hub, s3, docker_client):
+    nb = start(hub, "ws", {})
+    code, out = sh(
+        docker_client,
+        nb["container"],
+        "echo hello > /workspace/notes.txt && mkdir -p /workspace/sub "
+        "&& head -c 300000 /dev/urandom > /workspace/sub/data.bin && sha256sum /workspace/sub/data.bin",
+    )
+    assert code == 0, out
+    digest = out.split()[0]
+    hub.stop_server("alice", "ws")
+    nb = hub.notebook("alice", "ws").json()
+    assert nb["state"] == "STOPPED", nb["history"][-1]
+    assert "pushed workspace: 2 transferred" in nb["history"][-1]["message"]
+    assert {"workspaces/alice/ws/notes.txt", "workspaces/alice/ws/sub/data.bin"} <= keys(
+        s3, "workspaces-test", "workspaces/alice/ws/"
+    )
+
+    # a new host: the local volume is gone, the workspace comes back from object storage
+    docker_client.volumes.get(nb["container"] + "-workspace").remove(force=True)
+    nb = start(hub, "ws", {})
+    code, out = sh(
+        docker_client,
+        nb["container"],
+        "cat /workspace/notes.txt; sha256sum /workspace/sub/data.bin; rm /workspace/notes.txt",
+    )
+    assert code == 0, out
+    assert out.splitlines()[0] == "hello" and digest in out
+    # the workspace propagates deletions: a deleted file does not come back
+    hub.stop_server("alice", "ws")
+    assert "workspaces/alice/ws/notes.txt" not in keys(s3, "workspaces-test")
+    assert "workspaces/alice/ws/sub/data.bin" in keys(s3, "workspaces-test")
+
+
+def test_ro_rw_rwd_volumes(hub, s3, docker_client):
+    c = s3.client
+    for bucket in ("datasets", "results"):
+        c.create_bucket(Bucket=bucket)
+    c.put_object(Bucket="datasets", Key="mnist/train.csv", Body=b"1,2,3\n")
+    c.put_object(Bucket="results", Key="run1/old.txt", Body=b"old")
+    c.put_object(Bucket="results", Key="run2/gone.txt", Body=b"gone")
+
+    nb = start(
+        hub,
+        "vols",
+        {
+            "volumes": [
+                "datasets@s3/mnist:/data/mnist",
+                "results@s3/run1:/results:rw",
+                "results@s3/run2:/results2:rwd",
+            ]
+        },
+    )
+    assert nb["options"]["volumes"] == [
+        "datasets@s3/mnist:/data/mnist:ro",
+        "results@s3/run1:/results:rw",
+        "results@s3/run2:/results2:rwd",
+    ]
+    container = nb["container"]
+    assert sh(docker_client, container, "cat /data/mnist/train.csv") == (0, "1,2,3\n")
+    code, out = sh(docker_client, container, "touch /data/mnist/new 2>&1")
+    assert code != 0 and "Read-only file system" in out
+    code, out = sh(
+        docker_client,
+        container,
+        "echo new > /results/new.txt && rm /results/old.txt "
+        "&& echo made > /results2/made.txt && rm /results2/gone.txt",
+    )
+    assert code == 0, out
+    hub.stop_server("alice", "vols")
+    assert hub.notebook("alice", "vols").json()["state"] == "STOPPED"
+    assert keys(s3, "datasets") == {"mnist/train.csv"}
+    # rw: additions pushed, the deletion not propagated
+    assert keys(s3, "results", "run1/") == {"run1/old.txt", "run1/new.txt"}
+    # rwd: the deletion propagated too
+    assert keys(s3, "results", "run2/") == {"run2/made.txt"}
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ("datasets@nowhere:/data", "unknown object store"),
+        ("Bad_Bucket@s3:/data", "invalid bucket name"),
+        ("datasets@s3:data", "absolute"),
+        ("datasets@s3:/etc/x", "reserved"),
+        ("datasets@s3:/workspace", "workspace"),
+        ("datasets@s3/a/../b:/data", ".."),
+        ("datasets@s3:/data:rw", "mode 'rw' is not allowed"),
+        ("secrets@s3:/data", "may not use bucket 'secrets'"),
+        ("workspaces-test@s3/workspaces/bob:/bob", "another user's workspace"),
+        ("workspaces-test@s3:/all", "other users' workspaces"),
+        ("datasets@s3:/data:rwx", "mode"),
+    ],
+)
+def test_bad_volume_specs_are_400(hub, spec, words):
+    r = hub.spawn("alice", "badvol", {"volumes": [spec]}, token=hub.token)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert words in r.json()["message"], r.json()["message"]
+
+
+def test_two_volumes_on_one_mount_are_400(hub):
+    r = hub.spawn(
+        "alice",
+        "badvol",
+        {"volumes": ["datasets@s3/a:/data", "datasets@s3/b:/data"]},
+        token=hub.token,
+    )
+    assert r.status_code == 400 and "/data" in r.json()["message"], r.text
+
+
+def test_store_down_push_sync_failed_then_retry(hub, s3, docker_client):
+    nb = start(hub, "flaky", {})
+    assert sh(docker_client, nb["container"], "echo precious > /workspace/keep.txt")[0] == 0
+    s3.stop()
+    try:
+        hub.stop_server("alice", "flaky")
+        nb = hub.wait_state("alice", "flaky", "SYNC_FAILED")
+        last = nb["history"][-1]
+        assert last["reason"] == "PUSH_FAILED" and "push of workspace failed" in last["message"]
+        # nothing local was thrown away
+        vol = nb["container"] + "-workspace"
+        out = docker_client.containers.run(
+            "gpulab/python:3.11",
+            ["cat", "/w/keep.txt"],
+            volumes={vol: {"bind": "/w", "mode": "ro"}},
+            remove=True,
+        )
+        assert out == b"precious\n"
+        # a retry while the store is still down fails again, and says so
+        r = requests.post(
+            f"{hub.url}/services/gpulab/api/notebooks/alice/flaky/push",
+            headers={"Authorization": f"token {hub.token}"},
+            timeout=120,
+        )
+        assert r.status_code == 502 and r.json()["state"] == "SYNC_FAILED", r.text
+        # a start while the store is down fails its pull and names the volume
+        hub.spawn("alice", "flaky", {}, token=hub.token)
+        with pytest.raises(SpawnFailed):
+            hub.wait_ready("alice", "flaky", timeout=120)
+        failed = hub.wait_state("alice", "flaky", "FAILED")["history"][-1]
+        assert failed["reason"] == "PULL_FAILED" and "pull of volume workspace" in failed["message"]
+    finally:
+        s3.start()
+    hub.wait_stopped("alice", "flaky")
+    # FAILED at pull: the hub's clean-up pushed nothing; the data is still only local. Start
+    # again now that the store is back, stop, and everything is pushed.
+    start(hub, "flaky", {})
+    hub.stop_server("alice", "flaky")
+    assert hub.notebook("alice", "flaky").json()["state"] == "STOPPED"
+    body = s3.client.get_object(Bucket="workspaces-test", Key="workspaces/alice/flaky/keep.txt")
+    assert body["Body"].read() == b"precious\n"
+
+
+def test_explicit_retry_after_sync_failed(hub, s3, docker_client):
+    nb = start(hub, "retry", {})
+    assert sh(docker_client, nb["container"], "echo later > /workspace/later.txt")[0] == 0
+    s3.stop()
+    try:
+        hub.stop_server("alice", "retry")
+        hub.wait_state("alice", "retry", "SYNC_FAILED")
+    finally:
+        s3.start()
+    other = hub.create_user("mallory")
+    r = requests.post(
+        f"{hub.url}/services/gpulab/api/notebooks/alice/retry/push",
+        headers={"Authorization": f"token {other}"},
+        timeout=60,
+    )
+    assert r.status_code == 404  # someone else's notebook does not exist for mallory
+    r = requests.post(
+        f"{hub.url}/services/gpulab/api/notebooks/alice/retry/push",
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    assert [e["state"] for e in r.json()["history"]][-3:] == ["SYNC_FAILED", "STOPPING", "STOPPED"]
+    assert "workspaces/alice/retry/later.txt" in keys(s3, "workspaces-test")
+    r = requests.post(
+        f"{hub.url}/services/gpulab/api/notebooks/alice/retry/push",
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=60,
+    )
+    assert r.status_code == 409 and "SYNC_FAILED" in r.json()["message"]
+
+
+def test_progress_shows_sync_and_credentials_never_leak(hub, s3, docker_client):
+    with contextlib.suppress(s3.client.exceptions.BucketAlreadyOwnedByYou):
+        s3.client.create_bucket(Bucket="workspaces-test")
+    s3.client.put_object(Bucket="workspaces-test", Key="workspaces/alice/prog/seed.txt", Body=b"x")
+    spawner = threading.Thread(target=hub.spawn, args=("alice", "prog", {}, hub.token))
+    spawner.start()
+    events: list[dict] = []
+    deadline = time.monotonic() + 60
+    # the progress stream replays the spawn's events from its start while it is pending
+    while not events and time.monotonic() < deadline:
+        with requests.get(
+            f"{hub.api}/users/alice/servers/prog/progress",
+            headers={"Authorization": f"token {hub.token}"},
+            stream=True,
+            timeout=120,
+        ) as r:
+            for line in r.iter_lines():
+                if line.startswith(b"data:"):
+                    events.append(json.loads(line[5:]))
+        if len(events) <= 1:  # not pending yet: only the hub's own event
+            events.clear()
+            time.sleep(0.05)
+    spawner.join(120)
+    hub.wait_ready("alice", "prog")
+    messages = [e.get("message", "") for e in events]
+    assert any(m.startswith("Pulling workspace from object store s3") for m in messages), messages
+    assert any("Pulled workspace: 1 transferred" in m for m in messages), messages
+    assert any("Reserving" in m or "No GPU requested" in m for m in messages), messages
+
+    nb = hub.notebook("alice", "prog").json()
+    env = docker_client.containers.get(nb["container"]).attrs["Config"]["Env"]
+    text = json.dumps(env) + json.dumps(nb) + json.dumps(events) + hub.log_file.read_text()
+    text += hub.request("GET", "/users/alice").text
+    assert TEST_SECRET_KEY not in text
+    assert TEST_ACCESS_KEY not in text
+    hub.stop_server("alice", "prog")
