@@ -215,6 +215,10 @@ class NotebookSpawner(DockerSpawner):
             limit_memory=format_memory(limits.memory),
             gpus_total=len(self.ledger.devices),
             gpus_free=free,
+            stores=s.storage.stores,
+            grants=[g for g in s.storage.grants if g.users is None or self.user.name in g.users],
+            workspace=s.storage.workspace,
+            workspace_dir=s.workspace_dir,
         )
 
     # --- state ----------------------------------------------------------------------------

@@ -1,0 +1,173 @@
+"""Storage configuration, volume options and the sync helper's container (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpulab.options import OptionsError, form_to_options, parse_notebook_options
+from gpulab.runtime.objects import sync_helper_config
+from gpulab.storage import StorageConfig
+from gpulab.workload_data import (
+    StorageCredentialsError,
+    SyncOutcome,
+    VolumeSync,
+    notebook_volumes,
+    push_verdict,
+    store_credentials,
+)
+
+from .test_core import CATALOG, FLAVORS, LIMITS
+
+STORAGE = StorageConfig.from_config(
+    {
+        "local": {"kind": "filesystem", "root": "/srv/objects"},
+        "s3": {
+            "endpoint_url": "http://127.0.0.1:9000",
+            "credentials": {"access_key_env": "K", "secret_key_env": "S"},
+        },
+    },
+    [
+        {"store": "s3", "bucket": "datasets", "modes": ["ro"]},
+        {"store": "s3", "bucket": "team", "prefix": "vision", "users": ["ann"]},
+    ],
+    "local",
+)
+
+
+def opts(raw, user="ann"):
+    return parse_notebook_options(
+        raw, CATALOG, FLAVORS, LIMITS, "cpu-small", storage=STORAGE, user=user
+    )
+
+
+def test_workspace_is_the_users_own_prefix_and_propagates_deletions():
+    ws = STORAGE.workspace_spec("ann", "", "/workspace")
+    assert (ws.store, ws.bucket, ws.prefix, ws.mode) == (
+        "local",
+        "gpulab-workspaces",
+        "workspaces/ann/_default",
+        "rwd",
+    )
+
+
+def test_volume_options_are_parsed_and_authorised():
+    got = opts({"volumes": ["datasets@s3/mnist:/data", "team@s3/vision/x:/team:rw"]})
+    assert [str(v) for v in got.volumes] == [
+        "datasets@s3/mnist:/data:ro",
+        "team@s3/vision/x:/team:rw",
+    ]
+    assert got.to_json()["volumes"] == ["datasets@s3/mnist:/data:ro", "team@s3/vision/x:/team:rw"]
+    # one per line from the form
+    form = form_to_options({"volumes": ["datasets@s3:/a\n\n datasets@s3/b:/b \n"]})
+    assert len(opts(form).volumes) == 2
+
+
+@pytest.mark.parametrize(
+    "volumes, words",
+    [
+        (["team@s3/vision:/t"], "user 'bob' may not use"),
+        (["datasets@s3:/d:rw"], "mode 'rw'"),
+        ("not a list", "store"),
+        ([1], "list of strings"),
+        (["gpulab-workspaces@local/workspaces/ann:/w"], "another user's workspace"),
+    ],
+)
+def test_volume_refusals(volumes, words):
+    with pytest.raises(OptionsError, match=words) as e:
+        opts({"volumes": volumes}, user="bob")
+    assert e.value.field == "volumes"
+
+
+def test_no_store_configured():
+    with pytest.raises(OptionsError, match="no object store"):
+        parse_notebook_options({"volumes": ["a@b:/c"]}, CATALOG, FLAVORS, LIMITS, "cpu-small")
+
+
+def test_storage_config_rejects_credential_values():
+    with pytest.raises(ValueError, match="names, never values"):
+        StorageConfig.from_config({"s3": {"credentials": {"secret": "x"}}}, [])
+    with pytest.raises(ValueError, match="not an object store"):
+        StorageConfig.from_config({}, [], "missing")
+
+
+def test_sync_helper_config_filesystem_and_s3():
+    fs = sync_helper_config(
+        image="gpulab/sync:1",
+        operation="pull",
+        bucket="b",
+        prefix="p/q",
+        mode="rwd",
+        docker_volume="vol",
+        store_kind="filesystem",
+        store_root="/srv/objects",
+        endpoint_url=None,
+        region="us-east-1",
+        labels={"l": "1"},
+        environment={},
+    )
+    assert fs["command"] == [
+        "pull",
+        "--bucket",
+        "b",
+        "--prefix",
+        "p/q",
+        "--json-progress",
+        "--local",
+        "/data",
+        "--mode",
+        "rwd",
+        "--store-endpoint",
+        "file:///store",
+    ]
+    assert fs["host_config"]["binds"] == {
+        "vol": {"bind": "/data", "mode": "rw"},
+        "/srv/objects": {"bind": "/store", "mode": "rw"},
+    }
+    assert fs["user"] == "1000:100" and fs["host_config"]["cap_drop"] == ["ALL"]
+    s3 = sync_helper_config(
+        image="i",
+        operation="purge",
+        bucket="b",
+        prefix="p",
+        mode="rw",
+        docker_volume=None,
+        store_kind="s3",
+        store_root=None,
+        endpoint_url="http://e:9000",
+        region="eu-west-1",
+        labels={},
+        environment={"AWS_ACCESS_KEY_ID": "k"},
+    )
+    assert "--local" not in s3["command"] and s3["host_config"]["binds"] == {}
+    assert s3["command"][-4:] == ["--store-endpoint", "http://e:9000", "--region", "eu-west-1"]
+    # credentials travel in the helper's environment, never in its command line
+    assert "k" not in s3["command"]
+
+
+def test_store_credentials(tmp_path, monkeypatch):
+    s3 = STORAGE.stores["s3"]
+    monkeypatch.delenv("K", raising=False)
+    with pytest.raises(StorageCredentialsError, match=r"no credentials in \$K / \$S"):
+        store_credentials(s3)
+    monkeypatch.setenv("K", "key")
+    monkeypatch.setenv("S", "secret")
+    assert store_credentials(s3) == {"AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret"}
+    assert store_credentials(STORAGE.stores["local"]) == {}
+    f = tmp_path / "creds"
+    f.write_text("[default]\naws_access_key_id = a\naws_secret_access_key = b\n")
+    filed = StorageConfig.from_config({"x": {"credentials": {"file": str(f)}}}, []).stores["x"]
+    assert store_credentials(filed) == {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"}
+
+
+def test_notebook_volumes_and_verdict():
+    vols = notebook_volumes(STORAGE, "c", "ann", "nb", "/workspace", ["datasets@s3:/d"])
+    assert [v.label for v in vols] == ["workspace", "datasets@s3:/d:ro"]
+    assert vols[0].docker_volume == "c-workspace" and vols[1].docker_volume.startswith("c-v-")
+    ok, msg = push_verdict(
+        [SyncOutcome(vols[0], True, {"completed": 2, "bytes_transferred": 2048})]
+    )
+    assert ok and "workspace: 2 transferred" in msg and "2.0 KB" in msg
+    bad = VolumeSync(vols[1].spec, "v", "results")
+    ok, msg = push_verdict([SyncOutcome(bad, False, reason="store down")])
+    assert not ok and "push of results failed: results: store down" in msg
+    assert "Nothing local was deleted" in msg
