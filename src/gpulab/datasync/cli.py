@@ -64,8 +64,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=16, help="objects in flight (default 16)")
     p.add_argument("--retry-mode", choices=("standard", "adaptive"), default="standard")
     p.add_argument("--max-attempts", type=int, default=5, help="attempts per request")
-    p.add_argument("--multipart-threshold-mib", type=int, default=64)
-    p.add_argument("--multipart-chunksize-mib", type=int, default=16)
+    defaults = S3Settings()
+    p.add_argument(
+        "--multipart-threshold-mib",
+        type=int,
+        default=defaults.multipart_threshold // MiB,
+        help="objects this large or larger use ranged/multipart transfers "
+        f"(default {defaults.multipart_threshold // MiB})",
+    )
+    p.add_argument(
+        "--multipart-chunksize-mib",
+        type=int,
+        default=defaults.multipart_chunksize // MiB,
+        help=f"part size of those transfers (default {defaults.multipart_chunksize // MiB})",
+    )
     p.add_argument("--connect-timeout", type=float, default=5.0)
     p.add_argument("--read-timeout", type=float, default=60.0)
     return p

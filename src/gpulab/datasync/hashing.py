@@ -7,7 +7,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-_BUF = 1024 * 1024
+_BUF = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -29,40 +29,62 @@ class FileDigest:
         return base64.b64encode(bytes.fromhex(self.sha256)).decode()
 
 
+class StreamHasher:
+    """Digests of a byte stream fed in order with :meth:`update` (any chunk sizes).
+
+    Always SHA-256; MD5 of the whole stream if ``md5``; the multipart ETag for parts of
+    ``part_size`` bytes if given. Used both to hash files and to hash data as it is
+    transferred, so that a transfer needs no second pass over the file.
+    """
+
+    def __init__(self, *, md5: bool = False, part_size: int | None = None) -> None:
+        self.size = 0
+        self._sha = hashlib.sha256()
+        self._md5 = hashlib.md5(usedforsecurity=False) if md5 else None
+        self._part_size = part_size
+        self._part = hashlib.md5(usedforsecurity=False) if part_size else None
+        self._in_part = 0
+        self._part_md5s: list[bytes] = []
+
+    def update(self, chunk: bytes | bytearray | memoryview) -> None:
+        self.size += len(chunk)
+        self._sha.update(chunk)
+        if self._md5 is not None:
+            self._md5.update(chunk)
+        if self._part is not None and self._part_size:
+            view = memoryview(chunk)
+            while view:
+                take = min(len(view), self._part_size - self._in_part)
+                self._part.update(view[:take])
+                self._in_part += take
+                view = view[take:]
+                if self._in_part == self._part_size:
+                    self._part_md5s.append(self._part.digest())
+                    self._part = hashlib.md5(usedforsecurity=False)
+                    self._in_part = 0
+
+    def digest(self) -> FileDigest:
+        multipart = None
+        if self._part is not None:
+            md5s = list(self._part_md5s)
+            if self._in_part or not md5s:
+                md5s.append(self._part.digest())
+            joined = hashlib.md5(b"".join(md5s), usedforsecurity=False).hexdigest()
+            multipart = f"{joined}-{len(md5s)}"
+        return FileDigest(
+            size=self.size,
+            sha256=self._sha.hexdigest(),
+            md5=self._md5.hexdigest() if self._md5 is not None else None,
+            multipart_etag=multipart,
+        )
+
+
 def hash_file(path: Path, *, md5: bool = False, part_size: int | None = None) -> FileDigest:
     """Read ``path`` once, computing SHA-256 and, if asked, MD5 and the multipart ETag."""
-    sha = hashlib.sha256()
-    whole_md5 = hashlib.md5(usedforsecurity=False) if md5 else None
-    part_md5s: list[bytes] = []
-    part = hashlib.md5(usedforsecurity=False) if part_size else None
-    in_part = 0
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_BUF):
-            size += len(chunk)
-            sha.update(chunk)
-            if whole_md5 is not None:
-                whole_md5.update(chunk)
-            if part is not None and part_size:
-                view = memoryview(chunk)
-                while view:
-                    take = min(len(view), part_size - in_part)
-                    part.update(view[:take])
-                    in_part += take
-                    view = view[take:]
-                    if in_part == part_size:
-                        part_md5s.append(part.digest())
-                        part = hashlib.md5(usedforsecurity=False)
-                        in_part = 0
-    multipart = None
-    if part is not None:
-        if in_part or not part_md5s:
-            part_md5s.append(part.digest())
-        joined = hashlib.md5(b"".join(part_md5s), usedforsecurity=False).hexdigest()
-        multipart = f"{joined}-{len(part_md5s)}"
-    return FileDigest(
-        size=size,
-        sha256=sha.hexdigest(),
-        md5=whole_md5.hexdigest() if whole_md5 is not None else None,
-        multipart_etag=multipart,
-    )
+    hasher = StreamHasher(md5=md5, part_size=part_size)
+    buf = bytearray(_BUF)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            hasher.update(view[:n])
+    return hasher.digest()

@@ -13,7 +13,6 @@ A size mismatch or a body cut short always fails the object.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from s3transfer.utils import ChunksizeAdjuster
 
 from .backend import DeleteOutcome
 from .credentials import Credentials
-from .hashing import FileDigest, hash_file
+from .hashing import FileDigest, StreamHasher
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
 
 MiB = 1024 * 1024
@@ -47,20 +46,26 @@ _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 _MULTIPART_RE = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 _BOTO_VALIDATED = ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumCRC64NVME", "ChecksumSHA1")
 _NOT_FOUND = {"404", "NoSuchBucket", "NotFound", "NoSuchKey"}
+_CHUNK = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class S3Settings:
     """Client tuning. Objects of ``multipart_threshold`` bytes or more use ranged/multipart
-    transfers of ``multipart_chunksize`` parts with ``transfer_concurrency`` threads each."""
+    transfers of ``multipart_chunksize`` parts with ``transfer_concurrency`` threads each.
+
+    Smaller objects take one request each, hashed as they stream: the engine already keeps
+    ``workers`` objects in flight, so splitting objects only pays off for very large ones
+    (and costs a second pass over the file to verify a download, parts arriving out of order).
+    """
 
     retry_mode: Literal["standard", "adaptive"] = "standard"
     max_attempts: int = 5
     max_pool_connections: int = 64
     connect_timeout: float = 5.0
     read_timeout: float = 60.0
-    multipart_threshold: int = 64 * MiB
-    multipart_chunksize: int = 16 * MiB
+    multipart_threshold: int = 512 * MiB
+    multipart_chunksize: int = 64 * MiB
     transfer_concurrency: int = 8
     addressing_style: Literal["auto", "path", "virtual"] = "path"
 
@@ -124,7 +129,10 @@ class S3Remote:
             connect_timeout=s.connect_timeout,
             read_timeout=s.read_timeout,
             tcp_keepalive=True,
-            s3={"addressing_style": s.addressing_style},
+            # the engine verifies every upload end to end (SHA-256 sent as x-amz-checksum-sha256,
+            # checked against what the server reports); signing the payload too would make
+            # botocore read every body once more before sending it on http:// endpoints
+            s3={"addressing_style": s.addressing_style, "payload_signing_enabled": False},
             request_checksum_calculation="when_supported",
             response_checksum_validation="when_supported",
         )
@@ -194,46 +202,65 @@ class S3Remote:
                 return self._download_single(obj.key, dest)
             return self._download_ranged(obj.key, dest)
 
+    def _hasher_for(
+        self, key: str, etag: str, resp: dict[str, Any], *, streamed: bool
+    ) -> StreamHasher:
+        """A hasher computing SHA-256 plus whatever :meth:`_verify_download` will need."""
+        if (resp.get("Metadata") or {}).get(META_SHA256):
+            return StreamHasher()
+        if _MULTIPART_RE.match(etag):
+            part = self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=1)
+            return StreamHasher(part_size=int(part["ContentLength"]))
+        full_sha = resp.get("ChecksumSHA256")
+        if full_sha and "-" not in full_sha:
+            return StreamHasher()
+        if streamed and any(resp.get(name) for name in _BOTO_VALIDATED):
+            return StreamHasher()
+        return StreamHasher(md5=True)
+
     def _download_single(self, key: str, dest: Path) -> Transferred:
+        """One GET; the body is hashed as it is written (no second pass over the file)."""
         resp = self.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         expected = int(resp["ContentLength"])
-        sha, md5, size = hashlib.sha256(), hashlib.md5(usedforsecurity=False), 0
-        with open(dest, "wb") as f:
-            for chunk in resp["Body"].iter_chunks(MiB):
-                f.write(chunk)
-                sha.update(chunk)
-                md5.update(chunk)
-                size += len(chunk)
-        if size != expected:
-            raise IntegrityError(f"truncated: received {size} of {expected} bytes")
         etag = resp["ETag"].strip('"')
-        digest = FileDigest(size, sha.hexdigest(), md5.hexdigest())
-        self._verify_download(key, dest, digest, etag, resp, streamed=True)
-        return Transferred(key, size, etag, digest.sha256)
+        body = resp["Body"]
+        try:
+            hasher = self._hasher_for(key, etag, resp, streamed=True)
+            with open(dest, "wb", buffering=0) as f:
+                for chunk in body.iter_chunks(_CHUNK):
+                    f.write(chunk)
+                    hasher.update(chunk)
+        finally:
+            body.close()
+        digest = hasher.digest()
+        if digest.size != expected:
+            raise IntegrityError(f"truncated: received {digest.size} of {expected} bytes")
+        self._verify_download(digest, etag, resp, streamed=True)
+        return Transferred(key, digest.size, etag, digest.sha256)
 
     def _download_ranged(self, key: str, dest: Path) -> Transferred:
         head = self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         expected = int(head["ContentLength"])
         etag = head["ETag"].strip('"')
+        hasher = self._hasher_for(key, etag, head, streamed=False)
         self.client.download_file(
             self.bucket, key, str(dest), ExtraArgs={}, Config=self.transfer_config
         )
         size = dest.stat().st_size
         if size != expected:
             raise IntegrityError(f"truncated: received {size} of {expected} bytes")
-        digest = hash_file(dest, md5=_MD5_RE.match(etag) is not None)
-        self._verify_download(key, dest, digest, etag, head, streamed=False)
+        # parts arrive out of order: one sequential pass, computing only what is verified
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        with open(dest, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                hasher.update(view[:n])
+        digest = hasher.digest()
+        self._verify_download(digest, etag, head, streamed=False)
         return Transferred(key, size, etag, digest.sha256)
 
     def _verify_download(
-        self,
-        key: str,
-        dest: Path,
-        digest: FileDigest,
-        etag: str,
-        resp: dict[str, Any],
-        *,
-        streamed: bool,
+        self, digest: FileDigest, etag: str, resp: dict[str, Any], *, streamed: bool
     ) -> None:
         """Raise IntegrityError unless the content matches the strongest checksum known."""
         claimed = (resp.get("Metadata") or {}).get(META_SHA256)
@@ -241,25 +268,22 @@ class S3Remote:
             if claimed != digest.sha256:
                 raise IntegrityError("checksum mismatch: SHA-256 differs from the uploaded one")
             return
-        multipart = _MULTIPART_RE.match(etag)
-        if not multipart:
-            full_sha = resp.get("ChecksumSHA256")
-            if full_sha and "-" not in full_sha:
-                if full_sha != digest.sha256_b64:
-                    raise IntegrityError("checksum mismatch: SHA-256 differs from the server's")
-                return
-            if streamed and any(resp.get(name) for name in _BOTO_VALIDATED):
-                return  # botocore validated this checksum while the body was read
-            if _MD5_RE.match(etag):
-                if etag != digest.md5:
-                    raise IntegrityError("checksum mismatch: MD5 differs from the ETag")
-                return
-            raise IntegrityError("cannot verify: the server reports no usable checksum")
-        part = self.client.head_object(Bucket=self.bucket, Key=key, PartNumber=1)
-        part_size = int(part["ContentLength"])
-        recomputed = hash_file(dest, part_size=part_size).multipart_etag
-        if recomputed != etag:
-            raise IntegrityError("checksum mismatch: multipart ETag differs")
+        if _MULTIPART_RE.match(etag):
+            if digest.multipart_etag != etag:
+                raise IntegrityError("checksum mismatch: multipart ETag differs")
+            return
+        full_sha = resp.get("ChecksumSHA256")
+        if full_sha and "-" not in full_sha:
+            if full_sha != digest.sha256_b64:
+                raise IntegrityError("checksum mismatch: SHA-256 differs from the server's")
+            return
+        if streamed and any(resp.get(name) for name in _BOTO_VALIDATED):
+            return  # botocore validated this checksum while the body was read
+        if _MD5_RE.match(etag):
+            if etag != digest.md5:
+                raise IntegrityError("checksum mismatch: MD5 differs from the ETag")
+            return
+        raise IntegrityError("cannot verify: the server reports no usable checksum")
 
     # -- uploads and deletes -------------------------------------------------------------
 
@@ -268,25 +292,7 @@ class S3Remote:
         with _translated(f"put {key}"):
             part_size = self.part_size_for(digest.size)
             if part_size is None:
-                with open(src, "rb") as body:
-                    resp = self.client.put_object(
-                        Bucket=self.bucket,
-                        Key=key,
-                        Body=body,
-                        ChecksumSHA256=digest.sha256_b64,
-                        Metadata=metadata,
-                    )
-                etag = resp["ETag"].strip('"')
-                returned = resp.get("ChecksumSHA256")
-                if returned:
-                    if returned != digest.sha256_b64:
-                        raise IntegrityError("server stored different content (SHA-256 differs)")
-                elif etag != digest.md5:
-                    raise IntegrityError(
-                        "server stored different content (MD5 ETag differs): the file may have "
-                        "changed during the upload"
-                    )
-                return Transferred(key, digest.size, etag, digest.sha256)
+                return self._upload_single(key, src, digest, metadata)
             self.client.upload_file(
                 str(src),
                 self.bucket,
@@ -307,6 +313,31 @@ class S3Remote:
                     "have changed during the upload"
                 )
             return Transferred(key, digest.size, etag, digest.sha256)
+
+    def _upload_single(
+        self, key: str, src: Path, digest: FileDigest, metadata: dict[str, str]
+    ) -> Transferred:
+        """One PUT of ``src``, whose SHA-256 and MD5 were computed in the same read pass."""
+        with open(src, "rb") as body:
+            resp = self.client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=body,
+                ContentLength=digest.size,
+                ChecksumSHA256=digest.sha256_b64,
+                Metadata=metadata,
+            )
+        etag = resp["ETag"].strip('"')
+        returned = resp.get("ChecksumSHA256")
+        if returned:
+            if returned != digest.sha256_b64:
+                raise IntegrityError("server stored different content (SHA-256 differs)")
+        elif etag != digest.md5:
+            raise IntegrityError(
+                "server stored different content (MD5 ETag differs): the file may have "
+                "changed during the upload"
+            )
+        return Transferred(key, digest.size, etag, digest.sha256)
 
     def delete(self, key: str, expected_etag: str) -> DeleteOutcome:
         with _translated(f"delete {key}"):
