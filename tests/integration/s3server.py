@@ -5,7 +5,8 @@
   see the server go away; ``start()`` again serves on the same port (moto keeps its state in
   the process, so objects survive a restart, as with a persistent store).
 - :class:`FaultyProxy`: an HTTP proxy in front of a server that can corrupt or cut short the
-  bodies of object GETs, to test that bad downloads are detected.
+  bodies of object GETs, to test that bad downloads are detected, and hold every request
+  until a gate opens.
 """
 
 from __future__ import annotations
@@ -93,13 +94,16 @@ class FaultyProxy:
 
     ``flip``: one byte changed (same length); ``cut``: the full Content-Length is announced but
     the connection closes half-way; ``short``: half the body, with a matching Content-Length.
-    Listing requests (``?list-type``) and other methods pass through untouched.
+    Listing requests (``?list-type``) and other methods pass through untouched. Ranged GETs
+    (206) are damaged too. While ``gate`` is cleared, every request waits for it.
     """
 
     def __init__(self, upstream: str, fault: Fault = "none") -> None:
         self.upstream = urlsplit(upstream)
         self.fault: Fault = fault
         self.damaged = 0
+        self.gate = threading.Event()
+        self.gate.set()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -109,6 +113,7 @@ class FaultyProxy:
                 pass
 
             def _forward(self) -> None:
+                proxy.gate.wait(timeout=60)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 conn = http.client.HTTPConnection(
@@ -121,7 +126,7 @@ class FaultyProxy:
                 conn.close()
                 is_object_get = (
                     self.command == "GET"
-                    and resp.status == 200
+                    and resp.status in (200, 206)
                     and "list-type" not in self.path
                     and self.path.strip("/").count("/") >= 1
                     and len(data) > 1

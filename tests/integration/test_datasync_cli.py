@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, free_port
+from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, FaultyProxy, MotoS3Server, free_port
 from .test_datasync_s3 import read_tree, remote_tree, sample_files, write_tree
 
 CLI = str(Path(sys.executable).parent / "gpulab-sync")
@@ -140,3 +140,60 @@ def test_unreachable_store_exits_1(bucket, tmp_path):
     report = json_lines(proc.stdout)[-1]
     assert report["failed"] == 1 and not report["ok"] and report["failures"][0]["key"] == "x.txt"
     assert (tmp_path / "a/x.txt").read_bytes() == b"x"
+
+
+def test_purge(server, bucket, tmp_path):
+    files = sample_files(12)
+    write_tree(tmp_path / "a", files)
+    common = ["--store-endpoint", server.endpoint, "--bucket", bucket]
+    assert run("push", *common, "--prefix", "ws/a", "--local", str(tmp_path / "a")).returncode == 0
+    assert run("push", *common, "--prefix", "ws/b", "--local", str(tmp_path / "a")).returncode == 0
+    proc = run("purge", *common, "--prefix", "ws/a", "--json-progress")
+    assert proc.returncode == 0, proc.stderr
+    events = json_lines(proc.stdout)
+    assert events[-1]["event"] == "report" and events[-1]["operation"] == "purge"
+    assert (events[-1]["deleted"], events[-1]["objects_total"], events[-1]["ok"]) == (12, 12, True)
+    assert {k.split("/")[1] for k in remote_tree(server.endpoint, bucket)} == {"b"}
+    proc = run("purge", *common, "--prefix", "ws/b")
+    assert proc.returncode == 0 and "12 deleted, 0 failed of 12" in proc.stdout
+    assert remote_tree(server.endpoint, bucket) == {}
+
+
+@pytest.mark.parametrize("prefix", [[], ["--prefix", ""], ["--prefix", "/"]])
+def test_purge_refuses_empty_prefix(tmp_path, prefix):
+    store = f"file://{tmp_path / 'store'}"
+    write_tree(tmp_path / "store/bkt", {"x.txt": b"x"})
+    proc = run("purge", "--store-endpoint", store, "--bucket", "bkt", *prefix, environ=env(False))
+    assert proc.returncode == 2 and "non-empty --prefix" in proc.stderr
+    assert (tmp_path / "store/bkt/x.txt").exists()
+
+
+def test_pull_and_push_need_local(tmp_path):
+    proc = run("pull", "--store-endpoint", f"file://{tmp_path}", "--bucket", "bkt")
+    assert proc.returncode == 2 and "needs --local" in proc.stderr
+
+
+def test_json_lines_are_flushed_as_they_happen(server, bucket, tmp_path):
+    """A reader following stdout (a pipe, as with `docker logs --follow`) gets each JSON line
+    while the sync is still running, not when the process exits."""
+    write_tree(tmp_path / "a", sample_files(5))
+    with FaultyProxy(server.endpoint) as proxy:
+        proxy.gate.clear()  # every request to the store waits
+        proc = subprocess.Popen(
+            [CLI, "push", "--store-endpoint", proxy.endpoint, "--bucket", bucket]
+            + ["--local", str(tmp_path / "a"), "--json-progress"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env(),
+        )
+        try:
+            assert proc.stdout is not None
+            first = json.loads(proc.stdout.readline())  # blocks until a line is flushed
+            assert first["event"] == "progress" and first["objects_total"] == 5
+            assert proc.poll() is None  # still waiting on the store
+        finally:
+            proxy.gate.set()
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
+    assert json_lines(rest)[-1]["completed"] == 5

@@ -6,7 +6,9 @@ import json
 import os
 from pathlib import Path
 
-from gpulab.datasync import FilesystemRemote, SyncOptions, pull, push
+import pytest
+
+from gpulab.datasync import FilesystemRemote, SyncOptions, pull, purge, push
 
 from .test_datasync_s3 import manifest_keys, read_tree, sample_files, write_tree
 
@@ -94,3 +96,24 @@ def test_unchanged_5000_files_push_is_fast(tmp_path):
     os.utime(root / "d0/f0")  # only the mtime changes: hashed, not uploaded
     rep = push(root, remote, "", "rw")
     assert (rep.skipped, rep.completed) == (5000, 0)
+
+
+def test_purge(tmp_path):
+    files = {f"data/run{i % 3}/f{i}.bin": b"x" * i for i in range(10)}
+    files |= {"data-old/keep.bin": b"k", "datax": b"k", "other/data/keep.bin": b"k"}
+    write_tree(tmp_path / "a", files)
+    remote = FilesystemRemote(tmp_path / "store", "bkt")
+    assert push(tmp_path / "a", remote).completed == 13
+    with pytest.raises(ValueError, match="empty prefix"):
+        purge(remote, "/")
+    rep = purge(remote, "data", options=SyncOptions(workers=2))
+    assert rep.ok and (rep.objects_total, rep.deleted) == (10, 10)
+    assert store_tree(tmp_path / "store", "bkt") == {
+        "data-old/keep.bin": b"k",
+        "datax": b"k",
+        "other/data/keep.bin": b"k",
+    }
+    assert not (tmp_path / "store/bkt/data").exists()  # emptied directories are removed
+    assert not (tmp_path / "store/.gpulab-meta/bkt/data").exists()  # and the sidecars
+    assert (tmp_path / "store/.gpulab-meta/bkt/datax.json").exists()
+    assert purge(remote, "data").objects_total == 0

@@ -20,9 +20,12 @@ from gpulab.datasync import (
     SyncOptions,
     SyncProgress,
     pull,
+    purge,
     push,
 )
+from gpulab.datasync.hashing import hash_file
 from gpulab.datasync.manifest import MANIFEST_NAME
+from gpulab.datasync.models import IntegrityError
 
 from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, FaultyProxy, MotoS3Server
 
@@ -410,3 +413,148 @@ def test_credentials_never_in_reports_or_logs(server, bucket, tmp_path, caplog):
         assert TEST_SECRET_KEY not in text
     for text in texts[:3] + texts[4:]:
         assert TEST_ACCESS_KEY not in text
+
+
+def upload_foreign_multipart(endpoint: str, bucket: str, path: Path, key: str) -> None:
+    """Upload as another tool would: in 5 MiB parts, without gpulab's SHA-256 metadata."""
+    from boto3.s3.transfer import TransferConfig
+
+    c = raw_client(endpoint)
+    c.create_bucket(Bucket=bucket)
+    cfg = TransferConfig(multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB)
+    c.upload_file(str(path), bucket, key, Config=cfg)
+
+
+def test_foreign_multipart_object_in_one_get_verified_by_etag(server, bucket, tmp_path):
+    """Below the multipart threshold a foreign multipart object comes in one GET; its part
+    MD5s are computed as it streams (part size from the server) and checked against the ETag."""
+    data = os.urandom(11 * MiB + 7)
+    (tmp_path / "src.bin").write_bytes(data)
+    upload_foreign_multipart(server.endpoint, bucket, tmp_path / "src.bin", "x.bin")
+    rep = pull(remote_for(server.endpoint, bucket), tmp_path / "out")
+    assert rep.ok and rep.completed == 1
+    assert (tmp_path / "out/x.bin").read_bytes() == data
+    with FaultyProxy(server.endpoint, "flip") as proxy:
+        bad = pull(
+            remote_for(proxy.endpoint, bucket, max_attempts=1),
+            tmp_path / "other",
+            options=SyncOptions(attempts=1),
+        )
+        assert proxy.damaged >= 1
+    assert (bad.failed, bad.completed) == (1, 0)
+    assert "multipart etag" in bad.failures[0].reason.lower()
+    assert not (tmp_path / "other/x.bin").exists()
+
+
+@pytest.mark.parametrize("origin", ["gpulab", "foreign"])
+def test_damaged_ranged_download_detected(server, bucket, tmp_path, origin):
+    """Ranged downloads (above the threshold) are verified too: a flipped byte in one part
+    fails the object."""
+    data = os.urandom(12 * MiB)
+    settings = {"multipart_threshold": 5 * MiB, "multipart_chunksize": 5 * MiB}
+    if origin == "gpulab":
+        write_tree(tmp_path / "src", {"big.bin": data})
+        assert push(tmp_path / "src", remote_for(server.endpoint, bucket, **settings)).ok
+    else:
+        (tmp_path / "big.bin").write_bytes(data)
+        upload_foreign_multipart(server.endpoint, bucket, tmp_path / "big.bin", "big.bin")
+    with FaultyProxy(server.endpoint, "flip") as proxy:
+        bad = pull(
+            remote_for(proxy.endpoint, bucket, max_attempts=1, **settings),
+            tmp_path / "out",
+            options=SyncOptions(attempts=1),
+        )
+        assert proxy.damaged >= 1
+    assert (bad.failed, bad.completed) == (1, 0) and "checksum" in bad.failures[0].reason
+    assert not list((tmp_path / "out").glob("*.bin"))
+    good = pull(remote_for(server.endpoint, bucket, **settings), tmp_path / "out")
+    assert good.completed == 1 and (tmp_path / "out/big.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("size", [1000, 6 * MiB])
+def test_upload_of_changed_content_detected(server, bucket, tmp_path, size):
+    """If the file is not what was hashed (it changed in between), the upload fails."""
+    remote = remote_for(
+        server.endpoint, bucket, multipart_threshold=5 * MiB, multipart_chunksize=5 * MiB
+    )
+    remote.ensure_bucket()
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(size))
+    part_size = remote.part_size_for(size)
+    digest = hash_file(src, md5=part_size is None, part_size=part_size)
+    with open(src, "r+b") as f:  # same size, one byte different
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(IntegrityError, match="changed during the upload"):
+        remote.upload("f.bin", src, digest)
+
+
+def put_many(endpoint: str, bucket: str, keys: list[str]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    c = raw_client(endpoint, max_pool_connections=16)
+    c.create_bucket(Bucket=bucket)
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: c.put_object(Bucket=bucket, Key=k, Body=b"x"), keys))
+
+
+def test_purge_deletes_everything_under_the_prefix(server, bucket, monkeypatch):
+    inside = [f"data/run{i % 3}/f{i}.bin" for i in range(40)] + ["data/marker/"]
+    outside = ["data-old/keep.bin", "datax", "other/data/keep.bin", "data"]
+    put_many(server.endpoint, bucket, inside + outside)
+    remote = remote_for(server.endpoint, bucket)
+    sizes: list[int] = []
+    real = remote.client.delete_objects
+
+    def spy(**kwargs):
+        sizes.append(len(kwargs["Delete"]["Objects"]))
+        return real(**kwargs)
+
+    monkeypatch.setattr(remote.client, "delete_objects", spy)
+    monkeypatch.setattr("gpulab.datasync.engine.DELETE_BATCH", 7)
+    events: list[SyncProgress] = []
+    rep = purge(
+        remote, "/data/", progress=events.append, options=SyncOptions(progress_interval_s=0)
+    )
+    assert rep.ok and (rep.objects_total, rep.deleted, rep.failed) == (41, 41, 0)
+    assert rep.operation == "purge" and rep.prefix == "data/"
+    assert sorted(sizes) == [6] + [7] * 5  # batched DeleteObjects calls
+    assert events[-1].deleted == 41 == events[-1].processed
+    assert set(remote_tree(server.endpoint, bucket)) == set(outside)
+    again = purge(remote, "data")
+    assert again.ok and (again.objects_total, again.deleted) == (0, 0)
+
+
+def test_purge_batches_of_at_most_1000_keys(server, bucket, monkeypatch):
+    keys = [f"p/{i:04d}" for i in range(1003)]
+    put_many(server.endpoint, bucket, keys)
+    remote = remote_for(server.endpoint, bucket)
+    sizes: list[int] = []
+    real = remote.client.delete_objects
+
+    def spy(**kwargs):
+        sizes.append(len(kwargs["Delete"]["Objects"]))
+        return real(**kwargs)
+
+    monkeypatch.setattr(remote.client, "delete_objects", spy)
+    rep = purge(remote, "p")
+    assert rep.ok and rep.deleted == 1003 and sorted(sizes) == [3, 1000]
+    assert remote_tree(server.endpoint, bucket) == {}
+    with pytest.raises(ValueError, match="at most 1000"):
+        remote.delete_many([f"k{i}" for i in range(1001)])
+
+
+@pytest.mark.parametrize("prefix", ["", "/", "//"])
+def test_purge_refuses_an_empty_prefix(server, bucket, prefix):
+    put_many(server.endpoint, bucket, ["a.txt"])
+    with pytest.raises(ValueError, match="empty prefix"):
+        purge(remote_for(server.endpoint, bucket), prefix)
+    assert set(remote_tree(server.endpoint, bucket)) == {"a.txt"}
+
+
+def test_purge_reports_unreachable_store(bucket):
+    remote = remote_for("http://127.0.0.1:9", bucket, max_attempts=1)
+    rep = purge(remote, "data")
+    assert not rep.ok and rep.failed == 1 and "cannot list" in rep.failures[0].reason

@@ -2,7 +2,7 @@
 
 from .backend import Remote
 from .credentials import Credentials, CredentialsError
-from .engine import SyncOptions, pull, push
+from .engine import SyncOptions, pull, purge, push
 from .filesystem import FilesystemRemote
 from .models import Failure, SyncProgress, SyncReport
 from .s3 import S3Remote, S3Settings
@@ -19,5 +19,6 @@ __all__ = [
     "SyncProgress",
     "SyncReport",
     "pull",
+    "purge",
     "push",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -10,6 +10,9 @@ from .hashing import FileDigest
 from .models import RemoteObject, Transferred
 
 DeleteOutcome = Literal["deleted", "missing", "changed"]
+
+#: Most keys one :meth:`Remote.delete_many` call takes (S3's DeleteObjects limit).
+DELETE_BATCH = 1000
 
 
 class Remote(Protocol):
@@ -31,8 +34,11 @@ class Remote(Protocol):
         """Create the bucket if missing; return True if it was created."""
         ...
 
-    def list(self, prefix: str) -> Iterator[RemoteObject]:
-        """All objects whose key starts with ``prefix``."""
+    def list(self, prefix: str, *, markers: bool = False) -> Iterator[RemoteObject]:
+        """All objects whose key starts with ``prefix``.
+
+        Keys ending in ``/`` (empty "directory" markers some tools create) are left out
+        unless ``markers``."""
         ...
 
     def download(self, obj: RemoteObject, dest: Path) -> Transferred:
@@ -45,6 +51,11 @@ class Remote(Protocol):
 
     def delete(self, key: str, expected_etag: str) -> DeleteOutcome:
         """Delete ``key`` only if its ETag is still ``expected_etag``."""
+        ...
+
+    def delete_many(self, keys: Sequence[str]) -> list[tuple[str, str]]:
+        """Delete ``keys`` unconditionally (at most :data:`DELETE_BATCH` per call); return
+        ``(key, reason)`` for each key that could not be deleted. A missing key is deleted."""
         ...
 
     def part_size_for(self, size: int) -> int | None:

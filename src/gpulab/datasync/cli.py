@@ -1,8 +1,17 @@
-"""``gpulab-sync``: pull or push one volume between object storage and a local directory.
+"""``gpulab-sync``: pull or push one volume between object storage and a local directory,
+or purge every object under a prefix.
+
+    gpulab-sync pull  --bucket B [--prefix P] --local DIR [--delete] ...
+    gpulab-sync push  --bucket B [--prefix P] --local DIR [--mode ro|rw|rwd] ...
+    gpulab-sync purge --bucket B --prefix P ...   (an empty prefix is refused: exit 2)
 
 Credentials come only from the environment (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``)
 or from ``--credentials-file``; they are never accepted on the command line nor printed.
 ``--store-endpoint file:///dir`` selects the embedded filesystem store.
+
+With ``--json-progress``, stdout carries one JSON object per line (``"event": "progress"``,
+then a final ``"event": "report"``), each flushed as soon as it is written so that a reader
+following the output (e.g. ``docker logs --follow``) sees it live.
 
 Exit codes: 0 all objects synced, 1 some objects failed, 2 bad usage or configuration.
 """
@@ -10,6 +19,7 @@ Exit codes: 0 all objects synced, 1 some objects failed, 2 bad usage or configur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -21,7 +31,7 @@ from gpulab.volumes import VolumeError, validate_bucket_name
 
 from .backend import Remote
 from .credentials import Credentials, CredentialsError
-from .engine import SyncOptions, pull, push
+from .engine import SyncOptions, pull, purge, push
 from .filesystem import FilesystemRemote
 from .manifest import Locked
 from .models import SyncProgress, SyncReport
@@ -38,10 +48,15 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY in the environment, "
         "or --credentials-file. Exit codes: 0 ok, 1 some objects failed, 2 bad usage/config.",
     )
-    p.add_argument("operation", choices=("pull", "push"))
-    p.add_argument("--local", required=True, type=Path, help="local directory")
+    p.add_argument("operation", choices=("pull", "push", "purge"))
+    p.add_argument("--local", type=Path, help="local directory (pull and push)")
     p.add_argument("--bucket", required=True, help="bucket (container) name")
-    p.add_argument("--prefix", default="", help="key prefix to sync (default: whole bucket)")
+    p.add_argument(
+        "--prefix",
+        default="",
+        help="key prefix to sync (default: whole bucket); purge: the prefix whose objects "
+        "are all deleted (required, never empty)",
+    )
     p.add_argument(
         "--store-endpoint",
         default=None,
@@ -125,11 +140,17 @@ def _remote(args: argparse.Namespace) -> Remote:
 
 
 def _print_json(data: dict) -> None:
+    """One JSON object per line, flushed at once (stdout may be a pipe or a log driver)."""
     sys.stdout.write(json.dumps(data) + "\n")
     sys.stdout.flush()
 
 
 def _summary(report: SyncReport) -> str:
+    if report.operation == "purge":
+        return (
+            f"purge {report.bucket}/{report.prefix}: {report.deleted} deleted, "
+            f"{report.failed} failed of {report.objects_total} in {report.elapsed_s:.2f} s"
+        )
     return (
         f"{report.operation} {report.bucket}/{report.prefix}: {report.completed} transferred, "
         f"{report.skipped} unchanged, {report.deleted} deleted, {report.failed} failed of "
@@ -140,11 +161,21 @@ def _summary(report: SyncReport) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``gpulab-sync``; returns the exit code."""
     logging.basicConfig(level=logging.WARNING, format="gpulab-sync: %(levelname)s %(message)s")
+    # line-buffered even when stdout is a pipe: progress is read live by other processes
+    with contextlib.suppress(AttributeError, ValueError):
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     args = _parser().parse_args(argv)
     try:
         validate_bucket_name(args.bucket)
         if args.workers < 1 or args.max_attempts < 1:
             raise UsageError("--workers and --max-attempts must be at least 1")
+        if args.operation == "purge":
+            if not args.prefix.strip("/"):
+                raise UsageError(
+                    "purge needs a non-empty --prefix (refusing to delete a whole bucket)"
+                )
+        elif args.local is None:
+            raise UsageError(f"{args.operation} needs --local DIR")
         remote = _remote(args)
         on_progress = None
         if args.json_progress:
@@ -153,7 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _print_json(p.to_dict())
 
         options = SyncOptions(workers=args.workers)
-        if args.operation == "pull":
+        if args.operation == "purge":
+            report = purge(remote, args.prefix, progress=on_progress, options=options)
+        elif args.operation == "pull":
             report = pull(
                 remote,
                 args.local,

@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .backend import DeleteOutcome
@@ -68,7 +68,7 @@ class FilesystemRemote:
         self.meta.mkdir(parents=True, exist_ok=True)
         return created
 
-    def list(self, prefix: str) -> Iterator[RemoteObject]:
+    def list(self, prefix: str, *, markers: bool = False) -> Iterator[RemoteObject]:
         if not self.data.is_dir():
             return
         for dirpath, dirnames, filenames in os.walk(self.data):
@@ -79,7 +79,10 @@ class FilesystemRemote:
                     continue
                 key = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
                 if key.startswith(prefix):
-                    st = os.stat(os.path.join(dirpath, name))
+                    try:
+                        st = os.stat(os.path.join(dirpath, name))
+                    except FileNotFoundError:  # deleted since the directory was read
+                        continue
                     yield RemoteObject(key, st.st_size, _etag(st))
 
     def _meta_path(self, key: str) -> Path:
@@ -130,6 +133,31 @@ class FilesystemRemote:
         with contextlib.suppress(FileNotFoundError):
             self._meta_path(key).unlink()
         return "deleted"
+
+    def delete_many(self, keys: Sequence[str]) -> list[tuple[str, str]]:
+        failed: list[tuple[str, str]] = []
+        for key in keys:
+            try:
+                path = self.data / _safe_key(key)
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                with contextlib.suppress(FileNotFoundError):
+                    self._meta_path(key).unlink()
+                self._prune_dirs(path.parent, self.data)
+                self._prune_dirs(self._meta_path(key).parent, self.meta)
+            except (OSError, UnsafeKey) as exc:
+                failed.append((key, str(exc)))
+        return failed
+
+    @staticmethod
+    def _prune_dirs(directory: Path, top: Path) -> None:
+        """Remove ``directory`` and its parents below ``top`` while they are empty."""
+        while directory != top and top in directory.parents:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (or already gone)
+                return
+            directory = directory.parent
 
     def part_size_for(self, size: int) -> int | None:
         return None

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Operation = Literal["pull", "push"]
+Operation = Literal["pull", "push", "purge"]
 
 
 class SyncError(Exception):
@@ -74,7 +74,9 @@ class Failure:
 
 @dataclass
 class SyncReport:
-    """The outcome of one pull or push. JSON-serialisable via :meth:`to_dict` / :meth:`to_json`."""
+    """The outcome of one pull, push or purge.
+
+    JSON-serialisable via :meth:`to_dict` / :meth:`to_json`."""
 
     operation: Operation
     bucket: str

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +35,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from s3transfer.exceptions import RetriesExceededError
 from s3transfer.utils import ChunksizeAdjuster
 
-from .backend import DeleteOutcome
+from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
 from .hashing import FileDigest, StreamHasher
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
@@ -179,13 +179,13 @@ class S3Remote:
                 return False
             return True
 
-    def list(self, prefix: str) -> Iterator[RemoteObject]:
+    def list(self, prefix: str, *, markers: bool = False) -> Iterator[RemoteObject]:
         paginator = self.client.get_paginator("list_objects_v2")
         with _translated(f"listing {self.bucket}/{prefix}"):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
                 for item in page.get("Contents", ()):
                     key = item["Key"]
-                    if not key.endswith("/"):
+                    if markers or not key.endswith("/"):
                         yield RemoteObject(key, int(item["Size"]), item["ETag"].strip('"'))
 
     def part_size_for(self, size: int) -> int | None:
@@ -351,3 +351,18 @@ class S3Remote:
                 return "changed"
             self.client.delete_object(Bucket=self.bucket, Key=key)
             return "deleted"
+
+    def delete_many(self, keys: Sequence[str]) -> list[tuple[str, str]]:
+        if len(keys) > DELETE_BATCH:
+            raise ValueError(f"at most {DELETE_BATCH} keys per DeleteObjects call")
+        if not keys:
+            return []
+        with _translated(f"delete {len(keys)} objects"):
+            resp = self.client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True},
+            )
+        return [
+            (str(e.get("Key", "")), f"{e.get('Code', 'error')}: {e.get('Message', '')}".strip())
+            for e in resp.get("Errors", ())
+        ]
