@@ -1,0 +1,217 @@
+"""Pure placement decisions for training jobs: which queued jobs start on which GPUs, and which
+over-quota preemptible jobs must give their GPUs back.
+
+The caller gathers the world (queued jobs, active jobs holding GPUs, the free device IDs: GPUs
+held by notebooks or jobs are simply not free), calls :func:`plan` and carries the
+:class:`Plan` out: start each placement on exactly its devices, send each preempted job SIGTERM
+(it is re-queued after its grace period). Planning again after any change is always safe.
+
+Rules
+-----
+1. **Order.** Queued jobs are considered by priority (highest first), then submission time
+   (oldest first: FIFO within a priority), then id (for determinism).
+2. **Quota.** A user's quota (:func:`quota_for`: their own, else the most generous of their
+   groups field by field, else the default; ``None`` means unlimited) caps the GPUs and the
+   number of their *in-quota* active jobs (INITIALIZING, PENDING, RUNNING). Over-quota jobs do
+   not count. A zero-GPU job needs no device but counts as one job.
+3. **In-quota first.** A first pass starts the jobs that fit within their owner's quota, in
+   order, on free GPUs. A job that does not fit does not block lower ones that do (backfill).
+4. **Preemption.** When an in-quota job (preemptible or not) lacks free GPUs and over-quota
+   preemptible jobs hold enough GPUs to make up the difference, victims are chosen among them
+   (lowest priority first, then most recently started, then id) until enough GPUs would be
+   free. They are listed in ``preempt``; the waiting job does **not** start in this plan but
+   in a later one, once they are gone. Until then it keeps the free GPUs it will need and its
+   share of its owner's quota: no lower job takes them in this plan. If the over-quota jobs
+   cannot make up the difference, nothing is preempted and nothing is held back.
+5. **Over quota.** A second pass, in the same order, starts preemptible jobs that are over
+   their owner's quota (GPUs or job count) on the GPUs still free, marked ``over_quota``. So
+   idle GPUs are lent out only after all in-quota work had its turn, and a lent GPU is never
+   taken back in the plan that lent it. A non-preemptible job never runs over quota.
+6. **Devices.** Each job gets the first free device IDs in the order the caller gave them
+   (list them lowest first); a device is handed out at most once per plan.
+
+Known trade-off of backfill: a large in-quota job may wait while smaller ones keep starting;
+only over-quota work is ever preempted for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ActiveJob",
+    "Placement",
+    "Plan",
+    "QueuedJob",
+    "Quota",
+    "can_ever_fit",
+    "plan",
+    "quota_for",
+]
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Most GPUs and most active jobs a user may hold in quota; None means unlimited."""
+
+    gpus: int | None = None
+    jobs: int | None = None
+
+    def allows(self, gpus_used: int, jobs_used: int, gpus: int) -> bool:
+        """True if one more job of ``gpus`` GPUs stays within this quota."""
+        return (self.gpus is None or gpus_used + gpus <= self.gpus) and (
+            self.jobs is None or jobs_used + 1 <= self.jobs
+        )
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: str
+    owner: str
+    groups: frozenset[str]
+    gpus: int
+    priority: int
+    submitted: float
+    preemptible: bool = False
+
+
+@dataclass(frozen=True)
+class ActiveJob:
+    """A job in INITIALIZING, PENDING or RUNNING (it holds its GPUs)."""
+
+    id: str
+    owner: str
+    groups: frozenset[str]
+    gpus: int
+    preemptible: bool
+    priority: int
+    started: float
+    over_quota: bool = False
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: str
+    devices: tuple[str, ...]
+    over_quota: bool = False
+
+
+@dataclass
+class Plan:
+    start: list[Placement] = field(default_factory=list)
+    preempt: list[str] = field(default_factory=list)
+
+
+def _most(values: Iterable[int | None]) -> int | None:
+    """The most generous of several limits (None = unlimited wins)."""
+    best: int | None = 0
+    for v in values:
+        if v is None:
+            return None
+        best = max(best or 0, v)
+    return best
+
+
+def quota_for(
+    user: str,
+    groups: Iterable[str],
+    default: Quota,
+    per_user: Mapping[str, Quota],
+    per_group: Mapping[str, Quota],
+) -> Quota:
+    """The user's own quota wins; else the most generous of their groups' (per field); else
+    the default."""
+    if user in per_user:
+        return per_user[user]
+    found = [per_group[g] for g in sorted(set(groups)) if g in per_group]
+    if not found:
+        return default
+    return Quota(gpus=_most(q.gpus for q in found), jobs=_most(q.jobs for q in found))
+
+
+def can_ever_fit(gpus: int, host_gpus: int, quota: Quota, preemptible: bool = False) -> str | None:
+    """Why a job of ``gpus`` GPUs can never run here (checked at submission), or None."""
+    if gpus > host_gpus:
+        return f"{gpus} GPUs requested but this host has {host_gpus}"
+    if preemptible:
+        return None
+    if quota.gpus is not None and gpus > quota.gpus:
+        return (
+            f"{gpus} GPUs requested but your quota allows {quota.gpus}; "
+            "submit it as preemptible to use idle GPUs beyond your quota"
+        )
+    if quota.jobs == 0:
+        return "your quota allows no running jobs; submit it as preemptible to use idle GPUs"
+    return None
+
+
+def _queue_order(job: QueuedJob) -> tuple:
+    return (-job.priority, job.submitted, job.id)
+
+
+def plan(
+    queued: Sequence[QueuedJob],
+    active: Sequence[ActiveJob],
+    free_devices: Sequence[str],
+    *,
+    default_quota: Quota | None = None,
+    user_quotas: Mapping[str, Quota] | None = None,
+    group_quotas: Mapping[str, Quota] | None = None,
+) -> Plan:
+    """Decide what starts now and what is preempted (see the module's rules)."""
+    default_quota = default_quota or Quota()
+    user_quotas = user_quotas or {}
+    group_quotas = group_quotas or {}
+
+    def quota(owner: str, groups: frozenset[str]) -> Quota:
+        return quota_for(owner, groups, default_quota, user_quotas, group_quotas)
+
+    free = list(dict.fromkeys(free_devices))
+    gpus_used: dict[str, int] = {}
+    jobs_used: dict[str, int] = {}
+    for a in active:
+        if not a.over_quota:
+            gpus_used[a.owner] = gpus_used.get(a.owner, 0) + a.gpus
+            jobs_used[a.owner] = jobs_used.get(a.owner, 0) + 1
+    victims_left = sorted(
+        (a for a in active if a.over_quota and a.preemptible and a.gpus > 0),
+        key=lambda a: (a.priority, -a.started, a.id),
+    )
+    result = Plan()
+    over_quota: list[QueuedJob] = []
+
+    def take(n: int) -> tuple[str, ...]:
+        devices = tuple(free[:n])
+        del free[:n]
+        return devices
+
+    for job in sorted(queued, key=_queue_order):
+        used_g, used_j = gpus_used.get(job.owner, 0), jobs_used.get(job.owner, 0)
+        if not quota(job.owner, job.groups).allows(used_g, used_j, job.gpus):
+            if job.preemptible:
+                over_quota.append(job)
+            continue
+        if job.gpus <= len(free):
+            result.start.append(Placement(job.id, take(job.gpus)))
+        else:
+            missing = job.gpus - len(free)
+            chosen: list[ActiveJob] = []
+            for victim in victims_left:
+                if missing <= 0:
+                    break
+                chosen.append(victim)
+                missing -= victim.gpus
+            if missing > 0:
+                continue  # preempting all borrowed GPUs would not be enough: wait, hold nothing
+            for victim in chosen:
+                victims_left.remove(victim)
+                result.preempt.append(victim.id)
+            take(len(free))  # held for this job until the victims are gone
+        gpus_used[job.owner] = used_g + job.gpus
+        jobs_used[job.owner] = used_j + 1
+
+    for job in over_quota:
+        if job.gpus <= len(free):
+            result.start.append(Placement(job.id, take(job.gpus), over_quota=True))
+    return result
