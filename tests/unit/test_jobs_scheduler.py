@@ -1,0 +1,377 @@
+"""Placement decisions for training jobs (pure): order, quotas, backfill, preemption."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpulab.jobs.scheduler import (
+    ActiveJob,
+    Placement,
+    QueuedJob,
+    Quota,
+    can_ever_fit,
+    plan,
+    quota_for,
+)
+
+GPUS = ("0", "1", "2", "3")
+
+
+def q(id, gpus=1, prio=50, t=0.0, owner="ann", groups=(), preemptible=False):
+    return QueuedJob(id, owner, frozenset(groups), gpus, prio, t, preemptible)
+
+
+def a(id, gpus=1, prio=50, started=0.0, owner="bob", over=False, preemptible=None, groups=()):
+    return ActiveJob(
+        id,
+        owner,
+        frozenset(groups),
+        gpus,
+        over if preemptible is None else preemptible,
+        prio,
+        started,
+        over,
+    )
+
+
+def started(p):
+    return {s.job_id: s.devices for s in p.start}
+
+
+def all_devices(p):
+    return [d for s in p.start for d in s.devices]
+
+
+# --- quotas ----------------------------------------------------------------------------------
+
+
+def test_quota_for_user_wins_then_most_generous_group_then_default():
+    default = Quota(gpus=1, jobs=2)
+    per_user = {"ann": Quota(gpus=0, jobs=1)}
+    per_group = {"ml": Quota(gpus=4, jobs=3), "vision": Quota(gpus=2, jobs=None)}
+    # the user's own quota wins even when a group is more generous
+    assert quota_for("ann", {"ml"}, default, per_user, per_group) == Quota(0, 1)
+    # most generous group, field by field (None = unlimited)
+    assert quota_for("bob", {"ml", "vision"}, default, per_user, per_group) == Quota(4, None)
+    assert quota_for("bob", ["vision"], default, per_user, per_group) == Quota(2, None)
+    # groups without a quota are ignored
+    assert quota_for("bob", {"other"}, default, per_user, per_group) == default
+    assert quota_for("bob", (), default, per_user, per_group) == default
+
+
+def test_quota_unlimited_gpus_in_a_group_beats_numbers():
+    per_group = {"a": Quota(gpus=8, jobs=1), "b": Quota(gpus=None, jobs=0)}
+    assert quota_for("x", {"a", "b"}, Quota(1, 1), {}, per_group) == Quota(None, 1)
+
+
+def test_can_ever_fit():
+    assert can_ever_fit(2, 4, Quota(gpus=2)) is None
+    assert can_ever_fit(0, 0, Quota(gpus=0)) is None
+    assert can_ever_fit(5, 4, Quota()) == "5 GPUs requested but this host has 4"
+    assert "this host has 4" in can_ever_fit(5, 4, Quota(), preemptible=True)
+    reason = can_ever_fit(3, 4, Quota(gpus=2))
+    assert "quota allows 2" in reason and "preemptible" in reason
+    assert can_ever_fit(3, 4, Quota(gpus=2), preemptible=True) is None
+    assert "no running jobs" in can_ever_fit(0, 4, Quota(jobs=0))
+    assert can_ever_fit(1, 4, Quota(jobs=0), preemptible=True) is None
+
+
+# --- order, FIFO, backfill ---------------------------------------------------------------------
+
+
+def test_priority_then_fifo_order():
+    queue = [
+        q("late-low", prio=10, t=1),
+        q("late-high", prio=90, t=5),
+        q("early-mid", prio=50, t=2),
+        q("earlier-mid", prio=50, t=1),
+    ]
+    p = plan(queue, [], GPUS)
+    assert [s.job_id for s in p.start] == ["late-high", "earlier-mid", "early-mid", "late-low"]
+    assert started(p) == {
+        "late-high": ("0",),
+        "earlier-mid": ("1",),
+        "early-mid": ("2",),
+        "late-low": ("3",),
+    }
+    assert p.preempt == []
+
+
+def test_fifo_within_a_priority_when_only_one_fits():
+    p = plan([q("second", t=2), q("first", t=1)], [], ["7"])
+    assert started(p) == {"first": ("7",)}
+
+
+def test_backfill_smaller_lower_job_starts_when_the_higher_does_not_fit():
+    queue = [q("big", gpus=4, prio=90), q("small", gpus=2, prio=10)]
+    p = plan(queue, [], ["0", "1", "2"])
+    assert started(p) == {"small": ("0", "1")}
+
+
+def test_devices_follow_the_given_order_and_are_never_handed_out_twice():
+    queue = [q("a", gpus=2, t=1), q("b", gpus=1, t=2), q("c", gpus=2, t=3), q("d", gpus=1, t=4)]
+    p = plan(queue, [], ["3", "1", "1", "2", "0"])  # duplicate entries count once
+    assert started(p) == {"a": ("3", "1"), "b": ("2",), "d": ("0",)}
+    assert len(all_devices(p)) == len(set(all_devices(p)))
+
+
+def test_zero_gpu_jobs_start_without_devices_even_when_none_are_free():
+    p = plan([q("cpu", gpus=0), q("gpu", gpus=1)], [], [])
+    assert p.start == [Placement("cpu", ())]
+
+
+def test_nothing_to_do():
+    assert plan([], [a("r1")], GPUS).start == []
+    assert plan([], [], []).preempt == []
+
+
+# --- quotas in the plan ------------------------------------------------------------------------
+
+
+def test_in_quota_active_gpus_count_against_the_owner():
+    active = [a("r1", gpus=2, owner="ann")]
+    queue = [q("j1", gpus=1), q("j2", gpus=1, t=1)]
+    p = plan(queue, active, GPUS, default_quota=Quota(gpus=3))
+    assert started(p) == {"j1": ("0",)}  # 2 + 1 = 3; j2 would make 4
+
+
+def test_over_quota_active_jobs_do_not_count():
+    active = [a("borrowed", gpus=2, owner="ann", over=True)]
+    p = plan([q("j1", gpus=2)], active, GPUS, default_quota=Quota(gpus=2))
+    assert started(p) == {"j1": ("0", "1")}
+    assert p.start[0].over_quota is False
+
+
+def test_quota_is_per_user():
+    active = [a("r1", gpus=1, owner="ann")]
+    queue = [q("ann2", owner="ann"), q("bob1", owner="bob", t=1)]
+    p = plan(queue, active, GPUS, default_quota=Quota(gpus=1))
+    assert started(p) == {"bob1": ("0",)}
+
+
+def test_quota_through_groups_and_user_override():
+    queue = [
+        q("ml1", gpus=2, owner="carl", groups={"ml"}),
+        q("ml2", gpus=1, owner="carl", groups={"ml"}, t=1),
+        q("dee1", gpus=1, owner="dee", groups={"ml"}, t=2),
+    ]
+    p = plan(
+        queue,
+        [],
+        GPUS,
+        default_quota=Quota(gpus=0),
+        user_quotas={"dee": Quota(gpus=0)},
+        group_quotas={"ml": Quota(gpus=2)},
+    )
+    assert started(p) == {"ml1": ("0", "1")}
+
+
+def test_jobs_quota_counts_zero_gpu_jobs():
+    active = [a("cpu-running", gpus=0, owner="ann")]
+    queue = [q("cpu2", gpus=0), q("gpu1", gpus=1, t=1)]
+    p = plan(queue, active, GPUS, default_quota=Quota(jobs=2))
+    assert started(p) == {"cpu2": ()}  # ann now has 2 jobs: gpu1 waits
+
+
+def test_started_jobs_count_within_the_same_plan():
+    queue = [q(f"j{i}", t=i) for i in range(4)]
+    p = plan(queue, [], GPUS, default_quota=Quota(gpus=2))
+    assert list(started(p)) == ["j0", "j1"]
+
+
+def test_non_preemptible_job_never_runs_over_quota():
+    p = plan([q("j", gpus=2)], [], GPUS, default_quota=Quota(gpus=1))
+    assert p.start == [] and p.preempt == []
+
+
+def test_preemptible_job_over_quota_starts_on_free_gpus_marked_over_quota():
+    queue = [q("in", gpus=1, t=1, preemptible=True), q("out", gpus=2, t=2, preemptible=True)]
+    p = plan(queue, [], GPUS, default_quota=Quota(gpus=2))
+    assert p.start == [
+        Placement("in", ("0",), over_quota=False),
+        Placement("out", ("1", "2"), over_quota=True),
+    ]
+
+
+def test_preemptible_over_the_jobs_quota_also_borrows():
+    p = plan([q("j", gpus=1, preemptible=True)], [], GPUS, default_quota=Quota(jobs=0))
+    assert p.start == [Placement("j", ("0",), over_quota=True)]
+
+
+def test_in_quota_work_goes_before_over_quota_work_whatever_the_priority():
+    queue = [
+        q("borrower", gpus=2, prio=100, owner="ann", preemptible=True),
+        q("owner-work", gpus=2, prio=1, owner="bob"),
+    ]
+    quotas = {"ann": Quota(gpus=0), "bob": Quota(gpus=2)}
+    p = plan(queue, [], ["0", "1"], user_quotas=quotas)
+    assert p.start == [Placement("owner-work", ("0", "1"))]
+    # with GPUs to spare both run
+    p = plan(queue, [], GPUS, user_quotas=quotas)
+    assert p.start == [
+        Placement("owner-work", ("0", "1")),
+        Placement("borrower", ("2", "3"), over_quota=True),
+    ]
+
+
+def test_over_quota_starts_keep_queue_order():
+    queue = [
+        q("low", gpus=1, prio=10, preemptible=True),
+        q("high", gpus=1, prio=90, t=5, preemptible=True),
+    ]
+    p = plan(queue, [], ["0"], default_quota=Quota(gpus=0))
+    assert p.start == [Placement("high", ("0",), over_quota=True)]
+
+
+# --- preemption --------------------------------------------------------------------------------
+
+
+def test_in_quota_job_preempts_over_quota_borrowers_and_starts_later():
+    active = [a("borrowed", gpus=2, owner="ann", over=True)]
+    queue = [q("mine", gpus=2, owner="bob")]
+    p = plan(queue, active, [], default_quota=Quota(gpus=2))
+    assert p.preempt == ["borrowed"]
+    assert p.start == []
+    # next plan, once the victim is gone and its GPUs free
+    p = plan(queue, [], ["0", "1"], default_quota=Quota(gpus=2))
+    assert started(p) == {"mine": ("0", "1")}
+
+
+def test_victims_lowest_priority_first_then_most_recently_started():
+    active = [
+        a("hi-old", prio=80, started=1, over=True),
+        a("lo-old", prio=10, started=1, over=True),
+        a("lo-new", prio=10, started=9, over=True),
+        a("mid", prio=50, started=5, over=True),
+    ]
+    p = plan([q("w", gpus=2)], active, [], default_quota=Quota(gpus=4))
+    assert p.preempt == ["lo-new", "lo-old"]
+    p = plan([q("w", gpus=3)], active, [], default_quota=Quota(gpus=4))
+    assert p.preempt == ["lo-new", "lo-old", "mid"]
+
+
+def test_only_the_missing_gpus_are_taken_back_and_free_ones_are_held():
+    active = [a("v1", gpus=1, prio=1, over=True), a("v2", gpus=1, prio=2, over=True)]
+    queue = [q("big", gpus=3, prio=90)]
+    p = plan(queue, active, ["0", "1"], default_quota=Quota(gpus=4))
+    assert p.preempt == ["v1"]
+    assert p.start == []
+
+
+def test_lower_job_may_not_take_gpus_held_for_a_higher_one():
+    active = [a("v1", gpus=1, prio=1, over=True)]
+    queue = [q("big", gpus=3, prio=90), q("small", gpus=1, prio=10, owner="cat")]
+    p = plan(queue, active, ["0", "1"], default_quota=Quota(gpus=4))
+    assert p.preempt == ["v1"]
+    assert p.start == []  # "small" may not take the free GPUs "big" is waiting for
+
+
+def test_lower_in_quota_job_reclaims_what_is_left_for_itself():
+    active = [a("v1", gpus=1, prio=1, over=True), a("v2", gpus=1, prio=2, over=True)]
+    queue = [q("big", gpus=3, prio=90), q("small", gpus=1, prio=10, owner="cat")]
+    p = plan(queue, active, ["0", "1"], default_quota=Quota(gpus=4))
+    assert p.preempt == ["v1", "v2"]
+    assert p.start == []
+
+
+def test_zero_gpu_job_still_starts_while_gpus_are_held():
+    active = [a("v", gpus=2, over=True)]
+    queue = [q("big", gpus=2, prio=90), q("cpu", gpus=0, prio=10, owner="cat")]
+    p = plan(queue, active, [], default_quota=Quota(gpus=4))
+    assert p.preempt == ["v"]
+    assert p.start == [Placement("cpu", ())]
+
+
+def test_no_preemption_when_borrowed_gpus_would_not_be_enough_and_backfill_goes_on():
+    active = [a("v", gpus=1, over=True), a("in-quota", gpus=2, owner="cat")]
+    queue = [q("big", gpus=4, prio=90), q("small", gpus=1, prio=10)]
+    p = plan(queue, active, ["3"], default_quota=Quota(gpus=4))
+    assert p.preempt == []
+    assert started(p) == {"small": ("3",)}
+
+
+def test_in_quota_jobs_and_non_preemptible_ones_are_never_victims():
+    active = [
+        a("in-quota-preemptible", gpus=2, over=False, preemptible=True),
+        a("in-quota", gpus=2, over=False),
+    ]
+    p = plan([q("w", gpus=1, owner="ann")], active, [], default_quota=Quota(gpus=4))
+    assert p.preempt == [] and p.start == []
+
+
+def test_preemptible_in_quota_job_may_preempt_too():
+    active = [a("v", gpus=1, over=True)]
+    p = plan([q("w", preemptible=True)], active, [], default_quota=Quota(gpus=1))
+    assert p.preempt == ["v"]
+
+
+def test_over_quota_waiting_job_does_not_preempt():
+    active = [a("v", gpus=1, over=True)]
+    p = plan([q("w", preemptible=True)], active, [], default_quota=Quota(gpus=0))
+    assert p.preempt == [] and p.start == []
+
+
+def test_a_victim_is_chosen_once_for_two_waiting_jobs():
+    active = [a("v1", gpus=1, prio=1, over=True), a("v2", gpus=1, prio=2, over=True)]
+    queue = [q("w1", t=1, owner="x"), q("w2", t=2, owner="y"), q("w3", t=3, owner="z")]
+    p = plan(queue, active, [], default_quota=Quota(gpus=1))
+    assert p.preempt == ["v1", "v2"]  # w3 finds nothing left to reclaim
+    assert p.start == []
+
+
+def test_waiting_job_keeps_its_quota_share_in_the_plan():
+    active = [a("v", gpus=2, over=True)]
+    queue = [q("big", gpus=2, prio=90), q("cpu", gpus=0, prio=10)]
+    p = plan(queue, active, [], default_quota=Quota(gpus=2, jobs=1))
+    assert p.preempt == ["v"]
+    assert p.start == []  # ann's one job slot is promised to "big"
+
+
+def test_victims_holding_no_gpus_are_not_preempted():
+    active = [a("cpu-borrower", gpus=0, over=True), a("v", gpus=1, over=True)]
+    p = plan([q("w")], active, [], default_quota=Quota(gpus=1))
+    assert p.preempt == ["v"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_plans_never_double_allocate_or_exceed_quota(seed):
+    rng = random.Random(seed)
+    devices = [str(i) for i in range(8)]
+    free = rng.sample(devices, rng.randint(0, 8))
+    owners = ["ann", "bob", "cat"]
+    queue = [
+        q(
+            f"q{i}",
+            gpus=rng.randint(0, 3),
+            prio=rng.choice([10, 50, 90]),
+            t=rng.random(),
+            owner=rng.choice(owners),
+            preemptible=rng.random() < 0.4,
+        )
+        for i in range(12)
+    ]
+    active = [
+        a(f"a{i}", gpus=rng.randint(0, 2), owner=rng.choice(owners), over=rng.random() < 0.5)
+        for i in range(5)
+    ]
+    quota = Quota(gpus=3, jobs=3)
+    p = plan(queue, active, free, default_quota=quota)
+    used = all_devices(p)
+    assert len(used) == len(set(used)) and set(used) <= set(free)
+    by_id = {j.id: j for j in queue}
+    for s in p.start:
+        assert len(s.devices) == by_id[s.job_id].gpus
+        assert not s.over_quota or by_id[s.job_id].preemptible
+    for owner in owners:
+        in_quota = [
+            by_id[s.job_id] for s in p.start if by_id[s.job_id].owner == owner and not s.over_quota
+        ]
+        if in_quota:  # what started in quota keeps the owner within quota
+            held = [j for j in active if j.owner == owner and not j.over_quota]
+            assert sum(j.gpus for j in held + in_quota) <= quota.gpus
+            assert len(held) + len(in_quota) <= quota.jobs
+    assert set(p.preempt) <= {j.id for j in active if j.over_quota and j.gpus}
+    if p.preempt:  # a plan that takes GPUs back lends none
+        assert not any(s.over_quota and s.devices for s in p.start)
