@@ -12,8 +12,9 @@ service's OpenAPI document; a unit test keeps its fields and the parser's in ste
 
 Rules beyond the obvious:
 
-- ``image`` and ``framework``/``version`` are exclusive; with neither, the catalog's default
-  framework and its default (first) version are used.
+- ``image`` and ``framework``/``version`` are exclusive, except when they name the same image
+  (a body returned by the API, submitted again to clone a job); with neither, the catalog's
+  default framework and its default (first) version are used.
 - resources: a ``flavor`` gives cpus/memory/gpus, which ``resources.*`` may override; without a
   flavor each field has a job default (1 cpu, 4G, **1 GPU**). ``default_flavor`` (if given) is
   used only when the body names no flavor and no resources at all.
@@ -77,7 +78,8 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 _DURATION_PATTERN = (
-    r"^\s*(\d+(\.\d+)?|(\d+(\.\d+)?d)?\s*(\d+(\.\d+)?h)?\s*(\d+(\.\d+)?m)?\s*(\d+(\.\d+)?s)?)\s*$"
+    r"^(?=.*\d)\s*(\d+(\.\d+)?|(\d+(\.\d+)?[dD])?\s*(\d+(\.\d+)?[hH])?\s*"
+    r"(\d+(\.\d+)?[mM])?\s*(\d+(\.\d+)?[sS])?)\s*$"
 )
 
 #: the top-level fields of a submission, in the order of :meth:`JobSpec.to_json`
@@ -374,22 +376,27 @@ def _image(
     custom = _optional_text(raw, "image")
     framework = _optional_text(raw, "framework")
     version = _optional_text(raw, "version")
-    if custom is not None:
-        if framework is not None or version is not None:
-            raise JobSpecError("image", "give either image or framework (and version), not both")
-        if custom not in allowed_images and custom not in catalog.images():
-            raise JobSpecError(
-                "image",
-                f"image {custom!r} is not in the catalog; choose a framework and version"
-                + (f", or one of: {', '.join(sorted(allowed_images))}" if allowed_images else ""),
-            )
-        return custom, None, None
-    try:
-        fw = catalog.framework(framework)
-        ver = fw.version(version)
-    except CatalogError as e:
-        raise JobSpecError(e.field, str(e)) from None
-    return ver.image, fw.id, ver.id
+    if custom is None or framework is not None or version is not None:
+        try:
+            fw = catalog.framework(framework)
+            ver = fw.version(version)
+        except CatalogError as e:
+            raise JobSpecError(e.field, str(e)) from None
+        if custom is None or custom == ver.image:
+            # the same image named both ways (a body returned by the API, resubmitted) is fine
+            return ver.image, fw.id, ver.id
+        raise JobSpecError(
+            "image",
+            f"give either image or framework (and version), not both: {fw.id} {ver.id} is "
+            f"{ver.image!r}, not {custom!r}",
+        )
+    if custom not in allowed_images and custom not in catalog.images():
+        raise JobSpecError(
+            "image",
+            f"image {custom!r} is not in the catalog; choose a framework and version"
+            + (f", or one of: {', '.join(sorted(allowed_images))}" if allowed_images else ""),
+        )
+    return custom, None, None
 
 
 def _resources(
@@ -587,9 +594,6 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": ["command"],
-    "not": {
-        "anyOf": [{"required": ["image", "framework"]}, {"required": ["image", "version"]}],
-    },
     "properties": {
         "name": {
             "type": ["string", "null"],
@@ -600,8 +604,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
         },
         "framework": {
             "type": ["string", "null"],
-            "description": "Framework id from the catalog (default: the catalog's default). "
-            "Exclusive with `image`.",
+            "description": "Framework id from the catalog (default: the catalog's default).",
         },
         "version": {
             "type": ["string", "null"],
@@ -609,8 +612,9 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
         },
         "image": {
             "type": ["string", "null"],
-            "description": "A catalog image or one of the admin's allowed images. Exclusive "
-            "with `framework`/`version`.",
+            "description": "A catalog image or one of the admin's allowed images. Give it or "
+            "`framework`/`version`, not both (unless they name this very image, as in a body "
+            "returned by the API).",
         },
         "command": {
             "oneOf": [

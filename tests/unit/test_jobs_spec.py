@@ -1,0 +1,604 @@
+"""Job submission validation, its JSON round trip and its JSON Schema (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gpulab.frameworks import Catalog
+from gpulab.jobs.durations import DurationError, parse_duration
+from gpulab.jobs.spec import (
+    HANG_RESTART_FIELDS,
+    JOB_SPEC_FIELDS,
+    JOB_SPEC_SCHEMA,
+    RESOURCE_FIELDS,
+    HangRestart,
+    JobSpec,
+    JobSpecError,
+    parse_job_spec,
+)
+from gpulab.resources import Flavor, Limits, Resources, parse_memory
+from gpulab.settings import DEFAULT_FLAVORS, DEFAULT_FRAMEWORKS
+from gpulab.storage import StorageConfig
+
+CATALOG = Catalog.from_config(
+    DEFAULT_FRAMEWORKS, {"jupyterlab": {"title": "JupyterLab", "default_url": "/lab"}}
+)
+FLAVORS = {f["id"]: Flavor.from_config(f) for f in DEFAULT_FLAVORS}
+LIMITS = Limits(cpus=4, memory=parse_memory("16G"), gpus=2)
+STORAGE = StorageConfig.from_config(
+    {
+        "s3": {"endpoint_url": "http://127.0.0.1:9000"},
+        "local": {"kind": "filesystem", "root": "/srv/objects"},
+    },
+    [
+        {"store": "s3", "bucket": "datasets", "modes": ["ro"]},
+        {"store": "s3", "bucket": "team", "prefix": "vision", "users": ["ann"]},
+    ],
+    "local",
+)
+G = 1024**3
+
+
+def parse(raw, **kw):
+    args = {
+        "catalog": CATALOG,
+        "flavors": FLAVORS,
+        "limits": LIMITS,
+        "host_gpus": 4,
+        "storage": STORAGE,
+        "user": "ann",
+    } | kw
+    return parse_job_spec(raw, **args)
+
+
+def refused(raw, field, words="", **kw):
+    with pytest.raises(JobSpecError) as e:
+        parse(raw, **kw)
+    assert e.value.field == field, str(e.value)
+    assert words in str(e.value)
+    return str(e.value)
+
+
+# --- defaults and the happy path ---------------------------------------------------------------
+
+
+def test_minimal_submission_gets_the_documented_defaults():
+    spec = parse({"command": ["python", "train.py"]})
+    assert spec.name is None
+    assert (spec.framework, spec.version, spec.image) == ("python", "3.11", "gpulab/python:3.11")
+    assert spec.command == ("python", "train.py")
+    assert spec.args == () and spec.env == {} and spec.labels == {} and spec.volumes == ()
+    assert spec.flavor is None
+    assert spec.resources == Resources(cpus=1.0, memory=4 * G, gpus=1)
+    assert spec.timeout == 7 * 86400
+    assert spec.retries == 0
+    assert spec.hang_restart == HangRestart(enabled=False, period=1800)
+    assert spec.preemptible is False
+    assert spec.priority == 50
+
+
+def test_full_submission():
+    spec = parse(
+        {
+            "name": "resnet-50-run2",
+            "framework": "pytorch",
+            "version": "2.13",
+            "command": "python train.py --epochs 3",
+            "args": ["--lr", "0.1"],
+            "env": {"WANDB_MODE": "offline", "_x1": ""},
+            "labels": {"team": "vision", "exp.id": "r2-b"},
+            "flavor": "gpu-2",
+            "resources": {"memory": "12G"},
+            "volumes": ["datasets@s3/mnist:/data", "team@s3/vision/out:/out:rw"],
+            "timeout": "2h",
+            "retries": 3,
+            "hang_restart": {"enabled": True, "period": "10m"},
+            "preemptible": True,
+            "priority": 80,
+        }
+    )
+    assert spec.name == "resnet-50-run2"
+    assert spec.image == "gpulab/pytorch:2.13"
+    assert spec.command == ("sh", "-c", "python train.py --epochs 3")
+    assert spec.args == ("--lr", "0.1")
+    assert spec.env == {"WANDB_MODE": "offline", "_x1": ""}
+    assert spec.labels == {"team": "vision", "exp.id": "r2-b"}
+    assert spec.flavor == "gpu-2"
+    assert spec.resources == Resources(cpus=2.0, memory=12 * G, gpus=2)
+    assert [str(v) for v in spec.volumes] == [
+        "datasets@s3/mnist:/data:ro",
+        "team@s3/vision/out:/out:rw",
+    ]
+    assert spec.timeout == 7200
+    assert spec.retries == 3
+    assert spec.hang_restart == HangRestart(True, 600)
+    assert spec.preemptible is True and spec.priority == 80
+
+
+def test_nulls_and_empty_strings_mean_absent():
+    spec = parse(
+        {
+            "command": ["true"],
+            "name": None,
+            "framework": "",
+            "image": None,
+            "args": None,
+            "env": None,
+            "resources": {"gpus": None},
+            "timeout": None,
+            "retries": None,
+            "hang_restart": {"enabled": None, "period": None},
+            "preemptible": None,
+            "priority": None,
+        }
+    )
+    assert spec == parse({"command": ["true"]})
+
+
+# --- image / framework -------------------------------------------------------------------------
+
+
+def test_version_alone_picks_it_in_the_default_framework():
+    assert parse({"command": ["x"], "version": "3.11"}).image == "gpulab/python:3.11"
+
+
+def test_catalog_image_and_allowed_images():
+    spec = parse({"command": ["x"], "image": "gpulab/pytorch:2.13"})
+    assert (spec.image, spec.framework, spec.version) == ("gpulab/pytorch:2.13", None, None)
+    spec = parse(
+        {"command": ["x"], "image": "nvcr.io/x:1"}, allowed_images=frozenset({"nvcr.io/x:1"})
+    )
+    assert spec.image == "nvcr.io/x:1"
+
+
+def test_image_with_the_framework_version_that_names_it_is_accepted():
+    raw = {"command": ["x"], "framework": "pytorch", "image": "gpulab/pytorch:2.13"}
+    spec = parse(raw)
+    assert (spec.image, spec.framework, spec.version) == ("gpulab/pytorch:2.13", "pytorch", "2.13")
+
+
+@pytest.mark.parametrize(
+    "raw, field, words",
+    [
+        ({"image": "evil:latest"}, "image", "not in the catalog"),
+        ({"image": "gpulab/pytorch:2.13", "framework": "python"}, "image", "not both"),
+        ({"image": "gpulab/pytorch:2.13", "version": "3.11"}, "image", "not both"),
+        ({"image": "evil:1", "framework": "pytorch"}, "image", "not both"),
+        ({"image": "gpulab/pytorch:2.13", "framework": "pytorch", "version": "0"}, "version", ""),
+        ({"framework": "tensorflow"}, "framework", "choose one of: python, pytorch"),
+        ({"framework": "pytorch", "version": "9"}, "version", "choose one of: 2.13"),
+        ({"framework": 3}, "framework", "must be a string"),
+        ({"image": ["a"]}, "image", "must be a string"),
+    ],
+)
+def test_image_refusals(raw, field, words):
+    refused({"command": ["x"], **raw}, field, words)
+
+
+def test_allowed_images_are_listed_when_refusing():
+    msg = refused(
+        {"command": ["x"], "image": "other"}, "image", allowed_images=frozenset({"a", "b"})
+    )
+    assert "one of: a, b" in msg
+
+
+# --- name, command, args -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a", "job-1", "a" * 63, "x--y", "abc-"])
+def test_good_names(name):
+    assert parse({"command": ["x"], "name": name}).name == name
+
+
+@pytest.mark.parametrize("name", ["1job", "-job", "Job", "job_1", "job.1", "a" * 64, "jöb", "a b"])
+def test_bad_names(name):
+    refused({"command": ["x"], "name": name}, "name", "lowercase letters")
+
+
+def test_name_must_be_a_string():
+    refused({"command": ["x"], "name": 12}, "name", "must be a string")
+
+
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        (None, "needs a command"),
+        ([], "needs a command"),
+        ("", "needs a command"),
+        ("   ", "blank"),
+        ([""], "blank"),
+        (["python", 3], "list of strings"),
+        (42, "non-empty list"),
+        ({"cmd": "x"}, "non-empty list"),
+        (["a\0b"], "NUL"),
+        (["x" * 300_000], "bytes"),
+    ],
+)
+def test_command_refusals(command, words):
+    raw = {} if command is None else {"command": command}
+    refused(raw, "command", words)
+
+
+def test_empty_arguments_after_the_program_are_kept():
+    assert parse({"command": ["echo", ""]}).command == ("echo", "")
+
+
+@pytest.mark.parametrize("args", ["--lr 0.1", [1], {"a": 1}])
+def test_args_must_be_a_list_of_strings(args):
+    refused({"command": ["x"], "args": args}, "args", "list of strings")
+
+
+# --- env and labels ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, field, words",
+    [
+        ("A=1", "env", "must be an object"),
+        ({"1A": "x"}, "env.1A", "letters, digits and '_'"),
+        ({"A-B": "x"}, "env.A-B", "letters, digits"),
+        ({"": "x"}, "env.", "letters, digits"),
+        ({"A": 1}, "env.A", "must be a string"),
+        ({"A": None}, "env.A", "must be a string"),
+        ({"A": "x\0y"}, "env.A", "NUL"),
+        ({"A": "é" * 16385}, "env.A", "32 KiB"),
+        ({"JUPYTERHUB_API_TOKEN": "x"}, "env.JUPYTERHUB_API_TOKEN", "reserved"),
+        ({"GPULAB_USER": "x"}, "env.GPULAB_USER", "reserved"),
+        ({"AWS_SECRET_ACCESS_KEY": "x"}, "env.AWS_SECRET_ACCESS_KEY", "reserved"),
+        ({"NVIDIA_VISIBLE_DEVICES": "all"}, "env.NVIDIA_VISIBLE_DEVICES", "reserved"),
+        ({f"V{i}": "" for i in range(101)}, "env", "at most 100"),
+    ],
+)
+def test_env_refusals(env, field, words):
+    refused({"command": ["x"], "env": env}, field, words)
+
+
+def test_env_limits_are_inclusive():
+    env = {f"V{i}": "" for i in range(99)} | {"BIG": "x" * 32 * 1024}
+    assert len(parse({"command": ["x"], "env": env}).env) == 100
+    # similar names that are not reserved
+    ok = {"MY_AWS_KEY": "1", "NVIDIA_DRIVER_CAPABILITIES": "all", "CUDA_VISIBLE_DEVICES": "0"}
+    assert parse({"command": ["x"], "env": ok}).env == ok
+
+
+@pytest.mark.parametrize(
+    "labels, field, words",
+    [
+        (["a"], "labels", "must be an object"),
+        ({"Team": "x"}, "labels.Team", "lowercase"),
+        ({"-a": "x"}, "labels.-a", "lowercase"),
+        ({"a.": "x"}, "labels.a.", "lowercase"),
+        ({"a" * 64: "x"}, "labels." + "a" * 64, "lowercase"),
+        ({"team": 1}, "labels.team", "must be a string"),
+        ({"team": "x" * 64}, "labels.team", "at most 63"),
+        ({"org.gpulab.user": "bob"}, "labels.org.gpulab.user", "reserved"),
+        ({"com.docker.compose.project": "x"}, "labels.com.docker.compose.project", "reserved"),
+        ({f"k{i}": "" for i in range(33)}, "labels", "at most 32"),
+    ],
+)
+def test_label_refusals(labels, field, words):
+    refused({"command": ["x"], "labels": labels}, field, words)
+
+
+def test_label_limits_are_inclusive():
+    labels = {f"k{i}": "v" * 63 for i in range(31)} | {"a" * 63: ""}
+    assert len(parse({"command": ["x"], "labels": labels}).labels) == 32
+
+
+# --- resources ---------------------------------------------------------------------------------
+
+
+def test_explicit_resources_fill_the_rest_with_job_defaults():
+    spec = parse({"command": ["x"], "resources": {"gpus": 0}})
+    assert spec.resources == Resources(1.0, 4 * G, 0)
+    spec = parse({"command": ["x"], "resources": {"cpus": 2.5, "memory": 2 * G, "gpus": 2}})
+    assert spec.resources == Resources(2.5, 2 * G, 2)
+
+
+def test_flavor_with_overrides():
+    spec = parse({"command": ["x"], "flavor": "cpu-large", "resources": {"gpus": 1}})
+    assert spec.flavor == "cpu-large"
+    assert spec.resources == Resources(2.0, 8 * G, 1)
+
+
+def test_default_flavor_only_when_nothing_is_asked():
+    spec = parse({"command": ["x"]}, default_flavor="gpu-1")
+    assert (spec.flavor, spec.resources) == ("gpu-1", Resources(2.0, 8 * G, 1))
+    spec = parse({"command": ["x"], "resources": {"gpus": 2}}, default_flavor="gpu-1")
+    assert (spec.flavor, spec.resources) == (None, Resources(1.0, 4 * G, 2))
+
+
+@pytest.mark.parametrize(
+    "raw, field, words",
+    [
+        ({"resources": {"gpus": 3}}, "resources.gpus", "over your limit; allowed: cpus ≤ 4"),
+        ({"resources": {"cpus": 8}}, "resources.cpus", "over your limit"),
+        ({"resources": {"memory": "32G"}}, "resources.memory", "over your limit"),
+        ({"resources": {"gpus": 5}}, "resources.gpus", "5 GPUs requested but this host has 4"),
+        ({"resources": {"gpus": -1}}, "resources.gpus", "cannot be negative"),
+        ({"resources": {"gpus": 1.5}}, "resources.gpus", "whole number"),
+        ({"resources": {"gpus": "1"}}, "resources.gpus", "whole number"),
+        ({"resources": {"gpus": True}}, "resources.gpus", "whole number"),
+        ({"resources": {"cpus": "2"}}, "resources.cpus", "must be a number"),
+        ({"resources": {"cpus": False}}, "resources.cpus", "must be a number"),
+        ({"resources": {"cpus": 0}}, "resources.cpus", "positive"),
+        ({"resources": {"cpus": float("nan")}}, "resources.cpus", "finite"),
+        ({"resources": {"memory": "lots"}}, "resources.memory", "512M or 4G"),
+        ({"resources": {"memory": 1.5}}, "resources.memory", "512M or 4G"),
+        ({"resources": {"memory": 0}}, "resources.memory", "positive"),
+        ({"resources": {"disk": "1T"}}, "resources.disk", "cpus, memory, gpus"),
+        ({"resources": "big"}, "resources", "must be an object"),
+        ({"flavor": "huge"}, "flavor", "unknown flavor 'huge'"),
+        ({"flavor": 1}, "flavor", "must be a string"),
+    ],
+)
+def test_resource_refusals(raw, field, words):
+    refused({"command": ["x"], **raw}, field, words)
+
+
+def test_host_check_comes_before_the_limit_and_zero_gpu_hosts_run_cpu_jobs():
+    msg = refused({"command": ["x"]}, "resources.gpus", host_gpus=0)
+    assert msg == "1 GPUs requested but this host has 0"
+    assert parse({"command": ["x"], "resources": {"gpus": 0}}, host_gpus=0).resources.gpus == 0
+
+
+def test_flavor_over_the_limit_is_refused():
+    small = Limits(cpus=1, memory=2 * G, gpus=0)
+    refused(
+        {"command": ["x"], "flavor": "gpu-1"}, "resources.cpus", "over your limit", limits=small
+    )
+
+
+# --- volumes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "volumes, words",
+    [
+        (["team@s3/vision:/t"], "user 'bob' may not use"),
+        (["datasets@s3:/d:rw"], "mode 'rw'"),
+        (["datasets@s3:/workspace/d"], "overlaps the workspace"),
+        (["datasets@nowhere:/d"], "unknown object store"),
+        ("datasets@s3:/d", "list of strings"),
+        ([1], "list of strings"),
+    ],
+)
+def test_volume_refusals(volumes, words):
+    refused({"command": ["x"], "volumes": volumes}, "volumes", words, user="bob")
+
+
+def test_volumes_need_a_configured_store():
+    refused({"command": ["x"], "volumes": ["d@s3:/d"]}, "volumes", "no object store", storage=None)
+    assert parse({"command": ["x"], "volumes": []}, storage=None).volumes == ()
+
+
+# --- timeout, retries, hang restart, preemptible, priority --------------------------------------
+
+
+@pytest.mark.parametrize("timeout, seconds", [(60, 60.0), ("1h30m", 5400.0), ("30d", 2592000.0)])
+def test_timeouts(timeout, seconds):
+    assert parse({"command": ["x"], "timeout": timeout}).timeout == seconds
+
+
+@pytest.mark.parametrize(
+    "timeout, words",
+    [
+        ("31d", "at most 30d"),
+        (0, "longer than zero"),
+        (-1, "longer than zero"),
+        ("soon", "duration such as"),
+        (True, "duration such as"),
+    ],
+)
+def test_timeout_refusals(timeout, words):
+    refused({"command": ["x"], "timeout": timeout}, "timeout", words)
+
+
+def test_max_timeout_is_configurable_and_caps_the_default():
+    refused({"command": ["x"], "timeout": "2h"}, "timeout", "at most 1h", max_timeout=3600)
+    assert parse({"command": ["x"]}, max_timeout=3600).timeout == 3600
+    assert parse({"command": ["x"], "timeout": "40d"}, max_timeout=50 * 86400).timeout == 40 * 86400
+
+
+@pytest.mark.parametrize(
+    "raw, field, words",
+    [
+        ({"retries": -1}, "retries", "from 0 to 128"),
+        ({"retries": 129}, "retries", "from 0 to 128"),
+        ({"retries": 1.0}, "retries", "whole number"),
+        ({"retries": "3"}, "retries", "whole number"),
+        ({"retries": True}, "retries", "whole number"),
+        ({"priority": 101}, "priority", "from 0 to 100"),
+        ({"priority": -1}, "priority", "from 0 to 100"),
+        ({"priority": "high"}, "priority", "whole number"),
+        ({"preemptible": "yes"}, "preemptible", "true or false"),
+        ({"preemptible": 1}, "preemptible", "true or false"),
+        ({"hang_restart": True}, "hang_restart", "must be an object"),
+        ({"hang_restart": {"enabled": "on"}}, "hang_restart.enabled", "true or false"),
+        ({"hang_restart": {"period": 5}}, "hang_restart.period", "at least 10s"),
+        ({"hang_restart": {"period": "9s"}}, "hang_restart.period", "at least 10s"),
+        ({"hang_restart": {"period": "never"}}, "hang_restart.period", "duration such as"),
+        ({"hang_restart": {"period": "31d"}}, "hang_restart.period", "at most 30d"),
+        ({"hang_restart": {"periods": 60}}, "hang_restart.periods", "enabled, period"),
+    ],
+)
+def test_fault_tolerance_and_scheduling_refusals(raw, field, words):
+    refused({"command": ["x"], **raw}, field, words)
+
+
+def test_fault_tolerance_bounds_are_inclusive():
+    spec = parse(
+        {
+            "command": ["x"],
+            "retries": 128,
+            "priority": 0,
+            "hang_restart": {"enabled": True, "period": 10},
+        }
+    )
+    assert (spec.retries, spec.priority, spec.hang_restart) == (128, 0, HangRestart(True, 10))
+    assert parse({"command": ["x"], "priority": 100, "retries": 0}).priority == 100
+
+
+# --- the body itself ---------------------------------------------------------------------------
+
+
+def test_unknown_top_level_keys_are_refused_by_name():
+    msg = refused({"command": ["x"], "gpus": 2}, "gpus", "unknown field 'gpus'")
+    assert "resources" in msg  # lists what is allowed
+
+
+def test_body_must_be_an_object():
+    refused(["command"], "", "JSON object")
+
+
+# --- JSON round trip ---------------------------------------------------------------------------
+
+
+def test_to_json_is_json_and_from_json_round_trips():
+    spec = parse(
+        {
+            "name": "r",
+            "command": "echo hi",
+            "args": ["a"],
+            "env": {"A": "1"},
+            "labels": {"k": "v"},
+            "flavor": "gpu-1",
+            "resources": {"memory": 1536 * 1024**2},
+            "volumes": ["team@s3/vision:/t:rw", "datasets@s3:/d"],
+            "timeout": "90m",
+            "retries": 2,
+            "hang_restart": {"enabled": True, "period": 45},
+            "preemptible": True,
+            "priority": 7,
+        }
+    )
+    d = spec.to_json()
+    assert json.loads(json.dumps(d)) == d
+    assert d["resources"] == {"cpus": 2.0, "memory": "1536M", "gpus": 1}
+    assert d["volumes"] == ["team@s3/vision:/t:rw", "datasets@s3:/d:ro"]
+    assert d["timeout"] == 5400.0
+    assert d["hang_restart"] == {"enabled": True, "period": 45.0}
+    assert d["command"] == ["sh", "-c", "echo hi"]
+    assert list(d) == list(JOB_SPEC_FIELDS)
+    assert JobSpec.from_json(json.loads(json.dumps(d))) == spec
+
+
+def test_from_json_does_not_recheck_access_or_limits():
+    spec = parse({"command": ["x"], "volumes": ["team@s3/vision:/t"], "resources": {"gpus": 2}})
+    d = spec.to_json()
+    # grants, stores and limits changed since: the stored job still loads
+    assert JobSpec.from_json(d) == spec
+    d["image"] = "no-longer-in-catalog:1"
+    assert JobSpec.from_json(d).image == "no-longer-in-catalog:1"
+
+
+def test_from_json_fills_fields_missing_from_older_records():
+    old = {
+        "name": None,
+        "framework": "python",
+        "version": "3.11",
+        "image": "gpulab/python:3.11",
+        "command": ["x"],
+    }
+    assert JobSpec.from_json(old) == parse({"command": ["x"]})
+
+
+def test_a_stored_body_parses_back_to_the_same_spec():
+    """What the API returns can be submitted again (clone) and means the same job."""
+    spec = parse({"command": ["x"], "framework": "pytorch", "resources": {"gpus": 2}})
+    body = spec.to_json()
+    assert parse(body) == spec
+    spec = parse({"command": ["x"], "image": "gpulab/pytorch:2.13"})
+    assert parse(spec.to_json()) == spec
+
+
+# --- JSON Schema -------------------------------------------------------------------------------
+
+
+def test_schema_fields_match_the_parser():
+    props = JOB_SPEC_SCHEMA["properties"]
+    assert set(props) == set(JOB_SPEC_FIELDS)
+    assert set(props["resources"]["properties"]) == set(RESOURCE_FIELDS)
+    assert set(props["hang_restart"]["properties"]) == set(HANG_RESTART_FIELDS)
+    assert JOB_SPEC_SCHEMA["additionalProperties"] is False
+    assert props["resources"]["additionalProperties"] is False
+    assert props["hang_restart"]["additionalProperties"] is False
+    # every field the parser accepts is really known to it (no silent drop)
+    for key in JOB_SPEC_FIELDS:
+        with pytest.raises(JobSpecError) as e:
+            parse({"command": ["x"], key: object()})
+        assert e.value.field.split(".")[0] == key
+
+
+def test_schema_is_valid_draft_2020_12_and_agrees_on_examples():
+    jsonschema = pytest.importorskip("jsonschema")
+    validator_cls = jsonschema.Draft202012Validator
+    validator_cls.check_schema(JOB_SPEC_SCHEMA)
+    v = validator_cls(JOB_SPEC_SCHEMA)
+    good = [
+        {"command": ["python", "t.py"]},
+        {"command": "make", "timeout": "1h30m", "hang_restart": {"enabled": True, "period": 60}},
+        {"command": ["x"], "resources": {"cpus": 2, "memory": "8G", "gpus": 0}, "priority": 0},
+        {"command": ["x"], "env": {"A_B": "1"}, "labels": {"a.b-c": "d"}, "retries": 128},
+        parse({"command": ["x"], "volumes": ["datasets@s3:/d"]}).to_json(),
+    ]
+    for body in good:
+        assert v.is_valid(body), body
+        parse(body)
+    bad = [
+        {},
+        {"command": []},
+        {"command": ["x"], "gpus": 1},
+        {"command": ["x"], "env": {"AWS_SECRET_ACCESS_KEY": "s"}},
+        {"command": ["x"], "env": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+        {"command": ["x"], "env": {"1A": "s"}},
+        {"command": ["x"], "labels": {"Team": "s"}},
+        {"command": ["x"], "resources": {"gpus": 1.5}},
+        {"command": ["x"], "resources": {"disk": 1}},
+        {"command": ["x"], "retries": 129},
+        {"command": ["x"], "priority": True},
+        {"command": ["x"], "preemptible": "yes"},
+        {"command": ["x"], "timeout": "30m1h"},
+        {"command": ["x"], "timeout": 0},
+        {"command": ["x"], "name": "Bad"},
+        {"command": ["x"], "hang_restart": {"periods": 1}},
+    ]
+    for body in bad:
+        assert not v.is_valid(body), body
+        with pytest.raises(JobSpecError):
+            parse(body)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "90",
+        "1.5",
+        "90s",
+        "30m",
+        "2H",
+        "1h30m",
+        " 1d 2h ",
+        "1d2h3m4s",
+        "",
+        " ",
+        "h",
+        "30m1h",
+        "1e3",
+        "-1h",
+        "5w",
+        "1h1h",
+        "1.h",
+    ],
+)
+def test_schema_duration_pattern_agrees_with_the_parser(text):
+    jsonschema = pytest.importorskip("jsonschema")
+    v = jsonschema.Draft202012Validator(JOB_SPEC_SCHEMA)
+    try:
+        parse_duration(text)
+        ok = True
+    except DurationError:
+        ok = False
+    assert v.is_valid({"command": ["x"], "timeout": text}) is ok
