@@ -142,6 +142,13 @@ class GpulabSettings(Configurable):
         60.0, help="Seconds between the service's checks of notebooks' run time."
     ).tag(config=True)
 
+    gpu_reconcile_grace = Float(
+        600.0,
+        help="""When a restarted hub reconciles the GPU ledger with the engine, reservations
+        younger than this many seconds are kept even without a container: their spawn may still
+        be pulling data before it creates one.""",
+    ).tag(config=True)
+
     object_stores = Dict(
         default_value={},
         help="""Object stores by name: {name: {kind: 's3' | 'filesystem', endpoint_url, region,

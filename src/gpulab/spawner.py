@@ -277,7 +277,9 @@ class NotebookSpawner(DockerSpawner):
         self._reconciled.add(instance)
         containers = await self.runtime.labelled_containers(instance, "notebook")
         live = [c["Labels"].get("org.gpulab.workload", "") for c in containers]
-        gone = await self.runtime.run(self.ledger.reconcile, live, "notebook")
+        gone = await self.runtime.run(
+            self.ledger.reconcile, live, "notebook", self.settings.gpu_reconcile_grace
+        )
         if gone:
             self.log.warning("released GPUs of vanished notebooks: %s", ", ".join(gone))
 

@@ -84,18 +84,25 @@ def test_form_spawn_and_form_errors(hub_factory):
 
 
 def test_hub_killed_and_restarted(hub_factory, docker_client):
-    extra = 'c.GpulabSettings.gpu_devices = [{"id": "0"}]\nc.GpulabSettings.gpu_mode = "env"'
+    extra = (
+        'c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]\n'
+        'c.GpulabSettings.gpu_mode = "env"\n'
+        "c.GpulabSettings.gpu_reconcile_grace = 0\n"
+    )
     hub = hub_factory(extra)
     token = hub.create_user("fred")
-    hub.spawn("fred", "keep", {"cpus": 0.5, "memory": "512M", "gpus": 1}, token=token)
-    hub.spawn("fred", "later", {}, token=token)
-    hub.wait_ready("fred", "keep")
-    hub.wait_ready("fred", "later")
+    one_gpu = {"cpus": 0.5, "memory": "512M", "gpus": 1}
+    for server, options in (("keep", one_gpu), ("gone", one_gpu), ("later", {})):
+        hub.spawn("fred", server, options, token=token)
+    for server in ("keep", "gone", "later"):
+        hub.wait_ready("fred", server)
     hub.stop_server("fred", "later")
-    container = hub.notebook("fred", "keep").json()["container"]
+    keep = hub.notebook("fred", "keep").json()["container"]
+    gone = hub.notebook("fred", "gone").json()["container"]
 
     hub.kill()  # SIGKILL to the hub, its proxy and its service
-    assert docker_client.containers.get(container).status == "running"
+    assert docker_client.containers.get(keep).status == "running"
+    docker_client.containers.get(gone).remove(force=True)  # vanishes while the hub is down
     hub.start()
 
     # the running notebook is still running and reachable with the same token
@@ -107,9 +114,15 @@ def test_hub_killed_and_restarted(hub_factory, docker_client):
     assert r.status_code == 200, r.text
     assert hub.server_model("fred", "keep")["ready"]
     assert hub.notebook("fred", "keep").json()["state"] == "RUNNING"
-    # it still holds its GPU: another GPU notebook is refused
-    hub.spawn("fred", "other", {"cpus": 0.5, "memory": "512M", "gpus": 1}, token=token)
-    assert hub.wait_state("fred", "other", "FAILED")["history"][-1]["reason"] == "NO_GPU_AVAILABLE"
+    # the vanished notebook's GPU was released; the running one still holds its own
+    hub.spawn("fred", "other", one_gpu, token=token)
+    hub.wait_ready("fred", "other")
+    other = hub.notebook("fred", "other").json()["container"]
+    devices = {docker_client.containers.get(c).labels["org.gpulab.gpus"] for c in (keep, other)}
+    assert devices == {"0", "1"}
+    hub.spawn("fred", "third", one_gpu, token=token)
+    refused = hub.wait_state("fred", "third", "FAILED")["history"][-1]
+    assert refused["reason"] == "NO_GPU_AVAILABLE" and "2 of 2 in use" in refused["message"]
     # the stopped one starts again, and the running one stops normally
     hub.spawn("fred", "later", {}, token=token)
     hub.wait_ready("fred", "later")
