@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -333,6 +334,38 @@ def test_victims_holding_no_gpus_are_not_preempted():
     active = [a("cpu-borrower", gpus=0, over=True), a("v", gpus=1, over=True)]
     p = plan([q("w")], active, [], default_quota=Quota(gpus=1))
     assert p.preempt == ["v"]
+
+
+def test_free_gpus_stay_held_while_victims_are_in_their_grace_period():
+    queue = [q("big", gpus=3, prio=90), q("small", gpus=1, prio=10, owner="cat")]
+    quota = Quota(gpus=4)
+    p = plan(queue, [a("v", gpus=2, over=True)], ["0"], default_quota=quota)
+    assert p.preempt == ["v"] and p.start == []
+    # next plan: "v" is checkpointing (releasing), its GPUs are not free yet
+    releasing = replace(a("v", gpus=2, over=True), releasing=True)
+    p = plan(queue, [releasing], ["0"], default_quota=quota)
+    assert p.preempt == [] and p.start == []  # "small" still may not take GPU 0
+    # once it is gone
+    p = plan(queue, [], ["0", "1", "2"], default_quota=quota)
+    assert started(p) == {"big": ("0", "1", "2")}
+
+
+def test_releasing_gpus_are_promised_once_then_new_victims_are_chosen():
+    releasing = ActiveJob("r", "bob", frozenset(), 1, True, 1, 0.0, True, releasing=True)
+    active = [releasing, a("v", gpus=1, over=True)]
+    queue = [q("w1", t=1, owner="x"), q("w2", t=2, owner="y")]
+    p = plan(queue, active, [], default_quota=Quota(gpus=1))
+    assert p.preempt == ["v"]  # w1 waits for r's GPU, w2 needs a victim of its own
+    assert p.start == []
+
+
+def test_releasing_jobs_do_not_count_against_quota_nor_become_victims():
+    releasing = ActiveJob("r", "ann", frozenset(), 2, True, 1, 0.0, False, releasing=True)
+    p = plan([q("w", gpus=2)], [releasing], ["0", "1"], default_quota=Quota(gpus=2))
+    assert started(p) == {"w": ("0", "1")}
+    releasing = ActiveJob("r", "bob", frozenset(), 2, True, 1, 0.0, True, releasing=True)
+    p = plan([q("w", gpus=4)], [releasing], [], default_quota=Quota(gpus=4))
+    assert p.preempt == []
 
 
 @pytest.mark.parametrize("seed", range(20))

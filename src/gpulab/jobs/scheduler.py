@@ -23,6 +23,11 @@ Rules
    in a later one, once they are gone. Until then it keeps the free GPUs it will need and its
    share of its owner's quota: no lower job takes them in this plan. If the over-quota jobs
    cannot make up the difference, nothing is preempted and nothing is held back.
+   Jobs already on their way out (preempted and in their grace period, or being interrupted)
+   are passed as active with ``releasing=True``: their GPUs are not free yet but will be, so
+   they count towards a waiting job's need before any new victim is chosen (and the free GPUs
+   stay held for it in the plans that follow the preemption, not only in the first one).
+   Releasing jobs never count against a quota and are never chosen as victims.
 5. **Over quota.** A second pass, in the same order, starts preemptible jobs that are over
    their owner's quota (GPUs or job count) on the GPUs still free, marked ``over_quota``. So
    idle GPUs are lent out only after all in-quota work had its turn, and a lent GPU is never
@@ -78,7 +83,8 @@ class QueuedJob:
 
 @dataclass(frozen=True)
 class ActiveJob:
-    """A job in INITIALIZING, PENDING or RUNNING (it holds its GPUs)."""
+    """A job holding GPUs: INITIALIZING, PENDING or RUNNING, or (``releasing``) on its way out,
+    e.g. preempted and checkpointing during its grace period."""
 
     id: str
     owner: str
@@ -88,6 +94,7 @@ class ActiveJob:
     priority: int
     started: float
     over_quota: bool = False
+    releasing: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,12 +177,13 @@ def plan(
     free = list(dict.fromkeys(free_devices))
     gpus_used: dict[str, int] = {}
     jobs_used: dict[str, int] = {}
+    incoming = sum(a.gpus for a in active if a.releasing)  # GPUs about to be free
     for a in active:
-        if not a.over_quota:
+        if not a.over_quota and not a.releasing:
             gpus_used[a.owner] = gpus_used.get(a.owner, 0) + a.gpus
             jobs_used[a.owner] = jobs_used.get(a.owner, 0) + 1
     victims_left = sorted(
-        (a for a in active if a.over_quota and a.preemptible and a.gpus > 0),
+        (a for a in active if a.over_quota and a.preemptible and a.gpus > 0 and not a.releasing),
         key=lambda a: (a.priority, -a.started, a.id),
     )
     result = Plan()
@@ -196,6 +204,8 @@ def plan(
             result.start.append(Placement(job.id, take(job.gpus)))
         else:
             missing = job.gpus - len(free)
+            arriving = min(incoming, missing)
+            missing -= arriving
             chosen: list[ActiveJob] = []
             for victim in victims_left:
                 if missing <= 0:
@@ -204,6 +214,7 @@ def plan(
                 missing -= victim.gpus
             if missing > 0:
                 continue  # preempting all borrowed GPUs would not be enough: wait, hold nothing
+            incoming -= arriving
             for victim in chosen:
                 victims_left.remove(victim)
                 result.preempt.append(victim.id)
