@@ -23,7 +23,9 @@ def _docker_bridge_gateway() -> str:
     try:
         out = subprocess.run(
             ["docker", "network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         return out.stdout.strip() or "172.17.0.1"
     except (OSError, subprocess.SubprocessError):
@@ -57,6 +59,7 @@ chp = here / ".build" / "node" / "node_modules" / ".bin" / "configurable-http-pr
 if chp.exists():
     c.ConfigurableHTTPProxy.command = [str(chp)]
 
+
 # --- log-in: a shared password for local use ---------------------------------------------------
 # Anyone may log in with any user name and the shared user password; the admin user logs in
 # with the admin password. Both come from the environment or are generated once into
@@ -66,18 +69,14 @@ def _passwords() -> dict[str, str]:
     path = data / "passwords.txt"
     if not path.exists():
         path.touch(mode=0o600)
-        path.write_text(
-            f"user={secrets.token_urlsafe(12)}\nadmin={secrets.token_urlsafe(32)}\n"
-        )
+        path.write_text(f"user={secrets.token_urlsafe(12)}\nadmin={secrets.token_urlsafe(32)}\n")
     return dict(line.split("=", 1) for line in path.read_text().split())
 
 
 _pw = _passwords()
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = os.environ.get("GPULAB_USER_PASSWORD", _pw["user"])
-c.SharedPasswordAuthenticator.admin_password = os.environ.get(
-    "GPULAB_ADMIN_PASSWORD", _pw["admin"]
-)
+c.SharedPasswordAuthenticator.admin_password = os.environ.get("GPULAB_ADMIN_PASSWORD", _pw["admin"])
 admin = os.environ.get("GPULAB_ADMIN_USER", "admin")
 c.Authenticator.admin_users = {admin}
 c.Authenticator.allow_all = True
@@ -112,8 +111,11 @@ c.JupyterHub.services = [
         # the service reads the same configuration file as the hub (GPULAB_CONFIG_FILE names
         # the top-level one when this file is loaded from another with load_subconfig)
         "command": [
-            sys.executable, "-m", "gpulab.service",
-            "--config", os.environ.get("GPULAB_CONFIG_FILE", str(Path(__file__).resolve())),
+            sys.executable,
+            "-m",
+            "gpulab.service",
+            "--config",
+            os.environ.get("GPULAB_CONFIG_FILE", str(Path(__file__).resolve())),
         ],
         # a managed service sees only this environment: store credentials named as environment
         # variables must be forwarded (GPULAB_SERVICE_ENV="NAME1,NAME2"); a credentials file
@@ -127,9 +129,27 @@ c.JupyterHub.services = [
             },
         },
         "oauth_no_confirm": True,
+        # what a browser session's token may carry to the service (intersected with the user's)
+        "oauth_client_allowed_scopes": [
+            "custom:gpulab:jobs:read",
+            "custom:gpulab:jobs:manage",
+            "custom:gpulab:admin",
+        ],
         "display": True,
     }
 ]
+c.JupyterHub.custom_scopes = {
+    "custom:gpulab:jobs:read": {
+        "description": "Read your own gpulab training jobs, their logs, events and usage.",
+    },
+    "custom:gpulab:jobs:manage": {
+        "description": "Submit, interrupt, resume, rerun and delete your own training jobs.",
+        "subscopes": ["custom:gpulab:jobs:read"],
+    },
+    "custom:gpulab:admin": {
+        "description": "Read and manage every user's gpulab jobs and notebooks.",
+    },
+}
 c.JupyterHub.load_roles = [
     {
         # the service stops (and restarts) notebooks past their maximum run time
@@ -139,6 +159,11 @@ c.JupyterHub.load_roles = [
     },
     {
         "name": "user",
-        "scopes": ["self", "access:services!service=gpulab"],
+        "scopes": ["self", "access:services!service=gpulab", "custom:gpulab:jobs:manage"],
+    },
+    {
+        "name": "gpulab-admin",
+        "scopes": ["custom:gpulab:admin", "custom:gpulab:jobs:manage"],
+        "users": [admin],
     },
 ]

@@ -159,3 +159,53 @@ class Database:
     def session(self) -> Iterator[Session]:
         with self._sessions() as s, s.begin():
             yield s
+
+
+class Job(Base):
+    """A training job: its submission (spec), where it is in its life, and what it holds."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    instance: Mapped[str] = mapped_column(String(64), index=True)
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    name: Mapped[str] = mapped_column(String(63))
+    spec: Mapped[dict] = mapped_column(JSONText)
+    state: Mapped[str] = mapped_column(String(32), index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=50)
+    submitted: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # the current run: when it entered RUNNING (for the time-out), its container and devices
+    running_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    container: Mapped[str] = mapped_column(String(255), default="")
+    devices: Mapped[str] = mapped_column(String(255), default="")
+    over_quota: Mapped[int] = mapped_column(Integer, default=0)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    hang_restarts: Mapped[int] = mapped_column(Integer, default=0)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    # what the user (or the scheduler) asked for next: interrupt, preempt; in FINALIZING, the
+    # state the job ends in once its output is pushed
+    request: Mapped[str] = mapped_column(String(32), default="")
+    groups: Mapped[str] = mapped_column(Text, default="")  # the owner's groups at submission
+
+    events: Mapped[list[JobEvent]] = relationship(
+        back_populates="job", order_by="JobEvent.id", cascade="all, delete-orphan"
+    )
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # "transition", or "fault-recovery" for a hang restart (the state does not change)
+    kind: Mapped[str] = mapped_column(String(32), default="transition")
+    state: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+    job: Mapped[Job] = relationship(back_populates="events")

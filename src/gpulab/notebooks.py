@@ -118,6 +118,16 @@ class NotebookRecords:
             q = q.options(selectinload(Notebook.events)).order_by(Notebook.user, Notebook.server)
             return [notebook_json(nb) for nb in s.scalars(q)]
 
+    def billed_minutes(self, user: str) -> int:
+        """RUNNING time of the user's notebooks, per commenced minute (per notebook)."""
+        from .jobs.billing import billed_minutes
+
+        with self.db.session() as s:
+            q = select(Notebook).where(Notebook.instance == self.instance, Notebook.user == user)
+            q = q.options(selectinload(Notebook.events))
+            now = utcnow()
+            return sum(billed_minutes(nb.events, now) for nb in s.scalars(q))
+
     def running_longer_than(self, seconds: float) -> list[dict]:
         cutoff = utcnow() - timedelta(seconds=seconds)
         with self.db.session() as s:

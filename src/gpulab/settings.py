@@ -149,6 +149,43 @@ class GpulabSettings(Configurable):
         be pulling data before it creates one.""",
     ).tag(config=True)
 
+    job_quota = Dict(
+        default_value={"gpus": None, "jobs": None},
+        help="""Default quota of a user's jobs: {gpus, jobs} (None = unlimited) counting their
+        INITIALIZING, PENDING and RUNNING jobs; preemptible jobs may go beyond it on idle GPUs.""",
+    ).tag(config=True)
+
+    user_job_quotas = Dict(
+        default_value={}, help="Per-user job quotas {user: {gpus, jobs}}; they win over groups."
+    ).tag(config=True)
+
+    group_job_quotas = Dict(
+        default_value={},
+        help="Per-group job quotas {group: {gpus, jobs}}; a member gets the most generous.",
+    ).tag(config=True)
+
+    max_queued_jobs = Integer(
+        1000, help="Most jobs one user may have queued or active at once (QUEUED counts)."
+    ).tag(config=True)
+
+    preemption_grace = Float(
+        30.0, help="Seconds a preempted or interrupted job has between SIGTERM and SIGKILL."
+    ).tag(config=True)
+
+    job_container_retention = Float(
+        600.0,
+        help="Seconds a finished job's container is kept (for its logs) before it is removed; "
+        "the job's record and saved logs stay.",
+    ).tag(config=True)
+
+    job_max_timeout = Float(30 * 86400.0, help="Longest time-out a job may ask for (seconds).").tag(
+        config=True
+    )
+
+    supervisor_interval = Float(
+        0.5, help="Seconds between the job supervisor's passes (scheduling and watching)."
+    ).tag(config=True)
+
     object_stores = Dict(
         default_value={},
         help="""Object stores by name: {name: {kind: 's3' | 'filesystem', endpoint_url, region,

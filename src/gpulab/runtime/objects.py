@@ -137,3 +137,49 @@ def sync_helper_config(
             **hardened_host_config(),
         },
     }
+
+
+RUNNER_PATH = "/opt/gpulab/run.sh"
+
+
+def job_container_name(instance: str, job_id: str) -> str:
+    return f"{escape_name(instance)}-job-{job_id}"
+
+
+def job_workload_id(instance: str, job_id: str) -> str:
+    return f"{instance}/job/{job_id}"
+
+
+def job_container_config(
+    *,
+    image: str,
+    name: str,
+    command: Sequence[str],
+    env: dict[str, str],
+    labels: dict[str, str],
+    user: str,
+    limits: dict,
+    gpu_host: dict,
+    volumes: dict[str, dict],
+    runner: str,
+) -> dict:
+    """Keyword arguments for ``create_container`` of a training job.
+
+    PID 1 is gpulab's runner (mounted read-only from the host), which runs the command and can
+    run it again in place after a hang.
+    """
+    return {
+        "image": image,
+        "name": name,
+        "command": ["/bin/sh", RUNNER_PATH, *command],
+        "environment": env,
+        "labels": labels,
+        "user": user,
+        "host_config": {
+            "binds": {runner: {"bind": RUNNER_PATH, "mode": "ro"}, **volumes},
+            "auto_remove": False,
+            **hardened_host_config(),
+            **limits,
+            **gpu_host,
+        },
+    }

@@ -9,11 +9,14 @@ import argparse
 import asyncio
 import logging
 import os
+from pathlib import Path
 from urllib.parse import urlparse
 
 from .. import __version__
 from ..db import Database
+from ..jobs.supervisor import JobSupervisor
 from ..notebooks import NotebookRecords
+from ..runtime.docker import DockerRuntime
 from ..settings import GpulabSettings
 from .app import make_app
 from .config import load_config
@@ -52,7 +55,12 @@ async def main(argv: list[str] | None = None) -> None:
     )
     settings = GpulabSettings(config=load_config(args.config))
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
-    app = make_app(settings)
+    data_dir = Path(os.environ.get("GPULAB_DATA_DIR", "."))
+    supervisor = JobSupervisor(
+        settings, Database(settings.database_url), DockerRuntime(), data_dir / "job-logs"
+    )
+    await supervisor.start()
+    app = make_app(settings, supervisor)
     app.listen(url.port or 80, url.hostname or "127.0.0.1")
     log.info("gpulab service %s listening on %s", __version__, url.geturl())
     await asyncio.gather(watchdog_loop(settings), follow_parent())

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 
-from jupyterhub.services.auth import HubOAuthCallbackHandler, HubOAuthenticated
+from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 
@@ -23,36 +23,18 @@ from ..runtime.docker import DockerRuntime
 from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
 from ..workload_data import WorkloadData, notebook_volumes, push_all, push_verdict
+from .app_base import BaseHandler, HealthHandler
+from .jobs_api import (
+    JobActionHandler,
+    JobEventsHandler,
+    JobHandler,
+    JobLogsHandler,
+    JobsHandler,
+    UsageHandler,
+)
+from .openapi import document
 
 log = logging.getLogger("gpulab.service")
-
-
-class BaseHandler(HubOAuthenticated, web.RequestHandler):
-    @property
-    def records(self) -> NotebookRecords:
-        return self.settings["records"]
-
-    def is_admin(self, user: dict) -> bool:
-        """Admins (users or services) are those whose token holds admin:servers."""
-        return bool(user.get("admin")) or "admin:servers" in user.get("scopes", ())
-
-    def write_json(self, obj, status: int = 200) -> None:
-        self.set_status(status)
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(obj))
-
-    def write_error(self, status_code: int, **kwargs) -> None:
-        message = self._reason
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, web.HTTPError) and exc.log_message:
-            message = exc.log_message % exc.args if exc.args else exc.log_message
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"status": status_code, "message": message}))
-
-
-class HealthHandler(web.RequestHandler):
-    def get(self):
-        self.finish({"status": "ok"})
 
 
 class NotebooksHandler(BaseHandler):
@@ -130,23 +112,47 @@ class NotebookPushHandler(BaseHandler):
         self.write_json(result, 200 if ok else 502)
 
 
-def make_app(settings: GpulabSettings) -> web.Application:
+class OpenAPIHandler(web.RequestHandler):
+    def get(self):
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(document()))
+
+
+# path (relative to the service prefix, as in the OpenAPI document) -> handler
+ROUTES: list[tuple[str, str, type]] = [
+    ("/api/health", r"api/health", HealthHandler),
+    ("/api/openapi.json", r"api/openapi.json", OpenAPIHandler),
+    ("/api/notebooks", r"api/notebooks", NotebooksHandler),
+    ("/api/notebooks/{user}/{server}", r"api/notebooks/([^/]+)/([^/]*)", NotebookHandler),
+    (
+        "/api/notebooks/{user}/{server}/push",
+        r"api/notebooks/([^/]+)/([^/]*)/push",
+        NotebookPushHandler,
+    ),
+    ("/api/jobs", r"api/jobs/?", JobsHandler),
+    ("/api/jobs/{job_id}", r"api/jobs/([a-z0-9]+)", JobHandler),
+    ("/api/jobs/{job_id}/events", r"api/jobs/([a-z0-9]+)/events", JobEventsHandler),
+    ("/api/jobs/{job_id}/logs", r"api/jobs/([a-z0-9]+)/logs", JobLogsHandler),
+    (
+        "/api/jobs/{job_id}/{action}",
+        r"api/jobs/([a-z0-9]+)/(interrupt|resume|rerun|push)",
+        JobActionHandler,
+    ),
+    ("/api/usage", r"api/usage", UsageHandler),
+]
+
+
+def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
-    records = NotebookRecords(Database(settings.database_url), settings.instance)
-    api = url_path_join(prefix, "api")
+    db = supervisor.records.db if supervisor else Database(settings.database_url)
+    records = NotebookRecords(db, settings.instance)
+    handlers = [(url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler)]
+    handlers += [(url_path_join(prefix, pattern), handler) for _, pattern, handler in ROUTES]
     return web.Application(
-        [
-            (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
-            (url_path_join(api, "health"), HealthHandler),
-            (url_path_join(api, "notebooks"), NotebooksHandler),
-            (url_path_join(api, "notebooks", r"([^/]+)", r"([^/]*)"), NotebookHandler),
-            (
-                url_path_join(api, "notebooks", r"([^/]+)", r"([^/]*)", "push"),
-                NotebookPushHandler,
-            ),
-        ],
+        handlers,
         cookie_secret=os.urandom(32),
         records=records,
         gpulab=settings,
-        runtime=DockerRuntime(),
+        runtime=supervisor.runtime if supervisor else DockerRuntime(),
+        supervisor=supervisor,
     )

@@ -1,0 +1,218 @@
+"""Job records: submissions, checked state transitions with their history, and usage."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import selectinload
+
+from ..db import Database, Job, JobEvent
+from ..lifecycle import JobState, check_job_transition, utcnow
+from .billing import billed_minutes
+
+ACTIVE = frozenset(
+    {
+        JobState.INITIALIZING,
+        JobState.PENDING,
+        JobState.RUNNING,
+        JobState.RESTARTING,
+        JobState.INTERRUPTING,
+        JobState.TIMEOUT,
+        JobState.FINALIZING,
+    }
+)
+ENDED = frozenset(
+    {JobState.DONE, JobState.INTERRUPTED, JobState.FAILED, JobState.ERROR, JobState.SYNC_FAILED}
+)
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat().replace("+00:00", "Z") if t else None
+
+
+def event_json(e: JobEvent) -> dict:
+    return {
+        "at": _iso(e.at),
+        "kind": e.kind,
+        "state": e.state,
+        "reason": e.reason,
+        "message": e.message,
+        "exit_code": e.exit_code,
+    }
+
+
+def job_json(j: Job, now: datetime | None = None, history: bool = False) -> dict:
+    out = {
+        "id": j.id,
+        "name": j.name,
+        "owner": j.owner,
+        "state": j.state,
+        "reason": j.reason,
+        "message": j.message,
+        "exit_code": j.exit_code,
+        "submitted": _iso(j.submitted),
+        "updated": _iso(j.updated),
+        "running_since": _iso(j.running_since),
+        "devices": [d for d in j.devices.split(",") if d],
+        "over_quota": bool(j.over_quota),
+        "restarts": j.restarts,
+        "hang_restarts": j.hang_restarts,
+        "billed_minutes": billed_minutes(j.events, now or utcnow()),
+        "spec": j.spec,
+        "request": j.request,
+        "container": j.container,
+        "groups": [g for g in j.groups.split(",") if g],
+    }
+    if history:
+        out["history"] = [event_json(e) for e in j.events]
+    return out
+
+
+class JobRecords:
+    def __init__(self, db: Database, instance: str):
+        self.db = db
+        self.instance = instance
+
+    def _get(self, s, job_id: str) -> Job | None:
+        job = s.scalar(
+            select(Job)
+            .where(Job.instance == self.instance, Job.id == job_id)
+            .options(selectinload(Job.events))
+        )
+        return job
+
+    def create(self, owner: str, spec: dict, name: str, groups=()) -> dict:
+        job_id = "j" + secrets.token_hex(6)
+        now = utcnow()
+        with self.db.session() as s:
+            job = Job(
+                id=job_id,
+                instance=self.instance,
+                owner=owner,
+                groups=",".join(groups),
+                name=name,
+                spec=spec,
+                state=JobState.QUEUED.value,
+                priority=int(spec.get("priority", 50)),
+                submitted=now,
+                updated=now,
+                reason="SUBMITTED",
+                message="accepted, waiting for resources",
+            )
+            job.events.append(
+                JobEvent(at=now, state=job.state, reason=job.reason, message=job.message)
+            )
+            s.add(job)
+            s.flush()
+            return job_json(job, now, history=True)
+
+    def transition(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        reason: str = "",
+        message: str = "",
+        exit_code: int | None = None,
+        expect: frozenset[JobState] | None = None,
+        **fields,
+    ) -> dict:
+        """Move a job to ``state`` (checked by the lifecycle), record why, set ``fields``.
+
+        ``expect``: the states the caller believes the job is in; anything else raises
+        InvalidTransition too (a concurrent change won the race).
+        """
+        with self.db.session() as s:
+            job = self._get(s, job_id)
+            if job is None:
+                raise KeyError(job_id)
+            old = JobState(job.state)
+            if expect is not None and old not in expect:
+                from ..lifecycle import InvalidTransition
+
+                raise InvalidTransition("job", old, state)
+            check_job_transition(old, state)
+            now = utcnow()
+            for key, value in fields.items():
+                setattr(job, key, value)
+            job.state = state.value
+            job.updated = now
+            job.reason, job.message = reason, message
+            if exit_code is not None:
+                job.exit_code = exit_code
+            if state is JobState.RUNNING and "running_since" not in fields:
+                # a restart after a failure keeps counting towards the same time-out
+                keep = old is JobState.RESTARTING and job.running_since is not None
+                job.running_since = job.running_since if keep else now
+            if state in (JobState.QUEUED, *ENDED):
+                job.running_since = None
+            job.events.append(
+                JobEvent(
+                    at=now, state=state.value, reason=reason, message=message, exit_code=exit_code
+                )
+            )
+            s.flush()
+            return job_json(job, now, history=True)
+
+    def note(self, job_id: str, kind: str, reason: str, message: str, **fields) -> None:
+        """An event that does not change the state (a fault recovery), and counters."""
+        with self.db.session() as s:
+            job = self._get(s, job_id)
+            if job is None:
+                return
+            for key, value in fields.items():
+                setattr(job, key, value)
+            job.events.append(
+                JobEvent(at=utcnow(), kind=kind, state=job.state, reason=reason, message=message)
+            )
+
+    def update(self, job_id: str, **fields) -> None:
+        with self.db.session() as s:
+            job = self._get(s, job_id)
+            if job is not None:
+                for key, value in fields.items():
+                    setattr(job, key, value)
+
+    def get(self, job_id: str, history: bool = True) -> dict | None:
+        with self.db.session() as s:
+            job = self._get(s, job_id)
+            return job_json(job, history=history) if job else None
+
+    def list(
+        self,
+        owner: str | None = None,
+        states: set[str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> list[dict]:
+        with self.db.session() as s:
+            q = select(Job).where(Job.instance == self.instance)
+            if owner is not None:
+                q = q.where(Job.owner == owner)
+            if states:
+                q = q.where(Job.state.in_(states))
+            q = q.options(selectinload(Job.events)).order_by(Job.submitted)
+            now = utcnow()
+            rows = [job_json(j, now) for j in s.scalars(q)]
+        if labels:
+            rows = [
+                r
+                for r in rows
+                if all((r["spec"].get("labels") or {}).get(k) == v for k, v in labels.items())
+            ]
+        return rows
+
+    def delete(self, job_id: str) -> None:
+        with self.db.session() as s:
+            job = self._get(s, job_id)
+            if job is not None:
+                s.delete(job)
+
+    def usage(self, owner: str) -> dict:
+        jobs = self.list(owner=owner)
+        return {
+            "user": owner,
+            "jobs_billed_minutes": sum(j["billed_minutes"] for j in jobs),
+            "jobs": len(jobs),
+        }
