@@ -1,0 +1,303 @@
+"""The ``gpulab`` command line against a real hub, service and Docker engine.
+
+One hub for the module; the CLI runs as a subprocess (``python -m gpulab.cli``) with its
+configuration in the environment (GPULAB_URL/GPULAB_TOKEN) or in a config file written by
+``gpulab login``. The test host has no GPUs: every job asks for ``--gpu 0``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ..hubctl import Hub
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, images):
+    h = Hub(
+        workdir=tmp_path_factory.mktemp("clihub"),
+        extra_config="c.GpulabSettings.supervisor_interval = 0.2\n",
+    )
+    h.start()
+    yield h
+    h.stop()
+    h.remove_workloads()
+
+
+@pytest.fixture(scope="module")
+def tokens(hub):
+    return {"alice": hub.create_user("alice"), "bob": hub.create_user("bob")}
+
+
+@pytest.fixture(scope="module")
+def no_config(tmp_path_factory):
+    """A config file path that does not exist, so the developer's own is never read."""
+    return str(tmp_path_factory.mktemp("noconfig") / "config.json")
+
+
+def base_env(config: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPULAB_", "JUPYTERHUB_")) and k != "XDG_CONFIG_HOME"
+    }
+    env["GPULAB_CONFIG"] = config
+    return env
+
+
+def cli(*args: str, env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpulab.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def alice(hub, tokens, no_config):
+    return {**base_env(no_config), "GPULAB_URL": hub.url, "GPULAB_TOKEN": tokens["alice"]}
+
+
+@pytest.fixture(scope="module")
+def bob(hub, tokens, no_config):
+    return {**base_env(no_config), "GPULAB_URL": hub.url, "GPULAB_TOKEN": tokens["bob"]}
+
+
+def ok(*args: str, env: dict[str, str]) -> str:
+    r = cli(*args, env=env)
+    assert r.returncode == 0, (args, r.returncode, r.stdout, r.stderr)
+    return r.stdout
+
+
+def get_json(job_id: str, env: dict[str, str]) -> dict:
+    return json.loads(ok("job", "get", job_id, "-o", "json", env=env))
+
+
+def wait_state(job_id: str, env: dict[str, str], states: set[str], timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    job: dict = {}
+    while time.monotonic() < deadline:
+        job = get_json(job_id, env)
+        if job["state"] in states:
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} never reached {states}: {job.get('state')}")
+
+
+def header_columns(table: str) -> list[str]:
+    return table.splitlines()[0].split()
+
+
+def test_run_follow_then_list_get_events_logs(alice):
+    r = cli(
+        "job", "run", "--gpu", "0", "--cpu", "0.5", "--memory", "512M", "--name", "greeter",
+        "-l", "suite=cli", "-e", "GREETING=hello", "--timeout", "5m", "--follow",
+        "--", "sh", "-c", 'echo "$GREETING from gpulab"; echo to-stderr >&2',
+        env=alice,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert "hello from gpulab" in r.stdout
+    assert "to-stderr" in r.stdout  # the job's output, both streams, on stdout
+    assert "DONE" in r.stderr
+    job_id = r.stderr.split()[1]
+    assert job_id.startswith("j")
+
+    # list: an aligned table by default, the API's JSON with -o json
+    table = ok("job", "list", env=alice)
+    assert header_columns(table)[:5] == ["ID", "NAME", "STATE", "GPUS", "SUBMITTED"]
+    row = next(line for line in table.splitlines() if line.startswith(job_id))
+    assert row.split()[1:4] == ["greeter", "DONE", "0"]
+    lines = table.splitlines()
+    state_col = lines[0].index("STATE")
+    assert row[state_col:].startswith("DONE")
+
+    jobs = json.loads(ok("job", "list", "-o", "json", env=alice))["jobs"]
+    mine = next(j for j in jobs if j["id"] == job_id)
+    assert mine["spec"]["labels"] == {"suite": "cli"}
+    assert mine["spec"]["env"] == {"GREETING": "hello"}
+    assert mine["spec"]["resources"] == {"cpus": 0.5, "memory": "512M", "gpus": 0}
+    assert mine["spec"]["timeout"] == 300
+    # filters go to the API
+    assert job_id in ok("job", "list", "-l", "suite=cli", "--state", "DONE", env=alice)
+    assert job_id not in ok("job", "list", "-l", "suite=other", env=alice)
+    assert job_id not in ok("job", "list", "--state", "RUNNING,QUEUED", env=alice)
+
+    details = ok("job", "get", job_id, env=alice)
+    assert "State:" in details and "DONE" in details
+    assert "greeter" in details and "0 GPU" in details
+    job = get_json(job_id, env=alice)
+    assert job["state"] == "DONE" and job["exit_code"] == 0
+    assert [e["state"] for e in job["history"]][-1] == "DONE"
+
+    events = ok("job", "events", job_id, env=alice)
+    assert header_columns(events)[:4] == ["TIME", "KIND", "STATE", "REASON"]
+    assert "RUNNING" in events and "DONE" in events
+    ev = json.loads(ok("job", "events", job_id, "-o", "json", env=alice))
+    assert ev["id"] == job_id and ev["events"][0]["state"] == "QUEUED"
+
+    assert "hello from gpulab" in ok("job", "logs", job_id, env=alice)
+    r = cli("job", "logs", "-f", job_id, env=alice)
+    assert r.returncode == 0 and "hello from gpulab" in r.stdout
+
+
+def test_failing_job_follow_exits_1(alice):
+    r = cli(
+        "job", "run", "--gpu", "0", "--follow", "--", "sh", "-c", "echo about to fail; exit 3",
+        env=alice,
+    )  # fmt: skip
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "about to fail" in r.stdout
+    assert "FAILED" in r.stderr and "exit code 3" in r.stderr
+    job = get_json(r.stderr.split()[1], env=alice)
+    assert job["state"] == "FAILED" and job["exit_code"] == 3
+
+
+def test_stop_resume_rerun_delete(alice):
+    # follow a long job, then Ctrl-C: the CLI stops following (130), the job keeps running
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpulab.cli", "job", "run", "--gpu", "0", "--name", "sleeper",
+         "--follow", "--", "sh", "-c", "echo started; exec sleep 600"],
+        env=alice, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout.readline() == "started\n"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    job_id = err.split()[1]
+    assert f"stopped following job {job_id}, which keeps running" in err
+    assert job_id.startswith("j") and get_json(job_id, alice)["state"] == "RUNNING"
+
+    # a running job cannot be deleted: the API says why
+    r = cli("job", "delete", job_id, env=alice)
+    assert r.returncode == 1 and "interrupt it first" in r.stderr
+
+    out = ok("job", "stop", "--wait", job_id, env=alice)
+    assert out.strip() == f"job {job_id}: INTERRUPTED"
+    assert get_json(job_id, alice)["state"] == "INTERRUPTED"
+    r = cli("job", "stop", job_id, env=alice)  # nothing left to interrupt: 409
+    assert r.returncode == 1 and "nothing to interrupt" in r.stderr
+
+    assert ok("job", "resume", job_id, env=alice).strip() == f"job {job_id}: QUEUED"
+    wait_state(job_id, alice, {"RUNNING"})
+    ok("job", "stop", job_id, env=alice)  # without --wait: the interruption is under way
+    wait_state(job_id, alice, {"INTERRUPTED"})
+
+    copy = ok("job", "rerun", job_id, env=alice).strip()
+    assert copy.startswith("j") and copy != job_id
+    copy_job = get_json(copy, alice)
+    assert copy_job["spec"]["command"] == ["sh", "-c", "echo started; exec sleep 600"]
+    assert copy_job["state"] in {"QUEUED", "INITIALIZING", "PENDING", "RUNNING"}
+    stopped = json.loads(ok("job", "stop", "--wait", copy, "-o", "json", env=alice))
+    assert stopped["state"] == "INTERRUPTED"
+
+    for jid in (job_id, copy):
+        assert ok("job", "delete", jid, env=alice).strip() == f"job {jid} deleted"
+        r = cli("job", "get", jid, env=alice)
+        assert r.returncode == 1 and f"no job {jid}" in r.stderr
+
+
+def test_api_errors_name_the_field(alice):
+    r = cli("job", "run", "--gpu", "0", "--retries", "500", "--", "true", env=alice)
+    assert r.returncode == 1
+    assert "retries must be from 0 to 128" in r.stderr and "field: retries" in r.stderr
+    assert r.stdout == ""
+    r = cli("job", "run", "--gpu", "0", "-e", "GPULAB_SECRET=x", "--", "true", env=alice)
+    assert r.returncode == 1 and "field: env.GPULAB_SECRET" in r.stderr
+    r = cli("job", "list", "--state", "SLEEPY", env=alice)
+    assert r.returncode == 1 and "unknown state SLEEPY" in r.stderr
+    # usage errors are the CLI's own: exit 2
+    r = cli("job", "run", "--gpu", "0", "-e", "NOVALUE", "--", "true", env=alice)
+    assert r.returncode == 2 and "NAME=VALUE" in r.stderr
+    r = cli("job", "run", "--gpu", "0", env=alice)
+    assert r.returncode == 2 and "needs a command" in r.stderr
+    r = cli("job", "run", "--framework", "python", "--image", "x", "--", "true", env=alice)
+    assert r.returncode == 2
+
+
+def test_other_users_job_is_not_found(alice, bob):
+    job_id = ok("job", "run", "--gpu", "0", "--", "true", env=alice).strip()
+    for args in (("job", "get", job_id), ("job", "logs", job_id), ("job", "stop", job_id)):
+        r = cli(*args, env=bob)
+        assert r.returncode == 1 and f"no job {job_id}" in r.stderr, (args, r.stderr)
+    assert job_id not in ok("job", "list", env=bob)
+    # listing everyone's jobs is for admins
+    r = cli("job", "list", "--all", env=bob)
+    assert r.returncode == 1 and "only admins" in r.stderr
+
+
+def test_usage_and_notebooks(alice):
+    assert header_columns(ok("usage", env=alice)) == ["USER", "BILLED", "MINUTES", "JOBS",
+                                                      "NOTEBOOKS"]  # fmt: skip
+    usage = json.loads(ok("usage", "-o", "json", env=alice))
+    assert usage["user"] == "alice" and usage["billed_minutes"] >= 0
+    assert header_columns(ok("notebook", "list", env=alice))[:3] == ["USER", "SERVER", "STATE"]
+    assert json.loads(ok("-o", "json", "notebook", "list", env=alice)) == {"notebooks": []}
+
+
+def test_missing_token_and_unreachable_hub(hub, no_config):
+    env = {**base_env(no_config), "GPULAB_URL": hub.url}
+    r = cli("job", "list", env=env)
+    assert r.returncode == 2
+    assert "no API token" in r.stderr and "GPULAB_TOKEN" in r.stderr and "gpulab login" in r.stderr
+
+    r = cli("job", "list", env={**env, "GPULAB_TOKEN": "not-a-token"})
+    assert r.returncode == 1 and "refused the API token" in r.stderr
+    assert "not-a-token" not in r.stderr + r.stdout
+
+    closed = "http://127.0.0.1:9"  # discard port: nothing listens
+    r = cli("job", "list", env={**env, "GPULAB_URL": closed, "GPULAB_TOKEN": "x"})
+    assert r.returncode == 1
+    assert f"cannot reach gpulab at {closed}" in r.stderr and "refused" in r.stderr
+
+
+def test_login_writes_a_private_config_that_is_used(hub, tokens, tmp_path):
+    config = tmp_path / "cfg" / "config.json"
+    env = base_env(str(config))
+    token = tokens["alice"]
+
+    r = cli("login", "--url", hub.url, "--token", "wrong", env=env)
+    assert r.returncode == 1 and "refused the API token" in r.stderr
+    assert not config.exists()
+
+    r = cli("login", "--url", hub.url + "/hub/", "--token", token, env=env)
+    assert r.returncode == 0, r.stderr
+    assert token not in r.stdout + r.stderr
+    assert "alice" in r.stderr
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert json.loads(config.read_text()) == {"url": hub.url, "token": token}
+
+    # no GPULAB_URL/GPULAB_TOKEN: the file is used
+    usage = json.loads(ok("usage", "-o", "json", env=env))
+    assert usage["user"] == "alice"
+    # the environment wins over the file
+    r = cli("usage", env={**env, "GPULAB_TOKEN": "not-a-token"})
+    assert r.returncode == 1 and "refused the API token" in r.stderr
+
+    # the token can come from stdin, keeping it out of the shell history
+    config.unlink()
+    r = subprocess.run(
+        [sys.executable, "-m", "gpulab.cli", "login", "--url", hub.url, "--token", "-"],
+        env=env,
+        input=token + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+    assert json.loads(config.read_text())["token"] == token

@@ -1,0 +1,192 @@
+"""The gpulab CLI's own logic: argument parsing into a submission body, configuration,
+output formatting and its errors (no hub needed)."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from gpulab import cli
+
+
+def parse(*argv: str):
+    return cli.build_parser().parse_args(list(argv))
+
+
+def test_run_builds_the_submission_body():
+    args = parse(
+        "job", "run", "--name", "train", "--gpu", "2", "--cpu", "4", "--memory", "16G",
+        "--framework", "pytorch", "--version", "2.13", "-v", "data@local/mnist:/data:ro",
+        "-e", "LR=0.1", "-e", "EMPTY=", "-l", "team=vision", "--timeout", "2h",
+        "--retries", "3", "--hang-restart", "30m", "--preemptible", "--priority", "70",
+        "--", "python", "train.py", "--epochs", "3", "--",
+    )  # fmt: skip
+    assert cli.build_submission(args) == {
+        "command": ["python", "train.py", "--epochs", "3", "--"],
+        "name": "train",
+        "framework": "pytorch",
+        "version": "2.13",
+        "resources": {"gpus": 2, "cpus": 4.0, "memory": "16G"},
+        "env": {"LR": "0.1", "EMPTY": ""},
+        "labels": {"team": "vision"},
+        "volumes": ["data@local/mnist:/data:ro"],
+        "timeout": "2h",
+        "retries": 3,
+        "hang_restart": {"enabled": True, "period": "30m"},
+        "preemptible": True,
+        "priority": 70,
+    }
+
+
+def test_run_sends_only_what_was_given():
+    # a flavor's values are not overridden by CLI defaults; numbers of seconds are numbers
+    args = parse("job", "run", "--flavor", "small", "--timeout", "90", "--", "true")
+    assert cli.build_submission(args) == {"command": ["true"], "flavor": "small", "timeout": 90}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("job", "run", "--gpu", "-1", "--", "true"),
+        ("job", "run", "--cpu", "0", "--", "true"),
+        ("job", "run", "--framework", "a", "--image", "b", "--", "true"),
+        ("job", "list", "--all", "--user", "bob"),
+        ("job", "get"),
+        ("-o", "yaml", "usage"),
+        ("nope",),
+    ],
+)
+def test_usage_errors_exit_2(argv, capsys):
+    assert cli.main(list(argv)) == 2
+    assert "gpulab: error:" in capsys.readouterr().err
+
+
+def test_bad_pairs_and_missing_command_exit_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPULAB_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("GPULAB_TOKEN", "t")
+    assert cli.main(["job", "run", "-e", "NOEQUALS", "--", "true"]) == 2
+    assert "NAME=VALUE" in capsys.readouterr().err
+    assert cli.main(["job", "run", "--gpu", "0"]) == 2
+    assert "needs a command" in capsys.readouterr().err
+    assert cli.main(["job", "get", "../x"]) == 2
+    assert cli.main(["job", "get", "J1ABC"]) == 2
+
+
+def test_output_option_before_or_after_the_command():
+    assert parse("-o", "json", "job", "list").output == "json"
+    assert parse("job", "list", "-o", "json").output == "json"
+    assert not hasattr(parse("job", "list"), "output")  # main() fills in "table"
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        "http://hub:8000",
+        "http://hub:8000/",
+        "http://hub:8000/hub",
+        "http://hub:8000/hub/api/",
+        "http://hub:8000/services/gpulab",
+        "http://hub:8000/services/gpulab/api",
+    ],
+)
+def test_url_normalised_to_the_hub(given):
+    assert cli.normalize_url(given) == "http://hub:8000"
+
+
+def test_url_needs_a_scheme():
+    with pytest.raises(cli.CliError) as e:
+        cli.normalize_url("hub:8000")
+    assert e.value.code == 2
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for name in ("GPULAB_URL", "JUPYTERHUB_URL", "GPULAB_TOKEN", "JUPYTERHUB_API_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "dir" / "config.json"
+    monkeypatch.setenv("GPULAB_CONFIG", str(path))
+    return path
+
+
+def test_config_file_is_private_and_env_wins(clean_env, monkeypatch):
+    path = cli.write_config("http://hub", "secret")
+    assert path == clean_env
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert json.loads(path.read_text()) == {"url": "http://hub", "token": "secret"}
+    args = parse("usage")
+    assert cli.settings(args) == ("http://hub", "secret")
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "from-notebook")
+    assert cli.settings(args) == ("http://hub", "from-notebook")
+    monkeypatch.setenv("GPULAB_TOKEN", "from-env")
+    monkeypatch.setenv("GPULAB_URL", "http://other/hub/")
+    assert cli.settings(args) == ("http://other", "from-env")
+    assert cli.settings(parse("--url", "http://third", "usage")) == ("http://third", "from-env")
+    # rewriting keeps it private
+    path.chmod(0o644)
+    cli.write_config("http://hub", "new")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_missing_settings_say_how_to_set_them(clean_env, monkeypatch, capsys):
+    assert cli.main(["job", "list"]) == 2
+    assert "GPULAB_URL" in capsys.readouterr().err
+    monkeypatch.setenv("GPULAB_URL", "http://hub")
+    assert cli.main(["job", "list"]) == 2
+    err = capsys.readouterr().err
+    assert "no API token" in err and "GPULAB_TOKEN" in err and "gpulab login" in err
+
+
+def test_broken_config_file(clean_env, capsys, monkeypatch):
+    clean_env.parent.mkdir()
+    clean_env.write_text("{not json")
+    assert cli.main(["usage"]) == 2
+    assert "cannot read the config file" in capsys.readouterr().err
+
+
+def test_unreachable_hub(clean_env, monkeypatch, capsys):
+    monkeypatch.setenv("GPULAB_URL", "http://127.0.0.1:9")  # discard: nothing listens
+    monkeypatch.setenv("GPULAB_TOKEN", "t")
+    assert cli.main(["usage"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot reach gpulab at http://127.0.0.1:9" in err and "refused" in err
+
+
+def test_table_aligns_columns(capsys):
+    cli.table(["ID", "NAME", "STATE"], [["j1", "a-long-name", "DONE"], ["j22", None, "QUEUED"]])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "ID   NAME         STATE"
+    assert lines[1] == "j1   a-long-name  DONE"
+    assert lines[2] == "j22               QUEUED"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0s"), (59, "59s"), (60, "1m"), (61, "1m01s"), (3600, "1h"), (5400, "1h30m"),
+     (7 * 86400, "7d"), (90000, "1d1h")],
+)  # fmt: skip
+def test_durations(seconds, text):
+    assert cli.duration(seconds) == text
+
+
+def test_runtime_of_an_ended_job_comes_from_its_history():
+    job = {
+        "state": "DONE",
+        "running_since": None,
+        "history": [
+            {"state": "QUEUED", "at": "2026-01-01T00:00:00Z"},
+            {"state": "RUNNING", "at": "2026-01-01T00:00:10Z"},
+            {"state": "DONE", "at": "2026-01-01T00:02:15Z"},
+        ],
+    }
+    assert cli.runtime(job) == "2m05s"
+    assert cli.runtime({"state": "DONE", "running_since": None}) == "-"
+
+
+@pytest.mark.parametrize(
+    ("given", "hub"),
+    [("http://hub", "http://hub"), ("https://x.org/lab/hub/", "https://x.org/lab")],
+)
+def test_url_host_names_and_prefixes(given, hub):
+    assert cli.normalize_url(given) == hub
