@@ -385,12 +385,14 @@ class JobSupervisor:
                 last_log = now
                 stats = await self.runtime.run(client.stats, name, stream=False, one_shot=True)
                 cpu = int(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0))
-                busy = last_cpu is not None and (cpu - last_cpu) > (
-                    HANG_CPU_SHARE * self.s.supervisor_interval * 1e9
-                )
-                last_cpu = cpu
+                if last_cpu is None:
+                    last_cpu = cpu  # CPU time at the last sign of progress (or restart)
+                # progress is real work since the mark: a restart's own few ms do not count
+                busy = (cpu - last_cpu) > HANG_CPU_SHARE * hang.period * 1e9
+                # the runner's own notes ("[gpulab] ...") are not the command's progress
+                out = [ln for ln in out.splitlines() if not ln.startswith(b"[gpulab]")]
                 if out or busy:
-                    last_progress, consecutive = time.monotonic(), 0
+                    last_progress, consecutive, last_cpu = time.monotonic(), 0, cpu
                 elif time.monotonic() - last_progress > hang.period:
                     consecutive += 1
                     if consecutive > MAX_HANG_RESTARTS:
@@ -410,7 +412,7 @@ class JobSupervisor:
                         hang_restarts=job["hang_restarts"] + 1,
                     )
                     await self._restart_in_place(name)
-                    last_progress = time.monotonic()
+                    last_progress, last_cpu = time.monotonic(), None
 
     async def _restart_in_place(self, name: str) -> None:
         client = self.runtime.client

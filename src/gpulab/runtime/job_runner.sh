@@ -8,10 +8,13 @@
 RESTART_FLAG=/tmp/.gpulab-restart
 CHILD_PID=/tmp/.gpulab-child
 child=0
+# the container's stderr stays the command's (fd 3); the shell's own job notices ("Killed")
+# go nowhere, so that they never look like the command's output to the hang detector
+exec 3>&2 2>/dev/null
 forward() { [ "$child" -ne 0 ] && kill -TERM "$child" 2>/dev/null; }
 trap forward TERM INT
 while :; do
-    "$@" &
+    "$@" 2>&3 &
     child=$!
     echo "$child" > "$CHILD_PID"
     wait "$child"
@@ -23,7 +26,7 @@ while :; do
     done
     if [ -e "$RESTART_FLAG" ]; then
         rm -f "$RESTART_FLAG"
-        echo "[gpulab] no progress: the command is restarted in place" >&2
+        echo "[gpulab] no progress: the command is restarted in place" >&3
         continue
     fi
     exit "$code"

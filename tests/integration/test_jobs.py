@@ -1,0 +1,260 @@
+"""Training jobs end to end: a real hub, the gpulab service it starts, the Docker engine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
+
+CONFIG = """
+c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]
+c.GpulabSettings.gpu_mode = "env"
+c.GpulabSettings.supervisor_interval = 0.2
+c.GpulabSettings.preemption_grace = 2
+c.GpulabSettings.job_container_retention = 3600
+c.GpulabSettings.user_job_quotas = {"qa": {"gpus": 1}, "pre": {"gpus": 0}}
+c.GpulabSettings.max_resources = {"cpus": 2, "memory": "4G", "gpus": 2}
+"""
+TERMINAL = {"DONE", "FAILED", "ERROR", "INTERRUPTED", "SYNC_FAILED"}
+
+
+class Api:
+    def __init__(self, hub, user: str):
+        self.hub, self.user = hub, user
+        self.token = hub.create_user(user)
+        self.base = f"{hub.url}/services/gpulab/api"
+
+    def call(self, method: str, path: str, **kw) -> requests.Response:
+        headers = {"Authorization": f"token {self.token}"}
+        return requests.request(method, self.base + path, headers=headers, timeout=60, **kw)
+
+    def submit(self, **body) -> dict:
+        body.setdefault("resources", {"gpus": 0, "cpus": 0.5, "memory": "512M"})
+        r = self.call("POST", "/jobs", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def job(self, job_id: str) -> dict:
+        r = self.call("GET", f"/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def wait(self, job_id: str, states=TERMINAL, timeout: float = 90) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if job["state"] in states:
+                return job
+            time.sleep(0.2)
+        raise TimeoutError(f"{job_id} not in {states}: {job['state']}\n{self.hub.tail(40)}")
+
+
+def states(job: dict) -> list[str]:
+    return [e["state"] for e in job["history"] if e["kind"] == "transition"]
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, images):
+    from ..hubctl import Hub
+
+    hub = Hub(workdir=tmp_path_factory.mktemp("jobs"), extra_config=CONFIG).start()
+    yield hub
+    hub.stop()
+    hub.remove_workloads()
+
+
+@pytest.fixture(scope="module")
+def alice(hub):
+    return Api(hub, "alice")
+
+
+def test_happy_path_pulls_input_and_pushes_output(hub, alice, docker_client):
+    shared = hub.workdir / "data/objects/shared/mnist"
+    shared.mkdir(parents=True)
+    (shared / "train.csv").write_text("1,2,3\n")
+    job = alice.submit(
+        name="train",
+        command=["sh", "-c", "wc -c < /data/train.csv > /out/result.txt; echo trained"],
+        volumes=["shared@local/mnist:/data", "scratch@local/alice/run1:/out:rw"],
+        labels={"project": "mnist"},
+        env={"EPOCHS": "3"},
+    )
+    assert job["state"] == "QUEUED" and job["spec"]["resources"]["gpus"] == 0
+    done = alice.wait(job["id"])
+    assert done["state"] == "DONE", done
+    assert states(done) == ["QUEUED", "INITIALIZING", "PENDING", "RUNNING", "FINALIZING", "DONE"]
+    assert done["exit_code"] == 0 and done["billed_minutes"] == 1
+    out = hub.workdir / "data/objects/scratch/alice/run1/result.txt"
+    assert out.read_text().strip() == "6"
+    assert alice.call("GET", f"/jobs/{job['id']}/logs").text == "trained\n"
+    # the container carries the gpulab labels and the user's, runs as uid 1000, limited
+    c = docker_client.containers.get(done["container"] or f"{hub.instance}-job-{job['id']}")
+    assert c.labels["org.gpulab.kind"] == "job" and c.labels["project"] == "mnist"
+    assert c.attrs["Config"]["User"] == "1000:100"
+    assert c.attrs["HostConfig"]["Memory"] == 512 * 1024**2
+    # list with filters
+    listed = alice.call("GET", "/jobs", params={"state": "DONE", "label": "project=mnist"})
+    assert [j["id"] for j in listed.json()["jobs"]] == [job["id"]]
+    assert alice.call("GET", "/jobs", params={"label": "project=other"}).json()["jobs"] == []
+    usage = alice.call("GET", "/usage").json()
+    assert usage["jobs_billed_minutes"] >= 1
+    # the OpenAPI document is served and names every route
+    doc = alice.call("GET", "/openapi.json").json()
+    assert "/api/jobs/{job_id}/logs" in doc["paths"]
+
+
+def test_failure_is_retried_then_failed(alice):
+    job = alice.submit(command=["sh", "-c", "echo attempt; exit 3"], retries=2)
+    end = alice.wait(job["id"])
+    assert end["state"] == "FAILED" and end["exit_code"] == 3 and end["restarts"] == 2
+    assert states(end).count("RESTARTING") == 2
+    assert "exit code 3 after 2 restarts" in end["message"]
+    assert alice.call("GET", f"/jobs/{job['id']}/logs").text.count("attempt") == 3
+
+
+def test_timeout_interrupts(alice):
+    job = alice.submit(command=["sleep", "600"], timeout="2s")
+    end = alice.wait(job["id"])
+    assert end["state"] == "INTERRUPTED" and end["reason"] == "TIMEOUT", end
+    assert states(end)[-4:] == ["TIMEOUT", "INTERRUPTING", "FINALIZING", "INTERRUPTED"]
+
+
+def test_hang_restarted_in_place_then_failed(alice, docker_client):
+    job = alice.submit(command=["sleep", "600"], hang_restart={"enabled": True, "period": 10})
+    end = alice.wait(job["id"], timeout=120)
+    assert end["state"] == "FAILED" and end["reason"] == "HANG", end
+    recoveries = [e for e in end["history"] if e["kind"] == "fault-recovery"]
+    assert len(recoveries) == 3 and end["hang_restarts"] == 3
+    # in place: one container, never re-queued
+    assert states(end).count("QUEUED") == 1 and states(end).count("PENDING") == 1
+    logs = alice.call("GET", f"/jobs/{job['id']}/logs").text
+    assert logs.count("restarted in place") == 3
+
+
+def test_interrupt_resume_rerun_delete(alice):
+    job = alice.submit(command=["sh", "-c", "echo run; sleep 600"])
+    alice.wait(job["id"], {"RUNNING"})
+    r = alice.call("POST", f"/jobs/{job['id']}/interrupt")
+    assert r.status_code == 202
+    end = alice.wait(job["id"])
+    assert end["state"] == "INTERRUPTED" and end["reason"] == "USER_INTERRUPT"
+    assert alice.call("POST", f"/jobs/{job['id']}/interrupt").status_code == 409
+    r = alice.call("POST", f"/jobs/{job['id']}/resume")
+    assert r.status_code == 200 and r.json()["state"] == "QUEUED"
+    alice.wait(job["id"], {"RUNNING"})
+    alice.call("POST", f"/jobs/{job['id']}/interrupt")
+    alice.wait(job["id"])
+    clone = alice.call("POST", f"/jobs/{job['id']}/rerun")
+    assert clone.status_code == 201 and clone.json()["id"] != job["id"]
+    assert clone.json()["spec"]["command"] == job["spec"]["command"]
+    alice.call("POST", f"/jobs/{clone.json()['id']}/interrupt")
+    assert alice.wait(clone.json()["id"])["state"] == "INTERRUPTED"
+    assert alice.call("DELETE", f"/jobs/{job['id']}").status_code == 204
+    assert alice.call("GET", f"/jobs/{job['id']}").status_code == 404
+
+
+def test_users_do_not_see_each_others_jobs(hub, alice):
+    bob = Api(hub, "bob")
+    job = alice.submit(command=["true"])
+    assert bob.call("GET", f"/jobs/{job['id']}").status_code == 404
+    assert bob.call("POST", f"/jobs/{job['id']}/interrupt").status_code == 404
+    assert bob.call("DELETE", f"/jobs/{job['id']}").status_code == 404
+    assert bob.call("GET", f"/jobs/{job['id']}/logs").status_code == 404
+    assert all(j["owner"] == "bob" for j in bob.call("GET", "/jobs").json()["jobs"])
+    assert bob.call("GET", "/jobs", params={"user": "alice"}).status_code == 403
+    assert bob.call("GET", "/jobs", params={"all": "true"}).status_code == 403
+    alice.wait(job["id"])
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"command": []}, "command"),
+        ({"command": "true", "name": "Bad Name"}, "name"),
+        ({"command": ["true"], "env": {"1X": "y"}}, "env"),
+        ({"command": ["true"], "env": {"AWS_SECRET_ACCESS_KEY": "y"}}, "env"),
+        ({"command": ["true"], "labels": {"Bad Key": "v"}}, "labels"),
+        ({"command": ["true"], "resources": {"gpus": 3}}, "resources.gpus"),
+        ({"command": ["true"], "resources": {"gpus": 0, "memory": "-1G"}}, "resources.memory"),
+        ({"command": ["true"], "resources": {"gpus": 0, "cpus": "many"}}, "resources.cpus"),
+        ({"command": ["true"], "volumes": ["secret@local:/d"]}, "volumes"),
+        ({"command": ["true"], "timeout": "forever"}, "timeout"),
+        ({"command": ["true"], "retries": 500}, "retries"),
+        (
+            {"command": ["true"], "hang_restart": {"enabled": True, "period": 1}},
+            "hang_restart.period",
+        ),
+        ({"command": ["true"], "preemptible": "yes"}, "preemptible"),
+        ({"command": ["true"], "priority": 101}, "priority"),
+        ({"command": ["true"], "image": "alpine:3"}, "image"),
+        ({"command": ["true"], "framework": "caffe"}, "framework"),
+        ({"command": ["true"], "surprise": 1}, "surprise"),
+    ],
+)
+def test_bad_values_are_400_naming_the_field(alice, body, field):
+    r = alice.call("POST", "/jobs", json=body)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert r.json()["field"].startswith(field), r.json()
+
+
+def test_not_json_is_400(alice):
+    r = alice.call("POST", "/jobs", data=b"{not json")
+    assert r.status_code == 400 and r.json()["field"] == "body"
+
+
+def test_quota_queues_in_quota_work_and_rejects_what_never_fits(hub):
+    qa = Api(hub, "qa")  # quota: 1 GPU
+    r = qa.call("POST", "/jobs", json={"command": ["true"], "resources": {"gpus": 2}})
+    assert r.status_code == 400 and "quota allows 1" in r.json()["message"]
+    one = {"gpus": 1, "cpus": 0.5, "memory": "256M"}
+    first = qa.submit(command=["sleep", "3"], resources=one)
+    second = qa.submit(command=["true"], resources=one)
+    qa.wait(first["id"], {"RUNNING"})
+    time.sleep(1)
+    assert qa.job(second["id"])["state"] == "QUEUED"  # waits for the quota, not for a GPU
+    assert qa.wait(first["id"])["state"] == "DONE"
+    done = qa.wait(second["id"])
+    assert done["state"] == "DONE" and len(done["devices"]) == 0  # released at the end
+
+
+def test_preemptible_job_uses_idle_gpus_and_is_preempted_then_resumes(hub):
+    pre, qa = Api(hub, "pre"), Api(hub, "qa")  # pre: quota 0 GPUs; qa: 1
+    two = {"gpus": 2, "cpus": 0.5, "memory": "256M"}
+    borrower = pre.submit(
+        command=["sh", "-c", "echo started; trap 'echo checkpoint; exit 0' TERM; sleep 600 & wait"],
+        resources=two,
+        preemptible=True,
+    )
+    running = pre.wait(borrower["id"], {"RUNNING"})
+    assert running["over_quota"] and sorted(running["devices"]) == ["0", "1"]
+    owner = qa.submit(
+        command=["sh", "-c", "echo mine; sleep 2"],
+        resources={"gpus": 1, "cpus": 0.5, "memory": "256M"},
+    )
+    requeued = pre.wait(borrower["id"], {"QUEUED"}, timeout=60)
+    assert requeued["reason"] == "PREEMPTED"
+    assert qa.wait(owner["id"])["state"] == "DONE"
+    # the GPUs are idle again: the same command runs again
+    again = pre.wait(borrower["id"], {"RUNNING"}, timeout=60)
+    assert states(again).count("RUNNING") == 2
+    hist = [(e["state"], e["reason"]) for e in again["history"]]
+    assert ("INTERRUPTING", "PREEMPTED") in hist and ("QUEUED", "PREEMPTED") in hist
+    pre.call("POST", f"/jobs/{borrower['id']}/interrupt")
+    assert pre.wait(borrower["id"])["state"] == "INTERRUPTED"
+
+
+def test_service_sigkill_loses_no_job_and_runs_none_twice(hub, alice):
+    running = [alice.submit(command=["sh", "-c", "echo once; sleep 6; echo end"]) for _ in range(2)]
+    for job in running:
+        alice.wait(job["id"], {"RUNNING"})
+    hub.kill()  # SIGKILL: hub, proxy and the gpulab service with its supervisor
+    hub.start()
+    for job in running:
+        end = alice.wait(job["id"], timeout=120)
+        assert end["state"] == "DONE", end
+        logs = alice.call("GET", f"/jobs/{job['id']}/logs").text
+        assert logs.count("once") == 1 and "end" in logs, logs
+        assert states(end).count("RUNNING") == 1
