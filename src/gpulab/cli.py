@@ -171,7 +171,8 @@ class Client:
         return r
 
     def describe_error(self, r: requests.Response) -> str:
-        if r.status_code in (301, 302, 303, 307, 308) or r.status_code == 401:
+        not_authenticated = r.status_code == 403 and "not authenticated" in r.text
+        if r.status_code in (301, 302, 303, 307, 308, 401) or not_authenticated:
             # the service sends unauthenticated requests to the hub's log-in
             return (
                 f"the hub at {self.url} refused the API token (expired or revoked?): create "

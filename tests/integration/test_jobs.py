@@ -258,3 +258,15 @@ def test_service_sigkill_loses_no_job_and_runs_none_twice(hub, alice):
         logs = alice.call("GET", f"/jobs/{job['id']}/logs").text
         assert logs.count("once") == 1 and "end" in logs, logs
         assert states(end).count("RUNNING") == 1
+
+
+def test_api_errors_are_json_for_api_clients(hub):
+    base = f"{hub.url}/services/gpulab/api"
+    r = requests.get(
+        f"{base}/jobs", headers={"Authorization": "token nope"}, timeout=30, allow_redirects=False
+    )
+    assert r.status_code == 403 and "invalid or expired token" in r.json()["message"]
+    r = requests.post(f"{base}/jobs", json={"command": ["true"]}, timeout=30)
+    assert r.status_code == 403 and "hub API token" in r.json()["message"]
+    r = requests.get(f"{base}/jobs/NOT-AN-ID", timeout=30)
+    assert r.status_code == 404 and r.json()["message"].startswith("no such path")

@@ -83,8 +83,9 @@ class JobRecords:
         )
         return job
 
-    def create(self, owner: str, spec: dict, name: str, groups=()) -> dict:
+    def create(self, owner: str, spec: dict, name: str | None, groups=()) -> dict:
         job_id = "j" + secrets.token_hex(6)
+        name = name or f"job-{job_id[1:]}"  # unnamed jobs are named after their unique id
         now = utcnow()
         with self.db.session() as s:
             job = Job(

@@ -23,7 +23,7 @@ from ..runtime.docker import DockerRuntime
 from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
 from ..workload_data import WorkloadData, notebook_volumes, push_all, push_verdict
-from .app_base import BaseHandler, HealthHandler
+from .app_base import BaseHandler, HealthHandler, NotFoundHandler, authenticated
 from .jobs_api import (
     JobActionHandler,
     JobEventsHandler,
@@ -38,7 +38,7 @@ log = logging.getLogger("gpulab.service")
 
 
 class NotebooksHandler(BaseHandler):
-    @web.authenticated
+    @authenticated
     async def get(self):
         """The caller's notebooks; admins may ask for ?user=NAME or ?all=true."""
         me = self.current_user
@@ -51,7 +51,7 @@ class NotebooksHandler(BaseHandler):
 
 
 class NotebookHandler(BaseHandler):
-    @web.authenticated
+    @authenticated
     async def get(self, user: str, server: str):
         """One notebook with its state and history. The default server is the empty name."""
         me = self.current_user
@@ -66,7 +66,7 @@ class NotebookHandler(BaseHandler):
 class NotebookPushHandler(BaseHandler):
     """Retry the push of a notebook whose last push failed (SYNC_FAILED)."""
 
-    @web.authenticated
+    @authenticated
     async def post(self, user: str, server: str):
         me = self.current_user
         nb = None
@@ -155,4 +155,5 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
         gpulab=settings,
         runtime=supervisor.runtime if supervisor else DockerRuntime(),
         supervisor=supervisor,
+        default_handler_class=NotFoundHandler,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 from jupyterhub.services.auth import HubOAuthenticated
@@ -17,6 +18,34 @@ class ApiError(web.HTTPError):
         super().__init__(status, "%s", message)
         self.message = message
         self.field = field
+
+
+def authenticated(method):
+    """Like tornado's, but an API client (anything that is not a browser page load) gets a JSON
+    403 saying what is wrong instead of a redirect to the hub's log-in page."""
+
+    @functools.wraps(method)
+    async def wrapper(self, *args, **kwargs):
+        if self.current_user is None:
+            browser = "text/html" in self.request.headers.get("Accept", "")
+            token = self.request.headers.get("Authorization")
+            if self.request.method in ("GET", "HEAD") and browser and not token:
+                self.redirect(self.get_login_url())
+                return None
+            why = "invalid or expired token" if token else "log in or send a hub API token"
+            raise ApiError(403, f"not authenticated: {why} (Authorization: token ...)")
+        return await method(self, *args, **kwargs)
+
+    return wrapper
+
+
+class NotFoundHandler(web.RequestHandler):
+    """JSON 404 for any path the API does not serve."""
+
+    def prepare(self):
+        self.set_status(404)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"status": 404, "message": f"no such path {self.request.path}"}))
 
 
 class BaseHandler(HubOAuthenticated, web.RequestHandler):

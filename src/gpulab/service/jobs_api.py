@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 
-from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..jobs.durations import DurationError
@@ -21,7 +20,7 @@ from ..jobs.scheduler import Quota, can_ever_fit, quota_for
 from ..jobs.spec import JobSpecError, parse_job_spec
 from ..lifecycle import InvalidTransition, JobState
 from ..runtime.docker import NotFound
-from .app_base import ApiError, BaseHandler
+from .app_base import ApiError, BaseHandler, authenticated
 
 J = JobState
 READ, MANAGE = "custom:gpulab:jobs:read", "custom:gpulab:jobs:manage"
@@ -65,7 +64,7 @@ class JobsBase(BaseHandler):
 
 
 class JobsHandler(JobsBase):
-    @web.authenticated
+    @authenticated
     async def get(self):
         """List jobs: yours (admins: ?user=NAME or ?all=true), ?state=A,B, ?label=k=v."""
         me = self.require(READ)
@@ -95,7 +94,7 @@ class JobsHandler(JobsBase):
         )
         self.write_json({"jobs": rows})
 
-    @web.authenticated
+    @authenticated
     async def post(self):
         """Submit a job; 201 with the job, or 400 naming the field and the reason."""
         me = self.require(MANAGE)
@@ -142,18 +141,17 @@ class JobsHandler(JobsBase):
                 f"you have {len(mine)} jobs queued or running; the most is "
                 f"{s.max_queued_jobs}: wait for some to end",
             )
-        name = spec.name or f"job-{len(await asyncio.to_thread(self.jobs.list, user)) + 1}"
-        job = await asyncio.to_thread(self.jobs.create, user, spec.to_json(), name, groups)
+        job = await asyncio.to_thread(self.jobs.create, user, spec.to_json(), spec.name, groups)
         self.supervisor.wake.set()
         return job
 
 
 class JobHandler(JobsBase):
-    @web.authenticated
+    @authenticated
     async def get(self, job_id: str):
         self.write_json(await self.own_job(job_id))
 
-    @web.authenticated
+    @authenticated
     async def delete(self, job_id: str):
         """Delete an ended job: its record, saved logs, container and volumes."""
         job = await self.own_job(job_id, MANAGE)
@@ -176,14 +174,14 @@ class JobHandler(JobsBase):
 
 
 class JobEventsHandler(JobsBase):
-    @web.authenticated
+    @authenticated
     async def get(self, job_id: str):
         job = await self.own_job(job_id)
         self.write_json({"id": job_id, "events": job["history"]})
 
 
 class JobActionHandler(JobsBase):
-    @web.authenticated
+    @authenticated
     async def post(self, job_id: str, action: str):
         job = await self.own_job(job_id, MANAGE)
         state = JobState(job["state"])
@@ -226,10 +224,8 @@ class JobActionHandler(JobsBase):
                 )
                 self.supervisor.wake.set()
             elif action == "rerun":
-                me = self.current_user
+                # the copy belongs to the job's owner, also when an admin asks for it
                 owner = {"name": job["owner"], "groups": job["groups"]}
-                if me["name"] != job["owner"]:
-                    owner = {**owner}  # an admin reruns it for its owner
                 result = await JobsHandler.submit(self, owner, job["spec"])
                 return self.write_json(result, 201)
             elif action == "push":
@@ -248,7 +244,7 @@ class JobActionHandler(JobsBase):
 
 
 class JobLogsHandler(JobsBase):
-    @web.authenticated
+    @authenticated
     async def get(self, job_id: str):
         """The job's output; ?follow=true streams it until the job's container ends."""
         await self.own_job(job_id)
@@ -256,6 +252,14 @@ class JobLogsHandler(JobsBase):
         sup = self.supervisor
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         info = await sup.runtime.inspect_container(sup.container_name(job_id))
+        waiting = {J.QUEUED.value, J.INITIALIZING.value, J.PENDING.value}
+        while follow and info is None:
+            # following a job that has not started yet: wait for its container (or its end)
+            job = await asyncio.to_thread(self.jobs.get, job_id, False)
+            if job is None or job["state"] not in waiting:
+                break
+            await asyncio.sleep(0.5)
+            info = await sup.runtime.inspect_container(sup.container_name(job_id))
         if info is None:
             path = sup.log_file(job_id)
             if path.exists():
@@ -287,7 +291,7 @@ class JobLogsHandler(JobsBase):
 
 
 class UsageHandler(JobsBase):
-    @web.authenticated
+    @authenticated
     async def get(self):
         """Billed minutes: jobs (RUNNING to FINALIZING) and notebooks (RUNNING), per user."""
         me = self.require(READ)
