@@ -33,6 +33,15 @@ from .jobs_api import (
     UsageHandler,
 )
 from .openapi import document
+from .pages import (
+    AdminPage,
+    HomePage,
+    JobActionPage,
+    JobPage,
+    JobsPage,
+    StaticHandler,
+    SubmitJobPage,
+)
 
 log = logging.getLogger("gpulab.service")
 
@@ -141,6 +150,17 @@ ROUTES: list[tuple[str, str, type]] = [
     ("/api/usage", r"api/usage", UsageHandler),
 ]
 
+# the web pages (HTML, not API: kept out of ROUTES and the OpenAPI document)
+PAGE_ROUTES: list[tuple[str, str, type]] = [
+    ("/", r"", HomePage),
+    ("/jobs", r"jobs/?", JobsPage),
+    ("/jobs/new", r"jobs/new", SubmitJobPage),
+    ("/jobs/{job_id}", r"jobs/([a-z0-9]+)", JobPage),
+    ("/jobs/{job_id}/{action}", r"jobs/([a-z0-9]+)/(interrupt|resume|rerun|push)", JobActionPage),
+    ("/admin", r"admin/?", AdminPage),
+    ("/static/{path}", r"static/(.+)", StaticHandler),
+]
+
 
 def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
@@ -148,6 +168,7 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
     records = NotebookRecords(db, settings.instance)
     handlers = [(url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler)]
     handlers += [(url_path_join(prefix, pattern), handler) for _, pattern, handler in ROUTES]
+    handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in PAGE_ROUTES]
     return web.Application(
         handlers,
         cookie_secret=os.urandom(32),

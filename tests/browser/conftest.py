@@ -1,0 +1,142 @@
+"""Headless Chromium (Debian's, driven by Playwright) against a real hub.
+
+Chromium missing skips these tests on a developer machine but FAILS in CI (CI=true). Never run
+`playwright install`: it downloads another browser; `make browser` installs Debian's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from ..conftest import IN_CI
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+
+HUB_CONFIG = """
+c.GpulabSettings.gpu_devices = [{"id": "0", "model": "Test GPU", "memory": "16G"}, {"id": "1", "model": "Test GPU", "memory": "16G"}]
+c.GpulabSettings.gpu_mode = "env"
+c.GpulabSettings.supervisor_interval = 0.2
+c.GpulabSettings.job_container_retention = 3600
+"""
+
+
+def _need(message: str):
+    if IN_CI:
+        pytest.fail(message + " (CI=true: a missing browser is a failure, not a skip)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not CHROMIUM.exists():
+        _need(f"{CHROMIUM} is missing; run `make browser` (Debian's chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _need("the playwright package is missing; run `make venv`")
+    pw = sync_playwright().start()
+    b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    yield b
+    b.close()
+    pw.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, images):
+    from ..hubctl import Hub
+
+    hub = Hub(workdir=tmp_path_factory.mktemp("browser"), extra_config=HUB_CONFIG).start()
+    yield hub
+    hub.stop()
+    hub.remove_workloads()
+
+
+def passwords(hub) -> dict[str, str]:
+    text = (hub.workdir / "data" / "passwords.txt").read_text()
+    return dict(line.split("=", 1) for line in text.split())
+
+
+class Shots:
+    """Screenshots of a test's pages, numbered in order: artifacts/screenshots/<test>-NN-<what>.png"""
+
+    def __init__(self, test: str):
+        self.test = re.sub(r"[^A-Za-z0-9_-]+", "_", test)
+        self.n = 0
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        for old in SCREENSHOTS.glob(f"{self.test}-*.png"):
+            old.unlink()
+
+    def __call__(self, page, what: str) -> Path:
+        self.n += 1
+        path = SCREENSHOTS / f"{self.test}-{self.n:02d}-{what}.png"
+        page.screenshot(path=str(path), full_page=True)
+        return path
+
+
+@pytest.fixture
+def shots(request):
+    return Shots(request.node.name)
+
+
+@pytest.fixture
+def new_page(browser, shots, request):
+    """A fresh browser context (its own cookies) per user; a failing test keeps a last shot."""
+    contexts = []
+
+    def make():
+        ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+        ctx.set_default_timeout(30_000)
+        contexts.append(ctx)
+        return ctx.new_page()
+
+    yield make
+    failed = getattr(request.node, "rep_call", None)
+    for i, ctx in enumerate(contexts):
+        if failed is not None and failed.failed:
+            for page in ctx.pages:
+                with contextlib.suppress(Exception):
+                    shots(page, f"failure-{i}")
+        ctx.close()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+def login(page, hub, user: str, admin: bool = False) -> None:
+    """Log in through the hub's own login page with the shared (or admin) password."""
+    pw = passwords(hub)["admin" if admin else "user"]
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", user)
+    page.fill("#password_input", pw)
+    page.click("#login_submit")
+    page.wait_for_url(re.compile(r".*/hub/(home|spawn|spawn-pending|user/).*|.*/user/.*"))
+
+
+def wait_until(predicate, timeout: float = 60, step: float = 0.3, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise TimeoutError(f"{what} not met in {timeout} s")
