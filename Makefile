@@ -26,7 +26,7 @@ FORCE ?=
 # PATH for the hub, the tests and the benchmarks: the proxy and the venv's scripts first.
 RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv proxy engine images setup run test lint format bench clean-images clean
+.PHONY: help venv proxy engine images browser setup run test lint format bench clean-images clean
 
 help: ## Show this help
 	@echo "Usage: make TARGET [GPULAB_PORT=8000] [PYTEST_ARGS=...] [FORCE=1]"
@@ -59,14 +59,20 @@ engine: ## Make sure a Docker engine runs (installs docker.io and starts dockerd
 images: engine ## Build the notebook images gpulab/{debian:bookworm,python:3.11,pytorch:2.13} when missing or stale
 	scripts/build-images.sh $(if $(FORCE),--force)
 
-setup: venv proxy engine images ## Everything run and test need
+browser: ## Install Debian's chromium for the browser tests when /usr/bin/chromium is missing
+	@test -x /usr/bin/chromium || { \
+		echo "chromium not found: installing Debian's chromium"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+	@test -x /usr/bin/chromium || { echo "ERROR: /usr/bin/chromium is still missing" >&2; exit 1; }
+
+setup: venv proxy engine images browser ## Everything run and test need
 
 run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in data/)
 	mkdir -p $(DATA_DIR)
 	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(CURDIR)/$(DATA_DIR)" \
 		exec $(VENV)/bin/jupyterhub -f jupyterhub_config.py
 
-test: setup ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest)
+test: setup browser ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	PATH="$(RUN_PATH)" $(VENV)/bin/pytest -ra $(PYTEST_ARGS)

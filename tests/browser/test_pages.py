@@ -122,6 +122,13 @@ def test_submit_job_follow_logs_until_done(hub, new_page, shots):
         assert state in events, (state, events)
     shots(page, "job-done")
 
+    # a form post without the XSRF token (a cross-site request) is refused, nothing submitted
+    forged = page.request.post(
+        f"{hub.url}{SERVICE}jobs/new", form={"command": "echo forged"}, max_redirects=0
+    )
+    assert forged.status == 403, forged.status
+    assert "forged" not in page.request.get(f"{hub.url}{SERVICE}api/jobs").text()
+
     # the jobs list, filtered on DONE
     page.goto(f"{hub.url}{SERVICE}jobs")
     page.select_option("#state-filter", "DONE")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,6 +95,7 @@ def state_class(state: str | None) -> str:
 _env.filters["when"] = when
 _env.filters["ago"] = ago
 _env.filters["state_class"] = state_class
+_env.filters["shjoin"] = lambda words: shlex.join(str(w) for w in words)
 _env.filters["duration"] = lambda s: format_duration(float(s)) if s is not None else "—"
 
 
@@ -141,6 +143,12 @@ class PageHandler(JobsBase):
             message = exc.message
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
+        if status_code == 403 and getattr(self, "_current_user", None) is None:
+            # a form posted without (or with a stale) XSRF token is not authenticated
+            message = (
+                "You are not logged in here, or the form had expired. Reload the page "
+                "(log in again if asked) and try once more."
+            )
         titles = {
             403: "Not allowed",
             404: "Not found",

@@ -1,0 +1,53 @@
+"""The job submit form's strings become a JSON job body (no browser, no hub needed)."""
+
+from __future__ import annotations
+
+from gpulab.service.pages import ago, form_field, form_to_job, state_class, when
+
+
+def test_form_to_job_types_and_errors():
+    raw, errors = form_to_job(
+        {
+            "name": "t1",
+            "environment": "pytorch/2.13",
+            "command": " python train.py ",
+            "flavor": "",
+            "cpus": "0.5",
+            "gpus": "1",
+            "memory": "2G",
+            "env": "A=1\nB=x=y\n\n",
+            "volumes": "shared@local:/data:ro\n",
+            "timeout": "2h",
+            "retries": "3",
+            "preemptible": "on",
+        }
+    )
+    assert errors == {}
+    assert raw == {
+        "name": "t1",
+        "framework": "pytorch",
+        "version": "2.13",
+        "command": "python train.py",
+        "resources": {"cpus": 0.5, "gpus": 1, "memory": "2G"},
+        "env": {"A": "1", "B": "x=y"},
+        "volumes": ["shared@local:/data:ro"],
+        "timeout": "2h",
+        "retries": 3,
+        "preemptible": True,
+    }
+    _, errors = form_to_job({"command": "", "gpus": "1.5", "retries": "x", "env": "NOEQUALS"})
+    assert set(errors) == {"command", "gpus", "retries", "env"}
+
+
+def test_spec_fields_map_to_form_fields():
+    assert form_field("resources.gpus") == "gpus"
+    assert form_field("env.FOO") == "env"
+    assert form_field("volumes[0]") == "volumes"
+    assert form_field("version") == "environment"
+    assert form_field(None) == "form"
+
+
+def test_filters():
+    assert when("2024-05-01T10:00:00.123Z") == "2024-05-01 10:00:00"
+    assert when(None) == "—" and ago(None) == ""
+    assert state_class("DONE") == "ok" and state_class("FAILED") == "bad"
