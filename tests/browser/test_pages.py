@@ -4,6 +4,7 @@ gpulab pages (jobs submitted and followed to DONE with their logs), the admin GP
 
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -47,6 +48,10 @@ def test_spawn_form_errors_then_jupyterlab(hub, new_page, shots):
     page.wait_for_url(re.compile(r".*/(spawn-pending/nora/lab1|user/nora/lab1/).*"))
     if "spawn-pending" in page.url:
         page.wait_for_selector("#progress-message", state="attached")
+        log = page.locator("details summary")  # the hub's event log: every step, data sync too
+        if log.count():
+            with contextlib.suppress(Exception):
+                log.first.click(timeout=2000)
         shots(page, "spawn-progress")
     page.wait_for_url(re.compile(r".*/user/nora/lab1/lab.*"), timeout=120_000)
     page.wait_for_selector("#jp-main-dock-panel, .jp-LabShell", timeout=90_000)
