@@ -184,12 +184,13 @@ class NotebookSpawner(DockerSpawner):
         try:
             opts = self.parse_options(user_options)
         except OptionsError as e:
-            raise web.HTTPError(400, "Invalid notebook options: %s", str(e)) from None
+            # "FIELD: message": the form shows it next to that field
+            raise web.HTTPError(400, "Invalid notebook options: %s: %s", e.field, str(e)) from None
         total = len(self.ledger.devices)
         if opts.resources.gpus > total:
             raise web.HTTPError(
                 400,
-                "Invalid notebook options: %s",
+                "Invalid notebook options: gpus: %s",
                 f"gpus={opts.resources.gpus} requested but this host has {total} GPU(s)",
             )
         self.gpulab_options = opts

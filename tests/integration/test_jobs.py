@@ -122,6 +122,23 @@ def test_timeout_interrupts(alice):
     assert states(end)[-4:] == ["TIMEOUT", "INTERRUPTING", "FINALIZING", "INTERRUPTED"]
 
 
+def test_timeout_with_auto_restart_runs_again_then_interrupts(alice):
+    job = alice.submit(command=["sh", "-c", "echo go; sleep 600"], timeout="2s", retries=1)
+    end = alice.wait(job["id"])
+    assert end["state"] == "INTERRUPTED" and end["restarts"] == 1, end
+    assert states(end)[3:] == [
+        "RUNNING",
+        "TIMEOUT",
+        "RESTARTING",
+        "RUNNING",
+        "TIMEOUT",
+        "INTERRUPTING",
+        "FINALIZING",
+        "INTERRUPTED",
+    ]
+    assert alice.call("GET", f"/jobs/{job['id']}/logs").text.count("go") == 2
+
+
 def test_hang_restarted_in_place_then_failed(alice, docker_client):
     job = alice.submit(command=["sleep", "600"], hang_restart={"enabled": True, "period": 10})
     end = alice.wait(job["id"], timeout=120)

@@ -318,22 +318,7 @@ class JobSupervisor:
                     return await self.finalize(job_id, J.DONE, "EXITED", "exit code 0", code)
                 why = "out of memory" if st.get("OOMKilled") else f"exit code {code}"
                 if job["restarts"] < spec.retries:
-                    n = job["restarts"] + 1
-                    await self.move(
-                        job_id,
-                        J.RESTARTING,
-                        reason="AUTO_RESTART",
-                        message=f"{why}; restart {n} of {spec.retries}",
-                        exit_code=code,
-                        restarts=n,
-                    )
-                    await self.runtime.run(client.start, name)
-                    await self.move(
-                        job_id,
-                        J.RUNNING,
-                        reason="RESTARTED",
-                        message=f"restart {n} of {spec.retries}",
-                    )
+                    await self._auto_restart(job_id, name, job["restarts"] + 1, spec, why, code)
                     consecutive, last_progress = 0, time.monotonic()
                     continue
                 msg = why + (f" after {spec.retries} restarts" if spec.retries else "")
@@ -348,22 +333,8 @@ class JobSupervisor:
                     message=f"time-out of {spec.timeout:g} s reached",
                 )
                 if job["restarts"] < spec.retries:
-                    n = job["restarts"] + 1
-                    await self.move(
-                        job_id,
-                        J.RESTARTING,
-                        reason="AUTO_RESTART",
-                        message=f"time-out; restart {n} of {spec.retries}",
-                        restarts=n,
-                    )
-                    await self._stop_container(name, self.s.preemption_grace)
-                    await self.runtime.run(client.start, name)
-                    await self.move(
-                        job_id,
-                        J.RUNNING,
-                        reason="RESTARTED",
-                        message=f"restart {n} of {spec.retries}",
-                        running_since=utcnow(),
+                    await self._auto_restart(
+                        job_id, name, job["restarts"] + 1, spec, "time-out", stop_first=True
                     )
                     continue
                 await self.move(
@@ -413,6 +384,38 @@ class JobSupervisor:
                     )
                     await self._restart_in_place(name)
                     last_progress, last_cpu = time.monotonic(), None
+
+    async def _auto_restart(
+        self,
+        job_id: str,
+        name: str,
+        n: int,
+        spec: JobSpec,
+        why: str,
+        exit_code: int | None = None,
+        stop_first: bool = False,
+    ) -> None:
+        """RESTARTING -> RUNNING: the same container runs its command again (restart n)."""
+        await self.move(
+            job_id,
+            J.RESTARTING,
+            reason="AUTO_RESTART",
+            message=f"{why}; restart {n} of {spec.retries}",
+            exit_code=exit_code,
+            restarts=n,
+        )
+        if stop_first:
+            await self._stop_container(name, self.s.preemption_grace)
+        await self.runtime.run(self.runtime.client.start, name)
+        # a time-out restart gets a new time-out window; a failure restart keeps its own
+        fresh = {"running_since": utcnow()} if stop_first else {}
+        await self.move(
+            job_id,
+            J.RUNNING,
+            reason="RESTARTED",
+            message=f"restart {n} of {spec.retries}",
+            **fresh,
+        )
 
     async def _restart_in_place(self, name: str) -> None:
         client = self.runtime.client

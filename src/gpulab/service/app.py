@@ -63,13 +63,7 @@ class NotebookHandler(BaseHandler):
     @authenticated
     async def get(self, user: str, server: str):
         """One notebook with its state and history. The default server is the empty name."""
-        me = self.current_user
-        nb = None
-        if user == me["name"] or self.is_admin(me):
-            nb = await asyncio.to_thread(self.records.get, user, server)
-        if nb is None:
-            raise web.HTTPError(404, f"no notebook {server or '(default)'} for {user}")
-        self.write_json(nb)
+        self.write_json(await self.owned_notebook(user, server))
 
 
 class NotebookPushHandler(BaseHandler):
@@ -78,11 +72,7 @@ class NotebookPushHandler(BaseHandler):
     @authenticated
     async def post(self, user: str, server: str):
         me = self.current_user
-        nb = None
-        if user == me["name"] or self.is_admin(me):
-            nb = await asyncio.to_thread(self.records.get, user, server)
-        if nb is None:
-            raise web.HTTPError(404, f"no notebook {server or '(default)'} for {user}")
+        nb = await self.owned_notebook(user, server)
         if nb["state"] != NotebookState.SYNC_FAILED.value:
             raise web.HTTPError(
                 409, f"only a SYNC_FAILED notebook's push can be retried; this one is {nb['state']}"
@@ -166,7 +156,10 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
     db = supervisor.records.db if supervisor else Database(settings.database_url)
     records = NotebookRecords(db, settings.instance)
-    handlers = [(url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler)]
+    handlers = [
+        (prefix.rstrip("/"), web.RedirectHandler, {"url": prefix}),
+        (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+    ]
     handlers += [(url_path_join(prefix, pattern), handler) for _, pattern, handler in ROUTES]
     handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in PAGE_ROUTES]
     return web.Application(

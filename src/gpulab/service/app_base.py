@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 
@@ -59,6 +60,16 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         return (
             bool(user.get("admin")) or "admin:servers" in scopes or "custom:gpulab:admin" in scopes
         )
+
+    async def owned_notebook(self, user: str, server: str) -> dict:
+        """The notebook, if the caller owns it or is an admin; else 404 (never 403)."""
+        me = self.current_user
+        nb = None
+        if user == me["name"] or self.is_admin(me):
+            nb = await asyncio.to_thread(self.records.get, user, server)
+        if nb is None:
+            raise ApiError(404, f"no notebook {server or '(default)'} for {user}")
+        return nb
 
     def write_json(self, obj, status: int = 200) -> None:
         self.set_status(status)

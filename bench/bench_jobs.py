@@ -1,0 +1,145 @@
+"""Jobs benchmark: submission-to-RUNNING latency, 200 short jobs to DONE, API latency.
+
+    .venv/bin/python bench/bench_jobs.py [--latency 10] [--jobs 200] [--concurrency 16]
+                                         [--clients 50] [--requests 20]
+
+A real hub and the gpulab service it starts, the local Docker engine, jobs without GPUs on
+gpulab/python:3.11. Latency is measured from the job's own history (QUEUED -> RUNNING
+timestamps written by the service) and from the client's side (POST until it reads RUNNING).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.hubctl import Hub  # noqa: E402
+
+SMALL = {"gpus": 0, "cpus": 0.25, "memory": "256M"}
+
+
+def ts(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    return values[max(0, min(len(values) - 1, round(p / 100 * (len(values) - 1))))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--latency", type=int, default=10, help="jobs timed one by one")
+    ap.add_argument("--jobs", type=int, default=200, help="short jobs queued at once")
+    ap.add_argument("--concurrency", type=int, default=16, help="the user's job quota")
+    ap.add_argument("--clients", type=int, default=50, help="concurrent API clients")
+    ap.add_argument("--requests", type=int, default=20, help="requests per client")
+    args = ap.parse_args()
+
+    config = (
+        "c.GpulabSettings.supervisor_interval = 0.1\n"
+        "c.GpulabSettings.job_container_retention = 0\n"
+        f'c.GpulabSettings.job_quota = {{"gpus": None, "jobs": {args.concurrency}}}\n'
+    )
+    hub = Hub(workdir=Path(tempfile.mkdtemp(prefix="gpulab-bench-jobs-")), extra_config=config)
+    try:
+        hub.start()
+        token = hub.create_user("bench")
+        s = requests.Session()
+        s.headers["Authorization"] = f"token {token}"
+        api = f"{hub.url}/services/gpulab/api"
+
+        def submit(command: list[str]) -> str:
+            r = s.post(f"{api}/jobs", json={"command": command, "resources": SMALL}, timeout=60)
+            r.raise_for_status()
+            return r.json()["id"]
+
+        def wait(job_id: str, states: set[str], poll: float = 0.02) -> dict:
+            while True:
+                job = s.get(f"{api}/jobs/{job_id}", timeout=60).json()
+                if job["state"] in states:
+                    return job
+                time.sleep(poll)
+
+        # 1. submission to RUNNING, one at a time
+        server_side, client_side = [], []
+        submit(["true"])  # warm-up
+        for _ in range(args.latency):
+            t0 = time.perf_counter()
+            job_id = submit(["sleep", "30"])
+            job = wait(job_id, {"RUNNING", "FAILED", "ERROR"})
+            client_side.append(time.perf_counter() - t0)
+            hist = {e["state"]: ts(e["at"]) for e in job["history"]}
+            server_side.append(hist["RUNNING"] - hist["QUEUED"])
+            s.post(f"{api}/jobs/{job_id}/interrupt", timeout=60)
+        print(f"\nSubmission to RUNNING ({args.latency} jobs, one at a time, no data)")
+        print(
+            f"  server side (history): median {statistics.median(server_side):.3f} s, "
+            f"max {max(server_side):.3f} s"
+        )
+        print(
+            f"  client side (POST until RUNNING is read): median "
+            f"{statistics.median(client_side):.3f} s   (target: median under 1 s)"
+        )
+
+        # 2. many short jobs queued at once
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            ids = list(pool.map(lambda _: submit(["true"]), range(args.jobs)))
+        submitted = time.perf_counter() - t0
+        pending = set(ids)
+        while pending:
+            jobs = s.get(f"{api}/jobs", params={"state": "DONE,FAILED,ERROR"}, timeout=120).json()
+            pending -= {j["id"] for j in jobs["jobs"]}
+            time.sleep(0.5)
+        wall = time.perf_counter() - t0
+        done = s.get(f"{api}/jobs", params={"state": "DONE"}, timeout=120).json()["jobs"]
+        ok = len({j["id"] for j in done} & set(ids))
+        print(f"\n{args.jobs} short jobs queued at once (quota {args.concurrency} at a time)")
+        print(
+            f"  submitted in {submitted:.1f} s; all ended in {wall:.1f} s; {ok} DONE; "
+            f"throughput {args.jobs / wall * 60:.0f} jobs/min"
+        )
+
+        # 3. API latency under concurrent clients
+        sample = ids[: args.clients]
+
+        def client(i: int) -> list[float]:
+            c = requests.Session()
+            c.headers["Authorization"] = f"token {token}"
+            out = []
+            for k in range(args.requests):
+                url = f"{api}/jobs/{sample[(i + k) % len(sample)]}" if k % 2 else f"{api}/usage"
+                t = time.perf_counter()
+                c.get(url, timeout=60).raise_for_status()
+                out.append(time.perf_counter() - t)
+            return out
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+            lat = [x for r in pool.map(client, range(args.clients)) for x in r]
+        wall = time.perf_counter() - t0
+        print(
+            f"\nAPI latency, {args.clients} concurrent clients x {args.requests} requests "
+            "(GET a job / GET usage, through the hub's proxy)"
+        )
+        print(
+            f"  p50 {pct(lat, 50) * 1000:.0f} ms, p99 {pct(lat, 99) * 1000:.0f} ms, "
+            f"{len(lat) / wall:.0f} requests/s"
+        )
+    finally:
+        hub.stop()
+        hub.remove_workloads()
+
+
+if __name__ == "__main__":
+    main()
