@@ -26,7 +26,7 @@ FORCE ?=
 # PATH for the hub, the tests and the benchmarks: the proxy and the venv's scripts first.
 RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv proxy engine images browser setup run test lint format bench clean-images clean
+.PHONY: help venv proxy engine images browser postgres setup run test lint format bench clean-images clean
 
 help: ## Show this help
 	@echo "Usage: make TARGET [GPULAB_PORT=8000] [PYTEST_ARGS=...] [FORCE=1]"
@@ -72,7 +72,10 @@ run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in data/)
 	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(CURDIR)/$(DATA_DIR)" \
 		exec $(VENV)/bin/jupyterhub -f jupyterhub_config.py
 
-test: setup browser ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest)
+postgres: ## Make sure a local PostgreSQL server runs (for the tests of gpulab on PostgreSQL)
+	scripts/ensure-postgres.sh
+
+test: setup browser postgres ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	PATH="$(RUN_PATH)" $(VENV)/bin/pytest -ra $(PYTEST_ARGS)

@@ -53,6 +53,33 @@ def pytorch_image(docker_client):
     return _image(docker_client, PYTORCH_IMAGE)
 
 
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A local PostgreSQL server (`make test` starts one with scripts/ensure-postgres.sh)."""
+    import psycopg
+
+    try:
+        psycopg.connect("dbname=postgres host=/var/run/postgresql", connect_timeout=5).close()
+    except Exception as e:
+        _need(f"no PostgreSQL server answers ({e}); run scripts/ensure-postgres.sh")
+    return "host=/var/run/postgresql"
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """A fresh database for one test; dropped afterwards."""
+    import secrets
+
+    import psycopg
+
+    name = "gpulab_test_" + secrets.token_hex(4)
+    with psycopg.connect(f"dbname=postgres {postgres_server}", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield f"postgresql+psycopg:///{name}?host=/var/run/postgresql"
+    with psycopg.connect(f"dbname=postgres {postgres_server}", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
 @pytest.fixture
 def hub_factory(tmp_path_factory, images):
     """Start hubs with extra config; all are stopped and their containers removed afterwards."""

@@ -287,3 +287,25 @@ def test_api_errors_are_json_for_api_clients(hub):
     assert r.status_code == 403 and "hub API token" in r.json()["message"]
     r = requests.get(f"{base}/jobs/NOT-AN-ID", timeout=30)
     assert r.status_code == 404 and r.json()["message"].startswith("no such path")
+
+
+def test_finished_containers_are_removed_after_the_delay_records_and_logs_stay(
+    hub_factory, docker_client
+):
+    hub = hub_factory(
+        "c.GpulabSettings.supervisor_interval = 0.2\nc.GpulabSettings.job_container_retention = 2\n"
+    )
+    api = Api(hub, "carl")
+    job = api.submit(command=["sh", "-c", "echo kept-output"])
+    done = api.wait(job["id"])
+    assert done["state"] == "DONE" and done["container"]
+    name = done["container"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and api.job(job["id"])["container"]:
+        time.sleep(0.5)
+    assert api.job(job["id"])["container"] == ""
+    with pytest.raises(Exception, match="No such container|Not Found|404"):
+        docker_client.containers.get(name)
+    # the record and the output stay
+    assert api.job(job["id"])["state"] == "DONE"
+    assert api.call("GET", f"/jobs/{job['id']}/logs").text == "kept-output\n"

@@ -8,6 +8,8 @@ engine's labelled containers at start-up.
 from __future__ import annotations
 
 import logging
+import random
+import time
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 
@@ -19,6 +21,7 @@ from ..lifecycle import utcnow
 from .inventory import GpuDevice
 
 log = logging.getLogger(__name__)
+RESERVE_ATTEMPTS = 50
 
 
 class NoGpuAvailable(RuntimeError):
@@ -45,7 +48,7 @@ class GpuLedger:
         """Give ``count`` free devices to ``workload`` (the ones it holds if it has some)."""
         if count <= 0:
             return []
-        for _attempt in range(5):
+        for attempt in range(RESERVE_ATTEMPTS):
             try:
                 with self.db.session() as s:
                     held = s.execute(
@@ -74,9 +77,11 @@ class GpuLedger:
                         )
                 return chosen
             except IntegrityError:
-                # another process took one of them between our read and write: look again
+                # another process took one of them between our read and write (PostgreSQL:
+                # the unique constraint decides): look again, after a short random pause
                 log.info("GPU reservation for %s raced another; retrying", workload)
-        raise NoGpuAvailable(count, len(self.devices), len(self.devices))
+                time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
+        raise RuntimeError(f"GPU reservation for {workload} kept racing; try again")
 
     def release(self, workload: str) -> list[str]:
         with self.db.session() as s:

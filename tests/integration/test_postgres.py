@@ -1,0 +1,79 @@
+"""gpulab's database on PostgreSQL: the ledger's guarantee, the records, and a whole hub."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import pytest
+import requests
+
+from gpulab.db import Database
+from gpulab.gpus.inventory import GpuDevice
+from gpulab.gpus.ledger import GpuLedger, NoGpuAvailable
+from gpulab.jobs.records import JobRecords
+from gpulab.lifecycle import JobState, NotebookState
+from gpulab.notebooks import NotebookRecords
+
+
+def test_ledger_never_hands_a_device_out_twice_on_postgres(postgres_url):
+    devices = [GpuDevice(str(i)) for i in range(4)]
+    # one engine per "process": separate connection pools racing on the same table
+    ledgers = [GpuLedger(Database(postgres_url), "pg", devices) for _ in range(4)]
+
+    def take(i):
+        try:
+            return ledgers[i % 4].reserve(f"w{i}", "u", "notebook", 1)
+        except NoGpuAvailable as e:
+            return str(e)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(take, range(16)))
+    granted = sorted(r[0] for r in results if isinstance(r, list))
+    assert granted == ["0", "1", "2", "3"], results
+    assert all("4 of 4 in use" in r for r in results if isinstance(r, str))
+
+
+def test_records_on_postgres(postgres_url):
+    db = Database(postgres_url)
+    jobs = JobRecords(db, "pg")
+    job = jobs.create("ann", {"priority": 50}, None, ["team"])
+    for state in (JobState.INITIALIZING, JobState.PENDING, JobState.RUNNING):
+        jobs.transition(job["id"], state)
+    got = jobs.get(job["id"])
+    assert got["state"] == "RUNNING" and got["groups"] == ["team"] and got["running_since"]
+    notebooks = NotebookRecords(db, "pg")
+    notebooks.transition("ann", "nb", NotebookState.STARTING)
+    notebooks.transition("ann", "nb", NotebookState.RUNNING)
+    assert [e["state"] for e in notebooks.get("ann", "nb")["history"]] == ["STARTING", "RUNNING"]
+
+
+@pytest.mark.docker
+@pytest.mark.hub
+def test_hub_and_service_on_postgres(hub_factory, postgres_url):
+    hub = hub_factory(
+        f'c.GpulabSettings.database_url = "{postgres_url}"\n'
+        "c.GpulabSettings.supervisor_interval = 0.2\n"
+    )
+    token = hub.create_user("pat")
+    hub.spawn("pat", "pg", {}, token=token)
+    hub.wait_ready("pat", "pg")
+    assert hub.wait_state("pat", "pg", "RUNNING")["options"]["framework"] == "python"
+    api = f"{hub.url}/services/gpulab/api"
+    headers = {"Authorization": f"token {token}"}
+    r = requests.post(
+        f"{api}/jobs",
+        headers=headers,
+        timeout=30,
+        json={"command": ["echo", "on-postgres"], "resources": {"gpus": 0}},
+    )
+    assert r.status_code == 201, r.text
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        job = requests.get(f"{api}/jobs/{r.json()['id']}", headers=headers, timeout=30).json()
+        if job["state"] == "DONE":
+            break
+        time.sleep(0.3)
+    assert job["state"] == "DONE", job
+    hub.stop_server("pat", "pg")
+    assert hub.notebook("pat", "pg").json()["state"] == "STOPPED"
