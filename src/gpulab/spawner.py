@@ -407,6 +407,9 @@ class NotebookSpawner(DockerSpawner):
             raise SpawnFailed(503, msg)
         for vol in vols:
             store = vol.spec.store
+            if await self.data.remote_empty(vol):
+                self._progress(45, f"{vol.label}: nothing stored yet in object store {store}")
+                continue
             self._progress(40, f"Pulling {vol.label} from object store {store}")
 
             def on_progress(p: dict, label=vol.label) -> None:

@@ -132,6 +132,44 @@ class WorkloadData:
         if os.geteuid() == 0 and root.stat().st_uid != 1000:
             os.chown(root, 1000, 100)
 
+    def _remote_empty(self, vol: VolumeSync) -> bool:
+        """True only when the store certainly holds nothing under the volume's prefix.
+
+        Then a pull has nothing to do, and no helper container is started for it (a new
+        workspace costs nothing). Any doubt (an error, an unreadable store) says False: the
+        helper runs and reports properly.
+        """
+        spec, store = vol.spec, self.stores[vol.spec.store]
+        prefix = spec.prefix.strip("/")
+        if store.kind == "filesystem":
+            top = Path(store.root or "/nonexistent") / spec.bucket / prefix
+            if not top.exists():
+                return True
+            return top.is_dir() and not any(p.is_file() for p in top.rglob("*"))
+        try:
+            import boto3
+            from botocore.config import Config
+
+            env = store_credentials(store)
+            client = boto3.client(
+                "s3",
+                endpoint_url=store.endpoint_url,
+                region_name=store.region,
+                aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                config=Config(connect_timeout=3, read_timeout=5, retries={"max_attempts": 1}),
+            )
+            answer = client.list_objects_v2(
+                Bucket=spec.bucket, Prefix=f"{prefix}/" if prefix else "", MaxKeys=1
+            )
+            return answer.get("KeyCount", 0) == 0
+        except Exception as e:
+            # no bucket yet: nothing to pull (the push creates it); any other doubt: run the helper
+            return type(e).__name__ == "NoSuchBucket"
+
+    async def remote_empty(self, vol: VolumeSync) -> bool:
+        return await self.runtime.run(self._remote_empty, vol)
+
     async def run(
         self, operation: str, vol: VolumeSync, on_progress: Progress | None = None
     ) -> SyncOutcome:

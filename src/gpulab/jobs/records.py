@@ -204,6 +204,37 @@ class JobRecords:
             ]
         return rows
 
+    def active_and_queued(self) -> list[dict]:
+        """What the scheduler needs, without histories (it runs several times a second)."""
+        wanted = {JobState.QUEUED.value} | {s.value for s in ACTIVE}
+        with self.db.session() as s:
+            q = select(Job).where(Job.instance == self.instance, Job.state.in_(wanted))
+            return [
+                {
+                    "id": j.id,
+                    "owner": j.owner,
+                    "state": j.state,
+                    "spec": j.spec,
+                    "groups": [g for g in j.groups.split(",") if g],
+                    "request": j.request,
+                    "over_quota": bool(j.over_quota),
+                    "submitted": _iso(j.submitted),
+                    "updated": _iso(j.updated),
+                    "running_since": _iso(j.running_since),
+                }
+                for j in s.scalars(q.order_by(Job.submitted))
+            ]
+
+    def ended_with_container(self) -> list[tuple[str, str, datetime]]:
+        """(id, container, updated) of ended jobs whose container is still there."""
+        with self.db.session() as s:
+            q = select(Job.id, Job.container, Job.updated).where(
+                Job.instance == self.instance,
+                Job.state.in_({e.value for e in ENDED}),
+                Job.container != "",
+            )
+            return [tuple(row) for row in s.execute(q)]
+
     def delete(self, job_id: str) -> None:
         with self.db.session() as s:
             job = self._get(s, job_id)
@@ -211,9 +242,22 @@ class JobRecords:
                 s.delete(job)
 
     def usage(self, owner: str) -> dict:
-        jobs = self.list(owner=owner)
+        """Billed minutes of the owner's jobs, from one query of (job, state, time) rows."""
+        with self.db.session() as s:
+            rows = s.execute(
+                select(JobEvent.job_id, JobEvent.state, JobEvent.at)
+                .join(Job, Job.id == JobEvent.job_id)
+                .where(
+                    Job.instance == self.instance, Job.owner == owner, JobEvent.kind == "transition"
+                )
+                .order_by(JobEvent.job_id, JobEvent.id)
+            ).all()
+        per_job: dict[str, list] = {}
+        for row in rows:
+            per_job.setdefault(row.job_id, []).append(row)
+        now = utcnow()
         return {
             "user": owner,
-            "jobs_billed_minutes": sum(j["billed_minutes"] for j in jobs),
-            "jobs": len(jobs),
+            "jobs_billed_minutes": sum(billed_minutes(ev, now) for ev in per_job.values()),
+            "jobs": len(per_job),
         }

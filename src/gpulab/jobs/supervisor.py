@@ -112,7 +112,7 @@ class JobSupervisor:
             self.wake.clear()
 
     async def schedule(self) -> None:
-        jobs = await self.db(self.records.list, None, {J.QUEUED.value} | {s.value for s in ACTIVE})
+        jobs = await self.db(self.records.active_and_queued)
         queued, active = [], []
         for j in jobs:
             spec = j["spec"]
@@ -223,6 +223,8 @@ class JobSupervisor:
             for vol in self.volumes(job_id, spec):
                 if await self._requested(job_id) == "interrupt":
                     return await self._interrupt_before_start(job_id)
+                if await self.data(job_id).remote_empty(vol):
+                    continue  # nothing stored there yet: nothing to pull
                 outcome = await self.data(job_id).run("pull", vol)
                 if not outcome.ok:
                     msg = f"pull of volume {vol.label} failed: {outcome.reason}"
@@ -550,19 +552,14 @@ class JobSupervisor:
 
     async def cleanup(self) -> None:
         """Remove finished jobs' containers after the retention delay (records stay)."""
-        ended = await self.db(
-            self.records.list,
-            None,
-            {J.DONE.value, J.FAILED.value, J.INTERRUPTED.value, J.ERROR.value, J.SYNC_FAILED.value},
-        )
-        now = time.time()
-        for j in ended:
-            if j["container"] and now - _ts(j["updated"]) > self.s.job_container_retention:
+        now = utcnow().timestamp()
+        for job_id, container, updated in await self.db(self.records.ended_with_container):
+            if now - updated.timestamp() > self.s.job_container_retention:
                 with contextlib.suppress(NotFound):
                     await self.runtime.run(
-                        self.runtime.client.remove_container, j["container"], force=True
+                        self.runtime.client.remove_container, container, force=True
                     )
-                await self.db(self.records.update, j["id"], container="")
+                await self.db(self.records.update, job_id, container="")
 
     # --- restart safety ------------------------------------------------------------------
 
