@@ -407,7 +407,8 @@ class NotebookSpawner(DockerSpawner):
             raise SpawnFailed(503, msg)
         for vol in vols:
             store = vol.spec.store
-            if await self.data.remote_empty(vol):
+            # the image's /workspace (uid 1000) populates a new workspace volume
+            if await self.data.nothing_to_pull(vol, image_provides_mount=vol.label == "workspace"):
                 self._progress(45, f"{vol.label}: nothing stored yet in object store {store}")
                 continue
             self._progress(40, f"Pulling {vol.label} from object store {store}")

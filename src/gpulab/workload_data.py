@@ -167,7 +167,12 @@ class WorkloadData:
             # no bucket yet: nothing to pull (the push creates it); any other doubt: run the helper
             return type(e).__name__ == "NoSuchBucket"
 
-    async def remote_empty(self, vol: VolumeSync) -> bool:
+    async def nothing_to_pull(self, vol: VolumeSync, image_provides_mount: bool = False) -> bool:
+        """A pull can be skipped: the store holds nothing for the volume, and its Docker volume
+        already exists (or the image's own directory at the mount will populate it), so it does
+        not need the helper to create it owned by the workload's user."""
+        if not (image_provides_mount or await self.runtime.volume_exists(vol.docker_volume)):
+            return False
         return await self.runtime.run(self._remote_empty, vol)
 
     async def run(

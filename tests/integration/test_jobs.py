@@ -309,3 +309,57 @@ def test_finished_containers_are_removed_after_the_delay_records_and_logs_stay(
     # the record and the output stay
     assert api.job(job["id"])["state"] == "DONE"
     assert api.call("GET", f"/jobs/{job['id']}/logs").text == "kept-output\n"
+
+
+def test_job_data_pulled_from_and_pushed_to_s3(hub_factory, tmp_path, docker_client):
+    import boto3
+
+    from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
+
+    s3 = MotoS3Server().start()
+    try:
+        client = boto3.client(
+            "s3",
+            endpoint_url=s3.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=TEST_ACCESS_KEY,
+            aws_secret_access_key=TEST_SECRET_KEY,
+        )
+        client.create_bucket(Bucket="datasets")
+        client.put_object(Bucket="datasets", Key="cifar/labels.txt", Body=b"cat\ndog\n")
+        credentials = tmp_path / "s3-credentials"
+        credentials.touch(mode=0o600)
+        credentials.write_text(
+            f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
+        )
+        hub = hub_factory(
+            "c.GpulabSettings.supervisor_interval = 0.2\n"
+            f'c.GpulabSettings.object_stores["s3"] = {{"endpoint_url": "{s3.endpoint}", '
+            f'"credentials": {{"file": "{credentials}"}}}}\n'
+            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "datasets", '
+            '"modes": ["ro"]})\n'
+            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "results"})\n'
+        )
+        api = Api(hub, "sam")
+        job = api.submit(
+            command=["sh", "-c", "sort -r /data/labels.txt > /out/sorted.txt"],
+            volumes=["datasets@s3/cifar:/data", "results@s3/sam/run1:/out:rw"],
+        )
+        done = api.wait(job["id"])
+        assert done["state"] == "DONE", done
+        assert "pushed results@s3/sam/run1:/out:rw: 1 transferred" in done["message"], done
+        body = client.get_object(Bucket="results", Key="sam/run1/sorted.txt")["Body"].read()
+        assert body == b"dog\ncat\n"
+        # the credentials went to the sync helper only: not the job's container, API or logs
+        container = docker_client.containers.get(done["container"])
+        seen = json_dump(container.attrs["Config"]["Env"]) + json_dump(done)
+        seen += hub.log_file.read_text()
+        assert TEST_SECRET_KEY not in seen and TEST_ACCESS_KEY not in seen
+    finally:
+        s3.stop()
+
+
+def json_dump(obj) -> str:
+    import json
+
+    return json.dumps(obj)

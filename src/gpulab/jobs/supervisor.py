@@ -223,7 +223,7 @@ class JobSupervisor:
             for vol in self.volumes(job_id, spec):
                 if await self._requested(job_id) == "interrupt":
                     return await self._interrupt_before_start(job_id)
-                if await self.data(job_id).remote_empty(vol):
+                if await self.data(job_id).nothing_to_pull(vol):
                     continue  # nothing stored there yet: nothing to pull
                 outcome = await self.data(job_id).run("pull", vol)
                 if not outcome.ok:

@@ -75,6 +75,13 @@ class DockerRuntime:
             filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={kind}"]},
         )
 
+    async def volume_exists(self, name: str) -> bool:
+        try:
+            await self.run(self.client.inspect_volume, name)
+            return True
+        except NotFound:
+            return False
+
     # --- changes -------------------------------------------------------------------------
 
     async def remove_volume(self, name: str) -> bool:
