@@ -11,13 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .errors import FieldError
 
-class CatalogError(ValueError):
+
+class CatalogError(FieldError):
     """A choice outside the catalog; ``field`` names the option at fault."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(message)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .errors import FieldError
 from .frameworks import Catalog, CatalogError
 from .resources import Flavor, Limits, ResourceError, Resources, resolve_resources
 from .storage import StorageConfig
@@ -29,12 +30,8 @@ KNOWN_OPTIONS = (
 )
 
 
-class OptionsError(ValueError):
+class OptionsError(FieldError):
     """Invalid user options; ``field`` names the option, the message says what is allowed."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(message)
 
 
 @dataclass(frozen=True)

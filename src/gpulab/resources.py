@@ -11,16 +11,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .errors import FieldError
+
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 _MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
-class ResourceError(ValueError):
+class ResourceError(FieldError):
     """An invalid or over-limit resource request; the message says what is allowed."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(message)
 
 
 def parse_memory(value: str | int | float, field: str = "memory") -> int:

@@ -316,6 +316,7 @@ def test_job_data_pulled_from_and_pushed_to_s3(hub_factory, tmp_path, docker_cli
 
     from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
 
+    # moto keeps one state per process: buckets of their own keep this test apart from others
     s3 = MotoS3Server().start()
     try:
         client = boto3.client(
@@ -325,8 +326,8 @@ def test_job_data_pulled_from_and_pushed_to_s3(hub_factory, tmp_path, docker_cli
             aws_access_key_id=TEST_ACCESS_KEY,
             aws_secret_access_key=TEST_SECRET_KEY,
         )
-        client.create_bucket(Bucket="datasets")
-        client.put_object(Bucket="datasets", Key="cifar/labels.txt", Body=b"cat\ndog\n")
+        client.create_bucket(Bucket="job-inputs")
+        client.put_object(Bucket="job-inputs", Key="cifar/labels.txt", Body=b"cat\ndog\n")
         credentials = tmp_path / "s3-credentials"
         credentials.touch(mode=0o600)
         credentials.write_text(
@@ -336,19 +337,19 @@ def test_job_data_pulled_from_and_pushed_to_s3(hub_factory, tmp_path, docker_cli
             "c.GpulabSettings.supervisor_interval = 0.2\n"
             f'c.GpulabSettings.object_stores["s3"] = {{"endpoint_url": "{s3.endpoint}", '
             f'"credentials": {{"file": "{credentials}"}}}}\n'
-            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "datasets", '
+            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "job-inputs", '
             '"modes": ["ro"]})\n'
-            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "results"})\n'
+            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "job-outputs"})\n'
         )
         api = Api(hub, "sam")
         job = api.submit(
             command=["sh", "-c", "sort -r /data/labels.txt > /out/sorted.txt"],
-            volumes=["datasets@s3/cifar:/data", "results@s3/sam/run1:/out:rw"],
+            volumes=["job-inputs@s3/cifar:/data", "job-outputs@s3/sam/run1:/out:rw"],
         )
         done = api.wait(job["id"])
         assert done["state"] == "DONE", done
-        assert "pushed results@s3/sam/run1:/out:rw: 1 transferred" in done["message"], done
-        body = client.get_object(Bucket="results", Key="sam/run1/sorted.txt")["Body"].read()
+        assert "pushed job-outputs@s3/sam/run1:/out:rw: 1 transferred" in done["message"], done
+        body = client.get_object(Bucket="job-outputs", Key="sam/run1/sorted.txt")["Body"].read()
         assert body == b"dog\ncat\n"
         # the credentials went to the sync helper only: not the job's container, API or logs
         container = docker_client.containers.get(done["container"])

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import re
 
+from ..errors import FieldError
+
 __all__ = ["DurationError", "format_duration", "parse_duration"]
 
 _UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
@@ -23,12 +25,8 @@ _PARTS_RE = re.compile(
 _HELP = "a number of seconds or a duration such as 90s, 30m, 2h, 7d or 1h30m"
 
 
-class DurationError(ValueError):
+class DurationError(FieldError):
     """An invalid duration; ``field`` names the option, the message says what is allowed."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(message)
 
 
 def parse_duration(value: int | float | str, field: str = "duration") -> float:

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import FieldError
 from ..frameworks import Catalog, CatalogError
 from ..resources import Flavor, Limits, ResourceError, Resources, parse_memory, resolve_resources
 from ..runtime.objects import LABEL_PREFIX
@@ -105,12 +106,8 @@ RESOURCE_FIELDS = ("cpus", "memory", "gpus")
 HANG_RESTART_FIELDS = ("enabled", "period")
 
 
-class JobSpecError(ValueError):
+class JobSpecError(FieldError):
     """An invalid submission; ``field`` names the (dotted) field, the message what is allowed."""
-
-    def __init__(self, field: str, message: str):
-        self.field = field
-        super().__init__(message)
 
 
 @dataclass(frozen=True)

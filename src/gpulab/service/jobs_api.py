@@ -14,10 +14,10 @@ import json
 
 from tornado.iostream import StreamClosedError
 
-from ..jobs.durations import DurationError
+from ..errors import FieldError
 from ..jobs.records import ACTIVE, ENDED
 from ..jobs.scheduler import Quota, can_ever_fit, quota_for
-from ..jobs.spec import JobSpecError, parse_job_spec
+from ..jobs.spec import parse_job_spec
 from ..lifecycle import InvalidTransition, JobState
 from ..runtime.docker import NotFound
 from .app_base import ApiError, BaseHandler, authenticated
@@ -120,7 +120,7 @@ class JobsHandler(JobsBase):
                 host_gpus=host_gpus,
                 max_timeout=s.job_max_timeout,
             )
-        except (JobSpecError, DurationError) as e:
+        except FieldError as e:
             raise ApiError(400, str(e), field=e.field) from None
         quota = quota_for(
             user,
