@@ -197,14 +197,15 @@ class NotebookSpawner(DockerSpawner):
         self.image = opts.image
         self.default_url = opts.default_url
 
-    def render_options_form(self) -> str:
+    async def render_options_form(self) -> str:
+        """JupyterHub awaits an async options_form: the ledger is read off the event loop."""
         s = self.settings
         limits = s.limits_for(self.user.name, self._user_groups())
         env = Environment(
             loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"])
         )
         try:
-            free = self.ledger.free_count()
+            free = await self.runtime.run(self.ledger.free_count)
         except Exception:  # the form must render even if the ledger is unreachable
             self.log.exception("cannot read the GPU ledger")
             free = None

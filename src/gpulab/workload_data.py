@@ -8,6 +8,7 @@ helper's JSON lines into progress callbacks and a report.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -180,9 +181,14 @@ class WorkloadData:
     ) -> SyncOutcome:
         """Run one ``gpulab-sync`` operation (pull, push, purge) for one volume."""
         store = self.stores[vol.spec.store]
-        try:
-            env = store_credentials(store)
+
+        def prepare() -> dict[str, str]:
+            env = store_credentials(store)  # may read the admin's credentials file
             self._prepare_store(store)
+            return env
+
+        try:
+            env = await asyncio.to_thread(prepare)
         except (StorageCredentialsError, OSError) as e:
             return SyncOutcome(vol, False, reason=str(e))
         config = sync_helper_config(
