@@ -558,3 +558,93 @@ def test_purge_reports_unreachable_store(bucket):
     remote = remote_for("http://127.0.0.1:9", bucket, max_attempts=1)
     rep = purge(remote, "data")
     assert not rep.ok and rep.failed == 1 and "cannot list" in rep.failures[0].reason
+
+
+AWKWARD = {
+    "with space/a b.txt": b"space",
+    "plus+sign/x+y.bin": b"plus",
+    "percent%20literal/100%.txt": b"percent",
+    "unicode/\u00e9t\u00e9 \u65e5\u672c.txt": b"unicode",
+    "query?hash#amp&eq=/f.txt": b"query",
+    "tilde~/semi;colon,comma'quote.txt": b"punct",
+}
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_awkward_key_names_round_trip(server, bucket, tmp_path, direct):
+    """Keys needing URL and XML escaping survive push, listing and pull on both request
+    paths, and the store holds exactly those keys (as boto3 itself lists them)."""
+    write_tree(tmp_path / "a", AWKWARD)
+    remote = remote_for(server.endpoint, bucket, direct_requests=direct)
+    assert (remote.direct is not None) is direct
+    pushed = push(tmp_path / "a", remote, "p", "rw")
+    assert (pushed.completed, pushed.failed) == (len(AWKWARD), 0), pushed.failures
+    assert remote_tree(server.endpoint, bucket) == {f"p/{k}": v for k, v in AWKWARD.items()}
+    listed = {o.key: o.size for o in remote.list("p/")}
+    assert listed == {f"p/{k}": len(v) for k, v in AWKWARD.items()}
+    pulled = pull(remote_for(server.endpoint, bucket, direct_requests=direct), tmp_path / "b", "p")
+    assert (pulled.completed, pulled.failed) == (len(AWKWARD), 0), pulled.failures
+    assert read_tree(tmp_path / "b") == AWKWARD
+
+
+def test_small_object_sync_never_builds_the_boto3_client(server, bucket, tmp_path):
+    """Listing, bucket check, GET and PUT of objects below the multipart threshold all go
+    through the direct requests: the boto3 client (and its 0.2 s model load) is not made."""
+    write_tree(tmp_path / "a", sample_files())
+    remote = remote_for(server.endpoint, bucket)
+    raw_client(server.endpoint).create_bucket(Bucket=bucket)
+    assert push(tmp_path / "a", remote, "", "rw").completed == 20
+    assert pull(remote, tmp_path / "b").completed == 20
+    assert "client" not in vars(remote)
+    # a multipart transfer does use it
+    big = remote_for(server.endpoint, bucket, multipart_threshold=5 * MiB)
+    write_tree(tmp_path / "c", {"big.bin": os.urandom(6 * MiB)})
+    assert push(tmp_path / "c", big, "big", "rw").completed == 1
+    assert "client" in vars(big)
+
+
+def test_direct_pagination_lists_every_key(server, bucket, monkeypatch):
+    keys = [f"k/{i:05d}" for i in range(123)] + ["k/\u00e9 +%"]
+    put_many(server.endpoint, bucket, keys + ["other"])
+    remote = remote_for(server.endpoint, bucket)
+    assert remote.direct is not None
+    requests = []
+    real = remote.direct._request
+    monkeypatch.setattr(
+        remote.direct, "_request", lambda *a, **kw: requests.append(1) or real(*a, **kw)
+    )
+    pages = list(remote.direct.list("k/", page_size=10))
+    assert [o.key for o in pages] == sorted(keys)
+    assert len(requests) == 13  # 124 keys, 10 a page: the continuation tokens were followed
+    assert [o.key for o in remote.list("k/")] == sorted(keys)
+
+
+def test_direct_put_of_a_file_that_shrinks_is_refused(server, bucket, tmp_path):
+    """The size announced is the size hashed: a file cut short meanwhile fails the object
+    at once (no request left hanging for the missing bytes)."""
+    remote = remote_for(server.endpoint, bucket)
+    remote.ensure_bucket()
+    src = tmp_path / "f.bin"
+    src.write_bytes(os.urandom(4000))
+    digest = remote.digest(src, 4000)
+    src.write_bytes(src.read_bytes()[:1000])
+    with pytest.raises(IntegrityError, match="changed during the upload"):
+        remote.upload("f.bin", src, digest)
+    with pytest.raises(Exception, match="NoSuchKey|Not Found|404"):
+        raw_client(server.endpoint).head_object(Bucket=bucket, Key="f.bin")
+
+
+def test_direct_errors_are_reported_with_the_servers_code(server, tmp_path):
+    """A GET of a missing object and a listing of a missing bucket come back as the S3
+    error code, not as a crash."""
+    missing = f"t-{uuid.uuid4().hex[:16]}"
+    remote = remote_for(server.endpoint, missing)
+    with pytest.raises(Exception) as info:
+        list(remote.list(""))
+    assert "NoSuchBucket" in str(info.value)
+    raw_client(server.endpoint).create_bucket(Bucket=missing)
+    from gpulab.datasync.models import RemoteObject
+
+    with pytest.raises(Exception) as info:
+        remote.download(RemoteObject("nope.bin", 10, "0" * 32), tmp_path / "x")
+    assert "NoSuchKey" in str(info.value)

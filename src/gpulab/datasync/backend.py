@@ -58,6 +58,10 @@ class Remote(Protocol):
         ``(key, reason)`` for each key that could not be deleted. A missing key is deleted."""
         ...
 
+    def digest(self, path: Path, size: int) -> FileDigest:
+        """Hash ``path`` (of ``size`` bytes) as :meth:`upload` needs it."""
+        ...
+
     def part_size_for(self, size: int) -> int | None:
         """Part size the backend uses to upload a file of ``size`` bytes (None: single part)."""
         ...

@@ -317,8 +317,7 @@ class _Pushed:
 
 
 def _push_one(remote: Remote, f: LocalFile, entry: Entry | None) -> _Pushed:
-    part_size = remote.part_size_for(f.size)
-    digest = hash_file(Path(f.path), md5=part_size is None, part_size=part_size)
+    digest = remote.digest(Path(f.path), f.size)
     if entry is not None and (digest.size, digest.sha256) == (entry.size, entry.sha256):
         same = Transferred(f.key, entry.size, entry.etag, entry.sha256)
         return _Pushed(same, uploaded=False)  # only the mtime changed

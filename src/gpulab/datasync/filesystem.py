@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .backend import DeleteOutcome
-from .hashing import FileDigest
+from .hashing import FileDigest, hash_file
 from .localtree import RESERVED_PREFIX
 from .models import IntegrityError, RemoteObject, Transferred, UnsafeKey
 
@@ -158,6 +158,9 @@ class FilesystemRemote:
             except OSError:  # not empty (or already gone)
                 return
             directory = directory.parent
+
+    def digest(self, path: Path, size: int) -> FileDigest:
+        return hash_file(path)
 
     def part_size_for(self, size: int) -> int | None:
         return None
