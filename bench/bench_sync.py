@@ -4,20 +4,27 @@ Not part of CI. One run measures, for each tool, on the same endpoint:
   (a) 5,000 files of 1-64 KiB: push, then pull into an empty directory;
   (b) 4 files of 256 MiB (64 MiB with --small): push, then pull;
   (c) (a) again with nothing changed: push and pull;
-plus the endpoint's own ceiling (PUT/s and GET/s for small objects, MB/s for large ones)
-measured with a many-threaded raw boto3 client. The server (a ThreadedMotoServer) runs in
-its own process so that neither side steals the other's GIL.
+plus the endpoint's own ceiling: PUT/s and GET/s for small objects, MB/s for large ones, and
+the time to list the 5,000 keys, each the best of a many-threaded raw boto3 client and a raw
+client of signed urllib3 requests (no files, no hashing, no manifest). The server (a
+ThreadedMotoServer) runs in its own process so that neither side steals the other's GIL.
 
-    .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 16]
+Everything is measured ``--repeat`` times (default 3), the tools taking turns in each round,
+and the medians are printed (the best for the ceiling): single runs on a small virtual
+machine vary by a factor of two.
+
+    .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 16] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -105,34 +112,138 @@ def make_large_tree(root: Path, count: int, size: int) -> int:
 
 @dataclass
 class Ceiling:
-    put_per_s: float
+    put_per_s: float  # 16 KiB objects, 32 threads
     get_per_s: float
-    put_mb_s: float
+    put_mb_s: float  # the scenario's large objects (4 of them, one thread each)
     get_mb_s: float
+    put_mb_s_16mib: float  # 32 objects of 16 MiB, 32 threads (context: moto's best case)
+    get_mb_s_16mib: float
+
+    def best(self, other: Ceiling | None) -> Ceiling:
+        if other is None:
+            return self
+        pairs = zip(vars(self).values(), vars(other).values(), strict=True)
+        return Ceiling(*(max(a, b) for a, b in pairs))
 
 
-def measure_ceiling(endpoint: str, threads: int = 32) -> Ceiling:
-    c = client(endpoint, threads)
+class RawBoto3:
+    """A plain boto3 client, as a user would write it."""
+
+    name = "boto3"
+
+    def __init__(self, endpoint: str, bucket: str, threads: int) -> None:
+        self.c, self.bucket = client(endpoint, threads), bucket
+
+    def put(self, key: str, data: bytes) -> None:
+        self.c.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    def get(self, key: str) -> int:
+        body = self.c.get_object(Bucket=self.bucket, Key=key)["Body"]
+        return sum(len(chunk) for chunk in body.iter_chunks(MiB))
+
+    def list(self) -> int:
+        pages = self.c.get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
+        return sum(len(p.get("Contents", [])) for p in pages)
+
+
+class RawSigned:
+    """Signed urllib3 requests (gpulab's DirectS3 transport, used raw: no files, no hashing)."""
+
+    name = "signed urllib3"
+
+    def __init__(self, endpoint: str, bucket: str, threads: int) -> None:
+        from gpulab.datasync import Credentials
+        from gpulab.datasync.s3_direct import DirectS3
+
+        self.d = DirectS3(
+            endpoint,
+            bucket,
+            region="us-east-1",
+            credentials=Credentials(KEY, SECRET),
+            max_attempts=3,
+            connect_timeout=5,
+            read_timeout=60,
+            pool_size=threads,
+        )
+
+    def put(self, key: str, data: bytes) -> None:
+        self.d.put(key, io.BytesIO(data), len(data), {})
+
+    def get(self, key: str) -> int:
+        # in 1 MiB pieces: one read of a 256 MiB body costs more in page faults than in I/O
+        resp = self.d.get(key)
+        n = 0
+        while chunk := resp.read(MiB):
+            n += len(chunk)
+        resp.release_conn()
+        return n
+
+    def list(self) -> int:
+        return sum(1 for _ in self.d.list(""))
+
+
+RAW_CLIENTS = (RawBoto3, RawSigned)
+
+
+def timed(fn, items, threads: int) -> float:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(fn, items))
+    return time.perf_counter() - start
+
+
+def measure_ceiling(endpoint: str, big_size: int, threads: int = 32) -> Ceiling:
+    """The best rates of the raw clients (objects in memory, nothing hashed or written):
+    1,500 PUTs and GETs of 16 KiB; 4 objects of the large scenario's size; 32 of 16 MiB."""
     bucket = "bench-ceiling"
-    c.create_bucket(Bucket=bucket)
-    small = os.urandom(16 * 1024)
-    n = 1500
+    small, big, mid = os.urandom(16 * 1024), os.urandom(big_size), os.urandom(16 * MiB)
+    n, nmid = 1500, 32
+    best: Ceiling | None = None
+    for raw_cls in RAW_CLIENTS:
+        client(endpoint).create_bucket(Bucket=bucket)
+        raw = raw_cls(endpoint, bucket, threads)
+        rates = [
+            n / timed(lambda i, r=raw: r.put(f"s/{i}", small), range(n), threads),
+            n / timed(lambda i, r=raw: r.get(f"s/{i}"), range(n), threads),
+        ]
+        mb = 4 * big_size / 1e6
+        rates.append(mb / timed(lambda i, r=raw: r.put(f"b/{i}", big), range(4), 4))
+        rates.append(mb / timed(lambda i, r=raw: r.get(f"b/{i}"), range(4), 4))
+        mb = nmid * len(mid) / 1e6
+        rates.append(mb / timed(lambda i, r=raw: r.put(f"m/{i}", mid), range(nmid), threads))
+        rates.append(mb / timed(lambda i, r=raw: r.get(f"m/{i}"), range(nmid), threads))
+        best = Ceiling(*rates).best(best)
+        empty_bucket(client(endpoint), bucket)  # frees moto's memory
+    assert best is not None
+    return best
 
-    def timed(fn, items) -> float:
+
+def measure_listing(endpoint: str, bucket: str) -> float:
+    """The fastest a raw client lists ``bucket`` (what an unchanged pull cannot avoid)."""
+    times = []
+    for raw_cls in RAW_CLIENTS:
+        raw = raw_cls(endpoint, bucket, 4)
         start = time.perf_counter()
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(fn, items))
-        return time.perf_counter() - start
+        raw.list()
+        times.append(time.perf_counter() - start)
+    return min(times)
 
-    put_s = timed(lambda i: c.put_object(Bucket=bucket, Key=f"s/{i}", Body=small), range(n))
-    get_s = timed(lambda i: c.get_object(Bucket=bucket, Key=f"s/{i}")["Body"].read(), range(n))
-    big = os.urandom(16 * MiB)
-    nbig = 32  # 512 MiB
-    bput_s = timed(lambda i: c.put_object(Bucket=bucket, Key=f"b/{i}", Body=big), range(nbig))
-    bget_s = timed(lambda i: c.get_object(Bucket=bucket, Key=f"b/{i}")["Body"].read(), range(nbig))
-    empty_bucket(c, bucket)
-    mb = nbig * len(big) / 1e6
-    return Ceiling(n / put_s, n / get_s, mb / bput_s, mb / bget_s)
+
+def measure_raw_download(endpoint: str, bucket: str, keys: list[str], dest: Path) -> float:
+    """Raw signed GETs of ``keys`` written to files, one thread each: the disk's share."""
+    raw = RawSigned(endpoint, bucket, len(keys))
+    dest.mkdir(parents=True, exist_ok=True)
+
+    def fetch(key: str) -> None:
+        resp = raw.d.get(key)
+        with open(dest / key, "wb", buffering=0) as f:
+            while chunk := resp.read(MiB):
+                f.write(chunk)
+        resp.release_conn()
+
+    elapsed = timed(fetch, keys, len(keys))
+    shutil.rmtree(dest)
+    return elapsed
 
 
 # -- tools ---------------------------------------------------------------------------------
@@ -244,6 +355,7 @@ def main() -> int:
     ap.add_argument("--small", action="store_true", help="4 x 64 MiB instead of 4 x 256 MiB")
     ap.add_argument("--files", type=int, default=5000)
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=3, help="rounds; medians are printed")
     args = ap.parse_args()
     big_size = (64 if args.small else 256) * MiB
 
@@ -266,55 +378,74 @@ def main() -> int:
             f"4 files / {large_bytes / MiB:.0f} MiB",
             flush=True,
         )
-        ceiling = measure_ceiling(endpoint)
-        print(
-            f"ceiling (raw boto3, 32 threads): {ceiling.put_per_s:.0f} PUT/s, "
-            f"{ceiling.get_per_s:.0f} GET/s (16 KiB); {ceiling.put_mb_s:.0f} MB/s PUT, "
-            f"{ceiling.get_mb_s:.0f} MB/s GET (16 MiB objects)",
-            flush=True,
-        )
-        ideal = {
-            "small push": args.files / ceiling.put_per_s,
-            "small pull": args.files / ceiling.get_per_s,
-            "large push": large_bytes / 1e6 / ceiling.put_mb_s,
-            "large pull": large_bytes / 1e6 / ceiling.get_mb_s,
-        }
         tools: list[type[Tool]] = [Gpulab, AwsCli]
         if shutil.which("rclone"):
             tools.append(Rclone)
         else:
             print("rclone not installed: skipped")
-        results: dict[str, dict[str, float]] = {}
-        engine_s: dict[str, float] = {}
+        times: dict[str, dict[str, list[float]]] = {}
+        engine_s: dict[str, list[float]] = {"unchanged push": [], "unchanged pull": []}
+        listing_s: list[float] = []
+        raw_to_disk_s: list[float] = []
+        ceiling: Ceiling | None = None
         raw = client(endpoint)
-        for tool_cls in tools:
-            tool = tool_cls(endpoint, args.workers, tmp)
-            r: dict[str, float] = {}
-            b_small, b_large = (
-                f"bench-{tool_cls.__name__.lower()}-s",
-                f"bench-{tool_cls.__name__.lower()}-l",
-            )
-            out_small, out_large = tmp / f"out-{b_small}", tmp / f"out-{b_large}"
-            r["small push"] = tool.push(tmp / "small", b_small)
-            r["small pull"] = tool.pull(b_small, out_small)
-            r["unchanged push"] = tool.push(tmp / "small", b_small)
-            if isinstance(tool, Gpulab):
-                engine_s["unchanged push"] = tool.last_engine_s
-            r["unchanged pull"] = tool.pull(b_small, out_small)
-            if isinstance(tool, Gpulab):
-                engine_s["unchanged pull"] = tool.last_engine_s
-            r["large push"] = tool.push(tmp / "large", b_large)
-            r["large pull"] = tool.pull(b_large, out_large)
-            n_out = sum(1 for p in out_small.rglob("*.bin"))
-            assert n_out == args.files, (tool.name, n_out)
-            for i in range(4):
-                assert (out_large / f"big{i}.bin").stat().st_size == big_size
-            empty_bucket(raw, b_small)
-            empty_bucket(raw, b_large)
-            shutil.rmtree(out_small)
-            shutil.rmtree(out_large)
-            results[tool.name] = r
-            print(f"{tool.name}: " + ", ".join(f"{k} {v:.2f}s" for k, v in r.items()), flush=True)
+        for rnd in range(1, args.repeat + 1):
+            ceiling = measure_ceiling(endpoint, big_size).best(ceiling)
+            for tool_cls in tools:
+                tool = tool_cls(endpoint, args.workers, tmp)
+                r = times.setdefault(tool.name, {})
+                b_small = f"bench-{tool_cls.__name__.lower()}-s{rnd}"
+                b_large = f"bench-{tool_cls.__name__.lower()}-l{rnd}"
+                out_small, out_large = tmp / f"out-{b_small}", tmp / f"out-{b_large}"
+                runs = [
+                    ("small push", tool.push, (tmp / "small", b_small)),
+                    ("small pull", tool.pull, (b_small, out_small)),
+                    ("unchanged push", tool.push, (tmp / "small", b_small)),
+                    ("unchanged pull", tool.pull, (b_small, out_small)),
+                    ("large push", tool.push, (tmp / "large", b_large)),
+                    ("large pull", tool.pull, (b_large, out_large)),
+                ]
+                for scenario, fn, fn_args in runs:
+                    r.setdefault(scenario, []).append(fn(*fn_args))
+                    if isinstance(tool, Gpulab) and scenario in engine_s:
+                        engine_s[scenario].append(tool.last_engine_s)
+                n_out = sum(1 for p in out_small.rglob("*.bin"))
+                assert n_out == args.files, (tool.name, n_out)
+                for i in range(4):
+                    assert (out_large / f"big{i}.bin").stat().st_size == big_size
+                listing_s.append(measure_listing(endpoint, b_small))
+                if isinstance(tool, Gpulab):
+                    keys = [f"big{i}.bin" for i in range(4)]
+                    raw_to_disk_s.append(
+                        measure_raw_download(endpoint, b_large, keys, tmp / "raw-to-disk")
+                    )
+                empty_bucket(raw, b_small)
+                empty_bucket(raw, b_large)
+                shutil.rmtree(out_small)
+                shutil.rmtree(out_large)
+                print(
+                    f"round {rnd} {tool.name}: "
+                    + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in r.items()),
+                    flush=True,
+                )
+        assert ceiling is not None
+        print(
+            f"ceiling (best of raw boto3 and raw signed urllib3, best of {args.repeat} rounds): "
+            f"{ceiling.put_per_s:.0f} PUT/s, {ceiling.get_per_s:.0f} GET/s (16 KiB, 32 threads); "
+            f"{ceiling.put_mb_s:.0f} MB/s PUT, {ceiling.get_mb_s:.0f} MB/s GET (4 x "
+            f"{big_size // MiB} MiB, as the large scenario); {ceiling.put_mb_s_16mib:.0f} MB/s "
+            f"PUT, {ceiling.get_mb_s_16mib:.0f} MB/s GET (32 x 16 MiB, 32 threads); listing "
+            f"{args.files} keys {min(listing_s):.2f}s",
+            flush=True,
+        )
+        ideal = {
+            "small push": args.files / ceiling.put_per_s,
+            "small pull": args.files / ceiling.get_per_s,
+            "unchanged pull": min(listing_s),
+            "large push": large_bytes / 1e6 / ceiling.put_mb_s,
+            "large pull": large_bytes / 1e6 / ceiling.get_mb_s,
+        }
+        results = {t: {k: statistics.median(v) for k, v in r.items()} for t, r in times.items()}
 
         print()
         others = [t for t in results if t != "gpulab-sync"]
@@ -336,13 +467,25 @@ def main() -> int:
             print(line)
         print()
         print(
-            "ceiling = the time the raw many-threaded boto3 client needs for the same objects/"
-            "bytes; share = ceiling / gpulab time; 'x vs T' = T's time / gpulab's (>1: gpulab "
-            "faster). Times are wall clock of the CLI process (incl. interpreter start-up)."
+            f"medians of {args.repeat} rounds. ceiling = the time the raw clients need for the "
+            "same objects/bytes (for the unchanged pull: to list the keys); share = ceiling / "
+            "gpulab time; 'x vs T' = T's time / gpulab's (>1: gpulab faster). Times are wall "
+            "clock of each CLI process (interpreter start-up included)."
         )
         print(
             "gpulab engine time (from its report, without process start-up): "
-            + ", ".join(f"{k} {v:.3f}s" for k, v in engine_s.items())
+            + ", ".join(f"{k} {statistics.median(v):.3f}s" for k, v in engine_s.items())
+        )
+        print(
+            f"raw signed GETs of the 4 large objects written to files: "
+            f"{statistics.median(raw_to_disk_s):.2f}s (the ceiling keeps them in memory)"
+        )
+        g = results["gpulab-sync"]
+        mb = large_bytes / 1e6
+        print(
+            "large scenario against the 16 MiB-object ceiling instead: push "
+            f"{mb / ceiling.put_mb_s_16mib / g['large push']:.0%}, pull "
+            f"{mb / ceiling.get_mb_s_16mib / g['large pull']:.0%}"
         )
     finally:
         server.terminate()
