@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -109,3 +110,91 @@ def test_report_json():
     data = json.loads(r.to_json())
     assert data["event"] == "report" and data["ok"] is False
     assert data["failures"] == [{"key": "p/x", "reason": "boom"}]
+
+
+def test_hash_file_crc32(tmp_path):
+    import zlib
+
+    data = os.urandom(300_000)
+    (tmp_path / "f").write_bytes(data)
+    d = hash_file(tmp_path / "f", crc32=True)
+    assert d.crc32 == zlib.crc32(data)
+    assert base64.b64decode(d.crc32_b64) == zlib.crc32(data).to_bytes(4, "big")
+    assert hash_file(tmp_path / "f").crc32 is None
+
+
+def test_hashing_reader_counts_caps_and_rewinds(tmp_path):
+    from gpulab.datasync.hashing import HashingReader
+
+    data = os.urandom(5000)
+    (tmp_path / "f").write_bytes(data + b"grown later")
+    with open(tmp_path / "f", "rb") as f:
+        r = HashingReader(f, 5000, RuntimeError, md5=True)
+        assert r.read(3000) == data[:3000] and r.tell() == 3000
+        r.seek(0)  # a retry starts again: so do the hashes
+        assert r.read() == data and r.read() == b""  # never past the size announced
+        assert r.hasher.digest().md5 == hashlib.md5(data).hexdigest()
+        with pytest.raises(OSError):
+            r.seek(10)
+
+
+def test_hashing_reader_refuses_a_file_shorter_than_announced(tmp_path):
+    from gpulab.datasync.hashing import HashingReader
+
+    (tmp_path / "f").write_bytes(b"x" * 100)
+    with open(tmp_path / "f", "rb") as f:
+        r = HashingReader(f, 1000, RuntimeError, sha256=False)
+        assert r.read(100) == b"x" * 100
+        with pytest.raises(RuntimeError, match="ended after 100 of 1000 bytes"):
+            r.read(100)
+
+
+def test_object_headers_in_boto3_names():
+    from gpulab.datasync.s3_direct import ObjectHeaders
+
+    h = ObjectHeaders.parse(
+        {
+            "Content-Length": "12",
+            "ETag": '"abc"',
+            "x-amz-meta-gpulab-sha256": "ff",
+            "X-Amz-Checksum-CRC32": "AAAAAA==",
+            "x-amz-checksum-type": "FULL_OBJECT",
+            "x-amz-checksum-mode": "ENABLED",
+        }
+    )
+    assert (h.size, h.etag) == (12, "abc")
+    assert h.as_response() == {"Metadata": {"gpulab-sha256": "ff"}, "ChecksumCRC32": "AAAAAA=="}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "message"),
+    [
+        (404, b"<Error><Code>NoSuchKey</Code><Message>gone</Message></Error>", "NoSuchKey", "gone"),
+        (403, b"", "AccessDenied", "HTTP 403"),  # a HEAD has no body
+        (503, b"not xml", "503", "HTTP 503"),
+    ],
+)
+def test_direct_errors_become_client_errors(status, body, code, message):
+    from gpulab.datasync.s3_direct import _client_error
+
+    err = _client_error(status, body, "GetObject").response
+    assert err["Error"] == {"Code": code, "Message": message}
+    assert err["ResponseMetadata"]["HTTPStatusCode"] == status
+
+
+def test_direct_paths_are_quoted_once():
+    from gpulab.datasync.credentials import Credentials
+    from gpulab.datasync.s3_direct import DirectS3
+
+    d = DirectS3(
+        "http://127.0.0.1:9/base/",
+        "bkt",
+        region="us-east-1",
+        credentials=Credentials("AKIAEXAMPLE000000000", "s" * 40),
+        max_attempts=1,
+        connect_timeout=1,
+        read_timeout=1,
+        pool_size=1,
+    )
+    assert d._path() == "/base/bkt"
+    assert d._path("a b/\u00e9+%?#~.txt") == "/base/bkt/a%20b/%C3%A9%2B%25%3F%23~.txt"

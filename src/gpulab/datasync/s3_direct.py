@@ -44,6 +44,7 @@ from .models import IntegrityError, RemoteObject, RemoteUnavailable
 
 _UNSIGNED = Config(s3={"payload_signing_enabled": False})
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_STATUS_CODES = {301: "PermanentRedirect", 400: "BadRequest", 403: "AccessDenied", 404: "NotFound"}
 _META_PREFIX = "x-amz-meta-"
 _CHECKSUM_PREFIX = "x-amz-checksum-"
 _CHECKSUM_NAMES = {
@@ -94,14 +95,13 @@ class ChangedWhileSending(Exception):
 
 def _client_error(status: int, body: bytes, operation: str) -> ClientError:
     """The ClientError boto3 would raise for this error response."""
-    code, message = str(status), ""
+    code = _STATUS_CODES.get(status, str(status))
+    message = f"HTTP {status}"
     with contextlib.suppress(ET.ParseError):
-        if body:
+        if body:  # S3 explains itself in an XML body, except for HEAD requests
             root = ET.fromstring(body)
             code = root.findtext("Code") or code
-            message = root.findtext("Message") or ""
-    if status == 404 and code == "404":
-        code = "NotFound"
+            message = root.findtext("Message") or message
     error = {"Code": code, "Message": message}
     return ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
 
