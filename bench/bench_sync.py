@@ -23,6 +23,7 @@ import io
 import json
 import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -249,10 +250,22 @@ def measure_raw_download(endpoint: str, bucket: str, keys: list[str], dest: Path
 # -- tools ---------------------------------------------------------------------------------
 
 
+#: CPU seconds (user + system) of the last command :func:`run` ran
+last_cpu_s = 0.0
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess]:
+    global last_cpu_s
+    cpu_before = _children_cpu()
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    last_cpu_s = _children_cpu() - cpu_before
     if proc.returncode != 0:
         raise RuntimeError(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return elapsed, proc
@@ -384,6 +397,7 @@ def main() -> int:
         else:
             print("rclone not installed: skipped")
         times: dict[str, dict[str, list[float]]] = {}
+        cpu: dict[str, dict[str, list[float]]] = {}
         engine_s: dict[str, list[float]] = {"unchanged push": [], "unchanged pull": []}
         listing_s: list[float] = []
         raw_to_disk_s: list[float] = []
@@ -407,6 +421,7 @@ def main() -> int:
                 ]
                 for scenario, fn, fn_args in runs:
                     r.setdefault(scenario, []).append(fn(*fn_args))
+                    cpu.setdefault(tool.name, {}).setdefault(scenario, []).append(last_cpu_s)
                     if isinstance(tool, Gpulab) and scenario in engine_s:
                         engine_s[scenario].append(tool.last_engine_s)
                 n_out = sum(1 for p in out_small.rglob("*.bin"))
@@ -480,6 +495,16 @@ def main() -> int:
             f"raw signed GETs of the 4 large objects written to files: "
             f"{statistics.median(raw_to_disk_s):.2f}s (the ceiling keeps them in memory)"
         )
+        print("client CPU (user + system, median), per object for (a), per GiB for (b):")
+        for t, per in cpu.items():
+            med = {k: statistics.median(v) for k, v in per.items()}
+            gib = large_bytes / 2**30
+            print(
+                f"  {t:<12} small push {med['small push'] / args.files * 1000:.2f} ms, "
+                f"small pull {med['small pull'] / args.files * 1000:.2f} ms, "
+                f"large push {med['large push'] / gib:.2f} s, "
+                f"large pull {med['large pull'] / gib:.2f} s"
+            )
         g = results["gpulab-sync"]
         mb = large_bytes / 1e6
         print(

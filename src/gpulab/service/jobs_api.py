@@ -189,21 +189,26 @@ class JobActionHandler(JobsBase):
         try:
             if action == "interrupt":
                 if state is J.QUEUED:
-                    result = await asyncio.to_thread(
-                        jobs.transition,
-                        job_id,
-                        J.INTERRUPTED,
-                        reason="USER_INTERRUPT",
-                        message="interrupted while queued",
-                        expect=frozenset({J.QUEUED}),
-                    )
-                elif state in ACTIVE and state is not J.FINALIZING:
+                    try:
+                        result = await asyncio.to_thread(
+                            jobs.transition,
+                            job_id,
+                            J.INTERRUPTED,
+                            reason="USER_INTERRUPT",
+                            message="interrupted while queued",
+                            expect=frozenset({J.QUEUED}),
+                        )
+                        return self.write_json(result)
+                    except InvalidTransition:
+                        # the scheduler placed it meanwhile: interrupt it as a started job
+                        current = await asyncio.to_thread(jobs.get, job_id, False)
+                        state = JobState(current["state"]) if current else state
+                if state in ACTIVE and state is not J.FINALIZING:
                     await asyncio.to_thread(jobs.update, job_id, request="interrupt")
                     result = await asyncio.to_thread(jobs.get, job_id)
                     self.supervisor.wake.set()
                     return self.write_json(result, 202)
-                else:
-                    raise ApiError(409, f"job {job_id} is {state.value}: nothing to interrupt")
+                raise ApiError(409, f"job {job_id} is {state.value}: nothing to interrupt")
             elif action == "resume":
                 if state is not J.INTERRUPTED:
                     raise ApiError(
