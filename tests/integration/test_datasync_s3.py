@@ -648,3 +648,14 @@ def test_direct_errors_are_reported_with_the_servers_code(server, tmp_path):
     with pytest.raises(Exception) as info:
         remote.download(RemoteObject("nope.bin", 10, "0" * 32), tmp_path / "x")
     assert "NoSuchKey" in str(info.value)
+
+
+def test_single_part_upload_refuses_a_digest_without_md5(server, bucket, tmp_path):
+    """Hashing again inside upload() would hide a change made since the caller hashed."""
+    remote = remote_for(server.endpoint, bucket)
+    remote.ensure_bucket()
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"content")
+    with pytest.raises(ValueError, match="needs the MD5"):
+        remote.upload("f.bin", src, hash_file(src))
+    assert "Contents" not in raw_client(server.endpoint).list_objects_v2(Bucket=bucket)

@@ -112,41 +112,46 @@ def test_report_json():
     assert data["failures"] == [{"key": "p/x", "reason": "boom"}]
 
 
-def test_hash_file_crc32(tmp_path):
+def test_stream_hasher_crc32():
     import zlib
 
+    from gpulab.datasync.hashing import StreamHasher
+
     data = os.urandom(300_000)
-    (tmp_path / "f").write_bytes(data)
-    d = hash_file(tmp_path / "f", crc32=True)
+    h = StreamHasher(crc32=True)
+    for i in range(0, len(data), 65_536):  # any chunking gives the same CRC
+        h.update(data[i : i + 65_536])
+    d = h.digest()
     assert d.crc32 == zlib.crc32(data)
     assert base64.b64decode(d.crc32_b64) == zlib.crc32(data).to_bytes(4, "big")
-    assert hash_file(tmp_path / "f").crc32 is None
+    assert d.sha256 == hashlib.sha256(data).hexdigest()
+    assert StreamHasher().digest().crc32_b64 is None
 
 
-def test_hashing_reader_counts_caps_and_rewinds(tmp_path):
-    from gpulab.datasync.hashing import HashingReader
+def test_sized_body_stops_at_its_size_and_rewinds(tmp_path):
+    from gpulab.datasync.s3_direct import SizedBody
 
     data = os.urandom(5000)
     (tmp_path / "f").write_bytes(data + b"grown later")
     with open(tmp_path / "f", "rb") as f:
-        r = HashingReader(f, 5000, RuntimeError, md5=True)
-        assert r.read(3000) == data[:3000] and r.tell() == 3000
-        r.seek(0)  # a retry starts again: so do the hashes
-        assert r.read() == data and r.read() == b""  # never past the size announced
-        assert r.hasher.digest().md5 == hashlib.md5(data).hexdigest()
+        body = SizedBody(f, 5000)
+        assert body.read(3000) == data[:3000] and body.tell() == 3000
+        body.seek(0)  # a retry starts again from the start
+        assert body.read() == data and body.read() == b""  # never past the size announced
+        assert body.tell() == 5000
         with pytest.raises(OSError):
-            r.seek(10)
+            body.seek(10)
 
 
-def test_hashing_reader_refuses_a_file_shorter_than_announced(tmp_path):
-    from gpulab.datasync.hashing import HashingReader
+def test_sized_body_refuses_a_file_shorter_than_announced(tmp_path):
+    from gpulab.datasync.s3_direct import ChangedWhileSending, SizedBody
 
     (tmp_path / "f").write_bytes(b"x" * 100)
     with open(tmp_path / "f", "rb") as f:
-        r = HashingReader(f, 1000, RuntimeError, sha256=False)
-        assert r.read(100) == b"x" * 100
-        with pytest.raises(RuntimeError, match="ended after 100 of 1000 bytes"):
-            r.read(100)
+        body = SizedBody(f, 1000)
+        assert body.read(100) == b"x" * 100
+        with pytest.raises(ChangedWhileSending, match="ended after 100 of 1000 bytes"):
+            body.read(100)
 
 
 def test_object_headers_in_boto3_names():

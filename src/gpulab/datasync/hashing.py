@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 _BUF = 4 * 1024 * 1024
 
@@ -19,8 +17,8 @@ class FileDigest:
 
     ``md5`` is the hex MD5 of the whole file (the ETag S3 gives a single-part object);
     ``multipart_etag`` the ETag S3 gives it when uploaded in parts of ``part_size`` bytes;
-    ``crc32`` its CRC-32 (as S3's ``x-amz-checksum-crc32``, and to tell whether the bytes sent
-    are the bytes hashed). Each may be None when not asked for.
+    ``crc32`` its CRC-32 (to check S3's ``x-amz-checksum-crc32``). Each may be None when not
+    asked for.
     """
 
     size: int
@@ -43,10 +41,9 @@ class FileDigest:
 class StreamHasher:
     """Digests of a byte stream fed in order with :meth:`update` (any chunk sizes).
 
-    SHA-256 unless ``sha256`` is false; MD5 of the whole stream if ``md5``; CRC-32 if
-    ``crc32``; the multipart ETag for parts of ``part_size`` bytes if given. Used both to hash
-    files and to hash data as it is transferred, so that a transfer needs no second pass
-    over the file.
+    Always SHA-256; MD5 of the whole stream if ``md5``; CRC-32 if ``crc32``; the multipart
+    ETag for parts of ``part_size`` bytes if given. Used both to hash files and to hash data
+    as it is transferred, so that a transfer needs no second pass over the file.
     """
 
     def __init__(
@@ -55,10 +52,9 @@ class StreamHasher:
         md5: bool = False,
         part_size: int | None = None,
         crc32: bool = False,
-        sha256: bool = True,
     ) -> None:
         self.size = 0
-        self._sha = hashlib.sha256() if sha256 else None
+        self._sha = hashlib.sha256()
         self._md5 = hashlib.md5(usedforsecurity=False) if md5 else None
         self._crc: int | None = 0 if crc32 else None
         self._part_size = part_size
@@ -68,8 +64,7 @@ class StreamHasher:
 
     def update(self, chunk: bytes | bytearray | memoryview) -> None:
         self.size += len(chunk)
-        if self._sha is not None:
-            self._sha.update(chunk)
+        self._sha.update(chunk)
         if self._md5 is not None:
             self._md5.update(chunk)
         if self._crc is not None:
@@ -96,62 +91,19 @@ class StreamHasher:
             multipart = f"{joined}-{len(md5s)}"
         return FileDigest(
             size=self.size,
-            sha256=self._sha.hexdigest() if self._sha is not None else "",
+            sha256=self._sha.hexdigest(),
             md5=self._md5.hexdigest() if self._md5 is not None else None,
             multipart_etag=multipart,
             crc32=self._crc,
         )
 
 
-def hash_file(
-    path: Path, *, md5: bool = False, part_size: int | None = None, crc32: bool = False
-) -> FileDigest:
-    """Read ``path`` once, computing SHA-256 and, if asked, MD5, CRC-32, the multipart ETag."""
-    hasher = StreamHasher(md5=md5, part_size=part_size, crc32=crc32)
+def hash_file(path: Path, *, md5: bool = False, part_size: int | None = None) -> FileDigest:
+    """Read ``path`` once, computing SHA-256 and, if asked, MD5 and the multipart ETag."""
+    hasher = StreamHasher(md5=md5, part_size=part_size)
     buf = bytearray(_BUF)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(buf):
             hasher.update(view[:n])
     return hasher.digest()
-
-
-class HashingReader(io.RawIOBase):
-    """A file opened for an upload that hashes what is read from it, i.e. what is sent.
-
-    It ends after ``size`` bytes and raises ``changed`` if the file ends before; rewinding to
-    the start (as an HTTP client does to retry) starts the hashes again.
-    """
-
-    def __init__(self, f: BinaryIO, size: int, changed: type[Exception], **hashes: bool) -> None:
-        self._f = f
-        self._size = size
-        self._changed = changed
-        self._hashes = hashes
-        self.hasher = StreamHasher(**hashes)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.hasher.size
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        if (pos, whence) != (0, io.SEEK_SET):
-            raise io.UnsupportedOperation("only a rewind to the start")
-        self._f.seek(0)
-        self.hasher = StreamHasher(**self._hashes)
-        return 0
-
-    def read(self, n: int = -1) -> bytes:
-        left = self._size - self.hasher.size
-        if left <= 0:
-            return b""
-        data = self._f.read(left if n is None or n < 0 else min(n, left))
-        if not data:
-            raise self._changed(f"the file ended after {self.hasher.size} of {self._size} bytes")
-        self.hasher.update(data)
-        return data

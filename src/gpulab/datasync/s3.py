@@ -12,7 +12,6 @@ A size mismatch or a body cut short always fails the object.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import re
@@ -34,9 +33,9 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
-from .hashing import FileDigest, HashingReader, StreamHasher, hash_file
+from .hashing import FileDigest, StreamHasher, hash_file
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
-from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, read_body
+from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, SizedBody, read_body
 
 MiB = 1024 * 1024
 META_SHA256 = "gpulab-sha256"
@@ -377,8 +376,7 @@ class S3Remote:
             return  # botocore validated this checksum while the body was read
         crc = resp.get("ChecksumCRC32")
         if crc and "-" not in crc and digest.crc32 is not None:
-            expected_crc = base64.b64encode(digest.crc32.to_bytes(4, "big")).decode()
-            if crc != expected_crc:
+            if crc != digest.crc32_b64:
                 raise IntegrityError("checksum mismatch: CRC-32 differs from the server's")
             return
         if _MD5_RE.match(etag):
@@ -405,8 +403,8 @@ class S3Remote:
         with _translated(f"put {key}"):
             part_size = self.part_size_for(digest.size)
             if part_size is None:
-                if digest.md5 is None:
-                    digest = hash_file(src, md5=True)
+                if digest.md5 is None:  # hashing again here would hide a change since
+                    raise ValueError("a single-part upload needs the MD5: use digest()")
                 if self.direct is not None:
                     return self._upload_direct(key, src, digest)
                 return self._upload_single(key, src, digest, metadata)
@@ -466,11 +464,8 @@ class S3Remote:
             f"x-amz-meta-{META_SHA256}": digest.sha256,
         }
         with open(src, "rb", buffering=0) as f:
-            # counts what is sent: a file cut short fails at once instead of leaving the
-            # server waiting for bytes that never come
-            body = HashingReader(f, digest.size, ChangedWhileSending, sha256=False)
             try:
-                stored = self.direct.put(key, body, digest.size, headers)
+                stored = self.direct.put(key, SizedBody(f, digest.size), digest.size, headers)
             except ChangedWhileSending as exc:
                 raise IntegrityError(f"the file changed during the upload: {exc}") from exc
         returned = stored.checksums.get("ChecksumSHA256")

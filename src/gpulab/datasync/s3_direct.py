@@ -16,6 +16,7 @@ path-style addressing use it; AWS's own endpoints go through boto3 entirely.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
@@ -30,13 +31,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials as BotoCredentials
 from botocore.exceptions import ClientError
 from botocore.httpsession import get_cert_path
-from urllib3.exceptions import (
-    HTTPError,
-    MaxRetryError,
-    NewConnectionError,
-    ProtocolError,
-    ReadTimeoutError,
-)
+from urllib3.exceptions import HTTPError, MaxRetryError, ReadTimeoutError
 from urllib3.util import Retry, Timeout
 
 from .credentials import Credentials
@@ -91,6 +86,46 @@ class ObjectHeaders:
 
 class ChangedWhileSending(Exception):
     """The file being uploaded ended before the size announced (it changed meanwhile)."""
+
+
+class SizedBody(io.RawIOBase):
+    """An upload's body: exactly ``size`` bytes of ``f``.
+
+    It stops at ``size`` and raises :class:`ChangedWhileSending` if the file ends before, so
+    that a file cut short fails at once instead of leaving the server waiting for bytes that
+    never come. It rewinds only to the start (as urllib3 does to retry).
+    """
+
+    def __init__(self, f: BinaryIO, size: int) -> None:
+        self._f = f
+        self._size = size
+        self._sent = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._sent
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        if (pos, whence) != (0, io.SEEK_SET):
+            raise io.UnsupportedOperation("only a rewind to the start")
+        self._f.seek(0)
+        self._sent = 0
+        return 0
+
+    def read(self, n: int | None = -1) -> bytes:
+        left = self._size - self._sent
+        if left <= 0:
+            return b""
+        data = self._f.read(left if n is None or n < 0 else min(n, left))
+        if not data:
+            raise ChangedWhileSending(f"the file ended after {self._sent} of {self._size} bytes")
+        self._sent += len(data)
+        return data
 
 
 def _client_error(status: int, body: bytes, operation: str) -> ClientError:
@@ -195,12 +230,9 @@ class DirectS3:
                 preload_content=not stream,
                 redirect=False,
             )
-        except MaxRetryError as exc:
-            raise RemoteUnavailable(f"{method} {path}: {exc.reason}") from exc
-        except (NewConnectionError, ReadTimeoutError) as exc:
-            raise RemoteUnavailable(f"{method} {path}: {exc}") from exc
-        except (ProtocolError, HTTPError) as exc:
-            raise RemoteUnavailable(f"{method} {path}: {exc}") from exc
+        except HTTPError as exc:  # retries spent (MaxRetryError names the last cause)
+            cause = exc.reason if isinstance(exc, MaxRetryError) else exc
+            raise RemoteUnavailable(f"{method} {path}: {cause}") from exc
 
     # -- the four requests ---------------------------------------------------------------
 
@@ -270,7 +302,7 @@ def read_body(resp: urllib3.BaseHTTPResponse, chunk: int) -> Iterator[bytes]:
         complete = True
     except ReadTimeoutError as exc:
         raise RemoteUnavailable(f"reading the response: {exc}") from exc
-    except (ProtocolError, HTTPError) as exc:
+    except HTTPError as exc:  # IncompleteRead, reset: a body cut short
         raise IntegrityError(f"truncated, response body cut short ({exc})") from exc
     finally:
         if complete:
