@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +119,35 @@ def test_purge(tmp_path):
     assert not (tmp_path / "store/.gpulab-meta/bkt/data").exists()  # and the sidecars
     assert (tmp_path / "store/.gpulab-meta/bkt/datax.json").exists()
     assert purge(remote, "data").objects_total == 0
+
+
+@pytest.mark.parametrize("hashers", [1, 3])
+def test_push_hashes_at_most_hashers_large_files_at_once(tmp_path, monkeypatch, hashers):
+    """Large files are hashed ``hashers`` at a time, so that the first is sent while the
+    others wait instead of all sharing the CPUs; small files are never held back."""
+    from gpulab.datasync import engine
+
+    monkeypatch.setattr(engine, "LARGE_FILE", 1024)
+    write_tree(tmp_path / "a", {f"big{i}.bin": os.urandom(4096) for i in range(6)})
+    write_tree(tmp_path / "a", {f"small{i}.bin": b"s" for i in range(6)})
+    remote = FilesystemRemote(tmp_path / "store", "bkt")
+    real = remote.digest
+    lock, running, peak = threading.Lock(), {"large": 0, "all": 0}, {"large": 0, "all": 0}
+
+    def slow_digest(path, size):
+        kinds = ("large", "all") if size >= 1024 else ("all",)
+        with lock:
+            for k in kinds:
+                running[k] += 1
+                peak[k] = max(peak[k], running[k])
+        time.sleep(0.15)
+        with lock:
+            for k in kinds:
+                running[k] -= 1
+        return real(path, size)
+
+    monkeypatch.setattr(remote, "digest", slow_digest)
+    rep = push(tmp_path / "a", remote, "", "rw", options=SyncOptions(workers=8, hashers=hashers))
+    assert (rep.completed, rep.failed) == (12, 0)
+    assert peak["large"] == hashers
+    assert peak["all"] > hashers  # the small files hashed beside them

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -617,6 +618,54 @@ def test_direct_pagination_lists_every_key(server, bucket, monkeypatch):
     assert [o.key for o in pages] == sorted(keys)
     assert len(requests) == 13  # 124 keys, 10 a page: the continuation tokens were followed
     assert [o.key for o in remote.list("k/")] == sorted(keys)
+
+
+def test_listing_asks_for_large_pages_and_falls_back_to_1000():
+    """Pages larger than S3's 1,000 are asked for (moto serves 5,000 keys faster in one
+    page); a server that refuses that with a 400 is asked again for 1,000 a page, from the
+    same continuation point."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    seen: list[dict[str, list[str]]] = []
+
+    class StrictS3(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            query = parse_qs(urlsplit(self.path).query)
+            seen.append(query)
+            if int(query.get("max-keys", ["1000"])[0]) > 1000:
+                body = b"<Error><Code>InvalidArgument</Code><Message>max-keys</Message></Error>"
+                status = 400
+            else:
+                page = 2 if "continuation-token" in query else 1
+                more = "<IsTruncated>true</IsTruncated><NextContinuationToken>t2"
+                more += "</NextContinuationToken>"
+                last = "<IsTruncated>false</IsTruncated>"
+                body = (
+                    "<ListBucketResult><EncodingType>url</EncodingType>"
+                    f"<Contents><Key>k{page}</Key><Size>{page}</Size><ETag>&quot;e{page}&quot;"
+                    f"</ETag></Contents>{more if page == 1 else last}</ListBucketResult>"
+                ).encode()
+                status = 200
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), StrictS3)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        remote = remote_for(f"http://127.0.0.1:{srv.server_port}", "strict-bucket")
+        got = [(o.key, o.size, o.etag) for o in remote.list("")]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert got == [("k1", 1, "e1"), ("k2", 2, "e2")]
+    assert [q.get("max-keys") for q in seen] == [["10000"], None, None]
+    assert "continuation-token" in seen[2]
 
 
 def test_direct_put_of_a_file_that_shrinks_is_refused(server, bucket, tmp_path):

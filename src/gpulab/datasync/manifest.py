@@ -92,8 +92,11 @@ class Manifest:
             },
         }
         tmp = self.root / f"{MANIFEST_NAME}.tmp-{os.getpid()}"
+        # json.dumps, not json.dump: only the one-shot form uses the C encoder (3-4x faster,
+        # and the main thread holds the GIL for less while the workers wait)
+        text = json.dumps(data, separators=(",", ":"))
         with open(tmp, "w") as f:
-            json.dump(data, f, separators=(",", ":"))
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

