@@ -13,7 +13,7 @@ Everything is measured ``--repeat`` times (default 3), the tools taking turns in
 and the medians are printed (the best for the ceiling): single runs on a small virtual
 machine vary by a factor of two.
 
-    .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 16] [--repeat 3]
+    .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 32] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -88,12 +88,10 @@ def empty_bucket(c, bucket: str) -> None:
 
 
 def make_small_tree(root: Path, n: int) -> int:
-    rng = random.Random(42)
     total = 0
-    for i in range(n):
+    for i, size in enumerate(small_sizes(n)):
         d = root / f"d{i % 100:03d}"
         d.mkdir(parents=True, exist_ok=True)
-        size = rng.randint(1024, 64 * 1024)
         (d / f"f{i:05d}.bin").write_bytes(os.urandom(size))
         total += size
     return total
@@ -113,11 +111,11 @@ def make_large_tree(root: Path, count: int, size: int) -> int:
 
 @dataclass
 class Ceiling:
-    put_per_s: float  # 16 KiB objects, 32 threads
+    put_per_s: float  # objects of 1-64 KiB as in (a), the tools' concurrency
     get_per_s: float
     put_mb_s: float  # the scenario's large objects (4 of them, one thread each)
     get_mb_s: float
-    put_mb_s_16mib: float  # 32 objects of 16 MiB, 32 threads (context: moto's best case)
+    put_mb_s_16mib: float  # 32 objects of 16 MiB, same concurrency (moto's best case)
     get_mb_s_16mib: float
 
     def best(self, other: Ceiling | None) -> Ceiling:
@@ -180,7 +178,7 @@ class RawSigned:
         return n
 
     def list(self) -> int:
-        return sum(1 for _ in self.d.list(""))
+        return sum(1 for _ in self.d.list("", page_size=10_000))  # as large as moto allows
 
 
 RAW_CLIENTS = (RawBoto3, RawSigned)
@@ -193,18 +191,27 @@ def timed(fn, items, threads: int) -> float:
     return time.perf_counter() - start
 
 
-def measure_ceiling(endpoint: str, big_size: int, threads: int = 32) -> Ceiling:
-    """The best rates of the raw clients (objects in memory, nothing hashed or written):
-    1,500 PUTs and GETs of 16 KiB; 4 objects of the large scenario's size; 32 of 16 MiB."""
+def small_sizes(n: int) -> list[int]:
+    """The sizes of the small scenario's files (1-64 KiB, the same draw)."""
+    rng = random.Random(42)
+    return [rng.randint(1024, 64 * 1024) for _ in range(n)]
+
+
+def measure_ceiling(endpoint: str, big_size: int, threads: int) -> Ceiling:
+    """The best rates of the raw clients (objects in memory, nothing hashed or written) at
+    ``threads`` requests in flight, the tools' concurrency: 1,500 PUTs and GETs of the small
+    scenario's sizes; 4 objects of the large scenario's size; 32 of 16 MiB."""
     bucket = "bench-ceiling"
-    small, big, mid = os.urandom(16 * 1024), os.urandom(big_size), os.urandom(16 * MiB)
     n, nmid = 1500, 32
+    pool = os.urandom(64 * 1024)
+    smalls = [pool[:size] for size in small_sizes(n)]
+    big, mid = os.urandom(big_size), os.urandom(16 * MiB)
     best: Ceiling | None = None
     for raw_cls in RAW_CLIENTS:
         client(endpoint).create_bucket(Bucket=bucket)
         raw = raw_cls(endpoint, bucket, threads)
         rates = [
-            n / timed(lambda i, r=raw: r.put(f"s/{i}", small), range(n), threads),
+            n / timed(lambda i, r=raw: r.put(f"s/{i}", smalls[i]), range(n), threads),
             n / timed(lambda i, r=raw: r.get(f"s/{i}"), range(n), threads),
         ]
         mb = 4 * big_size / 1e6
@@ -367,7 +374,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="4 x 64 MiB instead of 4 x 256 MiB")
     ap.add_argument("--files", type=int, default=5000)
-    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=32,
+        help="requests in flight, the same for every tool and for the ceiling's raw clients",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="rounds; medians are printed")
     args = ap.parse_args()
     big_size = (64 if args.small else 256) * MiB
@@ -404,7 +416,7 @@ def main() -> int:
         ceiling: Ceiling | None = None
         raw = client(endpoint)
         for rnd in range(1, args.repeat + 1):
-            ceiling = measure_ceiling(endpoint, big_size).best(ceiling)
+            ceiling = measure_ceiling(endpoint, big_size, args.workers).best(ceiling)
             for tool_cls in tools:
                 tool = tool_cls(endpoint, args.workers, tmp)
                 r = times.setdefault(tool.name, {})
@@ -446,10 +458,11 @@ def main() -> int:
         assert ceiling is not None
         print(
             f"ceiling (best of raw boto3 and raw signed urllib3, best of {args.repeat} rounds): "
-            f"{ceiling.put_per_s:.0f} PUT/s, {ceiling.get_per_s:.0f} GET/s (16 KiB, 32 threads); "
+            f"{ceiling.put_per_s:.0f} PUT/s, {ceiling.get_per_s:.0f} GET/s (1-64 KiB, "
+            f"{args.workers} in flight); "
             f"{ceiling.put_mb_s:.0f} MB/s PUT, {ceiling.get_mb_s:.0f} MB/s GET (4 x "
             f"{big_size // MiB} MiB, as the large scenario); {ceiling.put_mb_s_16mib:.0f} MB/s "
-            f"PUT, {ceiling.get_mb_s_16mib:.0f} MB/s GET (32 x 16 MiB, 32 threads); listing "
+            f"PUT, {ceiling.get_mb_s_16mib:.0f} MB/s GET (32 x 16 MiB); listing "
             f"{args.files} keys {min(listing_s):.2f}s",
             flush=True,
         )
@@ -461,13 +474,15 @@ def main() -> int:
             "large pull": large_bytes / 1e6 / ceiling.get_mb_s,
         }
         results = {t: {k: statistics.median(v) for k, v in r.items()} for t, r in times.items()}
+        bests = {t: {k: min(v) for k, v in r.items()} for t, r in times.items()}
 
         print()
         others = [t for t in results if t != "gpulab-sync"]
         head = f"{'scenario':<16}{'ceiling':>9}"
         for t in results:
             head += f"{t:>14}"
-        head += f"{'gpulab share':>14}" + "".join(f"{'x vs ' + t.split()[0]:>12}" for t in others)
+        head += f"{'gpulab share':>14}{'best share':>12}"
+        head += "".join(f"{'x vs ' + t.split()[0]:>12}" for t in others)
         print(head)
         for scenario in results["gpulab-sync"]:
             line = f"{scenario:<16}"
@@ -476,16 +491,20 @@ def main() -> int:
                 line += f"{results[t][scenario]:>13.2f}s"
             g = results["gpulab-sync"][scenario]
             share = f"{ideal[scenario] / g:.0%}" if scenario in ideal else "-"
-            line += f"{share:>14}"
+            gb = bests["gpulab-sync"][scenario]
+            best_share = f"{ideal[scenario] / gb:.0%}" if scenario in ideal else "-"
+            line += f"{share:>14}{best_share:>12}"
             for t in others:
                 line += f"{results[t][scenario] / g:>11.2f}x"
             print(line)
         print()
         print(
-            f"medians of {args.repeat} rounds. ceiling = the time the raw clients need for the "
-            "same objects/bytes (for the unchanged pull: to list the keys); share = ceiling / "
-            "gpulab time; 'x vs T' = T's time / gpulab's (>1: gpulab faster). Times are wall "
-            "clock of each CLI process (interpreter start-up included)."
+            f"medians of {args.repeat} rounds, {args.workers} requests in flight for every "
+            "client. ceiling = the time the raw clients need for the same objects/bytes (for "
+            "the unchanged pull: to list the keys), best of the rounds; share = ceiling / "
+            "gpulab's median time; best share = ceiling / gpulab's best time; 'x vs T' = T's "
+            "time / gpulab's (>1: gpulab faster). Times are wall clock of each CLI process "
+            "(interpreter start-up included)."
         )
         print(
             "gpulab engine time (from its report, without process start-up): "
