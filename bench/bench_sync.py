@@ -169,13 +169,10 @@ class RawSigned:
         self.d.put(key, io.BytesIO(data), len(data), {})
 
     def get(self, key: str) -> int:
-        # in 1 MiB pieces: one read of a 256 MiB body costs more in page faults than in I/O
-        resp = self.d.get(key)
-        n = 0
-        while chunk := resp.read(MiB):
-            n += len(chunk)
-        resp.release_conn()
-        return n
+        # into one reused 1 MiB buffer: new bytes objects cost more in page faults than in I/O
+        from gpulab.datasync.s3_direct import stream_body
+
+        return stream_body(self.d.get(key), lambda piece: None)
 
     def list(self) -> int:
         return sum(1 for _ in self.d.list("", page_size=10_000))  # as large as moto allows
@@ -243,11 +240,10 @@ def measure_raw_download(endpoint: str, bucket: str, keys: list[str], dest: Path
     dest.mkdir(parents=True, exist_ok=True)
 
     def fetch(key: str) -> None:
-        resp = raw.d.get(key)
+        from gpulab.datasync.s3_direct import stream_body
+
         with open(dest / key, "wb", buffering=0) as f:
-            while chunk := resp.read(MiB):
-                f.write(chunk)
-        resp.release_conn()
+            stream_body(raw.d.get(key), f.write)
 
     elapsed = timed(fetch, keys, len(keys))
     shutil.rmtree(dest)

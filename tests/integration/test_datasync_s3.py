@@ -620,6 +620,20 @@ def test_direct_pagination_lists_every_key(server, bucket, monkeypatch):
     assert [o.key for o in remote.list("k/")] == sorted(keys)
 
 
+def test_pull_keeps_the_stored_bytes_of_a_content_encoded_object(server, bucket, tmp_path):
+    """An object stored gzip-compressed with ``Content-Encoding: gzip`` is pulled as stored
+    (an HTTP client that decodes it would fail the size and checksum checks)."""
+    import gzip
+
+    stored = gzip.compress(b"col1,col2\n" * 5000)
+    c = raw_client(server.endpoint)
+    c.create_bucket(Bucket=bucket)
+    c.put_object(Bucket=bucket, Key="data.csv.gz", Body=stored, ContentEncoding="gzip")
+    rep = pull(remote_for(server.endpoint, bucket), tmp_path / "w")
+    assert (rep.completed, rep.failed) == (1, 0), rep.failures
+    assert (tmp_path / "w/data.csv.gz").read_bytes() == stored
+
+
 def test_listing_asks_for_large_pages_and_falls_back_to_1000():
     """Pages larger than S3's 1,000 are asked for (moto serves 5,000 keys faster in one
     page); a server that refuses that with a 400 is asked again for 1,000 a page, from the

@@ -35,7 +35,7 @@ from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
 from .hashing import FileDigest, StreamHasher, hash_file
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
-from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, SizedBody, read_body
+from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, SizedBody, stream_body
 
 MiB = 1024 * 1024
 META_SHA256 = "gpulab-sha256"
@@ -302,9 +302,12 @@ class S3Remote:
             resp.close()
             return None
         with open(dest, "wb", buffering=0) as f:
-            for chunk in read_body(resp, _CHUNK):
-                f.write(chunk)
-                hasher.update(chunk)
+
+            def write(piece: memoryview) -> None:
+                f.write(piece)
+                hasher.update(piece)
+
+            stream_body(resp, write)
         digest = hasher.digest()
         if digest.size != info.size:
             raise IntegrityError(f"truncated: received {digest.size} of {info.size} bytes")

@@ -16,10 +16,12 @@ path-style addressing use it; AWS's own endpoints go through boto3 entirely.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import io
 import os
+import threading
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 from urllib.parse import quote, unquote_plus, urlencode, urlsplit
@@ -301,6 +303,48 @@ class DirectS3:
         if resp.status != 200:
             raise _client_error(resp.status, resp.data, "PutObject")
         return ObjectHeaders.parse(resp.headers)
+
+
+_BUFFER_SIZE = 1024 * 1024
+_buffers = threading.local()
+
+
+def stream_body(resp: urllib3.BaseHTTPResponse, sink: Callable[[memoryview], object]) -> int:
+    """Feed the body of a streamed response to ``sink`` in pieces of up to 1 MiB; return the
+    number of bytes read (a body cut short just ends early: compare with the size expected).
+
+    The bytes stored are read as they are (no content decoding) into one buffer per thread,
+    reused: reading through urllib3 makes a new bytes object per piece and copies it twice,
+    and measured on a 2-core VM, 4 x 256 MiB with SHA-256 to disk took 1.2 s of CPU this way
+    against 2.1-4.0 s. ``sink`` must not keep the view it is given.
+    """
+    raw = getattr(resp, "_fp", None)  # the http.client response under urllib3's
+    if not isinstance(raw, http.client.HTTPResponse):
+        n = 0
+        for data in read_body(resp, _BUFFER_SIZE):
+            sink(memoryview(data))
+            n += len(data)
+        return n
+    buf = getattr(_buffers, "buf", None)
+    if buf is None:
+        buf = _buffers.buf = bytearray(_BUFFER_SIZE)
+    view = memoryview(buf)
+    total, complete = 0, False
+    try:
+        while n := raw.readinto(buf):
+            sink(view[:n])
+            total += n
+        complete = True
+    except TimeoutError as exc:  # socket.timeout: the read timeout passed
+        raise RemoteUnavailable(f"reading the response: {exc}") from exc
+    except (OSError, http.client.HTTPException) as exc:  # reset, bad chunking: cut short
+        raise IntegrityError(f"truncated, response body cut short ({exc})") from exc
+    finally:
+        if complete and raw.isclosed():
+            resp.release_conn()  # back to the pool for keep-alive servers
+        else:
+            resp.close()  # half-read or cut short: the connection cannot be reused
+    return total
 
 
 def read_body(resp: urllib3.BaseHTTPResponse, chunk: int) -> Iterator[bytes]:
