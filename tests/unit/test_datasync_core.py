@@ -203,3 +203,22 @@ def test_direct_paths_are_quoted_once():
     )
     assert d._path() == "/base/bkt"
     assert d._path("a b/\u00e9+%?#~.txt") == "/base/bkt/a%20b/%C3%A9%2B%25%3F%23~.txt"
+
+
+def test_stream_body_without_an_http_client_response_keeps_stored_bytes() -> None:
+    """The fallback path (urllib3's own reads) also hands over the bytes as stored, never
+    decoded, and counts them."""
+    import gzip
+    import io
+
+    import urllib3
+
+    from gpulab.datasync.s3_direct import stream_body
+
+    stored = gzip.compress(b"x" * 100_000)
+    resp = urllib3.HTTPResponse(
+        body=io.BytesIO(stored), headers={"content-encoding": "gzip"}, preload_content=False
+    )
+    got = bytearray()
+    assert stream_body(resp, got.extend) == len(stored)
+    assert bytes(got) == stored

@@ -351,7 +351,7 @@ def read_body(resp: urllib3.BaseHTTPResponse, chunk: int) -> Iterator[bytes]:
     """The body of a streamed response; a body cut short raises IntegrityError."""
     complete = False
     try:
-        while data := resp.read(chunk):
+        while data := resp.read(chunk, decode_content=False):  # the bytes as stored
             yield data
         complete = True
     except ReadTimeoutError as exc:
