@@ -93,6 +93,14 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.multipart_chunksize // MiB,
         help=f"part size of those transfers (default {defaults.multipart_chunksize // MiB})",
     )
+    p.add_argument(
+        "--direct-io-min-mib",
+        type=int,
+        default=defaults.direct_io_min_size // MiB if defaults.direct_io_min_size else 0,
+        help="downloads this large or larger are written with O_DIRECT, bypassing the page "
+        "cache, where the file system allows; 0: never (default "
+        f"{(defaults.direct_io_min_size or 0) // MiB})",
+    )
     p.add_argument("--connect-timeout", type=float, default=5.0)
     p.add_argument("--read-timeout", type=float, default=60.0)
     return p
@@ -125,6 +133,8 @@ def _remote(args: argparse.Namespace) -> Remote:
         )
     if min(args.multipart_threshold_mib, args.multipart_chunksize_mib) < 5:
         raise UsageError("multipart threshold and chunk size must be at least 5 MiB")
+    if args.direct_io_min_mib < 0:
+        raise UsageError("--direct-io-min-mib must be 0 (never) or more")
     settings = S3Settings(
         retry_mode=args.retry_mode,
         max_attempts=args.max_attempts,
@@ -133,6 +143,7 @@ def _remote(args: argparse.Namespace) -> Remote:
         read_timeout=args.read_timeout,
         multipart_threshold=args.multipart_threshold_mib * MiB,
         multipart_chunksize=args.multipart_chunksize_mib * MiB,
+        direct_io_min_size=args.direct_io_min_mib * MiB or None,
     )
     return S3Remote(
         args.bucket, endpoint_url=endpoint, region=args.region, credentials=creds, settings=settings

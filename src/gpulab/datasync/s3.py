@@ -35,7 +35,7 @@ from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
 from .hashing import FileDigest, StreamHasher, hash_file
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
-from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, SizedBody, stream_body
+from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, SizedBody, receive_file
 
 MiB = 1024 * 1024
 META_SHA256 = "gpulab-sha256"
@@ -71,6 +71,10 @@ class S3Settings:
     #: is asked; servers that allow more (moto) list a large prefix faster in fewer pages
     #: (5,000 keys on moto: 0.60 s in one page against 0.68 s in five)
     list_page_size: int = 10_000
+    #: downloads of this many bytes or more (in one GET) are written with O_DIRECT where the
+    #: file system allows, bypassing the page cache (see :func:`.s3_direct.receive_file`);
+    #: None: never
+    direct_io_min_size: int | None = 16 * MiB
 
 
 def _retries_exceeded() -> type[Exception]:
@@ -301,13 +305,9 @@ class S3Remote:
         if hasher is None:
             resp.close()
             return None
-        with open(dest, "wb", buffering=0) as f:
-
-            def write(piece: memoryview) -> None:
-                f.write(piece)
-                hasher.update(piece)
-
-            stream_body(resp, write)
+        min_direct = self.settings.direct_io_min_size
+        direct = min_direct is not None and info.size >= min_direct
+        receive_file(resp, dest, hasher.update, direct=direct)
         digest = hasher.digest()
         if digest.size != info.size:
             raise IntegrityError(f"truncated: received {digest.size} of {info.size} bytes")
