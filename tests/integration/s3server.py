@@ -102,6 +102,7 @@ class FaultyProxy:
         self.upstream = urlsplit(upstream)
         self.fault: Fault = fault
         self.damaged = 0
+        self.requests: list[str] = []  # "METHOD /path?query", in order
         self.gate = threading.Event()
         self.gate.set()
         proxy = self
@@ -114,6 +115,7 @@ class FaultyProxy:
 
             def _forward(self) -> None:
                 proxy.gate.wait(timeout=60)
+                proxy.requests.append(f"{self.command} {self.path}")
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 conn = http.client.HTTPConnection(

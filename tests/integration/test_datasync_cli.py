@@ -197,3 +197,56 @@ def test_json_lines_are_flushed_as_they_happen(server, bucket, tmp_path):
         rest = proc.stdout.read()
         assert proc.wait(timeout=60) == 0, proc.stderr.read() if proc.stderr else ""
     assert json_lines(rest)[-1]["completed"] == 5
+
+
+def test_pull_lists_once_with_its_head_start(server, bucket, tmp_path):
+    """gpulab-sync asks for the first listing page before loading the engine; the engine
+    uses that answer: one listing request, and no HEAD of the bucket, per pull."""
+    files = sample_files(12)
+    write_tree(tmp_path / "a", files)
+    common = ["--bucket", bucket, "--prefix", "/ws/ann/"]  # normalized as the engine does
+    assert (
+        run(
+            "push", "--store-endpoint", server.endpoint, *common, "--local", str(tmp_path / "a")
+        ).returncode
+        == 0
+    )
+    with FaultyProxy(server.endpoint) as proxy:
+        for expected in (12, 0):  # a first pull, then one with nothing changed
+            proxy.requests.clear()
+            proc = run(
+                "pull",
+                "--store-endpoint",
+                proxy.endpoint,
+                *common,
+                "--local",
+                str(tmp_path / "b"),
+                "--json-progress",
+            )
+            assert proc.returncode == 0, proc.stderr
+            assert json_lines(proc.stdout)[-1]["completed"] == expected
+            listings = [r for r in proxy.requests if "list-type=2" in r]
+            assert len(listings) == 1 and "prefix=ws%2Fann%2F" in listings[0]
+            assert not [r for r in proxy.requests if r.startswith("HEAD")]
+            assert len(proxy.requests) == 1 + expected  # the listing, then one GET per object
+    assert read_tree(tmp_path / "b") == files
+
+
+def test_pull_of_a_missing_bucket_after_its_head_start(server, bucket, tmp_path):
+    """The head start's 404 is not the engine's answer: the bucket is created and listed."""
+    with FaultyProxy(server.endpoint) as proxy:
+        proc = run(
+            "pull",
+            "--store-endpoint",
+            proxy.endpoint,
+            "--bucket",
+            bucket,
+            "--local",
+            str(tmp_path),
+            "--json-progress",
+        )
+        assert proc.returncode == 0, proc.stderr
+        report = json_lines(proc.stdout)[-1]
+        assert report["ok"] and any("created" in n for n in report["notes"])
+        methods = [r.split()[0] for r in proxy.requests]
+        assert methods == ["GET", "HEAD", "PUT", "GET"]  # head start, check, create, listing

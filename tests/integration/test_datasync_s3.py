@@ -719,12 +719,16 @@ def test_pull_keeps_the_stored_bytes_of_a_content_encoded_object(server, bucket,
     assert (tmp_path / "w/data.csv.gz").read_bytes() == stored
 
 
-def test_listing_asks_for_large_pages_and_falls_back_to_1000():
+@pytest.mark.parametrize("head_start", [False, True])
+def test_listing_asks_for_large_pages_and_falls_back_to_1000(head_start):
     """Pages larger than S3's 1,000 are asked for (moto serves 5,000 keys faster in one
     page); a server that refuses that with a 400 is asked again for 1,000 a page, from the
-    same continuation point."""
+    same continuation point. The refusal may be the answer to the first page asked for
+    ahead (gpulab-sync's head start): it is not asked twice."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
+
+    from gpulab.datasync.first_page import FirstPage
 
     seen: list[dict[str, list[str]]] = []
 
@@ -757,7 +761,22 @@ def test_listing_asks_for_large_pages_and_falls_back_to_1000():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), StrictS3)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        remote = remote_for(f"http://127.0.0.1:{srv.server_port}", "strict-bucket")
+        endpoint = f"http://127.0.0.1:{srv.server_port}"
+        first = None
+        if head_start:
+            first = FirstPage(
+                endpoint,
+                "strict-bucket",
+                "",
+                region="us-east-1",
+                credentials=CREDS,
+                page_size=S3Settings().list_page_size,
+                connect_timeout=5,
+                read_timeout=10,
+            )
+        remote = S3Remote(
+            "strict-bucket", endpoint_url=endpoint, credentials=CREDS, first_page=first
+        )
         got = [(o.key, o.size, o.etag) for o in remote.list("")]
     finally:
         srv.shutdown()

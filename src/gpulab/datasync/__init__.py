@@ -1,11 +1,38 @@
-"""gpulab's sync engine: incremental, verified transfers between object storage and disk."""
+"""gpulab's sync engine: incremental, verified transfers between object storage and disk.
 
-from .backend import Remote
-from .credentials import Credentials, CredentialsError
-from .engine import SyncOptions, pull, purge, push
-from .filesystem import FilesystemRemote
-from .models import Failure, SyncProgress, SyncReport
-from .s3 import S3Remote, S3Settings
+The names below are loaded on first use, so that ``gpulab-sync`` can send its first request
+before boto3 and botocore are loaded (see :mod:`.first_page`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .backend import Remote
+    from .credentials import Credentials, CredentialsError
+    from .engine import SyncOptions, pull, purge, push
+    from .filesystem import FilesystemRemote
+    from .models import Failure, SyncProgress, SyncReport
+    from .s3 import S3Remote
+    from .s3_settings import S3Settings
+
+_HOMES = {
+    "Remote": "backend",
+    "Credentials": "credentials",
+    "CredentialsError": "credentials",
+    "SyncOptions": "engine",
+    "pull": "engine",
+    "purge": "engine",
+    "push": "engine",
+    "FilesystemRemote": "filesystem",
+    "Failure": "models",
+    "SyncProgress": "models",
+    "SyncReport": "models",
+    "S3Remote": "s3",
+    "S3Settings": "s3_settings",
+}
 
 __all__ = [
     "Credentials",
@@ -22,3 +49,10 @@ __all__ = [
     "purge",
     "push",
 ]
+assert sorted(__all__) == sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOMES[name]}", __name__), name)

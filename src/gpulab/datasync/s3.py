@@ -16,9 +16,8 @@ import contextlib
 import functools
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from botocore.config import Config
@@ -33,48 +32,18 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
+from .first_page import FirstPage
 from .hashing import FileDigest, StreamHasher, hash_file
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
 from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, SizedBody, receive_file
+from .s3_settings import S3Settings
 
-MiB = 1024 * 1024
 META_SHA256 = "gpulab-sha256"
 _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 _MULTIPART_RE = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 _BOTO_VALIDATED = ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumCRC64NVME", "ChecksumSHA1")
 _NOT_FOUND = {"404", "NoSuchBucket", "NotFound", "NoSuchKey"}
 _CHUNK = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class S3Settings:
-    """Client tuning. Objects of ``multipart_threshold`` bytes or more use ranged/multipart
-    transfers of ``multipart_chunksize`` parts with ``transfer_concurrency`` threads each.
-
-    Smaller objects take one request each, hashed as they stream: the engine already keeps
-    ``workers`` objects in flight, so splitting objects only pays off for very large ones
-    (and costs a second pass over the file to verify a download, parts arriving out of order).
-    """
-
-    retry_mode: Literal["standard", "adaptive"] = "standard"
-    max_attempts: int = 5
-    max_pool_connections: int = 64
-    connect_timeout: float = 5.0
-    read_timeout: float = 60.0
-    multipart_threshold: int = 512 * MiB
-    multipart_chunksize: int = 64 * MiB
-    transfer_concurrency: int = 8
-    addressing_style: Literal["auto", "path", "virtual"] = "path"
-    #: list, get and put small objects with signed urllib3 requests (see :mod:`.s3_direct`)
-    direct_requests: bool = True
-    #: keys asked for per listing page (direct requests). S3 returns at most 1,000 whatever
-    #: is asked; servers that allow more (moto) list a large prefix faster in fewer pages
-    #: (5,000 keys on moto: 0.60 s in one page against 0.68 s in five)
-    list_page_size: int = 10_000
-    #: downloads of this many bytes or more (in one GET) are written with O_DIRECT where the
-    #: file system allows, bypassing the page cache (see :func:`.s3_direct.receive_file`);
-    #: None: never
-    direct_io_min_size: int | None = 16 * MiB
 
 
 def _retries_exceeded() -> type[Exception]:
@@ -130,9 +99,11 @@ class S3Remote:
         credentials: Credentials | None = None,
         settings: S3Settings | None = None,
         store_name: str | None = None,
+        first_page: FirstPage | None = None,
     ) -> None:
         """``store_name``, when given, names the store in :attr:`identity` instead of the
-        endpoint URL, so that a manifest stays valid if the store's address changes."""
+        endpoint URL, so that a manifest stays valid if the store's address changes.
+        ``first_page``: a listing page already asked for (see :mod:`.first_page`)."""
         self.bucket = bucket
         self.store_name = store_name
         self.endpoint_url = endpoint_url
@@ -150,6 +121,7 @@ class S3Remote:
                 connect_timeout=s.connect_timeout,
                 read_timeout=s.read_timeout,
                 pool_size=s.max_pool_connections,
+                first_page=first_page,
             )
 
     @functools.cached_property

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import quote, unquote_plus, urlencode, urlsplit
+from urllib.parse import quote, unquote_plus, urlsplit
 
 import urllib3
 from botocore.exceptions import ClientError
@@ -39,6 +39,7 @@ from urllib3.exceptions import HTTPError, MaxRetryError, ReadTimeoutError
 from urllib3.util import Retry, Timeout
 
 from .credentials import Credentials
+from .first_page import S3_PAGE, FirstPage, bucket_path, encode_query, list_query
 from .models import IntegrityError, RemoteObject, RemoteUnavailable
 from .sigv4 import SigV4Signer, host_header
 
@@ -53,10 +54,6 @@ _CHECKSUM_NAMES = {
     "sha1": "ChecksumSHA1",
     "sha256": "ChecksumSHA256",
 }
-
-
-#: the most keys S3 returns in one listing page (and its default)
-S3_PAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -167,11 +164,14 @@ class DirectS3:
         connect_timeout: float,
         read_timeout: float,
         pool_size: int,
+        first_page: FirstPage | None = None,
     ) -> None:
+        """``first_page``: the first listing page, if it was asked for already."""
         parts = urlsplit(endpoint_url)
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self.base_path = parts.path.rstrip("/")
         self.bucket = bucket
+        self._first_page = first_page if first_page and first_page.bucket == bucket else None
         self._host = host_header(endpoint_url)
         self._signer = (
             SigV4Signer(
@@ -208,7 +208,7 @@ class DirectS3:
     # -- plumbing ------------------------------------------------------------------------
 
     def _path(self, key: str = "") -> str:
-        path = f"{self.base_path}/{quote(self.bucket, safe='')}"
+        path = bucket_path(self.origin + self.base_path, self.bucket)
         if key:
             path += "/" + quote(key, safe="/~")
         return path
@@ -223,7 +223,7 @@ class DirectS3:
         body: BinaryIO | None = None,
         stream: bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        url = path + ("?" + urlencode(sorted(query.items()), quote_via=quote) if query else "")
+        url = path + ("?" + encode_query(query) if query else "")
         send = dict(headers or {})
         if self._signer is not None:  # bodies unsigned: integrity comes from the checksums
             send = self._signer.sign(method, self._host, url, send, has_body=body is not None)
@@ -244,6 +244,10 @@ class DirectS3:
     # -- the four requests ---------------------------------------------------------------
 
     def bucket_exists(self) -> bool:
+        if self._first_page is not None:
+            answer = self._first_page.wait()
+            if answer is not None and answer[0] == 200:  # the bucket was listed
+                return True
         resp = self._request("HEAD", self._path())
         if resp.status == 200:
             return True
@@ -252,25 +256,28 @@ class DirectS3:
         raise _client_error(resp.status, b"", "HeadBucket")
 
     def list(self, prefix: str, *, page_size: int = S3_PAGE) -> Iterator[RemoteObject]:
-        """ListObjectsV2 pages, parsed with ElementTree (keys URL-encoded by the server, as
-        boto3 asks too, so that any key survives XML).
+        """ListObjectsV2 pages, parsed with ElementTree (keys URL-encoded by the server).
 
         A ``page_size`` above S3's 1,000 is valid S3 (a server returns at most what it
         allows); a server that refuses it with a 400 is asked again for 1,000 a page."""
         token: str | None = None
+        first = self._first_page
         while True:
-            query = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
-            if page_size != S3_PAGE:
-                query["max-keys"] = str(page_size)
-            if token:
-                query["continuation-token"] = token
-            resp = self._request("GET", self._path(), query=query)
-            if resp.status == 400 and page_size > S3_PAGE:
+            # the head start's answer serves if it is a page or the refusal of its size;
+            # anything else is asked again (retries and error reports are this client's)
+            answer = first.take(self.bucket, prefix, page_size) if first and not token else None
+            if answer is None or answer[0] not in (200, 400):
+                resp = self._request(
+                    "GET", self._path(), query=list_query(prefix, page_size, token)
+                )
+                answer = (resp.status, resp.data)
+            status, data = answer
+            if status == 400 and page_size > S3_PAGE:
                 page_size = S3_PAGE
                 continue
-            if resp.status != 200:
-                raise _client_error(resp.status, resp.data, "ListObjectsV2")
-            root = ET.fromstring(resp.data)
+            if status != 200:
+                raise _client_error(status, data, "ListObjectsV2")
+            root = ET.fromstring(data)
             ns = _ns(root)
             encoded = (root.findtext(f"{ns}EncodingType") or "").lower() == "url"
             for item in root.iterfind(f"{ns}Contents"):
