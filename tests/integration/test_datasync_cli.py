@@ -115,6 +115,7 @@ def test_filesystem_store(tmp_path):
         (["--bucket", "good-bucket"], False, "no credentials"),
         (["--bucket", "good-bucket", "--store-endpoint", "http://u:p@h:1"], True, "store-endpoint"),
         (["--bucket", "good-bucket", "--secret", "x"], True, "unrecognized arguments"),
+        (["--bucket", "good-bucket", "--direct-io-min-mib", "-1"], True, "--direct-io-min-mib"),
     ],
 )
 def test_bad_usage_exits_2(tmp_path, args, with_creds, message):
@@ -250,3 +251,23 @@ def test_pull_of_a_missing_bucket_after_its_head_start(server, bucket, tmp_path)
         assert report["ok"] and any("created" in n for n in report["notes"])
         methods = [r.split()[0] for r in proxy.requests]
         assert methods == ["GET", "HEAD", "PUT", "GET"]  # head start, check, create, listing
+
+
+def test_pull_from_an_unreachable_store_exits_1(bucket, tmp_path):
+    """The head start's failure is not the report: the engine's own listing fails and says so."""
+    proc = run(
+        "pull",
+        "--store-endpoint",
+        f"http://127.0.0.1:{free_port()}",
+        "--bucket",
+        bucket,
+        "--local",
+        str(tmp_path),
+        "--max-attempts",
+        "1",
+        "--json-progress",
+    )
+    assert proc.returncode == 1
+    report = json_lines(proc.stdout)[-1]
+    assert report["failed"] == 1 and not report["ok"]
+    assert "cannot list" in report["failures"][0]["reason"]

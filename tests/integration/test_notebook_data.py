@@ -7,7 +7,9 @@ S3 server on loopback through the host network.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 import threading
 import time
 
@@ -128,6 +130,9 @@ def test_ro_rw_rwd_volumes(hub, s3, docker_client):
     for bucket in ("datasets", "results"):
         c.create_bucket(Bucket=bucket)
     c.put_object(Bucket="datasets", Key="mnist/train.csv", Body=b"1,2,3\n")
+    # 16 MiB and more: written with O_DIRECT by the sync helper, on the Docker volume
+    big = os.urandom(17 * 1024 * 1024 + 5)
+    c.put_object(Bucket="datasets", Key="mnist/big.bin", Body=big)
     c.put_object(Bucket="results", Key="run1/old.txt", Body=b"old")
     c.put_object(Bucket="results", Key="run2/gone.txt", Body=b"gone")
 
@@ -149,6 +154,8 @@ def test_ro_rw_rwd_volumes(hub, s3, docker_client):
     ]
     container = nb["container"]
     assert sh(docker_client, container, "cat /data/mnist/train.csv") == (0, "1,2,3\n")
+    code, out = sh(docker_client, container, "sha256sum /data/mnist/big.bin")
+    assert code == 0 and out.split()[0] == hashlib.sha256(big).hexdigest()
     code, out = sh(docker_client, container, "touch /data/mnist/new 2>&1")
     assert code != 0 and "Read-only file system" in out
     code, out = sh(
@@ -160,7 +167,7 @@ def test_ro_rw_rwd_volumes(hub, s3, docker_client):
     assert code == 0, out
     hub.stop_server("alice", "vols")
     assert hub.notebook("alice", "vols").json()["state"] == "STOPPED"
-    assert keys(s3, "datasets") == {"mnist/train.csv"}
+    assert keys(s3, "datasets") == {"mnist/train.csv", "mnist/big.bin"}
     # rw: additions pushed, the deletion not propagated
     assert keys(s3, "results", "run1/") == {"run1/old.txt", "run1/new.txt"}
     # rwd: the deletion propagated too
