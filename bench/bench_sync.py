@@ -7,13 +7,16 @@ Not part of CI. One run measures, for each tool, on the same endpoint:
 plus the endpoint's own ceiling: PUT/s and GET/s for small objects, MB/s for large ones, and
 the time to list the 5,000 keys, each the best of a many-threaded raw boto3 client and a raw
 client of signed urllib3 requests (no files, no hashing, no manifest). The server (a
-ThreadedMotoServer) runs in its own process so that neither side steals the other's GIL.
+ThreadedMotoServer) runs in its own process so that neither side steals the other's GIL, and
+on a CPU of its own (the clients, raw or tools, on the others), as a store and its clients
+run on separate machines; ``--shared-cpus`` lets them compete for every CPU instead.
 
 Everything is measured ``--repeat`` times (default 3), the tools taking turns in each round,
 and the medians are printed (the best for the ceiling): single runs on a small virtual
 machine vary by a factor of two.
 
     .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 32] [--repeat 3]
+                                         [--shared-cpus]
 """
 
 from __future__ import annotations
@@ -379,7 +382,16 @@ def main() -> int:
         help="requests in flight, the same for every tool and for the ceiling's raw clients",
     )
     ap.add_argument("--repeat", type=int, default=3, help="rounds; medians are printed")
+    ap.add_argument(
+        "--shared-cpus",
+        action="store_true",
+        help="let the server and the clients share every CPU (default: the server on CPU 0, "
+        "the clients on the others, as on separate machines)",
+    )
     args = ap.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    pin = not args.shared_cpus and len(cpus) >= 2
+    server_cpus, client_cpus = ({cpus[0]}, set(cpus[1:])) if pin else (set(cpus), set(cpus))
     big_size = (64 if args.small else 256) * MiB
 
     port = free_port()
@@ -389,11 +401,14 @@ def main() -> int:
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, server_cpus),
     )
+    os.sched_setaffinity(0, client_cpus)  # this process, its raw clients and every tool
     tmp = Path(tempfile.mkdtemp(prefix="gpulab-bench-"))
     try:
         assert server.stdout and server.stdout.readline().strip() == "ready"
         print(f"moto server pid {server.pid} on {endpoint}; scratch {tmp}", flush=True)
+        print(f"CPUs: server {sorted(server_cpus)}, clients {sorted(client_cpus)}", flush=True)
         small_bytes = make_small_tree(tmp / "small", args.files)
         large_bytes = make_large_tree(tmp / "large", 4, big_size)
         print(

@@ -335,3 +335,19 @@ def test_sigv4_signature_changes_with_every_signed_part():
     ]
     sigs = {v["Authorization"].rsplit("=", 1)[1] for v in variants}
     assert ref.rsplit("=", 1)[1] not in sigs and len(sigs) == len(variants)
+
+
+def test_default_hashers_follow_the_cpus_the_process_may_use():
+    """One per CPU of the process's affinity (a container's cpuset), not of the host."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); "
+        "from gpulab.datasync import SyncOptions; print(SyncOptions().hashers)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+    from gpulab.datasync import SyncOptions
+
+    assert SyncOptions().hashers == len(os.sched_getaffinity(0))

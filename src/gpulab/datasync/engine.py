@@ -59,7 +59,11 @@ LARGE_FILE = 8 * 1024 * 1024
 
 
 def _default_hashers() -> int:
-    return max(1, os.cpu_count() or 1)
+    """The CPUs this process may run on (a container's cpuset, not the host's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -67,11 +71,11 @@ class SyncOptions:
     """Engine tuning: ``workers`` objects in flight; ``attempts`` per object for transfers
     that fail verification (transport errors are retried by the client itself).
 
-    ``hashers``: how many large files a push hashes at once (default: one per CPU). A push
-    hashes each file before sending it; left free, every worker would hash its large file
-    at the same time, sharing the CPUs, so that none is sent before all are hashed. Gated,
-    the first files are on the wire while the next are hashed (4 x 256 MiB on 2 CPUs:
-    median 6.1 s gated at 2 against 8.4 s free, 3 rounds against moto).
+    ``hashers``: how many large files a push hashes at once (default: one per CPU the
+    process may use). A push hashes each file before sending it; left free, every worker
+    would hash its large file at the same time, sharing the CPUs, so that none is sent
+    before all are hashed. Gated, the first files are on the wire while the next are hashed
+    (4 x 256 MiB on 2 CPUs: median 6.1 s gated at 2 against 8.4 s free, 3 rounds, moto).
     """
 
     workers: int = 16
