@@ -7,16 +7,16 @@ Not part of CI. One run measures, for each tool, on the same endpoint:
 plus the endpoint's own ceiling: PUT/s and GET/s for small objects, MB/s for large ones, and
 the time to list the 5,000 keys, each the best of a many-threaded raw boto3 client and a raw
 client of signed urllib3 requests (no files, no hashing, no manifest). The server (a
-ThreadedMotoServer) runs in its own process so that neither side steals the other's GIL, and
-on a CPU of its own (the clients, raw or tools, on the others), as a store and its clients
-run on separate machines; ``--shared-cpus`` lets them compete for every CPU instead.
+ThreadedMotoServer) runs in its own process so that neither side steals the other's GIL;
+with ``--pin-server`` it runs on a CPU of its own and the clients (raw or tools) on the
+others, as a store and its clients would on separate machines.
 
 Everything is measured ``--repeat`` times (default 3), the tools taking turns in each round,
 and the medians are printed (the best for the ceiling): single runs on a small virtual
 machine vary by a factor of two.
 
     .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 32] [--repeat 3]
-                                         [--shared-cpus]
+                                         [--pin-server]
 """
 
 from __future__ import annotations
@@ -383,14 +383,14 @@ def main() -> int:
     )
     ap.add_argument("--repeat", type=int, default=3, help="rounds; medians are printed")
     ap.add_argument(
-        "--shared-cpus",
+        "--pin-server",
         action="store_true",
-        help="let the server and the clients share every CPU (default: the server on CPU 0, "
-        "the clients on the others, as on separate machines)",
+        help="run the server on CPU 0 and the clients on the others, as on separate machines "
+        "(default: they share every CPU)",
     )
     args = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
-    pin = not args.shared_cpus and len(cpus) >= 2
+    pin = args.pin_server and len(cpus) >= 2
     server_cpus, client_cpus = ({cpus[0]}, set(cpus[1:])) if pin else (set(cpus), set(cpus))
     big_size = (64 if args.small else 256) * MiB
 
