@@ -6,12 +6,15 @@
   the process, so objects survive a restart, as with a persistent store).
 - :class:`FaultyProxy`: an HTTP proxy in front of a server that can corrupt or cut short the
   bodies of object GETs, to test that bad downloads are detected, and hold every request
-  until a gate opens.
+  until a gate opens. With ``verify_sha256`` it also does what S3 does and moto does not with
+  a PUT's ``x-amz-checksum-sha256``: checks it (400 BadDigest) and returns it.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import http.client
 import socket
 import threading
@@ -96,11 +99,16 @@ class FaultyProxy:
     the connection closes half-way; ``short``: half the body, with a matching Content-Length.
     Listing requests (``?list-type``) and other methods pass through untouched. Ranged GETs
     (206) are damaged too. While ``gate`` is cleared, every request waits for it.
+    ``verify_sha256``: see the module's docstring; ``bad_digests`` counts the refusals.
     """
 
-    def __init__(self, upstream: str, fault: Fault = "none") -> None:
+    def __init__(
+        self, upstream: str, fault: Fault = "none", *, verify_sha256: bool = False
+    ) -> None:
         self.upstream = urlsplit(upstream)
         self.fault: Fault = fault
+        self.verify_sha256 = verify_sha256
+        self.bad_digests = 0
         self.damaged = 0
         self.requests: list[str] = []  # "METHOD /path?query", in order
         self.gate = threading.Event()
@@ -118,6 +126,19 @@ class FaultyProxy:
                 proxy.requests.append(f"{self.command} {self.path}")
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                sent_sha = self.headers.get("x-amz-checksum-sha256")
+                if proxy.verify_sha256 and self.command == "PUT" and sent_sha:
+                    actual = base64.b64encode(hashlib.sha256(body or b"").digest()).decode()
+                    if actual != sent_sha:
+                        proxy.bad_digests += 1
+                        error = b"<Error><Code>BadDigest</Code><Message>SHA256</Message></Error>"
+                        self.send_response(400)
+                        self.send_header("Content-Length", str(len(error)))
+                        self.end_headers()
+                        self.wfile.write(error)
+                        return
+                else:
+                    sent_sha = None
                 conn = http.client.HTTPConnection(
                     proxy.upstream.hostname, proxy.upstream.port, timeout=30
                 )
@@ -147,6 +168,8 @@ class FaultyProxy:
                     if name.lower() in ("content-length", "connection", "transfer-encoding"):
                         continue
                     self.send_header(name, value)
+                if sent_sha and resp.status == 200:
+                    self.send_header("x-amz-checksum-sha256", sent_sha)
                 announced = len(data) if fault in ("cut", "none", "flip") else len(send)
                 if self.command == "HEAD":
                     announced = int(resp.getheader("Content-Length") or 0)

@@ -15,6 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from gpulab.datasync import (
     Credentials,
@@ -817,12 +818,60 @@ def test_direct_errors_are_reported_with_the_servers_code(server, tmp_path):
     assert "NoSuchKey" in str(info.value)
 
 
-def test_single_part_upload_refuses_a_digest_without_md5(server, bucket, tmp_path):
-    """Hashing again inside upload() would hide a change made since the caller hashed."""
-    remote = remote_for(server.endpoint, bucket)
+@pytest.mark.parametrize("direct", [True, False])
+def test_uploads_skip_md5_once_the_server_returns_the_sha256_it_verified(
+    server, bucket, tmp_path, direct
+):
+    """S3 (here: a proxy doing what S3 does) checks the SHA-256 sent with a PUT and returns
+    it; after the first such answer the MD5, needed only to check moto's ETag, is skipped."""
+    files = sample_files(12)
+    write_tree(tmp_path / "a", files)
+    probe = tmp_path / "a" / "dir0/sub/file0.bin"
+    with FaultyProxy(server.endpoint, verify_sha256=True) as proxy:
+        remote = remote_for(proxy.endpoint, bucket, direct_requests=direct)
+        assert remote.digest(probe, probe.stat().st_size).md5 is not None  # nothing known yet
+        rep = push(tmp_path / "a", remote, options=SyncOptions(workers=1))
+        assert rep.ok and rep.completed == 12 and proxy.bad_digests == 0
+        assert remote.server_verifies_sha256
+        assert remote.digest(probe, probe.stat().st_size).md5 is None
+        (tmp_path / "a/late.bin").write_bytes(b"late" * 1000)
+        assert push(tmp_path / "a", remote).completed == 1
+    assert remote_tree(server.endpoint, bucket) == {**files, "late.bin": b"late" * 1000}
+    # moto alone returns no checksum: a new remote keeps hashing the MD5
+    plain = remote_for(server.endpoint, bucket, direct_requests=direct)
+    push(tmp_path / "a", plain, options=SyncOptions(workers=1))
+    assert not plain.server_verifies_sha256
+    assert plain.digest(probe, probe.stat().st_size).md5 is not None
+
+
+def test_a_server_refusing_the_sha256_fails_the_object(server, bucket, tmp_path):
+    """A body that does not match the SHA-256 sent is refused by the server (BadDigest)."""
+    write_tree(tmp_path / "a", {"f.bin": b"original"})
+    with FaultyProxy(server.endpoint, verify_sha256=True) as proxy:
+        remote = remote_for(proxy.endpoint, bucket)
+        remote.ensure_bucket()
+        src = tmp_path / "a/f.bin"
+        digest = remote.digest(src, src.stat().st_size)
+        src.write_bytes(b"changed!")  # same size, other content, after hashing
+        with pytest.raises(ClientError, match="BadDigest"):
+            remote.upload("f.bin", src, digest)
+        assert proxy.bad_digests == 1
+    assert "Contents" not in raw_client(server.endpoint).list_objects_v2(Bucket=bucket)
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_upload_without_md5_to_a_server_returning_no_checksum_reads_again(
+    server, bucket, tmp_path, direct
+):
+    """A digest without MD5 (the server returned a checksum before, not now): the file is
+    read again to check the ETag, and a change since it was hashed fails the object."""
+    remote = remote_for(server.endpoint, bucket, direct_requests=direct)
     remote.ensure_bucket()
     src = tmp_path / "f.bin"
     src.write_bytes(b"content")
-    with pytest.raises(ValueError, match="needs the MD5"):
-        remote.upload("f.bin", src, hash_file(src))
-    assert "Contents" not in raw_client(server.endpoint).list_objects_v2(Bucket=bucket)
+    got = remote.upload("f.bin", src, hash_file(src))
+    assert got.etag == hashlib.md5(b"content").hexdigest()
+    stale = hash_file(src)
+    src.write_bytes(b"CONTENT")  # same size, changed after hashing
+    with pytest.raises(IntegrityError, match="changed during the upload"):
+        remote.upload("f.bin", src, stale)
