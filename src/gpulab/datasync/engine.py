@@ -348,10 +348,7 @@ class _Pushed:
 def _push_one(
     remote: Remote, f: LocalFile, entry: Entry | None, hashers: threading.Semaphore
 ) -> _Pushed:
-    if f.size >= LARGE_FILE:
-        with hashers:
-            digest = remote.digest(Path(f.path), f.size)
-    else:
+    with hashers if f.size >= LARGE_FILE else contextlib.nullcontext():
         digest = remote.digest(Path(f.path), f.size)
     if entry is not None and (digest.size, digest.sha256) == (entry.size, entry.sha256):
         same = Transferred(f.key, entry.size, entry.etag, entry.sha256)

@@ -5,8 +5,9 @@ in 0.6 s (moto here), while loading the engine and its libraries (botocore, urll
 0.15 s of CPU. Sent first, from a thread, the request is answered while the program loads.
 
 This is a head start only, loaded with the standard library and :mod:`.sigv4`: anything but
-a 200 answer (an error, a refusal, a timeout) is dropped and the engine asks again through
-its own client, so retries, error reports and fallbacks stay the engine's.
+a page or the refusal of its size (a 400, which the engine answers by asking for 1,000 keys a
+page) is dropped, and the engine asks again through its own client, so retries, error
+reports and fallbacks stay the engine's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 from urllib.parse import quote, urlencode, urlsplit
 
 from .credentials import Credentials
-from .sigv4 import SigV4Signer, host_header
+from .sigv4 import SigV4Signer, host_header, signer_for
 
 #: the most keys S3 returns in one listing page (and its default)
 S3_PAGE = 1000
@@ -77,17 +78,7 @@ class FirstPage:
         self._answer: tuple[int, bytes] | None = None
         self._taken = False
         self._done = threading.Event()
-        signer = (
-            SigV4Signer(
-                credentials.access_key_id,
-                credentials.secret_access_key,
-                credentials.session_token,
-                region=region,
-            )
-            if credentials
-            else None
-        )
-        args = (endpoint_url, signer, connect_timeout, read_timeout)
+        args = (endpoint_url, signer_for(credentials, region), connect_timeout, read_timeout)
         threading.Thread(target=self._fetch, args=args, name="first-page", daemon=True).start()
 
     def _fetch(

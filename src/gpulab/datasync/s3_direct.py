@@ -41,7 +41,7 @@ from urllib3.util import Retry, Timeout
 from .credentials import Credentials
 from .first_page import S3_PAGE, FirstPage, bucket_path, encode_query, list_query
 from .models import IntegrityError, RemoteObject, RemoteUnavailable
-from .sigv4 import SigV4Signer, host_header
+from .sigv4 import host_header, signer_for
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _STATUS_CODES = {301: "PermanentRedirect", 400: "BadRequest", 403: "AccessDenied", 404: "NotFound"}
@@ -169,20 +169,11 @@ class DirectS3:
         """``first_page``: the first listing page, if it was asked for already."""
         parts = urlsplit(endpoint_url)
         self.origin = f"{parts.scheme}://{parts.netloc}"
-        self.base_path = parts.path.rstrip("/")
         self.bucket = bucket
+        self._bucket_path = bucket_path(endpoint_url, bucket)
         self._first_page = first_page if first_page and first_page.bucket == bucket else None
         self._host = host_header(endpoint_url)
-        self._signer = (
-            SigV4Signer(
-                credentials.access_key_id,
-                credentials.secret_access_key,
-                credentials.session_token,
-                region=region,
-            )
-            if credentials
-            else None
-        )
+        self._signer = signer_for(credentials, region)
         self._retry = Retry(
             total=max(0, max_attempts - 1),
             backoff_factor=0.25,
@@ -208,7 +199,7 @@ class DirectS3:
     # -- plumbing ------------------------------------------------------------------------
 
     def _path(self, key: str = "") -> str:
-        path = bucket_path(self.origin + self.base_path, self.bucket)
+        path = self._bucket_path
         if key:
             path += "/" + quote(key, safe="/~")
         return path
@@ -387,7 +378,7 @@ def receive_file(
     piece to ``on_piece`` (the hasher) as it arrives; return the number of bytes received.
 
     With ``direct``, the file is written in aligned 4 MiB blocks with ``O_DIRECT`` where the
-    file system allows it (tmpfs refuses it: then as usual), so that the bytes go to the
+    file system allows it (see :class:`BlockFile`), so that the bytes go to the
     disk without a copy in the page cache. For large downloads that is cheaper in CPU (no
     page-cache pages to allocate: on a 2-core VM, 4 x 256 MiB with SHA-256 took 1.1 s of
     CPU against 3.0 s, and 1.3 s of wall time against 2.3 s) and keeps the workload's own

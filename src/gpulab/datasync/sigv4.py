@@ -18,6 +18,8 @@ import hmac
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from .credentials import Credentials
+
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _UNSIGNED_HEADERS = frozenset({"expect", "user-agent", "x-amzn-trace-id"})  # as botocore
@@ -37,6 +39,18 @@ def host_header(url: str) -> str:
 
 def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.digest(key, msg.encode(), "sha256")
+
+
+def signer_for(credentials: Credentials | None, region: str) -> SigV4Signer | None:
+    """The signer for ``credentials`` in ``region``; None for anonymous requests."""
+    if credentials is None:
+        return None
+    return SigV4Signer(
+        credentials.access_key_id,
+        credentials.secret_access_key,
+        credentials.session_token,
+        region=region,
+    )
 
 
 @dataclass
