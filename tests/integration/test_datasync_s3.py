@@ -600,7 +600,7 @@ def test_purge_deletes_everything_under_the_prefix(server, bucket, monkeypatch):
         return real(**kwargs)
 
     monkeypatch.setattr(remote.client, "delete_objects", spy)
-    monkeypatch.setattr("gpulab.datasync.engine.DELETE_BATCH", 7)
+    monkeypatch.setattr("gpulab.datasync.purging.DELETE_BATCH", 7)
     events: list[SyncProgress] = []
     rep = purge(
         remote, "/data/", progress=events.append, options=SyncOptions(progress_interval_s=0)

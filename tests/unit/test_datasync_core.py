@@ -11,7 +11,7 @@ import pytest
 
 from gpulab.datasync.credentials import Credentials, CredentialsError
 from gpulab.datasync.hashing import hash_file
-from gpulab.datasync.localtree import key_to_relpath, normalize_prefix, scan
+from gpulab.datasync.localtree import LocalRoot, key_to_relpath, normalize_prefix
 from gpulab.datasync.manifest import MANIFEST_NAME, Entry, Locked, Manifest, locked
 from gpulab.datasync.models import Failure, SyncReport, UnsafeKey
 
@@ -40,8 +40,9 @@ def test_scan_skips_engine_files_and_symlinks(tmp_path):
     (tmp_path / MANIFEST_NAME).write_text("{}")
     (tmp_path / "d/.gpulab-sync-tmp-1").write_bytes(b"partial")
     (tmp_path / "link").symlink_to(tmp_path / "d/a.txt")
-    files = list(scan(tmp_path, "pre/"))
-    assert [(f.key, f.size) for f in files] == [("pre/d/a.txt", 3)]
+    with LocalRoot(tmp_path) as root:
+        files = list(root.scan("pre/", []))
+    assert [(f.key, f.rel, f.size) for f in files] == [("pre/d/a.txt", "d/a.txt", 3)]
 
 
 def test_hash_file_digests(tmp_path):
@@ -57,24 +58,26 @@ def test_hash_file_digests(tmp_path):
 
 
 def test_manifest_round_trip_and_identity(tmp_path):
-    m = Manifest.load(tmp_path, "s3://x/b", "p/")
+    root = LocalRoot(tmp_path)
+    m = Manifest.load(root, "s3://x/b", "p/")
     m.set("p/a", Entry(1, "etag", "sha", 123))
     m.save()
     assert not list(tmp_path.glob(f"{MANIFEST_NAME}.tmp*"))
-    again = Manifest.load(tmp_path, "s3://x/b", "p/")
+    again = Manifest.load(root, "s3://x/b", "p/")
     assert again.get("p/a") == Entry(1, "etag", "sha", 123) and again.reset_reason is None
-    other = Manifest.load(tmp_path, "s3://y/b", "p/")
+    other = Manifest.load(root, "s3://y/b", "p/")
     assert other.entries == {} and "another remote" in (other.reset_reason or "")
-    assert Manifest.load(tmp_path, "s3://x/b", "q/").entries == {}
+    assert Manifest.load(root, "s3://x/b", "q/").entries == {}
     (tmp_path / MANIFEST_NAME).write_text("{not json")
-    broken = Manifest.load(tmp_path, "s3://x/b", "p/")
+    broken = Manifest.load(root, "s3://x/b", "p/")
     assert broken.entries == {} and "unreadable" in (broken.reset_reason or "")
 
 
 def test_lock_is_exclusive(tmp_path):
-    with locked(tmp_path), pytest.raises(Locked), locked(tmp_path):
+    root = LocalRoot(tmp_path)
+    with locked(root), pytest.raises(Locked), locked(root):
         pass
-    with locked(tmp_path):  # released again
+    with locked(root):  # released again
         pass
 
 

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .backend import Remote
     from .credentials import Credentials, CredentialsError
-    from .engine import SyncOptions, pull, purge, push
+    from .engine import SyncOptions, pull, push
     from .filesystem import FilesystemRemote
     from .models import Failure, SyncProgress, SyncReport
+    from .purging import purge
     from .s3 import S3Remote
     from .s3_settings import S3Settings
 
@@ -24,7 +25,7 @@ _HOMES = {
     "CredentialsError": "credentials",
     "SyncOptions": "engine",
     "pull": "engine",
-    "purge": "engine",
+    "purge": "purging",
     "push": "engine",
     "FilesystemRemote": "filesystem",
     "Failure": "models",

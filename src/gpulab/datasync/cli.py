@@ -216,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.local is None:
             raise UsageError(f"{args.operation} needs --local DIR")
         remote = _remote(args)
-        from .engine import SyncOptions, pull, purge, push
+        from .engine import SyncOptions, pull, push
+        from .purging import purge
 
         on_progress = None
         if args.json_progress:

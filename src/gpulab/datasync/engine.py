@@ -10,17 +10,23 @@ Both directions work from the manifest kept with the local data (see :mod:`.mani
   manifest and whose SHA-256 then differs too. ``rw`` never deletes remote objects; ``rwd``
   also deletes objects the manifest knows were synced and whose local file is gone (and only
   if the remote object is still the one that was synced); ``ro`` pushes nothing.
-- ``purge`` deletes every object under a (non-empty) prefix, in batched requests.
+- ``purge`` (in :mod:`.purging`) deletes every object under a (non-empty) prefix.
 
 Only verified transfers enter the manifest, so a failed run is simply resumed by the next.
 If the store becomes unreachable (after the client's own retries), the remaining objects
 fail at once instead of each waiting out its retries.
+
+The local directory is the workload's, hence untrusted: every local file and directory is
+reached through :class:`~.localtree.LocalRoot` without following links (a link in the way is
+a per-object conflict, and push uploads neither links nor files below linked directories).
+Linux only, like the sync helper container.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -31,9 +37,19 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
-from .backend import DELETE_BATCH, Remote
+from .backend import Remote
 from .hashing import hash_file
-from .localtree import LocalFile, key_to_relpath, normalize_prefix, scan, temp_path_for
+from .localtree import (
+    InTheWay,
+    LocalFile,
+    LocalRoot,
+    create_temp,
+    fd_path,
+    key_to_relpath,
+    lstat_at,
+    normalize_prefix,
+    open_regular,
+)
 from .manifest import Entry, Manifest, locked
 from .models import (
     Conflict,
@@ -201,13 +217,6 @@ def _run_tasks(
             raise
 
 
-def _stat(path: Path) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except FileNotFoundError:
-        return None
-
-
 # -- pull ----------------------------------------------------------------------------------
 
 
@@ -219,41 +228,52 @@ class _Pulled:
 
 
 def _pull_one(
-    remote: Remote, obj: RemoteObject, dest: Path, entry: Entry | None, made: set[Path]
+    remote: Remote, obj: RemoteObject, root: LocalRoot, rel: str, entry: Entry | None
 ) -> _Pulled:
-    """Download ``obj`` to ``dest`` unless that would lose a local change. ``made``: the
-    directories this pull already made (shared by the workers; saves a failing mkdir and a
-    stat per file)."""
-    st = _stat(dest)
-    if st is not None:
-        if not dest.is_file():
-            raise Conflict(f"{dest.name}: something other than a file is in the way")
-        local_changed = entry is None or (st.st_size, st.st_mtime_ns) != (
-            entry.size,
-            entry.mtime_ns,
-        )
-        if local_changed:
-            digest = hash_file(dest, md5=True)
-            if entry is None:
-                if digest.size == obj.size and digest.md5 == obj.etag:
-                    adopted = Transferred(obj.key, obj.size, obj.etag, digest.sha256)
-                    return _Pulled(adopted, st.st_mtime_ns, downloaded=False)
-                raise Conflict(
-                    "a local file not synced before differs from the remote object; kept it"
-                )
-            if digest.sha256 != entry.sha256:
-                raise Conflict("changed both locally and remotely since the last sync; kept local")
-    if dest.parent not in made:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        made.add(dest.parent)
-    tmp = temp_path_for(dest)
-    try:
-        got = remote.download(obj, tmp)
-        os.replace(tmp, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    return _Pulled(got, os.stat(dest).st_mtime_ns, downloaded=True)
+    """Download ``obj`` to ``rel`` unless that would lose a local change.
+
+    Each directory on the way is opened (made if missing) without following links; the
+    object goes to a new temporary file (``O_EXCL|O_NOFOLLOW``) in that directory, handed to
+    the backend as a ``/proc/self/fd/<dir>/<name>`` path, then renamed over ``rel`` within
+    the directory descriptor: nothing outside the local tree can be written or read."""
+    with root.parent_of(rel, create=True) as (dirfd, name):
+        st = lstat_at(dirfd, name)
+        if st is not None:
+            if not stat.S_ISREG(st.st_mode):
+                raise InTheWay(f"{rel}: something other than a file is in the way")
+            local_changed = entry is None or (st.st_size, st.st_mtime_ns) != (
+                entry.size,
+                entry.mtime_ns,
+            )
+            if local_changed:
+                fd = open_regular(dirfd, name, rel)
+                try:
+                    digest = hash_file(fd, md5=True)
+                finally:
+                    os.close(fd)
+                if entry is None:
+                    if digest.size == obj.size and digest.md5 == obj.etag:
+                        adopted = Transferred(obj.key, obj.size, obj.etag, digest.sha256)
+                        return _Pulled(adopted, st.st_mtime_ns, downloaded=False)
+                    raise Conflict(
+                        "a local file not synced before differs from the remote object; kept it"
+                    )
+                if digest.sha256 != entry.sha256:
+                    raise Conflict(
+                        "changed both locally and remotely since the last sync; kept local"
+                    )
+        tmp = create_temp(dirfd)
+        placed = False
+        try:
+            got = remote.download(obj, fd_path(dirfd, tmp))
+            os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            placed = True
+        finally:
+            if not placed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=dirfd)
+        mtime_ns = os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mtime_ns
+    return _Pulled(got, mtime_ns, downloaded=True)
 
 
 def pull(
@@ -276,8 +296,8 @@ def pull(
     local.mkdir(parents=True, exist_ok=True)
     report = SyncReport("pull", remote.bucket, prefix, "mirror" if delete else "update")
     run = _Run(report, progress, opts.progress_interval_s)
-    with locked(local):
-        manifest = Manifest.load(local, remote.identity, prefix)
+    with LocalRoot(local) as root, locked(root):
+        manifest = Manifest.load(root, remote.identity, prefix)
         if manifest.reset_reason:
             report.notes.append(manifest.reset_reason)
         try:
@@ -291,20 +311,19 @@ def pull(
             gone = [k for k in manifest.entries if k not in listing] if delete else []
             report.objects_total = len(listing) + len(gone)
             tasks: list[tuple[str, Callable[[], _Pulled]]] = []
-            made: set[Path] = {local}
             for key, obj in listing.items():
                 entry = manifest.get(key)
                 if entry is not None and (entry.etag, entry.size) == (obj.etag, obj.size):
                     run.skip()
                     continue
                 try:
-                    dest = local / key_to_relpath(key, prefix)
+                    rel = key_to_relpath(key, prefix)
                 except UnsafeKey as exc:
                     run.fail(key, exc)
                     continue
-                tasks.append((key, lambda o=obj, d=dest, e=entry: _pull_one(remote, o, d, e, made)))
+                tasks.append((key, lambda o=obj, r=rel, e=entry: _pull_one(remote, o, root, r, e)))
             for key in gone:
-                _delete_local(run, manifest, local, prefix, key)
+                _delete_local(run, manifest, root, prefix, key)
             run.emit(force=True)
 
             def on_result(key: str, res: _Pulled) -> None:
@@ -321,16 +340,30 @@ def pull(
     return run.finish()
 
 
-def _delete_local(run: _Run, manifest: Manifest, local: Path, prefix: str, key: str) -> None:
+def _delete_local(run: _Run, manifest: Manifest, root: LocalRoot, prefix: str, key: str) -> None:
+    """Remove the local file of ``key`` (deleted remotely) if it is still the synced one,
+    reached without following links; a link on the way means the file is not there."""
     entry = manifest.entries[key]
     try:
-        path = local / key_to_relpath(key, prefix)
-        st = _stat(path)
-        if st is not None and (st.st_size, st.st_mtime_ns) == (entry.size, entry.mtime_ns):
-            path.unlink()
-            run.deleted()
-        else:
-            run.skip()  # already gone, or changed locally since: keep the local version
+        rel = key_to_relpath(key, prefix)
+        with root.parent_of(rel) as (dirfd, name):
+            st = lstat_at(dirfd, name)
+            if (
+                st is not None
+                and stat.S_ISREG(st.st_mode)
+                and (st.st_size, st.st_mtime_ns) == (entry.size, entry.mtime_ns)
+            ):
+                os.unlink(name, dir_fd=dirfd)
+                run.deleted()
+            else:
+                run.skip()  # already gone, or changed locally since: keep the local version
+        manifest.drop(key)
+    except FileNotFoundError:  # a directory on the way is gone: so is the file
+        run.skip()
+        manifest.drop(key)
+    except InTheWay as exc:  # replaced by a link or a file: not followed, nothing deleted
+        run.skip()
+        run.report.notes.append(f"{key}: not deleted locally: {exc}")
         manifest.drop(key)
     except (OSError, UnsafeKey) as exc:
         run.fail(key, exc)
@@ -346,14 +379,25 @@ class _Pushed:
 
 
 def _push_one(
-    remote: Remote, f: LocalFile, entry: Entry | None, hashers: threading.Semaphore
+    remote: Remote,
+    root: LocalRoot,
+    f: LocalFile,
+    entry: Entry | None,
+    hashers: threading.Semaphore,
 ) -> _Pushed:
-    with hashers if f.size >= LARGE_FILE else contextlib.nullcontext():
-        digest = remote.digest(Path(f.path), f.size)
-    if entry is not None and (digest.size, digest.sha256) == (entry.size, entry.sha256):
-        same = Transferred(f.key, entry.size, entry.etag, entry.sha256)
-        return _Pushed(same, uploaded=False)  # only the mtime changed
-    return _Pushed(remote.upload(f.key, Path(f.path), digest), uploaded=True)
+    """Hash and upload one file, opened without following links; the backend reads it
+    through ``/proc/self/fd/<fd>``, i.e. the very file that was opened."""
+    fd = root.open_file(f.rel)
+    try:
+        src = fd_path(fd)
+        with hashers if f.size >= LARGE_FILE else contextlib.nullcontext():
+            digest = remote.digest(src, f.size)
+        if entry is not None and (digest.size, digest.sha256) == (entry.size, entry.sha256):
+            same = Transferred(f.key, entry.size, entry.etag, entry.sha256)
+            return _Pushed(same, uploaded=False)  # only the mtime changed
+        return _Pushed(remote.upload(f.key, src, digest), uploaded=True)
+    finally:
+        os.close(fd)
 
 
 def push(
@@ -381,15 +425,23 @@ def push(
     if mode == "ro":
         report.notes.append("read-only volume: nothing pushed")
         return run.finish()
-    with locked(local):
-        manifest = Manifest.load(local, remote.identity, prefix)
+    with LocalRoot(local) as root, locked(root):
+        manifest = Manifest.load(root, remote.identity, prefix)
         if manifest.reset_reason:
             report.notes.append(manifest.reset_reason)
         try:
-            files = list(scan(local, prefix))
+            unread: list[tuple[str, str]] = []
+            files = list(root.scan(prefix, unread))
             present = {f.key for f in files}
-            gone = [k for k in manifest.entries if k not in present] if mode == "rwd" else []
-            report.objects_total = len(files) + len(gone)
+            gone: list[str] = []
+            if mode == "rwd":  # keys below an unreadable directory are not gone: keep them
+                unreadable = tuple(key for key, _ in unread)
+                gone = [
+                    k for k in manifest.entries if k not in present and not k.startswith(unreadable)
+                ]
+            report.objects_total = len(files) + len(gone) + len(unread)
+            for key, reason in unread:
+                run.fail(key, reason)
             tasks: list[tuple[str, Callable[[], Any]]] = []
             hashers = threading.Semaphore(max(1, opts.hashers))
             for f in files:
@@ -397,7 +449,9 @@ def push(
                 if entry is not None and (entry.size, entry.mtime_ns) == (f.size, f.mtime_ns):
                     run.skip()
                 else:
-                    tasks.append((f.key, lambda f=f, e=entry: _push_one(remote, f, e, hashers)))
+                    tasks.append(
+                        (f.key, lambda f=f, e=entry: _push_one(remote, root, f, e, hashers))
+                    )
             for key in gone:
                 etag = manifest.entries[key].etag
                 tasks.append((key, lambda k=key, t=etag: remote.delete(k, t)))
@@ -432,63 +486,4 @@ def push(
             _run_tasks(run, manifest, opts, tasks, on_result)
         finally:
             manifest.save()
-    return run.finish()
-
-
-# -- purge ---------------------------------------------------------------------------------
-
-
-def purge(
-    remote: Remote,
-    prefix: str,
-    *,
-    progress: ProgressCallback | None = None,
-    options: SyncOptions | None = None,
-) -> SyncReport:
-    """Delete every object under ``prefix`` (directory markers included), in batches of
-    :data:`~.backend.DELETE_BATCH` keys deleted while the listing goes on.
-
-    ``prefix`` is a directory: ``"data"`` purges ``data/...`` but not ``data-old/...``. An
-    empty prefix is refused (ValueError), so a whole bucket is never wiped by mistake.
-    Local directories and their manifests are not touched.
-    """
-    opts = options or SyncOptions()
-    norm = normalize_prefix(prefix)
-    if not norm:
-        raise ValueError(
-            "refusing to purge with an empty prefix (it would delete the whole bucket)"
-        )
-    report = SyncReport("purge", remote.bucket, norm, "purge")
-    run = _Run(report, progress, opts.progress_interval_s)
-    pending: dict[Future[list[tuple[str, str]]], list[str]] = {}
-
-    def settle(fut: Future[list[tuple[str, str]]]) -> None:
-        batch = pending.pop(fut)
-        try:
-            failed = fut.result()
-        except Exception as exc:
-            failed = [(key, _reason(exc)) for key in batch]
-        for key, reason in failed:
-            run.fail(key, f"not deleted: {reason}")
-        for _ in range(len(batch) - len(failed)):
-            run.deleted()
-        run.emit()
-
-    with ThreadPoolExecutor(max_workers=max(1, min(opts.workers, 4))) as pool:
-        batch: list[str] = []
-        try:
-            for obj in remote.list(norm, markers=True):
-                report.objects_total += 1
-                batch.append(obj.key)
-                if len(batch) == DELETE_BATCH:
-                    pending[pool.submit(remote.delete_many, batch)] = batch
-                    batch = []
-                for fut in [f for f in pending if f.done()]:
-                    settle(fut)
-        except Exception as exc:
-            run.fail("", f"cannot list {remote.bucket}/{norm}: {_reason(exc)}")
-        if batch:
-            pending[pool.submit(remote.delete_many, batch)] = batch
-        for fut in as_completed(list(pending)):
-            settle(fut)
     return run.finish()

@@ -98,12 +98,14 @@ class StreamHasher:
         )
 
 
-def hash_file(path: Path, *, md5: bool = False, part_size: int | None = None) -> FileDigest:
-    """Read ``path`` once, computing SHA-256 and, if asked, MD5 and the multipart ETag."""
+def hash_file(path: Path | int, *, md5: bool = False, part_size: int | None = None) -> FileDigest:
+    """Read ``path`` once, computing SHA-256 and, if asked, MD5 and the multipart ETag.
+
+    ``path`` may be an open descriptor (read from its current offset, left open)."""
     hasher = StreamHasher(md5=md5, part_size=part_size)
     buf = bytearray(_BUF)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
+    with open(path, "rb", buffering=0, closefd=not isinstance(path, int)) as f:
         while n := f.readinto(buf):
             hasher.update(view[:n])
     return hasher.digest()

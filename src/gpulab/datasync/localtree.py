@@ -1,16 +1,49 @@
-"""The local side of a sync: key <-> path mapping, tree scan, atomic file placement."""
+"""The local side of a sync: key <-> path mapping, tree scan, file placement without links.
+
+The local directory belongs to an untrusted workload: anything in it may be a symbolic link
+planted to send the sync's writes (or reads) somewhere else, such as an object store mounted
+in the same helper container. So nothing here opens a local path by name from the root:
+:class:`LocalRoot` holds one directory descriptor of the local root and walks relative paths
+one component at a time with ``O_NOFOLLOW`` (``openat``, ``mkdirat``, ``fstatat``,
+``renameat``, ``unlinkat``). A link, or a file where a directory is needed, is reported as
+:class:`InTheWay`; it is never followed, whatever it points to. The backends, which take
+paths, are handed ``/proc/self/fd/...`` paths of descriptors opened this way
+(:func:`fd_path`): the kernel resolves them to the very file or directory opened, without
+reading the workload's names again.
+
+Linux only (``/proc/self/fd``, and ``O_DIRECTORY``/``O_NOFOLLOW`` with ``dir_fd``), like the
+sync helper container that runs it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
+import shutil
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .models import UnsafeKey
+from .models import Conflict, UnsafeKey
 
 #: Names starting with this are the engine's own files (manifest, lock, temp files).
 RESERVED_PREFIX = ".gpulab-sync"
+
+#: Directories nested deeper than this are not pushed (each level holds one descriptor while
+#: a push scans; a tree this deep is not a workspace but an attempt to exhaust them).
+MAX_DEPTH = 128
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted under a file's name must not block the open
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# what openat answers for a link (ELOOP; ENOTDIR with O_DIRECTORY) or a non-directory
+_NOT_FOLLOWED = (errno.ELOOP, errno.ENOTDIR)
+
+
+class InTheWay(Conflict):
+    """A link, or something other than what the sync needs, sits at a local path."""
 
 
 def normalize_prefix(prefix: str) -> str:
@@ -34,34 +67,175 @@ def key_to_relpath(key: str, prefix: str) -> str:
     return rel
 
 
+def fd_path(fd: int, name: str | None = None) -> Path:
+    """A path that opens what descriptor ``fd`` designates (or ``name`` in that directory)
+    without resolving any name of the local tree but ``name`` itself."""
+    path = Path(f"/proc/self/fd/{fd}")
+    return path / name if name else path
+
+
+def temp_name() -> str:
+    """A unique temporary file name, reserved so that scans and listings never see it."""
+    return f"{RESERVED_PREFIX}-tmp-{os.getpid()}-{os.urandom(6).hex()}"
+
+
 @dataclass(frozen=True)
 class LocalFile:
+    """A regular file found by :meth:`LocalRoot.scan`; ``rel`` is relative to the root."""
+
     key: str
-    path: str
+    rel: str
     size: int
     mtime_ns: int
 
 
-def scan(root: Path, prefix: str) -> Iterator[LocalFile]:
-    """Yield the regular files under ``root`` (symlinks and the engine's files are skipped)."""
-    stack = [(str(root), "")]
-    while stack:
-        directory, rel = stack.pop()
+class LocalRoot:
+    """The local directory of one sync, reached through one directory descriptor.
+
+    The root itself is opened as given (following links: it is the caller's choice, e.g. a
+    volume's mount point); nothing below it is ever reached through a link.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> LocalRoot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _step(self, parent: int, name: str, create: bool, rel: str) -> int:
+        """Open directory ``name`` in ``parent`` without following a link (made if missing
+        and ``create``); InTheWay if a link or a non-directory is there."""
         try:
-            entries = list(os.scandir(directory))
+            return os.open(name, _DIR_FLAGS, dir_fd=parent)
         except FileNotFoundError:
-            continue
+            if not create:
+                raise
+        except OSError as exc:
+            if exc.errno in _NOT_FOLLOWED:
+                raise InTheWay(f"{rel}: something other than a directory is in the way") from None
+            raise
+        with contextlib.suppress(FileExistsError):  # another worker made it meanwhile
+            os.mkdir(name, 0o777, dir_fd=parent)
+        return self._step(parent, name, False, rel)
+
+    @contextlib.contextmanager
+    def parent_of(self, rel: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+        """``(directory descriptor, name)`` of relative path ``rel``: each directory on the way
+        opened without following links, made if missing and ``create``. The descriptor is
+        valid inside the ``with`` block only. FileNotFoundError if a directory is missing
+        (and not ``create``); InTheWay if a link or a non-directory is in the way."""
+        *dirs, name = rel.split("/")
+        fd = self.fd
+        try:
+            for i, part in enumerate(dirs):
+                child = self._step(fd, part, create, "/".join(dirs[: i + 1]))
+                if fd != self.fd:
+                    os.close(fd)
+                fd = child
+            yield fd, name
+        finally:
+            if fd != self.fd:
+                os.close(fd)
+
+    def open_file(self, rel: str) -> int:
+        """A read-only descriptor of the regular file at ``rel`` (the caller closes it);
+        InTheWay if a link or anything but a regular file is there or on the way."""
+        with self.parent_of(rel) as (dirfd, name):
+            fd = open_regular(dirfd, name, rel)
+        return fd
+
+    def clear_reserved(self, name: str) -> bool:
+        """Remove whatever is at reserved ``name`` in the root unless it is a regular file
+        (a link is removed, not followed; a directory with its content). True if removed."""
+        st = lstat_at(self.fd, name)
+        if st is None or stat.S_ISREG(st.st_mode):
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(name, dir_fd=self.fd)  # fd-based: never follows links inside
+        else:
+            os.unlink(name, dir_fd=self.fd)
+        return True
+
+    def scan(self, prefix: str, problems: list[tuple[str, str]]) -> Iterator[LocalFile]:
+        """Yield the regular files under the root. Links (to files or directories) and the
+        engine's files are skipped; directories that cannot be read (or are deeper than
+        :data:`MAX_DEPTH`) are appended to ``problems`` as ``(key, reason)``. One descriptor
+        per level of the directory being read is held, never one per directory of the tree."""
+        yield from self._scan(self.fd, "", prefix, problems, 0)
+
+    def _scan(
+        self, fd: int, rel: str, prefix: str, problems: list[tuple[str, str]], depth: int
+    ) -> Iterator[LocalFile]:
+        with os.scandir(fd) as it:  # entries' stat() use fstatat(fd, name): fd stays open
+            entries = list(it)
+        subdirs: list[str] = []
         for entry in entries:
             if entry.name.startswith(RESERVED_PREFIX):
                 continue
-            relpath = f"{rel}{entry.name}"
             if entry.is_dir(follow_symlinks=False):
-                stack.append((entry.path, relpath + "/"))
+                subdirs.append(entry.name)
             elif entry.is_file(follow_symlinks=False):
-                st = entry.stat(follow_symlinks=False)
-                yield LocalFile(prefix + relpath, entry.path, st.st_size, st.st_mtime_ns)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # deleted since the directory was read
+                    continue
+                yield LocalFile(
+                    prefix + rel + entry.name, rel + entry.name, st.st_size, st.st_mtime_ns
+                )
+        for name in subdirs:
+            sub = f"{rel}{name}/"
+            if depth + 1 >= MAX_DEPTH:
+                problems.append((prefix + sub, f"nested deeper than {MAX_DEPTH} directories"))
+                continue
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # unreadable, or replaced by a link since it was listed
+                problems.append((prefix + sub, f"directory not read: {exc.strerror}"))
+                continue
+            try:
+                yield from self._scan(child, sub, prefix, problems, depth + 1)
+            finally:
+                os.close(child)
 
 
-def temp_path_for(dest: Path) -> Path:
-    """A unique temporary name next to ``dest`` (same filesystem, so rename is atomic)."""
-    return dest.parent / f"{RESERVED_PREFIX}-tmp-{os.getpid()}-{os.urandom(6).hex()}"
+def lstat_at(dirfd: int, name: str) -> os.stat_result | None:
+    """``lstat`` of ``name`` in ``dirfd`` (a link is described, not followed); None if absent."""
+    try:
+        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def open_regular(dirfd: int, name: str, rel: str) -> int:
+    """A read-only descriptor of regular file ``name`` in ``dirfd``, never through a link."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dirfd)
+    except OSError as exc:
+        if exc.errno in _NOT_FOLLOWED:
+            raise InTheWay(f"{rel}: something other than a file is in the way") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise InTheWay(f"{rel}: something other than a file is in the way")
+    return fd
+
+
+def create_temp(dirfd: int) -> str:
+    """Create an empty temporary file in ``dirfd`` (``O_EXCL|O_NOFOLLOW``: a name that already
+    exists, a link included, is never opened) and return its name. Same directory as the file
+    it will replace, so that the final rename is atomic."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    name = temp_name()
+    os.close(os.open(name, flags, 0o666, dir_fd=dirfd))
+    return name

@@ -4,19 +4,25 @@ A JSON file ``.gpulab-sync-manifest.json`` at the root of the local directory. P
 records the remote size and ETag, the content SHA-256 and the local mtime (ns) after the
 transfer. Only verified transfers are ever recorded. The manifest is tied to one remote
 (identity + prefix); if either differs, it starts empty.
+
+The manifest, its temporary file and the lock ``.gpulab-sync.lock`` are opened relative to the
+local root's directory descriptor with ``O_NOFOLLOW``: the workload owns that directory and
+may have planted a link (or a directory, a FIFO) at these names. Such a thing is removed, never
+followed; a manifest that cannot be read just starts empty, with a note saying why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
-from .localtree import RESERVED_PREFIX
+from .localtree import RESERVED_PREFIX, LocalRoot
 
 MANIFEST_NAME = f"{RESERVED_PREFIX}-manifest.json"
 LOCK_NAME = f"{RESERVED_PREFIX}.lock"
@@ -34,7 +40,7 @@ class Entry:
 class Manifest:
     """In-memory manifest; :meth:`save` writes it atomically (temp file + rename)."""
 
-    def __init__(self, root: Path, remote: str, prefix: str) -> None:
+    def __init__(self, root: LocalRoot, remote: str, prefix: str) -> None:
         self.root = root
         self.remote = remote
         self.prefix = prefix
@@ -42,19 +48,24 @@ class Manifest:
         self.dirty = False
         self.reset_reason: str | None = None
 
-    @property
-    def path(self) -> Path:
-        return self.root / MANIFEST_NAME
-
     @classmethod
-    def load(cls, root: Path, remote: str, prefix: str) -> Manifest:
+    def load(cls, root: LocalRoot, remote: str, prefix: str) -> Manifest:
         m = cls(root, remote, prefix)
         try:
-            data = json.loads(m.path.read_text())
+            data = json.loads(_read_regular(root, MANIFEST_NAME))
         except FileNotFoundError:
             return m
         except (OSError, ValueError) as exc:
-            m.reset_reason = f"manifest unreadable ({exc}); starting from an empty one"
+            if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+                why = "a symbolic link, removed without reading through it"
+            else:
+                why = f"unreadable: {exc}"
+            m.reset_reason = f"manifest {why}; starting from an empty one"
+            with contextlib.suppress(OSError):
+                root.clear_reserved(MANIFEST_NAME)  # a link or a directory: save() replaces it
+            return m
+        if not isinstance(data, dict):
+            m.reset_reason = "manifest unreadable: not a JSON object; starting from an empty one"
             return m
         if data.get("version") != VERSION or data.get("remote") != remote:
             m.reset_reason = "manifest belongs to another remote; starting from an empty one"
@@ -62,10 +73,14 @@ class Manifest:
         if data.get("prefix") != prefix:
             m.reset_reason = "manifest belongs to another prefix; starting from an empty one"
             return m
-        m.entries = {
-            k: Entry(int(v[0]), str(v[1]), str(v[2]), int(v[3]))
-            for k, v in data.get("objects", {}).items()
-        }
+        try:
+            m.entries = {
+                k: Entry(int(v[0]), str(v[1]), str(v[2]), int(v[3]))
+                for k, v in data.get("objects", {}).items()
+            }
+        except (AttributeError, TypeError, ValueError, IndexError, KeyError):
+            m.entries = {}
+            m.reset_reason = "manifest unreadable (malformed entries); starting from an empty one"
         return m
 
     def get(self, key: str) -> Entry | None:
@@ -91,31 +106,78 @@ class Manifest:
                 k: [e.size, e.etag, e.sha256, e.mtime_ns] for k, e in sorted(self.entries.items())
             },
         }
-        tmp = self.root / f"{MANIFEST_NAME}.tmp-{os.getpid()}"
         # json.dumps, not json.dump: only the one-shot form uses the C encoder (3-4x faster,
         # and the main thread holds the GIL for less while the workers wait)
-        text = json.dumps(data, separators=(",", ":"))
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        text = json.dumps(data, separators=(",", ":")).encode()
+        dirfd = self.root.fd
+        # a fresh name opened O_EXCL|O_NOFOLLOW: whatever was planted under a temp name
+        # (a link to someone else's file) is never opened; rename replaces a link at the
+        # manifest's name instead of writing through it
+        tmp = f"{MANIFEST_NAME}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o666, dir_fd=dirfd)
+        try:
+            with open(fd, "wb", closefd=False) as f:
+                f.write(text)
+            os.fsync(fd)
+            os.close(fd)
+            fd = -1
+            os.replace(tmp, MANIFEST_NAME, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dirfd)
+            raise
         self.dirty = False
+
+
+def _read_regular(root: LocalRoot, name: str) -> bytes:
+    """The content of regular file ``name`` in the root, never read through a link."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=root.fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        with open(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
 
 
 class Locked(Exception):
     """Another sync is running on the same local directory."""
 
 
-@contextlib.contextmanager
-def locked(root: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``root`` for the duration of a sync."""
-    with open(root / LOCK_NAME, "a") as f:
+def _open_lock(root: LocalRoot) -> int:
+    """The lock file's descriptor: a regular file at :data:`LOCK_NAME`, opened without
+    following a link; anything else found there (a link, a directory, a FIFO) is removed."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for _ in range(3):
         try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = os.open(LOCK_NAME, flags, 0o666, dir_fd=root.fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.EISDIR):
+                raise
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+        root.clear_reserved(LOCK_NAME)
+    raise Locked(f"cannot take the lock {LOCK_NAME} in {root.path}: something keeps replacing it")
+
+
+@contextlib.contextmanager
+def locked(root: LocalRoot) -> Iterator[None]:
+    """Hold an exclusive lock on ``root`` for the duration of a sync."""
+    fd = _open_lock(root)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise Locked(f"another gpulab-sync is running on {root}") from None
+            raise Locked(f"another gpulab-sync is running on {root.path}") from None
         try:
             yield
         finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)

@@ -1,0 +1,244 @@
+"""Links planted in a volume never make the sync engine write, read or delete outside it.
+
+The local directory of a sync belongs to an untrusted workload. Each test plants what a
+hostile job could (a link at the engine's own file names, a linked directory on a pull's
+path, a link as a pull's destination, a link for ``--delete`` to follow, a FIFO) and checks
+that a file outside the volume, the "victim", is byte-identical afterwards. The embedded
+filesystem store is real; no engine is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpulab.datasync import FilesystemRemote, pull, push
+from gpulab.datasync.localtree import MAX_DEPTH, LocalRoot
+from gpulab.datasync.manifest import LOCK_NAME, MANIFEST_NAME
+
+SECRET = b"the victim's train.py: must never change\n"
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A file outside every volume and outside the store prefix of the sync under test."""
+    path = tmp_path / "victim" / "train.py"
+    path.parent.mkdir()
+    path.write_bytes(SECRET)
+    return path
+
+
+def tree(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def stored(store: Path, bucket: str = "bkt") -> dict[str, bytes]:
+    top = store / bucket
+    return {
+        p.relative_to(top).as_posix(): p.read_bytes()
+        for p in top.rglob("*")
+        if p.is_file() and not p.name.startswith(".gpulab-sync")
+    }
+
+
+def reasons(report) -> str:
+    return " | ".join(f"{f.key}: {f.reason}" for f in report.failures)
+
+
+def test_push_never_writes_the_manifest_through_a_link(tmp_path, victim):
+    """The exact attack seen on main: a link at the manifest's temp name (``.tmp-<pid>``)
+    and one at the manifest itself; the push's manifest JSON used to land in the victim."""
+    vol = tmp_path / "vol"
+    tree(vol, {"out/model.pt": b"weights"})
+    (vol / f"{MANIFEST_NAME}.tmp-{os.getpid()}").symlink_to(victim)
+    (vol / f"{MANIFEST_NAME}.tmp-1").symlink_to(victim)
+    remote = FilesystemRemote(tmp_path / "store", "bkt")
+    report = push(vol, remote, "alice/run1")
+    assert report.ok and report.completed == 1, reasons(report)
+    assert victim.read_bytes() == SECRET
+    # the manifest was written as a file of the volume, and a second push finds it
+    (vol / MANIFEST_NAME).unlink()
+    (vol / MANIFEST_NAME).symlink_to(victim)
+    again = push(vol, remote, "alice/run1")
+    assert again.ok and victim.read_bytes() == SECRET
+    assert any("symbolic link" in n for n in again.notes), again.notes
+    assert not (vol / MANIFEST_NAME).is_symlink()
+    assert json.loads((vol / MANIFEST_NAME).read_text())["prefix"] == "alice/run1/"
+    assert stored(tmp_path / "store") == {"alice/run1/out/model.pt": b"weights"}
+
+
+def test_manifest_link_is_not_read_on_pull(tmp_path, victim):
+    """A manifest that is a link is ignored (starts empty, with a note), never read."""
+    store = tmp_path / "store"
+    tree(tmp_path / "src", {"a.txt": b"a"})
+    remote = FilesystemRemote(store, "bkt")
+    assert push(tmp_path / "src", remote, "p").ok
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    (vol / MANIFEST_NAME).symlink_to(victim)
+    report = pull(remote, vol, "p")
+    assert report.ok and report.completed == 1, reasons(report)
+    assert any("symbolic link" in n for n in report.notes), report.notes
+    assert victim.read_bytes() == SECRET and (vol / "a.txt").read_bytes() == b"a"
+    assert json.loads((vol / MANIFEST_NAME).read_text())["objects"].keys() == {"p/a.txt"}
+
+
+def test_lock_link_is_never_followed(tmp_path, victim):
+    """A dangling link at the lock's name used to create the file it names, anywhere."""
+    vol = tmp_path / "vol"
+    tree(vol, {"a.txt": b"a"})
+    target = victim.parent / "created-by-the-sync"
+    (vol / LOCK_NAME).symlink_to(target)
+    report = push(vol, FilesystemRemote(tmp_path / "store", "bkt"), "p")
+    assert report.ok, reasons(report)
+    assert not target.exists() and not target.is_symlink()
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["train.py"]
+    assert victim.read_bytes() == SECRET
+    assert (vol / LOCK_NAME).is_file() and not (vol / LOCK_NAME).is_symlink()
+
+
+def test_fifo_or_directory_at_the_engine_names_neither_blocks_nor_breaks(tmp_path):
+    """A FIFO at the manifest's name used to block the pull for ever; a directory there
+    made saving the manifest fail. Both are removed (reserved names), the sync goes on."""
+    store = tmp_path / "store"
+    tree(tmp_path / "src", {"a.txt": b"a"})
+    remote = FilesystemRemote(store, "bkt")
+    assert push(tmp_path / "src", remote, "p").ok
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    os.mkfifo(vol / MANIFEST_NAME)
+    (vol / LOCK_NAME).mkdir()
+    (vol / LOCK_NAME / "x").write_bytes(b"x")
+    result: list = []
+    worker = threading.Thread(target=lambda: result.append(pull(remote, vol, "p")), daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    if worker.is_alive():  # unblock the old code's read of the FIFO, then fail
+        with open(vol / MANIFEST_NAME, "wb"):
+            pass
+        pytest.fail("pull blocked on a FIFO planted at the manifest's name")
+    report = result[0]
+    assert report.ok and report.completed == 1, reasons(report)
+    assert (vol / MANIFEST_NAME).is_file() and (vol / LOCK_NAME).is_file()
+    (vol / MANIFEST_NAME).unlink()
+    (vol / MANIFEST_NAME).mkdir()
+    again = push(vol, remote, "p")
+    assert again.ok and (vol / MANIFEST_NAME).is_file(), reasons(again)
+
+
+def test_pull_never_writes_through_a_linked_directory(tmp_path, victim):
+    """``d`` is a link to the victim's directory and the store has ``d/train.py``: the pull
+    reports the link in the way and writes nothing there (it used to create files in the
+    victim's directory, and replace theirs if the manifest said so)."""
+    store = tmp_path / "store"
+    tree(tmp_path / "src", {"d/train.py": b"attacker's content", "d/new.txt": b"n", "ok.txt": b"o"})
+    remote = FilesystemRemote(store, "bkt")
+    assert push(tmp_path / "src", remote, "p").ok
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    (vol / "d").symlink_to(victim.parent, target_is_directory=True)
+    report = pull(remote, vol, "p")
+    assert report.failed == 2 and report.completed == 1
+    assert all(
+        "d: something other than a directory is in the way" in f.reason for f in report.failures
+    ), reasons(report)
+    assert victim.read_bytes() == SECRET
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["train.py"]
+    # a regular file where a directory is needed is reported the same way
+    (vol / "d").unlink()
+    (vol / "d").write_bytes(b"a file")
+    report = pull(remote, vol, "p")
+    assert report.failed == 2 and "something other than a directory" in reasons(report)
+
+
+def test_pull_never_writes_through_a_linked_destination(tmp_path, victim):
+    """The destination itself is a link to the victim: reported, neither read nor replaced."""
+    store = tmp_path / "store"
+    tree(tmp_path / "src", {"train.py": b"attacker's content"})
+    remote = FilesystemRemote(store, "bkt")
+    assert push(tmp_path / "src", remote, "p").ok
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    (vol / "train.py").symlink_to(victim)
+    report = pull(remote, vol, "p")
+    assert report.failed == 1, reasons(report)
+    assert "something other than a file is in the way" in reasons(report)
+    assert victim.read_bytes() == SECRET and (vol / "train.py").is_symlink()
+
+
+def test_pull_delete_never_follows_a_linked_directory(tmp_path, victim):
+    """``--delete`` removes a local file whose object is gone if it is still the synced one.
+    The workload owns the manifest too: it lists the victim's size and mtime under ``d/``,
+    then makes ``d`` a link to the victim's directory. The victim used to be deleted."""
+    store = tmp_path / "store"
+    tree(tmp_path / "src", {"keep.txt": b"k"})
+    remote = FilesystemRemote(store, "bkt")
+    assert push(tmp_path / "src", remote, "p").ok
+    vol = tmp_path / "vol"
+    assert pull(remote, vol, "p").ok
+    manifest = json.loads((vol / MANIFEST_NAME).read_text())
+    st = victim.stat()
+    manifest["objects"]["p/d/train.py"] = [st.st_size, "x", "y", st.st_mtime_ns]
+    manifest["objects"]["p/train.py"] = [st.st_size, "x", "y", st.st_mtime_ns]
+    (vol / MANIFEST_NAME).write_text(json.dumps(manifest))
+    (vol / "d").symlink_to(victim.parent, target_is_directory=True)
+    (vol / "train.py").symlink_to(victim)
+    report = pull(remote, vol, "p", delete=True)
+    assert report.ok, reasons(report)
+    assert victim.read_bytes() == SECRET
+    assert (vol / "d").is_symlink() and (vol / "keep.txt").read_bytes() == b"k"
+    assert report.deleted == 0 and any("not deleted locally" in n for n in report.notes)
+
+
+def test_push_uploads_neither_links_nor_files_below_linked_directories(tmp_path, victim):
+    vol = tmp_path / "vol"
+    tree(vol, {"real/a.txt": b"a"})
+    (vol / "link.py").symlink_to(victim)
+    (vol / "ldir").symlink_to(victim.parent, target_is_directory=True)
+    (vol / "real" / "inner").symlink_to(victim.parent, target_is_directory=True)
+    store = tmp_path / "store"
+    report = push(vol, FilesystemRemote(store, "bkt"), "p", "rwd")
+    assert report.ok and report.completed == 1, reasons(report)
+    assert stored(store) == {"p/real/a.txt": b"a"}
+    assert victim.read_bytes() == SECRET
+
+
+def test_push_reports_a_tree_deeper_than_the_limit(tmp_path):
+    """Scanning holds one descriptor per level: a tree deeper than MAX_DEPTH is reported
+    (and its already synced objects are not deleted by rwd), not a crash."""
+    vol = tmp_path / "vol"
+    deep = vol
+    for _ in range(MAX_DEPTH + 2):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (deep / "f").write_bytes(b"f")
+    (vol / "top.txt").write_bytes(b"t")
+    report = push(vol, FilesystemRemote(tmp_path / "store", "bkt"), "p", "rwd")
+    assert report.completed == 1 and report.failed == 1
+    assert f"deeper than {MAX_DEPTH}" in reasons(report)
+
+
+def test_local_root_walks_without_following(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "f").write_bytes(b"f")
+    (tmp_path / "ln").symlink_to(tmp_path / "real", target_is_directory=True)
+    with LocalRoot(tmp_path) as root:
+        fd = root.open_file("real/f")
+        os.close(fd)
+        from gpulab.datasync.localtree import InTheWay
+
+        with pytest.raises(InTheWay, match="ln: something other than a directory"):
+            root.open_file("ln/f")
+        with pytest.raises(InTheWay, match="something other than a file"):
+            root.open_file("ln")
+        with pytest.raises(FileNotFoundError):
+            root.open_file("missing/f")
+        with root.parent_of("new/sub/f", create=True) as (dirfd, name):
+            assert name == "f" and os.fstat(dirfd).st_ino == (tmp_path / "new/sub").stat().st_ino
