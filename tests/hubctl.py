@@ -176,6 +176,10 @@ class Hub:
         for v in client.volumes.list():
             if v.name.startswith(self.instance + "-"):
                 v.remove(force=True)
+        # users' networks: the engine's address pools hold only about 30 bridges
+        for n in client.networks.list(filters={"label": label}):
+            with contextlib.suppress(docker.errors.APIError):
+                n.remove()
 
     def tail(self, lines: int = 60) -> str:
         try:

@@ -227,6 +227,20 @@ class GpulabSettings(Configurable):
         config=True
     )
 
+    network_isolation = Enum(
+        ["user", "none"],
+        default_value="user",
+        help="""How users' containers are kept apart on the network. 'user' (default): each
+        user's notebooks and jobs join one bridge network of their own,
+        <instance>-net-<user>, created on demand and removed when their last container is
+        gone; Docker isolates bridges from each other, so one user's containers cannot
+        connect to another user's, while a user's own notebooks and jobs can reach each other.
+        Each user with a container holds one network: Docker's default address pools allow
+        about 30, so with more concurrent users configure default-address-pools with small
+        subnets (for example /24s) in Docker's daemon.json. 'none': every container shares
+        Docker's default bridge (any container can connect to any other's ports).""",
+    ).tag(config=True)
+
     @cached_property
     def catalog(self) -> Catalog:
         return Catalog.from_config(self.frameworks, self.editors, self.default_framework)

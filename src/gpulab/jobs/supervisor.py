@@ -22,7 +22,14 @@ from ..gpus.inventory import load_inventory
 from ..gpus.ledger import GpuLedger, NoGpuAvailable
 from ..lifecycle import InvalidTransition, JobState, utcnow
 from ..resources import container_limits
-from ..runtime.docker import DockerRuntime, NotFound
+from ..runtime.docker import APIError, DockerRuntime, EngineError, NotFound
+from ..runtime.network import (
+    NetworkUnavailable,
+    ensure_user_network,
+    is_missing_network,
+    network_for,
+    prune_user_networks,
+)
 from ..runtime.objects import (
     gpu_request,
     job_container_config,
@@ -237,6 +244,8 @@ class JobSupervisor:
             await self.move(job_id, J.PENDING, reason="CREATING", message="starting the container")
             try:
                 await self._create_and_start(job_id, spec, name, job["devices"], job["owner"])
+            except NetworkUnavailable as e:
+                return await self.finalize(job_id, J.ERROR, "NETWORK_UNAVAILABLE", str(e))
             except Exception as e:
                 msg = f"the engine could not start the job: {e}"
                 return await self.finalize(job_id, J.ERROR, "ENGINE_ERROR", msg)
@@ -278,15 +287,27 @@ class JobSupervisor:
                 for v in self.volumes(job_id, spec)
             },
             runner=RUNNER,
+            # only the owner's network (runtime/network.py): other users' containers are apart
+            network=(network := network_for(s.network_isolation, s.instance, owner)),
         )
         client = self.runtime.client
 
+        host = config.pop("host_config")
+
         def create():
-            with contextlib.suppress(NotFound):
-                client.remove_container(name, force=True)
-            host_config = client.create_host_config(**config.pop("host_config"))
-            client.create_container(host_config=host_config, **config)
-            client.start(name)
+            for attempt in (1, 2):
+                with contextlib.suppress(NotFound):
+                    client.remove_container(name, force=True)
+                if network:  # joined by ID: unambiguous while a racing duplicate exists
+                    host["network_mode"] = ensure_user_network(client, s.instance, owner)
+                try:
+                    client.create_container(host_config=client.create_host_config(**host), **config)
+                    client.start(name)
+                    return
+                except APIError as e:
+                    # pruned between our look-up and our start: make it again, once
+                    if attempt == 2 or not (network and is_missing_network(e)):
+                        raise
 
         await self.runtime.run(create)
 
@@ -553,6 +574,7 @@ class JobSupervisor:
     async def cleanup(self) -> None:
         """Remove finished jobs' containers after the retention delay (records stay)."""
         now = utcnow().timestamp()
+        removed_any = False
         for job_id, container, updated in await self.db(self.records.ended_with_container):
             if now - updated.timestamp() > self.s.job_container_retention:
                 with contextlib.suppress(NotFound):
@@ -560,6 +582,9 @@ class JobSupervisor:
                         self.runtime.client.remove_container, container, force=True
                     )
                 await self.db(self.records.update, job_id, container="")
+                removed_any = True
+        if removed_any:
+            await self.prune_networks()
 
     # --- restart safety ------------------------------------------------------------------
 
@@ -626,6 +651,18 @@ class JobSupervisor:
             for j in await self.db(self.records.list, None, {s.value for s in ACTIVE})
         ]
         await self.db(self.ledger.reconcile, live, "job", 0)
+        await self.prune_networks()
+
+    async def prune_networks(self) -> None:
+        """Best effort: remove users' networks that no container uses any more (notebooks'
+        included), so that they do not hold the engine's address pools."""
+        try:
+            gone = await self.runtime.run(prune_user_networks, self.runtime.client, self.s.instance)
+        except EngineError as e:
+            log.warning("networks not pruned: %s", e)
+            return
+        if gone:
+            log.info("removed the networks of %s (no container left)", ", ".join(gone))
 
     def _background(self, coro) -> None:
         task = asyncio.create_task(coro)

@@ -162,12 +162,15 @@ def job_container_config(
     gpu_host: dict,
     volumes: dict[str, dict],
     runner: str,
+    network: str | None = None,
 ) -> dict:
     """Keyword arguments for ``create_container`` of a training job.
 
     PID 1 is gpulab's runner (mounted read-only from the host), which runs the command and can
-    run it again in place after a hang.
+    run it again in place after a hang. ``network``: the owner's network (only that one), or
+    None for the engine's default bridge.
     """
+    network_host = {"network_mode": network} if network else {}
     return {
         "image": image,
         "name": name,
@@ -181,5 +184,6 @@ def job_container_config(
             **hardened_host_config(),
             **limits,
             **gpu_host,
+            **network_host,
         },
     }

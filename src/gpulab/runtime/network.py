@@ -1,0 +1,188 @@
+"""Per-user networks: one user's containers cannot open connections to another user's.
+
+Every notebook and job of a user joins one user-defined bridge network,
+``<instance>-net-<user>``, and no other (not Docker's default bridge). Docker isolates
+user-defined bridges from each other and from the default bridge (its DOCKER-ISOLATION
+iptables chains drop forwarded traffic between two bridges), so a connection from one user's
+container to another user's container IP times out, while a user's own notebook and jobs can
+still talk to each other (a job serving a model that the notebook queries, TensorBoard...).
+Addresses of the host stay reachable (they are not forwarded traffic): notebooks reach the hub
+API on the docker0 gateway, and the proxy on the host reaches every notebook's IP.
+
+Why one network per user rather than one per workload or one shared network with
+inter-container traffic disabled (``enable_icc=false``): a user's own workloads working
+together is what people expect from "my notebooks and my jobs", and a network per workload
+would spend the engine's address pools several times faster. The cost is that each user with a
+container holds one network, and Docker's default address pools hold about 30 bridge networks:
+operators with more concurrent users configure ``default-address-pools`` (see SECURITY.md).
+Networks are therefore removed (best effort) when a user's last gpulab container is gone.
+
+The network is created on demand by whichever process needs it first (the hub's spawner or
+the service's job supervisor). Creation is create-or-get by name; engines before 23.0 can
+create two networks of the same name when two processes race, so every caller then keeps the
+one with the lowest ID and removes the others, and all callers agree on which one stays
+(measured on Engine 20.10: eight processes racing made eight networks of one name). Workloads
+join by network ID, which stays unambiguous while a duplicate still exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+
+from docker.errors import APIError, NotFound
+
+from .. import __version__
+from .objects import L_INSTANCE, L_KIND, L_USER, L_VERSION, escape_name
+
+log = logging.getLogger(__name__)
+
+NETWORK_KIND = "network"
+MODES = ("user", "none")
+
+
+class NetworkUnavailable(Exception):
+    """The user's network cannot be had; the message says why and who can fix it."""
+
+
+def user_network_name(instance: str, user: str) -> str:
+    return f"{escape_name(instance)}-net-{escape_name(user)}"
+
+
+def network_labels(instance: str, user: str) -> dict[str, str]:
+    return {L_INSTANCE: instance, L_KIND: NETWORK_KIND, L_USER: user, L_VERSION: __version__}
+
+
+def user_network_config(instance: str, user: str) -> dict:
+    """Keyword arguments for ``APIClient.create_network`` of a user's network."""
+    return {
+        "name": user_network_name(instance, user),
+        "driver": "bridge",
+        # not internal: workloads may reach the outside and the hub API on the host
+        "internal": False,
+        "labels": network_labels(instance, user),
+        # the engine's best-effort duplicate check (ensure_user_network handles the rest)
+        "check_duplicate": True,
+    }
+
+
+def network_for(mode: str, instance: str, user: str) -> str | None:
+    """The network a user's workloads join: their own, or None for the engine's default."""
+    if mode == "user":
+        return user_network_name(instance, user)
+    if mode == "none":
+        return None
+    raise ValueError(f"unknown network isolation mode {mode!r}; use one of {', '.join(MODES)}")
+
+
+def explain_create_error(name: str, explanation: str) -> str:
+    """What a user (and the operator reading the logs) is told when a network cannot be made."""
+    if "address pool" in explanation or "non-overlapping" in explanation:
+        return (
+            f"no network could be created for your workloads ({name}): the container engine "
+            "has no free address range left (too many networks at once). Ask the operator to "
+            "configure default-address-pools with small subnets in Docker's daemon.json, or "
+            "stop some workloads and try again. Engine said: " + explanation
+        )
+    return f"no network could be created for your workloads ({name}): {explanation}"
+
+
+def is_missing_network(error: Exception) -> bool:
+    """True for the engine's answer to a container whose network was removed meanwhile."""
+    if not isinstance(error, APIError):
+        return False
+    text = str(error.explanation or error)
+    return error.status_code == 404 and "network" in text
+
+
+def _named(client, name: str) -> list[dict]:
+    # the engine's name filter matches substrings: keep exact matches only
+    return [n for n in client.networks(names=[name]) if n.get("Name") == name]
+
+
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def _lock_for(name: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks.setdefault(name, threading.Lock())
+
+
+def ensure_user_network(client, instance: str, user: str) -> str:
+    """Create-or-get the user's network (blocking); returns the ID of the one to join.
+
+    Safe against other threads and processes doing the same at the same time, and against a
+    prune that removes the network between our look-up and our create (we look again).
+    Containers join by ID, not by name: while a duplicate made by a racing process still
+    exists (or is kept because a container joined it), the name is ambiguous to the engine.
+    """
+    name = user_network_name(instance, user)
+    with _lock_for(name):  # threads of one process: one create; other processes: see below
+        return _ensure(client, instance, user, name)
+
+
+def _ensure(client, instance: str, user: str, name: str) -> str:
+    for _ in range(3):
+        found = _named(client, name)
+        if not found:
+            try:
+                client.create_network(**user_network_config(instance, user))
+            except APIError as e:
+                text = str(e.explanation or e)
+                if e.status_code != 409 and "already exists" not in text:
+                    raise NetworkUnavailable(explain_create_error(name, text)) from None
+            found = _named(client, name)
+        if not found:
+            continue  # removed by a concurrent prune right after: try again
+        foreign = [n for n in found if (n.get("Labels") or {}).get(L_INSTANCE) != instance]
+        if foreign:
+            raise NetworkUnavailable(
+                f"a network named {name} exists but was not created by this gpulab "
+                "installation; the operator must remove or rename it"
+            )
+        # every racer keeps the lowest ID it sees: the lowest of all is never removed, and
+        # each other one is removed by its own creator or by the lowest one's
+        keep, *extra = sorted(found, key=lambda n: n["Id"])
+        for n in extra:
+            with contextlib.suppress(APIError):  # in use: it goes with its last container
+                client.remove_network(n["Id"])
+        if extra:
+            log.info("network %s was created %d times at once", name, len(found))
+        return keep["Id"]
+    raise NetworkUnavailable(f"the network {name} kept disappearing while it was being created")
+
+
+def remove_user_network_if_unused(client, instance: str, user: str) -> bool:
+    """Remove the user's network once they have no gpulab container left (blocking).
+
+    Best effort: returns False when it is kept (a container still exists, running or not: an
+    exited job container restarted in place needs the very same network) or when the engine
+    refuses (in use meanwhile). Never raises for those.
+    """
+    name = user_network_name(instance, user)
+    labels = [f"{L_INSTANCE}={instance}", f"{L_USER}={user}"]
+    if client.containers(all=True, filters={"label": labels}):
+        return False
+    removed = False
+    for n in _named(client, name):
+        if (n.get("Labels") or {}).get(L_INSTANCE) != instance:
+            continue
+        try:
+            client.remove_network(n["Id"])
+            removed = True
+        except NotFound:
+            pass
+        except APIError as e:  # e.g. "has active endpoints": a workload joined it meanwhile
+            log.info("network %s kept: %s", name, e.explanation or e)
+    return removed
+
+
+def prune_user_networks(client, instance: str) -> list[str]:
+    """Remove every network of this installation whose user has no container (blocking)."""
+    nets = client.networks(
+        filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={NETWORK_KIND}"]}
+    )
+    users = {(n.get("Labels") or {}).get(L_USER) for n in nets} - {None}
+    return [u for u in sorted(users) if remove_user_network_if_unused(client, instance, u)]

@@ -1,0 +1,90 @@
+"""Pure builders of the per-user networks (runtime/network.py) and the job's network mode."""
+
+from __future__ import annotations
+
+import pytest
+from docker.errors import APIError
+
+from gpulab.runtime.network import (
+    explain_create_error,
+    is_missing_network,
+    network_for,
+    user_network_config,
+    user_network_name,
+)
+from gpulab.runtime.objects import job_container_config
+
+POOL_EXHAUSTED = (
+    "could not find an available, non-overlapping IPv4 address pool among the defaults to "
+    "assign to the network"
+)
+
+
+class _Response:
+    def __init__(self, status: int):
+        self.status_code = status
+        self.reason = ""
+
+
+def test_names_are_escaped_and_per_user():
+    assert user_network_name("gpulab", "alice") == "gpulab-net-alice"
+    assert user_network_name("gpulab", "Bob.S") == "gpulab-net--42ob-2e-53"
+    # users whose names escape alike never share a network
+    assert user_network_name("gpulab", "a-b") != user_network_name("gpulab", "a.b")
+    assert user_network_name("i", "a-net-b") != user_network_name("i-net-a", "b")
+
+
+def test_config_is_a_labelled_non_internal_bridge():
+    cfg = user_network_config("gpulab", "alice")
+    assert cfg["name"] == "gpulab-net-alice"
+    assert cfg["driver"] == "bridge" and cfg["internal"] is False
+    labels = cfg["labels"]
+    assert labels["org.gpulab.instance"] == "gpulab"
+    assert labels["org.gpulab.kind"] == "network"
+    assert labels["org.gpulab.user"] == "alice"
+
+
+def test_mode_chooses_the_network():
+    assert network_for("user", "gpulab", "alice") == "gpulab-net-alice"
+    assert network_for("none", "gpulab", "alice") is None
+    with pytest.raises(ValueError, match="user, none"):
+        network_for("workload", "gpulab", "alice")
+
+
+def test_pool_exhaustion_is_explained_to_the_user_and_the_operator():
+    msg = explain_create_error("gpulab-net-alice", POOL_EXHAUSTED)
+    assert "gpulab-net-alice" in msg and "default-address-pools" in msg
+    assert POOL_EXHAUSTED in msg
+    other = explain_create_error("gpulab-net-alice", "permission denied")
+    assert "default-address-pools" not in other and "permission denied" in other
+
+
+def test_missing_network_is_told_apart_from_other_engine_errors():
+    gone = APIError("x", _Response(404), explanation="network gpulab-net-alice not found")
+    assert is_missing_network(gone)
+    image = APIError("x", _Response(404), explanation="No such image: gpulab/python:3.11")
+    assert not is_missing_network(image)
+    assert not is_missing_network(APIError("x", _Response(500), explanation="network down"))
+    assert not is_missing_network(ValueError("network not found"))
+
+
+@pytest.mark.parametrize("network", ["gpulab-net-alice", None])
+def test_job_joins_only_its_owners_network(network):
+    cfg = job_container_config(
+        image="img",
+        name="gpulab-job-1",
+        command=["true"],
+        env={},
+        labels={},
+        user="1000:100",
+        limits={},
+        gpu_host={},
+        volumes={},
+        runner="/r.sh",
+        network=network,
+    )
+    host = cfg["host_config"]
+    if network:
+        assert host["network_mode"] == network
+    else:
+        assert "network_mode" not in host  # the engine's default bridge, as before
