@@ -588,7 +588,6 @@ class NotebookSpawner(DockerSpawner):
             if released:
                 self.log.info("%s released GPUs %s", self._log_name, ", ".join(released))
             self.gpu_ids = []
-        await self._release_user_network()
 
         # push the workspace and writable volumes; a failure keeps every local byte
         ok, message = True, "compute released"
@@ -599,6 +598,7 @@ class NotebookSpawner(DockerSpawner):
             await self._record(S.SYNC_FAILED, reason="PUSH_FAILED", message=message)
         elif not ended:
             await self._record(S.STOPPED, reason="STOPPED", message=message)
+        await self._release_user_network()  # after the outcome is recorded (about 0.2 s)
 
     async def delete_forever(self):
         """A named server deleted for good: its remote workspace, container, volumes and GPUs."""
