@@ -21,7 +21,7 @@ The network is created on demand by whichever process needs it first (the hub's 
 the service's job supervisor). Creation is create-or-get by name; engines before 23.0 can
 create two networks of the same name when two processes race, so every caller then keeps the
 one with the lowest ID and removes the others, and all callers agree on which one stays
-(measured on Engine 20.10: eight processes racing made eight networks of one name). Workloads
+(measured on Engine 20.10: eight concurrent creates of one name made eight networks). Workloads
 join by network ID, which stays unambiguous while a duplicate still exists.
 """
 
