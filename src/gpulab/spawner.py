@@ -29,13 +29,7 @@ from .notebooks import NotebookRecords
 from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
 from .resources import container_limits, format_memory
 from .runtime.docker import APIError, DockerRuntime, EngineError
-from .runtime.network import (
-    NetworkUnavailable,
-    ensure_user_network,
-    is_missing_network,
-    network_for,
-    remove_user_network_if_unused,
-)
+from .runtime.network import NetworkUnavailable
 from .runtime.objects import (
     gpu_request,
     hardened_host_config,
@@ -45,6 +39,7 @@ from .runtime.objects import (
     workload_labels,
 )
 from .settings import GpulabSettings
+from .spawner_network import UserNetworkMixin
 from .workload_data import (
     VolumeSync,
     WorkloadData,
@@ -67,7 +62,7 @@ class SpawnFailed(web.HTTPError):
         self.jupyterhub_message = message
 
 
-class NotebookSpawner(DockerSpawner):
+class NotebookSpawner(UserNetworkMixin, DockerSpawner):
     """GPU notebooks from a framework catalog, with flavors, limits and lifecycle states."""
 
     _databases: dict[str, Database] = {}
@@ -381,7 +376,11 @@ class NotebookSpawner(DockerSpawner):
             },
         }
         self.notebook_dir = s.workspace_dir
-        await self._join_user_network()
+        try:  # only the user's own network (spawner_network.py)
+            await self._join_user_network()
+        except (NetworkUnavailable, EngineError) as e:
+            await self._fail(S.ERROR, "NETWORK_UNAVAILABLE", str(e))
+            raise SpawnFailed(503, str(e)) from None
         self._progress(60, "Starting the container")
         try:
             ip, port = await super().start()
@@ -404,77 +403,6 @@ class NotebookSpawner(DockerSpawner):
         await self._record(S.RUNNING, reason="READY", message=f"{opts.editor} answers")
         self._progress(100, f"{opts.editor} is ready")
         return (ip, port)
-
-    # --- network: each user's workloads on a bridge of their own (runtime/network.py) -----
-
-    def _isolated(self) -> bool:
-        s = self.settings
-        return network_for(s.network_isolation, s.instance, self.user.name) is not None
-
-    async def _join_user_network(self) -> None:
-        """Put the container on its user's network (made on demand), not the shared bridge."""
-        if not self._isolated():
-            return  # 'none': DockerSpawner's own network settings, as configured
-        s = self.settings
-        try:
-            # joined by ID (unambiguous while a racing duplicate exists); see get_network_ip
-            self.network_name = await self.runtime.run(
-                ensure_user_network, self.runtime.client, s.instance, self.user.name
-            )
-        except (NetworkUnavailable, EngineError) as e:
-            msg = str(e)
-            await self._fail(S.ERROR, "NETWORK_UNAVAILABLE", msg)
-            raise SpawnFailed(503, msg) from None
-        # the proxy on the host reaches the container's IP on that network: no published port
-        self.use_internal_ip = True
-
-    async def _ensure_network_again(self, error: Exception) -> bool:
-        """The user's network was pruned between our look-up and our use: make it again."""
-        if not (self._isolated() and is_missing_network(error)):
-            return False
-        s = self.settings
-        self.network_name = await self.runtime.run(
-            ensure_user_network, self.runtime.client, s.instance, self.user.name
-        )
-        return True
-
-    async def create_object(self):
-        try:
-            return await super().create_object()
-        except APIError as e:
-            if not await self._ensure_network_again(e):
-                raise
-            return await super().create_object()
-
-    async def start_object(self):
-        try:
-            await super().start_object()
-        except APIError as e:
-            if not await self._ensure_network_again(e):
-                raise
-            # the container names the network that was removed: make it anew on the new one
-            await self.remove_object()
-            self.object_id = (await self.create_object())[self.object_id_key]
-            await super().start_object()
-
-    def get_network_ip(self, network_settings):
-        # the engine keys a container's networks by name; ours was joined by ID
-        for net in network_settings["Networks"].values():
-            if net.get("NetworkID") == self.network_name:
-                return net["IPAddress"]
-        return super().get_network_ip(network_settings)
-
-    async def _release_user_network(self) -> None:
-        """Best effort: the user's network goes with their last container (address pools)."""
-        if not self._isolated():
-            return
-        s = self.settings
-        try:
-            await self.runtime.run(
-                remove_user_network_if_unused, self.runtime.client, s.instance, self.user.name
-            )
-        except EngineError as e:
-            self.log.warning("%s: network not removed: %s", self._log_name, e)
 
     async def _pull(self, vols: list[VolumeSync]) -> None:
         s = self.settings
