@@ -31,7 +31,24 @@ def docker_client():
         client.ping()
     except Exception as e:  # any failure to reach the engine
         _need(f"no Docker engine answers ({e}); run `make engine`")
+    _prune_leftover_networks(client)
     return client
+
+
+def _prune_leftover_networks(client) -> None:
+    """Users' networks left by interrupted runs would exhaust the engine's ~30 address pools.
+
+    Only networks whose user has no container left go (safe beside running tests: gpulab
+    makes a pruned network again when it needs it).
+    """
+    from gpulab.runtime.network import remove_user_network_if_unused
+
+    for n in client.networks.list(filters={"label": "org.gpulab.kind=network"}):
+        labels = n.attrs.get("Labels") or {}
+        if "org.gpulab.instance" in labels and "org.gpulab.user" in labels:
+            remove_user_network_if_unused(
+                client.api, labels["org.gpulab.instance"], labels["org.gpulab.user"]
+            )
 
 
 def _image(client, image: str) -> str:
