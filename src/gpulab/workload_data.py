@@ -9,6 +9,8 @@ helper's JSON lines into progress callbacks and a report.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -18,7 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .runtime.docker import DockerRuntime, run_helper
-from .runtime.objects import L_INSTANCE, L_KIND, L_WORKLOAD, sync_helper_config
+from .runtime.objects import (
+    L_INSTANCE,
+    L_KIND,
+    L_WORKLOAD,
+    filesystem_store_dirs,
+    sync_helper_config,
+)
 from .volumes import ObjectStore, VolumeSpec
 
 log = logging.getLogger(__name__)
@@ -28,6 +36,80 @@ Progress = Callable[[dict], None]
 
 class StorageCredentialsError(RuntimeError):
     """The admin's credentials for a store cannot be read (a platform fault: ERROR)."""
+
+
+class StoreLayoutError(RuntimeError):
+    """A filesystem store's directory for a volume cannot be mounted safely (a link, or
+    something other than a directory, on its path): the sync fails, nothing is mounted."""
+
+
+#: the sync helper's user (see :func:`~gpulab.runtime.objects.sync_helper_config`)
+HELPER_UID, HELPER_GID = 1000, 100
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _ensure_dir(root_fd: int, rel: str, store: str) -> None:
+    """Make ``rel`` below the directory ``root_fd``, one component at a time and without
+    following links; directories made are owned by the helper's user, as is ``rel`` itself
+    (when this process may change owners). StoreLayoutError if a link or a non-directory is
+    on the way."""
+    fd = root_fd
+    try:
+        for i, name in enumerate(rel.split("/")):
+            made = False
+            try:
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                    made = True
+                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                where = "/".join(rel.split("/")[: i + 1])
+                raise StoreLayoutError(
+                    f"store {store}: {where} is a symbolic link or not a directory on the "
+                    "host; refusing to mount it for the sync (an operator must fix it)"
+                ) from None
+            if fd != root_fd:
+                os.close(fd)
+            fd = child
+            leaf = i == rel.count("/")
+            if (made or leaf) and os.geteuid() == 0 and os.fstat(fd).st_uid != HELPER_UID:
+                os.fchown(fd, HELPER_UID, HELPER_GID)
+    finally:
+        if fd != root_fd:
+            os.close(fd)
+
+
+def prepare_store_dirs(store: ObjectStore, spec: VolumeSpec) -> str | None:
+    """For a filesystem store: make sure the volume's two directories exist (objects and
+    metadata, see :func:`~gpulab.runtime.objects.filesystem_store_dirs`), reached from the
+    store root without any link and writable by the helper, and return the root's canonical
+    path (what the helper's binds are built from). None for other stores.
+
+    Runs on the host, often as root, before anything is bound into a helper: a link there
+    would make Docker bind whatever it points to."""
+    if store.kind != "filesystem" or not store.root:
+        return None
+    root = Path(store.root)
+    root.mkdir(parents=True, exist_ok=True)
+    real = os.path.realpath(root)
+    try:
+        dirs = filesystem_store_dirs(spec.bucket, spec.prefix)
+    except ValueError as e:
+        raise StoreLayoutError(f"store {store.name}: {e}") from None
+    root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for rel in dirs:
+            _ensure_dir(root_fd, rel, store.name)
+            # belt and braces: what Docker will resolve is exactly the directory checked
+            if os.path.realpath(os.path.join(real, rel)) != os.path.join(real, rel):
+                raise StoreLayoutError(f"store {store.name}: {rel} resolves outside the store")
+    finally:
+        os.close(root_fd)
+    return real
 
 
 def store_credentials(store: ObjectStore) -> dict[str, str]:
@@ -124,15 +206,6 @@ class WorkloadData:
         self.instance = instance
         self.workload = workload
 
-    def _prepare_store(self, store: ObjectStore) -> None:
-        """A filesystem store's directory exists and the helper (uid 1000) may write in it."""
-        if store.kind != "filesystem" or not store.root:
-            return
-        root = Path(store.root)
-        root.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0 and root.stat().st_uid != 1000:
-            os.chown(root, 1000, 100)
-
     def _remote_empty(self, vol: VolumeSync) -> bool:
         """True only when the store certainly holds nothing under the volume's prefix.
 
@@ -182,14 +255,13 @@ class WorkloadData:
         """Run one ``gpulab-sync`` operation (pull, push, purge) for one volume."""
         store = self.stores[vol.spec.store]
 
-        def prepare() -> dict[str, str]:
+        def prepare() -> tuple[dict[str, str], str | None]:
             env = store_credentials(store)  # may read the admin's credentials file
-            self._prepare_store(store)
-            return env
+            return env, prepare_store_dirs(store, vol.spec)
 
         try:
-            env = await asyncio.to_thread(prepare)
-        except (StorageCredentialsError, OSError) as e:
+            env, store_root = await asyncio.to_thread(prepare)
+        except (StorageCredentialsError, StoreLayoutError, OSError) as e:
             return SyncOutcome(vol, False, reason=str(e))
         config = sync_helper_config(
             image=self.image,
@@ -199,7 +271,7 @@ class WorkloadData:
             mode=vol.spec.mode,
             docker_volume=vol.docker_volume if operation != "purge" else None,
             store_kind=store.kind,
-            store_root=store.root,
+            store_root=store_root,
             endpoint_url=store.endpoint_url,
             region=store.region,
             labels={
@@ -231,9 +303,21 @@ class WorkloadData:
         except Exception as e:  # the engine refused or lost the helper
             return SyncOutcome(vol, False, reason=f"sync helper failed: {e}")
         if result.exit_code == 0 and final.get("ok", False):
+            if operation == "purge" and store_root:
+                await asyncio.to_thread(_remove_empty_dirs, store_root, vol.spec)
             return SyncOutcome(vol, True, final)
         reason = _failure_reason(final, errors, result.exit_code)
         return SyncOutcome(vol, False, final, reason)
+
+
+def _remove_empty_dirs(store_root: str, spec: VolumeSpec) -> None:
+    """After a purge, the prefix's own (now empty) directories go too (rmdir never follows a
+    link; one that is not empty, or already gone, stays as it is)."""
+    if not spec.prefix.strip("/"):
+        return  # never a bucket's own directory (purge refuses an empty prefix anyway)
+    for rel in filesystem_store_dirs(spec.bucket, spec.prefix):
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(store_root, rel))
 
 
 def _failure_reason(report: dict, errors: list[str], code: int) -> str:

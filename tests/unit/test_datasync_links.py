@@ -242,3 +242,101 @@ def test_local_root_walks_without_following(tmp_path):
             root.open_file("missing/f")
         with root.parent_of("new/sub/f", create=True) as (dirfd, name):
             assert name == "f" and os.fstat(dirfd).st_ino == (tmp_path / "new/sub").stat().st_ino
+
+
+# -- the sync helper's view of a filesystem store ------------------------------------------
+
+
+def helper(operation: str, prefix: str = "ws/alice/nb", mode: str = "rwd") -> dict:
+    from gpulab.runtime.objects import sync_helper_config
+
+    return sync_helper_config(
+        image="gpulab/sync:1",
+        operation=operation,
+        bucket="bkt",
+        prefix=prefix,
+        mode=mode,
+        docker_volume=None if operation == "purge" else "vol",
+        store_kind="filesystem",
+        store_root="/srv/objects",
+        endpoint_url=None,
+        region="us-east-1",
+        labels={},
+        environment={},
+    )
+
+
+@pytest.mark.parametrize(
+    ("operation", "mode", "store_mode"),
+    [
+        ("pull", "ro", "ro"),
+        ("pull", "rwd", "ro"),  # a pull only reads the store
+        ("push", "rw", "rw"),
+        ("push", "rwd", "rw"),
+        ("push", "ro", "ro"),
+        ("purge", "rw", "rw"),
+    ],
+)
+def test_helper_binds_only_the_volumes_own_store_directories(operation, mode, store_mode):
+    binds = helper(operation, mode=mode)["host_config"]["binds"]
+    store_binds = {k: v for k, v in binds.items() if k != "vol"}
+    assert store_binds == {
+        "/srv/objects/bkt/ws/alice/nb": {"bind": "/store/bkt/ws/alice/nb", "mode": store_mode},
+        "/srv/objects/.gpulab-meta/bkt/ws/alice/nb": {
+            "bind": "/store/.gpulab-meta/bkt/ws/alice/nb",
+            "mode": store_mode,
+        },
+    }
+    assert all(v["bind"] != "/store" for v in binds.values())
+    assert ("vol" in binds) == (operation != "purge")
+
+
+def test_helper_binds_the_bucket_for_an_empty_prefix_and_refuses_unsafe_ones():
+    binds = helper("pull", prefix="")["host_config"]["binds"]
+    assert binds["/srv/objects/bkt"] == {"bind": "/store/bkt", "mode": "ro"}
+    assert binds["/srv/objects/.gpulab-meta/bkt"]["bind"] == "/store/.gpulab-meta/bkt"
+    for bad in ["a/../b", "..", "a//b", "./a"]:
+        with pytest.raises(ValueError, match="unsafe store location"):
+            helper("pull", prefix=bad)
+
+
+def fs_store(root: Path):
+    from gpulab.volumes import ObjectStore
+
+    return ObjectStore(name="local", kind="filesystem", root=str(root))
+
+
+def spec(prefix: str, bucket: str = "bkt"):
+    from gpulab.volumes import VolumeSpec
+
+    return VolumeSpec(bucket=bucket, store="local", prefix=prefix, mount="/data", mode="rw")
+
+
+def test_prepare_store_dirs_makes_both_directories(tmp_path):
+    from gpulab.workload_data import prepare_store_dirs
+
+    root = tmp_path / "objects"
+    assert prepare_store_dirs(fs_store(root), spec("ws/alice/nb")) == str(root)
+    assert (root / "bkt/ws/alice/nb").is_dir()
+    assert (root / ".gpulab-meta/bkt/ws/alice/nb").is_dir()
+    if os.geteuid() == 0:  # the helper's user owns what it writes in
+        assert (root / "bkt/ws/alice/nb").stat().st_uid == 1000
+        assert (root / ".gpulab-meta/bkt/ws/alice/nb").stat().st_gid == 100
+    # again: nothing to do; an empty prefix gives the bucket's directories
+    assert prepare_store_dirs(fs_store(root), spec("ws/alice/nb")) == str(root)
+    assert prepare_store_dirs(fs_store(root), spec("", bucket="other")) == str(root)
+    assert (root / "other").is_dir() and (root / ".gpulab-meta/other").is_dir()
+
+
+@pytest.mark.parametrize("where", ["bkt/ws", ".gpulab-meta/bkt", "bkt/ws/alice/nb"])
+def test_prepare_store_dirs_refuses_a_link_on_the_path(tmp_path, victim, where):
+    """A link anywhere on a volume's path in the store (on the host) would make Docker bind
+    whatever it points to: the sync fails clearly instead, nothing is made through it."""
+    from gpulab.workload_data import StoreLayoutError, prepare_store_dirs
+
+    root = tmp_path / "objects"
+    (root / where).parent.mkdir(parents=True)
+    (root / where).symlink_to(victim.parent, target_is_directory=True)
+    with pytest.raises(StoreLayoutError, match=f"{where} is a symbolic link or not a directory"):
+        prepare_store_dirs(fs_store(root), spec("ws/alice/nb"))
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["train.py"]

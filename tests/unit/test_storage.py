@@ -119,9 +119,12 @@ def test_sync_helper_config_filesystem_and_s3():
         "--store-endpoint",
         "file:///store",
     ]
+    # only the volume's own directories of the store, read-only for a pull (see
+    # tests/unit/test_datasync_links.py for every operation)
     assert fs["host_config"]["binds"] == {
         "vol": {"bind": "/data", "mode": "rw"},
-        "/srv/objects": {"bind": "/store", "mode": "rw"},
+        "/srv/objects/b/p/q": {"bind": "/store/b/p/q", "mode": "ro"},
+        "/srv/objects/.gpulab-meta/b/p/q": {"bind": "/store/.gpulab-meta/b/p/q", "mode": "ro"},
     }
     assert fs["user"] == "1000:100" and fs["host_config"]["cap_drop"] == ["ALL"]
     s3 = sync_helper_config(

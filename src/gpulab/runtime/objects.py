@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 
 from .. import __version__
+from ..datasync.filesystem import META_DIR
 
 LABEL_PREFIX = "org.gpulab."
 L_INSTANCE = LABEL_PREFIX + "instance"
@@ -88,6 +89,23 @@ def hardened_host_config() -> dict:
     }
 
 
+def filesystem_store_dirs(bucket: str, prefix: str) -> tuple[str, str]:
+    """The two directories of a filesystem store (relative to its root) that a volume on
+    ``bucket``/``prefix`` may touch: its objects and their sidecar metadata. An empty prefix
+    (a grant on the whole bucket) gives the bucket's directories."""
+    trimmed = prefix.strip("/")
+    parts = trimmed.split("/") if trimmed else []
+    if (
+        not bucket
+        or "/" in bucket
+        or bucket.startswith(".")
+        or any(p in ("", ".", "..") or "\x00" in p for p in [bucket, *parts])
+    ):
+        raise ValueError(f"unsafe store location {bucket!r}/{prefix!r}")
+    rel = "/".join([bucket, *parts])
+    return rel, f"{META_DIR}/{rel}"
+
+
 def sync_helper_config(
     *,
     image: str,
@@ -106,9 +124,16 @@ def sync_helper_config(
 ) -> dict:
     """Keyword arguments for ``create_container`` of a short-lived ``gpulab-sync`` helper.
 
-    The helper mounts the workload's volume at /data (and, for the embedded filesystem store,
-    the store's directory at /store). It uses the host's network so that it reaches the same
-    endpoints as the hub (a loopback endpoint included). It never runs user code.
+    The helper mounts the workload's volume at /data. For the embedded filesystem store it
+    sees only what that volume may touch, never the store root: the volume's own directory
+    ``<store_root>/<bucket>/<prefix>`` and its metadata directory
+    ``<store_root>/.gpulab-meta/<bucket>/<prefix>`` (:func:`filesystem_store_dirs`), each
+    bound at the same path under /store so that ``file:///store`` works unchanged. They are
+    read-only unless the operation writes the store (a push of an rw/rwd volume, a purge).
+    ``store_root`` must be the canonical path whose directories the caller has checked (see
+    :func:`gpulab.workload_data.prepare_store_dirs`). The helper uses the host's
+    network so that it reaches the same endpoints as the hub (a loopback endpoint included).
+    It never runs user code.
     """
     command = [operation, "--bucket", bucket, "--prefix", prefix, "--json-progress"]
     binds: dict[str, dict] = {}
@@ -118,8 +143,13 @@ def sync_helper_config(
             raise ValueError("pull and push need a volume")
         binds[docker_volume] = {"bind": "/data", "mode": "rw"}
     if store_kind == "filesystem":
+        if not store_root:
+            raise ValueError("a filesystem store needs its root")
         command += ["--store-endpoint", "file:///store"]
-        binds[str(store_root)] = {"bind": "/store", "mode": "rw"}
+        writes = operation == "purge" or (operation == "push" and mode in ("rw", "rwd"))
+        for rel in filesystem_store_dirs(bucket, prefix):
+            host = f"{store_root.rstrip('/')}/{rel}"
+            binds[host] = {"bind": f"/store/{rel}", "mode": "rw" if writes else "ro"}
     else:
         if endpoint_url:
             command += ["--store-endpoint", endpoint_url]
