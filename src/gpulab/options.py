@@ -3,6 +3,9 @@
 JupyterHub hands the spawner a dict: from the form (after ``options_from_form``) or straight
 from ``POST /hub/api/users/NAME/servers/SERVER`` with ``user_options``. Both pass through
 :func:`parse_notebook_options`, so the API cannot reach what the form would refuse.
+
+It runs on the hub's event loop: every option is capped (:mod:`gpulab.bounds`) before any work
+that grows with it, unknown options are refused, and refused values are echoed cut short.
 """
 
 from __future__ import annotations
@@ -10,6 +13,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .bounds import (
+    MAX_ID_CHARS,
+    MAX_IMAGE_CHARS,
+    MAX_NUMBER_CHARS,
+    MAX_VOLUME_SPEC_CHARS,
+    MAX_VOLUMES,
+    check_chars,
+    check_count,
+    shown,
+)
 from .errors import FieldError
 from .frameworks import Catalog, CatalogError
 from .resources import Flavor, Limits, ResourceError, Resources, resolve_resources
@@ -28,6 +41,21 @@ KNOWN_OPTIONS = (
     "auto_restart",
     "volumes",
 )
+_KNOWN = frozenset(KNOWN_OPTIONS)
+#: the longest text each option may be (volumes are capped per entry and in number)
+_TEXT_CAPS = {
+    "framework": MAX_ID_CHARS,
+    "version": MAX_ID_CHARS,
+    "editor": MAX_ID_CHARS,
+    "flavor": MAX_ID_CHARS,
+    "image": MAX_IMAGE_CHARS,
+    "cpus": MAX_NUMBER_CHARS,
+    "memory": MAX_NUMBER_CHARS,
+    "gpus": MAX_NUMBER_CHARS,
+    "auto_restart": MAX_NUMBER_CHARS,
+}
+#: the form sends volumes as one spec per line
+_MAX_VOLUMES_TEXT = MAX_VOLUMES * (MAX_VOLUME_SPEC_CHARS + 1)
 
 
 class OptionsError(FieldError):
@@ -66,7 +94,7 @@ def _flag(value, field: str) -> bool:
         return True
     if isinstance(value, str) and value.lower() in ("false", "off", "0", "no", ""):
         return False
-    raise OptionsError(field, f"{field} must be true or false, not {value!r}")
+    raise OptionsError(field, f"{field} must be true or false, not {shown(value)}")
 
 
 def _text(raw: Mapping, key: str) -> str | None:
@@ -74,8 +102,21 @@ def _text(raw: Mapping, key: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise OptionsError(key, f"{key} must be a string, not {value!r}")
+        raise OptionsError(key, f"{key} must be a string, not {shown(value)}")
     return str(value)
+
+
+def _check_sizes(raw: Mapping) -> None:
+    """Every option's cap, before anything else looks at the options."""
+    for key, cap in _TEXT_CAPS.items():
+        value = raw.get(key)
+        if isinstance(value, str):
+            check_chars(OptionsError, key, value, cap)
+    volumes = raw.get("volumes")
+    if isinstance(volumes, str):
+        check_chars(OptionsError, "volumes", volumes, _MAX_VOLUMES_TEXT)
+    elif isinstance(volumes, list):
+        check_count(OptionsError, "volumes", len(volumes), MAX_VOLUMES)
 
 
 def parse_notebook_options(
@@ -96,12 +137,15 @@ def parse_notebook_options(
     """
     if not isinstance(raw, Mapping):
         raise OptionsError("user_options", "user_options must be an object")
-    unknown = sorted(set(raw) - set(KNOWN_OPTIONS))
-    if unknown:
+    # the first unknown option in the request's order: no set or sort of a huge object
+    unknown = next((k for k in raw if k not in _KNOWN), None)
+    if unknown is not None:
+        text = str(unknown)
         raise OptionsError(
-            unknown[0],
-            f"unknown option {unknown[0]!r}; allowed options: {', '.join(KNOWN_OPTIONS)}",
+            text if len(text) <= 64 else text[:64] + "...",
+            f"unknown option {shown(unknown)}; allowed options: {', '.join(KNOWN_OPTIONS)}",
         )
+    _check_sizes(raw)
     try:
         fw = catalog.framework(_text(raw, "framework"))
         version = fw.version(_text(raw, "version"))
@@ -115,7 +159,7 @@ def parse_notebook_options(
         if custom not in allowed_images and custom not in catalog.images():
             raise OptionsError(
                 "image",
-                f"image {custom!r} is not in the catalog; choose a framework and version"
+                f"image {shown(custom)} is not in the catalog; choose a framework and version"
                 + (f", or one of: {', '.join(sorted(allowed_images))}" if allowed_images else ""),
             )
         image = custom
@@ -150,10 +194,19 @@ def _volumes(raw, storage: StorageConfig | None, user: str, workspace_dir: str) 
         return []
     if isinstance(raw, str):
         raw = [line.strip() for line in raw.splitlines() if line.strip()]
-    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
-        raise OptionsError(
-            "volumes", "volumes must be a list of strings such as 'bucket@store/prefix:/mount:ro'"
-        )
+    help_ = "volumes must be a list of strings such as 'bucket@store/prefix:/mount:ro'"
+    if not isinstance(raw, list):
+        raise OptionsError("volumes", help_)
+    # the caps first: each volume is parsed and checked against the grants after this
+    check_count(OptionsError, "volumes", len(raw), MAX_VOLUMES)
+    for v in raw:
+        if not isinstance(v, str):
+            raise OptionsError("volumes", help_)
+        if len(v) > MAX_VOLUME_SPEC_CHARS:
+            raise OptionsError(
+                "volumes",
+                f"volumes: at most {MAX_VOLUME_SPEC_CHARS} characters per volume (got {len(v)})",
+            )
     if storage is None or not storage.stores:
         raise OptionsError("volumes", "no object store is configured on this platform")
     try:

@@ -7,14 +7,30 @@ generous of their groups, else the default), then turned into container limits.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .bounds import (
+    CPU_PERIOD,
+    MAX_CPUS,
+    MAX_GPUS,
+    MAX_MEMORY,
+    MAX_NUMBER_CHARS,
+    MIN_CPU_QUOTA,
+    MIN_CPUS,
+    MIN_MEMORY,
+    shown,
+)
 from .errors import FieldError
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-_MEM_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+# ASCII digits only ("\d" would take any Unicode digit); matched in full (no "$" that lets a
+# trailing newline through)
+_MEM_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*", re.IGNORECASE)
+#: a number written as a string: no "nan", "inf", "1_000" or other spellings float() takes
+_NUMBER_RE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 class ResourceError(FieldError):
@@ -22,20 +38,26 @@ class ResourceError(FieldError):
 
 
 def parse_memory(value: str | int | float, field: str = "memory") -> int:
-    """Parse ``512M``, ``16G``, ``1.5GiB`` or a byte count into bytes."""
-    if isinstance(value, bool):
-        raise ResourceError(field, f"{field} must be a size such as 512M or 4G, not {value!r}")
-    if isinstance(value, int | float):
-        if value <= 0:
-            raise ResourceError(field, f"{field} must be positive, got {value}")
-        return int(value)
-    m = _MEM_RE.match(str(value))
-    if not m:
-        raise ResourceError(field, f"{field} must be a size such as 512M or 4G, not {value!r}")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    """Parse ``512M``, ``16G``, ``1.5GiB`` or a byte count into bytes (1 byte to 1 PiB)."""
+    help_ = f"{field} must be a size such as 512M or 4G"
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ResourceError(field, f"{help_}, not {shown(value)}")
+    if isinstance(value, str):
+        if len(value) > MAX_NUMBER_CHARS:
+            raise ResourceError(field, f"{help_}, not {len(value)} characters")
+        m = _MEM_RE.fullmatch(value)
+        if not m:
+            raise ResourceError(field, f"{help_}, not {shown(value)}")
+        size: float | int = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    else:
+        size = value
+    if isinstance(size, float) and not math.isfinite(size):
+        raise ResourceError(field, f"{help_}, not {shown(value)}")
     if size <= 0:
-        raise ResourceError(field, f"{field} must be positive, got {value!r}")
-    return size
+        raise ResourceError(field, f"{field} must be positive, got {shown(value)}")
+    if size > MAX_MEMORY:
+        raise ResourceError(field, f"{field} must be at most 1P, got {shown(value)}")
+    return int(size)
 
 
 def format_memory(size: int) -> str:
@@ -113,17 +135,50 @@ def effective_limits(
 
 
 def _number(value, field: str, kind: type) -> float | int:
+    """A finite number from a JSON number or a string such as ``"0.5"`` (the form's)."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ResourceError(field, f"{field} must be a number, not {value!r}")
-    try:
-        n = float(value)
-    except ValueError:
-        raise ResourceError(field, f"{field} must be a number, not {value!r}") from None
+        raise ResourceError(field, f"{field} must be a number, not {shown(value)}")
+    n: float | int = value  # type: ignore[assignment]
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > MAX_NUMBER_CHARS or not _NUMBER_RE.fullmatch(text):
+            raise ResourceError(
+                field, f"{field} must be a number such as 1 or 0.5, not {shown(value)}"
+            )
+        n = float(text)
+    if isinstance(n, float) and not math.isfinite(n):
+        # NaN passes every comparison below; inf is "no limit"; both read as a typo
+        raise ResourceError(field, f"{field} must be a finite number, not {shown(value)}")
     if kind is int:
         if n != int(n):
-            raise ResourceError(field, f"{field} must be a whole number, not {value!r}")
+            raise ResourceError(field, f"{field} must be a whole number, not {shown(value)}")
         return int(n)
-    return n
+    try:
+        return float(n)
+    except OverflowError:  # an int beyond float range: refused as out of range, not a 500
+        return math.inf if n > 0 else -math.inf
+
+
+def _check_range(res: Resources) -> None:
+    """The sane range of each resource, whatever the limits: no zero CPU quota, no container
+    too small to start, nothing that overflows the engine's integers."""
+    if res.cpus < MIN_CPUS:
+        raise ResourceError(
+            "cpus",
+            f"cpus must be at least {MIN_CPUS:g}, got {res.cpus:g}: a smaller CPU quota is no "
+            "limit at all for the engine",
+        )
+    if res.cpus > MAX_CPUS:
+        raise ResourceError("cpus", f"cpus must be at most {MAX_CPUS:g}, got {res.cpus:g}")
+    if res.memory < MIN_MEMORY:
+        raise ResourceError(
+            "memory",
+            f"memory must be at least {format_memory(MIN_MEMORY)}, got {format_memory(res.memory)}",
+        )
+    if res.gpus < 0:
+        raise ResourceError("gpus", f"gpus cannot be negative, got {res.gpus}")
+    if res.gpus > MAX_GPUS:
+        raise ResourceError("gpus", f"gpus must be at most {MAX_GPUS}, got {res.gpus}")
 
 
 def resolve_resources(
@@ -138,7 +193,7 @@ def resolve_resources(
     if flavor is not None:
         if flavor not in flavors:
             raise ResourceError(
-                "flavor", f"unknown flavor {flavor!r}; choose one of: {', '.join(flavors)}"
+                "flavor", f"unknown flavor {shown(flavor)}; choose one of: {', '.join(flavors)}"
             )
         base = flavors[flavor].resources
     elif cpus is None and memory is None and gpus is None:
@@ -151,19 +206,16 @@ def resolve_resources(
         memory=base.memory if memory is None else parse_memory(memory),
         gpus=base.gpus if gpus is None else int(_number(gpus, "gpus", int)),
     )
-    if res.cpus <= 0:
-        raise ResourceError("cpus", f"cpus must be positive, got {res.cpus:g}")
-    if res.gpus < 0:
-        raise ResourceError("gpus", f"gpus cannot be negative, got {res.gpus}")
+    _check_range(res)
     for name, asked, most in (
         ("cpus", res.cpus, limits.cpus),
         ("memory", res.memory, limits.memory),
         ("gpus", res.gpus, limits.gpus),
     ):
         if asked > most:
-            shown = format_memory(asked) if name == "memory" else f"{asked:g}"
+            text = format_memory(asked) if name == "memory" else f"{asked:g}"
             raise ResourceError(
-                name, f"{name}={shown} is over your limit; allowed: {limits.describe()}"
+                name, f"{name}={text} is over your limit; allowed: {limits.describe()}"
             )
     return res
 
@@ -194,11 +246,16 @@ class ContainerLimits:
 def container_limits(
     res: Resources, pids_limit: int = 4096, shm_fraction: float = 0.5
 ) -> ContainerLimits:
-    """PyTorch data loaders need a large /dev/shm: give it a share of the memory limit."""
-    period = 100_000
+    """PyTorch data loaders need a large /dev/shm: give it a share of the memory limit.
+
+    The CPU quota is never below the engine's minimum: a quota that rounds to 0 would mean no
+    CPU limit at all (requests are refused below 0.01 CPU; this also covers stored records and
+    flavors).
+    """
+    period = CPU_PERIOD
     return ContainerLimits(
         cpu_period=period,
-        cpu_quota=int(res.cpus * period),
+        cpu_quota=max(MIN_CPU_QUOTA, round(res.cpus * period)),
         mem_limit=res.memory,
         pids_limit=pids_limit,
         shm_size=max(64 * 1024**2, int(res.memory * shm_fraction)),

@@ -12,6 +12,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode
 from traitlets.config import Configurable
 
 from . import __version__
+from .bounds import MAX_REQUEST_BODY
 from .frameworks import Catalog
 from .resources import Flavor, Limits, effective_limits
 from .storage import StorageConfig
@@ -166,6 +167,15 @@ class GpulabSettings(Configurable):
 
     max_queued_jobs = Integer(
         1000, help="Most jobs one user may have queued or active at once (QUEUED counts)."
+    ).tag(config=True)
+
+    max_request_body = Integer(
+        MAX_REQUEST_BODY,
+        help="""Largest request body (bytes) the gpulab service accepts; a larger one is
+        answered 413 with this limit in the message, before it is parsed. 1 MiB holds any job
+        submission within the other caps (docs/limits.md). A body declared larger is read
+        and discarded, unbuffered, up to 64 times this size; a chunked one is buffered up to
+        four times this size; past those the connection is closed.""",
     ).tag(config=True)
 
     preemption_grace = Float(

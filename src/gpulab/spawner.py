@@ -186,8 +186,10 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
         try:
             opts = self.parse_options(user_options)
         except OptionsError as e:
-            # "FIELD: message": the form shows it next to that field
-            raise web.HTTPError(400, "Invalid notebook options: %s: %s", e.field, str(e)) from None
+            # "FIELD: message": the form shows it next to that field (a cap's message, such as
+            # "volumes: at most 32 entries (got 4000)", already starts so)
+            msg = str(e) if str(e).startswith(f"{e.field}: ") else f"{e.field}: {e}"
+            raise web.HTTPError(400, "Invalid notebook options: %s", msg) from None
         total = len(self.ledger.devices)
         if opts.resources.gpus > total:
             raise web.HTTPError(

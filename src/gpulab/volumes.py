@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .bounds import shown
+
 __all__ = [
     "MODES",
     "RESERVED_MOUNTS",
@@ -51,13 +53,17 @@ RESERVED_MOUNTS: tuple[str, ...] = (
     "/run",
 )
 
+# Every pattern is matched in full (re.fullmatch): "$" alone would let a trailing newline in.
 _SPEC_RE = re.compile(
-    r"^(?P<bucket>[^@:/\s]+)@(?P<store>[^/:\s]+)(?P<prefix>/[^:]*)?:(?P<mount>[^:]*)"
-    r"(?::(?P<mode>[^:]*))?$"
+    r"(?P<bucket>[^@:/\s]+)@(?P<store>[^/:\s]+)(?P<prefix>/[^:]*)?:(?P<mount>[^:]*)"
+    r"(?::(?P<mode>[^:]*))?"
 )
-_STORE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_BUCKET_CHARS_RE = re.compile(r"^[a-z0-9.-]+$")
-_IP_LIKE_RE = re.compile(r"^\d{1,3}(\.\d{1,3}){3}$")
+_STORE_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_BUCKET_CHARS_RE = re.compile(r"[a-z0-9.-]+")
+_IP_LIKE_RE = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}")
+_ENDPOINT_RE = re.compile(r"https?://[^/@\s]+(/.*)?")
+#: control characters have no place in a key prefix or a mount path (newlines in logs, names)
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _SYNTAX_HELP = "expected container@store[/prefix]:/mount/path[:ro|rw|rwd]"
 
 
@@ -99,7 +105,7 @@ class ObjectStore:
     root: str | None = None
 
     def __post_init__(self) -> None:
-        if not _STORE_NAME_RE.match(self.name or ""):
+        if not _STORE_NAME_RE.fullmatch(self.name or ""):
             raise VolumeError(
                 f"object store name {self.name!r} is invalid: use letters, digits, '.', '_', '-'"
             )
@@ -113,7 +119,7 @@ class ObjectStore:
             )
         if self.endpoint_url is not None:
             url = self.endpoint_url
-            if not re.match(r"^https?://[^/@\s]+(/.*)?$", url):
+            if not _ENDPOINT_RE.fullmatch(url):
                 raise VolumeError(
                     f"object store {self.name!r}: endpoint_url must be http(s)://host[:port] "
                     "without credentials in it"
@@ -155,13 +161,13 @@ def validate_bucket_name(bucket: str) -> None:
 def _bucket_problem(bucket: str) -> str | None:
     if not 3 <= len(bucket) <= 63:
         return "must be 3 to 63 characters long"
-    if not _BUCKET_CHARS_RE.match(bucket):
+    if not _BUCKET_CHARS_RE.fullmatch(bucket):
         return "only lowercase letters, digits, '.' and '-' are allowed"
     if not (bucket[0].isalnum() and bucket[-1].isalnum()):
         return "must start and end with a letter or digit"
     if ".." in bucket:
         return "must not contain '..'"
-    if _IP_LIKE_RE.match(bucket):
+    if _IP_LIKE_RE.fullmatch(bucket):
         return "must not look like an IP address"
     return None
 
@@ -227,7 +233,14 @@ def parse_volume(
     workspace: str = "/workspace",
 ) -> VolumeSpec:
     """Parse one ``container@store[/prefix]:/mount/path[:ro|rw|rwd]`` specification."""
-    m = _SPEC_RE.match(spec.strip()) if isinstance(spec, str) else None
+    if not isinstance(spec, str):
+        raise VolumeError(f"volume {shown(spec)} is malformed: {_SYNTAX_HELP}")
+    # (no length cap here: callers cap what users send, gpulab.bounds.MAX_VOLUME_SPEC_CHARS;
+    # a stored spec, normalised with its mode, may be a few characters longer)
+    spec = spec.strip()
+    if _CONTROL_RE.search(spec):
+        raise VolumeError(f"volume {spec!r} contains control characters: {_SYNTAX_HELP}")
+    m = _SPEC_RE.fullmatch(spec)
     if not m:
         raise VolumeError(f"volume {spec!r} is malformed: {_SYNTAX_HELP}")
     bucket, store = m["bucket"], m["store"]
@@ -251,18 +264,24 @@ def parse_volumes(
     stores: Mapping[str, ObjectStore] | Iterable[str],
     workspace: str = "/workspace",
 ) -> list[VolumeSpec]:
-    """Parse several volumes; two volumes may not share a mount or be nested in one another."""
+    """Parse several volumes; two volumes may not share a mount or be nested in one another.
+
+    The overlap check sorts the mounts (O(n log n), not a comparison of every pair): with
+    ``mount + "/"`` as the key, the mounts under a path ``p`` are exactly the keys that start
+    with ``p/``, and they sort right after ``p/`` itself, so any overlap shows up between
+    neighbours. Callers cap the count (:data:`gpulab.bounds.MAX_VOLUMES`) before calling.
+    """
     names = _store_names(stores)
     parsed = [parse_volume(s, names, workspace) for s in specs]
-    for i, a in enumerate(parsed):
-        for b in parsed[i + 1 :]:
-            if a.mount == b.mount:
-                raise VolumeError(f"volumes {str(a)!r} and {str(b)!r} use the same mount path")
-            if _is_within(a.mount, b.mount) or _is_within(b.mount, a.mount):
-                raise VolumeError(
-                    f"volumes {str(a)!r} and {str(b)!r} are nested: one mount path lies inside "
-                    "the other"
-                )
+    ordered = sorted(parsed, key=lambda v: v.mount + "/")
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        if a.mount == b.mount:
+            raise VolumeError(f"volumes {str(a)!r} and {str(b)!r} use the same mount path")
+        if b.mount.startswith(a.mount + "/"):
+            raise VolumeError(
+                f"volumes {str(a)!r} and {str(b)!r} are nested: one mount path lies inside "
+                "the other"
+            )
     return parsed
 
 

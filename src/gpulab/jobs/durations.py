@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 
+from ..bounds import shown
 from ..errors import FieldError
 
 __all__ = ["DurationError", "format_duration", "parse_duration"]
@@ -32,22 +33,25 @@ class DurationError(FieldError):
 def parse_duration(value: int | float | str, field: str = "duration") -> float:
     """Seconds (> 0, finite) from a number of seconds or a duration string."""
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise DurationError(field, f"{field} must be {_HELP}, not {value!r}")
+        raise DurationError(field, f"{field} must be {_HELP}, not {shown(value)}")
     if isinstance(value, str):
         text = value.strip().lower()
-        if _PLAIN_RE.match(text):
+        if _PLAIN_RE.fullmatch(text):
             seconds = float(text)
         else:
-            m = _PARTS_RE.match(text)
+            m = _PARTS_RE.fullmatch(text)
             if not text or not m or not any(m.groupdict().values()):
-                raise DurationError(field, f"{field} must be {_HELP}, not {value!r}")
+                raise DurationError(field, f"{field} must be {_HELP}, not {shown(value)}")
             seconds = sum(float(n) * _UNIT_SECONDS[unit] for unit, n in m.groupdict().items() if n)
     else:
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int beyond float range (JSON allows it): not a 500
+            seconds = math.inf
     if not math.isfinite(seconds):
-        raise DurationError(field, f"{field} must be a finite duration, not {value!r}")
+        raise DurationError(field, f"{field} must be a finite duration, not {shown(value)}")
     if seconds <= 0:
-        raise DurationError(field, f"{field} must be longer than zero, got {value!r}")
+        raise DurationError(field, f"{field} must be longer than zero, got {shown(value)}")
     return seconds
 
 

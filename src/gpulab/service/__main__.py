@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from .. import __version__
+from ..bounds import body_backstop
 from ..db import Database
 from ..jobs.supervisor import JobSupervisor
 from ..notebooks import NotebookRecords
@@ -61,7 +62,13 @@ async def main(argv: list[str] | None = None) -> None:
     )
     await supervisor.start()
     app = make_app(settings, supervisor)
-    app.listen(url.port or 80, url.hostname or "127.0.0.1")
+    # tornado stops reading a chunked body past this; below it (and for any declared body up
+    # to 64 times the cap) the answer is a JSON 413 that names max_request_body (bodylimit.py)
+    app.listen(
+        url.port or 80,
+        url.hostname or "127.0.0.1",
+        max_body_size=body_backstop(settings.max_request_body),
+    )
     log.info("gpulab service %s listening on %s", __version__, url.geturl())
     await asyncio.gather(watchdog_loop(settings), follow_parent())
 

@@ -24,6 +24,7 @@ from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
 from ..workload_data import WorkloadData, notebook_volumes, push_all, push_verdict
 from .app_base import BaseHandler, HealthHandler, NotFoundHandler, authenticated
+from .bodylimit import BoundedApplication
 from .jobs_api import (
     JobActionHandler,
     JobEventsHandler,
@@ -162,7 +163,8 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
     ]
     handlers += [(url_path_join(prefix, pattern), handler) for _, pattern, handler in ROUTES]
     handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in PAGE_ROUTES]
-    return web.Application(
+    # BoundedApplication: a body declared over max_request_body is answered 413 unread
+    return BoundedApplication(
         handlers,
         cookie_secret=os.urandom(32),
         records=records,

@@ -9,7 +9,9 @@ import json
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
+from ..bounds import body_too_large
 from ..notebooks import NotebookRecords
+from .bodylimit import request_cap
 
 
 class ApiError(web.HTTPError):
@@ -53,6 +55,13 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     @property
     def records(self) -> NotebookRecords:
         return self.settings["records"]
+
+    def prepare(self):
+        """Refuse an oversized body (JSON 413 naming the limit) before any handler parses it:
+        a chunked one, read up to the server's limit (declared ones: bodylimit.py)."""
+        why = body_too_large(len(self.request.body or b""), request_cap(self.settings))
+        if why:
+            raise ApiError(413, why, field="body")
 
     def is_admin(self, user: dict) -> bool:
         """Admins (users or services) are those whose token holds admin:servers."""

@@ -1,0 +1,547 @@
+"""The rules of a job submission, one parser per field (used by :mod:`gpulab.jobs.spec`).
+
+Each parser checks its caps (:mod:`gpulab.bounds`) before any work that grows with its input
+(parsing each volume, comparing mounts, resolving resources), and echoes refused values
+through :func:`~gpulab.bounds.shown`: a refused 1 MiB value is not sent back.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..bounds import (
+    MAX_COMMAND_BYTES,
+    MAX_COMMAND_ITEMS,
+    MAX_ENV,
+    MAX_ENV_BYTES,
+    MAX_ENV_NAME_CHARS,
+    MAX_ENV_VALUE_BYTES,
+    MAX_ID_CHARS,
+    MAX_IMAGE_CHARS,
+    MAX_LABEL_KEY_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
+    MAX_NAME_CHARS,
+    MAX_NUMBER_CHARS,
+    MAX_VOLUME_SPEC_CHARS,
+    MAX_VOLUMES,
+    check_chars,
+    check_count,
+    shown,
+    size_text,
+)
+from ..errors import FieldError
+from ..frameworks import Catalog, CatalogError
+from ..resources import Flavor, Limits, ResourceError, Resources, resolve_resources
+from ..runtime.objects import LABEL_PREFIX
+from ..storage import StorageConfig
+from ..volumes import VolumeError, VolumeSpec
+from .durations import DurationError, format_duration, parse_duration
+
+DEFAULT_TIMEOUT = 7 * 86400.0
+MAX_TIMEOUT = 30 * 86400.0
+DEFAULT_HANG_PERIOD = 1800.0
+MIN_HANG_PERIOD = 10.0
+MAX_RETRIES = 128
+DEFAULT_PRIORITY = 50
+MAX_PRIORITY = 100
+DEFAULT_CPUS = 1.0
+DEFAULT_MEMORY = "4G"
+DEFAULT_GPUS = 1
+# the caps on lists and strings live in gpulab.bounds (docs/limits.md); these names stay
+MAX_LABEL_VALUE = MAX_LABEL_VALUE_CHARS
+MAX_NAME = MAX_NAME_CHARS
+WORKSPACE_DIR = "/workspace"
+
+#: environment variable names a job may not set: the platform's own and its credentials
+RESERVED_ENV_PREFIXES = ("JUPYTERHUB_", "GPULAB_", "AWS_")
+RESERVED_ENV_NAMES = frozenset({"NVIDIA_VISIBLE_DEVICES"})
+#: label namespaces a job may not use: gpulab's own (ownership!) and Docker's reserved ones
+RESERVED_LABEL_PREFIXES = (LABEL_PREFIX, "com.docker.", "io.docker.", "org.dockerproject.")
+
+# ^...$ for the JSON Schema's (ECMA) patterns; the parser uses re.fullmatch, since Python's "$"
+# also matches before a trailing newline ("train\n" is not a name)
+_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+_DURATION_PATTERN = (
+    r"^(?=.*\d)\s*(\d+(\.\d+)?|(\d+(\.\d+)?[dD])?\s*(\d+(\.\d+)?[hH])?\s*"
+    r"(\d+(\.\d+)?[mM])?\s*(\d+(\.\d+)?[sS])?)\s*$"
+)
+
+#: the top-level fields of a submission, in the order of :meth:`JobSpec.to_json`
+JOB_SPEC_FIELDS = (
+    "name",
+    "framework",
+    "version",
+    "image",
+    "command",
+    "args",
+    "env",
+    "labels",
+    "flavor",
+    "resources",
+    "volumes",
+    "timeout",
+    "retries",
+    "hang_restart",
+    "preemptible",
+    "priority",
+)
+RESOURCE_FIELDS = ("cpus", "memory", "gpus")
+HANG_RESTART_FIELDS = ("enabled", "period")
+_JOB_SPEC_FIELD_SET = frozenset(JOB_SPEC_FIELDS)
+_RESOURCE_FIELD_SET = frozenset(RESOURCE_FIELDS)
+_HANG_RESTART_FIELD_SET = frozenset(HANG_RESTART_FIELDS)
+
+
+class JobSpecError(FieldError):
+    """An invalid submission; ``field`` names the (dotted) field, the message what is allowed."""
+
+
+@dataclass(frozen=True)
+class HangRestart:
+    """Restart the command when the job makes no progress for ``period`` seconds."""
+
+    enabled: bool = False
+    period: float = DEFAULT_HANG_PERIOD
+
+    def to_json(self) -> dict:
+        return {"enabled": self.enabled, "period": self.period}
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__ if value is not None else "null"
+
+
+def _key_text(key: object) -> str:
+    """An unknown or invalid key as it appears in ``field``: cut to 64 characters."""
+    text = str(key)
+    return text if len(text) <= 64 else text[:64] + "..."
+
+
+def _first_unknown(value: Mapping, known: frozenset[str]) -> object | None:
+    """The first key (in the body's order) that is not ``known``; stops there, whatever the
+    number of keys (no set difference or sort of a huge object)."""
+    return next((k for k in value if k not in known), None)
+
+
+def _optional_text(raw: Mapping, key: str, cap: int = MAX_ID_CHARS) -> str | None:
+    """None and "" mean absent; anything else must be a string of at most ``cap`` characters."""
+    value = raw.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise JobSpecError(key, f"{key} must be a string, not {_type_name(value)} {shown(value)}")
+    check_chars(JobSpecError, key, value, cap)
+    return value
+
+
+def _integer(value: object, key: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobSpecError(
+            key, f"{key} must be a whole number from {low} to {high}, not {shown(value)}"
+        )
+    if not low <= value <= high:
+        raise JobSpecError(key, f"{key} must be from {low} to {high}, got {shown(value)}")
+    return value
+
+
+def _boolean(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise JobSpecError(key, f"{key} must be true or false, not {shown(value)}")
+    return value
+
+
+def _duration(value: object, key: str, low: float, high: float) -> float:
+    if isinstance(value, str):
+        check_chars(JobSpecError, key, value, MAX_NUMBER_CHARS)
+    try:
+        seconds = parse_duration(value, key)  # type: ignore[arg-type]
+    except DurationError as e:
+        raise JobSpecError(e.field, str(e)) from None
+    if seconds < low:
+        raise JobSpecError(
+            key, f"{key} must be at least {format_duration(low)}, got {shown(value)}"
+        )
+    if seconds > high:
+        raise JobSpecError(
+            key, f"{key} must be at most {format_duration(high)}, got {shown(value)}"
+        )
+    return seconds
+
+
+def _name(raw: Mapping) -> str | None:
+    name = raw.get("name")
+    if name is None or name == "":
+        return None
+    if not isinstance(name, str):
+        raise JobSpecError("name", f"name must be a string, not {_type_name(name)} {shown(name)}")
+    # the length first, then the pattern matched in full: "train\n" is not a name
+    if len(name) > MAX_NAME_CHARS or not _NAME_RE.fullmatch(name):
+        raise JobSpecError(
+            "name",
+            f"name must be 1 to {MAX_NAME_CHARS} lowercase letters, digits or '-', starting with "
+            f"a letter, not {shown(name)}",
+        )
+    return name
+
+
+def _strings(value: object, key: str, room: int) -> tuple[str, ...]:
+    """A list of at most ``room`` strings without NUL characters."""
+    if not isinstance(value, list | tuple):
+        raise JobSpecError(key, f"{key} must be a list of strings, not {shown(value)}")
+    if len(value) > room:
+        raise JobSpecError(
+            key,
+            f"{key}: at most {MAX_COMMAND_ITEMS} entries in command and args together "
+            f"(got {MAX_COMMAND_ITEMS - room + len(value)})",
+        )
+    for s in value:
+        if not isinstance(s, str):
+            raise JobSpecError(key, f"{key} must be a list of strings, not {shown(value)}")
+        if "\0" in s:
+            raise JobSpecError(key, f"{key} must not contain NUL characters")
+    return tuple(value)
+
+
+def _command(raw: Mapping) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    value = raw.get("command")
+    help_ = "command must be a non-empty list of strings, or one string run with sh -c"
+    if value is None or (isinstance(value, str | list | tuple) and len(value) == 0):
+        raise JobSpecError("command", f"a job needs a command: {help_}")
+    if isinstance(value, str):
+        if len(value) > MAX_COMMAND_BYTES:
+            raise JobSpecError(
+                "command",
+                f"command: at most {size_text(MAX_COMMAND_BYTES)} with its args (got "
+                f"{len(value)} characters); pass large inputs through a volume",
+            )
+        if not value.strip():
+            raise JobSpecError("command", f"command is blank: {help_}")
+        command: tuple[str, ...] = ("sh", "-c", value)
+        if "\0" in value:
+            raise JobSpecError("command", "command must not contain NUL characters")
+    elif isinstance(value, list | tuple):
+        command = _strings(value, "command", MAX_COMMAND_ITEMS)
+        if not command[0].strip():
+            raise JobSpecError("command", f"the program (first item) is blank: {help_}")
+    else:
+        raise JobSpecError("command", f"{help_}, not {_type_name(value)} {shown(value)}")
+    room = MAX_COMMAND_ITEMS - len(command)
+    args = () if raw.get("args") is None else _strings(raw["args"], "args", room)
+    # each string is at least one byte per character: count characters first, so that a huge
+    # command is refused without encoding it
+    size = sum(len(s) + 1 for s in command + args)
+    if size <= MAX_COMMAND_BYTES:
+        size = sum(len(s.encode()) + 1 for s in command + args)
+    if size > MAX_COMMAND_BYTES:
+        raise JobSpecError(
+            "args" if args and raw.get("args") is not None else "command",
+            f"command: at most {size_text(MAX_COMMAND_BYTES)} with its args (got "
+            f"{size} bytes); pass large inputs through a volume",
+        )
+    return command, args
+
+
+def _env(raw: Mapping) -> dict[str, str]:
+    value = raw.get("env")
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise JobSpecError(
+            "env", f"env must be an object of NAME: value strings, not {shown(value)}"
+        )
+    check_count(JobSpecError, "env", len(value), MAX_ENV, "variables")
+    env: dict[str, str] = {}
+    total = 0
+    for name, text in value.items():
+        if not isinstance(name, str) or len(name) > MAX_ENV_NAME_CHARS:
+            raise JobSpecError(
+                "env", f"env: names are at most {MAX_ENV_NAME_CHARS} characters, not {shown(name)}"
+            )
+        key = f"env.{name}"
+        if not _ENV_NAME_RE.fullmatch(name):
+            raise JobSpecError(
+                key,
+                f"environment variable name {shown(name)} must be letters, digits and '_', "
+                "not starting with a digit",
+            )
+        if name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES:
+            raise JobSpecError(
+                key,
+                f"{name} is reserved to the platform: names starting with "
+                f"{', '.join(RESERVED_ENV_PREFIXES)} and {', '.join(sorted(RESERVED_ENV_NAMES))}"
+                " cannot be set",
+            )
+        if not isinstance(text, str):
+            raise JobSpecError(key, f"{key} must be a string, not {_type_name(text)} {shown(text)}")
+        size = len(text) if len(text) > MAX_ENV_VALUE_BYTES else len(text.encode())
+        if size > MAX_ENV_VALUE_BYTES:
+            raise JobSpecError(
+                key,
+                f"{key}: at most {size_text(MAX_ENV_VALUE_BYTES)} (got {size} bytes); "
+                "pass large inputs through a volume",
+            )
+        if "\0" in text:
+            raise JobSpecError(key, f"{key} must not contain NUL characters")
+        total += len(name) + 1 + size
+        if total > MAX_ENV_BYTES:
+            raise JobSpecError(
+                "env",
+                f"env: at most {size_text(MAX_ENV_BYTES)} of names and values together; "
+                "pass large inputs through a volume",
+            )
+        env[name] = text
+    return env
+
+
+def _labels(raw: Mapping) -> dict[str, str]:
+    value = raw.get("labels")
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise JobSpecError(
+            "labels", f"labels must be an object of key: value strings, not {shown(value)}"
+        )
+    check_count(JobSpecError, "labels", len(value), MAX_LABELS)
+    labels: dict[str, str] = {}
+    for name, text in value.items():
+        key = f"labels.{_key_text(name)}"
+        if (
+            not isinstance(name, str)
+            or len(name) > MAX_LABEL_KEY_CHARS
+            or not _LABEL_KEY_RE.fullmatch(name)
+        ):
+            raise JobSpecError(
+                key,
+                f"label key {shown(name)} must be 1 to {MAX_LABEL_KEY_CHARS} lowercase letters, "
+                "digits, '.', '_' or '-', starting and ending with a letter or digit",
+            )
+        if name.startswith(RESERVED_LABEL_PREFIXES):
+            raise JobSpecError(
+                key,
+                f"label key {name!r} is reserved: keys starting with "
+                f"{', '.join(RESERVED_LABEL_PREFIXES)} cannot be set",
+            )
+        if not isinstance(text, str):
+            raise JobSpecError(key, f"{key} must be a string, not {_type_name(text)} {shown(text)}")
+        if len(text) > MAX_LABEL_VALUE_CHARS:
+            raise JobSpecError(
+                key, f"{key}: at most {MAX_LABEL_VALUE_CHARS} characters (got {len(text)})"
+            )
+        labels[name] = text
+    return labels
+
+
+def _image(
+    raw: Mapping, catalog: Catalog, allowed_images: frozenset[str]
+) -> tuple[str, str | None, str | None]:
+    custom = _optional_text(raw, "image", cap=MAX_IMAGE_CHARS)
+    framework = _optional_text(raw, "framework")
+    version = _optional_text(raw, "version")
+    if custom is None or framework is not None or version is not None:
+        try:
+            fw = catalog.framework(framework)
+            ver = fw.version(version)
+        except CatalogError as e:
+            raise JobSpecError(e.field, str(e)) from None
+        if custom is None or custom == ver.image:
+            # the same image named both ways (a body returned by the API, resubmitted) is fine
+            return ver.image, fw.id, ver.id
+        raise JobSpecError(
+            "image",
+            f"give either image or framework (and version), not both: {fw.id} {ver.id} is "
+            f"{ver.image!r}, not {custom!r}",
+        )
+    if custom not in allowed_images and custom not in catalog.images():
+        raise JobSpecError(
+            "image",
+            f"image {custom!r} is not in the catalog; choose a framework and version"
+            + (f", or one of: {', '.join(sorted(allowed_images))}" if allowed_images else ""),
+        )
+    return custom, None, None
+
+
+def _resources(
+    raw: Mapping,
+    flavors: Mapping[str, Flavor],
+    limits: Limits,
+    default_flavor: str | None,
+    host_gpus: int,
+) -> tuple[str | None, Resources]:
+    value = raw.get("resources")
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise JobSpecError(
+            "resources", f"resources must be an object with {', '.join(RESOURCE_FIELDS)}"
+        )
+    unknown = _first_unknown(value, _RESOURCE_FIELD_SET)
+    if unknown is not None:
+        raise JobSpecError(
+            f"resources.{_key_text(unknown)}",
+            f"unknown resource {shown(unknown)}; resources take: {', '.join(RESOURCE_FIELDS)}",
+        )
+    given = {k: v for k, v in value.items() if v is not None}
+    cpus, memory, gpus = given.get("cpus"), given.get("memory"), given.get("gpus")
+    if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)):
+        raise JobSpecError("resources.cpus", f"resources.cpus must be a number, not {shown(cpus)}")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int | str)):
+        raise JobSpecError(
+            "resources.memory",
+            f"resources.memory must be a size such as 512M or 4G, not {shown(memory)}",
+        )
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int)):
+        raise JobSpecError(
+            "resources.gpus", f"resources.gpus must be a whole number, not {shown(gpus)}"
+        )
+    if isinstance(cpus, float) and not math.isfinite(cpus):
+        raise JobSpecError("resources.cpus", f"resources.cpus must be finite, not {cpus!r}")
+
+    flavor = _optional_text(raw, "flavor")
+    if flavor is None and not given and default_flavor:
+        flavor = default_flavor
+    request: dict[str, Any] = dict(given)
+    if flavor is None:
+        request = {"cpus": DEFAULT_CPUS, "memory": DEFAULT_MEMORY, "gpus": DEFAULT_GPUS} | given
+
+    def resolve(lim: Limits) -> Resources:
+        # resolve_resources also holds every number to its sane range (gpulab.bounds): at
+        # least 0.01 CPU (a smaller quota is no limit for the engine), 32M of memory...
+        try:
+            return resolve_resources(flavors, lim, flavor, **request)
+        except ResourceError as e:
+            where = e.field if e.field == "flavor" else f"resources.{e.field}"
+            raise JobSpecError(where, str(e)) from None
+
+    # the request itself first (syntax, then what the host can hold), the user's limits after
+    res = resolve(Limits(cpus=math.inf, memory=sys.maxsize, gpus=sys.maxsize))
+    if res.gpus > host_gpus:
+        raise JobSpecError(
+            "resources.gpus",
+            f"{res.gpus} GPUs requested but this host has {host_gpus}",
+        )
+    return flavor, resolve(limits)
+
+
+def _volumes(raw: Mapping, storage: StorageConfig | None, user: str) -> tuple[VolumeSpec, ...]:
+    value = raw.get("volumes")
+    if value is None or value == []:
+        return ()
+    help_ = "volumes must be a list of strings such as 'bucket@store/prefix:/data:ro'"
+    if not isinstance(value, list):
+        raise JobSpecError("volumes", help_)
+    # the caps first: each volume is parsed and checked against the grants after this
+    check_count(JobSpecError, "volumes", len(value), MAX_VOLUMES)
+    for v in value:
+        if not isinstance(v, str):
+            raise JobSpecError("volumes", help_)
+        if len(v) > MAX_VOLUME_SPEC_CHARS:
+            raise JobSpecError(
+                "volumes",
+                f"volumes: at most {MAX_VOLUME_SPEC_CHARS} characters per volume (got {len(v)})",
+            )
+    if storage is None or not storage.stores:
+        raise JobSpecError("volumes", "no object store is configured on this platform")
+    try:
+        return tuple(storage.user_volumes(user, value, workspace_dir=WORKSPACE_DIR))
+    except VolumeError as e:
+        raise JobSpecError("volumes", str(e)) from None
+
+
+def _hang_restart(raw: Mapping, max_timeout: float) -> HangRestart:
+    value = raw.get("hang_restart")
+    if value is None:
+        return HangRestart()
+    if not isinstance(value, Mapping):
+        raise JobSpecError(
+            "hang_restart",
+            'hang_restart must be an object such as {"enabled": true, "period": "30m"}',
+        )
+    unknown = _first_unknown(value, _HANG_RESTART_FIELD_SET)
+    if unknown is not None:
+        raise JobSpecError(
+            f"hang_restart.{_key_text(unknown)}",
+            f"unknown field {shown(unknown)}; hang_restart takes: {', '.join(HANG_RESTART_FIELDS)}",
+        )
+    enabled = value.get("enabled")
+    period = value.get("period")
+    return HangRestart(
+        enabled=False if enabled is None else _boolean(enabled, "hang_restart.enabled"),
+        period=DEFAULT_HANG_PERIOD
+        if period is None
+        else _duration(period, "hang_restart.period", MIN_HANG_PERIOD, max_timeout),
+    )
+
+
+def parse_fields(
+    raw: Mapping,
+    *,
+    catalog: Catalog,
+    flavors: Mapping[str, Flavor],
+    limits: Limits,
+    default_flavor: str | None,
+    allowed_images: frozenset[str],
+    storage: StorageConfig | None,
+    user: str,
+    host_gpus: int,
+    max_timeout: float,
+) -> dict[str, Any]:
+    """Every field of a submission, checked in the order of :data:`JOB_SPEC_FIELDS` (the first
+    fault is reported), as keyword arguments of :class:`~gpulab.jobs.spec.JobSpec`."""
+    if not isinstance(raw, Mapping):
+        raise JobSpecError("", "a job submission must be a JSON object")
+    unknown = _first_unknown(raw, _JOB_SPEC_FIELD_SET)
+    if unknown is not None:
+        raise JobSpecError(
+            _key_text(unknown),
+            f"unknown field {shown(unknown)}; a job takes: {', '.join(JOB_SPEC_FIELDS)}",
+        )
+    name = _name(raw)
+    image, framework, version = _image(raw, catalog, allowed_images)
+    command, args = _command(raw)
+    env = _env(raw)
+    labels = _labels(raw)
+    flavor, resources = _resources(raw, flavors, limits, default_flavor, host_gpus)
+    volumes = _volumes(raw, storage, user)
+    timeout = (
+        min(DEFAULT_TIMEOUT, max_timeout)
+        if raw.get("timeout") is None
+        else _duration(raw["timeout"], "timeout", 0.0, max_timeout)
+    )
+    retries = (
+        0 if raw.get("retries") is None else _integer(raw["retries"], "retries", 0, MAX_RETRIES)
+    )
+    hang_restart = _hang_restart(raw, max_timeout)
+    preemptible = (
+        False if raw.get("preemptible") is None else _boolean(raw["preemptible"], "preemptible")
+    )
+    priority = (
+        DEFAULT_PRIORITY
+        if raw.get("priority") is None
+        else _integer(raw["priority"], "priority", 0, MAX_PRIORITY)
+    )
+    return dict(
+        name=name,
+        framework=framework,
+        version=version,
+        image=image,
+        command=command,
+        args=args,
+        env=env,
+        labels=labels,
+        flavor=flavor,
+        resources=resources,
+        volumes=volumes,
+        timeout=timeout,
+        retries=retries,
+        hang_restart=hang_restart,
+        preemptible=preemptible,
+        priority=priority,
+    )
