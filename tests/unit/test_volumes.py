@@ -392,7 +392,7 @@ def test_sorted_overlap_check_agrees_with_every_pair_compared() -> None:
 
 
 def test_many_volumes_are_checked_in_near_linear_time() -> None:
-    """4,000 volumes were 8 million pair comparisons (1.3-2.2 s on the service's event loop);
+    """4,000 volumes were 8 million pair comparisons (seconds on the service's event loop);
     sorted, they are parsed and checked in milliseconds. The callers refuse more than 32
     before getting here; this bounds the check itself."""
     import time
@@ -401,4 +401,4 @@ def test_many_volumes_are_checked_in_near_linear_time() -> None:
     start = time.perf_counter()
     assert len(parse_volumes(specs, ["s3"])) == 4000
     elapsed = time.perf_counter() - start
-    assert elapsed < 0.5, f"{elapsed:.3f} s"
+    assert elapsed < 1.0, f"{elapsed:.3f} s"  # measured: 0.13 s (8 million pairs: 6 s)
