@@ -23,6 +23,26 @@ from gpulab.datasync.manifest import LOCK_NAME, MANIFEST_NAME
 SECRET = b"the victim's train.py: must never change\n"
 
 
+@pytest.fixture(autouse=True, params=["openat2", "walk"])
+def resolver(request, monkeypatch):
+    """Every test twice: paths opened in one openat2 call where the kernel has it, and one
+    component at a time (old kernels, seccomp profiles without openat2)."""
+    from gpulab.datasync.localtree import openat2
+
+    if request.param == "walk":
+        monkeypatch.setattr(openat2, "available", False)
+    else:
+        root = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fd = openat2(root, "tmp", os.O_RDONLY | os.O_DIRECTORY)
+        finally:
+            os.close(root)
+        if fd is None:
+            pytest.skip("this kernel (or its seccomp profile) has no openat2")
+        os.close(fd)
+    return request.param
+
+
 @pytest.fixture
 def victim(tmp_path: Path) -> Path:
     """A file outside every volume and outside the store prefix of the sync under test."""

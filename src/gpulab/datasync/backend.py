@@ -41,8 +41,13 @@ class Remote(Protocol):
         unless ``markers``."""
         ...
 
-    def download(self, obj: RemoteObject, dest: Path) -> Transferred:
-        """Write the object's content to ``dest`` and verify its size and checksum."""
+    def download(self, obj: RemoteObject, dest: Path, fd: int | None = None) -> Transferred:
+        """Write the object's content to ``dest`` and verify its size and checksum.
+
+        ``fd``, when given, is an open, empty, writable descriptor of ``dest``: the engine's
+        temporary file, created without following links. Backends write through it (see
+        :func:`.hashing.open_target`), and open the name only where they must (a library
+        that takes a name, O_DIRECT): the name resolves to that same file."""
         ...
 
     def upload(self, key: str, src: Path, digest: FileDigest) -> Transferred:

@@ -233,9 +233,10 @@ def _pull_one(
     """Download ``obj`` to ``rel`` unless that would lose a local change.
 
     Each directory on the way is opened (made if missing) without following links; the
-    object goes to a new temporary file (``O_EXCL|O_NOFOLLOW``) in that directory, handed to
-    the backend as a ``/proc/self/fd/<dir>/<name>`` path, then renamed over ``rel`` within
-    the directory descriptor: nothing outside the local tree can be written or read."""
+    object goes to a new temporary file (``O_EXCL|O_NOFOLLOW``) in that directory, written
+    through its descriptor (or, for libraries that need a name, through the path
+    ``/proc/self/fd/<dir>/<name>``), then renamed over ``rel`` within the directory
+    descriptor: nothing outside the local tree can be written or read."""
     with root.parent_of(rel, create=True) as (dirfd, name):
         st = lstat_at(dirfd, name)
         if st is not None:
@@ -262,13 +263,14 @@ def _pull_one(
                     raise Conflict(
                         "changed both locally and remotely since the last sync; kept local"
                     )
-        tmp = create_temp(dirfd)
+        tmp, fd = create_temp(dirfd)
         placed = False
         try:
-            got = remote.download(obj, fd_path(dirfd, tmp))
+            got = remote.download(obj, fd_path(dirfd, tmp), fd)
             os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
             placed = True
         finally:
+            os.close(fd)
             if not placed:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp, dir_fd=dirfd)

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .backend import DeleteOutcome
-from .hashing import FileDigest, hash_file
+from .hashing import FileDigest, hash_file, open_target
 from .localtree import RESERVED_PREFIX
 from .models import IntegrityError, RemoteObject, Transferred, UnsafeKey
 
@@ -35,11 +35,12 @@ def _etag(st: os.stat_result) -> str:
     return f"{st.st_size:x}-{st.st_mtime_ns:x}"
 
 
-def _copy(src: Path, dest: Path) -> tuple[int, str]:
-    """Copy src to dest (fsynced); return (size, sha256 hex) of what was written."""
+def _copy(src: Path, dest: Path, fd: int | None = None) -> tuple[int, str]:
+    """Copy src to dest (or through ``fd``, see :func:`.hashing.open_target`), fsynced;
+    return (size, sha256 hex) of what was written."""
     sha = hashlib.sha256()
     size = 0
-    with open(src, "rb") as fin, open(dest, "wb") as fout:
+    with open(src, "rb") as fin, open_target(dest, fd) as fout:
         while chunk := fin.read(_BUF):
             fout.write(chunk)
             sha.update(chunk)
@@ -88,14 +89,14 @@ class FilesystemRemote:
     def _meta_path(self, key: str) -> Path:
         return self.meta / f"{key}.json"
 
-    def download(self, obj: RemoteObject, dest: Path) -> Transferred:
+    def download(self, obj: RemoteObject, dest: Path, fd: int | None = None) -> Transferred:
         path = self.data / _safe_key(obj.key)
         try:
             meta = json.loads(self._meta_path(obj.key).read_text())
         except FileNotFoundError:
             meta = None
         st = os.stat(path)
-        size, sha = _copy(path, dest)
+        size, sha = _copy(path, dest, fd)
         if size != st.st_size:
             raise IntegrityError(f"size mismatch: read {size} bytes, object has {st.st_size}")
         if meta is not None and (meta["size"] != size or meta["sha256"] != sha):

@@ -7,6 +7,7 @@ import hashlib
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 _BUF = 4 * 1024 * 1024
 
@@ -96,6 +97,15 @@ class StreamHasher:
             multipart_etag=multipart,
             crc32=self._crc,
         )
+
+
+def open_target(dest: Path | int, fd: int | None = None) -> BinaryIO:
+    """``dest`` opened for writing, unbuffered: through ``fd`` when given (left open: its
+    owner closes it), else by name (created or emptied). A name opens the file anew, which
+    for the engine's ``/proc/self/fd/...`` paths costs a lookup in /proc per file."""
+    if fd is not None:
+        return open(fd, "wb", buffering=0, closefd=False)
+    return open(dest, "wb", buffering=0)
 
 
 def hash_file(path: Path | int, *, md5: bool = False, part_size: int | None = None) -> FileDigest:

@@ -11,6 +11,12 @@ paths, are handed ``/proc/self/fd/...`` paths of descriptors opened this way
 (:func:`fd_path`): the kernel resolves them to the very file or directory opened, without
 reading the workload's names again.
 
+Where the kernel has ``openat2`` (Linux 5.6+) and the container's seccomp profile allows it,
+a whole relative path is opened in one call that refuses any link on the way
+(``RESOLVE_NO_SYMLINKS``): a push or a pull then costs one ``open`` per file, not one per
+directory level. Elsewhere, and to say which component was in the way, the same is done one
+component at a time.
+
 Linux only (``/proc/self/fd``, and ``O_DIRECTORY``/``O_NOFOLLOW`` with ``dir_fd``), like the
 sync helper container that runs it.
 """
@@ -22,6 +28,7 @@ import errno
 import os
 import shutil
 import stat
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +47,78 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 # what openat answers for a link (ELOOP; ENOTDIR with O_DIRECTORY) or a non-directory
 _NOT_FOLLOWED = (errno.ELOOP, errno.ENOTDIR)
+
+
+_SYS_OPENAT2 = 437  # one number on every architecture (the unified syscall table)
+_RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 0x04, 0x08
+# where openat2 itself is missing (old kernel), refused (seccomp: EPERM) or unknown
+_NO_OPENAT2 = (errno.ENOSYS, errno.EPERM, errno.E2BIG, errno.EINVAL)
+
+
+class _Openat2:
+    """``openat2(dirfd, path, {flags, 0, RESOLVE_NO_SYMLINKS|RESOLVE_BENEATH})`` through
+    ctypes, loaded on first use; :meth:`__call__` answers None where it is unavailable."""
+
+    def __init__(self) -> None:
+        self.available: bool | None = None  # None: not tried yet
+        self._lock = threading.Lock()
+        self._call = None
+
+    def _load(self) -> None:
+        with self._lock:
+            if self._call is not None or self.available is False:
+                return
+            try:
+                import ctypes
+
+                libc = ctypes.CDLL(None, use_errno=True)
+                syscall = libc.syscall
+            except (ImportError, OSError, AttributeError):
+                self.available = False
+                return
+
+            class OpenHow(ctypes.Structure):
+                _fields_ = [  # noqa: RUF012 (ctypes wants a list)
+                    ("flags", ctypes.c_uint64),
+                    ("mode", ctypes.c_uint64),
+                    ("resolve", ctypes.c_uint64),
+                ]
+
+            size = ctypes.c_size_t(ctypes.sizeof(OpenHow))
+            number = ctypes.c_long(_SYS_OPENAT2)
+            resolve = _RESOLVE_NO_SYMLINKS | _RESOLVE_BENEATH
+
+            def call(dirfd: int, path: str, flags: int) -> tuple[int, int]:
+                how = OpenHow(flags, 0, resolve)
+                fd = syscall(
+                    number, ctypes.c_int(dirfd), os.fsencode(path), ctypes.byref(how), size
+                )
+                return fd, ctypes.get_errno() if fd < 0 else 0
+
+            self._call = call
+
+    def __call__(self, dirfd: int, path: str, flags: int) -> int | None:
+        """A descriptor of ``path`` below ``dirfd`` reached without any link; None if
+        openat2 cannot be used (then walk); OSError as ``open`` raises it otherwise
+        (ELOOP for a link on the way, ENOTDIR for a file where a directory is needed)."""
+        if self.available is False:
+            return None
+        if self._call is None:
+            self._load()
+            if self._call is None:
+                return None
+        fd, err = self._call(dirfd, path, flags)
+        if fd >= 0:
+            self.available = True
+            return fd
+        if err in _NO_OPENAT2:
+            if not self.available:  # never worked here: the kernel or seccomp lacks it
+                self.available = False
+            return None
+        raise OSError(err, os.strerror(err), path)
+
+
+openat2 = _Openat2()
 
 
 class InTheWay(Conflict):
@@ -135,6 +214,16 @@ class LocalRoot:
         (and not ``create``); InTheWay if a link or a non-directory is in the way."""
         *dirs, name = rel.split("/")
         fd = self.fd
+        if dirs:  # the fast way first: the whole directory path in one call
+            fast = None
+            with contextlib.suppress(OSError):  # missing or in the way: walk, to say which
+                fast = openat2(self.fd, "/".join(dirs), _DIR_FLAGS)
+            if fast is not None:
+                try:
+                    yield fast, name
+                finally:
+                    os.close(fast)
+                return
         try:
             for i, part in enumerate(dirs):
                 child = self._step(fd, part, create, "/".join(dirs[: i + 1]))
@@ -149,6 +238,13 @@ class LocalRoot:
     def open_file(self, rel: str) -> int:
         """A read-only descriptor of the regular file at ``rel`` (the caller closes it);
         InTheWay if a link or anything but a regular file is there or on the way."""
+        fd = None
+        with contextlib.suppress(OSError):  # missing or in the way: walk, to say which
+            fd = openat2(self.fd, rel, _FILE_FLAGS)
+        if fd is not None:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
         with self.parent_of(rel) as (dirfd, name):
             fd = open_regular(dirfd, name, rel)
         return fd
@@ -231,11 +327,11 @@ def open_regular(dirfd: int, name: str, rel: str) -> int:
     return fd
 
 
-def create_temp(dirfd: int) -> str:
+def create_temp(dirfd: int) -> tuple[str, int]:
     """Create an empty temporary file in ``dirfd`` (``O_EXCL|O_NOFOLLOW``: a name that already
-    exists, a link included, is never opened) and return its name. Same directory as the file
-    it will replace, so that the final rename is atomic."""
+    exists, a link included, is never opened); return its name and a writable descriptor
+    (the caller closes it). Same directory as the file it will replace, so that the final
+    rename is atomic."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     name = temp_name()
-    os.close(os.open(name, flags, 0o666, dir_fd=dirfd))
-    return name
+    return name, os.open(name, flags, 0o666, dir_fd=dirfd)

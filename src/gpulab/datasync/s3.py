@@ -33,7 +33,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
 from .first_page import FirstPage
-from .hashing import FileDigest, StreamHasher, hash_file
+from .hashing import FileDigest, StreamHasher, hash_file, open_target
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
 from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, SizedBody, receive_file
 from .s3_settings import S3Settings
@@ -236,16 +236,17 @@ class S3Remote:
 
     # -- downloads -----------------------------------------------------------------------
 
-    def download(self, obj: RemoteObject, dest: Path) -> Transferred:
-        what = f"get {obj.key}"
-        with _translated(what):
+    def download(self, obj: RemoteObject, dest: Path, fd: int | None = None) -> Transferred:
+        """Ranged downloads go by name (boto3 writes ``<dest>.<random>``, then renames it);
+        the others write through ``fd`` when given (see :func:`.hashing.open_target`)."""
+        with _translated(f"get {obj.key}"):
             if obj.size >= self.settings.multipart_threshold:
                 return self._download_ranged(obj.key, dest)
             if self.direct is not None:
-                got = self._download_direct(obj.key, dest)
+                got = self._download_direct(obj.key, dest, fd)
                 if got is not None:
                     return got
-            return self._download_single(obj.key, dest)
+            return self._download_single(obj.key, dest, fd)
 
     def _hasher_for(
         self, key: str, etag: str, resp: dict[str, Any], *, streamed: bool
@@ -270,7 +271,7 @@ class S3Remote:
             return StreamHasher(md5=True)
         return None if not streamed else StreamHasher(md5=True)
 
-    def _download_direct(self, key: str, dest: Path) -> Transferred | None:
+    def _download_direct(self, key: str, dest: Path, fd: int | None) -> Transferred | None:
         """One GET through :attr:`direct`, hashed as it is written; None: use botocore."""
         assert self.direct is not None
         resp = self.direct.get(key)
@@ -281,14 +282,14 @@ class S3Remote:
             return None
         min_direct = self.settings.direct_io_min_size
         direct = min_direct is not None and info.size >= min_direct
-        receive_file(resp, dest, hasher.update, direct=direct)
+        receive_file(resp, dest, hasher.update, direct=direct, fd=fd)
         digest = hasher.digest()
         if digest.size != info.size:
             raise IntegrityError(f"truncated: received {digest.size} of {info.size} bytes")
         self._verify_download(digest, info.etag, info.as_response(), streamed=False)
         return Transferred(key, digest.size, info.etag, digest.sha256)
 
-    def _download_single(self, key: str, dest: Path) -> Transferred:
+    def _download_single(self, key: str, dest: Path, fd: int | None) -> Transferred:
         """One GET; the body is hashed as it is written (no second pass over the file)."""
         resp = self.client.get_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
         expected = int(resp["ContentLength"])
@@ -297,7 +298,7 @@ class S3Remote:
         try:
             hasher = self._hasher_for(key, etag, resp, streamed=True)
             assert hasher is not None  # streamed: botocore validates what we cannot
-            with open(dest, "wb", buffering=0) as f:
+            with open_target(dest, fd) as f:
                 for chunk in body.iter_chunks(_CHUNK):
                     f.write(chunk)
                     hasher.update(chunk)

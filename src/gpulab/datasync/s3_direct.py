@@ -40,6 +40,7 @@ from urllib3.util import Retry, Timeout
 
 from .credentials import Credentials
 from .first_page import S3_PAGE, FirstPage, bucket_path, encode_query, list_query
+from .hashing import open_target
 from .models import IntegrityError, RemoteObject, RemoteUnavailable
 from .sigv4 import host_header, signer_for
 
@@ -373,9 +374,12 @@ def receive_file(
     on_piece: Callable[[memoryview], object],
     *,
     direct: bool,
+    fd: int | None = None,
 ) -> int:
     """Write the body of a streamed response to ``dest`` (created or emptied), passing each
     piece to ``on_piece`` (the hasher) as it arrives; return the number of bytes received.
+    ``fd``: an empty file's descriptor of ``dest`` to write through (left open) unless
+    ``direct``: ``O_DIRECT`` is an open flag, so direct writes open ``dest`` by name.
 
     With ``direct``, the file is written in aligned 4 MiB blocks with ``O_DIRECT`` where the
     file system allows it (see :class:`BlockFile`), so that the bytes go to the
@@ -386,7 +390,7 @@ def receive_file(
     """
     raw = getattr(resp, "_fp", None)
     if not direct or not isinstance(raw, http.client.HTTPResponse):
-        with open(dest, "wb", buffering=0) as f:
+        with open_target(dest, fd) as f:
 
             def write(piece: memoryview) -> None:
                 f.write(piece)
