@@ -252,10 +252,12 @@ if selected pytorch; then
 fi
 
 if selected sync; then
-    # gpulab's sync modules (stdlib + boto3 only) are copied in; their content is in the hash
+    # gpulab's sync modules (stdlib + boto3 only) are copied in; their content is in the hash.
+    # datasync/cli.py imports gpulab.volumes, which imports bounds and errors (stdlib only)
     pkg=$BUILD/ctx-extra/sync
     rm -rf "$pkg" && mkdir -p "$pkg/gpulab/datasync"
-    cp "$ROOT/src/gpulab/__init__.py" "$ROOT/src/gpulab/volumes.py" "$pkg/gpulab/"
+    cp "$ROOT/src/gpulab/__init__.py" "$ROOT/src/gpulab/volumes.py" "$ROOT/src/gpulab/bounds.py" \
+        "$ROOT/src/gpulab/errors.py" "$pkg/gpulab/"
     cp "$ROOT"/src/gpulab/datasync/*.py "$pkg/gpulab/datasync/"
     before=$(image_id "$SYNC_IMAGE")
     EXTRA_CONTEXT=$pkg EXTRA_HASH=$(cd "$pkg" && find . -type f | sort | xargs cat | sha) \
