@@ -133,6 +133,8 @@ c.JupyterHub.services = [
         "oauth_client_allowed_scopes": [
             "custom:gpulab:jobs:read",
             "custom:gpulab:jobs:manage",
+            "custom:gpulab:notebooks:read",
+            "custom:gpulab:notebooks:manage",
             "custom:gpulab:admin",
         ],
         "display": True,
@@ -146,6 +148,15 @@ c.JupyterHub.custom_scopes = {
         "description": "Submit, interrupt, resume, rerun and delete your own training jobs.",
         "subscopes": ["custom:gpulab:jobs:read"],
     },
+    "custom:gpulab:notebooks:read": {
+        "description": "Read the state, history and usage of your own gpulab notebooks.",
+    },
+    "custom:gpulab:notebooks:manage": {
+        "description": "Retry the push of your own gpulab notebooks.",
+        "subscopes": ["custom:gpulab:notebooks:read"],
+    },
+    # the only thing that makes a gpulab admin: the hub's admin flag does not (a token of an
+    # admin narrowed to other scopes acts with those scopes only)
     "custom:gpulab:admin": {
         "description": "Read and manage every user's gpulab jobs and notebooks.",
     },
@@ -159,11 +170,20 @@ c.JupyterHub.load_roles = [
     },
     {
         "name": "user",
-        "scopes": ["self", "access:services!service=gpulab", "custom:gpulab:jobs:manage"],
+        "scopes": [
+            "self",
+            "access:services!service=gpulab",
+            "custom:gpulab:jobs:manage",
+            "custom:gpulab:notebooks:manage",
+        ],
     },
     {
         "name": "gpulab-admin",
-        "scopes": ["custom:gpulab:admin", "custom:gpulab:jobs:manage"],
+        "scopes": [
+            "custom:gpulab:admin",
+            "custom:gpulab:jobs:manage",
+            "custom:gpulab:notebooks:manage",
+        ],
         "users": [admin],
     },
 ]

@@ -77,7 +77,8 @@ class Hub:
                 c.JupyterHub.load_roles.append({{
                     "name": "test-admin",
                     "scopes": ["admin:users", "admin:servers", "admin:groups", "tokens",
-                               "access:servers", "access:services", "read:users"],
+                               "access:servers", "access:services", "read:users",
+                               "custom:gpulab:admin"],
                     "services": ["test-admin"],
                 }})
                 """

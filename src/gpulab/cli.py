@@ -171,8 +171,7 @@ class Client:
         return r
 
     def describe_error(self, r: requests.Response) -> str:
-        not_authenticated = r.status_code == 403 and "not authenticated" in r.text
-        if r.status_code in (301, 302, 303, 307, 308, 401) or not_authenticated:
+        if r.status_code in (301, 302, 303, 307, 308, 401):
             # the service sends unauthenticated requests to the hub's log-in
             return (
                 f"the hub at {self.url} refused the API token (expired or revoked?): create "
@@ -566,6 +565,18 @@ def _list_params(args: argparse.Namespace) -> list[tuple[str, str]]:
     return params
 
 
+def _all_pages(client: Client, path: str, params: list[tuple[str, str]], key: str) -> dict:
+    """Every page of a list endpoint (500 items a request), as one answer."""
+    rows: list = []
+    offset = 0
+    while True:
+        data = client.json("GET", path, params=[*params, ("limit", "500"), ("offset", str(offset))])
+        rows += data.get(key, [])
+        if not data.get("next") or not data.get(key):
+            return {key: rows, "total": data.get("total", len(rows))}
+        offset = len(rows)
+
+
 def cmd_job_list(args: argparse.Namespace, client: Client) -> int:
     params = _list_params(args)
     if args.state:
@@ -573,7 +584,7 @@ def cmd_job_list(args: argparse.Namespace, client: Client) -> int:
     for label in args.label or []:
         _pairs([label], "KEY", "-l/--label")
         params.append(("label", label))
-    data = client.json("GET", "/jobs", params=params)
+    data = _all_pages(client, "/jobs", params, "jobs")
     if args.output == "json":
         print_json(data)
     else:
@@ -680,7 +691,7 @@ def cmd_usage(args: argparse.Namespace, client: Client) -> int:
 
 
 def cmd_notebook_list(args: argparse.Namespace, client: Client) -> int:
-    data = client.json("GET", "/notebooks", params=_list_params(args))
+    data = _all_pages(client, "/notebooks", _list_params(args), "notebooks")
     if args.output == "json":
         print_json(data)
         return EXIT_OK

@@ -7,6 +7,7 @@ reservations) take SQLite's write lock up front with BEGIN IMMEDIATE.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    text,
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import (
@@ -159,6 +161,23 @@ class Database:
     def session(self) -> Iterator[Session]:
         with self._sessions() as s, s.begin():
             yield s
+
+    @staticmethod
+    def serialize(s: Session, *key: str) -> None:
+        """Make the rest of this transaction exclusive among those that serialize on ``key``
+        (a check followed by an insert, e.g. a user's queue cap or GPU quota).
+
+        SQLite needs nothing: every transaction already holds the write lock (BEGIN
+        IMMEDIATE). PostgreSQL takes a transaction-scoped advisory lock on a 64-bit hash of
+        the key, released at commit or rollback.
+        """
+        if s.get_bind().dialect.name != "postgresql":
+            return
+        digest = hashlib.blake2b("\x00".join(key).encode(), digest_size=8).digest()
+        s.execute(
+            text("SELECT pg_advisory_xact_lock(:k)"),
+            {"k": int.from_bytes(digest, "big", signed=True)},
+        )
 
 
 class Job(Base):

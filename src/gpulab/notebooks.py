@@ -4,11 +4,53 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 
 from .db import Database, Notebook, NotebookEvent
 from .lifecycle import NotebookState, check_notebook_transition, utcnow
+from .resources import Limits, Resources, format_memory, parse_memory
+
+S = NotebookState
+#: notebook states in which a notebook's container may hold CPUs, memory and GPUs
+HOLDING_COMPUTE = frozenset({S.STARTING.value, S.RUNNING.value, S.STOPPING.value})
+
+
+class LimitExceeded(Exception):
+    """Starting this notebook would take the user's notebooks beyond their limits."""
+
+
+def sum_resources(items) -> Resources:
+    """The sum of notebooks' recorded resources ({cpus, memory, gpus} as in to_json)."""
+    cpus, memory, gpus = 0.0, 0, 0
+    for r in items:
+        if not r:
+            continue
+        cpus += float(r.get("cpus", 0))
+        memory += parse_memory(r["memory"]) if r.get("memory") else 0
+        gpus += int(r.get("gpus", 0))
+    return Resources(cpus=cpus, memory=memory, gpus=gpus)
+
+
+def exceeds(held: Resources, new: Resources, limits: Limits) -> str:
+    """Why ``new`` on top of ``held`` goes beyond ``limits`` ("" if it fits)."""
+    over = []
+    if held.cpus + new.cpus > limits.cpus + 1e-9:
+        over.append(f"{held.cpus:g} CPUs in use + {new.cpus:g} > {limits.cpus:g}")
+    if held.memory + new.memory > limits.memory:
+        over.append(
+            f"{format_memory(held.memory)} memory in use + {format_memory(new.memory)} > "
+            f"{format_memory(limits.memory)}"
+        )
+    if held.gpus + new.gpus > limits.gpus:
+        over.append(f"{held.gpus} GPUs in use + {new.gpus} > {limits.gpus}")
+    if not over:
+        return ""
+    return (
+        "your running notebooks together may hold at most "
+        f"{limits.describe()}; this one would exceed that ({'; '.join(over)}): stop another "
+        "notebook or ask for less"
+    )
 
 
 def notebook_json(nb: Notebook) -> dict:
@@ -66,24 +108,80 @@ class NotebookRecords:
         """Move a notebook to ``state`` (checked against the lifecycle) and record why."""
         with self.db.session() as s:
             nb = self._find(s, user, server)
-            old = NotebookState(nb.state) if nb else None
-            check_notebook_transition(old, state)
-            now = utcnow()
-            if nb is None:
-                nb = Notebook(instance=self.instance, user=user, server=server, state=state.value)
-                s.add(nb)
-            for key, value in fields.items():
-                setattr(nb, key, value)
-            nb.state = state.value
-            nb.updated = now
-            nb.running_since = now if state is NotebookState.RUNNING else None
-            nb.events.append(
-                NotebookEvent(
-                    at=now, state=state.value, reason=reason, message=message, exit_code=exit_code
-                )
-            )
+            nb = self._apply(s, nb, user, server, state, reason, message, exit_code, fields)
             s.flush()
             return notebook_json(nb)
+
+    def _apply(
+        self,
+        s,
+        nb: Notebook | None,
+        user: str,
+        server: str,
+        state: NotebookState,
+        reason: str,
+        message: str,
+        exit_code: int | None,
+        fields: dict,
+    ) -> Notebook:
+        old = NotebookState(nb.state) if nb else None
+        check_notebook_transition(old, state)
+        now = utcnow()
+        if nb is None:
+            nb = Notebook(instance=self.instance, user=user, server=server, state=state.value)
+            s.add(nb)
+        for key, value in fields.items():
+            setattr(nb, key, value)
+        nb.state = state.value
+        nb.updated = now
+        nb.running_since = now if state is NotebookState.RUNNING else None
+        nb.events.append(
+            NotebookEvent(
+                at=now, state=state.value, reason=reason, message=message, exit_code=exit_code
+            )
+        )
+        return nb
+
+    def start(
+        self,
+        user: str,
+        server: str,
+        resources: Resources,
+        limits: Limits,
+        *,
+        reason: str = "",
+        message: str = "",
+        **fields,
+    ) -> dict:
+        """STARTING, admitted against the user's limits for all their notebooks together.
+
+        The resources held by the user's other notebooks that hold compute (STARTING, RUNNING,
+        STOPPING) plus this one's must stay within ``limits``. The check and the transition
+        are one transaction, serialized per user, so two spawns at once cannot both take the
+        last share. A refusal is recorded too (STARTING, then FAILED with LIMIT_EXCEEDED) and
+        raised as :class:`LimitExceeded`.
+        """
+        with self.db.session() as s:
+            self.db.serialize(s, "gpulab-notebooks", self.instance, user)
+            others = s.scalars(
+                select(Notebook.options).where(
+                    Notebook.instance == self.instance,
+                    Notebook.user == user,
+                    Notebook.server != server,
+                    Notebook.state.in_(HOLDING_COMPUTE),
+                )
+            ).all()
+            held = sum_resources(o.get("resources") for o in others if o)
+            why = exceeds(held, resources, limits)
+            nb = self._find(s, user, server)
+            nb = self._apply(s, nb, user, server, S.STARTING, reason, message, None, fields)
+            if why:
+                self._apply(s, nb, user, server, S.FAILED, "LIMIT_EXCEEDED", why, None, {})
+            s.flush()
+            result = notebook_json(nb)
+        if why:  # raised once the refusal is committed: the history keeps it
+            raise LimitExceeded(why)
+        return result
 
     def set_stop_reason(self, user: str, server: str, reason: str, message: str) -> None:
         with self.db.session() as s:
@@ -117,6 +215,23 @@ class NotebookRecords:
                 q = q.where(Notebook.user == user)
             q = q.options(selectinload(Notebook.events)).order_by(Notebook.user, Notebook.server)
             return [notebook_json(nb) for nb in s.scalars(q)]
+
+    def page(self, user: str | None, limit: int, offset: int) -> tuple[list[dict], int]:
+        """One page of :meth:`list` (by user, then server) and how many there are in all."""
+        with self.db.session() as s:
+            where = [Notebook.instance == self.instance]
+            if user is not None:
+                where.append(Notebook.user == user)
+            total = s.scalar(select(func.count()).select_from(Notebook).where(*where))
+            q = (
+                select(Notebook)
+                .where(*where)
+                .options(selectinload(Notebook.events))
+                .order_by(Notebook.user, Notebook.server)
+                .limit(limit)
+                .offset(offset)
+            )
+            return [notebook_json(nb) for nb in s.scalars(q)], total
 
     def billed_minutes(self, user: str) -> int:
         """RUNNING time of the user's notebooks, per commenced minute (per notebook)."""

@@ -14,6 +14,7 @@ from traitlets.config import Configurable
 from . import __version__
 from .bounds import MAX_REQUEST_BODY
 from .frameworks import Catalog
+from .jobs.scheduler import Quota, quota_for
 from .resources import Flavor, Limits, effective_limits
 from .storage import StorageConfig
 
@@ -86,7 +87,9 @@ class GpulabSettings(Configurable):
 
     max_resources = Dict(
         default_value={"cpus": 2, "memory": "16G", "gpus": 2},
-        help="Most that one notebook of any user may ask for: {cpus, memory, gpus}.",
+        help="Most that one user's notebooks may hold together (STARTING, RUNNING and "
+        "STOPPING ones): {cpus, memory, gpus}. GPUs also count against the user's GPU quota "
+        "(job_quota), shared with their jobs.",
     ).tag(config=True)
 
     user_max_resources = Dict(
@@ -151,18 +154,30 @@ class GpulabSettings(Configurable):
     ).tag(config=True)
 
     job_quota = Dict(
-        default_value={"gpus": None, "jobs": None},
-        help="""Default quota of a user's jobs: {gpus, jobs} (None = unlimited) counting their
-        INITIALIZING, PENDING and RUNNING jobs; preemptible jobs may go beyond it on idle GPUs.""",
+        default_value={"gpus": 2, "jobs": 4},
+        help="""Default quota of a user: {gpus, jobs}. ``gpus``: the most GPUs the user may hold
+        in quota, their notebooks and their INITIALIZING, PENDING and RUNNING jobs together;
+        ``jobs``: the most of those jobs at once. None means unlimited (not advised on a shared
+        host). Preemptible jobs may go beyond it on idle GPUs and are preempted for in-quota
+        work.""",
     ).tag(config=True)
 
     user_job_quotas = Dict(
-        default_value={}, help="Per-user job quotas {user: {gpus, jobs}}; they win over groups."
+        default_value={},
+        help="Per-user quotas {user: {gpus, jobs}} (see job_quota); they win over groups.",
     ).tag(config=True)
 
     group_job_quotas = Dict(
         default_value={},
-        help="Per-group job quotas {group: {gpus, jobs}}; a member gets the most generous.",
+        help="Per-group quotas {group: {gpus, jobs}} (see job_quota); a member gets the most "
+        "generous of their groups'.",
+    ).tag(config=True)
+
+    max_user_priority = Integer(
+        50,
+        help="""Highest job priority (0-100) a user may ask for; higher ones need the
+        custom:gpulab:admin scope. Priority orders every user's queued jobs together, so the
+        default lets users lower theirs but not jump ahead of others'.""",
     ).tag(config=True)
 
     max_queued_jobs = Integer(
@@ -176,6 +191,17 @@ class GpulabSettings(Configurable):
         submission within the other caps (docs/limits.md). A body declared larger is read
         and discarded, unbuffered, up to 64 times this size; a chunked one is buffered up to
         four times this size; past those the connection is closed.""",
+    ).tag(config=True)
+
+    container_log_max_size = Unicode(
+        "10m",
+        help="""Largest log file of one notebook or job container before Docker rotates it
+        (json-file driver, a Docker size such as 10m or 1g). With container_log_max_files it
+        bounds each container's log on disk; a job's saved log keeps its last 10 MiB.""",
+    ).tag(config=True)
+
+    container_log_max_files = Integer(
+        3, help="Rotated log files Docker keeps per notebook or job container (at least 1)."
     ).tag(config=True)
 
     preemption_grace = Float(
@@ -268,6 +294,24 @@ class GpulabSettings(Configurable):
     @cached_property
     def flavor_map(self) -> dict[str, Flavor]:
         return {f["id"]: Flavor.from_config(f) for f in self.flavors}
+
+    def quota_for(self, user: str, groups) -> Quota:
+        """The user's quota (their own, else the most generous of their groups', else the
+        default): GPUs of notebooks and in-quota jobs together, and active jobs."""
+
+        def q(d) -> Quota:
+            return Quota(gpus=d.get("gpus"), jobs=d.get("jobs"))
+
+        return quota_for(
+            user,
+            groups,
+            q(self.job_quota),
+            {u: q(d) for u, d in self.user_job_quotas.items()},
+            {g: q(d) for g, d in self.group_job_quotas.items()},
+        )
+
+    def gpu_quota_for(self, user: str, groups) -> int | None:
+        return self.quota_for(user, groups).gpus
 
     def limits_for(self, user: str, groups) -> Limits:
         return effective_limits(

@@ -23,9 +23,9 @@ from traitlets import Float, Unicode, default
 from . import __version__
 from .db import Database
 from .gpus.inventory import load_inventory
-from .gpus.ledger import GpuLedger, NoGpuAvailable
+from .gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from .lifecycle import InvalidTransition, NotebookState
-from .notebooks import NotebookRecords
+from .notebooks import LimitExceeded, NotebookRecords
 from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
 from .resources import container_limits, format_memory
 from .runtime.docker import APIError, DockerRuntime, EngineError
@@ -33,6 +33,7 @@ from .runtime.network import NetworkUnavailable
 from .runtime.objects import (
     gpu_request,
     hardened_host_config,
+    log_options,
     notebook_container_name,
     notebook_volume_name,
     notebook_workload_id,
@@ -309,14 +310,25 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
             f"{opts.framework} {opts.version} with {opts.editor}; "
             f"{res.cpus:g} CPU, {format_memory(res.memory)}, {res.gpus} GPU"
         )
-        await self._record(
-            S.STARTING,
-            reason="SPAWN",
-            message=summary,
-            options=opts.to_json(),
-            user_options=dict(self.user_options or {}),
-            container=self.object_name,
-        )
+        groups = self._user_groups()
+        try:
+            await self.runtime.run(
+                self.records.start,
+                user,
+                server,
+                res,
+                s.limits_for(user, groups),
+                reason="SPAWN",
+                message=summary,
+                options=opts.to_json(),
+                user_options=dict(self.user_options or {}),
+                container=self.object_name,
+            )
+        except LimitExceeded as e:
+            self._progress(100, f"FAILED: {e}")
+            raise SpawnFailed(409, str(e)) from None
+        except InvalidTransition as e:
+            self.log.warning("%s: not recorded: %s", self._log_name, e)
         self._progress(5, f"Options validated: {summary}")
         await self._reconcile_once()
 
@@ -324,8 +336,16 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
         self._progress(15, f"Reserving {res.gpus} GPU(s)" if res.gpus else "No GPU requested")
         try:
             self.gpu_ids = await self.runtime.run(
-                self.ledger.reserve, self.workload_id, user, "notebook", res.gpus
+                self.ledger.reserve,
+                self.workload_id,
+                user,
+                "notebook",
+                res.gpus,
+                quota=s.gpu_quota_for(user, groups),
             )
+        except GpuQuotaExceeded as e:
+            await self._fail(S.FAILED, "GPU_QUOTA_EXCEEDED", str(e))
+            raise SpawnFailed(409, str(e)) from None
         except NoGpuAvailable as e:
             await self._fail(S.FAILED, "NO_GPU_AVAILABLE", str(e))
             raise SpawnFailed(409, str(e)) from None
@@ -354,6 +374,7 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
         limits = container_limits(res, s.pids_limit, s.shm_fraction)
         self.extra_host_config = {
             **hardened_host_config(),
+            **log_options(s.container_log_max_size, s.container_log_max_files),
             **limits.host_config(),
             **gpu_host,
             # keep an exited container until stop() removes it, so its exit code can be read

@@ -296,9 +296,9 @@ def test_api_errors_are_json_for_api_clients(hub):
     r = requests.get(
         f"{base}/jobs", headers={"Authorization": "token nope"}, timeout=30, allow_redirects=False
     )
-    assert r.status_code == 403 and "invalid or expired token" in r.json()["message"]
+    assert r.status_code == 401 and "invalid or expired token" in r.json()["message"]
     r = requests.post(f"{base}/jobs", json={"command": ["true"]}, timeout=30)
-    assert r.status_code == 403 and "hub API token" in r.json()["message"]
+    assert r.status_code == 401 and "hub API token" in r.json()["message"]
     r = requests.get(f"{base}/jobs/NOT-AN-ID", timeout=30)
     assert r.status_code == 404 and r.json()["message"].startswith("no such path")
 

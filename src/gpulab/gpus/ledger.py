@@ -16,7 +16,7 @@ from datetime import timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
-from ..db import Database, GpuAllocation
+from ..db import Database, GpuAllocation, Job
 from ..lifecycle import utcnow
 from .inventory import GpuDevice
 
@@ -38,28 +38,55 @@ class NoGpuAvailable(RuntimeError):
         super().__init__(msg)
 
 
+class GpuQuotaExceeded(NoGpuAvailable):
+    """The owner's GPUs (notebooks and in-quota jobs together) would exceed their quota."""
+
+    def __init__(self, asked: int, held: int, quota: int):
+        self.asked, self.held, self.quota = asked, held, quota
+        RuntimeError.__init__(
+            self,
+            f"{asked} GPU(s) requested but you already hold {held} of your quota of {quota} "
+            "(notebooks and jobs together): stop a notebook or wait for a job to end",
+        )
+
+
 class GpuLedger:
     def __init__(self, db: Database, instance: str, devices: Sequence[GpuDevice]):
         self.db = db
         self.instance = instance
         self.devices = list(devices)
 
-    def reserve(self, workload: str, owner: str, kind: str, count: int) -> list[str]:
-        """Give ``count`` free devices to ``workload`` (the ones it holds if it has some)."""
+    def reserve(
+        self, workload: str, owner: str, kind: str, count: int, quota: int | None = None
+    ) -> list[str]:
+        """Give ``count`` free devices to ``workload`` (the ones it holds if it has some).
+
+        ``quota``: the most GPUs ``owner`` may hold in quota, notebooks and jobs together
+        (None: no limit). GPUs lent to the owner's over-quota (preemptible) jobs do not count.
+        The count and the insert are one transaction, serialized per owner, so that two
+        reservations at once cannot overshoot it (GpuQuotaExceeded).
+        """
         if count <= 0:
             return []
         for attempt in range(RESERVE_ATTEMPTS):
             try:
                 with self.db.session() as s:
+                    if quota is not None:
+                        self.db.serialize(s, "gpulab-gpus", self.instance, owner)
                     held = s.execute(
-                        select(GpuAllocation.device, GpuAllocation.workload).where(
-                            GpuAllocation.instance == self.instance
-                        )
+                        select(
+                            GpuAllocation.device, GpuAllocation.workload, GpuAllocation.owner
+                        ).where(GpuAllocation.instance == self.instance)
                     ).all()
-                    mine = [d for d, w in held if w == workload]
+                    mine = [d for d, w, _ in held if w == workload]
                     if mine:
                         return sorted(mine)
-                    busy = {d for d, _ in held}
+                    if quota is not None:
+                        lent = self._lent_workloads(s, owner)
+                        in_quota = sum(1 for _, w, o in held if o == owner and w not in lent)
+                        if in_quota + count > quota:
+                            raise GpuQuotaExceeded(count, in_quota, quota)
+                    busy = {d for d, _, _ in held}
                     free = [d.id for d in self.devices if d.id not in busy]
                     if len(free) < count:
                         raise NoGpuAvailable(count, len(self.devices), len(busy))
@@ -82,6 +109,17 @@ class GpuLedger:
                 log.info("GPU reservation for %s raced another; retrying", workload)
                 time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
         raise RuntimeError(f"GPU reservation for {workload} kept racing; try again")
+
+    def _lent_workloads(self, s, owner: str) -> set[str]:
+        """Workloads of ``owner``'s jobs that run over quota on lent GPUs."""
+        from ..runtime.objects import job_workload_id
+
+        ids = s.scalars(
+            select(Job.id).where(
+                Job.instance == self.instance, Job.owner == owner, Job.over_quota == 1
+            )
+        )
+        return {job_workload_id(self.instance, i) for i in ids}
 
     def release(self, workload: str) -> list[str]:
         with self.db.session() as s:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 
 from ..db import Database, Job, JobEvent
@@ -26,6 +26,18 @@ ACTIVE = frozenset(
 ENDED = frozenset(
     {JobState.DONE, JobState.INTERRUPTED, JobState.FAILED, JobState.ERROR, JobState.SYNC_FAILED}
 )
+
+UNFINISHED_VALUES = frozenset({JobState.QUEUED.value} | {x.value for x in ACTIVE})
+
+
+class QueueFull(Exception):
+    """The owner already has as many queued or active jobs as allowed."""
+
+    def __init__(self, count: int, cap: int):
+        self.count, self.cap = count, cap
+        super().__init__(
+            f"you have {count} jobs queued or running; the most is {cap}: wait for some to end"
+        )
 
 
 def _iso(t: datetime | None) -> str | None:
@@ -83,11 +95,34 @@ class JobRecords:
         )
         return job
 
-    def create(self, owner: str, spec: dict, name: str | None, groups=()) -> dict:
+    def create(
+        self,
+        owner: str,
+        spec: dict,
+        name: str | None,
+        groups=(),
+        max_unfinished: int | None = None,
+    ) -> dict:
+        """Insert a QUEUED job. ``max_unfinished``: the most jobs ``owner`` may have queued or
+        active; counted and inserted in one transaction serialized per owner, so that
+        concurrent submissions cannot overshoot it (QueueFull)."""
         job_id = "j" + secrets.token_hex(6)
         name = name or f"job-{job_id[1:]}"  # unnamed jobs are named after their unique id
         now = utcnow()
         with self.db.session() as s:
+            if max_unfinished is not None:
+                self.db.serialize(s, "gpulab-queue", self.instance, owner)
+                unfinished = s.scalar(
+                    select(func.count())
+                    .select_from(Job)
+                    .where(
+                        Job.instance == self.instance,
+                        Job.owner == owner,
+                        Job.state.in_(UNFINISHED_VALUES),
+                    )
+                )
+                if unfinished >= max_unfinished:
+                    raise QueueFull(unfinished, max_unfinished)
             job = Job(
                 id=job_id,
                 instance=self.instance,
@@ -204,6 +239,43 @@ class JobRecords:
             ]
         return rows
 
+    def page(
+        self,
+        owner: str | None,
+        states: set[str] | None,
+        labels: dict[str, str] | None,
+        limit: int,
+        offset: int,
+    ) -> tuple[list[dict], int]:
+        """One page of :meth:`list` (oldest first, then by id) and how many match in all.
+
+        The filter runs on a light query (ids and specs, no histories); only the page's jobs
+        are loaded whole, so a long history of jobs costs one page's work per request.
+        """
+        with self.db.session() as s:
+            q = select(Job.id, Job.spec).where(Job.instance == self.instance)
+            if owner is not None:
+                q = q.where(Job.owner == owner)
+            if states:
+                q = q.where(Job.state.in_(states))
+            ids = [
+                job_id
+                for job_id, spec in s.execute(q.order_by(Job.submitted, Job.id))
+                if not labels
+                or all(((spec or {}).get("labels") or {}).get(k) == v for k, v in labels.items())
+            ]
+            wanted = ids[offset : offset + limit]
+            if not wanted:
+                return [], len(ids)
+            rows = s.scalars(
+                select(Job)
+                .where(Job.instance == self.instance, Job.id.in_(wanted))
+                .options(selectinload(Job.events))
+            ).all()
+            now = utcnow()
+            by_id = {j.id: job_json(j, now) for j in rows}
+            return [by_id[i] for i in wanted if i in by_id], len(ids)
+
     def active_and_queued(self) -> list[dict]:
         """What the scheduler needs, without histories (it runs several times a second)."""
         wanted = {JobState.QUEUED.value} | {s.value for s in ACTIVE}
@@ -225,10 +297,11 @@ class JobRecords:
                 for j in s.scalars(q.order_by(Job.submitted))
             ]
 
-    def ended_with_container(self) -> list[tuple[str, str, datetime]]:
-        """(id, container, updated) of ended jobs whose container is still there."""
+    def ended_with_container(self) -> list[tuple[str, str, datetime, str, dict]]:
+        """(id, container, updated, state, spec) of ended jobs whose container is still
+        there."""
         with self.db.session() as s:
-            q = select(Job.id, Job.container, Job.updated).where(
+            q = select(Job.id, Job.container, Job.updated, Job.state, Job.spec).where(
                 Job.instance == self.instance,
                 Job.state.in_({e.value for e in ENDED}),
                 Job.container != "",

@@ -12,7 +12,8 @@ Rules
    (oldest first: FIFO within a priority), then id (for determinism).
 2. **Quota.** A user's quota (:func:`quota_for`: their own, else the most generous of their
    groups field by field, else the default; ``None`` means unlimited) caps the GPUs and the
-   number of their *in-quota* active jobs (INITIALIZING, PENDING, RUNNING). Over-quota jobs do
+   number of their *in-quota* active jobs (INITIALIZING, PENDING, RUNNING). The GPUs their
+   notebooks hold (``held_outside``) count against the same GPU quota. Over-quota jobs do
    not count. A zero-GPU job needs no device but counts as one job.
 3. **In-quota first.** A first pass starts the jobs that fit within their owner's quota, in
    order, on free GPUs. A job that does not fit does not block lower ones that do (backfill).
@@ -165,6 +166,7 @@ def plan(
     default_quota: Quota | None = None,
     user_quotas: Mapping[str, Quota] | None = None,
     group_quotas: Mapping[str, Quota] | None = None,
+    held_outside: Mapping[str, int] | None = None,
 ) -> Plan:
     """Decide what starts now and what is preempted (see the module's rules)."""
     default_quota = default_quota or Quota()
@@ -175,7 +177,7 @@ def plan(
         return quota_for(owner, groups, default_quota, user_quotas, group_quotas)
 
     free = list(dict.fromkeys(free_devices))
-    gpus_used: dict[str, int] = {}
+    gpus_used: dict[str, int] = dict(held_outside or {})
     jobs_used: dict[str, int] = {}
     incoming = sum(a.gpus for a in active if a.releasing)  # GPUs about to be free
     for a in active:

@@ -35,6 +35,7 @@ from ..runtime.objects import (
     job_container_config,
     job_container_name,
     job_workload_id,
+    log_options,
     workload_labels,
 )
 from ..workload_data import VolumeSync, WorkloadData, push_all, push_verdict, volume_name
@@ -47,6 +48,7 @@ J = JobState
 RUNNER = str(Path(__file__).resolve().parent.parent / "runtime" / "job_runner.sh")
 MAX_HANG_RESTARTS = 3
 LOG_KEEP_BYTES = 10 * 1024 * 1024
+LOG_KEEP_LINES = 200_000  # asked of the engine: the tail, not the whole log
 # less CPU than this share of one core over a hang period counts as "no CPU progress"
 HANG_CPU_SHARE = 0.01
 
@@ -156,8 +158,13 @@ class JobSupervisor:
                 )
         if not queued:
             return
-        held = {a["device"] for a in await self.db(self.ledger.allocations)}
+        allocations = await self.db(self.ledger.allocations)
+        held = {a["device"] for a in allocations}
         free = [d.id for d in self.ledger.devices if d.id not in held]
+        notebook_gpus: dict[str, int] = {}  # count against the same per-user GPU quota
+        for a in allocations:
+            if a["kind"] == "notebook":
+                notebook_gpus[a["owner"]] = notebook_gpus.get(a["owner"], 0) + 1
         p = plan(
             queued,
             active,
@@ -165,20 +172,25 @@ class JobSupervisor:
             default_quota=_quota(self.s.job_quota),
             user_quotas={u: _quota(q) for u, q in self.s.user_job_quotas.items()},
             group_quotas={g: _quota(q) for g, q in self.s.group_job_quotas.items()},
+            held_outside=notebook_gpus,
         )
         for victim in p.preempt:
             log.info("preempting %s for in-quota work", victim)
             await self.db(self.records.update, victim, request="preempt")
-        owners = {j["id"]: j["owner"] for j in jobs}
+        owners = {j["id"]: (j["owner"], j["groups"]) for j in jobs}
         for placement in p.start:
             job_id = placement.job_id
+            owner, groups = owners[job_id]
+            # in quota: checked again atomically, as a notebook may take GPUs meanwhile
+            quota = None if placement.over_quota else self.s.gpu_quota_for(owner, groups)
             try:
                 devices = await self.db(
                     self.ledger.reserve,
                     self.workload(job_id),
-                    owners[job_id],
+                    owner,
                     "job",
                     len(placement.devices),
+                    quota=quota,
                 )
             except NoGpuAvailable:
                 continue  # a notebook took a GPU meanwhile: plan again next pass
@@ -265,7 +277,10 @@ class JobSupervisor:
     async def _create_and_start(self, job_id, spec: JobSpec, name, devices, owner) -> None:
         s = self.s
         gpu_host, gpu_env = gpu_request(devices, s.gpu_mode)
-        limits = container_limits(spec.resources, s.pids_limit, s.shm_fraction).host_config()
+        limits = {
+            **container_limits(spec.resources, s.pids_limit, s.shm_fraction).host_config(),
+            **log_options(s.container_log_max_size, s.container_log_max_files),
+        }
         config = job_container_config(
             image=spec.image,
             name=name,
@@ -493,12 +508,29 @@ class JobSupervisor:
         await self.finalize(job_id, J.INTERRUPTED, "USER_INTERRUPT", "interrupted by its owner")
 
     async def save_logs(self, job_id: str, name: str) -> None:
+        """Keep the last LOG_KEEP_BYTES of the container's output in the logs directory.
+
+        The engine is asked for the tail only (LOG_KEEP_LINES lines), read as a stream into a
+        buffer that never holds more than LOG_KEEP_BYTES plus one chunk: however much a job
+        printed, saving its log costs bounded memory."""
+
         def save():
+            kept = bytearray()
             try:
-                data = self.runtime.client.logs(name, stdout=True, stderr=True)
+                stream = self.runtime.client.logs(
+                    name, stdout=True, stderr=True, stream=True, tail=LOG_KEEP_LINES
+                )
+                try:
+                    for chunk in stream:
+                        kept += chunk
+                        if len(kept) > 2 * LOG_KEEP_BYTES:
+                            del kept[:-LOG_KEEP_BYTES]
+                finally:
+                    with contextlib.suppress(Exception):
+                        stream.close()
             except NotFound:
                 return
-            self.log_file(job_id).write_bytes(data[-LOG_KEEP_BYTES:])
+            self.log_file(job_id).write_bytes(bytes(kept[-LOG_KEEP_BYTES:]))
 
         await asyncio.to_thread(save)
 
@@ -572,15 +604,27 @@ class JobSupervisor:
         return await self.db(self.records.get, job_id)
 
     async def cleanup(self) -> None:
-        """Remove finished jobs' containers after the retention delay (records stay)."""
+        """Remove finished jobs' containers and data volumes after the retention delay (the
+        records and saved logs stay). A SYNC_FAILED job keeps both: its volumes hold the
+        output that is not pushed yet (a retried push, then the delay, removes them)."""
         now = utcnow().timestamp()
         removed_any = False
-        for job_id, container, updated in await self.db(self.records.ended_with_container):
+        for job_id, container, updated, state, spec in await self.db(
+            self.records.ended_with_container
+        ):
+            if state == J.SYNC_FAILED.value:
+                continue
             if now - updated.timestamp() > self.s.job_container_retention:
                 with contextlib.suppress(NotFound):
                     await self.runtime.run(
                         self.runtime.client.remove_container, container, force=True
                     )
+                try:
+                    for vol in self.volumes(job_id, JobSpec.from_json(spec)):
+                        await self.runtime.remove_volume(vol.docker_volume)
+                except EngineError as e:  # in use (a push retry?): try again next pass
+                    log.warning("job %s: volumes not removed yet: %s", job_id, e)
+                    continue
                 await self.db(self.records.update, job_id, container="")
                 removed_any = True
         if removed_any:

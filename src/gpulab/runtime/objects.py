@@ -89,6 +89,18 @@ def hardened_host_config() -> dict:
     }
 
 
+def log_options(max_size: str, max_files: int) -> dict:
+    """Host config that caps a container's log on disk: Docker's json-file driver, rotated at
+    ``max_size`` (a Docker size such as ``10m``), keeping ``max_files`` files. Without it a
+    chatty workload fills the host's disk, and reading its log back costs unbounded memory."""
+    return {
+        "log_config": {
+            "type": "json-file",
+            "config": {"max-size": max_size, "max-file": str(max_files)},
+        }
+    }
+
+
 def filesystem_store_dirs(bucket: str, prefix: str) -> tuple[str, str]:
     """The two directories of a filesystem store (relative to its root) that a volume on
     ``bucket``/``prefix`` may touch: its objects and their sidecar metadata. An empty prefix

@@ -23,7 +23,15 @@ from ..runtime.docker import DockerRuntime
 from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
 from ..workload_data import WorkloadData, notebook_volumes, push_all, push_verdict
-from .app_base import BaseHandler, HealthHandler, NotFoundHandler, authenticated
+from .app_base import (
+    NB_MANAGE,
+    NB_READ,
+    ApiError,
+    BaseHandler,
+    HealthHandler,
+    NotFoundHandler,
+    authenticated,
+)
 from .bodylimit import BoundedApplication
 from .jobs_api import (
     JobActionHandler,
@@ -51,13 +59,16 @@ class NotebooksHandler(BaseHandler):
     @authenticated
     async def get(self):
         """The caller's notebooks; admins may ask for ?user=NAME or ?all=true."""
-        me = self.current_user
+        me = self.require(NB_READ)
         user = self.get_argument("user", me["name"])
         want_all = self.get_argument("all", "false").lower() == "true"
         if (user != me["name"] or want_all) and not self.is_admin(me):
-            raise web.HTTPError(403, "only admins may list other users' notebooks")
-        rows = await asyncio.to_thread(self.records.list, None if want_all else user)
-        self.write_json({"notebooks": rows})
+            raise ApiError(403, "only admins (custom:gpulab:admin) may list other users' notebooks")
+        limit, offset = self.page_args()
+        rows, total = await asyncio.to_thread(
+            self.records.page, None if want_all else user, limit, offset
+        )
+        self.write_page("notebooks", rows, total, limit, offset)
 
 
 class NotebookHandler(BaseHandler):
@@ -73,9 +84,9 @@ class NotebookPushHandler(BaseHandler):
     @authenticated
     async def post(self, user: str, server: str):
         me = self.current_user
-        nb = await self.owned_notebook(user, server)
+        nb = await self.owned_notebook(user, server, NB_MANAGE)
         if nb["state"] != NotebookState.SYNC_FAILED.value:
-            raise web.HTTPError(
+            raise ApiError(
                 409, f"only a SYNC_FAILED notebook's push can be retried; this one is {nb['state']}"
             )
         gpulab: GpulabSettings = self.settings["gpulab"]

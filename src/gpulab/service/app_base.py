@@ -5,13 +5,24 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+from urllib.parse import urlencode
 
-from jupyterhub.services.auth import HubOAuthenticated
+from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
 
 from ..bounds import body_too_large
 from ..notebooks import NotebookRecords
 from .bodylimit import request_cap
+
+# JupyterHub custom scopes (declared in jupyterhub_config.py). Each handler requires the one
+# its action needs; ADMIN acts on everyone's workloads.
+JOBS_READ, JOBS_MANAGE = "custom:gpulab:jobs:read", "custom:gpulab:jobs:manage"
+NB_READ, NB_MANAGE = "custom:gpulab:notebooks:read", "custom:gpulab:notebooks:manage"
+ADMIN = "custom:gpulab:admin"
+#: scope -> the scopes that imply it (besides ADMIN, which implies all)
+IMPLIED_BY: dict[str, tuple[str, ...]] = {JOBS_READ: (JOBS_MANAGE,), NB_READ: (NB_MANAGE,)}
+#: list endpoints answer pages of this many items (``?limit=`` up to MAX_PAGE)
+DEFAULT_PAGE, MAX_PAGE = 100, 500
 
 
 class ApiError(web.HTTPError):
@@ -25,18 +36,27 @@ class ApiError(web.HTTPError):
 
 def authenticated(method):
     """Like tornado's, but an API client (anything that is not a browser page load) gets a JSON
-    403 saying what is wrong instead of a redirect to the hub's log-in page."""
+    answer instead of a redirect to the hub's log-in page: 401 when no valid credentials came
+    (none, or an unknown or expired token), 403 when a valid token lacks the scope to use the
+    gpulab service at all (``access:services!service=gpulab``)."""
 
     @functools.wraps(method)
     async def wrapper(self, *args, **kwargs):
         if self.current_user is None:
+            denied = getattr(self, "_gpulab_denied", None)
+            if denied is not None:
+                raise ApiError(
+                    403,
+                    f"{denied.get('kind', 'user')} {denied.get('name')} may not use gpulab: "
+                    "the token lacks the scope access:services!service=gpulab",
+                )
             browser = "text/html" in self.request.headers.get("Accept", "")
             token = self.request.headers.get("Authorization")
             if self.request.method in ("GET", "HEAD") and browser and not token:
                 self.redirect(self.get_login_url())
                 return None
             why = "invalid or expired token" if token else "log in or send a hub API token"
-            raise ApiError(403, f"not authenticated: {why} (Authorization: token ...)")
+            raise ApiError(401, f"not authenticated: {why} (Authorization: token ...)")
         return await method(self, *args, **kwargs)
 
     return wrapper
@@ -63,22 +83,72 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         if why:
             raise ApiError(413, why, field="body")
 
-    def is_admin(self, user: dict) -> bool:
-        """Admins (users or services) are those whose token holds admin:servers."""
-        scopes = user.get("scopes", ())
-        return (
-            bool(user.get("admin")) or "admin:servers" in scopes or "custom:gpulab:admin" in scopes
-        )
+    def check_hub_user(self, model):
+        """JupyterHub's check, remembering who was refused for lack of the access scope (so
+        that the answer is a 403 that says so, not a 401 for a valid token)."""
+        try:
+            return super().check_hub_user(model)
+        except UserNotAllowed:
+            self._gpulab_denied = model
+            raise
 
-    async def owned_notebook(self, user: str, server: str) -> dict:
-        """The notebook, if the caller owns it or is an admin; else 404 (never 403)."""
+    @staticmethod
+    def scopes_of(user: dict) -> frozenset[str]:
+        return frozenset(user.get("scopes") or ())
+
+    def is_admin(self, user: dict) -> bool:
+        """A gpulab admin is a token that carries ``custom:gpulab:admin``: the scopes decide,
+        never the hub user's ``admin`` flag (an admin's token narrowed to fewer scopes acts
+        with those scopes only)."""
+        return ADMIN in self.scopes_of(user)
+
+    def has(self, scope: str) -> bool:
+        """Whether the caller's token carries ``scope`` (or one that implies it)."""
         me = self.current_user
+        return bool(me) and bool(self.scopes_of(me) & {scope, ADMIN, *IMPLIED_BY.get(scope, ())})
+
+    def require(self, scope: str) -> dict:
+        """The caller, if their token carries ``scope`` (manage implies read; the admin scope
+        implies both); else 403 naming the missing scope."""
+        if self.has(scope):
+            return self.current_user
+        raise ApiError(403, f"your token lacks the scope {scope}")
+
+    async def owned_notebook(self, user: str, server: str, scope: str = NB_READ) -> dict:
+        """The notebook, if the caller owns it or is an admin; else 404 (never 403), with the
+        same answer as for a notebook that does not exist."""
+        me = self.require(scope)
         nb = None
         if user == me["name"] or self.is_admin(me):
             nb = await asyncio.to_thread(self.records.get, user, server)
         if nb is None:
             raise ApiError(404, f"no notebook {server or '(default)'} for {user}")
         return nb
+
+    def page_args(self) -> tuple[int, int]:
+        """``?limit=`` (1 to MAX_PAGE, default DEFAULT_PAGE) and ``?offset=`` (0 or more)."""
+        out = []
+        for name, default, top in (("limit", DEFAULT_PAGE, MAX_PAGE), ("offset", 0, None)):
+            raw = self.get_argument(name, str(default))
+            low = 1 if name == "limit" else 0
+            if not raw.isdigit() or len(raw) > 9 or int(raw) < low or (top and int(raw) > top):
+                most = f" and at most {top}" if top else ""
+                raise ApiError(
+                    400, f"{name} must be a whole number of at least {low}{most}", field=name
+                )
+            out.append(int(raw))
+        return out[0], out[1]
+
+    def write_page(self, key: str, rows: list, total: int, limit: int, offset: int) -> None:
+        """A page of a list, with the total and the URL of the next page (None at the end)."""
+        nxt = None
+        if offset + len(rows) < total:
+            args = {k: self.get_arguments(k) for k in self.request.arguments}
+            args["offset"] = [str(offset + len(rows))]
+            args["limit"] = [str(limit)]
+            query = urlencode([(k, v) for k, vs in args.items() for v in vs])
+            nxt = f"{self.request.path}?{query}"
+        self.write_json({key: rows, "total": total, "limit": limit, "offset": offset, "next": nxt})
 
     def write_json(self, obj, status: int = 200) -> None:
         self.set_status(status)
@@ -94,6 +164,8 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         if isinstance(exc, ApiError) and exc.field:
             body["field"] = exc.field
         body["message"] = message
+        if status_code == 401:
+            self.set_header("WWW-Authenticate", 'token realm="gpulab"')
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(body))
 

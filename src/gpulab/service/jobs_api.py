@@ -1,33 +1,51 @@
 """REST API of training jobs (under /services/gpulab/api/jobs).
 
 Permissions are JupyterHub RBAC scopes: ``custom:gpulab:jobs:read`` to read one's own jobs,
-``custom:gpulab:jobs:manage`` to submit and act on them; admins (the hub's admin flag,
-``admin:servers`` or ``custom:gpulab:admin``) see and act on everyone's. Another user's job is
-a 404: its existence is not revealed.
+``custom:gpulab:jobs:manage`` to submit and act on them; tokens carrying
+``custom:gpulab:admin`` (and only those: the hub's admin flag counts for nothing) see and act on
+everyone's. Another user's job is a 404 with the same body as an unknown id: its existence is
+not revealed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import json
+import threading
 
 from tornado.iostream import StreamClosedError
 
 from ..errors import FieldError
-from ..jobs.records import ACTIVE, ENDED
-from ..jobs.scheduler import Quota, can_ever_fit, quota_for
+from ..jobs.records import ACTIVE, ENDED, QueueFull
+from ..jobs.scheduler import can_ever_fit
 from ..jobs.spec import parse_job_spec
 from ..lifecycle import InvalidTransition, JobState
 from ..runtime.docker import NotFound
-from .app_base import ApiError, BaseHandler, authenticated
+from .app_base import JOBS_MANAGE, JOBS_READ, ApiError, BaseHandler, authenticated
 
 J = JobState
-READ, MANAGE = "custom:gpulab:jobs:read", "custom:gpulab:jobs:manage"
+READ, MANAGE = JOBS_READ, JOBS_MANAGE
+
+#: chunks a log stream may buffer for a slow client before its reader thread waits
+LOG_QUEUE_CHUNKS = 64
+#: log streams one user may hold open at once, and threads for all streams together (a
+#: pool of their own: followers never take the engine pool's threads from spawns and jobs)
+MAX_LOG_STREAMS_PER_USER = 8
+LOG_STREAM_THREADS = 64
+_streams_open: dict[str, int] = {}
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
-def _quota(d) -> Quota:
-    return Quota(gpus=d.get("gpus"), jobs=d.get("jobs"))
+def _log_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(
+            LOG_STREAM_THREADS, thread_name_prefix="gpulab-logs"
+        )
+    return _pool
 
 
 class JobsBase(BaseHandler):
@@ -38,13 +56,6 @@ class JobsBase(BaseHandler):
     @property
     def jobs(self):
         return self.supervisor.records
-
-    def require(self, scope: str) -> dict:
-        me = self.current_user
-        scopes = set(me.get("scopes", ()))
-        if self.is_admin(me) or scope in scopes or (scope == READ and MANAGE in scopes):
-            return me
-        raise ApiError(403, f"your token lacks the scope {scope}")
 
     async def own_job(self, job_id: str, scope: str = READ) -> dict:
         me = self.require(scope)
@@ -89,10 +100,11 @@ class JobsHandler(JobsBase):
                 raise ApiError(400, "label filters are key=value", field="label")
             k, v = item.split("=", 1)
             labels[k] = v
-        rows = await asyncio.to_thread(
-            self.jobs.list, None if want_all else user, states, labels or None
+        limit, offset = self.page_args()
+        rows, total = await asyncio.to_thread(
+            self.jobs.page, None if want_all else user, states, labels or None, limit, offset
         )
-        self.write_json({"jobs": rows})
+        self.write_page("jobs", rows, total, limit, offset)
 
     @authenticated
     async def post(self):
@@ -122,26 +134,28 @@ class JobsHandler(JobsBase):
             )
         except FieldError as e:
             raise ApiError(400, str(e), field=e.field) from None
-        quota = quota_for(
-            user,
-            groups,
-            _quota(s.job_quota),
-            {u: _quota(q) for u, q in s.user_job_quotas.items()},
-            {g: _quota(q) for g, q in s.group_job_quotas.items()},
-        )
+        if spec.priority > s.max_user_priority and not self.is_admin(self.current_user):
+            raise ApiError(
+                403,
+                f"priority {spec.priority} is above {s.max_user_priority}, the highest a user "
+                "may ask for (higher ones need the custom:gpulab:admin scope)",
+                field="priority",
+            )
+        quota = s.quota_for(user, groups)
         why = can_ever_fit(spec.resources.gpus, host_gpus, quota, spec.preemptible)
         if why:
             raise ApiError(400, why, field="resources.gpus")
-        mine = await asyncio.to_thread(
-            self.jobs.list, user, {J.QUEUED.value} | {x.value for x in ACTIVE}
-        )
-        if len(mine) >= s.max_queued_jobs:
-            raise ApiError(
-                409,
-                f"you have {len(mine)} jobs queued or running; the most is "
-                f"{s.max_queued_jobs}: wait for some to end",
+        try:
+            job = await asyncio.to_thread(
+                self.jobs.create,
+                user,
+                spec.to_json(),
+                spec.name,
+                groups,
+                max_unfinished=s.max_queued_jobs,
             )
-        job = await asyncio.to_thread(self.jobs.create, user, spec.to_json(), spec.name, groups)
+        except QueueFull as e:
+            raise ApiError(409, str(e)) from None
         self.supervisor.wake.set()
         return job
 
@@ -260,6 +274,8 @@ class JobLogsHandler(JobsBase):
         waiting = {J.QUEUED.value, J.INITIALIZING.value, J.PENDING.value}
         while follow and info is None:
             # following a job that has not started yet: wait for its container (or its end)
+            if self._client_gone:
+                return None
             job = await asyncio.to_thread(self.jobs.get, job_id, False)
             if job is None or job["state"] not in waiting:
                 break
@@ -270,29 +286,93 @@ class JobLogsHandler(JobsBase):
             if path.exists():
                 self.write(await asyncio.to_thread(path.read_bytes))
             return self.finish()
-        queue: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        name = sup.container_name(job_id)
-        client = sup.runtime.client
-
-        def pump():
-            try:
-                for chunk in client.logs(
-                    name, stdout=True, stderr=True, stream=True, follow=follow
-                ):
-                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
-            except Exception:  # the container went away: end of stream
-                pass
-            loop.call_soon_threadsafe(queue.put_nowait, None)
-
-        loop.run_in_executor(sup.runtime.shared_executor(), pump)
+        user = self.current_user["name"]
+        if _streams_open.get(user, 0) >= MAX_LOG_STREAMS_PER_USER:
+            raise ApiError(
+                429,
+                f"you have {MAX_LOG_STREAMS_PER_USER} job log streams open; close one first",
+            )
+        _streams_open[user] = _streams_open.get(user, 0) + 1
         try:
-            while (chunk := await queue.get()) is not None:
+            await self._stream(sup.container_name(job_id), follow)
+        finally:
+            _streams_open[user] -= 1
+            if not _streams_open[user]:
+                del _streams_open[user]
+
+    async def _stream(self, name: str, follow: bool) -> None:
+        """Copy the container's log to the client through a bounded queue.
+
+        A thread of the log-stream pool reads the engine's stream; when the queue is full it
+        waits (back-pressure: a slow client never makes the service buffer a whole log).
+        When the client goes, the engine's stream is closed, which ends the thread's read,
+        and the queue is dropped: nothing outlives the request."""
+        client = self.supervisor.runtime.client
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue(maxsize=LOG_QUEUE_CHUNKS)
+        gone = threading.Event()
+        try:
+            stream = await loop.run_in_executor(
+                _log_pool(),
+                functools.partial(
+                    client.logs, name, stdout=True, stderr=True, stream=True, follow=follow
+                ),
+            )
+        except NotFound:
+            return self.finish()
+
+        def put(item) -> bool:
+            fut = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+            while not gone.is_set():
+                try:
+                    fut.result(timeout=0.5)
+                    return True
+                except concurrent.futures.TimeoutError:
+                    continue
+                except concurrent.futures.CancelledError:
+                    return False
+            fut.cancel()
+            return False
+
+        def pump() -> None:
+            try:
+                for chunk in stream:
+                    if not put(chunk):
+                        return
+            except Exception:  # the container went away, or the stream was closed: the end
+                pass
+            finally:
+                with contextlib.suppress(Exception):
+                    stream.close()
+            put(None)
+
+        def close() -> None:
+            gone.set()
+            with contextlib.suppress(Exception):
+                stream.close()  # unblocks the pump's read at once
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(None)  # and the handler's wait, if it is waiting
+
+        self._on_close = close
+        loop.run_in_executor(_log_pool(), pump)
+        try:
+            while not gone.is_set() and (chunk := await queue.get()) is not None:
                 self.write(chunk)
                 await self.flush()
         except StreamClosedError:
             return
-        self.finish()
+        finally:
+            close()
+        if not self._finished:
+            self.finish()
+
+    _client_gone = False
+
+    def on_connection_close(self) -> None:
+        self._client_gone = True
+        close = getattr(self, "_on_close", None)
+        if close is not None:
+            close()
 
 
 class UsageHandler(JobsBase):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .. import __version__
 from ..jobs.spec import JOB_SPEC_SCHEMA
 from ..lifecycle import JobState, NotebookState
+from .app_base import DEFAULT_PAGE, MAX_PAGE
 
 ERROR = {
     "type": "object",
@@ -31,14 +32,47 @@ def _json(schema: dict, description: str) -> dict:
 
 
 def _errors(*codes: int) -> dict:
+    """Error answers of an authenticated operation: 401 and 403 always, and ``codes``."""
     text = {
         400: "invalid input",
-        403: "missing scope",
+        401: "no valid credentials (none, or an unknown or expired token)",
+        403: "the token lacks the scope this action needs",
         404: "not found (or not yours)",
         409: "not allowed in the current state",
         502: "the object store failed",
     }
-    return {str(c): _json(_ref("Error"), text[c]) for c in codes}
+    return {str(c): _json(_ref("Error"), text[c]) for c in sorted({401, 403, *codes})}
+
+
+PAGE_PARAMS = [
+    {
+        "name": "limit",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE, "default": DEFAULT_PAGE},
+        "description": "items per page",
+    },
+    {
+        "name": "offset",
+        "in": "query",
+        "schema": {"type": "integer", "minimum": 0, "default": 0},
+        "description": "items to skip",
+    },
+]
+
+
+def _page(key: str, item: str) -> dict:
+    """A page of a list: the items, how many there are in all, and the next page's URL."""
+    return {
+        "type": "object",
+        "required": [key, "total", "limit", "offset", "next"],
+        "properties": {
+            key: {"type": "array", "items": _ref(item)},
+            "total": {"type": "integer"},
+            "limit": {"type": "integer"},
+            "offset": {"type": "integer"},
+            "next": {"type": ["string", "null"], "description": "path and query of the next page"},
+        },
+    }
 
 
 JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
@@ -72,13 +106,11 @@ PATHS: dict[str, dict] = {
             "parameters": [
                 {"name": "user", "in": "query", "schema": {"type": "string"}},
                 {"name": "all", "in": "query", "schema": {"type": "boolean"}},
+                *PAGE_PARAMS,
             ],
             "responses": {
                 "200": _json(
-                    {
-                        "type": "object",
-                        "properties": {"notebooks": {"type": "array", "items": _ref("Notebook")}},
-                    },
+                    _page("notebooks", "Notebook"),
                     "notebooks",
                 ),
                 **_errors(403),
@@ -120,13 +152,11 @@ PATHS: dict[str, dict] = {
                 },
                 {"name": "user", "in": "query", "schema": {"type": "string"}},
                 {"name": "all", "in": "query", "schema": {"type": "boolean"}},
+                *PAGE_PARAMS,
             ],
             "responses": {
                 "200": _json(
-                    {
-                        "type": "object",
-                        "properties": {"jobs": {"type": "array", "items": _ref("Job")}},
-                    },
+                    _page("jobs", "Job"),
                     "jobs",
                 ),
                 **_errors(400, 403),

@@ -24,12 +24,11 @@ from tornado import web
 
 from ..jobs.durations import format_duration
 from ..jobs.records import ACTIVE, ENDED
-from ..jobs.scheduler import quota_for
 from ..jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY
 from ..lifecycle import JobState, NotebookState
 from ..resources import format_memory
-from .app_base import ApiError, authenticated
-from .jobs_api import MANAGE, READ, JobActionHandler, JobsBase, JobsHandler, _quota
+from .app_base import NB_READ, ApiError, authenticated
+from .jobs_api import MANAGE, READ, JobActionHandler, JobsBase, JobsHandler
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
@@ -182,7 +181,9 @@ class HomePage(PageHandler):
     @authenticated
     async def get(self):
         me = self.require(READ)
-        notebooks = await asyncio.to_thread(self.records.list, me["name"])
+        notebooks = (
+            await asyncio.to_thread(self.records.list, me["name"]) if self.has(NB_READ) else []
+        )
         jobs = await asyncio.to_thread(self.jobs.list, me["name"])
         usage = await asyncio.to_thread(self.jobs.usage, me["name"])
         nb_minutes = await asyncio.to_thread(self.records.billed_minutes, me["name"])
@@ -391,13 +392,12 @@ class JobPage(PageHandler):
     @authenticated
     async def get(self, job_id: str):
         job = await self.own_job(job_id)
-        me = self.current_user
         self.render_page(
             "job.html",
             job=job,
             ended=job["state"] in ENDED_STATES,
             ended_states=ENDED_STATES,
-            can_manage=self.is_admin(me) or MANAGE in set(me.get("scopes", ())),
+            can_manage=self.has(MANAGE),
             api=self.page_url("api/jobs", job_id),
         )
 
@@ -477,13 +477,7 @@ class AdminPage(PageHandler):
         for name in names:
             groups = groups_of.get(name, [])
             mine = [j for j in jobs if j["owner"] == name]
-            quota = quota_for(
-                name,
-                groups,
-                _quota(s.job_quota),
-                {u: _quota(q) for u, q in s.user_job_quotas.items()},
-                {g: _quota(q) for g, q in s.group_job_quotas.items()},
-            )
+            quota = s.quota_for(name, groups)
             limits = s.limits_for(name, groups)
             jobs_minutes = sum(j["billed_minutes"] for j in mine)
             nb_minutes = self.records.billed_minutes(name)
