@@ -246,7 +246,10 @@ def test_usage_and_notebooks(alice):
     usage = json.loads(ok("usage", "-o", "json", env=alice))
     assert usage["user"] == "alice" and usage["billed_minutes"] >= 0
     assert header_columns(ok("notebook", "list", env=alice))[:3] == ["USER", "SERVER", "STATE"]
-    assert json.loads(ok("-o", "json", "notebook", "list", env=alice)) == {"notebooks": []}
+    assert json.loads(ok("-o", "json", "notebook", "list", env=alice)) == {
+        "notebooks": [],
+        "total": 0,
+    }
 
 
 def test_missing_token_and_unreachable_hub(hub, no_config):

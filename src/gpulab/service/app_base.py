@@ -55,6 +55,14 @@ def authenticated(method):
             if self.request.method in ("GET", "HEAD") and browser and not token:
                 self.redirect(self.get_login_url())
                 return None
+            if not token and self.get_cookie(self.hub_auth.cookie_name):
+                # a browser session whose request was refused anyway: a form posted without
+                # its XSRF token (from another site, or an old page). Known, yet not allowed
+                raise ApiError(
+                    403,
+                    "request refused: it lacks this page's XSRF token (reload the page and "
+                    "try again)",
+                )
             why = "invalid or expired token" if token else "log in or send a hub API token"
             raise ApiError(401, f"not authenticated: {why} (Authorization: token ...)")
         return await method(self, *args, **kwargs)
