@@ -22,6 +22,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    inspect,
     text,
 )
 from sqlalchemy.engine import Engine
@@ -147,7 +148,34 @@ def make_engine(url: str) -> Engine:
     else:
         engine = create_engine(url, pool_pre_ping=True)
     Base.metadata.create_all(engine)
+    add_missing_columns(engine)
     return engine
+
+
+def add_missing_columns(engine: Engine) -> list[str]:
+    """Upgrade in place: add the columns a newer gpulab declares to tables an older one made.
+
+    ``create_all`` makes missing tables only. Every column added since the first release is
+    nullable or has a server default, so an ``ALTER TABLE ... ADD COLUMN`` is all an upgrade
+    needs (no data moves); returns ``table.column`` for each column added."""
+    added = []
+    have = inspect(engine)
+    for table in Base.metadata.sorted_tables:
+        if not have.has_table(table.name):
+            continue
+        present = {c["name"] for c in have.get_columns(table.name)}
+        for column in table.columns:
+            if column.name in present:
+                continue
+            ddl = column.type.compile(dialect=engine.dialect)
+            default = column.server_default.arg if column.server_default is not None else None
+            clause = f" DEFAULT '{default}'" if default is not None else ""
+            with engine.begin() as conn:
+                conn.exec_driver_sql(
+                    f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {ddl}{clause}'
+                )
+            added.append(f"{table.name}.{column.name}")
+    return added
 
 
 class Database:
@@ -204,14 +232,27 @@ class Job(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     reason: Mapped[str] = mapped_column(String(64), default="")
     message: Mapped[str] = mapped_column(Text, default="")
-    # what the user (or the scheduler) asked for next: interrupt, preempt; in FINALIZING, the
-    # state the job ends in once its output is pushed
+    # what the user (or the scheduler) asked for next: "", "interrupt" or "preempt"
     request: Mapped[str] = mapped_column(String(32), default="")
+    # in FINALIZING and SYNC_FAILED: the state the job ends in once its output is pushed
+    outcome: Mapped[str] = mapped_column(String(32), default="", server_default="")
     groups: Mapped[str] = mapped_column(Text, default="")  # the owner's groups at submission
 
     events: Mapped[list[JobEvent]] = relationship(
         back_populates="job", order_by="JobEvent.id", cascade="all, delete-orphan"
     )
+
+
+class Lease(Base):
+    """Who may act on this instance's jobs: one supervisor at a time (see jobs/lease.py)."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    expires: Mapped[datetime] = mapped_column(UTCDateTime)
+    # bumped at each take-over: a holder can tell that the lease changed hands meanwhile
+    term: Mapped[int] = mapped_column(Integer, default=1)
 
 
 class JobEvent(Base):

@@ -66,12 +66,19 @@ J = JobState
 JOB_TRANSITIONS: dict[JobState | None, frozenset[JobState]] = {
     None: frozenset({J.QUEUED}),
     J.QUEUED: frozenset({J.INITIALIZING, J.INTERRUPTED, J.ERROR, J.FAILED}),
-    J.INITIALIZING: frozenset({J.PENDING, J.FAILED, J.ERROR, J.INTERRUPTING, J.QUEUED}),
-    J.PENDING: frozenset({J.RUNNING, J.FAILED, J.ERROR, J.INTERRUPTING, J.QUEUED}),
+    # before its command runs a job can be interrupted straight away (nothing to push), or
+    # queued again (a service restart, a preemption); from PENDING on it may have run, so it
+    # ends through FINALIZING (its output pushed)
+    J.INITIALIZING: frozenset(
+        {J.PENDING, J.FAILED, J.ERROR, J.INTERRUPTING, J.INTERRUPTED, J.QUEUED}
+    ),
+    J.PENDING: frozenset(
+        {J.RUNNING, J.FAILED, J.ERROR, J.INTERRUPTING, J.INTERRUPTED, J.QUEUED, J.FINALIZING}
+    ),
     J.RUNNING: frozenset(
         {J.RESTARTING, J.INTERRUPTING, J.TIMEOUT, J.FINALIZING, J.FAILED, J.ERROR}
     ),
-    J.RESTARTING: frozenset({J.RUNNING, J.FAILED, J.ERROR, J.INTERRUPTING}),
+    J.RESTARTING: frozenset({J.RUNNING, J.FAILED, J.ERROR, J.INTERRUPTING, J.FINALIZING}),
     J.INTERRUPTING: frozenset({J.FINALIZING, J.INTERRUPTED, J.QUEUED, J.ERROR}),
     J.TIMEOUT: frozenset({J.INTERRUPTING, J.FINALIZING, J.RESTARTING, J.ERROR}),
     J.FINALIZING: frozenset({J.DONE, J.FAILED, J.INTERRUPTED, J.SYNC_FAILED, J.ERROR}),

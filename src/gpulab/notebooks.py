@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 
 from .db import Database, Notebook, NotebookEvent
-from .lifecycle import NotebookState, check_notebook_transition, utcnow
+from .lifecycle import InvalidTransition, NotebookState, check_notebook_transition, utcnow
 from .resources import Limits, Resources, format_memory, parse_memory
 
 S = NotebookState
@@ -103,11 +103,19 @@ class NotebookRecords:
         reason: str = "",
         message: str = "",
         exit_code: int | None = None,
+        expect: frozenset[NotebookState] | None = None,
         **fields,
     ) -> dict:
-        """Move a notebook to ``state`` (checked against the lifecycle) and record why."""
+        """Move a notebook to ``state`` (checked against the lifecycle) and record why.
+
+        ``expect``: the states the caller saw; any other raises InvalidTransition (someone
+        else changed the notebook meanwhile: a compare-and-set, in the same transaction)."""
         with self.db.session() as s:
             nb = self._find(s, user, server)
+            if expect is not None:
+                old = NotebookState(nb.state) if nb else None
+                if old not in expect:
+                    raise InvalidTransition("notebook", old, state)
             nb = self._apply(s, nb, user, server, state, reason, message, exit_code, fields)
             s.flush()
             return notebook_json(nb)

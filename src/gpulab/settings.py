@@ -222,6 +222,26 @@ class GpulabSettings(Configurable):
         0.5, help="Seconds between the job supervisor's passes (scheduling and watching)."
     ).tag(config=True)
 
+    supervisor_lease_ttl = Float(
+        15.0,
+        help="Seconds the job supervisor's lease in the database lasts without renewal. One "
+        "service acts on the jobs at a time; a second one started on the same database waits "
+        "in standby and takes over this long after the first stopped renewing (it died).",
+    ).tag(config=True)
+
+    engine_retry_max = Float(
+        30.0,
+        help="Longest wait (seconds) between retries when the container engine fails while a "
+        "job runs (backoff doubles from 1 s). A job is never ended while its container may "
+        "still run: it is retried until the engine answers.",
+    ).tag(config=True)
+
+    notebook_reconcile_interval = Float(
+        60.0,
+        help="Seconds between the hub's passes that reconcile notebook records, the GPU ledger "
+        "and the engine's containers (and remove orphaned sync helpers).",
+    ).tag(config=True)
+
     object_stores = Dict(
         default_value={},
         help="""Object stores by name: {name: {kind: 's3' | 'filesystem', endpoint_url, region,

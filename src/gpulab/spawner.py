@@ -328,7 +328,11 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
             self._progress(100, f"FAILED: {e}")
             raise SpawnFailed(409, str(e)) from None
         except InvalidTransition as e:
-            self.log.warning("%s: not recorded: %s", self._log_name, e)
+            # the record is busy elsewhere (a push retry is STOPPING it): starting now would
+            # skip the limits and race that push
+            msg = f"this notebook is busy ({e}); try again once it has stopped"
+            self._progress(100, f"FAILED: {msg}")
+            raise SpawnFailed(409, msg) from None
         self._progress(5, f"Options validated: {summary}")
         await self._reconcile_once()
 

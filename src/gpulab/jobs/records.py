@@ -9,7 +9,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 
 from ..db import Database, Job, JobEvent
-from ..lifecycle import JobState, check_job_transition, utcnow
+from ..faults import fault_point
+from ..lifecycle import InvalidTransition, JobState, check_job_transition, utcnow
 from .billing import billed_minutes
 
 ACTIVE = frozenset(
@@ -27,7 +28,19 @@ ENDED = frozenset(
     {JobState.DONE, JobState.INTERRUPTED, JobState.FAILED, JobState.ERROR, JobState.SYNC_FAILED}
 )
 
+#: what a user or the scheduler may ask of an active job ("" for nothing)
+REQUESTS = frozenset({"", "interrupt", "preempt"})
+
 UNFINISHED_VALUES = frozenset({JobState.QUEUED.value} | {x.value for x in ACTIVE})
+
+
+class RequestChanged(InvalidTransition):
+    """The job's request changed since the caller looked (an interrupt during a preemption)."""
+
+    def __init__(self, request: str):
+        ValueError.__init__(self, f"the job's request changed meanwhile (now {request or 'none'})")
+        self.request = request
+        self.old = self.new = None
 
 
 class QueueFull(Exception):
@@ -74,6 +87,7 @@ def job_json(j: Job, now: datetime | None = None, history: bool = False) -> dict
         "billed_minutes": billed_minutes(j.events, now or utcnow()),
         "spec": j.spec,
         "request": j.request,
+        "outcome": j.outcome or None,
         "container": j.container,
         "groups": [g for g in j.groups.split(",") if g],
     }
@@ -149,26 +163,30 @@ class JobRecords:
         job_id: str,
         state: JobState,
         *,
+        expect: JobState | frozenset[JobState],
+        expect_request: frozenset[str] | None = None,
         reason: str = "",
         message: str = "",
         exit_code: int | None = None,
-        expect: frozenset[JobState] | None = None,
         **fields,
     ) -> dict:
-        """Move a job to ``state`` (checked by the lifecycle), record why, set ``fields``.
+        """Compare-and-set: move a job from a state in ``expect`` to ``state``, record why and
+        set ``fields``, all in one transaction.
 
-        ``expect``: the states the caller believes the job is in; anything else raises
-        InvalidTransition too (a concurrent change won the race).
+        ``expect`` is the state (or states) the caller saw; ``expect_request``, if given, the
+        requests it saw. Anything else means that a concurrent change won the race, and raises
+        InvalidTransition, as does a move the lifecycle table does not allow.
         """
+        expected = frozenset({expect}) if isinstance(expect, JobState) else expect
         with self.db.session() as s:
             job = self._get(s, job_id)
             if job is None:
                 raise KeyError(job_id)
             old = JobState(job.state)
-            if expect is not None and old not in expect:
-                from ..lifecycle import InvalidTransition
-
+            if old not in expected:
                 raise InvalidTransition("job", old, state)
+            if expect_request is not None and job.request not in expect_request:
+                raise RequestChanged(job.request)
             check_job_transition(old, state)
             now = utcnow()
             for key, value in fields.items():
@@ -184,13 +202,40 @@ class JobRecords:
                 job.running_since = job.running_since if keep else now
             if state in (JobState.QUEUED, *ENDED):
                 job.running_since = None
+            if state in (JobState.QUEUED, JobState.FINALIZING, *ENDED):
+                job.request = ""  # nothing can be asked of it any more (or of this life)
+            if state in (JobState.QUEUED, *ENDED) and state is not JobState.SYNC_FAILED:
+                job.outcome = ""  # SYNC_FAILED keeps the outcome its retried push ends in
             job.events.append(
                 JobEvent(
                     at=now, state=state.value, reason=reason, message=message, exit_code=exit_code
                 )
             )
             s.flush()
-            return job_json(job, now, history=True)
+            result = job_json(job, now, history=True)
+        fault_point(f"transition:{state.value}")
+        return result
+
+    def ask(self, job_id: str, request: str, *, states: frozenset[JobState]) -> dict:
+        """Compare-and-set a request ("interrupt" or "preempt") on an active job.
+
+        It is written only while the job is in ``states``; a preemption never replaces an
+        interrupt (the user's word wins), an interrupt replaces a preemption (the job then
+        ends INTERRUPTED instead of going back to the queue). Raises InvalidTransition when
+        the job is in no state for it."""
+        if request not in REQUESTS:
+            raise ValueError(f"unknown request {request!r}")
+        with self.db.session() as s:
+            job = self._get(s, job_id)
+            if job is None:
+                raise KeyError(job_id)
+            old = JobState(job.state)
+            if old not in states:
+                raise InvalidTransition("job", old, JobState.INTERRUPTING)
+            if not (request == "preempt" and job.request == "interrupt"):
+                job.request = request
+            s.flush()
+            return job_json(job, history=True)
 
     def note(self, job_id: str, kind: str, reason: str, message: str, **fields) -> None:
         """An event that does not change the state (a fault recovery), and counters."""
@@ -204,12 +249,15 @@ class JobRecords:
                 JobEvent(at=utcnow(), kind=kind, state=job.state, reason=reason, message=message)
             )
 
-    def update(self, job_id: str, **fields) -> None:
+    def forget_container(self, job_id: str) -> bool:
+        """An ended job's container and volumes are gone: clear its container (only while
+        it is still ended: a job resumed meanwhile keeps its new one)."""
         with self.db.session() as s:
             job = self._get(s, job_id)
-            if job is not None:
-                for key, value in fields.items():
-                    setattr(job, key, value)
+            if job is None or JobState(job.state) not in ENDED:
+                return False
+            job.container = ""
+            return True
 
     def get(self, job_id: str, history: bool = True) -> dict | None:
         with self.db.session() as s:
@@ -289,6 +337,7 @@ class JobRecords:
                     "spec": j.spec,
                     "groups": [g for g in j.groups.split(",") if g],
                     "request": j.request,
+                    "outcome": j.outcome,
                     "over_quota": bool(j.over_quota),
                     "submitted": _iso(j.submitted),
                     "updated": _iso(j.updated),
@@ -308,11 +357,26 @@ class JobRecords:
             )
             return [tuple(row) for row in s.execute(q)]
 
-    def delete(self, job_id: str) -> None:
+    def delete(self, job_id: str) -> dict:
+        """Compare-and-set: delete an ended job's record and return it; InvalidTransition if
+        it is not ended (a resume won the race), KeyError if it is gone already. Whatever of
+        it is left in the engine (container, volumes) is removed afterwards by the caller, or
+        by the supervisor's sweep of containers without a record."""
         with self.db.session() as s:
             job = self._get(s, job_id)
-            if job is not None:
-                s.delete(job)
+            if job is None:
+                raise KeyError(job_id)
+            old = JobState(job.state)
+            if old not in ENDED:
+                raise InvalidTransition("job", old, JobState.DONE)
+            out = job_json(job, history=False)
+            s.delete(job)
+            return out
+
+    def ids(self) -> set[str]:
+        """Every job id of this instance (the sweep of orphaned containers compares)."""
+        with self.db.session() as s:
+            return set(s.scalars(select(Job.id).where(Job.instance == self.instance)))
 
     def usage(self, owner: str) -> dict:
         """Billed minutes of the owner's jobs, from one query of (job, state, time) rows."""

@@ -1,12 +1,13 @@
 """The job supervisor: places queued jobs on GPUs and runs each one to its end.
 
 One asyncio task per active job walks it through INITIALIZING (pull) → PENDING (container) →
-RUNNING, then watches it: exit code (retries), time-out, hang (restart in place), interruption
-and preemption requests, and finally FINALIZING (GPUs released, output pushed) → DONE, FAILED,
-INTERRUPTED or SYNC_FAILED. Every decision is written to the database before it is acted on,
-so a supervisor killed at any moment finds its jobs again at start-up (:meth:`recover`) from
-the database and the engine's labelled containers: running containers are re-attached, never
-started twice.
+RUNNING, then watches it (``runner.JobLife``). Every decision is written to the database (a
+compare-and-set on the state it expects) before it is acted on, so a supervisor killed at any
+moment finds its jobs again at start-up from the database and the engine's labelled
+containers (``recovery.decide``): running containers are re-attached, never started twice.
+
+Only the holder of the database's supervisor lease acts (``lease.py``): a second service on
+the same database waits in standby until the lease expires.
 """
 
 from __future__ import annotations
@@ -14,66 +15,49 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from ..gpus.inventory import load_inventory
 from ..gpus.ledger import GpuLedger, NoGpuAvailable
 from ..lifecycle import InvalidTransition, JobState, utcnow
-from ..resources import container_limits
-from ..runtime.docker import APIError, DockerRuntime, EngineError, NotFound
-from ..runtime.network import (
-    NetworkUnavailable,
-    ensure_user_network,
-    is_missing_network,
-    network_for,
-    prune_user_networks,
-)
-from ..runtime.objects import (
-    gpu_request,
-    job_container_config,
-    job_container_name,
-    job_workload_id,
-    log_options,
-    workload_labels,
-)
-from ..workload_data import VolumeSync, WorkloadData, push_all, push_verdict, volume_name
+from ..runtime.docker import DockerRuntime, EngineError, NotFound
+from ..runtime.network import prune_user_networks
+from ..runtime.objects import L_WORKLOAD, job_container_name, job_workload_id
+from ..workload_data import VolumeSync, WorkloadData, volume_name
+from .lease import SupervisorLease
 from .records import ACTIVE, JobRecords
+from .runner import JobLife, ts
 from .scheduler import ActiveJob, QueuedJob, Quota, plan
 from .spec import JobSpec
 
 log = logging.getLogger(__name__)
 J = JobState
 RUNNER = str(Path(__file__).resolve().parent.parent / "runtime" / "job_runner.sh")
-MAX_HANG_RESTARTS = 3
-LOG_KEEP_BYTES = 10 * 1024 * 1024
-LOG_KEEP_LINES = 200_000  # asked of the engine: the tail, not the whole log
-# less CPU than this share of one core over a hang period counts as "no CPU progress"
-HANG_CPU_SHARE = 0.01
+#: states in which the scheduler may ask a job to give its GPUs back
+PREEMPTIBLE = frozenset({J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING})
 
 
 def _quota(d) -> Quota:
     return Quota(gpus=d.get("gpus"), jobs=d.get("jobs"))
 
 
-def _ts(iso: str | None) -> float:
-    if not iso:
-        return 0.0
-    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+class JobSupervisor(JobLife):
+    runner_path = RUNNER
 
-
-class JobSupervisor:
-    def __init__(self, settings, db, runtime: DockerRuntime, logs_dir: Path):
+    def __init__(self, settings, db, runtime: DockerRuntime, logs_dir: Path, holder=None):
         self.s = settings
         self.records = JobRecords(db, settings.instance)
         devices = load_inventory(settings.gpu_devices, settings.discover_gpus)
         self.ledger = GpuLedger(db, settings.instance, devices)
+        self.lease = SupervisorLease(
+            db, f"{settings.instance}/supervisor", settings.supervisor_lease_ttl, holder
+        )
         self.runtime = runtime
         self.logs_dir = logs_dir
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.tasks: dict[str, asyncio.Task] = {}
         self.wake = asyncio.Event()
+        self.leading = asyncio.Event()  # set while this process holds the lease
         self._loop_task: asyncio.Task | None = None
 
     # --- helpers -----------------------------------------------------------------------
@@ -106,18 +90,71 @@ class JobSupervisor:
     # --- the loop ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.recover()
+        """Start acting once the lease is ours (at once, unless another service holds it)."""
         self._loop_task = asyncio.create_task(self._loop())
 
+    async def stop(self) -> None:
+        """Stop acting and give the lease up (a clean shutdown; tests)."""
+        if self._loop_task:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        await self._abdicate()
+        with contextlib.suppress(Exception):
+            await self.db(self.lease.release)
+
+    async def _abdicate(self) -> None:
+        """Lost the lease (or stopping): stop every job task; the containers run on, and
+        the next holder carries them on from the database and the engine."""
+        self.leading.clear()
+        tasks = list(self.tasks.values())
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self.tasks.clear()
+
+    async def _hold_lease(self) -> bool:
+        try:
+            state = await self.db(self.lease.acquire)
+        except Exception:
+            log.exception("the supervisor lease could not be read")
+            state = None
+        if state is not None and state.held:
+            if not self.leading.is_set():
+                log.info("supervisor lease taken (term %d): acting on jobs", state.term)
+                self.leading.set()
+                await self.recover()
+            return True
+        if self.leading.is_set():
+            log.error("supervisor lease lost: stopping every job task (standby)")
+            await self._abdicate()
+        elif state is not None:
+            log.info(
+                "standby: the supervisor lease is held by %s for %.0f s more",
+                state.holder,
+                state.expires_in,
+            )
+        return False
+
     async def _loop(self) -> None:
+        renew_every = max(0.2, self.s.supervisor_lease_ttl / 3)
+        next_renewal = 0.0
+        loop = asyncio.get_running_loop()
         while True:
-            try:
-                await self.schedule()
-                await self.cleanup()
-            except Exception:
-                log.exception("supervisor pass failed")
+            if loop.time() >= next_renewal:
+                leading = await self._hold_lease()
+                next_renewal = loop.time() + renew_every
+            if leading:
+                try:
+                    await self.schedule()
+                    await self.cleanup()
+                except Exception:
+                    log.exception("supervisor pass failed")
+            wait = self.s.supervisor_interval if leading else renew_every
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.s.supervisor_interval)
+                await asyncio.wait_for(self.wake.wait(), timeout=wait)
             self.wake.clear()
 
     async def schedule(self) -> None:
@@ -135,7 +172,7 @@ class JobSupervisor:
                         groups,
                         gpus,
                         int(spec["priority"]),
-                        _ts(j["submitted"]),
+                        ts(j["submitted"]),
                         bool(spec["preemptible"]),
                     )
                 )
@@ -151,7 +188,7 @@ class JobSupervisor:
                         gpus,
                         bool(spec["preemptible"]),
                         int(spec["priority"]),
-                        _ts(j["running_since"] or j["updated"]),
+                        ts(j["running_since"] or j["updated"]),
                         over_quota=j["over_quota"],
                         releasing=releasing,
                     )
@@ -176,7 +213,9 @@ class JobSupervisor:
         )
         for victim in p.preempt:
             log.info("preempting %s for in-quota work", victim)
-            await self.db(self.records.update, victim, request="preempt")
+            # compare-and-set: only a job still running is asked, an interrupt is never replaced
+            with contextlib.suppress(InvalidTransition, KeyError):
+                await self.db(self.records.ask, victim, "preempt", states=PREEMPTIBLE)
         owners = {j["id"]: (j["owner"], j["groups"]) for j in jobs}
         for placement in p.start:
             job_id = placement.job_id
@@ -205,6 +244,9 @@ class JobSupervisor:
                     devices=",".join(devices),
                     over_quota=int(placement.over_quota),
                     exit_code=None,
+                    # named from the start: a job that ends before its container exists still
+                    # has its pulled volumes removed by cleanup() after the retention delay
+                    container=self.container_name(job_id),
                 )
             except (InvalidTransition, KeyError):
                 await self.db(self.ledger.release, self.workload(job_id))
@@ -217,391 +259,40 @@ class JobSupervisor:
         self.tasks[job_id] = asyncio.create_task(self._guard(job_id, attach))
 
     async def _guard(self, job_id: str, attach: bool) -> None:
+        """Run one job's task; after any fault, wait (backoff) and carry on from what the
+        database and the engine say. A fault never ends a job by itself: only a decision
+        made on what the engine confirmed does (a job is never called ended, nor its GPUs
+        free, while its container may still run)."""
+        delay, faults = 1.0, 0
         try:
-            await self._run(job_id, attach)
-        except Exception as e:
-            log.exception("job %s: supervisor fault", job_id)
-            with contextlib.suppress(Exception):
-                await self.finalize(job_id, J.ERROR, "SUPERVISOR_ERROR", f"platform fault: {e}")
+            while True:
+                try:
+                    if faults == 0 and not attach:
+                        await self.run_fresh(job_id)
+                    else:
+                        why = "a fault" if faults else "the service restarted"
+                        await self.carry_on(job_id, why)
+                    return
+                except Exception as e:
+                    faults += 1
+                    log.exception(
+                        "job %s: supervisor fault %d; retrying in %g s", job_id, faults, delay
+                    )
+                    if faults == 1 or faults % 10 == 0:
+                        with contextlib.suppress(Exception):
+                            await self.db(
+                                self.records.note,
+                                job_id,
+                                "fault-recovery",
+                                "SUPERVISOR_RETRY",
+                                f"platform fault ({type(e).__name__}: {str(e)[:300]}); "
+                                f"retrying in {delay:g} s (attempt {faults})",
+                            )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.s.engine_retry_max)
         finally:
             self.tasks.pop(job_id, None)
             self.wake.set()
-
-    # --- one job -------------------------------------------------------------------------
-
-    async def _requested(self, job_id: str) -> str:
-        job = await self.db(self.records.get, job_id, False)
-        return job["request"] if job else ""
-
-    async def _run(self, job_id: str, attach: bool) -> None:
-        job = await self.db(self.records.get, job_id, False)
-        spec = JobSpec.from_json(job["spec"])
-        name = self.container_name(job_id)
-        if not attach:
-            # INITIALIZING: the job's data
-            for vol in self.volumes(job_id, spec):
-                if await self._requested(job_id) == "interrupt":
-                    return await self._interrupt_before_start(job_id)
-                if await self.data(job_id).nothing_to_pull(vol):
-                    continue  # nothing stored there yet: nothing to pull
-                outcome = await self.data(job_id).run("pull", vol)
-                if not outcome.ok:
-                    msg = f"pull of volume {vol.label} failed: {outcome.reason}"
-                    return await self.finalize(job_id, J.FAILED, "PULL_FAILED", msg, push=False)
-            if not await self.runtime.image_exists(spec.image):
-                msg = f"image {spec.image} is missing on this host"
-                return await self.finalize(job_id, J.FAILED, "IMAGE_MISSING", msg, push=False)
-            if await self._requested(job_id) == "interrupt":
-                return await self._interrupt_before_start(job_id)
-            await self.move(job_id, J.PENDING, reason="CREATING", message="starting the container")
-            try:
-                await self._create_and_start(job_id, spec, name, job["devices"], job["owner"])
-            except NetworkUnavailable as e:
-                return await self.finalize(job_id, J.ERROR, "NETWORK_UNAVAILABLE", str(e))
-            except Exception as e:
-                msg = f"the engine could not start the job: {e}"
-                return await self.finalize(job_id, J.ERROR, "ENGINE_ERROR", msg)
-            await self.move(
-                job_id, J.RUNNING, reason="STARTED", message="the command runs", container=name
-            )
-        await self._watch(job_id, spec, name)
-
-    async def _interrupt_before_start(self, job_id: str) -> None:
-        await self.move(
-            job_id, J.INTERRUPTING, reason="USER_INTERRUPT", message="interrupted before it started"
-        )
-        await self.finalize(
-            job_id, J.INTERRUPTED, "USER_INTERRUPT", "interrupted before it started", push=False
-        )
-
-    async def _create_and_start(self, job_id, spec: JobSpec, name, devices, owner) -> None:
-        s = self.s
-        gpu_host, gpu_env = gpu_request(devices, s.gpu_mode)
-        limits = {
-            **container_limits(spec.resources, s.pids_limit, s.shm_fraction).host_config(),
-            **log_options(s.container_log_max_size, s.container_log_max_files),
-        }
-        config = job_container_config(
-            image=spec.image,
-            name=name,
-            command=[*spec.command, *spec.args],
-            env={**spec.env, **gpu_env, "GPULAB_JOB_ID": job_id, "GPULAB_JOB_NAME": spec.name},
-            labels={
-                **spec.labels,
-                **workload_labels(s.instance, "job", owner, self.workload(job_id), devices),
-                "org.gpulab.job": job_id,
-            },
-            user="1000:100",
-            limits=limits,
-            gpu_host=gpu_host,
-            volumes={
-                v.docker_volume: {
-                    "bind": v.spec.mount,
-                    "mode": "ro" if v.spec.mode == "ro" else "rw",
-                }
-                for v in self.volumes(job_id, spec)
-            },
-            runner=RUNNER,
-            # only the owner's network (runtime/network.py): other users' containers are apart
-            network=(network := network_for(s.network_isolation, s.instance, owner)),
-        )
-        client = self.runtime.client
-
-        host = config.pop("host_config")
-
-        def create():
-            for attempt in (1, 2):
-                with contextlib.suppress(NotFound):
-                    client.remove_container(name, force=True)
-                if network:  # joined by ID: unambiguous while a racing duplicate exists
-                    host["network_mode"] = ensure_user_network(client, s.instance, owner)
-                try:
-                    client.create_container(host_config=client.create_host_config(**host), **config)
-                    client.start(name)
-                    return
-                except APIError as e:
-                    # pruned between our look-up and our start: make it again, once
-                    if attempt == 2 or not (network and is_missing_network(e)):
-                        raise
-
-        await self.runtime.run(create)
-
-    async def _stop_container(self, name: str, grace: float) -> None:
-        with contextlib.suppress(NotFound):
-            await self.runtime.run(self.runtime.client.stop, name, timeout=int(grace))
-
-    async def _watch(self, job_id: str, spec: JobSpec, name: str) -> None:
-        client = self.runtime.client
-        hang = spec.hang_restart
-        consecutive = 0
-        last_progress = time.monotonic()
-        last_cpu: int | None = None
-        last_log = time.time()
-        while True:
-            await asyncio.sleep(self.s.supervisor_interval)
-            job = await self.db(self.records.get, job_id, False)
-            if job is None:
-                return
-            if job["request"] in ("interrupt", "preempt"):
-                return await self._stop_by_request(job_id, job["request"], name)
-            info = await self.runtime.inspect_container(name)
-            if info is None:
-                return await self.finalize(
-                    job_id, J.ERROR, "CONTAINER_LOST", "the job's container disappeared"
-                )
-            st = info["State"]
-            if not st.get("Running"):
-                code = int(st.get("ExitCode", -1))
-                if code == 0:
-                    return await self.finalize(job_id, J.DONE, "EXITED", "exit code 0", code)
-                why = "out of memory" if st.get("OOMKilled") else f"exit code {code}"
-                if job["restarts"] < spec.retries:
-                    await self._auto_restart(job_id, name, job["restarts"] + 1, spec, why, code)
-                    consecutive, last_progress = 0, time.monotonic()
-                    continue
-                msg = why + (f" after {spec.retries} restarts" if spec.retries else "")
-                return await self.finalize(job_id, J.FAILED, "EXITED", msg, code)
-            # time-out
-            started = _ts(job["running_since"])
-            if started and time.time() - started > spec.timeout:
-                await self.move(
-                    job_id,
-                    J.TIMEOUT,
-                    reason="TIMEOUT",
-                    message=f"time-out of {spec.timeout:g} s reached",
-                )
-                if job["restarts"] < spec.retries:
-                    await self._auto_restart(
-                        job_id, name, job["restarts"] + 1, spec, "time-out", stop_first=True
-                    )
-                    continue
-                await self.move(
-                    job_id,
-                    J.INTERRUPTING,
-                    reason="TIMEOUT",
-                    message="SIGTERM sent after the time-out",
-                )
-                await self._stop_container(name, self.s.preemption_grace)
-                return await self.finalize(
-                    job_id, J.INTERRUPTED, "TIMEOUT", f"time-out of {spec.timeout:g} s reached"
-                )
-            # hang: no output and no CPU progress for the period
-            if hang.enabled:
-                now = time.time()
-                out = await self.runtime.run(
-                    client.logs, name, stdout=True, stderr=True, since=last_log, until=now
-                )
-                last_log = now
-                stats = await self.runtime.run(client.stats, name, stream=False, one_shot=True)
-                cpu = int(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0))
-                if last_cpu is None:
-                    last_cpu = cpu  # CPU time at the last sign of progress (or restart)
-                # progress is real work since the mark: a restart's own few ms do not count
-                busy = (cpu - last_cpu) > HANG_CPU_SHARE * hang.period * 1e9
-                # the runner's own notes ("[gpulab] ...") are not the command's progress
-                out = [ln for ln in out.splitlines() if not ln.startswith(b"[gpulab]")]
-                if out or busy:
-                    last_progress, consecutive, last_cpu = time.monotonic(), 0, cpu
-                elif time.monotonic() - last_progress > hang.period:
-                    consecutive += 1
-                    if consecutive > MAX_HANG_RESTARTS:
-                        await self._stop_container(name, 0)
-                        msg = (
-                            f"no progress for {hang.period:g} s after "
-                            f"{MAX_HANG_RESTARTS} restarts in place"
-                        )
-                        return await self.finalize(job_id, J.FAILED, "HANG", msg)
-                    await self.db(
-                        self.records.note,
-                        job_id,
-                        "fault-recovery",
-                        "HANG_RESTART",
-                        f"no output and no CPU progress for {hang.period:g} s: command "
-                        f"restarted in place ({consecutive} of {MAX_HANG_RESTARTS})",
-                        hang_restarts=job["hang_restarts"] + 1,
-                    )
-                    await self._restart_in_place(name)
-                    last_progress, last_cpu = time.monotonic(), None
-
-    async def _auto_restart(
-        self,
-        job_id: str,
-        name: str,
-        n: int,
-        spec: JobSpec,
-        why: str,
-        exit_code: int | None = None,
-        stop_first: bool = False,
-    ) -> None:
-        """RESTARTING -> RUNNING: the same container runs its command again (restart n)."""
-        await self.move(
-            job_id,
-            J.RESTARTING,
-            reason="AUTO_RESTART",
-            message=f"{why}; restart {n} of {spec.retries}",
-            exit_code=exit_code,
-            restarts=n,
-        )
-        if stop_first:
-            await self._stop_container(name, self.s.preemption_grace)
-        await self.runtime.run(self.runtime.client.start, name)
-        # a time-out restart gets a new time-out window; a failure restart keeps its own
-        fresh = {"running_since": utcnow()} if stop_first else {}
-        await self.move(
-            job_id,
-            J.RUNNING,
-            reason="RESTARTED",
-            message=f"restart {n} of {spec.retries}",
-            **fresh,
-        )
-
-    async def _restart_in_place(self, name: str) -> None:
-        client = self.runtime.client
-
-        def restart():
-            ex = client.exec_create(
-                name,
-                ["sh", "-c", "touch /tmp/.gpulab-restart && kill -KILL $(cat /tmp/.gpulab-child)"],
-                user="1000:100",
-            )
-            client.exec_start(ex["Id"])
-
-        await self.runtime.run(restart)
-
-    async def _stop_by_request(self, job_id: str, request: str, name: str) -> None:
-        grace = self.s.preemption_grace
-        if request == "preempt":
-            await self.move(
-                job_id,
-                J.INTERRUPTING,
-                reason="PREEMPTED",
-                message=f"its GPUs are needed by in-quota work: SIGTERM, {grace:g} s to checkpoint",
-            )
-            await self._stop_container(name, grace)
-            await self.save_logs(job_id, name)
-            job = await self.db(self.records.get, job_id, False)
-            spec = JobSpec.from_json(job["spec"])
-            ok, message = push_verdict(
-                await push_all(self.data(job_id), self.volumes(job_id, spec))
-            )
-            with contextlib.suppress(NotFound):
-                await self.runtime.run(self.runtime.client.remove_container, name, force=True)
-            await self.db(self.ledger.release, self.workload(job_id))
-            await self.move(
-                job_id,
-                J.QUEUED,
-                reason="PREEMPTED",
-                message="re-queued after preemption; " + message,
-                request="",
-                devices="",
-                over_quota=0,
-                container="",
-            )
-            return
-        await self.move(
-            job_id,
-            J.INTERRUPTING,
-            reason="USER_INTERRUPT",
-            message=f"SIGTERM sent, {grace:g} s grace",
-        )
-        await self._stop_container(name, grace)
-        await self.finalize(job_id, J.INTERRUPTED, "USER_INTERRUPT", "interrupted by its owner")
-
-    async def save_logs(self, job_id: str, name: str) -> None:
-        """Keep the last LOG_KEEP_BYTES of the container's output in the logs directory.
-
-        The engine is asked for the tail only (LOG_KEEP_LINES lines), read as a stream into a
-        buffer that never holds more than LOG_KEEP_BYTES plus one chunk: however much a job
-        printed, saving its log costs bounded memory."""
-
-        def save():
-            kept = bytearray()
-            try:
-                stream = self.runtime.client.logs(
-                    name, stdout=True, stderr=True, stream=True, tail=LOG_KEEP_LINES
-                )
-                try:
-                    for chunk in stream:
-                        kept += chunk
-                        if len(kept) > 2 * LOG_KEEP_BYTES:
-                            del kept[:-LOG_KEEP_BYTES]
-                finally:
-                    with contextlib.suppress(Exception):
-                        stream.close()
-            except NotFound:
-                return
-            self.log_file(job_id).write_bytes(bytes(kept[-LOG_KEEP_BYTES:]))
-
-        await asyncio.to_thread(save)
-
-    async def finalize(
-        self,
-        job_id: str,
-        outcome: JobState,
-        reason: str,
-        message: str,
-        exit_code: int | None = None,
-        push: bool = True,
-    ) -> None:
-        """FINALIZING: release the GPUs, keep the logs, push the output, then the outcome."""
-        job = await self.db(self.records.get, job_id, False)
-        state = JobState(job["state"])
-        if state in (J.QUEUED, J.INITIALIZING, J.PENDING, J.RESTARTING):
-            # its command is not running: nothing new to push, straight to the outcome
-            await self.db(self.ledger.release, self.workload(job_id))
-            await self.save_logs(job_id, self.container_name(job_id))
-            await self.move(
-                job_id,
-                outcome,
-                reason=reason,
-                message=message,
-                exit_code=exit_code,
-                request="",
-                devices="",
-            )
-            return
-        if state is not J.FINALIZING:
-            await self.move(
-                job_id,
-                J.FINALIZING,
-                reason=reason,
-                message=message,
-                exit_code=exit_code,
-                request=outcome.value,
-            )
-        await self.db(self.ledger.release, self.workload(job_id))
-        name = self.container_name(job_id)
-        await self.save_logs(job_id, name)
-        ok, pushed = True, ""
-        if push:
-            spec = JobSpec.from_json(job["spec"])
-            ok, pushed = push_verdict(await push_all(self.data(job_id), self.volumes(job_id, spec)))
-        if not ok:
-            await self.move(
-                job_id, J.SYNC_FAILED, reason="PUSH_FAILED", message=pushed, request=outcome.value
-            )
-            return
-        extra = f"; {pushed}" if pushed and pushed != "compute released" else ""
-        await self.move(
-            job_id,
-            outcome,
-            reason=reason,
-            message=message + extra,
-            exit_code=exit_code,
-            request="",
-            devices="",
-        )
-
-    async def retry_push(self, job_id: str) -> dict:
-        job = await self.db(self.records.get, job_id, False)
-        outcome = JobState(job["request"] or J.DONE.value)
-        await self.move(
-            job_id, J.FINALIZING, reason="PUSH_RETRY", message="push retried", request=outcome.value
-        )
-        await self.finalize(
-            job_id, outcome, job["reason"], "output pushed after a retry", job["exit_code"]
-        )
-        return await self.db(self.records.get, job_id)
 
     async def cleanup(self) -> None:
         """Remove finished jobs' containers and data volumes after the retention delay (the
@@ -625,7 +316,7 @@ class JobSupervisor:
                 except EngineError as e:  # in use (a push retry?): try again next pass
                     log.warning("job %s: volumes not removed yet: %s", job_id, e)
                     continue
-                await self.db(self.records.update, job_id, container="")
+                await self.db(self.records.forget_container, job_id)
                 removed_any = True
         if removed_any:
             await self.prune_networks()
@@ -633,69 +324,63 @@ class JobSupervisor:
     # --- restart safety ------------------------------------------------------------------
 
     async def recover(self) -> None:
-        """Rebuild the world after a (possibly violent) restart: no job lost, none run twice."""
-        jobs = await self.db(self.records.list, None, {s.value for s in ACTIVE})
-        for j in jobs:
-            job_id, state = j["id"], JobState(j["state"])
-            name = self.container_name(job_id)
-            info = await self.runtime.inspect_container(name)
-            running = bool(info and info["State"].get("Running"))
-            if state is J.FINALIZING:
-                outcome = JobState(j["request"] or J.ERROR.value)
-                self._background(
-                    self.finalize(job_id, outcome, j["reason"], j["message"], j["exit_code"])
-                )
-            elif state in (J.INITIALIZING, J.PENDING) and not running:
-                # nothing of the command ran: queue it again (its pull is incremental)
-                with contextlib.suppress(NotFound):
-                    if info:
-                        await self.runtime.run(
-                            self.runtime.client.remove_container, name, force=True
-                        )
-                await self.db(self.ledger.release, self.workload(job_id))
-                await self.move(
-                    job_id,
-                    J.QUEUED,
-                    reason="SERVICE_RESTART",
-                    message="re-queued: the service restarted before it ran",
-                    devices="",
-                    over_quota=0,
-                )
-            elif info is None:
-                self._background(
-                    self.finalize(
-                        job_id,
-                        J.ERROR,
-                        "CONTAINER_LOST",
-                        "the job's container disappeared while the service was down",
-                    )
-                )
-            else:
-                if state in (J.PENDING, J.RESTARTING) and running:
-                    await self.move(
-                        job_id,
-                        J.RUNNING,
-                        reason="RECOVERED",
-                        message="found running after a service restart",
-                        container=name,
-                    )
-                elif state is J.RESTARTING:
-                    await self.runtime.run(self.runtime.client.start, name)
-                    await self.move(
-                        job_id,
-                        J.RUNNING,
-                        reason="RESTARTED",
-                        message="restart completed after a service restart",
-                    )
-                elif state is J.TIMEOUT or state is J.INTERRUPTING and not j["request"]:
-                    await self.db(self.records.update, job_id, request="interrupt")
-                self.spawn_task(job_id, attach=True)
+        """Rebuild the world after a (possibly violent) restart: no job lost, none run twice.
+
+        Sync helpers left by the previous holder are removed first (they hold store
+        credentials and the volume's sync lock); every active job then gets a task that
+        carries it on from what the database and the engine say; containers and volumes
+        without a record, and GPUs held by no active job, are cleaned up."""
+        await self.remove_orphan_helpers()
+        for j in await self.db(self.records.list, None, {s.value for s in ACTIVE}):
+            self.spawn_task(j["id"], attach=True)
         live = [
             self.workload(j["id"])
             for j in await self.db(self.records.list, None, {s.value for s in ACTIVE})
         ]
         await self.db(self.ledger.reconcile, live, "job", 0)
+        await self.remove_orphan_containers()
         await self.prune_networks()
+
+    async def remove_orphan_helpers(self) -> None:
+        """Remove the sync helpers of jobs (not notebooks': the hub runs those) that no task
+        of this process started: after a restart, all of them."""
+        try:
+            helpers = await self.runtime.labelled_containers(self.s.instance, "sync-helper")
+        except EngineError as e:
+            log.warning("sync helpers not checked: %s", e)
+            return
+        prefix = self.workload("")
+        for h in helpers:
+            if not (h.get("Labels") or {}).get(L_WORKLOAD, "").startswith(prefix):
+                continue
+            log.warning("removing sync helper %s left by an earlier service", h["Id"][:12])
+            with contextlib.suppress(NotFound):
+                await self.runtime.run(self.runtime.client.remove_container, h["Id"], force=True)
+
+    async def remove_orphan_containers(self) -> None:
+        """Containers (and their volumes) of jobs that have no record any more: a DELETE
+        whose engine clean-up was cut short. Every container must have a record."""
+        try:
+            found = await self.runtime.labelled_containers(self.s.instance, "job")
+        except EngineError as e:
+            log.warning("job containers not checked: %s", e)
+            return
+        known = await self.db(self.records.ids)
+        for c in found:
+            job_id = (c.get("Labels") or {}).get("org.gpulab.job", "")
+            if not job_id or job_id in known:
+                continue
+            log.warning("removing container %s of deleted job %s", c["Id"][:12], job_id)
+            with contextlib.suppress(NotFound):
+                await self.runtime.run(self.runtime.client.remove_container, c["Id"], force=True)
+            await self.remove_job_volumes(job_id)
+
+    async def remove_job_volumes(self, job_id: str) -> None:
+        name = self.container_name(job_id)
+        vols = await self.runtime.run(self.runtime.client.volumes, filters={"name": f"{name}-v-"})
+        for v in (vols or {}).get("Volumes") or []:
+            if v["Name"].startswith(f"{name}-v-"):
+                await self.runtime.remove_volume(v["Name"])
 
     async def prune_networks(self) -> None:
         """Best effort: remove users' networks that no container uses any more (notebooks'
@@ -707,15 +392,3 @@ class JobSupervisor:
             return
         if gone:
             log.info("removed the networks of %s (no container left)", ", ".join(gone))
-
-    def _background(self, coro) -> None:
-        task = asyncio.create_task(coro)
-        self.tasks[f"bg-{id(task)}"] = task
-        task.add_done_callback(lambda t: self.tasks.pop(f"bg-{id(t)}", None))
-
-    def interrupt_queued(self) -> None:
-        self.wake.set()
-
-
-def iso_now() -> str:
-    return datetime.now(UTC).isoformat()

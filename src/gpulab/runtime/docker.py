@@ -17,6 +17,7 @@ from typing import Any
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
+from ..faults import fault_point
 from .objects import L_INSTANCE, L_KIND
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ def _run_helper_blocking(client: docker.APIClient, config: dict, on_line) -> Hel
     lines: list[str] = []
     try:
         client.start(cid)
+        fault_point("helper:started")
         buf = b""
         for chunk in client.logs(cid, stdout=True, stderr=True, stream=True, follow=True):
             buf += chunk

@@ -27,11 +27,13 @@ from .watchdog import RunTimeWatchdog
 log = logging.getLogger("gpulab.service")
 
 
-async def watchdog_loop(settings: GpulabSettings) -> None:
+async def watchdog_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None:
     records = NotebookRecords(Database(settings.database_url), settings.instance)
     dog = RunTimeWatchdog(records, HubClient(), settings.max_run_time)
     while True:
         await asyncio.sleep(settings.watchdog_interval)
+        if not supervisor.leading.is_set():
+            continue  # a service in standby acts on nothing
         try:
             await dog.check()
         except Exception:
@@ -70,7 +72,7 @@ async def main(argv: list[str] | None = None) -> None:
         max_body_size=body_backstop(settings.max_request_body),
     )
     log.info("gpulab service %s listening on %s", __version__, url.geturl())
-    await asyncio.gather(watchdog_loop(settings), follow_parent())
+    await asyncio.gather(watchdog_loop(settings, supervisor), follow_parent())
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from ..db import Database
-from ..lifecycle import NotebookState
+from ..lifecycle import InvalidTransition, NotebookState
 from ..notebooks import NotebookRecords
 from ..runtime.docker import DockerRuntime
 from ..runtime.objects import notebook_workload_id
@@ -90,14 +90,20 @@ class NotebookPushHandler(BaseHandler):
                 409, f"only a SYNC_FAILED notebook's push can be retried; this one is {nb['state']}"
             )
         gpulab: GpulabSettings = self.settings["gpulab"]
-        await asyncio.to_thread(
-            self.records.transition,
-            user,
-            server,
-            NotebookState.STOPPING,
-            reason="PUSH_RETRY",
-            message=f"push retried by {me['name']}",
-        )
+        try:  # compare-and-set: of two retries at once, one pushes, the other is a 409
+            await asyncio.to_thread(
+                self.records.transition,
+                user,
+                server,
+                NotebookState.STOPPING,
+                reason="PUSH_RETRY",
+                message=f"push retried by {me['name']}",
+                expect=frozenset({NotebookState.SYNC_FAILED}),
+            )
+        except InvalidTransition:
+            raise ApiError(
+                409, "this notebook changed meanwhile (another push retry or a start): try again"
+            ) from None
         vols = notebook_volumes(
             gpulab.storage,
             nb["container"],
@@ -118,7 +124,13 @@ class NotebookPushHandler(BaseHandler):
         state = NotebookState.STOPPED if ok else NotebookState.SYNC_FAILED
         reason = "STOPPED" if ok else "PUSH_FAILED"
         result = await asyncio.to_thread(
-            self.records.transition, user, server, state, reason=reason, message=message
+            self.records.transition,
+            user,
+            server,
+            state,
+            reason=reason,
+            message=message,
+            expect=frozenset({NotebookState.STOPPING}),
         )
         self.write_json(result, 200 if ok else 502)
 

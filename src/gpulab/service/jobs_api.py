@@ -27,6 +27,8 @@ from ..runtime.docker import NotFound
 from .app_base import JOBS_MANAGE, JOBS_READ, ApiError, BaseHandler, authenticated
 
 J = JobState
+#: a started job can be interrupted until it is FINALIZING (its outcome is decided then)
+INTERRUPTIBLE = frozenset(ACTIVE - {J.FINALIZING})
 READ, MANAGE = JOBS_READ, JOBS_MANAGE
 
 #: chunks a log stream may buffer for a slow client before its reader thread waits
@@ -67,7 +69,7 @@ class JobsBase(BaseHandler):
     def body(self) -> dict:
         try:
             data = json.loads(self.request.body or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             raise ApiError(400, "the body must be a JSON object", field="body") from None
         if not isinstance(data, dict):
             raise ApiError(400, "the body must be a JSON object", field="body")
@@ -172,6 +174,15 @@ class JobHandler(JobsBase):
         if JobState(job["state"]) not in ENDED:
             raise ApiError(409, f"job {job_id} is {job['state']}: interrupt it first")
         sup = self.supervisor
+        # the record goes first, in one compare-and-set on its ended state: a resume racing
+        # this delete either wins (409 here) or finds no job (404 there); what the engine
+        # still holds is removed below, or by the supervisor's sweep of orphaned containers
+        try:
+            await asyncio.to_thread(self.jobs.delete, job_id)
+        except KeyError:
+            raise ApiError(404, f"no job {job_id}") from None
+        except InvalidTransition as e:
+            raise ApiError(409, f"job {job_id} changed meanwhile: {e}") from None
         runtime = sup.runtime
         with contextlib.suppress(NotFound):
             await runtime.run(
@@ -182,7 +193,6 @@ class JobHandler(JobsBase):
         for vol in sup.volumes(job_id, JobSpec.from_json(job["spec"])):
             await runtime.remove_volume(vol.docker_volume)
         sup.log_file(job_id).unlink(missing_ok=True)
-        await asyncio.to_thread(self.jobs.delete, job_id)
         self.set_status(204)
         self.finish()
 
@@ -217,12 +227,15 @@ class JobActionHandler(JobsBase):
                         # the scheduler placed it meanwhile: interrupt it as a started job
                         current = await asyncio.to_thread(jobs.get, job_id, False)
                         state = JobState(current["state"]) if current else state
-                if state in ACTIVE and state is not J.FINALIZING:
-                    await asyncio.to_thread(jobs.update, job_id, request="interrupt")
-                    result = await asyncio.to_thread(jobs.get, job_id)
-                    self.supervisor.wake.set()
-                    return self.write_json(result, 202)
-                raise ApiError(409, f"job {job_id} is {state.value}: nothing to interrupt")
+                try:  # compare-and-set: only while the job can still be stopped
+                    result = await asyncio.to_thread(
+                        jobs.ask, job_id, "interrupt", states=INTERRUPTIBLE
+                    )
+                except InvalidTransition as e:
+                    now = e.old.value if e.old else state.value
+                    raise ApiError(409, f"job {job_id} is {now}: nothing to interrupt") from None
+                self.supervisor.wake.set()
+                return self.write_json(result, 202)
             elif action == "resume":
                 if state is not J.INTERRUPTED:
                     raise ApiError(
@@ -268,6 +281,27 @@ class JobLogsHandler(JobsBase):
         """The job's output; ?follow=true streams it until the job's container ends."""
         await self.own_job(job_id)
         follow = self.get_argument("follow", "false").lower() in ("true", "1", "yes")
+        user = self.current_user["name"]
+        # counted before anything waits: a follower waiting for its job to start holds a slot
+        # too (per user, and in all, so that a few users cannot take every stream thread)
+        if _streams_open.get(user, 0) >= MAX_LOG_STREAMS_PER_USER:
+            raise ApiError(
+                429,
+                f"you have {MAX_LOG_STREAMS_PER_USER} job log streams open; close one first",
+            )
+        if sum(_streams_open.values()) >= LOG_STREAM_THREADS:
+            raise ApiError(
+                429, f"the service has {LOG_STREAM_THREADS} log streams open; try again later"
+            )
+        _streams_open[user] = _streams_open.get(user, 0) + 1
+        try:
+            await self._logs(job_id, follow)
+        finally:
+            _streams_open[user] -= 1
+            if not _streams_open[user]:
+                del _streams_open[user]
+
+    async def _logs(self, job_id: str, follow: bool) -> None:
         sup = self.supervisor
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         info = await sup.runtime.inspect_container(sup.container_name(job_id))
@@ -286,19 +320,7 @@ class JobLogsHandler(JobsBase):
             if path.exists():
                 self.write(await asyncio.to_thread(path.read_bytes))
             return self.finish()
-        user = self.current_user["name"]
-        if _streams_open.get(user, 0) >= MAX_LOG_STREAMS_PER_USER:
-            raise ApiError(
-                429,
-                f"you have {MAX_LOG_STREAMS_PER_USER} job log streams open; close one first",
-            )
-        _streams_open[user] = _streams_open.get(user, 0) + 1
-        try:
-            await self._stream(sup.container_name(job_id), follow)
-        finally:
-            _streams_open[user] -= 1
-            if not _streams_open[user]:
-                del _streams_open[user]
+        await self._stream(sup.container_name(job_id), follow)
 
     async def _stream(self, name: str, follow: bool) -> None:
         """Copy the container's log to the client through a bounded queue.

@@ -1,0 +1,151 @@
+"""What to do with an active job whose supervisor is new (a restart) or lost track (a fault).
+
+Pure: from what the database says (state, request, pending outcome, reason) and what the
+engine says about the job's container, :func:`decide` returns one step. The supervisor runs
+it after a restart and after any fault inside a job's task, so the same few lines decide in
+both cases; ``tests/unit/test_jobs_recovery.py`` enumerates every combination that can be
+persisted and checks each decision against the lifecycle table and the invariants (nothing
+runs twice, nothing ends while its container may still run, no output is dropped).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..lifecycle import JOB_TRANSITIONS, JobState
+
+J = JobState
+
+#: states a job can be found in with a task that must carry it on (QUEUED is the scheduler's)
+RECOVERABLE = frozenset(
+    {J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING, J.INTERRUPTING, J.TIMEOUT, J.FINALIZING}
+)
+#: what a FINALIZING job may end in once its output is pushed
+OUTCOMES = frozenset({J.DONE, J.FAILED, J.INTERRUPTED, J.ERROR})
+
+
+class Container(enum.StrEnum):
+    """The job's container as the engine reports it, relative to the job's current life."""
+
+    RUNNING = "running"
+    ENDED = "ended"  # started in this life (after the job entered its state), now exited
+    STALE = "stale"  # created but never started, or left by an earlier life of the job
+    ABSENT = "absent"
+
+
+class Step(enum.StrEnum):
+    ATTACH = "attach"  # (PENDING/RESTARTING: record RUNNING, then) watch it: exit, time-out...
+    START = "start"  # a restart was cut short: start the container again, then watch
+    REQUEUE = "requeue"  # nothing of its command ran in this life: back to the queue
+    FINISH_PREEMPT = "finish-preempt"  # stop, push, remove, release, back to the queue
+    FINALIZE = "finalize"  # (stop,) release, push unless told not to, end in ``outcome``
+
+
+@dataclass(frozen=True)
+class Decision:
+    step: Step
+    outcome: JobState | None = None
+    reason: str = ""
+    message: str = ""
+    push: bool = True
+
+
+def classify(info: dict | None, life_began: float) -> Container:
+    """Turn ``docker inspect`` (None: no such container) into :class:`Container`.
+
+    ``life_began``: when the job entered its current state (epoch seconds). A container
+    started before that belongs to an earlier life (a resumed job's old container, kept for
+    the retention delay) and says nothing about this one."""
+    if info is None:
+        return Container.ABSENT
+    st = info.get("State") or {}
+    if st.get("Running"):
+        return Container.RUNNING
+    started = _epoch(st.get("StartedAt") or "")
+    if started is None or started + 1.0 < life_began:  # 1 s: engine and database clocks
+        return Container.STALE
+    return Container.ENDED
+
+
+def _epoch(stamp: str) -> float | None:
+    """Docker's RFC 3339 time (nanoseconds, 'Z') as epoch seconds; None for its zero time."""
+    from datetime import datetime
+
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    try:
+        base = datetime.fromisoformat(head + "+00:00").timestamp()
+    except ValueError:
+        return None
+    return base + (float("0." + frac[:6]) if frac.isdigit() else 0.0)
+
+
+def _pending_outcome(outcome: str, request: str) -> JobState:
+    """The outcome a FINALIZING job had decided on; databases written before the ``outcome``
+    column kept it in ``request``. Anything unreadable ends as ERROR (its push still runs)."""
+    for value in (outcome, request):
+        try:
+            state = JobState(value)
+        except ValueError:
+            continue
+        if state in OUTCOMES:
+            return state
+    return J.ERROR
+
+
+def decide(
+    state: JobState, request: str, outcome: str, container: Container, reason: str = ""
+) -> Decision:
+    """The next step for a job found in ``state`` with ``request`` pending."""
+    interrupt = request == "interrupt"
+    lost = Decision(
+        Step.FINALIZE, J.ERROR, "CONTAINER_LOST", "the job's container disappeared", push=True
+    )
+    before_start = Decision(
+        Step.FINALIZE, J.INTERRUPTED, "USER_INTERRUPT", "interrupted before it started", False
+    )
+    if state is J.FINALIZING:
+        return Decision(Step.FINALIZE, _pending_outcome(outcome, request), reason or "FINALIZED")
+    if state is J.INITIALIZING:
+        # its container is created in PENDING: any found now is an earlier life's
+        return before_start if interrupt else Decision(Step.REQUEUE)
+    if state is J.PENDING:
+        if container in (Container.RUNNING, Container.ENDED):
+            return Decision(Step.ATTACH)  # it started: never run it again
+        return before_start if interrupt else Decision(Step.REQUEUE)
+    if state is J.INTERRUPTING:
+        if request == "preempt":
+            return Decision(Step.FINISH_PREEMPT)
+        why = reason if reason in ("TIMEOUT", "PREEMPTED") else "USER_INTERRUPT"
+        if why == "PREEMPTED":  # an interrupt replaced the preemption: the user's word wins
+            why = "USER_INTERRUPT"
+        message = "time-out reached" if why == "TIMEOUT" else "interrupted by its owner"
+        return Decision(Step.FINALIZE, J.INTERRUPTED, why, message)
+    if state is J.TIMEOUT:
+        return Decision(Step.FINALIZE, J.INTERRUPTED, "TIMEOUT", "time-out reached")
+    if container is Container.ABSENT:
+        return lost
+    if state is J.RESTARTING:
+        if container in (Container.RUNNING, Container.ENDED):
+            # the restart happened (and may have ended again): the watch reads its exit code
+            # and counts retries; starting it here would run it once more than asked
+            return Decision(Step.ATTACH)
+        if interrupt:
+            return Decision(Step.FINALIZE, J.INTERRUPTED, "USER_INTERRUPT", "interrupted")
+        return Decision(Step.START)
+    # RUNNING: the watch reads the exit code, the request and the time-out itself
+    return Decision(Step.ATTACH)
+
+
+def path(state: JobState, outcome: JobState, push: bool) -> list[JobState]:
+    """The states a job goes through from ``state`` to ``outcome``: through FINALIZING when
+    its output is to be pushed and the lifecycle allows it, straight there otherwise."""
+    if state is J.FINALIZING:
+        return [outcome]
+    if push and J.FINALIZING in JOB_TRANSITIONS[state]:
+        return [J.FINALIZING, outcome]
+    if outcome in JOB_TRANSITIONS[state]:
+        return [outcome]
+    return [J.FINALIZING, outcome]

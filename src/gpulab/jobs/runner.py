@@ -1,0 +1,557 @@
+"""One job's life, as the supervisor runs it: pull, start, watch, stop, finalize.
+
+Every state change is a compare-and-set on the state the code saw (``JobRecords.transition``
+with ``expect``), so a change nobody expected fails loudly instead of overwriting another.
+GPUs are released only after the engine has confirmed that the job's container is not
+running (:meth:`JobLife.ensure_stopped`). Any fault (the engine unreachable, an API error, a
+bug) ends the task's current attempt, never the job: the supervisor's guard waits, asks the
+database and the engine again, and carries on from what they say (``recovery.decide``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from datetime import datetime
+
+from ..faults import fault_point
+from ..lifecycle import JobState, utcnow
+from ..resources import container_limits
+from ..runtime.docker import APIError, NotFound
+from ..runtime.network import NetworkUnavailable, ensure_user_network, is_missing_network
+from ..runtime.network import network_for as _network_for
+from ..runtime.objects import gpu_request, job_container_config, log_options, workload_labels
+from ..workload_data import push_all, push_verdict
+from .records import RequestChanged
+from .recovery import Container, Decision, Step, classify, decide, path
+from .spec import JobSpec
+
+log = logging.getLogger("gpulab.jobs")
+J = JobState
+MAX_HANG_RESTARTS = 3
+LOG_KEEP_BYTES = 10 * 1024 * 1024
+LOG_KEEP_LINES = 200_000  # asked of the engine: the tail, not the whole log
+# less CPU than this share of one core over a hang period counts as "no CPU progress"
+HANG_CPU_SHARE = 0.01
+
+
+def ts(iso: str | None) -> float:
+    if not iso:
+        return 0.0
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+class StillRunning(RuntimeError):
+    """The engine did not confirm that a container stopped: its GPUs stay booked."""
+
+
+class JobLife:
+    """Mixin of :class:`~gpulab.jobs.supervisor.JobSupervisor`: what happens to one job."""
+
+    async def engine(self, point: str, fn, *args, **kw):
+        """One engine call off the event loop, with the fault-injection point after it."""
+        out = await self.runtime.run(fn, *args, **kw)
+        fault_point(f"engine:{point}")
+        return out
+
+    # --- a fresh start -------------------------------------------------------------------
+
+    async def run_fresh(self, job_id: str) -> None:
+        """INITIALIZING (pull) → PENDING (container) → RUNNING, then the watch."""
+        job = await self.db(self.records.get, job_id, False)
+        if job is None or job["state"] != J.INITIALIZING.value:
+            return
+        spec = JobSpec.from_json(job["spec"])
+        name = self.container_name(job_id)
+        for vol in self.volumes(job_id, spec):
+            if await self._requested(job_id) == "interrupt":
+                return await self.finalize(job_id, *_BEFORE_START, push=False)
+            if await self.data(job_id).nothing_to_pull(vol):
+                continue  # nothing stored there yet: nothing to pull
+            outcome = await self.data(job_id).run("pull", vol)
+            fault_point("engine:pull")
+            if not outcome.ok:
+                msg = f"pull of volume {vol.label} failed: {outcome.reason}"
+                return await self.finalize(job_id, J.FAILED, "PULL_FAILED", msg, push=False)
+        if not await self.runtime.image_exists(spec.image):
+            msg = f"image {spec.image} is missing on this host"
+            return await self.finalize(job_id, J.FAILED, "IMAGE_MISSING", msg, push=False)
+        if await self._requested(job_id) == "interrupt":
+            return await self.finalize(job_id, *_BEFORE_START, push=False)
+        await self.move(
+            job_id, J.PENDING, expect=J.INITIALIZING, reason="CREATING", message="starting"
+        )
+        try:
+            await self._create_and_start(job_id, spec, name, job["devices"], job["owner"])
+        except NetworkUnavailable as e:
+            await self.ensure_stopped(name, 0)
+            return await self.finalize(job_id, J.ERROR, "NETWORK_UNAVAILABLE", str(e), push=False)
+        except APIError as e:
+            # the engine answered and refused (a bad device, a missing runtime): definite
+            await self.ensure_stopped(name, 0)
+            msg = f"the engine could not start the job: {e}"
+            return await self.finalize(job_id, J.ERROR, "ENGINE_ERROR", msg, push=False)
+        await self.move(
+            job_id,
+            J.RUNNING,
+            expect=J.PENDING,
+            reason="STARTED",
+            message="the command runs",
+            container=name,
+        )
+        await self.watch(job_id, spec, name)
+
+    # --- carrying on after a restart or a fault ------------------------------------------
+
+    async def carry_on(self, job_id: str, why: str) -> None:
+        """Decide from the database and the engine what comes next, and do it."""
+        job = await self.db(self.records.get, job_id, False)
+        if job is None:
+            return
+        state = JobState(job["state"])
+        if state not in _RECOVERABLE:
+            return
+        name = self.container_name(job_id)
+        info = await self.runtime.inspect_container(name)
+        found = classify(info, ts(job["updated"]))
+        d = decide(state, job["request"], job.get("outcome") or "", found, job["reason"])
+        log.info("job %s: %s in %s, container %s: %s", job_id, why, state, found, d.step)
+        await self.apply(job_id, job, state, found, d, why)
+
+    async def apply(self, job_id, job, state: JobState, found: Container, d: Decision, why):
+        name = self.container_name(job_id)
+        spec = JobSpec.from_json(job["spec"])
+        if d.step is Step.FINALIZE:
+            message = d.message if state is not J.FINALIZING else job["message"]
+            return await self.finalize(
+                job_id, d.outcome, d.reason, message, job["exit_code"], push=d.push
+            )
+        if d.step is Step.REQUEUE:
+            with contextlib.suppress(NotFound):
+                if found is not Container.ABSENT:
+                    await self.engine(
+                        "remove", self.runtime.client.remove_container, name, force=True
+                    )
+            await self.ensure_stopped(name, 0)
+            await self.db(self.ledger.release, self.workload(job_id))
+            await self.move(
+                job_id,
+                J.QUEUED,
+                expect=state,
+                reason="SERVICE_RESTART",
+                message=f"queued again: {why} before its command ran",
+                devices="",
+                over_quota=0,
+            )
+            return
+        if d.step is Step.FINISH_PREEMPT:
+            return await self.finish_preempt(job_id, spec, name)
+        if d.step is Step.START:
+            await self.engine("start", self.runtime.client.start, name)
+            await self.move(
+                job_id, J.RUNNING, expect=state, reason="RESTARTED", message=f"restarted ({why})"
+            )
+        elif state in (J.PENDING, J.RESTARTING):
+            await self.move(
+                job_id,
+                J.RUNNING,
+                expect=state,
+                reason="RECOVERED",
+                message=f"found started ({why})",
+                container=name,
+            )
+        await self.watch(job_id, spec, name)
+
+    # --- the engine ------------------------------------------------------------------------
+
+    async def _requested(self, job_id: str) -> str:
+        job = await self.db(self.records.get, job_id, False)
+        return job["request"] if job else ""
+
+    async def _create_and_start(self, job_id, spec: JobSpec, name, devices, owner) -> None:
+        s = self.s
+        gpu_host, gpu_env = gpu_request(devices, s.gpu_mode)
+        limits = {
+            **container_limits(spec.resources, s.pids_limit, s.shm_fraction).host_config(),
+            **log_options(s.container_log_max_size, s.container_log_max_files),
+        }
+        config = job_container_config(
+            image=spec.image,
+            name=name,
+            command=[*spec.command, *spec.args],
+            env={**spec.env, **gpu_env, "GPULAB_JOB_ID": job_id, "GPULAB_JOB_NAME": spec.name},
+            labels={
+                **spec.labels,
+                **workload_labels(s.instance, "job", owner, self.workload(job_id), devices),
+                "org.gpulab.job": job_id,
+            },
+            user="1000:100",
+            limits=limits,
+            gpu_host=gpu_host,
+            volumes={
+                v.docker_volume: {
+                    "bind": v.spec.mount,
+                    "mode": "ro" if v.spec.mode == "ro" else "rw",
+                }
+                for v in self.volumes(job_id, spec)
+            },
+            runner=self.runner_path,
+            # only the owner's network (runtime/network.py): other users' containers are apart
+            network=(network := _network_for(s.network_isolation, s.instance, owner)),
+        )
+        client = self.runtime.client
+        host = config.pop("host_config")
+
+        def create():
+            for attempt in (1, 2):
+                with contextlib.suppress(NotFound):
+                    client.remove_container(name, force=True)
+                if network:  # joined by ID: unambiguous while a racing duplicate exists
+                    host["network_mode"] = ensure_user_network(client, s.instance, owner)
+                try:
+                    client.create_container(host_config=client.create_host_config(**host), **config)
+                    fault_point("engine:create")
+                    client.start(name)
+                    return
+                except APIError as e:
+                    # pruned between our look-up and our start: make it again, once
+                    if attempt == 2 or not (network and is_missing_network(e)):
+                        raise
+
+        await self.runtime.run(create)
+        fault_point("engine:start")
+
+    async def ensure_stopped(self, name: str, grace: float) -> None:
+        """Return only once the engine confirms that ``name`` runs nothing (stopped, or no
+        such container): then, and only then, its GPUs may be released."""
+        client = self.runtime.client
+        for kill in (False, True):
+            info = await self.runtime.inspect_container(name)
+            if info is None or not info["State"].get("Running"):
+                return
+            with contextlib.suppress(NotFound):
+                if kill:
+                    await self.engine("kill", client.kill, name)
+                else:
+                    await self.engine("stop", client.stop, name, timeout=int(grace))
+        info = await self.runtime.inspect_container(name)
+        if info is not None and info["State"].get("Running"):
+            raise StillRunning(f"container {name} still runs after SIGKILL")
+
+    # --- watching ------------------------------------------------------------------------
+
+    async def watch(self, job_id: str, spec: JobSpec, name: str) -> None:
+        client = self.runtime.client
+        hang = spec.hang_restart
+        consecutive = 0
+        last_progress = time.monotonic()
+        last_cpu: int | None = None
+        last_log = time.time()
+        while True:
+            await asyncio.sleep(self.s.supervisor_interval)
+            job = await self.db(self.records.get, job_id, False)
+            if job is None or job["state"] not in (J.RUNNING.value, J.INTERRUPTING.value):
+                return  # someone else (a fault's recovery) carries it on
+            state = JobState(job["state"])
+            if job["request"] in ("interrupt", "preempt") or state is J.INTERRUPTING:
+                return await self._stop_by_request(job_id, job, spec, name)
+            info = await self.runtime.inspect_container(name)
+            if info is None:
+                return await self.finalize(
+                    job_id, J.ERROR, "CONTAINER_LOST", "the job's container disappeared"
+                )
+            st = info["State"]
+            if not st.get("Running"):
+                code = int(st.get("ExitCode", -1))
+                if code == 0:
+                    return await self.finalize(job_id, J.DONE, "EXITED", "exit code 0", code)
+                why = "out of memory" if st.get("OOMKilled") else f"exit code {code}"
+                if job["restarts"] < spec.retries:
+                    await self._auto_restart(job_id, name, job["restarts"] + 1, spec, why, code)
+                    consecutive, last_progress = 0, time.monotonic()
+                    continue
+                msg = why + (f" after {spec.retries} restarts" if spec.retries else "")
+                return await self.finalize(job_id, J.FAILED, "EXITED", msg, code)
+            started = ts(job["running_since"])
+            if started and time.time() - started > spec.timeout:
+                await self.move(
+                    job_id,
+                    J.TIMEOUT,
+                    expect=J.RUNNING,
+                    reason="TIMEOUT",
+                    message=f"time-out of {spec.timeout:g} s reached",
+                )
+                if job["restarts"] < spec.retries:
+                    await self._auto_restart(
+                        job_id,
+                        name,
+                        job["restarts"] + 1,
+                        spec,
+                        "time-out",
+                        stop_first=True,
+                        was=J.TIMEOUT,
+                    )
+                    continue
+                await self.move(
+                    job_id,
+                    J.INTERRUPTING,
+                    expect=J.TIMEOUT,
+                    reason="TIMEOUT",
+                    message="SIGTERM sent after the time-out",
+                )
+                return await self.finalize(
+                    job_id, J.INTERRUPTED, "TIMEOUT", f"time-out of {spec.timeout:g} s reached"
+                )
+            if not hang.enabled:
+                continue
+            # hang: no output and no CPU progress for the period
+            now = time.time()
+            out = await self.runtime.run(
+                client.logs, name, stdout=True, stderr=True, since=last_log, until=now
+            )
+            last_log = now
+            stats = await self.runtime.run(client.stats, name, stream=False, one_shot=True)
+            cpu = int(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0))
+            if last_cpu is None:
+                last_cpu = cpu  # CPU time at the last sign of progress (or restart)
+            # progress is real work since the mark: a restart's own few ms do not count
+            busy = (cpu - last_cpu) > HANG_CPU_SHARE * hang.period * 1e9
+            # the runner's own notes ("[gpulab] ...") are not the command's progress
+            out = [ln for ln in out.splitlines() if not ln.startswith(b"[gpulab]")]
+            if out or busy:
+                last_progress, consecutive, last_cpu = time.monotonic(), 0, cpu
+            elif time.monotonic() - last_progress > hang.period:
+                consecutive += 1
+                if consecutive > MAX_HANG_RESTARTS:
+                    msg = (
+                        f"no progress for {hang.period:g} s after "
+                        f"{MAX_HANG_RESTARTS} restarts in place"
+                    )
+                    await self.ensure_stopped(name, 0)
+                    return await self.finalize(job_id, J.FAILED, "HANG", msg)
+                await self.db(
+                    self.records.note,
+                    job_id,
+                    "fault-recovery",
+                    "HANG_RESTART",
+                    f"no output and no CPU progress for {hang.period:g} s: command "
+                    f"restarted in place ({consecutive} of {MAX_HANG_RESTARTS})",
+                    hang_restarts=job["hang_restarts"] + 1,
+                )
+                await self._restart_in_place(name)
+                last_progress, last_cpu = time.monotonic(), None
+
+    async def _auto_restart(
+        self,
+        job_id: str,
+        name: str,
+        n: int,
+        spec: JobSpec,
+        why: str,
+        exit_code: int | None = None,
+        stop_first: bool = False,
+        was: JobState = J.RUNNING,
+    ) -> None:
+        """RESTARTING -> RUNNING: the same container runs its command again (restart n)."""
+        await self.move(
+            job_id,
+            J.RESTARTING,
+            expect=was,
+            reason="AUTO_RESTART",
+            message=f"{why}; restart {n} of {spec.retries}",
+            exit_code=exit_code,
+            restarts=n,
+        )
+        if stop_first:
+            await self.ensure_stopped(name, self.s.preemption_grace)
+        await self.engine("start", self.runtime.client.start, name)
+        # a time-out restart gets a new time-out window; a failure restart keeps its own
+        fresh = {"running_since": utcnow()} if stop_first else {}
+        await self.move(
+            job_id,
+            J.RUNNING,
+            expect=J.RESTARTING,
+            reason="RESTARTED",
+            message=f"restart {n} of {spec.retries}",
+            **fresh,
+        )
+
+    async def _restart_in_place(self, name: str) -> None:
+        client = self.runtime.client
+
+        def restart():
+            ex = client.exec_create(
+                name,
+                ["sh", "-c", "touch /tmp/.gpulab-restart && kill -KILL $(cat /tmp/.gpulab-child)"],
+                user="1000:100",
+            )
+            client.exec_start(ex["Id"])
+
+        await self.runtime.run(restart)
+
+    # --- stopping ------------------------------------------------------------------------
+
+    async def _stop_by_request(self, job_id: str, job: dict, spec: JobSpec, name: str) -> None:
+        grace = self.s.preemption_grace
+        state = JobState(job["state"])
+        if job["request"] == "preempt":
+            if state is not J.INTERRUPTING:
+                await self.move(
+                    job_id,
+                    J.INTERRUPTING,
+                    expect=state,
+                    reason="PREEMPTED",
+                    message=f"its GPUs are needed by in-quota work: SIGTERM, {grace:g} s "
+                    "to checkpoint",
+                )
+            return await self.finish_preempt(job_id, spec, name)
+        if state is not J.INTERRUPTING:
+            await self.move(
+                job_id,
+                J.INTERRUPTING,
+                expect=state,
+                reason="USER_INTERRUPT",
+                message=f"SIGTERM sent, {grace:g} s grace",
+            )
+        why = "TIMEOUT" if job["reason"] == "TIMEOUT" else "USER_INTERRUPT"
+        await self.finalize(job_id, J.INTERRUPTED, why, "interrupted by its owner")
+
+    async def finish_preempt(self, job_id: str, spec: JobSpec, name: str) -> None:
+        """INTERRUPTING for a preemption: stop, push, remove the container, release the
+        GPUs, then back to the queue, unless an interrupt came meanwhile: then the job ends
+        INTERRUPTED (the user's word wins over the scheduler's)."""
+        await self.ensure_stopped(name, self.s.preemption_grace)
+        await self.save_logs(job_id, name)
+        ok, message = push_verdict(await push_all(self.data(job_id), self.volumes(job_id, spec)))
+        fault_point("engine:push")
+        with contextlib.suppress(NotFound):
+            await self.engine("remove", self.runtime.client.remove_container, name, force=True)
+        await self.ensure_stopped(name, 0)
+        await self.db(self.ledger.release, self.workload(job_id))
+        try:
+            await self.move(
+                job_id,
+                J.QUEUED,
+                expect=J.INTERRUPTING,
+                expect_request=frozenset({"preempt"}),
+                reason="PREEMPTED",
+                message="re-queued after preemption; " + message,
+                devices="",
+                over_quota=0,
+                container="",
+            )
+        except RequestChanged:
+            await self.finalize(job_id, J.INTERRUPTED, "USER_INTERRUPT", "interrupted by its owner")
+
+    async def save_logs(self, job_id: str, name: str) -> None:
+        """Keep the last LOG_KEEP_BYTES of the container's output in the logs directory.
+
+        The engine is asked for the tail only (LOG_KEEP_LINES lines), read as a stream into a
+        buffer that never holds more than LOG_KEEP_BYTES plus one chunk: however much a job
+        printed, saving its log costs bounded memory. A container that is gone leaves the
+        log saved earlier (a preemption's) as it was."""
+
+        def save():
+            kept = bytearray()
+            try:
+                stream = self.runtime.client.logs(
+                    name, stdout=True, stderr=True, stream=True, tail=LOG_KEEP_LINES
+                )
+                try:
+                    for chunk in stream:
+                        kept += chunk
+                        if len(kept) > 2 * LOG_KEEP_BYTES:
+                            del kept[:-LOG_KEEP_BYTES]
+                finally:
+                    with contextlib.suppress(Exception):
+                        stream.close()
+            except NotFound:
+                return
+            self.log_file(job_id).write_bytes(bytes(kept[-LOG_KEEP_BYTES:]))
+
+        await asyncio.to_thread(save)
+
+    async def finalize(
+        self,
+        job_id: str,
+        outcome: JobState,
+        reason: str,
+        message: str,
+        exit_code: int | None = None,
+        push: bool = True,
+    ) -> None:
+        """Stop (confirmed by the engine), release the GPUs, keep the logs, push the output
+        (through FINALIZING, where the lifecycle has it), then the outcome. Safe to run again
+        after a crash at any line: each step is idempotent and each move a compare-and-set."""
+        job = await self.db(self.records.get, job_id, False)
+        if job is None:
+            return
+        state = JobState(job["state"])
+        if state not in _RECOVERABLE:
+            return  # ended already
+        name = self.container_name(job_id)
+        await self.ensure_stopped(name, self.s.preemption_grace)
+        steps = path(state, outcome, push)
+        if steps[0] is J.FINALIZING and state is not J.FINALIZING:
+            job = await self.move(
+                job_id,
+                J.FINALIZING,
+                expect=state,
+                reason=reason,
+                message=message,
+                exit_code=exit_code,
+                outcome=outcome.value,
+            )
+            state = J.FINALIZING
+        await self.db(self.ledger.release, self.workload(job_id))
+        await self.save_logs(job_id, name)
+        extra = ""
+        if state is J.FINALIZING:
+            spec = JobSpec.from_json(job["spec"])
+            ok, pushed = push_verdict(await push_all(self.data(job_id), self.volumes(job_id, spec)))
+            fault_point("engine:push")
+            if not ok:
+                await self.move(
+                    job_id,
+                    J.SYNC_FAILED,
+                    expect=J.FINALIZING,
+                    reason="PUSH_FAILED",
+                    message=pushed,
+                    outcome=outcome.value,
+                )
+                return
+            extra = f"; {pushed}" if pushed and pushed != "compute released" else ""
+        await self.move(
+            job_id,
+            outcome,
+            expect=state,
+            reason=reason,
+            message=message + extra,
+            exit_code=exit_code,
+            devices="",
+        )
+
+    async def retry_push(self, job_id: str) -> dict:
+        """SYNC_FAILED → FINALIZING → its outcome (or SYNC_FAILED again)."""
+        job = await self.db(self.records.get, job_id, False)
+        outcome = JobState(job.get("outcome") or J.DONE.value)
+        await self.move(
+            job_id,
+            J.FINALIZING,
+            expect=J.SYNC_FAILED,
+            reason="PUSH_RETRY",
+            message="push retried",
+            outcome=outcome.value,
+        )
+        await self.finalize(
+            job_id, outcome, job["reason"], "output pushed after a retry", job["exit_code"]
+        )
+        return await self.db(self.records.get, job_id)
+
+
+_BEFORE_START = (J.INTERRUPTED, "USER_INTERRUPT", "interrupted before it started")
+_RECOVERABLE = frozenset(
+    {J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING, J.INTERRUPTING, J.TIMEOUT, J.FINALIZING}
+)
