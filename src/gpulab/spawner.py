@@ -25,6 +25,7 @@ from .db import Database
 from .gpus.inventory import load_inventory
 from .gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from .lifecycle import InvalidTransition, NotebookState
+from .notebook_reconcile import NotebookReconciler
 from .notebooks import LimitExceeded, NotebookRecords
 from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
 from .resources import container_limits, format_memory
@@ -67,7 +68,7 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
     """GPU notebooks from a framework catalog, with flavors, limits and lifecycle states."""
 
     _databases: dict[str, Database] = {}
-    _reconciled: set[str] = set()
+    _reconcilers: dict[str, NotebookReconciler] = {}
 
     notebook_user = Unicode(
         "1000",
@@ -276,26 +277,34 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def _reconcile_once(self) -> None:
-        """After a restart, GPUs held by notebooks whose container is gone are released."""
-        instance = self.settings.instance
-        if instance in self._reconciled:
-            return
-        self._reconciled.add(instance)
-        containers = await self.runtime.labelled_containers(instance, "notebook")
-        live = [c["Labels"].get("org.gpulab.workload", "") for c in containers]
-        gone = await self.runtime.run(
-            self.ledger.reconcile, live, "notebook", self.settings.gpu_reconcile_grace
-        )
-        if gone:
-            self.log.warning("released GPUs of vanished notebooks: %s", ", ".join(gone))
+    @property
+    def reconciler(self) -> NotebookReconciler:
+        """The hub process's periodic reconciliation (notebook_reconcile.py), one per instance."""
+        key = f"{self.settings.instance}|{self.settings.database_url}"
+        if key not in self._reconcilers:
+            self._reconcilers[key] = NotebookReconciler(
+                self.settings, self.records, self.ledger, self.runtime
+            )
+        return self._reconcilers[key]
+
+    @contextlib.contextmanager
+    def _in_transit(self):
+        """While this spawner starts or stops its notebook, the reconciler leaves it alone."""
+        busy = self.reconciler.busy
+        busy.add(self.workload_id)
+        try:
+            yield
+        finally:
+            busy.discard(self.workload_id)
 
     async def start(self):
         self._progress_events: list[dict] = []
         self._progress_signal = asyncio.Event()
         self._progress_done = False
+        self.reconciler.ensure_running()
         try:
-            return await self._start()
+            with self._in_transit():
+                return await self._start()
         finally:
             self._progress_done = True
             self._progress_signal.set()
@@ -334,7 +343,6 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
             self._progress(100, f"FAILED: {msg}")
             raise SpawnFailed(409, msg) from None
         self._progress(5, f"Options validated: {summary}")
-        await self._reconcile_once()
 
         # GPUs
         self._progress(15, f"Reserving {res.gpus} GPU(s)" if res.gpus else "No GPU requested")
@@ -507,6 +515,7 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
         return (code, f"{why} (exit code {code})")
 
     async def poll(self):
+        self.reconciler.ensure_running()
         status = await super().poll()
         if status is not None:
             current = await self._current_state()
@@ -519,6 +528,10 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
         return status
 
     async def stop(self, now=False):
+        with self._in_transit():
+            await self._stop(now)
+
+    async def _stop(self, now=False):
         current = await self._current_state()
         ended = current in (S.FAILED, S.ERROR)
         ran = bool(self.object_id)  # a notebook container existed: it may have written data
@@ -536,13 +549,18 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
             else:
                 await super().stop(now=now)
         except APIError as e:
-            await self._record(S.ERROR, reason="ENGINE_ERROR", message=f"could not stop: {e}")
+            # the record stays STOPPING and the GPUs booked while the container may run: the
+            # hub's next stop, or the reconciler once the engine answers, settles it
+            self.log.error("%s: could not stop: %s", self._log_name, e)
             raise
-        finally:
-            released = await self.runtime.run(self.ledger.release, self.workload_id)
-            if released:
-                self.log.info("%s released GPUs %s", self._log_name, ", ".join(released))
-            self.gpu_ids = []
+        # GPUs go back only once the engine confirms that the container runs nothing
+        info = await self.runtime.inspect_container(self.object_name)
+        if info is not None and info["State"].get("Running"):
+            raise SpawnFailed(503, f"notebook container {self.object_name} still runs")
+        released = await self.runtime.run(self.ledger.release, self.workload_id)
+        if released:
+            self.log.info("%s released GPUs %s", self._log_name, ", ".join(released))
+        self.gpu_ids = []
 
         # push the workspace and writable volumes; a failure keeps every local byte
         ok, message = True, "compute released"

@@ -378,3 +378,67 @@ def json_dump(obj) -> str:
     import json
 
     return json.dumps(obj)
+
+
+def test_storm_of_concurrent_actions_keeps_every_invariant(hub, docker_client):
+    """Interrupt, resume, rerun, delete and push fired at the same jobs from 6 threads: no
+    answer outside the contract, every job ends, no GPU stays booked or is booked twice, no
+    container is left without a record."""
+    import random
+    import threading
+
+    from gpulab.db import Database
+    from gpulab.gpus.inventory import load_inventory
+    from gpulab.gpus.ledger import GpuLedger
+
+    storm = Api(hub, "storm")
+    gpu = {"gpus": 1, "cpus": 0.5, "memory": "256M"}
+    ids = [storm.submit(command=["sh", "-c", "sleep 1"], resources=gpu)["id"] for _ in range(3)]
+    lock, codes, seen = threading.Lock(), [], set(ids)
+    rng = random.Random(12)
+    stop = time.monotonic() + 8
+
+    def worker(seed: int) -> None:
+        r = random.Random(seed)
+        while time.monotonic() < stop:
+            with lock:
+                job_id = r.choice(sorted(seen))
+            action = r.choice(["interrupt", "resume", "rerun", "delete", "push", "get"])
+            if action == "delete":
+                resp = storm.call("DELETE", f"/jobs/{job_id}")
+            elif action == "get":
+                resp = storm.call("GET", f"/jobs/{job_id}")
+            else:
+                resp = storm.call("POST", f"/jobs/{job_id}/{action}")
+            with lock:
+                codes.append((action, resp.status_code, resp.text[:200]))
+                if action == "rerun" and resp.status_code == 201:
+                    seen.add(resp.json()["id"])
+
+    threads = [threading.Thread(target=worker, args=(rng.random(),)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    allowed = {200, 201, 202, 204, 404, 409}
+    bad = [c for c in codes if c[1] not in allowed]
+    assert not bad, bad[:5]
+    assert len(codes) > 50 and {c[1] for c in codes} >= {202, 409}, sorted({c[1] for c in codes})
+    # every job that still exists ends; nothing is left booked or orphaned
+    remaining = storm.call("GET", "/jobs", params={"limit": 500}).json()["jobs"]
+    for job in remaining:
+        end = storm.wait(job["id"], timeout=120)
+        assert end["state"] in TERMINAL, end
+        assert states(end).count(end["state"]) >= 1
+    db = Database(f"sqlite:///{hub.workdir / 'data' / 'gpulab.sqlite'}")
+    ledger = GpuLedger(db, hub.instance, load_inventory([{"id": "0"}, {"id": "1"}], False))
+    deadline = time.monotonic() + 10
+    while ledger.allocations() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ledger.allocations() == [], ledger.allocations()
+    known = {j["id"] for j in storm.call("GET", "/jobs", params={"limit": 500}).json()["jobs"]}
+    for c in docker_client.containers.list(
+        all=True,
+        filters={"label": [f"org.gpulab.instance={hub.instance}", "org.gpulab.user=storm"]},
+    ):
+        assert c.labels.get("org.gpulab.job") in known, (c.name, "has no record")

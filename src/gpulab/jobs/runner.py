@@ -536,6 +536,8 @@ class JobLife:
     async def retry_push(self, job_id: str) -> dict:
         """SYNC_FAILED → FINALIZING → its outcome (or SYNC_FAILED again)."""
         job = await self.db(self.records.get, job_id, False)
+        if job is None:
+            raise KeyError(job_id)
         outcome = JobState(job.get("outcome") or J.DONE.value)
         await self.move(
             job_id,

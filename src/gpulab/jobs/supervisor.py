@@ -33,6 +33,8 @@ from .spec import JobSpec
 log = logging.getLogger(__name__)
 J = JobState
 RUNNER = str(Path(__file__).resolve().parent.parent / "runtime" / "job_runner.sh")
+#: seconds between sweeps for containers whose job record is gone
+ORPHAN_SWEEP_INTERVAL = 60.0
 #: states in which the scheduler may ask a job to give its GPUs back
 PREEMPTIBLE = frozenset({J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING})
 
@@ -59,6 +61,7 @@ class JobSupervisor(JobLife):
         self.wake = asyncio.Event()
         self.leading = asyncio.Event()  # set while this process holds the lease
         self._loop_task: asyncio.Task | None = None
+        self._last_sweep = 0.0
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -320,6 +323,9 @@ class JobSupervisor(JobLife):
                 removed_any = True
         if removed_any:
             await self.prune_networks()
+        if now - self._last_sweep > ORPHAN_SWEEP_INTERVAL:
+            self._last_sweep = now
+            await self.remove_orphan_containers()
 
     # --- restart safety ------------------------------------------------------------------
 

@@ -272,6 +272,8 @@ class JobActionHandler(JobsBase):
                 raise ApiError(404, f"no action {action}")
         except InvalidTransition as e:
             raise ApiError(409, str(e)) from None
+        except KeyError:  # deleted meanwhile (a concurrent DELETE): as if it never existed
+            raise ApiError(404, f"no job {job_id}") from None
         self.write_json(result)
 
 

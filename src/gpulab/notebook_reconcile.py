@@ -1,0 +1,156 @@
+"""The hub's periodic reconciliation of notebook records, the GPU ledger and the engine.
+
+A hub killed in the middle of a start or a stop leaves a record in STARTING or STOPPING that
+nobody will finish, a sync helper container (with store credentials) that nobody will
+remove, and GPUs booked for a container that no longer runs. The hub process runs one
+reconciliation pass every ``notebook_reconcile_interval`` seconds (and one at its first
+spawn or poll):
+
+- records: a STARTING or STOPPING record that no spawner of this hub process is working on,
+  last changed before this process started, is settled from what the engine says (running:
+  RUNNING; not running: FAILED for a start, SYNC_FAILED for a stop, whose data stays in its
+  volume for a retried push);
+- sync helpers of notebooks that are not starting or stopping in this process are removed;
+- GPUs are released from notebooks that neither run a container nor are in transit.
+
+:func:`repairs` is the pure decision, tested without an engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from .lifecycle import InvalidTransition, NotebookState
+from .runtime.docker import EngineError, NotFound
+from .runtime.objects import L_WORKLOAD, notebook_workload_id
+
+log = logging.getLogger("gpulab.notebooks")
+S = NotebookState
+IN_TRANSIT = frozenset({S.STARTING.value, S.STOPPING.value})
+
+
+@dataclass(frozen=True)
+class Repair:
+    user: str
+    server: str
+    expect: NotebookState
+    state: NotebookState
+    reason: str
+    message: str
+
+
+def _at(iso: str) -> datetime:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+def repairs(
+    records: list[dict], running: set[str], busy: set[str], started: datetime, instance: str
+) -> list[Repair]:
+    """The transitions that settle stale STARTING / STOPPING records.
+
+    ``running``: workload ids with a running container; ``busy``: workload ids a spawner of
+    this process is starting or stopping; ``started``: when this hub process started."""
+    out = []
+    for nb in records:
+        if nb["state"] not in IN_TRANSIT:
+            continue
+        workload = notebook_workload_id(instance, nb["user"], nb["server"])
+        if workload in busy or _at(nb["updated"]) >= started:
+            continue  # someone is on it (here, or the service's push retry since we started)
+        state = S(nb["state"])
+        up = workload in running
+        if state is S.STARTING and up:
+            new, reason, msg = S.RUNNING, "RECOVERED", "found running after a hub restart"
+        elif state is S.STARTING:
+            new, reason, msg = S.FAILED, "HUB_RESTART", "the hub restarted while it started"
+        elif up:
+            continue  # a stop cut short with its container still up: the hub stops it again
+        else:
+            new, reason = S.SYNC_FAILED, "HUB_RESTART"
+            msg = "the hub restarted while it stopped; the data is kept: retry the push"
+        out.append(Repair(nb["user"], nb["server"], state, new, reason, msg))
+    return out
+
+
+class NotebookReconciler:
+    """One per hub process (per instance); the spawners share it."""
+
+    def __init__(self, settings, records, ledger, runtime):
+        from .lifecycle import utcnow
+
+        self.s, self.records, self.ledger, self.runtime = settings, records, ledger, runtime
+        self.started = utcnow()
+        self.busy: set[str] = set()  # workloads a spawner of this process is starting/stopping
+        self._task: asyncio.Task | None = None
+
+    def ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.pass_once()
+            except Exception:
+                log.exception("notebook reconciliation failed")
+            await asyncio.sleep(self.s.notebook_reconcile_interval)
+
+    async def pass_once(self) -> dict:
+        instance = self.s.instance
+        records = await asyncio.to_thread(self.records.list, None)
+        try:
+            containers = await self.runtime.labelled_containers(instance, "notebook")
+            helpers = await self.runtime.labelled_containers(instance, "sync-helper")
+        except EngineError as e:
+            log.warning("notebooks not reconciled (engine): %s", e)
+            return {}
+        running = {
+            (c.get("Labels") or {}).get(L_WORKLOAD, "")
+            for c in containers
+            if c.get("State") == "running"
+        }
+        fixed = []
+        for r in repairs(records, running, set(self.busy), self.started, instance):
+            with contextlib.suppress(InvalidTransition):  # it moved meanwhile: fine
+                await asyncio.to_thread(
+                    self.records.transition,
+                    r.user,
+                    r.server,
+                    r.state,
+                    reason=r.reason,
+                    message=r.message,
+                    expect=frozenset({r.expect}),
+                )
+                fixed.append(f"{r.user}/{r.server} {r.expect.value}->{r.state.value}")
+        if fixed:
+            log.warning("settled notebook records left by an earlier hub: %s", ", ".join(fixed))
+        # helpers: only while a start or a stop is on; the service's push retries are STOPPING
+        transit = {
+            notebook_workload_id(instance, nb["user"], nb["server"])
+            for nb in await asyncio.to_thread(self.records.list, None)
+            if nb["state"] in IN_TRANSIT
+        }
+        notebook_prefix = notebook_workload_id(instance, "", "").rsplit("/", 2)[0] + "/"
+        removed = []
+        for h in helpers:
+            workload = (h.get("Labels") or {}).get(L_WORKLOAD, "")
+            if not workload.startswith(notebook_prefix) or workload in self.busy:
+                continue
+            if workload in transit:
+                continue
+            with contextlib.suppress(NotFound):
+                await self.runtime.remove_container(h["Id"])
+                removed.append(workload)
+        if removed:
+            log.warning("removed orphaned sync helpers of %s", ", ".join(removed))
+        live = running | transit | set(self.busy)
+        gone = await asyncio.to_thread(
+            self.ledger.reconcile, live, "notebook", self.s.gpu_reconcile_grace
+        )
+        if gone:
+            log.warning("released GPUs of notebooks that run no container: %s", ", ".join(gone))
+        return {"records": fixed, "helpers": removed, "gpus": gone}

@@ -1,0 +1,89 @@
+"""The hub settles what an earlier hub process left behind, periodically, not once.
+
+An earlier hub was killed in the middle of things: a notebook record stuck in STARTING with
+GPUs booked and no container, another stuck in STOPPING with its sync helper (store
+credentials in its environment) still there, a helper of a stopped notebook. The new hub's
+reconciler settles each from what the engine says.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpulab.db import Database
+from gpulab.gpus.inventory import load_inventory
+from gpulab.gpus.ledger import GpuLedger
+from gpulab.lifecycle import NotebookState
+from gpulab.notebooks import NotebookRecords
+from gpulab.runtime.objects import notebook_workload_id
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
+S = NotebookState
+
+CONFIG = """
+c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]
+c.GpulabSettings.gpu_mode = "env"
+c.GpulabSettings.notebook_reconcile_interval = 0.5
+c.GpulabSettings.gpu_reconcile_grace = 0
+"""
+
+
+def _helper(docker_client, instance: str, workload: str):
+    """A stand-in for a sync helper left running: labelled as gpulab labels its helpers."""
+    return docker_client.containers.run(
+        "gpulab/python:3.11",
+        ["sleep", "300"],
+        detach=True,
+        labels={
+            "org.gpulab.instance": instance,
+            "org.gpulab.kind": "sync-helper",
+            "org.gpulab.workload": workload,
+        },
+        environment={"AWS_SECRET_ACCESS_KEY": "planted"},
+    )
+
+
+def test_a_new_hub_settles_records_helpers_and_gpus_left_by_the_last(hub_factory, docker_client):
+    hub = hub_factory(CONFIG, start=False)
+    hub.write_config()
+    data = hub.workdir / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    db = Database(f"sqlite:///{data / 'gpulab.sqlite'}")
+    records = NotebookRecords(db, hub.instance)
+    ledger = GpuLedger(db, hub.instance, load_inventory([{"id": "0"}, {"id": "1"}], False))
+    # left by the killed hub
+    records.transition("carol", "starting", S.STARTING, reason="SPAWN")
+    ledger.reserve(notebook_workload_id(hub.instance, "carol", "starting"), "carol", "notebook", 1)
+    for state in (S.STARTING, S.RUNNING, S.STOPPING):
+        records.transition("carol", "stopping", state)
+    for state in (S.STARTING, S.RUNNING, S.STOPPING, S.STOPPED):
+        records.transition("carol", "stopped", state)
+    left = [
+        _helper(docker_client, hub.instance, notebook_workload_id(hub.instance, "carol", s))
+        for s in ("stopping", "stopped")
+    ]
+    time.sleep(1.1)  # the records are older than the new hub process
+    hub.start()
+    # any spawn starts the hub's reconciler; the first pass runs at once
+    token = hub.create_user("dan")
+    r = hub.spawn("dan", "nb", {"framework": "python", "flavor": "cpu-small"}, token=token)
+    assert r.status_code in (201, 202), r.text
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if records.state("carol", "starting") is S.FAILED and ledger.allocations() == []:
+            break
+        time.sleep(0.2)
+    starting = records.get("carol", "starting")
+    assert (starting["state"], starting["history"][-1]["reason"]) == ("FAILED", "HUB_RESTART")
+    assert records.state("carol", "stopping") is S.SYNC_FAILED  # push retry stays possible
+    assert records.state("carol", "stopped") is S.STOPPED
+    assert ledger.allocations() == []
+    deadline = time.monotonic() + 10
+    alive = left
+    while alive and time.monotonic() < deadline:
+        alive = [c for c in left if c.id in {x.id for x in docker_client.containers.list(all=True)}]
+        time.sleep(0.2)
+    assert alive == [], "orphaned sync helpers were not removed"
+    hub.wait_ready("dan", "nb")  # the reconciler leaves a real spawn alone
