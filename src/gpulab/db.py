@@ -127,9 +127,7 @@ class GpuAllocation(Base):
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
-        engine = create_engine(
-            url, connect_args={"timeout": 30, "check_same_thread": False}, pool_pre_ping=True
-        )
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):
@@ -143,7 +141,12 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # writers take the write lock up front (no upgrade deadlocks); readers do not:
+            # in WAL mode they read a snapshot beside the writer instead of queueing for it
+            if conn.get_execution_options().get("gpulab_read_only"):
+                conn.exec_driver_sql("BEGIN")
+            else:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     else:
         engine = create_engine(url, pool_pre_ping=True)
@@ -184,10 +187,21 @@ class Database:
     def __init__(self, url: str):
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._readers = sessionmaker(
+            self.engine.execution_options(gpulab_read_only=True), expire_on_commit=False
+        )
 
     @contextmanager
     def session(self) -> Iterator[Session]:
+        """A unit of work that may write (on SQLite it holds the write lock throughout)."""
         with self._sessions() as s, s.begin():
+            yield s
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A unit of work that only reads: one consistent snapshot, taken without the write
+        lock (API reads no longer queue behind one another and the supervisor's writes)."""
+        with self._readers() as s, s.begin():
             yield s
 
     @staticmethod

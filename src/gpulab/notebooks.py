@@ -208,7 +208,7 @@ class NotebookRecords:
             return why
 
     def get(self, user: str, server: str) -> dict | None:
-        with self.db.session() as s:
+        with self.db.read() as s:
             nb = self._find(s, user, server)
             return notebook_json(nb) if nb else None
 
@@ -217,7 +217,7 @@ class NotebookRecords:
         return NotebookState(nb["state"]) if nb else None
 
     def list(self, user: str | None = None) -> list[dict]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             q = select(Notebook).where(Notebook.instance == self.instance)
             if user is not None:
                 q = q.where(Notebook.user == user)
@@ -226,7 +226,7 @@ class NotebookRecords:
 
     def page(self, user: str | None, limit: int, offset: int) -> tuple[list[dict], int]:
         """One page of :meth:`list` (by user, then server) and how many there are in all."""
-        with self.db.session() as s:
+        with self.db.read() as s:
             where = [Notebook.instance == self.instance]
             if user is not None:
                 where.append(Notebook.user == user)
@@ -245,15 +245,22 @@ class NotebookRecords:
         """RUNNING time of the user's notebooks, per commenced minute (per notebook)."""
         from .jobs.billing import billed_minutes
 
-        with self.db.session() as s:
-            q = select(Notebook).where(Notebook.instance == self.instance, Notebook.user == user)
-            q = q.options(selectinload(Notebook.events))
-            now = utcnow()
-            return sum(billed_minutes(nb.events, now) for nb in s.scalars(q))
+        with self.db.read() as s:
+            rows = s.execute(
+                select(NotebookEvent.notebook_id, NotebookEvent.state, NotebookEvent.at)
+                .join(Notebook, Notebook.id == NotebookEvent.notebook_id)
+                .where(Notebook.instance == self.instance, Notebook.user == user)
+                .order_by(NotebookEvent.notebook_id, NotebookEvent.id)
+            ).all()
+        per_notebook: dict[int, list] = {}
+        for row in rows:
+            per_notebook.setdefault(row.notebook_id, []).append(row)
+        now = utcnow()
+        return sum(billed_minutes(events, now) for events in per_notebook.values())
 
     def running_longer_than(self, seconds: float) -> list[dict]:
         cutoff = utcnow() - timedelta(seconds=seconds)
-        with self.db.session() as s:
+        with self.db.read() as s:
             q = select(Notebook).where(
                 Notebook.instance == self.instance,
                 Notebook.state == NotebookState.RUNNING.value,

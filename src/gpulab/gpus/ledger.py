@@ -136,7 +136,7 @@ class GpuLedger:
             return list(rows)
 
     def held_by(self, workload: str) -> list[str]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             return sorted(
                 s.scalars(
                     select(GpuAllocation.device).where(
@@ -146,7 +146,7 @@ class GpuLedger:
             )
 
     def allocations(self) -> list[dict]:
-        with self.db.session() as s:
+        with self.db.read() as s:
             rows = s.scalars(
                 select(GpuAllocation).where(GpuAllocation.instance == self.instance)
             ).all()
@@ -163,7 +163,7 @@ class GpuLedger:
             ]
 
     def free_count(self) -> int:
-        with self.db.session() as s:
+        with self.db.read() as s:
             busy = set(
                 s.scalars(
                     select(GpuAllocation.device).where(GpuAllocation.instance == self.instance)

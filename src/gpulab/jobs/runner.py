@@ -101,6 +101,7 @@ class JobLife:
             message="the command runs",
             container=name,
         )
+        self.fault_streak.pop(job_id, None)
         await self.watch(job_id, spec, name)
 
     # --- carrying on after a restart or a fault ------------------------------------------

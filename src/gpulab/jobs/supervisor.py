@@ -58,6 +58,7 @@ class JobSupervisor(JobLife):
         self.logs_dir = logs_dir
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.tasks: dict[str, asyncio.Task] = {}
+        self.fault_streak: dict[str, int] = {}  # consecutive faults per job, for the backoff
         self.wake = asyncio.Event()
         self.leading = asyncio.Event()  # set while this process holds the lease
         self._loop_task: asyncio.Task | None = None
@@ -266,7 +267,7 @@ class JobSupervisor(JobLife):
         database and the engine say. A fault never ends a job by itself: only a decision
         made on what the engine confirmed does (a job is never called ended, nor its GPUs
         free, while its container may still run)."""
-        delay, faults = 1.0, 0
+        faults = 0
         try:
             while True:
                 try:
@@ -278,10 +279,14 @@ class JobSupervisor(JobLife):
                     return
                 except Exception as e:
                     faults += 1
+                    # the streak outlives this task (a fault before the command ran re-queues
+                    # the job, and the next placement must not retry at once): reset at RUNNING
+                    streak = self.fault_streak[job_id] = self.fault_streak.get(job_id, 0) + 1
+                    delay = min(2.0 ** (streak - 1), self.s.engine_retry_max)
                     log.exception(
-                        "job %s: supervisor fault %d; retrying in %g s", job_id, faults, delay
+                        "job %s: supervisor fault %d; retrying in %g s", job_id, streak, delay
                     )
-                    if faults == 1 or faults % 10 == 0:
+                    if streak == 1 or streak % 10 == 0:
                         with contextlib.suppress(Exception):
                             await self.db(
                                 self.records.note,
@@ -289,10 +294,9 @@ class JobSupervisor(JobLife):
                                 "fault-recovery",
                                 "SUPERVISOR_RETRY",
                                 f"platform fault ({type(e).__name__}: {str(e)[:300]}); "
-                                f"retrying in {delay:g} s (attempt {faults})",
+                                f"retrying in {delay:g} s (attempt {streak})",
                             )
                     await asyncio.sleep(delay)
-                    delay = min(delay * 2, self.s.engine_retry_max)
         finally:
             self.tasks.pop(job_id, None)
             self.wake.set()
