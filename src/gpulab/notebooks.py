@@ -85,14 +85,15 @@ class NotebookRecords:
         self.db = db
         self.instance = instance
 
-    def _find(self, s, user: str, server: str) -> Notebook | None:
-        return s.scalar(
-            select(Notebook)
-            .where(
-                Notebook.instance == self.instance, Notebook.user == user, Notebook.server == server
-            )
-            .options(selectinload(Notebook.events))
+    def _find(self, s, user: str, server: str, lock: bool = False) -> Notebook | None:
+        """The notebook with its events; ``lock``: its row locked for this transaction (a
+        compare-and-set on PostgreSQL; SQLite's writers hold the database lock anyway)."""
+        q = select(Notebook).where(
+            Notebook.instance == self.instance, Notebook.user == user, Notebook.server == server
         )
+        if lock:
+            q = q.with_for_update(of=Notebook)
+        return s.scalar(q.options(selectinload(Notebook.events)))
 
     def transition(
         self,
@@ -111,7 +112,7 @@ class NotebookRecords:
         ``expect``: the states the caller saw; any other raises InvalidTransition (someone
         else changed the notebook meanwhile: a compare-and-set, in the same transaction)."""
         with self.db.session() as s:
-            nb = self._find(s, user, server)
+            nb = self._find(s, user, server, lock=True)
             if expect is not None:
                 old = NotebookState(nb.state) if nb else None
                 if old not in expect:
@@ -181,7 +182,7 @@ class NotebookRecords:
             ).all()
             held = sum_resources(o.get("resources") for o in others if o)
             why = exceeds(held, resources, limits)
-            nb = self._find(s, user, server)
+            nb = self._find(s, user, server, lock=True)
             nb = self._apply(s, nb, user, server, S.STARTING, reason, message, None, fields)
             if why:
                 self._apply(s, nb, user, server, S.FAILED, "LIMIT_EXCEEDED", why, None, {})
@@ -193,14 +194,14 @@ class NotebookRecords:
 
     def set_stop_reason(self, user: str, server: str, reason: str, message: str) -> None:
         with self.db.session() as s:
-            nb = self._find(s, user, server)
+            nb = self._find(s, user, server, lock=True)
             if nb is not None:
                 nb.stop_reason, nb.stop_message = reason, message
 
     def take_stop_reason(self, user: str, server: str) -> tuple[str, str]:
         """The reason set by whoever asked for this stop (cleared), else a user's stop."""
         with self.db.session() as s:
-            nb = self._find(s, user, server)
+            nb = self._find(s, user, server, lock=True)
             if nb is None or not nb.stop_reason:
                 return ("STOP", "stop requested")
             why = (nb.stop_reason, nb.stop_message)

@@ -38,14 +38,60 @@ def test_records_on_postgres(postgres_url):
     db = Database(postgres_url)
     jobs = JobRecords(db, "pg")
     job = jobs.create("ann", {"priority": 50}, None, ["team"])
+    was = JobState.QUEUED
     for state in (JobState.INITIALIZING, JobState.PENDING, JobState.RUNNING):
-        jobs.transition(job["id"], state)
+        jobs.transition(job["id"], state, expect=was)
+        was = state
     got = jobs.get(job["id"])
     assert got["state"] == "RUNNING" and got["groups"] == ["team"] and got["running_since"]
     notebooks = NotebookRecords(db, "pg")
     notebooks.transition("ann", "nb", NotebookState.STARTING)
     notebooks.transition("ann", "nb", NotebookState.RUNNING)
     assert [e["state"] for e in notebooks.get("ann", "nb")["history"]] == ["STARTING", "RUNNING"]
+
+
+def test_compare_and_set_queue_cap_and_lease_hold_on_postgres(postgres_url):
+    """What SQLite gets from its database-wide write lock, PostgreSQL gets from row locks
+    and advisory locks: racing processes (one engine each) never both win."""
+    import secrets
+
+    from gpulab.jobs.lease import SupervisorLease
+    from gpulab.lifecycle import InvalidTransition
+
+    instance = "pg" + secrets.token_hex(3)
+    dbs = [Database(postgres_url) for _ in range(4)]
+    records = [JobRecords(db, instance) for db in dbs]
+    job = records[0].create("ann", {"priority": 50}, None)
+
+    def place(i):  # the scheduler's QUEUED -> INITIALIZING, from 4 "services" at once
+        try:
+            records[i % 4].transition(job["id"], JobState.INITIALIZING, expect=JobState.QUEUED)
+            return "won"
+        except InvalidTransition:
+            return "lost"
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        outcomes = list(pool.map(place, range(12)))
+    assert outcomes.count("won") == 1, outcomes
+    assert [e["state"] for e in records[0].get(job["id"])["history"]] == ["QUEUED", "INITIALIZING"]
+
+    def submit(i):
+        try:
+            records[i % 4].create("bea", {"priority": 50}, None, max_unfinished=3)
+            return "created"
+        except Exception as e:
+            return type(e).__name__
+
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        created = list(pool.map(submit, range(12)))
+    assert created.count("created") == 3 and created.count("QueueFull") == 9, created
+
+    leases = [
+        SupervisorLease(db, f"{instance}/supervisor", 30, f"svc{i}") for i, db in enumerate(dbs)
+    ]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        held = list(pool.map(lambda lease: lease.acquire().held, leases))
+    assert held.count(True) == 1, held
 
 
 @pytest.mark.docker

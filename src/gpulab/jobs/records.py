@@ -107,13 +107,14 @@ class JobRecords:
         self.db = db
         self.instance = instance
 
-    def _get(self, s, job_id: str) -> Job | None:
-        job = s.scalar(
-            select(Job)
-            .where(Job.instance == self.instance, Job.id == job_id)
-            .options(selectinload(Job.events))
-        )
-        return job
+    def _get(self, s, job_id: str, lock: bool = False) -> Job | None:
+        """The job with its events; ``lock``: its row locked until the transaction ends, so
+        that a compare-and-set is one on PostgreSQL too (SQLite's writers hold the database
+        lock anyway, and the clause is left out there)."""
+        q = select(Job).where(Job.instance == self.instance, Job.id == job_id)
+        if lock:
+            q = q.with_for_update(of=Job)
+        return s.scalar(q.options(selectinload(Job.events)))
 
     def create(
         self,
@@ -185,7 +186,7 @@ class JobRecords:
         """
         expected = frozenset({expect}) if isinstance(expect, JobState) else expect
         with self.db.session() as s:
-            job = self._get(s, job_id)
+            job = self._get(s, job_id, lock=True)
             if job is None:
                 raise KeyError(job_id)
             old = JobState(job.state)
@@ -232,7 +233,7 @@ class JobRecords:
         if request not in REQUESTS:
             raise ValueError(f"unknown request {request!r}")
         with self.db.session() as s:
-            job = self._get(s, job_id)
+            job = self._get(s, job_id, lock=True)
             if job is None:
                 raise KeyError(job_id)
             old = JobState(job.state)
@@ -246,7 +247,7 @@ class JobRecords:
     def note(self, job_id: str, kind: str, reason: str, message: str, **fields) -> None:
         """An event that does not change the state (a fault recovery), and counters."""
         with self.db.session() as s:
-            job = self._get(s, job_id)
+            job = self._get(s, job_id, lock=True)
             if job is None:
                 return
             for key, value in fields.items():
@@ -259,7 +260,7 @@ class JobRecords:
         """An ended job's container and volumes are gone: clear its container (only while
         it is still ended: a job resumed meanwhile keeps its new one)."""
         with self.db.session() as s:
-            job = self._get(s, job_id)
+            job = self._get(s, job_id, lock=True)
             if job is None or JobState(job.state) not in ENDED:
                 return False
             job.container = ""
@@ -300,6 +301,7 @@ class JobRecords:
         labels: dict[str, str] | None,
         limit: int,
         offset: int,
+        newest_first: bool = False,
     ) -> tuple[list[dict], int]:
         """One page of :meth:`list` (oldest first, then by id) and how many match in all.
 
@@ -312,7 +314,9 @@ class JobRecords:
                 where.append(Job.owner == owner)
             if states:
                 where.append(Job.state.in_(states))
-            order = (Job.submitted, Job.id)
+            order = (
+                (Job.submitted.desc(), Job.id.desc()) if newest_first else (Job.submitted, Job.id)
+            )
             if labels:  # labels live in the spec's JSON: filtered here, on ids and specs only
                 ids = [
                     job_id
@@ -340,6 +344,16 @@ class JobRecords:
             bills = _bills(s, [(j.id, j.state, j.updated) for j in rows], now)
             by_id = {j.id: job_json(j, now, billed=bills[j.id]) for j in rows}
             return [by_id[i] for i in wanted if i in by_id], total
+
+    def counts(self, owner: str) -> dict[str, int]:
+        """How many of the owner's jobs are in each state (one grouped query)."""
+        with self.db.read() as s:
+            rows = s.execute(
+                select(Job.state, func.count())
+                .where(Job.instance == self.instance, Job.owner == owner)
+                .group_by(Job.state)
+            ).all()
+        return {state: n for state, n in rows}
 
     def active_and_queued(self) -> list[dict]:
         """What the scheduler needs, without histories (it runs several times a second)."""
@@ -380,7 +394,7 @@ class JobRecords:
         it is left in the engine (container, volumes) is removed afterwards by the caller, or
         by the supervisor's sweep of containers without a record."""
         with self.db.session() as s:
-            job = self._get(s, job_id)
+            job = self._get(s, job_id, lock=True)
             if job is None:
                 raise KeyError(job_id)
             old = JobState(job.state)
