@@ -184,17 +184,19 @@ class HomePage(PageHandler):
         notebooks = (
             await asyncio.to_thread(self.records.list, me["name"]) if self.has(NB_READ) else []
         )
-        jobs = await asyncio.to_thread(self.jobs.list, me["name"])
+        recent, jobs_total = await asyncio.to_thread(
+            self.jobs.page, me["name"], None, None, 5, 0, True
+        )
+        counts = await asyncio.to_thread(self.jobs.counts, me["name"])
         usage = await asyncio.to_thread(self.jobs.usage, me["name"])
         nb_minutes = await asyncio.to_thread(self.records.billed_minutes, me["name"])
         free, total = await self.gpu_counts()
-        jobs.sort(key=lambda j: j["submitted"] or "", reverse=True)
         self.render_page(
             "home.html",
             notebooks=notebooks,
-            recent_jobs=jobs[:5],
-            job_counts=Counter(j["state"] for j in jobs),
-            jobs_total=len(jobs),
+            recent_jobs=recent,
+            job_counts=counts,
+            jobs_total=jobs_total,
             usage={
                 "jobs": usage["jobs_billed_minutes"],
                 "notebooks": nb_minutes,
@@ -213,6 +215,10 @@ class HomePage(PageHandler):
             return None, len(ledger.devices)
 
 
+#: jobs the jobs page shows (the newest; the REST API pages through all of them)
+JOBS_PAGE_ROWS = 200
+
+
 class JobsPage(PageHandler):
     @authenticated
     async def get(self):
@@ -224,13 +230,20 @@ class JobsPage(PageHandler):
         unknown = [s for s in chosen if s not in JOB_STATES]
         if unknown:
             raise ApiError(400, f"unknown state {unknown[0]}; states are {', '.join(JOB_STATES)}")
-        rows = await asyncio.to_thread(
-            self.jobs.list, None if want_all else me["name"], set(chosen) or None
+        # the newest page only: a page that rendered every job ever run would grow forever
+        rows, total = await asyncio.to_thread(
+            self.jobs.page,
+            None if want_all else me["name"],
+            set(chosen) or None,
+            None,
+            JOBS_PAGE_ROWS,
+            0,
+            True,
         )
-        rows.sort(key=lambda j: j["submitted"] or "", reverse=True)
         self.render_page(
             "jobs.html",
             jobs=rows,
+            jobs_total=total,
             states=JOB_STATES,
             chosen=chosen,
             want_all=want_all,
