@@ -7,8 +7,10 @@ store, at the store itself and at the sync's own files. Bob's files must stay by
 and nothing in the store outside mallory's own prefixes may change, on push and on pull.
 The sync helpers' binds are watched through the engine's events: none may be the store root.
 
-The engine against moto's S3 server is checked here too (no hub): planted links and the
-``/proc/self/fd`` paths the engine hands to boto3 for multipart uploads and ranged downloads.
+Against moto's S3 server: the same attack through the hub, aimed at the sync helper's own
+credentials, is ``test_notebook_data.py::test_job_links_never_upload_the_helpers_secrets_or_
+touch_others``; the engine alone (planted links, and the ``/proc/self/fd`` paths it hands to
+boto3 for multipart uploads and ranged downloads) is in ``tests/unit/test_datasync_links.py``.
 """
 
 from __future__ import annotations

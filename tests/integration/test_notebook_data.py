@@ -317,3 +317,37 @@ def test_progress_shows_sync_and_credentials_never_leak(hub, s3, docker_client):
     assert TEST_SECRET_KEY not in text
     assert TEST_ACCESS_KEY not in text
     hub.stop_server("alice", "prog")
+
+
+def test_job_links_never_upload_the_helpers_secrets_or_touch_others(hub, s3):
+    """Issue 11's link attack against an S3 store, through the real hub: a job's rw volume
+    holds links to the sync helper's own environment (its store credentials), to /etc and to
+    the sync's own files. Nothing they point at is uploaded; bob's object stays byte-identical;
+    no object in the bucket carries the store's secret key."""
+    from .test_jobs import Api
+
+    with contextlib.suppress(s3.client.exceptions.BucketAlreadyOwnedByYou):
+        s3.client.create_bucket(Bucket="results")
+    s3.client.put_object(Bucket="results", Key="bob/model.bin", Body=b"bob's weights")
+    mallory = Api(hub, "mallory")
+    links = [
+        "ln -sfn /proc/self/environ /out/env.txt",
+        "ln -sfn /proc/1/environ /out/pid1-env.txt",
+        "ln -sfn /etc /out/etc",
+        "ln -sfn /etc/passwd /out/passwd",
+        "ln -sfn /proc/self/environ /out/.gpulab-sync-manifest.json.tmp-1",
+        "ln -sfn /proc/self/environ /out/.gpulab-sync.lock",
+    ]
+    job = mallory.submit(
+        command=["sh", "-c", " && ".join(links) + " && echo trained > /out/result.txt"],
+        volumes=["results@s3/mallory/run1:/out:rw"],
+    )
+    done = mallory.wait(job["id"])
+    logs = mallory.call("GET", f"/jobs/{job['id']}/logs").text
+    assert done["state"] == "DONE", (done["reason"], done["message"], logs)
+    assert keys(s3, "results", "mallory/") == {"mallory/run1/result.txt"}
+    body = s3.client.get_object(Bucket="results", Key="bob/model.bin")["Body"].read()
+    assert body == b"bob's weights"
+    for key in keys(s3, "results"):
+        data = s3.client.get_object(Bucket="results", Key=key)["Body"].read()
+        assert TEST_SECRET_KEY.encode() not in data, key
