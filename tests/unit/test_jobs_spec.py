@@ -407,7 +407,7 @@ def test_max_timeout_is_configurable_and_caps_the_default():
     [
         ({"retries": -1}, "retries", "from 0 to 128"),
         ({"retries": 129}, "retries", "from 0 to 128"),
-        ({"retries": 1.0}, "retries", "whole number"),
+        ({"retries": 1.5}, "retries", "whole number"),
         ({"retries": "3"}, "retries", "whole number"),
         ({"retries": True}, "retries", "whole number"),
         ({"priority": 101}, "priority", "from 0 to 100"),
@@ -569,6 +569,77 @@ def test_schema_is_valid_draft_2020_12_and_agrees_on_examples():
         assert not v.is_valid(body), body
         with pytest.raises(JobSpecError):
             parse(body)
+
+
+DEPLOYMENT_BODIES = [
+    {"command": "x"},
+    {"command": ["x"], "framework": "pytorch"},
+    {"command": ["x"], "version": "2.13"},
+    {"command": ["x"], "framework": "pytorch", "version": "2.13", "image": ""},
+    {"command": ["x"], "image": "gpulab/pytorch:2.13", "framework": "pytorch"},
+    {"command": ["x"], "image": "gpulab/pytorch:2.13", "framework": "python"},
+    {"command": ["x"], "image": "gpulab/pytorch:2.13"},
+    {"command": ["x"], "image": "other/image:1"},
+    {"command": ["x"], "image": "gpulab/pytorch:9"},
+    {"command": ["x"], "framework": "tensorflow"},
+    {"command": ["x"], "flavor": "gpu-2"},
+    {"command": ["x"], "flavor": "gpu-2", "preemptible": True},
+    {"command": ["x"], "flavor": "gpu-2", "resources": {"gpus": 0}},
+    {"command": ["x"], "flavor": "huge"},
+    {"command": ["x"], "resources": {"gpus": 0}},
+    {"command": ["x"], "resources": {"gpus": 0}, "preemptible": True},
+    {"command": ["x"], "resources": {"gpus": 3}, "preemptible": True},
+    {"command": ["x"], "resources": {"cpus": 3, "gpus": 0}},
+    {"command": ["x"], "resources": {"memory": 17 * G, "gpus": 0}},
+    {"command": ["x"], "timeout": 30 * 86400},
+    {"command": ["x"], "timeout": 30 * 86400 + 1},
+    {"command": ["x"], "hang_restart": {"period": 9}},
+    {"command": ["x"], "priority": 60},
+    {"command": ["x"], "volumes": ["datasets@s3:/d"]},
+    {"command": ["\ufeff \x1c"]},
+    {"command": "ok\x00"},
+    {"command": ["x"], "labels": {"org.gpulab.owner": "me"}},
+    {"command": ["x"], "name": ""},
+]
+
+
+@pytest.mark.parametrize("quota", [(2, 4), (1, 4), (0, 4), (None, 0), (0, 0)])
+def test_the_deployments_schema_agrees_with_the_parser(quota):
+    """The schema the service serves (its catalog, flavors, GPUs, the caller's limits and
+    quota) accepts exactly what the parser and the scheduler's submission check accept."""
+    from gpulab.jobs.scheduler import Quota, can_ever_fit
+    from gpulab.jobs.spec_schema import job_spec_schema
+
+    jsonschema = pytest.importorskip("jsonschema")
+    limits = Limits(cpus=2, memory=parse_memory("16G"), gpus=2)
+    schema = job_spec_schema(
+        catalog=CATALOG,
+        flavors=FLAVORS,
+        limits=limits,
+        allowed_images=["other/image:1"],
+        host_gpus=2,
+        quota_gpus=quota[0],
+        quota_jobs=quota[1],
+        max_timeout=30 * 86400,
+        max_priority=50,
+        volumes=False,
+    )
+    jsonschema.Draft202012Validator.check_schema(schema)
+    v = jsonschema.Draft202012Validator(schema)
+    for body in DEPLOYMENT_BODIES:
+        try:
+            spec = parse(
+                body,
+                limits=limits,
+                host_gpus=2,
+                allowed_images=frozenset(["other/image:1"]),
+                storage=None,
+            )
+            why = can_ever_fit(spec.resources.gpus, 2, Quota(*quota), spec.preemptible)
+            accepted = why is None and spec.priority <= 50
+        except JobSpecError:
+            accepted = False
+        assert v.is_valid(body) is accepted, (quota, body)
 
 
 @pytest.mark.parametrize(
@@ -741,7 +812,7 @@ def test_names_are_matched_in_full_a_trailing_newline_is_refused(raw, field):
         ({"memory": 10**30}, "resources.memory", "at most 1P"),
         ({"memory": "99999999999999999999T"}, "resources.memory", "at most 1P"),
         ({"gpus": 10**30}, "resources.gpus", "at most 1024"),
-        ({"gpus": 1.0}, "resources.gpus", "whole number"),
+        ({"gpus": 2.5}, "resources.gpus", "whole number"),
     ],
 )
 def test_numbers_are_finite_and_in_range(resources, field, words):
@@ -750,6 +821,15 @@ def test_numbers_are_finite_and_in_range(resources, field, words):
         assert parse(body).resources.memory == 4 * G
         return
     refused(body, field, words)
+
+
+def test_whole_floats_are_the_integers_they_are():
+    """JSON (and JSON Schema's integer) does not tell 2.0 from 2: neither does the parser."""
+    body = {"command": ["x"], "retries": 2.0, "priority": 40.0}
+    spec = parse(body | {"resources": {"gpus": 1.0, "memory": 1073741824.0}})
+    assert (spec.retries, spec.priority) == (2, 40)
+    assert spec.resources.gpus == 1 and spec.resources.memory == G
+    assert type(spec.retries) is int and type(spec.resources.gpus) is int
 
 
 def test_smallest_resources_are_accepted():
@@ -770,7 +850,7 @@ def test_smallest_resources_are_accepted():
         ({"retries": 10**30}, "retries", "from 0 to 128"),
         ({"retries": float("nan")}, "retries", "whole number"),
         ({"priority": True}, "priority", "whole number"),
-        ({"priority": 50.0}, "priority", "whole number"),
+        ({"priority": 50.5}, "priority", "whole number"),
         ({"priority": 10**30}, "priority", "from 0 to 100"),
     ],
 )

@@ -69,6 +69,13 @@ RESERVED_LABEL_PREFIXES = (LABEL_PREFIX, "com.docker.", "io.docker.", "org.docke
 _NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+#: white space, as a regex character class body: what Python's str.isspace() and
+#: ECMAScript's \s call white space, together. A command of nothing else is blank; the JSON
+#: Schema's patterns use the same class, so the schema and the parser agree on every character
+BLANK_CLASS = r"\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_BLANK_RE = re.compile(f"[{BLANK_CLASS}]*")
+#: a memory size as :func:`gpulab.resources.parse_memory` reads it (the schema's pattern)
+_MEMORY_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*[KMGTkmgt]?([Ii]?[Bb])?\s*$"
 _DURATION_PATTERN = (
     r"^(?=.*\d)\s*(\d+(\.\d+)?|(\d+(\.\d+)?[dD])?\s*(\d+(\.\d+)?[hH])?\s*"
     r"(\d+(\.\d+)?[mM])?\s*(\d+(\.\d+)?[sS])?)\s*$"
@@ -142,7 +149,16 @@ def _optional_text(raw: Mapping, key: str, cap: int = MAX_ID_CHARS) -> str | Non
     return value
 
 
+def _whole(value: object) -> object:
+    """A float with a whole value (``45.0``) as the integer it is: JSON (and JSON Schema's
+    ``integer``) does not tell ``45.0`` from ``45``. Anything else as it came."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _integer(value: object, key: str, low: int, high: int) -> int:
+    value = _whole(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise JobSpecError(
             key, f"{key} must be a whole number from {low} to {high}, not {shown(value)}"
@@ -222,14 +238,14 @@ def _command(raw: Mapping) -> tuple[tuple[str, ...], tuple[str, ...]]:
                 f"command: at most {size_text(MAX_COMMAND_BYTES)} with its args (got "
                 f"{len(value)} characters); pass large inputs through a volume",
             )
-        if not value.strip():
+        if _BLANK_RE.fullmatch(value):
             raise JobSpecError("command", f"command is blank: {help_}")
         command: tuple[str, ...] = ("sh", "-c", value)
         if "\0" in value:
             raise JobSpecError("command", "command must not contain NUL characters")
     elif isinstance(value, list | tuple):
         command = _strings(value, "command", MAX_COMMAND_ITEMS)
-        if not command[0].strip():
+        if _BLANK_RE.fullmatch(command[0]):
             raise JobSpecError("command", f"the program (first item) is blank: {help_}")
     else:
         raise JobSpecError("command", f"{help_}, not {_type_name(value)} {shown(value)}")
@@ -388,7 +404,7 @@ def _resources(
             f"resources.{_key_text(unknown)}",
             f"unknown resource {shown(unknown)}; resources take: {', '.join(RESOURCE_FIELDS)}",
         )
-    given = {k: v for k, v in value.items() if v is not None}
+    given = {k: v if k == "cpus" else _whole(v) for k, v in value.items() if v is not None}
     cpus, memory, gpus = given.get("cpus"), given.get("memory"), given.get("gpus")
     if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)):
         raise JobSpecError("resources.cpus", f"resources.cpus must be a number, not {shown(cpus)}")

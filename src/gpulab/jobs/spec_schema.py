@@ -6,6 +6,9 @@ the two in step (fields, and examples both must accept or refuse).
 
 from __future__ import annotations
 
+import copy
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..bounds import (
@@ -31,11 +34,14 @@ from ..bounds import (
     MIN_MEMORY,
     size_text,
 )
-from ..resources import format_memory
+from ..frameworks import Catalog
+from ..resources import Flavor, Limits, Resources, format_memory, parse_memory
 from .spec_fields import (
     _DURATION_PATTERN,
     _ENV_NAME_RE,
     _LABEL_KEY_RE,
+    _MEMORY_PATTERN,
+    BLANK_CLASS,
     DEFAULT_CPUS,
     DEFAULT_GPUS,
     DEFAULT_HANG_PERIOD,
@@ -43,17 +49,29 @@ from .spec_fields import (
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
     MAX_RETRIES,
+    MIN_HANG_PERIOD,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
+    RESERVED_LABEL_PREFIXES,
 )
 
-__all__ = ["JOB_SPEC_SCHEMA"]
+__all__ = ["DURATION_FORMAT", "JOB_SPEC_SCHEMA", "SIZE_FORMAT", "job_spec_schema"]
+
+#: custom string formats (JSON Schema ``format``): what a pattern cannot say, the value range
+DURATION_FORMAT = "gpulab-duration"
+SIZE_FORMAT = "gpulab-size"
+#: a string without NUL characters, and one that also has a character other than white space
+_NO_NUL = r"^[^\x00]*$"
+_NOT_BLANK = rf"^[^\x00]*[^\x00{BLANK_CLASS}][^\x00]*$"
+#: ``sh``, ``-c`` and the string's NUL: what running a string command adds to its bytes
+_SHELL_BYTES = len("sh\0-c\0") + 1
 
 _DURATION_SCHEMA: dict[str, Any] = {
     "oneOf": [
         {"type": "number", "exclusiveMinimum": 0, "description": "seconds"},
         {
             "type": "string",
+            "format": DURATION_FORMAT,
             "minLength": 1,
             "maxLength": MAX_NUMBER_CHARS,
             "pattern": _DURATION_PATTERN,
@@ -73,7 +91,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
     "properties": {
         "name": {
             "type": ["string", "null"],
-            "pattern": r"^[a-z][a-z0-9-]*$",
+            "pattern": r"^([a-z][a-z0-9-]*)?$",
             "maxLength": MAX_NAME_CHARS,
             "description": "Lowercase letters, digits and '-', starting with a letter; "
             "generated when absent.",
@@ -100,23 +118,25 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
                 {
                     "type": "string",
                     "minLength": 1,
-                    "maxLength": MAX_COMMAND_BYTES,
+                    "maxLength": MAX_COMMAND_BYTES - _SHELL_BYTES,
+                    "pattern": _NOT_BLANK,
                     "description": "run with sh -c",
                 },
                 {
                     "type": "array",
-                    "items": {"type": "string"},
+                    "prefixItems": [{"type": "string", "pattern": _NOT_BLANK}],
+                    "items": {"type": "string", "pattern": _NO_NUL},
                     "minItems": 1,
                     "maxItems": MAX_COMMAND_ITEMS,
                 },
             ],
             "description": "The program and its arguments, or one shell command line. With "
             f"`args`: at most {MAX_COMMAND_ITEMS} entries and {size_text(MAX_COMMAND_BYTES)} "
-            "in UTF-8 together.",
+            "in UTF-8 together; no NUL characters, and not blank (the program, for a list).",
         },
         "args": {
             "type": ["array", "null"],
-            "items": {"type": "string"},
+            "items": {"type": "string", "pattern": _NO_NUL},
             "maxItems": MAX_COMMAND_ITEMS,
         },
         "env": {
@@ -130,7 +150,11 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
                     + [{"const": n} for n in sorted(RESERVED_ENV_NAMES)]
                 },
             },
-            "additionalProperties": {"type": "string", "maxLength": MAX_ENV_VALUE_BYTES},
+            "additionalProperties": {
+                "type": "string",
+                "maxLength": MAX_ENV_VALUE_BYTES,
+                "pattern": _NO_NUL,
+            },
             "description": f"Environment variables (values at most "
             f"{size_text(MAX_ENV_VALUE_BYTES)} in UTF-8, names and values at most "
             f"{size_text(MAX_ENV_BYTES)} together); names starting with "
@@ -139,7 +163,13 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
         "labels": {
             "type": ["object", "null"],
             "maxProperties": MAX_LABELS,
-            "propertyNames": {"pattern": _LABEL_KEY_RE.pattern, "maxLength": MAX_LABEL_KEY_CHARS},
+            "propertyNames": {
+                "pattern": _LABEL_KEY_RE.pattern,
+                "maxLength": MAX_LABEL_KEY_CHARS,
+                "not": {
+                    "anyOf": [{"pattern": "^" + re.escape(p)} for p in RESERVED_LABEL_PREFIXES]
+                },
+            },
             "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_VALUE_CHARS},
         },
         "flavor": {
@@ -161,7 +191,9 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
                     "oneOf": [
                         {
                             "type": "string",
+                            "format": SIZE_FORMAT,
                             "maxLength": MAX_NUMBER_CHARS,
+                            "pattern": _MEMORY_PATTERN,
                             "examples": ["512M", "4G", "1.5GiB"],
                         },
                         {
@@ -229,3 +261,189 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
         },
     },
 }
+
+
+# --- the schema of one deployment, for one caller ---------------------------------------------
+
+_NOTHING = [None, ""]  # what a text field takes for "absent" (the parser's None and "")
+
+
+def _duration_schema(low: float, exclusive: bool, high: float, what: str) -> dict[str, Any]:
+    """A duration field of a deployment: seconds as a number, or a string whose range the
+    format says (a pattern cannot bound a sum of parts)."""
+    low_text = f"more than {low:g}" if exclusive else f"at least {low:g}"
+    return {
+        "oneOf": [
+            {
+                "type": "number",
+                ("exclusiveMinimum" if exclusive else "minimum"): low,
+                "maximum": high,
+                "description": "seconds",
+            },
+            {
+                "type": "string",
+                "format": DURATION_FORMAT,
+                "description": f"{DURATION_FORMAT}: a number of seconds or d/h/m/s parts, "
+                f"largest first ({', '.join(['90s', '30m', '1h30m', '7d'])}); "
+                f"{low_text} and at most {high:g} seconds",
+            },
+            {"type": "null"},
+        ],
+        "description": what,
+    }
+
+
+def _memory_schema(high: int) -> dict[str, Any]:
+    return {
+        "oneOf": [
+            {"type": "integer", "minimum": MIN_MEMORY, "maximum": high, "description": "bytes"},
+            {
+                "type": "string",
+                "format": SIZE_FORMAT,
+                "description": f"{SIZE_FORMAT}: a size such as 512M, 4G or 1.5GiB, from "
+                f"{format_memory(MIN_MEMORY)} to {format_memory(high)}",
+            },
+            {"type": "null"},
+        ]
+    }
+
+
+def _fits(value: float, low: float, high: float) -> bool:
+    return low <= value <= high
+
+
+def job_spec_schema(
+    *,
+    catalog: Catalog,
+    flavors: Mapping[str, Flavor],
+    limits: Limits,
+    allowed_images: Iterable[str],
+    host_gpus: int,
+    quota_gpus: int | None,
+    quota_jobs: int | None,
+    max_timeout: float,
+    max_priority: int = MAX_PRIORITY,
+    volumes: bool = True,
+) -> dict[str, Any]:
+    """:data:`JOB_SPEC_SCHEMA` narrowed to what this deployment accepts from one caller: the
+    catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
+    the caller's resource limits and GPU quota, the host's GPUs, the longest time-out, the
+    highest priority the caller may ask for, and no volumes where no object store is set.
+
+    Combinations the parser refuses are ruled out too (``anyOf``): a version of another
+    framework, an image that contradicts its framework, a flavor whose values exceed the
+    limits unless ``resources`` override them, more GPUs than the quota unless preemptible.
+    What stays out of reach of a schema: the sums (command and args together, all of env),
+    and the grants and mount paths of volumes, refused with a 400 naming the field.
+    """
+    schema = copy.deepcopy(JOB_SPEC_SCHEMA)
+    schema.pop("$schema", None)  # embedded in an OpenAPI 3.1 document, whose dialect it is
+    props = schema["properties"]
+
+    # frameworks, versions, images: each version with the ways to name it
+    default_fw = catalog.framework(None)
+    frameworks = list(catalog.frameworks.values())
+    custom = sorted(set(allowed_images) | catalog.images())
+    props["framework"]["enum"] = [f.id for f in frameworks] + _NOTHING
+    props["version"]["enum"] = sorted({v.id for f in frameworks for v in f.versions}) + _NOTHING
+    props["image"]["enum"] = custom + _NOTHING
+    # (an absent field is the default: a branch whose field has no default requires it)
+    named: list[dict[str, Any]] = []
+    for fw in frameworks:
+        for i, ver in enumerate(fw.versions):
+            named.append(
+                {
+                    "properties": {
+                        "framework": {"enum": [fw.id] + (_NOTHING if fw is default_fw else [])},
+                        "version": {"enum": [ver.id] + (_NOTHING if i == 0 else [])},
+                        "image": {"enum": [ver.image, *_NOTHING]},
+                    },
+                    "required": (["framework"] if fw is not default_fw else [])
+                    + (["version"] if i else []),
+                }
+            )
+    named.append(
+        {
+            "properties": {
+                "framework": {"enum": _NOTHING},
+                "version": {"enum": _NOTHING},
+                "image": {"enum": custom},
+            },
+            "required": ["image"],
+        }
+    )
+
+    # resources: a flavor (or the job defaults) whose values the overrides replace, each held
+    # to the caller's limits; GPUs also to the host's and, unless preemptible, to the quota
+    cpus_max = min(MAX_CPUS, limits.cpus)
+    memory_max = min(MAX_MEMORY, limits.memory)
+    gpus_any = min(MAX_GPUS, host_gpus, limits.gpus)
+    gpus_in = gpus_any if quota_gpus is None else min(gpus_any, quota_gpus)
+    kinds: list[tuple[dict[str, Any] | None, int]] = []
+    if gpus_in == gpus_any and quota_jobs != 0:
+        kinds.append((None, gpus_any))
+    else:
+        kinds.append(({"const": True}, gpus_any))
+        if quota_jobs != 0 and gpus_in >= 0:
+            kinds.append(({"enum": [False, None]}, gpus_in))
+    defaults = Resources(DEFAULT_CPUS, parse_memory(DEFAULT_MEMORY), DEFAULT_GPUS)
+    choices: list[tuple[list, Resources]] = [(_NOTHING, defaults)]
+    choices += [([f.id], f.resources) for f in flavors.values()]
+    fitting: list[str] = []
+    sized: list[dict[str, Any]] = []
+    for preemptible, gpus_max in kinds:
+        for names, base in choices:
+            ranges = {
+                "cpus": (MIN_CPUS, cpus_max, base.cpus),
+                "memory": (MIN_MEMORY, memory_max, base.memory),
+                "gpus": (0, gpus_max, base.gpus),
+            }
+            if any(low > high for low, high, _ in ranges.values()):
+                continue
+            values = {
+                "cpus": {"type": "number", "minimum": MIN_CPUS, "maximum": cpus_max},
+                "memory": _memory_schema(memory_max),
+                "gpus": {"type": "integer", "minimum": 0, "maximum": gpus_max},
+            }
+            given = [d for d, (low, high, v) in ranges.items() if not _fits(v, low, high)]
+            res: dict[str, Any] = {
+                "type": "object" if given else ["object", "null"],
+                "properties": {
+                    d: s if d in given else {"anyOf": [s, {"type": "null"}]}
+                    for d, s in values.items()
+                },
+            }
+            if given:
+                res["required"] = given
+            branch: dict[str, Any] = {
+                "properties": {"flavor": {"enum": names}, "resources": res},
+                "required": (["flavor"] if names != _NOTHING else [])
+                + (["resources"] if given else []),
+            }
+            if preemptible is not None:
+                branch["properties"]["preemptible"] = preemptible
+                if preemptible.get("const") is True:
+                    branch["required"].append("preemptible")
+            sized.append(branch)
+            fitting += [n for n in names if n]
+    props["flavor"]["enum"] = sorted(set(fitting)) + _NOTHING
+    resources = props["resources"]["properties"]
+    resources["memory"] = {**_memory_schema(memory_max), "default": DEFAULT_MEMORY}
+    resources["cpus"]["maximum"] = cpus_max
+    resources["gpus"]["maximum"] = gpus_any
+
+    props["timeout"] = _duration_schema(0, True, max_timeout, props["timeout"]["description"])
+    period = props["hang_restart"]["properties"]["period"]
+    props["hang_restart"]["properties"]["period"] = {
+        **_duration_schema(MIN_HANG_PERIOD, False, max_timeout, period["description"]),
+        "default": DEFAULT_HANG_PERIOD,
+    }
+    props["priority"]["maximum"] = max_priority
+    if not volumes:
+        props["volumes"] = {
+            "type": ["array", "null"],
+            "maxItems": 0,
+            "description": "No object store is configured on this platform: no data volumes.",
+        }
+    schema["allOf"] = [{"anyOf": named}, {"anyOf": sized}]
+    return schema

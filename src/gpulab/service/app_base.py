@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 from urllib.parse import urlencode
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
 
-from ..bounds import body_too_large
+from ..bounds import body_too_large, shown
 from ..notebooks import NotebookRecords
 from .bodylimit import request_cap
 
@@ -23,6 +24,13 @@ ADMIN = "custom:gpulab:admin"
 IMPLIED_BY: dict[str, tuple[str, ...]] = {JOBS_READ: (JOBS_MANAGE,), NB_READ: (NB_MANAGE,)}
 #: list endpoints answer pages of this many items (``?limit=`` up to MAX_PAGE)
 DEFAULT_PAGE, MAX_PAGE = 100, 500
+#: the largest ``?offset=`` (nine digits)
+MAX_OFFSET = 999_999_999
+_DIGITS = re.compile(r"[0-9]{1,9}")
+#: white space around query values (tornado's own strip takes Unicode's too, "\xa0" and all)
+ASCII_SPACE = " \t\n\v\f\r"
+#: query arguments never echoed back (in a page's ``next`` link): credentials
+_SECRET_ARGS = frozenset({"token", "access_token"})
 
 
 class ApiError(web.HTTPError):
@@ -70,7 +78,43 @@ def authenticated(method):
     return wrapper
 
 
-class NotFoundHandler(web.RequestHandler):
+class JsonErrors(web.RequestHandler):
+    """Errors answered as JSON ``{status, message, field?}`` (the OpenAPI document's Error),
+    never tornado's HTML page: a 405 names the methods its path serves in ``Allow``, a 401 the
+    credentials it wants in ``WWW-Authenticate``."""
+
+    @classmethod
+    def allowed_methods(cls) -> list[str]:
+        """The methods this handler implements (those it does not are a 405)."""
+        base = web.RequestHandler
+        return [
+            m
+            for m in cls.SUPPORTED_METHODS
+            if getattr(cls, m.lower(), None) is not getattr(base, m.lower(), None)
+        ]
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        message = self._reason
+        body: dict = {"status": status_code}
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        if isinstance(exc, ApiError) and exc.field:
+            body["field"] = exc.field
+        if status_code == 405:
+            allowed = self.allowed_methods()
+            self.set_header("Allow", ", ".join(allowed))
+            message = f"{self.request.method} is not served here; this path takes " + (
+                ", ".join(allowed) or "no method"
+            )
+        body["message"] = message
+        if status_code == 401:
+            self.set_header("WWW-Authenticate", 'token realm="gpulab"')
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(body))
+
+
+class NotFoundHandler(JsonErrors):
     """JSON 404 for any path the API does not serve."""
 
     def prepare(self):
@@ -79,17 +123,35 @@ class NotFoundHandler(web.RequestHandler):
         self.finish(json.dumps({"status": 404, "message": f"no such path {self.request.path}"}))
 
 
-class BaseHandler(HubOAuthenticated, web.RequestHandler):
+class BaseHandler(HubOAuthenticated, JsonErrors):
     @property
     def records(self) -> NotebookRecords:
         return self.settings["records"]
 
-    def prepare(self):
+    async def prepare(self):
         """Refuse an oversized body (JSON 413 naming the limit) before any handler parses it:
-        a chunked one, read up to the server's limit (declared ones: bodylimit.py)."""
+        a chunked one, read up to the server's limit (declared ones: bodylimit.py). Then
+        identify the caller without blocking the event loop."""
         why = body_too_large(len(self.request.body or b""), request_cap(self.settings))
         if why:
             raise ApiError(413, why, field="body")
+        await self.identify()
+
+    async def identify(self) -> None:
+        """Resolve the caller once, asynchronously, into the cache that JupyterHub's
+        ``get_current_user`` reads. Its synchronous path blocks the event loop on a round
+        trip through HubAuth's own thread for every request, cached token or not: under 50
+        clients that hand-off was half of the loop's time (measured, bench/bench_api.py)."""
+        if hasattr(self, "_hub_auth_user_cache"):
+            return
+        model = await self.hub_auth.get_user(self, sync=False)
+        if not model:
+            self._hub_auth_user_cache = None
+            return
+        try:
+            self._hub_auth_user_cache = self.check_hub_user(model)
+        except UserNotAllowed:
+            self._hub_auth_user_cache = None  # check_hub_user noted who, for the 403
 
     def check_hub_user(self, model):
         """JupyterHub's check, remembering who was refused for lack of the access scope (so
@@ -136,22 +198,34 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     def page_args(self) -> tuple[int, int]:
         """``?limit=`` (1 to MAX_PAGE, default DEFAULT_PAGE) and ``?offset=`` (0 or more)."""
         out = []
-        for name, default, top in (("limit", DEFAULT_PAGE, MAX_PAGE), ("offset", 0, None)):
-            raw = self.get_argument(name, str(default))
+        for name, default, top in (("limit", DEFAULT_PAGE, MAX_PAGE), ("offset", 0, MAX_OFFSET)):
+            raw = self.get_argument(name, str(default), strip=False)
             low = 1 if name == "limit" else 0
-            if not raw.isdigit() or len(raw) > 9 or int(raw) < low or (top and int(raw) > top):
-                most = f" and at most {top}" if top else ""
+            # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+            if not _DIGITS.fullmatch(raw) or not low <= int(raw) <= top:
+                most = f" and at most {top}" if top < MAX_OFFSET else ""
                 raise ApiError(
                     400, f"{name} must be a whole number of at least {low}{most}", field=name
                 )
             out.append(int(raw))
         return out[0], out[1]
 
+    def flag(self, name: str, default: bool = False) -> bool:
+        """A boolean query argument: ``true`` or ``false`` (any case); else 400."""
+        raw = self.get_argument(name, None, strip=False)
+        if raw is None:
+            return default
+        if raw.lower() not in ("true", "false"):
+            raise ApiError(400, f"{name} must be true or false, not {shown(raw)}", field=name)
+        return raw.lower() == "true"
+
     def write_page(self, key: str, rows: list, total: int, limit: int, offset: int) -> None:
         """A page of a list, with the total and the URL of the next page (None at the end)."""
         nxt = None
         if offset + len(rows) < total:
-            args = {k: self.get_arguments(k) for k in self.request.arguments}
+            args = {
+                k: self.get_arguments(k) for k in self.request.arguments if k not in _SECRET_ARGS
+            }
             args["offset"] = [str(offset + len(rows))]
             args["limit"] = [str(limit)]
             query = urlencode([(k, v) for k, vs in args.items() for v in vs])
@@ -163,21 +237,7 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(obj))
 
-    def write_error(self, status_code: int, **kwargs) -> None:
-        message = self._reason
-        body: dict = {"status": status_code}
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(exc, web.HTTPError) and exc.log_message:
-            message = exc.log_message % exc.args if exc.args else exc.log_message
-        if isinstance(exc, ApiError) and exc.field:
-            body["field"] = exc.field
-        body["message"] = message
-        if status_code == 401:
-            self.set_header("WWW-Authenticate", 'token realm="gpulab"')
-        self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(body))
 
-
-class HealthHandler(web.RequestHandler):
+class HealthHandler(JsonErrors):
     def get(self):
         self.finish({"status": "ok"})

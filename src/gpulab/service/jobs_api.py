@@ -24,7 +24,14 @@ from ..jobs.scheduler import can_ever_fit
 from ..jobs.spec import parse_job_spec
 from ..lifecycle import InvalidTransition, JobState
 from ..runtime.docker import NotFound
-from .app_base import JOBS_MANAGE, JOBS_READ, ApiError, BaseHandler, authenticated
+from .app_base import (
+    ASCII_SPACE,
+    JOBS_MANAGE,
+    JOBS_READ,
+    ApiError,
+    BaseHandler,
+    authenticated,
+)
 
 J = JobState
 #: a started job can be interrupted until it is FINALIZING (its outcome is decided then)
@@ -82,12 +89,16 @@ class JobsHandler(JobsBase):
         """List jobs: yours (admins: ?user=NAME or ?all=true), ?state=A,B, ?label=k=v."""
         me = self.require(READ)
         user = self.get_argument("user", me["name"])
-        want_all = self.get_argument("all", "false").lower() == "true"
+        want_all = self.flag("all")
         if (user != me["name"] or want_all) and not self.is_admin(me):
             raise ApiError(403, "only admins may list other users' jobs")
         states = None
-        if self.get_argument("state", ""):
-            states = {s.strip().upper() for s in self.get_argument("state").split(",")}
+        raw = self.get_argument("state", "", strip=False)
+        if raw.strip(ASCII_SPACE):
+            # names in any (ASCII) case, around ASCII white space: what the document's pattern
+            # says ("ſ".upper() is "S", and "\xa0" is white space to str.strip())
+            states = {s.strip(ASCII_SPACE) for s in raw.split(",")}
+            states = {s.upper() if s.isascii() else s for s in states}
             unknown = states - {s.value for s in JobState}
             if unknown:
                 raise ApiError(
@@ -259,6 +270,8 @@ class JobActionHandler(JobsBase):
                 # the copy belongs to the job's owner, also when an admin asks for it
                 owner = {"name": job["owner"], "groups": job["groups"]}
                 result = await JobsHandler.submit(self, owner, job["spec"])
+                jobs_path = self.request.path.rsplit("/", 2)[0]
+                self.set_header("Location", f"{jobs_path}/{result['id']}")
                 return self.write_json(result, 201)
             elif action == "push":
                 if state is not J.SYNC_FAILED:
@@ -282,7 +295,7 @@ class JobLogsHandler(JobsBase):
     async def get(self, job_id: str):
         """The job's output; ?follow=true streams it until the job's container ends."""
         await self.own_job(job_id)
-        follow = self.get_argument("follow", "false").lower() in ("true", "1", "yes")
+        follow = self.flag("follow")
         user = self.current_user["name"]
         # counted before anything waits: a follower waiting for its job to start holds a slot
         # too (per user, and in all, so that a few users cannot take every stream thread)
@@ -407,8 +420,11 @@ class UsageHandler(JobsBase):
         user = self.get_argument("user", me["name"])
         if user != me["name"] and not self.is_admin(me):
             raise ApiError(403, "only admins may read other users' usage")
-        jobs = await asyncio.to_thread(self.jobs.usage, user)
-        notebooks = await asyncio.to_thread(self.records.billed_minutes, user)
+
+        def both() -> tuple[dict, int]:  # one hop to a thread, not two
+            return self.jobs.usage(user), self.records.billed_minutes(user)
+
+        jobs, notebooks = await asyncio.to_thread(both)
         self.write_json(
             {
                 "user": user,

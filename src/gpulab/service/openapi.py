@@ -10,16 +10,28 @@ from __future__ import annotations
 from .. import __version__
 from ..jobs.spec import JOB_SPEC_SCHEMA
 from ..lifecycle import JobState, NotebookState
-from .app_base import DEFAULT_PAGE, MAX_PAGE
+from .app_base import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
 
 ERROR = {
     "type": "object",
     "required": ["status", "message"],
     "properties": {
-        "status": {"type": "integer"},
+        "status": {"type": "integer", "minimum": 400, "maximum": 599},
         "message": {"type": "string", "description": "what is wrong and what is allowed"},
         "field": {"type": "string", "description": "the input at fault, dotted for nested"},
     },
+}
+
+#: the error answers, by status (every one a JSON Error)
+ERROR_TEXT = {
+    400: "invalid input: the message says what is allowed, `field` names the input",
+    401: "no valid credentials (none, or an unknown or expired token)",
+    403: "the token lacks the scope this action needs (or asks for more than the caller may)",
+    404: "not found (or not yours); also any path this service does not serve",
+    409: "not allowed in the current state",
+    413: "the request body is over the service's limit (the message names it)",
+    429: "too many log streams open; close one first or try again later",
+    502: "the object store failed",
 }
 
 
@@ -27,21 +39,49 @@ def _ref(name: str) -> dict:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _json(schema: dict, description: str) -> dict:
-    return {"description": description, "content": {"application/json": {"schema": schema}}}
+def _json(schema: dict, description: str, headers: dict | None = None) -> dict:
+    out = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+def _error(code: int) -> dict:
+    if code == 401:
+        challenge = {"schema": {"type": "string"}, "description": 'token realm="gpulab"'}
+        return _json(_ref("Error"), ERROR_TEXT[code], {"WWW-Authenticate": challenge})
+    return _json(_ref("Error"), ERROR_TEXT[code])
 
 
 def _errors(*codes: int) -> dict:
-    """Error answers of an authenticated operation: 401 and 403 always, and ``codes``."""
-    text = {
-        400: "invalid input",
-        401: "no valid credentials (none, or an unknown or expired token)",
-        403: "the token lacks the scope this action needs",
-        404: "not found (or not yours)",
-        409: "not allowed in the current state",
-        502: "the object store failed",
+    """Error answers of an authenticated operation: 401, 403 and 413 always, and ``codes``."""
+    return {str(c): _error(c) for c in sorted({401, 403, 413, *codes})}
+
+
+#: the Location of a created job
+LOCATION = {
+    "Location": {
+        "schema": {"type": "string"},
+        "description": "the new job's path",
+        "required": True,
     }
-    return {str(c): _json(_ref("Error"), text[c]) for c in sorted({401, 403, *codes})}
+}
+#: what a client (or a stateful fuzzer) may do next with a job it got: the operations on it
+JOB_LINKS = {
+    name: {"operationId": op, "parameters": {"job_id": "$response.body#/id"}}
+    for name, op in (
+        ("GetJob", "getJob"),
+        ("DeleteJob", "deleteJob"),
+        ("GetJobEvents", "getJobEvents"),
+        ("GetJobLogs", "getJobLogs"),
+        ("JobAction", "jobAction"),
+    )
+}
+
+
+def _job(description: str, created: bool = False) -> dict:
+    """A Job answer, with the links to the operations on it (and Location, once created)."""
+    return {**_json(_ref("Job"), description, LOCATION if created else None), "links": JOB_LINKS}
 
 
 PAGE_PARAMS = [
@@ -54,10 +94,30 @@ PAGE_PARAMS = [
     {
         "name": "offset",
         "in": "query",
-        "schema": {"type": "integer", "minimum": 0, "default": 0},
+        "schema": {"type": "integer", "minimum": 0, "maximum": MAX_OFFSET, "default": 0},
         "description": "items to skip",
     },
 ]
+ALL = {
+    "name": "all",
+    "in": "query",
+    "schema": {"type": "boolean", "default": False},
+    "description": "admins: everyone's",
+}
+#: the states filter: names, any case, separated by commas (blank: no filter)
+_STATE_NAME = "|".join(
+    "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in s.value) for s in JobState
+)
+_SP = "[\\t\\n\\v\\f\\r ]*"
+STATES = {
+    "name": "state",
+    "in": "query",
+    "schema": {
+        "type": "string",
+        "pattern": f"^({_SP}({_STATE_NAME}){_SP}(,{_SP}({_STATE_NAME}){_SP})*)?$",
+    },
+    "description": "comma-separated states (any case): " + ", ".join(s.value for s in JobState),
+}
 
 
 def _page(key: str, item: str) -> dict:
@@ -75,166 +135,27 @@ def _page(key: str, item: str) -> dict:
     }
 
 
-JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-USER = {"name": "user", "in": "path", "required": True, "schema": {"type": "string"}}
+# the patterns of the routes (app.py): a value outside them is a path this service does not serve
+JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[a-z0-9]+$"},
+}
+USER = {
+    "name": "user",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[^/]+$"},
+}
 SERVER = {
     "name": "server",
     "in": "path",
     "required": True,
-    "schema": {"type": "string"},
+    "schema": {"type": "string", "pattern": "^[^/]*$"},
     "description": "the named server ('' for the default server)",
 }
-
-PATHS: dict[str, dict] = {
-    "/api/health": {
-        "get": {
-            "summary": "liveness",
-            "security": [],
-            "responses": {"200": _json({"type": "object"}, "ok")},
-        }
-    },
-    "/api/openapi.json": {
-        "get": {
-            "summary": "this document",
-            "security": [],
-            "responses": {"200": _json({"type": "object"}, "OpenAPI")},
-        }
-    },
-    "/api/notebooks": {
-        "get": {
-            "summary": "your notebooks (admins: ?user=NAME or ?all=true) with states and history",
-            "parameters": [
-                {"name": "user", "in": "query", "schema": {"type": "string"}},
-                {"name": "all", "in": "query", "schema": {"type": "boolean"}},
-                *PAGE_PARAMS,
-            ],
-            "responses": {
-                "200": _json(
-                    _page("notebooks", "Notebook"),
-                    "notebooks",
-                ),
-                **_errors(403),
-            },
-        }
-    },
-    "/api/notebooks/{user}/{server}": {
-        "get": {
-            "summary": "one notebook",
-            "parameters": [USER, SERVER],
-            "responses": {"200": _json(_ref("Notebook"), "the notebook"), **_errors(404)},
-        }
-    },
-    "/api/notebooks/{user}/{server}/push": {
-        "post": {
-            "summary": "retry the push of a SYNC_FAILED notebook",
-            "parameters": [USER, SERVER],
-            "responses": {
-                "200": _json(_ref("Notebook"), "pushed: STOPPED"),
-                **_errors(404, 409, 502),
-            },
-        }
-    },
-    "/api/jobs": {
-        "get": {
-            "summary": "list jobs",
-            "parameters": [
-                {
-                    "name": "state",
-                    "in": "query",
-                    "schema": {"type": "string"},
-                    "description": "comma-separated states",
-                },
-                {
-                    "name": "label",
-                    "in": "query",
-                    "schema": {"type": "string"},
-                    "description": "key=value; repeat for several",
-                },
-                {"name": "user", "in": "query", "schema": {"type": "string"}},
-                {"name": "all", "in": "query", "schema": {"type": "boolean"}},
-                *PAGE_PARAMS,
-            ],
-            "responses": {
-                "200": _json(
-                    _page("jobs", "Job"),
-                    "jobs",
-                ),
-                **_errors(400, 403),
-            },
-        },
-        "post": {
-            "summary": "submit a job",
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": _ref("JobSubmission")}},
-            },
-            "responses": {"201": _json(_ref("Job"), "accepted: QUEUED"), **_errors(400, 403, 409)},
-        },
-    },
-    "/api/jobs/{job_id}": {
-        "get": {
-            "summary": "one job with its history",
-            "parameters": [JOB_ID],
-            "responses": {"200": _json(_ref("Job"), "the job"), **_errors(404)},
-        },
-        "delete": {
-            "summary": "delete an ended job",
-            "parameters": [JOB_ID],
-            "responses": {"204": {"description": "deleted"}, **_errors(404, 409)},
-        },
-    },
-    "/api/jobs/{job_id}/events": {
-        "get": {
-            "summary": "the job's history: transitions, restarts and fault recoveries",
-            "parameters": [JOB_ID],
-            "responses": {"200": _json({"type": "object"}, "events"), **_errors(404)},
-        }
-    },
-    "/api/jobs/{job_id}/logs": {
-        "get": {
-            "summary": "the job's output",
-            "parameters": [
-                JOB_ID,
-                {"name": "follow", "in": "query", "schema": {"type": "boolean"}},
-            ],
-            "responses": {
-                "200": {
-                    "description": "text, streamed with follow=true",
-                    "content": {"text/plain": {"schema": {"type": "string"}}},
-                },
-                **_errors(404),
-            },
-        }
-    },
-    "/api/jobs/{job_id}/{action}": {
-        "post": {
-            "summary": "interrupt (QUEUED or running), resume (INTERRUPTED), rerun (a copy), "
-            "push (retry a SYNC_FAILED push)",
-            "parameters": [
-                JOB_ID,
-                {
-                    "name": "action",
-                    "in": "path",
-                    "required": True,
-                    "schema": {"type": "string", "enum": ["interrupt", "resume", "rerun", "push"]},
-                },
-            ],
-            "responses": {
-                "200": _json(_ref("Job"), "done"),
-                "201": _json(_ref("Job"), "rerun"),
-                "202": _json(_ref("Job"), "interruption under way"),
-                **_errors(404, 409, 502),
-            },
-        }
-    },
-    "/api/usage": {
-        "get": {
-            "summary": "billed minutes (jobs and notebooks, per commenced minute)",
-            "parameters": [{"name": "user", "in": "query", "schema": {"type": "string"}}],
-            "responses": {"200": _json(_ref("Usage"), "usage"), **_errors(403)},
-        }
-    },
-}
+PUBLIC = {"413": _error(413)}
 
 EVENT = {
     "type": "object",
@@ -248,8 +169,199 @@ EVENT = {
     },
 }
 
+PATHS: dict[str, dict] = {
+    "/api/health": {
+        "get": {
+            "operationId": "health",
+            "summary": "liveness",
+            "security": [],
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "required": ["status"],
+                        "properties": {"status": {"const": "ok"}},
+                    },
+                    "ok",
+                ),
+                **PUBLIC,
+            },
+        }
+    },
+    "/api/openapi.json": {
+        "get": {
+            "operationId": "openapi",
+            "summary": "this document",
+            "security": [],
+            "description": "With a token, the job submission schema is the caller's: their "
+            "limits, quota and highest priority; without, a user's without overrides.",
+            "responses": {"200": _json({"type": "object"}, "OpenAPI"), **PUBLIC},
+        }
+    },
+    "/api/notebooks": {
+        "get": {
+            "operationId": "listNotebooks",
+            "summary": "your notebooks (admins: ?user=NAME or ?all=true) with states and history",
+            "parameters": [
+                {"name": "user", "in": "query", "schema": {"type": "string"}},
+                ALL,
+                *PAGE_PARAMS,
+            ],
+            "responses": {
+                "200": _json(
+                    _page("notebooks", "Notebook"),
+                    "notebooks",
+                ),
+                **_errors(400),
+            },
+        }
+    },
+    "/api/notebooks/{user}/{server}": {
+        "get": {
+            "operationId": "getNotebook",
+            "summary": "one notebook",
+            "parameters": [USER, SERVER],
+            "responses": {"200": _json(_ref("Notebook"), "the notebook"), **_errors(404)},
+        }
+    },
+    "/api/notebooks/{user}/{server}/push": {
+        "post": {
+            "operationId": "pushNotebook",
+            "summary": "retry the push of a SYNC_FAILED notebook",
+            "parameters": [USER, SERVER],
+            "responses": {
+                "200": _json(_ref("Notebook"), "pushed: STOPPED"),
+                **_errors(404, 409, 502),
+            },
+        }
+    },
+    "/api/jobs": {
+        "get": {
+            "operationId": "listJobs",
+            "summary": "list jobs",
+            "parameters": [
+                STATES,
+                {
+                    "name": "label",
+                    "in": "query",
+                    "style": "form",
+                    "explode": True,
+                    "schema": {"type": "array", "items": {"type": "string", "pattern": "="}},
+                    "description": "key=value; repeat for several (jobs with all of them)",
+                },
+                {"name": "user", "in": "query", "schema": {"type": "string"}},
+                ALL,
+                *PAGE_PARAMS,
+            ],
+            "responses": {
+                "200": _json(
+                    _page("jobs", "Job"),
+                    "jobs",
+                ),
+                **_errors(400),
+            },
+        },
+        "post": {
+            "operationId": "submitJob",
+            "summary": "submit a job",
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _ref("JobSubmission")}},
+            },
+            "responses": {
+                "201": _job("accepted: QUEUED", created=True),
+                **_errors(400, 409),
+            },
+        },
+    },
+    "/api/jobs/{job_id}": {
+        "get": {
+            "operationId": "getJob",
+            "summary": "one job with its history",
+            "parameters": [JOB_ID],
+            "responses": {"200": _job("the job"), **_errors(404)},
+        },
+        "delete": {
+            "operationId": "deleteJob",
+            "summary": "delete an ended job",
+            "parameters": [JOB_ID],
+            "responses": {"204": {"description": "deleted"}, **_errors(404, 409)},
+        },
+    },
+    "/api/jobs/{job_id}/events": {
+        "get": {
+            "operationId": "getJobEvents",
+            "summary": "the job's history: transitions, restarts and fault recoveries",
+            "parameters": [JOB_ID],
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "required": ["id", "events"],
+                        "properties": {
+                            "id": {"type": "string"},
+                            "events": {"type": "array", "items": EVENT},
+                        },
+                    },
+                    "events",
+                ),
+                **_errors(404),
+            },
+        }
+    },
+    "/api/jobs/{job_id}/logs": {
+        "get": {
+            "operationId": "getJobLogs",
+            "summary": "the job's output",
+            "parameters": [
+                JOB_ID,
+                {"name": "follow", "in": "query", "schema": {"type": "boolean", "default": False}},
+            ],
+            "responses": {
+                "200": {
+                    "description": "text, streamed with follow=true",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+                **_errors(400, 404, 429),
+            },
+        }
+    },
+    "/api/jobs/{job_id}/{action}": {
+        "post": {
+            "operationId": "jobAction",
+            "summary": "interrupt (QUEUED or running), resume (INTERRUPTED), rerun (a copy), "
+            "push (retry a SYNC_FAILED push)",
+            "parameters": [
+                JOB_ID,
+                {
+                    "name": "action",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "string", "enum": ["interrupt", "resume", "rerun", "push"]},
+                },
+            ],
+            "responses": {
+                "200": _job("done"),
+                "201": _job("rerun: the copy", created=True),
+                "202": _job("interruption under way"),
+                **_errors(400, 404, 409, 502),
+            },
+        }
+    },
+    "/api/usage": {
+        "get": {
+            "operationId": "getUsage",
+            "summary": "billed minutes (jobs and notebooks, per commenced minute)",
+            "parameters": [{"name": "user", "in": "query", "schema": {"type": "string"}}],
+            "responses": {"200": _json(_ref("Usage"), "usage"), **_errors()},
+        }
+    },
+}
 
-def document() -> dict:
+
+def document(job_submission: dict | None = None) -> dict:
+    """The document; ``job_submission``: the JobSubmission schema (default: the generic one,
+    :data:`JOB_SPEC_SCHEMA`; the service serves its deployment's, :func:`job_spec_schema`)."""
     return {
         "openapi": "3.1.0",
         "info": {
@@ -267,7 +379,7 @@ def document() -> dict:
             },
             "schemas": {
                 "Error": ERROR,
-                "JobSubmission": JOB_SPEC_SCHEMA,
+                "JobSubmission": job_submission or JOB_SPEC_SCHEMA,
                 "Job": {
                     "type": "object",
                     "properties": {
