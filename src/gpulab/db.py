@@ -173,10 +173,18 @@ def add_missing_columns(engine: Engine) -> list[str]:
             ddl = column.type.compile(dialect=engine.dialect)
             default = column.server_default.arg if column.server_default is not None else None
             clause = f" DEFAULT '{default}'" if default is not None else ""
-            with engine.begin() as conn:
-                conn.exec_driver_sql(
-                    f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {ddl}{clause}'
-                )
+            try:
+                with engine.begin() as conn:
+                    conn.exec_driver_sql(
+                        f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {ddl}{clause}'
+                    )
+            except Exception:
+                # the hub and the service upgrade the same database at start-up: the other
+                # one may have added it a moment ago
+                fresh = {c["name"] for c in inspect(engine).get_columns(table.name)}
+                if column.name not in fresh:
+                    raise
+                continue
             added.append(f"{table.name}.{column.name}")
     return added
 

@@ -6,10 +6,11 @@ remove, and GPUs booked for a container that no longer runs. The hub process run
 reconciliation pass every ``notebook_reconcile_interval`` seconds (and one at its first
 spawn or poll):
 
-- records: a STARTING or STOPPING record that no spawner of this hub process is working on,
-  last changed before this process started, is settled from what the engine says (running:
-  RUNNING; not running: FAILED for a start, SYNC_FAILED for a stop, whose data stays in its
-  volume for a retried push);
+- records: a STARTING, STOPPING or DELETING record that no spawner of this hub process is
+  working on, unchanged for a while, is settled from what the engine says (a start: RUNNING
+  if its container runs, else FAILED; a stop: its container stopped first if it still runs,
+  then SYNC_FAILED, whose data stays in its volume for a retried push; a delete: ERROR, to
+  be deleted again);
 - sync helpers of notebooks that are not starting or stopping in this process are removed;
 - GPUs are released from notebooks that neither run a container nor are in transit.
 
@@ -24,13 +25,18 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from .lifecycle import InvalidTransition, NotebookState
+from .lifecycle import InvalidTransition, NotebookState, utcnow
 from .runtime.docker import EngineError, NotFound
 from .runtime.objects import L_WORKLOAD, notebook_workload_id
 
 log = logging.getLogger("gpulab.notebooks")
 S = NotebookState
-IN_TRANSIT = frozenset({S.STARTING.value, S.STOPPING.value})
+IN_TRANSIT = frozenset({S.STARTING.value, S.STOPPING.value, S.DELETING.value})
+#: seconds a record in transit may stay unchanged with nobody working on it (the default of
+#: GpulabSettings.notebook_stale_after)
+STALE_AFTER = 30.0
+#: the same for the service's push retries (one push: at most the helper's 10 minutes)
+PUSH_RETRY_STALE_AFTER = 900.0
 
 
 @dataclass(frozen=True)
@@ -48,42 +54,54 @@ def _at(iso: str) -> datetime:
 
 
 def repairs(
-    records: list[dict], running: set[str], busy: set[str], started: datetime, instance: str
-) -> list[Repair]:
-    """The transitions that settle stale STARTING / STOPPING records.
+    records: list[dict],
+    running: set[str],
+    busy: set[str],
+    now: datetime,
+    instance: str,
+    stale_after: float = STALE_AFTER,
+) -> tuple[list[Repair], list[dict]]:
+    """The transitions that settle stale STARTING / STOPPING / DELETING records, and the
+    records whose container must be stopped first (a stop the engine did not confirm).
 
     ``running``: workload ids with a running container; ``busy``: workload ids a spawner of
-    this process is starting or stopping; ``started``: when this hub process started."""
-    out = []
+    this process is starting, stopping or deleting. A record in transit that nobody here
+    works on, unchanged for ``stale_after`` seconds, is stale; a push retry (the service's,
+    STOPPING with reason PUSH_RETRY) only after PUSH_RETRY_STALE_AFTER."""
+    out, to_stop = [], []
     for nb in records:
         if nb["state"] not in IN_TRANSIT:
             continue
         workload = notebook_workload_id(instance, nb["user"], nb["server"])
-        if workload in busy or _at(nb["updated"]) >= started:
-            continue  # someone is on it (here, or the service's push retry since we started)
+        age = (now - _at(nb["updated"])).total_seconds()
+        last = (nb.get("history") or [{}])[-1].get("reason", "")
+        patience = PUSH_RETRY_STALE_AFTER if last == "PUSH_RETRY" else stale_after
+        if workload in busy or age < patience:
+            continue
         state = S(nb["state"])
         up = workload in running
         if state is S.STARTING and up:
             new, reason, msg = S.RUNNING, "RECOVERED", "found running after a hub restart"
         elif state is S.STARTING:
             new, reason, msg = S.FAILED, "HUB_RESTART", "the hub restarted while it started"
+        elif state is S.DELETING:
+            new, reason = S.ERROR, "DELETE_FAILED"
+            msg = "the delete was cut short (a hub restart); delete it again"
         elif up:
-            continue  # a stop cut short with its container still up: the hub stops it again
+            to_stop.append(nb)  # a stop the engine did not confirm: stopped first
+            continue
         else:
-            new, reason = S.SYNC_FAILED, "HUB_RESTART"
-            msg = "the hub restarted while it stopped; the data is kept: retry the push"
+            new, reason = S.SYNC_FAILED, "STOP_CUT_SHORT"
+            msg = "its stop was cut short (hub restart, engine fault); data kept: retry the push"
         out.append(Repair(nb["user"], nb["server"], state, new, reason, msg))
-    return out
+    return out, to_stop
 
 
 class NotebookReconciler:
     """One per hub process (per instance); the spawners share it."""
 
     def __init__(self, settings, records, ledger, runtime):
-        from .lifecycle import utcnow
-
         self.s, self.records, self.ledger, self.runtime = settings, records, ledger, runtime
-        self.started = utcnow()
         self.busy: set[str] = set()  # workloads a spawner of this process is starting/stopping
         self._task: asyncio.Task | None = None
 
@@ -114,7 +132,14 @@ class NotebookReconciler:
             if c.get("State") == "running"
         }
         fixed = []
-        for r in repairs(records, running, set(self.busy), self.started, instance):
+        settle, to_stop = repairs(
+            records, running, set(self.busy), utcnow(), instance, self.s.notebook_stale_after
+        )
+        for nb in to_stop:
+            log.warning("stopping %s/%s: its stop was not confirmed", nb["user"], nb["server"])
+            with contextlib.suppress(Exception):  # confirmed (or not) on the next pass
+                await self.runtime.run(self.runtime.client.stop, nb["container"], timeout=10)
+        for r in settle:
             with contextlib.suppress(InvalidTransition):  # it moved meanwhile: fine
                 await asyncio.to_thread(
                     self.records.transition,

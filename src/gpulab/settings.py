@@ -236,6 +236,12 @@ class GpulabSettings(Configurable):
         "still run: it is retried until the engine answers.",
     ).tag(config=True)
 
+    notebook_stale_after = Float(
+        30.0,
+        help="Seconds a notebook record may stay STARTING, STOPPING or DELETING, unchanged, "
+        "with no spawner of the hub working on it, before the reconciler settles it.",
+    ).tag(config=True)
+
     notebook_reconcile_interval = Float(
         60.0,
         help="Seconds between the hub's passes that reconcile notebook records, the GPU ledger "

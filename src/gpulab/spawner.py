@@ -549,11 +549,12 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
             else:
                 await super().stop(now=now)
         except APIError as e:
-            # the record stays STOPPING and the GPUs booked while the container may run: the
-            # hub's next stop, or the reconciler once the engine answers, settles it
-            self.log.error("%s: could not stop: %s", self._log_name, e)
-            raise
-        # GPUs go back only once the engine confirms that the container runs nothing
+            self.log.error("%s: could not stop: %s; killing it", self._log_name, e)
+            with contextlib.suppress(Exception):
+                await self.runtime.run(self.client.kill, self.object_name)
+        # GPUs go back only once the engine confirms that the container runs nothing; if it
+        # does not, the record stays STOPPING with its GPUs, and the reconciler stops the
+        # container and settles the record once the engine answers (notebook_reconcile.py)
         info = await self.runtime.inspect_container(self.object_name)
         if info is not None and info["State"].get("Running"):
             raise SpawnFailed(503, f"notebook container {self.object_name} still runs")
@@ -575,6 +576,12 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
 
     async def delete_forever(self):
         """A named server deleted for good: its remote workspace, container, volumes and GPUs."""
+        with self._in_transit():
+            done = await self._delete_forever()
+        if done:
+            await super().delete_forever()
+
+    async def _delete_forever(self) -> bool:
         await self._record(S.DELETING, reason="DELETE", message="notebook deleted by its owner")
         vols = self.data_volumes(await self._recorded_volume_specs())
         workspace = [v for v in vols if v.label == "workspace"]
@@ -583,7 +590,7 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
             if not outcome.ok:
                 msg = f"could not delete the remote workspace: {outcome.reason}; local copy kept"
                 await self._record(S.ERROR, reason="DELETE_FAILED", message=msg)
-                return
+                return False
         try:
             await self.runtime.remove_container(self.object_name)
             for name in {self.volume_name, *(v.docker_volume for v in vols)}:
@@ -594,7 +601,7 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
             raise
         await self._release_user_network()
         await self._record(S.DELETED, reason="DELETED", message="workspace and volumes removed")
-        await super().delete_forever()
+        return True
 
     async def check_allowed(self, image):
         # the image was validated against the catalog in apply_notebook_options

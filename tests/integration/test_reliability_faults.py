@@ -194,6 +194,8 @@ FAIL_ONCE = (
     "echo run >> /out/runs.txt; sleep 1; "
     "if [ -e /out/failed ]; then echo done > /out/result.txt; else touch /out/failed; exit 3; fi"
 )
+# long enough for a preemption to land while it runs on a slow machine (it then runs again)
+PREEMPTED = "echo run >> /out/runs.txt; sleep 5; echo done > /out/result.txt"
 LONG = "echo run >> /out/runs.txt; trap 'echo term > /out/result.txt; exit 143' TERM; "
 LONG += "sleep 30 & wait"
 
@@ -238,9 +240,9 @@ FAULTS = [
     ("transition:INTERRUPTING", LONG, "interrupt", ("INTERRUPTED", 1, "term")),
     ("engine:stop", LONG, "interrupt", ("INTERRUPTED", 1, "term")),
     # a preemption: the job goes back to the queue and runs again (twice, by design)
-    ("transition:INTERRUPTING", RUN_ONCE, "preempt", ("DONE", 2, "done")),
-    ("engine:remove", RUN_ONCE, "preempt", ("DONE", 2, "done")),
-    ("transition:QUEUED", RUN_ONCE, "preempt", ("DONE", 2, "done")),
+    ("transition:INTERRUPTING", PREEMPTED, "preempt", ("DONE", 2, "done")),
+    ("engine:remove", PREEMPTED, "preempt", ("DONE", 2, "done")),
+    ("transition:QUEUED", PREEMPTED, "preempt", ("DONE", 2, "done")),
 ]
 
 
@@ -292,7 +294,10 @@ def test_a_second_service_waits_in_standby_then_takes_over(service, docker_clien
             time.sleep(0.1)
         raise TimeoutError(service.tail())
 
-    time.sleep(2.5)  # the previous test's service's lease expires
+    deadline = time.monotonic() + 30  # the previous test's service's lease expires
+    while (now := lease.current()) is not None and now.expires_in > 0:
+        assert time.monotonic() < deadline, service.tail()
+        time.sleep(0.1)
     first = service.start()
     assert holder_pid() == first.pid
     second = service.start()

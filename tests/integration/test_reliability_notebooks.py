@@ -26,6 +26,7 @@ CONFIG = """
 c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]
 c.GpulabSettings.gpu_mode = "env"
 c.GpulabSettings.notebook_reconcile_interval = 0.5
+c.GpulabSettings.notebook_stale_after = 0.5
 c.GpulabSettings.gpu_reconcile_grace = 0
 """
 
@@ -64,7 +65,6 @@ def test_a_new_hub_settles_records_helpers_and_gpus_left_by_the_last(hub_factory
         _helper(docker_client, hub.instance, notebook_workload_id(hub.instance, "carol", s))
         for s in ("stopping", "stopped")
     ]
-    time.sleep(1.1)  # the records are older than the new hub process
     hub.start()
     # any spawn starts the hub's reconciler; the first pass runs at once
     token = hub.create_user("dan")
@@ -86,4 +86,24 @@ def test_a_new_hub_settles_records_helpers_and_gpus_left_by_the_last(hub_factory
         alive = [c for c in left if c.id in {x.id for x in docker_client.containers.list(all=True)}]
         time.sleep(0.2)
     assert alive == [], "orphaned sync helpers were not removed"
-    hub.wait_ready("dan", "nb")  # the reconciler leaves a real spawn alone
+    # a real spawn stays STARTING far longer than notebook_stale_after: left alone all along,
+    # because a spawner of this hub works on it
+    hub.wait_ready("dan", "nb")
+    assert "HUB_RESTART" not in {e["reason"] for e in records.get("dan", "nb")["history"]}
+
+    # periodic, not once: what goes stale later is settled too
+    for state in (S.STARTING, S.RUNNING, S.STOPPING):
+        records.transition("carol", "later", state)
+    late = _helper(
+        docker_client, hub.instance, notebook_workload_id(hub.instance, "carol", "later")
+    )
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and records.state("carol", "later") is not S.SYNC_FAILED:
+        time.sleep(0.2)
+    assert records.state("carol", "later") is S.SYNC_FAILED
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and late.id in {
+        c.id for c in docker_client.containers.list(all=True)
+    }:
+        time.sleep(0.2)
+    assert late.id not in {c.id for c in docker_client.containers.list(all=True)}

@@ -106,6 +106,9 @@ def test_an_interrupt_in_its_grace_period_is_finished_not_turned_into_error():
     d = decide(J.INTERRUPTING, "", "", Container.RUNNING, "TIMEOUT")
     assert (d.outcome, d.reason) == (J.INTERRUPTED, "TIMEOUT")
     assert decide(J.INTERRUPTING, "preempt", "", Container.RUNNING).step is Step.FINISH_PREEMPT
+    # a preemption asked just as the job timed out: it ends, it is not queued again
+    d = decide(J.INTERRUPTING, "preempt", "", Container.RUNNING, "TIMEOUT")
+    assert (d.step, d.outcome, d.reason) == (Step.FINALIZE, J.INTERRUPTED, "TIMEOUT")
     # an interrupt that replaced a preemption is the user's
     d = decide(J.INTERRUPTING, "interrupt", "", Container.ABSENT, "PREEMPTED")
     assert (d.outcome, d.reason) == (J.INTERRUPTED, "USER_INTERRUPT")
@@ -148,6 +151,6 @@ def test_classify_tells_this_life_from_an_earlier_one():
     assert classify(_info(False, "0001-01-01T00:00:00Z"), began) is Container.STALE
     assert classify(_info(False, "2027-01-15T07:59:00.123456789Z"), began) is Container.STALE
     assert classify(_info(False, "2027-01-15T08:00:05.5Z"), began) is Container.ENDED
-    # the engine's clock and the database's may differ by a little
-    assert classify(_info(False, "2027-01-15T07:59:59.5Z"), began) is Container.ENDED
+    # a run that ended within a second before this life began is still an earlier one's
+    assert classify(_info(False, "2027-01-15T07:59:59.5Z"), began) is Container.STALE
     assert classify({"State": {}}, began) is Container.STALE

@@ -63,7 +63,10 @@ def classify(info: dict | None, life_began: float) -> Container:
     if st.get("Running"):
         return Container.RUNNING
     started = _epoch(st.get("StartedAt") or "")
-    if started is None or started + 1.0 < life_began:  # 1 s: engine and database clocks
+    # one host, one clock: the state is written before the container is (re)started, so a
+    # start of this life is later. An engine on another host (Swarm) has another clock: the
+    # container's start must then be compared with one recorded from that engine instead.
+    if started is None or started < life_began:
         return Container.STALE
     return Container.ENDED
 
@@ -116,7 +119,7 @@ def decide(
             return Decision(Step.ATTACH)  # it started: never run it again
         return before_start if interrupt else Decision(Step.REQUEUE)
     if state is J.INTERRUPTING:
-        if request == "preempt":
+        if request == "preempt" and reason != "TIMEOUT":  # a timed-out job is not re-queued
             return Decision(Step.FINISH_PREEMPT)
         why = reason if reason in ("TIMEOUT", "PREEMPTED") else "USER_INTERRUPT"
         if why == "PREEMPTED":  # an interrupt replaced the preemption: the user's word wins

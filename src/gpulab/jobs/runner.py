@@ -356,6 +356,10 @@ class JobLife:
         was: JobState = J.RUNNING,
     ) -> None:
         """RESTARTING -> RUNNING: the same container runs its command again (restart n)."""
+        # a time-out restart gets a new time-out window (written now: a restart cut short and
+        # carried on after a crash must not time out again at once); a failure restart keeps
+        # its own (RESTARTING -> RUNNING keeps running_since)
+        fresh = {"running_since": utcnow()} if stop_first else {}
         await self.move(
             job_id,
             J.RESTARTING,
@@ -364,19 +368,17 @@ class JobLife:
             message=f"{why}; restart {n} of {spec.retries}",
             exit_code=exit_code,
             restarts=n,
+            **fresh,
         )
         if stop_first:
             await self.ensure_stopped(name, self.s.preemption_grace)
         await self.engine("start", self.runtime.client.start, name)
-        # a time-out restart gets a new time-out window; a failure restart keeps its own
-        fresh = {"running_since": utcnow()} if stop_first else {}
         await self.move(
             job_id,
             J.RUNNING,
             expect=J.RESTARTING,
             reason="RESTARTED",
             message=f"restart {n} of {spec.retries}",
-            **fresh,
         )
 
     async def _restart_in_place(self, name: str) -> None:
@@ -533,9 +535,13 @@ class JobLife:
             exit_code=exit_code,
             devices="",
         )
+        self.fault_streak.pop(job_id, None)
 
     async def retry_push(self, job_id: str) -> dict:
-        """SYNC_FAILED → FINALIZING → its outcome (or SYNC_FAILED again)."""
+        """SYNC_FAILED → FINALIZING (a compare-and-set), then the push runs in the job's own
+        supervised task, like any finalization: a fault or a restart carries it on. The
+        leader waits for it and answers with the outcome (or SYNC_FAILED again); a service
+        in standby answers FINALIZING, and the leader adopts the job within seconds."""
         job = await self.db(self.records.get, job_id, False)
         if job is None:
             raise KeyError(job_id)
@@ -548,9 +554,13 @@ class JobLife:
             message="push retried",
             outcome=outcome.value,
         )
-        await self.finalize(
-            job_id, outcome, job["reason"], "output pushed after a retry", job["exit_code"]
-        )
+        self.spawn_task(job_id, attach=True)
+        task = self.tasks.get(job_id)
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+        else:
+            self.wake.set()
         return await self.db(self.records.get, job_id)
 
 

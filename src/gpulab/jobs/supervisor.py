@@ -33,6 +33,8 @@ from .spec import JobSpec
 log = logging.getLogger(__name__)
 J = JobState
 RUNNER = str(Path(__file__).resolve().parent.parent / "runtime" / "job_runner.sh")
+#: seconds between two adoptions of the same task-less active job
+ADOPT_EVERY = 5.0
 #: seconds between sweeps for containers whose job record is gone
 ORPHAN_SWEEP_INTERVAL = 60.0
 #: states in which the scheduler may ask a job to give its GPUs back
@@ -62,7 +64,10 @@ class JobSupervisor(JobLife):
         self.wake = asyncio.Event()
         self.leading = asyncio.Event()  # set while this process holds the lease
         self._loop_task: asyncio.Task | None = None
+        self._lease_task: asyncio.Task | None = None
+        self._recovered = False
         self._last_sweep = 0.0
+        self._adopted: dict[str, float] = {}  # job id -> when a task-less job was last adopted
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -95,14 +100,16 @@ class JobSupervisor(JobLife):
 
     async def start(self) -> None:
         """Start acting once the lease is ours (at once, unless another service holds it)."""
+        self._lease_task = asyncio.create_task(self._keep_lease())
         self._loop_task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
         """Stop acting and give the lease up (a clean shutdown; tests)."""
-        if self._loop_task:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        for task in (self._lease_task, self._loop_task):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self._abdicate()
         with contextlib.suppress(Exception):
             await self.db(self.lease.release)
@@ -119,50 +126,65 @@ class JobSupervisor(JobLife):
                 await task
         self.tasks.clear()
 
-    async def _hold_lease(self) -> bool:
-        try:
-            state = await self.db(self.lease.acquire)
-        except Exception:
-            log.exception("the supervisor lease could not be read")
-            state = None
-        if state is not None and state.held:
-            if not self.leading.is_set():
-                log.info("supervisor lease taken (term %d): acting on jobs", state.term)
-                self.leading.set()
-                await self.recover()
-            return True
-        if self.leading.is_set():
-            log.error("supervisor lease lost: stopping every job task (standby)")
-            await self._abdicate()
-        elif state is not None:
-            log.info(
-                "standby: the supervisor lease is held by %s for %.0f s more",
-                state.holder,
-                state.expires_in,
-            )
-        return False
+    async def _keep_lease(self) -> None:
+        """Renew the lease on a task of its own (never behind a long pass), and stop acting
+        as soon as holding it is not certain: when another holds it, when the term changed
+        behind our back, or 0.8 ttl after the last renewal the database confirmed (the
+        standby waits a whole ttl, so the two never act at once)."""
+        ttl = self.s.supervisor_lease_ttl
+        loop = asyncio.get_running_loop()
+        last_ok, term = None, None
+        while True:
+            try:
+                # a renewal stuck behind a locked database must not outlive what it proves
+                state = await asyncio.wait_for(self.db(self.lease.acquire), timeout=ttl / 2)
+            except Exception as e:
+                log.warning("supervisor lease not renewed: %s", e or type(e).__name__)
+                state = None
+            now = loop.time()
+            if state is not None and state.held:
+                if self.leading.is_set() and term is not None and state.term != term:
+                    log.error("supervisor lease changed hands meanwhile: starting over")
+                    await self._abdicate()
+                last_ok, term = now, state.term
+                if not self.leading.is_set():
+                    log.info("supervisor lease taken (term %d): acting on jobs", state.term)
+                    self._recovered = False
+                    self.leading.set()
+                    self.wake.set()
+            elif self.leading.is_set() and (
+                state is not None or last_ok is None or now - last_ok > 0.8 * ttl
+            ):
+                log.error("supervisor lease lost: stopping every job task (standby)")
+                await self._abdicate()
+            elif state is not None:
+                log.info(
+                    "standby: the supervisor lease is held by %s for %.0f s more",
+                    state.holder,
+                    state.expires_in,
+                )
+            await asyncio.sleep(max(0.1, ttl / 4))
 
     async def _loop(self) -> None:
-        renew_every = max(0.2, self.s.supervisor_lease_ttl / 3)
-        next_renewal = 0.0
-        loop = asyncio.get_running_loop()
         while True:
-            if loop.time() >= next_renewal:
-                leading = await self._hold_lease()
-                next_renewal = loop.time() + renew_every
-            if leading:
+            if self.leading.is_set():
                 try:
+                    if not self._recovered:
+                        await self.recover()
+                        self._recovered = True
                     await self.schedule()
                     await self.cleanup()
                 except Exception:
+                    # recovery is tried again on the next pass: nothing is scheduled before
                     log.exception("supervisor pass failed")
-            wait = self.s.supervisor_interval if leading else renew_every
+            wait = self.s.supervisor_interval if self.leading.is_set() else 1.0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout=wait)
             self.wake.clear()
 
     async def schedule(self) -> None:
         jobs = await self.db(self.records.active_and_queued)
+        self._adopt([j for j in jobs if j["state"] != J.QUEUED.value])
         queued, active = [], []
         for j in jobs:
             spec = j["spec"]
@@ -252,13 +274,30 @@ class JobSupervisor(JobLife):
                     # has its pulled volumes removed by cleanup() after the retention delay
                     container=self.container_name(job_id),
                 )
-            except (InvalidTransition, KeyError):
+            except Exception as e:  # refused (a race), or the database failed after reserving
+                if not isinstance(e, InvalidTransition | KeyError):
+                    log.exception("job %s: not placed", job_id)
                 await self.db(self.ledger.release, self.workload(job_id))
                 continue
             self.spawn_task(job_id, attach=False)
 
+    def _adopt(self, active: list[dict]) -> None:
+        """An active job without a task (a push retried through the API, a placement whose
+        task was lost to a fault) is carried on from what the database and the engine say;
+        each at most once per ADOPT_EVERY seconds."""
+        now = asyncio.get_running_loop().time()
+        if len(self._adopted) > 10_000:
+            self._adopted.clear()
+        for j in active:
+            job_id = j["id"]
+            if job_id in self.tasks or now - self._adopted.get(job_id, -ADOPT_EVERY) < ADOPT_EVERY:
+                continue
+            self._adopted[job_id] = now
+            log.info("job %s: %s without a task: carrying it on", job_id, j["state"])
+            self.spawn_task(job_id, attach=True)
+
     def spawn_task(self, job_id: str, attach: bool) -> None:
-        if job_id in self.tasks:
+        if job_id in self.tasks or not self.leading.is_set():
             return
         self.tasks[job_id] = asyncio.create_task(self._guard(job_id, attach))
 
@@ -353,12 +392,9 @@ class JobSupervisor(JobLife):
 
     async def remove_orphan_helpers(self) -> None:
         """Remove the sync helpers of jobs (not notebooks': the hub runs those) that no task
-        of this process started: after a restart, all of them."""
-        try:
-            helpers = await self.runtime.labelled_containers(self.s.instance, "sync-helper")
-        except EngineError as e:
-            log.warning("sync helpers not checked: %s", e)
-            return
+        of this process started: at a new leadership, all of them."""
+        # unreachable engine: the error ends this recovery, which is tried again next pass
+        helpers = await self.runtime.labelled_containers(self.s.instance, "sync-helper")
         prefix = self.workload("")
         for h in helpers:
             if not (h.get("Labels") or {}).get(L_WORKLOAD, "").startswith(prefix):
@@ -372,7 +408,7 @@ class JobSupervisor(JobLife):
         whose engine clean-up was cut short. Every container must have a record."""
         try:
             found = await self.runtime.labelled_containers(self.s.instance, "job")
-        except EngineError as e:
+        except Exception as e:
             log.warning("job containers not checked: %s", e)
             return
         known = await self.db(self.records.ids)

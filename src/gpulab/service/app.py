@@ -124,15 +124,18 @@ class NotebookPushHandler(BaseHandler):
         ok, message = push_verdict(await push_all(data, vols))
         state = NotebookState.STOPPED if ok else NotebookState.SYNC_FAILED
         reason = "STOPPED" if ok else "PUSH_FAILED"
-        result = await asyncio.to_thread(
-            self.records.transition,
-            user,
-            server,
-            state,
-            reason=reason,
-            message=message,
-            expect=frozenset({NotebookState.STOPPING}),
-        )
+        try:
+            result = await asyncio.to_thread(
+                self.records.transition,
+                user,
+                server,
+                state,
+                reason=reason,
+                message=message,
+                expect=frozenset({NotebookState.STOPPING}),
+            )
+        except InvalidTransition:
+            raise ApiError(409, "this notebook changed during the push: read its state") from None
         self.write_json(result, 200 if ok else 502)
 
 
