@@ -247,12 +247,16 @@ class NotebookRecords:
         from .jobs.billing import billed_minutes
 
         with self.db.read() as s:
-            rows = s.execute(
-                select(NotebookEvent.notebook_id, NotebookEvent.state, NotebookEvent.at)
-                .join(Notebook, Notebook.id == NotebookEvent.notebook_id)
-                .where(Notebook.instance == self.instance, Notebook.user == user)
-                .order_by(NotebookEvent.notebook_id, NotebookEvent.id)
-            ).all()
+            rows = (
+                s.connection()
+                .execute(
+                    select(NotebookEvent.notebook_id, NotebookEvent.state, NotebookEvent.at)
+                    .join(Notebook, Notebook.id == NotebookEvent.notebook_id)
+                    .where(Notebook.instance == self.instance, Notebook.user == user)
+                    .order_by(NotebookEvent.notebook_id, NotebookEvent.id)
+                )
+                .all()
+            )
         per_notebook: dict[int, list] = {}
         for row in rows:
             per_notebook.setdefault(row.notebook_id, []).append(row)

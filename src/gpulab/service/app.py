@@ -32,6 +32,7 @@ from .app_base import (
     HealthHandler,
     NotFoundHandler,
     authenticated,
+    read,
 )
 from .bodylimit import BoundedApplication
 from .jobs_api import (
@@ -66,9 +67,7 @@ class NotebooksHandler(BaseHandler):
         if (user != me["name"] or want_all) and not self.is_admin(me):
             raise ApiError(403, "only admins (custom:gpulab:admin) may list other users' notebooks")
         limit, offset = self.page_args()
-        rows, total = await asyncio.to_thread(
-            self.records.page, None if want_all else user, limit, offset
-        )
+        rows, total = await read(self.records.page, None if want_all else user, limit, offset)
         self.write_page("notebooks", rows, total, limit, offset)
 
 

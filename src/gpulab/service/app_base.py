@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import json
 import re
@@ -22,6 +23,24 @@ NB_READ, NB_MANAGE = "custom:gpulab:notebooks:read", "custom:gpulab:notebooks:ma
 ADMIN = "custom:gpulab:admin"
 #: scope -> the scopes that imply it (besides ADMIN, which implies all)
 IMPLIED_BY: dict[str, tuple[str, ...]] = {JOBS_READ: (JOBS_MANAGE,), NB_READ: (NB_MANAGE,)}
+#: the API's reads run on a pool of their own, kept small on purpose: reads are short, and every
+#: thread more fights the event loop for the GIL (under 50 clients, 2 threads gave a lower p99
+#: and more requests/s than the default 6: bench/bench_api.py). Writes and the supervisor use
+#: asyncio's default pool, so a write waiting for SQLite's lock never holds up a read.
+API_READ_THREADS = 2
+_reads: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+async def read(fn, *args):
+    """Run the blocking database read ``fn(*args)`` on the API's read pool."""
+    global _reads
+    if _reads is None:
+        _reads = concurrent.futures.ThreadPoolExecutor(
+            API_READ_THREADS, thread_name_prefix="gpulab-reads"
+        )
+    return await asyncio.get_running_loop().run_in_executor(_reads, fn, *args)
+
+
 #: list endpoints answer pages of this many items (``?limit=`` up to MAX_PAGE)
 DEFAULT_PAGE, MAX_PAGE = 100, 500
 #: the largest ``?offset=`` (nine digits)
@@ -128,6 +147,11 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
     def records(self) -> NotebookRecords:
         return self.settings["records"]
 
+    def compute_etag(self) -> None:
+        """No ETag: tornado would hash every answer for a conditional GET that API clients
+        polling a job's state never send (and the state changes under them anyway)."""
+        return None
+
     async def prepare(self):
         """Refuse an oversized body (JSON 413 naming the limit) before any handler parses it:
         a chunked one, read up to the server's limit (declared ones: bodylimit.py). Then
@@ -190,7 +214,7 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
         me = self.require(scope)
         nb = None
         if user == me["name"] or self.is_admin(me):
-            nb = await asyncio.to_thread(self.records.get, user, server)
+            nb = await read(self.records.get, user, server)
         if nb is None:
             raise ApiError(404, f"no notebook {server or '(default)'} for {user}")
         return nb

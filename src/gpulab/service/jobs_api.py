@@ -31,6 +31,7 @@ from .app_base import (
     ApiError,
     BaseHandler,
     authenticated,
+    read,
 )
 
 J = JobState
@@ -68,7 +69,7 @@ class JobsBase(BaseHandler):
 
     async def own_job(self, job_id: str, scope: str = READ) -> dict:
         me = self.require(scope)
-        job = await asyncio.to_thread(self.jobs.get, job_id)
+        job = await read(self.jobs.get, job_id)
         if job is None or (job["owner"] != me["name"] and not self.is_admin(me)):
             raise ApiError(404, f"no job {job_id}")
         return job
@@ -114,7 +115,7 @@ class JobsHandler(JobsBase):
             k, v = item.split("=", 1)
             labels[k] = v
         limit, offset = self.page_args()
-        rows, total = await asyncio.to_thread(
+        rows, total = await read(
             self.jobs.page, None if want_all else user, states, labels or None, limit, offset
         )
         self.write_page("jobs", rows, total, limit, offset)
@@ -424,7 +425,7 @@ class UsageHandler(JobsBase):
         def both() -> tuple[dict, int]:  # one hop to a thread, not two
             return self.jobs.usage(user), self.records.billed_minutes(user)
 
-        jobs, notebooks = await asyncio.to_thread(both)
+        jobs, notebooks = await read(both)
         self.write_json(
             {
                 "user": user,
