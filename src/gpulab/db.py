@@ -195,8 +195,11 @@ class Database:
     def __init__(self, url: str):
         self.engine = make_engine(url)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        read_options: dict = {"gpulab_read_only": True}
+        if self.engine.dialect.name == "postgresql":  # one snapshot for the whole read
+            read_options["isolation_level"] = "REPEATABLE READ"
         self._readers = sessionmaker(
-            self.engine.execution_options(gpulab_read_only=True), expire_on_commit=False
+            self.engine.execution_options(**read_options), expire_on_commit=False
         )
 
     @contextmanager

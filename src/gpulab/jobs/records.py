@@ -437,7 +437,9 @@ class JobRecords:
 
         An ended job's bill cannot change until the job changes again, so the sum over the
         owner's ended jobs is kept per (owner, how many, latest change): any job that ends,
-        is resumed or is deleted changes that key. Only unfinished jobs' histories are read
+        is resumed or is deleted changes that key (writes are serialized and stamped with the
+        time they commit; a clock stepped back could reuse a key, for a stale sum until the
+        next job ends). Only unfinished jobs' histories are read
         on every call (a user with 200 ended jobs costs two small queries, not 1,000 event
         rows: bench/bench_api.py)."""
         now = utcnow()
@@ -448,8 +450,7 @@ class JobRecords:
             count, latest = conn.execute(
                 select(func.count(), func.max(Job.updated)).where(*mine, Job.state.in_(ended))
             ).one()
-            key = (self.instance, owner, count, latest)
-            ended_total = _USAGE.get(key)
+            ended_total = _USAGE.get((self.instance, owner, count, latest))
             if ended_total is None:
                 rows = conn.execute(
                     select(Job.id, Job.state, Job.updated).where(*mine, Job.state.in_(ended))
@@ -457,7 +458,9 @@ class JobRecords:
                 ended_total = sum(_bills(conn, rows, now).values())
                 if len(_USAGE) >= _BILLS_MAX:
                     _USAGE.clear()
-                _USAGE[key] = ended_total
+                # keyed by what was summed (a job may have ended between the two queries)
+                latest = max((r.updated for r in rows), default=None)
+                _USAGE[(self.instance, owner, len(rows), latest)] = ended_total
             live = conn.execute(
                 select(Job.id, Job.state, Job.updated).where(*mine, Job.state.not_in(ended))
             ).all()

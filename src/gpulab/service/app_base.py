@@ -168,14 +168,18 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
         clients that hand-off was half of the loop's time (measured, bench/bench_api.py)."""
         if hasattr(self, "_hub_auth_user_cache"):
             return
+        # "nobody" while the lookup runs: anything that reads current_user meanwhile (an XSRF
+        # check that renews its cookie) must not fall back to the synchronous lookup
+        self._hub_auth_user_cache = None
         model = await self.hub_auth.get_user(self, sync=False)
-        if not model:
-            self._hub_auth_user_cache = None
-            return
-        try:
-            self._hub_auth_user_cache = self.check_hub_user(model)
-        except UserNotAllowed:
-            self._hub_auth_user_cache = None  # check_hub_user noted who, for the 403
+        if model:
+            try:
+                self._hub_auth_user_cache = self.check_hub_user(model)
+            except UserNotAllowed:
+                pass  # check_hub_user noted who, for the 403
+            else:
+                self.hub_auth._persist_url_token_if_set(self)  # as JupyterHub's own path does
+        self.current_user = self._hub_auth_user_cache
 
     def check_hub_user(self, model):
         """JupyterHub's check, remembering who was refused for lack of the access scope (so
