@@ -12,10 +12,8 @@ import asyncio
 import contextlib
 import time
 from functools import cached_property
-from pathlib import Path
 
 from dockerspawner import DockerSpawner
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 from traitlets import Float, Unicode, default
@@ -27,7 +25,7 @@ from .gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from .lifecycle import InvalidTransition, NotebookState
 from .notebook_reconcile import NotebookReconciler
 from .notebooks import LimitExceeded, NotebookRecords
-from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
+from .options import NotebookOptions
 from .resources import container_limits, format_memory
 from .runtime.docker import APIError, DockerRuntime, EngineError
 from .runtime.network import NetworkUnavailable
@@ -42,6 +40,7 @@ from .runtime.objects import (
 )
 from .settings import GpulabSettings
 from .spawner_network import UserNetworkMixin
+from .spawner_options import NotebookOptionsMixin
 from .workload_data import (
     VolumeSync,
     WorkloadData,
@@ -52,7 +51,6 @@ from .workload_data import (
 )
 
 S = NotebookState
-TEMPLATES = Path(__file__).parent / "templates"
 
 
 class SpawnFailed(web.HTTPError):
@@ -64,7 +62,7 @@ class SpawnFailed(web.HTTPError):
         self.jupyterhub_message = message
 
 
-class NotebookSpawner(UserNetworkMixin, DockerSpawner):
+class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
     """GPU notebooks from a framework catalog, with flavors, limits and lifecycle states."""
 
     _databases: dict[str, Database] = {}
@@ -89,18 +87,6 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
     def _default_pull_policy(self):
         # images are built locally; a missing one is an ERROR, not a pull from who-knows-where
         return "never"
-
-    @default("apply_user_options")
-    def _default_apply_user_options(self):
-        return lambda spawner, user_options: spawner.apply_notebook_options(user_options)
-
-    @default("options_form")
-    def _default_options_form(self):
-        return lambda spawner: spawner.render_options_form()
-
-    @default("options_from_form")
-    def _default_options_from_form(self):
-        return lambda formdata: form_to_options(formdata)
 
     # --- shared parts ----------------------------------------------------------------------
 
@@ -163,71 +149,6 @@ class NotebookSpawner(UserNetworkMixin, DockerSpawner):
 
     gpulab_options: NotebookOptions | None = None
     gpu_ids: list[str] = []
-
-    # --- options --------------------------------------------------------------------------
-
-    def _user_groups(self) -> list[str]:
-        return [g.name for g in getattr(self.user, "groups", [])]
-
-    def parse_options(self, user_options: dict) -> NotebookOptions:
-        s = self.settings
-        return parse_notebook_options(
-            user_options or {},
-            s.catalog,
-            s.flavor_map,
-            s.limits_for(self.user.name, self._user_groups()),
-            s.default_flavor or None,
-            frozenset(s.allowed_images),
-            storage=s.storage,
-            user=self.user.name,
-            workspace_dir=s.workspace_dir,
-        )
-
-    def apply_notebook_options(self, user_options: dict) -> None:
-        """Validate options (form and API alike); JupyterHub answers 400 with our message."""
-        try:
-            opts = self.parse_options(user_options)
-        except OptionsError as e:
-            # "FIELD: message": the form shows it next to that field (a cap's message, such as
-            # "volumes: at most 32 entries (got 4000)", already starts so)
-            msg = str(e) if str(e).startswith(f"{e.field}: ") else f"{e.field}: {e}"
-            raise web.HTTPError(400, "Invalid notebook options: %s", msg) from None
-        total = len(self.ledger.devices)
-        if opts.resources.gpus > total:
-            raise web.HTTPError(
-                400,
-                "Invalid notebook options: gpus: %s",
-                f"gpus={opts.resources.gpus} requested but this host has {total} GPU(s)",
-            )
-        self.gpulab_options = opts
-        self.image = opts.image
-        self.default_url = opts.default_url
-
-    async def render_options_form(self) -> str:
-        """JupyterHub awaits an async options_form: the ledger is read off the event loop."""
-        s = self.settings
-        limits = s.limits_for(self.user.name, self._user_groups())
-        env = Environment(
-            loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"])
-        )
-        try:
-            free = await self.runtime.run(self.ledger.free_count)
-        except Exception:  # the form must render even if the ledger is unreachable
-            self.log.exception("cannot read the GPU ledger")
-            free = None
-        return env.get_template("spawn_form.html").render(
-            catalog=s.catalog,
-            flavors=list(s.flavor_map.values()),
-            default_flavor=s.default_flavor,
-            limits=limits,
-            limit_memory=format_memory(limits.memory),
-            gpus_total=len(self.ledger.devices),
-            gpus_free=free,
-            stores=s.storage.stores,
-            grants=[g for g in s.storage.grants if g.users is None or self.user.name in g.users],
-            workspace=s.storage.workspace,
-            workspace_dir=s.workspace_dir,
-        )
 
     # --- state ----------------------------------------------------------------------------
 
