@@ -160,6 +160,10 @@ c.JupyterHub.custom_scopes = {
     "custom:gpulab:admin": {
         "description": "Read and manage every user's gpulab jobs and notebooks.",
     },
+    # for Prometheus: a service token with this scope scrapes /services/gpulab/metrics
+    "custom:gpulab:metrics": {
+        "description": "Read gpulab's Prometheus metrics (counts and durations, no user data).",
+    },
 }
 c.JupyterHub.load_roles = [
     {

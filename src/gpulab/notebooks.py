@@ -263,6 +263,16 @@ class NotebookRecords:
         now = utcnow()
         return sum(billed_minutes(events, now) for events in per_notebook.values())
 
+    def counts(self) -> dict[str, int]:
+        """How many notebooks are in each state (one grouped query)."""
+        with self.db.read() as s:
+            rows = s.execute(
+                select(Notebook.state, func.count())
+                .where(Notebook.instance == self.instance)
+                .group_by(Notebook.state)
+            ).all()
+        return {state: n for state, n in rows}
+
     def running_longer_than(self, seconds: float) -> list[dict]:
         cutoff = utcnow() - timedelta(seconds=seconds)
         with self.db.read() as s:

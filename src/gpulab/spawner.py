@@ -23,6 +23,7 @@ from .db import Database
 from .gpus.inventory import load_inventory
 from .gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from .lifecycle import InvalidTransition, NotebookState
+from .metrics import NOTEBOOK_START
 from .notebook_reconcile import NotebookReconciler
 from .notebooks import LimitExceeded, NotebookRecords
 from .options import NotebookOptions
@@ -223,6 +224,7 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
         self._progress_signal = asyncio.Event()
         self._progress_done = False
         self.reconciler.ensure_running()
+        self._started_at = time.monotonic()
         try:
             with self._in_transit():
                 return await self._start()
@@ -357,6 +359,7 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
         self._progress(80, f"Waiting for {opts.editor} to answer")
         await self._wait_for_editor(ip, port)
         await self._record(S.RUNNING, reason="READY", message=f"{opts.editor} answers")
+        NOTEBOOK_START.observe(time.monotonic() - self._started_at)  # in the hub's /hub/metrics
         self._progress(100, f"{opts.editor} is ready")
         return (ip, port)
 

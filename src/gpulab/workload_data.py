@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .metrics import observe_sync
 from .runtime.docker import DockerRuntime, run_helper
 from .runtime.objects import (
     L_INSTANCE,
@@ -253,6 +254,13 @@ class WorkloadData:
         self, operation: str, vol: VolumeSync, on_progress: Progress | None = None
     ) -> SyncOutcome:
         """Run one ``gpulab-sync`` operation (pull, push, purge) for one volume."""
+        outcome = await self._run(operation, vol, on_progress)
+        observe_sync(operation, outcome.ok, outcome.report)
+        return outcome
+
+    async def _run(
+        self, operation: str, vol: VolumeSync, on_progress: Progress | None
+    ) -> SyncOutcome:
         store = self.stores[vol.spec.store]
 
         def prepare() -> tuple[dict[str, str], str | None]:

@@ -442,3 +442,52 @@ def test_storm_of_concurrent_actions_keeps_every_invariant(hub, docker_client):
         filters={"label": [f"org.gpulab.instance={hub.instance}", "org.gpulab.user=storm"]},
     ):
         assert c.labels.get("org.gpulab.job") in known, (c.name, "has no record")
+
+
+def test_metrics_move_with_a_job_and_need_their_scope(hub, alice):
+    """Prometheus metrics of the service, scraped before and after a job with data; only a
+    token with custom:gpulab:metrics (or the admin scope) may read them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = f"{hub.url}/services/gpulab/metrics"
+
+    def scrape() -> dict[tuple, float]:
+        r = requests.get(url, headers={"Authorization": f"token {hub.admin_token}"}, timeout=30)
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain"), r.text
+        return {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(r.text)
+            for s in family.samples
+        }
+
+    def value(m: dict, name: str, **labels) -> float:
+        return m.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    before = scrape()
+    job = alice.submit(
+        command=["sh", "-c", "head -c 3000 /dev/zero > /out/weights.bin"],
+        volumes=["scratch@local/alice/metrics:/out:rw"],
+    )
+    assert alice.wait(job["id"])["state"] == "DONE"
+    alice.call("GET", f"/jobs/{job['id']}")
+    after = scrape()
+    assert (
+        value(after, "gpulab_jobs", state="DONE") == value(before, "gpulab_jobs", state="DONE") + 1
+    )
+    for name in ("gpulab_job_queue_wait_seconds_count", "gpulab_job_start_duration_seconds_count"):
+        assert value(after, name) >= value(before, name) + 1, name
+    pushed = value(after, "gpulab_sync_bytes_total", direction="push")
+    assert pushed >= value(before, "gpulab_sync_bytes_total", direction="push") + 3000
+    assert value(after, "gpulab_gpus") == 2
+    assert ("gpulab_gpus_held", (("device", "0"), ("kind", "job"))) in after
+    reads = [
+        v
+        for (name, labels), v in after.items()
+        if name == "gpulab_api_request_duration_seconds_count"
+        and dict(labels) == {"method": "GET", "handler": "JobHandler", "code": "200"}
+    ]
+    assert reads and reads[0] >= 1
+    # the scope decides: none -> 401, a user's token without it -> 403
+    assert requests.get(url, timeout=30).status_code == 401
+    r = requests.get(url, headers={"Authorization": f"token {alice.token}"}, timeout=30)
+    assert r.status_code == 403 and "custom:gpulab:metrics" in r.json()["message"]

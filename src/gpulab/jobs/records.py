@@ -368,13 +368,14 @@ class JobRecords:
             by_id = {j.id: job_json(j, now, billed=bills[j.id]) for j in rows}
             return [by_id[i] for i in wanted if i in by_id], total
 
-    def counts(self, owner: str) -> dict[str, int]:
-        """How many of the owner's jobs are in each state (one grouped query)."""
+    def counts(self, owner: str | None = None) -> dict[str, int]:
+        """How many of the owner's (or everyone's) jobs are in each state (one grouped query)."""
+        where = [Job.instance == self.instance]
+        if owner is not None:
+            where.append(Job.owner == owner)
         with self.db.read() as s:
             rows = s.execute(
-                select(Job.state, func.count())
-                .where(Job.instance == self.instance, Job.owner == owner)
-                .group_by(Job.state)
+                select(Job.state, func.count()).where(*where).group_by(Job.state)
             ).all()
         return {state: n for state, n in rows}
 

@@ -18,6 +18,7 @@ from datetime import datetime
 
 from ..faults import fault_point
 from ..lifecycle import JobState, utcnow
+from ..metrics import JOB_START
 from ..runtime.docker import APIError, NotFound
 from ..runtime.network import NetworkUnavailable
 from ..workload_data import push_all, push_verdict
@@ -88,6 +89,7 @@ class JobLife(JobContainer):
             container=name,
         )
         self.fault_streak.pop(job_id, None)
+        JOB_START.observe(max(0.0, time.time() - ts(job["updated"])))  # since placement
         await self.watch(job_id, spec, name)
 
     # --- carrying on after a restart or a fault ------------------------------------------

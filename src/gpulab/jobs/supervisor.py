@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from pathlib import Path
 
 from ..gpus.inventory import load_inventory
 from ..gpus.ledger import GpuLedger, NoGpuAvailable
 from ..lifecycle import InvalidTransition, JobState, utcnow
+from ..metrics import JOB_QUEUE_WAIT
 from ..runtime.docker import DockerRuntime, EngineError, NotFound
 from ..runtime.network import prune_user_networks
 from ..runtime.objects import L_WORKLOAD, job_container_name, job_workload_id
@@ -243,6 +245,7 @@ class JobSupervisor(JobLife):
             with contextlib.suppress(InvalidTransition, KeyError):
                 await self.db(self.records.ask, victim, "preempt", states=PREEMPTIBLE)
         owners = {j["id"]: (j["owner"], j["groups"]) for j in jobs}
+        queued_since = {j["id"]: ts(j["updated"]) for j in jobs}
         for placement in p.start:
             job_id = placement.job_id
             owner, groups = owners[job_id]
@@ -279,6 +282,7 @@ class JobSupervisor(JobLife):
                     log.exception("job %s: not placed", job_id)
                 await self.db(self.ledger.release, self.workload(job_id))
                 continue
+            JOB_QUEUE_WAIT.observe(max(0.0, time.time() - queued_since[job_id]))
             self.spawn_task(job_id, attach=False)
 
     def _adopt(self, active: list[dict]) -> None:

@@ -12,10 +12,13 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from prometheus_client import REGISTRY
+
 from .. import __version__
 from ..bounds import body_backstop
 from ..db import Database
 from ..jobs.supervisor import JobSupervisor
+from ..metrics import StateCollector
 from ..notebooks import NotebookRecords
 from ..runtime.docker import DockerRuntime
 from ..settings import GpulabSettings
@@ -63,6 +66,18 @@ async def main(argv: list[str] | None = None) -> None:
         settings, Database(settings.database_url), DockerRuntime(), data_dir / "job-logs"
     )
     await supervisor.start()
+    notebooks = NotebookRecords(supervisor.records.db, settings.instance)
+    devices = [d.id for d in supervisor.ledger.devices]
+    REGISTRY.register(
+        StateCollector(
+            lambda: (
+                supervisor.records.counts(),
+                notebooks.counts(),
+                supervisor.ledger.allocations(),
+                devices,
+            )
+        )
+    )
     app = make_app(settings, supervisor)
     # tornado stops reading a chunked body past this; below it (and for any declared body up
     # to 64 times the cap) the answer is a JSON 413 that names max_request_body (bodylimit.py)

@@ -13,18 +13,21 @@ import os
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from tornado import web
 
 from ..db import Database
 from ..jobs.spec_fields import MAX_PRIORITY
 from ..jobs.spec_schema import job_spec_schema
 from ..lifecycle import InvalidTransition, NotebookState
+from ..metrics import API_REQUESTS
 from ..notebooks import NotebookRecords
 from ..runtime.docker import DockerRuntime
 from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
 from ..workload_data import WorkloadData, notebook_volumes, push_all, push_verdict
 from .app_base import (
+    METRICS,
     NB_MANAGE,
     NB_READ,
     ApiError,
@@ -138,6 +141,17 @@ class NotebookPushHandler(BaseHandler):
         self.write_json(result, 200 if ok else 502)
 
 
+class MetricsHandler(BaseHandler):
+    """Prometheus metrics (gpulab/metrics.py), for tokens with ``custom:gpulab:metrics``."""
+
+    @authenticated
+    async def get(self):
+        self.require(METRICS)
+        body = await asyncio.to_thread(generate_latest, REGISTRY)  # the collector reads the DB
+        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.finish(body)
+
+
 class OpenAPIHandler(BaseHandler):
     """The OpenAPI document, with the job submission schema of this deployment (its catalog,
     flavors, GPUs and limits): the caller's with a valid token (their limits, quota and
@@ -188,6 +202,10 @@ ROUTES: list[tuple[str, str, type]] = [
     ("/api/usage", r"api/usage", UsageHandler),
 ]
 
+# Prometheus' endpoint (not JSON: kept out of ROUTES and the OpenAPI document, like
+# JupyterHub's /hub/metrics)
+OTHER_ROUTES: list[tuple[str, str, type]] = [("/metrics", r"metrics", MetricsHandler)]
+
 # the web pages (HTML, not API: kept out of ROUTES and the OpenAPI document)
 PAGE_ROUTES: list[tuple[str, str, type]] = [
     ("/", r"", HomePage),
@@ -210,6 +228,7 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
     ]
     handlers += [(url_path_join(prefix, pattern), handler) for _, pattern, handler in ROUTES]
     handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in PAGE_ROUTES]
+    handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in OTHER_ROUTES]
     # BoundedApplication: a body declared over max_request_body is answered 413 unread
     return BoundedApplication(
         handlers,
@@ -236,7 +255,10 @@ def log_request(handler: web.RequestHandler) -> None:
         level = logging.DEBUG
     else:
         level = logging.INFO
+    seconds = handler.request.request_time()
+    API_REQUESTS.labels(handler.request.method, type(handler).__name__, str(status)).observe(
+        seconds
+    )
     access = logging.getLogger("tornado.access")
     if access.isEnabledFor(level):
-        ms = 1000.0 * handler.request.request_time()
-        access.log(level, "%d %s %.2fms", status, handler._request_summary(), ms)
+        access.log(level, "%d %s %.2fms", status, handler._request_summary(), 1000.0 * seconds)

@@ -21,6 +21,7 @@ from .bodylimit import request_cap
 JOBS_READ, JOBS_MANAGE = "custom:gpulab:jobs:read", "custom:gpulab:jobs:manage"
 NB_READ, NB_MANAGE = "custom:gpulab:notebooks:read", "custom:gpulab:notebooks:manage"
 ADMIN = "custom:gpulab:admin"
+METRICS = "custom:gpulab:metrics"  # Prometheus' scrape of /services/gpulab/metrics
 #: scope -> the scopes that imply it (besides ADMIN, which implies all)
 IMPLIED_BY: dict[str, tuple[str, ...]] = {JOBS_READ: (JOBS_MANAGE,), NB_READ: (NB_MANAGE,)}
 #: the API's reads run on a pool of their own, kept small on purpose: reads are short, and every

@@ -1,0 +1,101 @@
+"""Prometheus metrics of gpulab (``prometheus-client``, as JupyterHub's own /hub/metrics).
+
+Counters and histograms are observed where things happen, in the process they happen in: the
+gpulab service (jobs, their syncs, its API) serves them at ``/services/gpulab/metrics``; the
+hub process (notebook starts and their syncs) adds them to the hub's own ``/hub/metrics``
+(the same default registry). The service also reports, at each scrape, what its database says
+now (:class:`StateCollector`): jobs and notebooks by state, the queue, GPUs held per device.
+
+Label values are bounded sets (states, directions, handler classes, devices): never a user,
+a job id or a path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+#: seconds: from a few tens of milliseconds (an API read) to an hour (a big pull)
+_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+SYNC_BYTES = Counter(
+    "gpulab_sync_bytes", "Bytes moved by the sync helper, by direction", ["direction"]
+)
+SYNC_OBJECTS = Counter(
+    "gpulab_sync_objects",
+    "Objects transferred (or deleted, for a purge) by the sync helper, by direction",
+    ["direction"],
+)
+SYNC_FAILURES = Counter(
+    "gpulab_sync_failures", "Sync operations that failed, by direction", ["direction"]
+)
+JOB_QUEUE_WAIT = Histogram(
+    "gpulab_job_queue_wait_seconds",
+    "Time a job waited in the queue before it was placed on GPUs",
+    buckets=_SECONDS,
+)
+JOB_START = Histogram(
+    "gpulab_job_start_duration_seconds",
+    "From a job's placement to its command running (data pulled, container started)",
+    buckets=_SECONDS,
+)
+NOTEBOOK_START = Histogram(
+    "gpulab_notebook_start_duration_seconds",
+    "From a notebook's spawn to its editor answering (data pulled included)",
+    buckets=_SECONDS,
+)
+API_REQUESTS = Histogram(
+    "gpulab_api_request_duration_seconds",
+    "Requests answered by the gpulab service",
+    ["method", "handler", "code"],
+    buckets=_SECONDS,
+)
+
+
+def observe_sync(operation: str, ok: bool, report: dict) -> None:
+    """One sync helper run's outcome (``report``: the helper's final JSON report)."""
+    SYNC_BYTES.labels(operation).inc(int(report.get("bytes_transferred") or 0))
+    moved = int(report.get("completed") or 0) + int(report.get("deleted") or 0)
+    SYNC_OBJECTS.labels(operation).inc(moved)
+    if not ok:
+        SYNC_FAILURES.labels(operation).inc()
+
+
+class StateCollector(Collector):
+    """What the database says at scrape time. ``read`` returns (jobs by state, notebooks by
+    state, GPU allocations as dicts with ``device`` and ``kind``, configured device ids)."""
+
+    def __init__(self, read: Callable[[], tuple[dict, dict, list[dict], list[str]]]):
+        self.read = read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        jobs, notebooks, allocations, devices = self.read()
+        by_state = GaugeMetricFamily("gpulab_jobs", "Jobs by state", labels=["state"])
+        for state, n in sorted(jobs.items()):
+            by_state.add_metric([state], n)
+        yield by_state
+        yield GaugeMetricFamily(
+            "gpulab_job_queue_length", "Jobs waiting in the queue", value=jobs.get("QUEUED", 0)
+        )
+        nbs = GaugeMetricFamily("gpulab_notebooks", "Notebooks by state", labels=["state"])
+        for state, n in sorted(notebooks.items()):
+            nbs.add_metric([state], n)
+        yield nbs
+        held = GaugeMetricFamily(
+            "gpulab_gpus_held",
+            "GPU shares held, per device and by notebooks or jobs",
+            labels=["device", "kind"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for a in allocations:
+            counts[(a["device"], a["kind"])] = counts.get((a["device"], a["kind"]), 0) + 1
+        for device in devices:
+            for kind in ("notebook", "job"):
+                held.add_metric([device, kind], counts.pop((device, kind), 0))
+        for (device, kind), n in sorted(counts.items()):  # devices no longer configured
+            held.add_metric([device, kind], n)
+        yield held
+        yield GaugeMetricFamily("gpulab_gpus", "GPUs configured", value=len(devices))
