@@ -1,0 +1,360 @@
+"""The ``gpulab`` command line's commands, each ``cmd_*(args, client) -> exit code`` (see
+:mod:`gpulab.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .cli_client import (
+    ENDED,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    NOT_STARTED,
+    POLL,
+    Client,
+    CliError,
+    normalize_url,
+    write_config,
+)
+from .cli_output import (
+    events_table,
+    job_details,
+    job_table,
+    note,
+    out,
+    print_json,
+    table,
+    when,
+)
+
+# --- commands -----------------------------------------------------------------------------------
+
+
+def _pairs(items: list[str] | None, what: str, flag: str) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"{flag} takes {what}=VALUE, not {item!r}", EXIT_USAGE)
+        result[key] = value
+    return result
+
+
+def build_submission(args: argparse.Namespace) -> dict:
+    if not args.command:
+        raise CliError(
+            "a job needs a command: gpulab job run [options] -- CMD [ARGS...]", EXIT_USAGE
+        )
+    body: dict[str, Any] = {"command": list(args.command)}
+    for key in ("name", "framework", "version", "image", "flavor"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
+    resources = {
+        k: v
+        for k, v in (("gpus", args.gpu), ("cpus", args.cpu), ("memory", args.memory))
+        if v is not None
+    }
+    if resources:
+        body["resources"] = resources
+    if args.env:
+        body["env"] = _pairs(args.env, "NAME", "-e/--env")
+    if args.label:
+        body["labels"] = _pairs(args.label, "KEY", "-l/--label")
+    if args.volume:
+        body["volumes"] = list(args.volume)
+    if args.timeout is not None:
+        body["timeout"] = _duration_value(args.timeout)
+    if args.retries is not None:
+        body["retries"] = args.retries
+    if args.hang_restart is not None:
+        body["hang_restart"] = {"enabled": True, "period": _duration_value(args.hang_restart)}
+    if args.preemptible:
+        body["preemptible"] = True
+    if args.priority is not None:
+        body["priority"] = args.priority
+    return body
+
+
+def _duration_value(text: str) -> str | int | float:
+    """Seconds as a number ("90" -> 90), anything else ("2h") as the API parses it."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def follow_logs(client: Client, job_id: str) -> dict:
+    """Write the job's output to stdout as it comes, until the job ends; returns the job.
+
+    The service streams a container's log while it runs; before that (QUEUED...) there is
+    nothing to stream, so this waits. A retried job runs again in the same container, whose
+    log then starts with what was already shown: that much is skipped. A job put back in the
+    queue (preempted) gets a new container, whose log is shown from its start.
+    """
+    shown = 0
+    sink = sys.stdout.buffer
+    while True:
+        job = client.json("GET", f"/jobs/{job_id}")
+        state = job["state"]
+        if state in NOT_STARTED:
+            if state == "QUEUED":
+                shown = 0
+            time.sleep(POLL)
+            continue
+        ended = state in ENDED
+        received = 0
+        for chunk in client.stream(
+            f"/jobs/{job_id}/logs", {"follow": "false" if ended else "true"}
+        ):
+            start = max(shown - received, 0)
+            received += len(chunk)
+            if start < len(chunk):
+                sink.write(chunk[start:])
+                sink.flush()
+        shown = max(shown, received)
+        if ended:
+            return job
+        time.sleep(POLL)
+
+
+def _follow(client: Client, job_id: str) -> dict:
+    try:
+        return follow_logs(client, job_id)
+    except KeyboardInterrupt:
+        raise CliError(
+            f"stopped following job {job_id}, which keeps running "
+            f"(`gpulab job stop {job_id}` interrupts it)",
+            EXIT_INTERRUPTED,
+        ) from None
+
+
+def _end_line(job: dict) -> str:
+    text = f"job {job['id']} {job['state']}"
+    if job.get("message"):
+        text += f": {job['message']}"
+    return text
+
+
+def _job_id(job_id: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]+", job_id or ""):
+        raise CliError(f"{job_id!r} is not a job id (such as j1a2b3c4d5e6f)", EXIT_USAGE)
+    return job_id
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    url = (
+        getattr(args, "url", None)
+        or os.environ.get("GPULAB_URL")
+        or os.environ.get("JUPYTERHUB_URL")
+    )
+    if not url:
+        raise CliError("gpulab login needs --url https://your-hub", EXIT_USAGE)
+    url = normalize_url(url)
+    token = args.token
+    if token in (None, "-"):
+        if token == "-" or not sys.stdin.isatty():
+            token = sys.stdin.readline().strip()
+        else:
+            token = getpass.getpass("API token (from the hub's Token page): ").strip()
+    if not token:
+        raise CliError("no token given", EXIT_USAGE)
+    client = Client(url, token)
+    if not args.no_verify:
+        usage = client.json("GET", "/usage")
+        who = f" as {usage.get('user')}" if isinstance(usage, dict) else ""
+    else:
+        who = ""
+    path = write_config(url, token)
+    note(f"logged in to {url}{who}; saved to {path}")
+    return EXIT_OK
+
+
+def cmd_job_run(args: argparse.Namespace, client: Client) -> int:
+    body = build_submission(args)
+    job = client.json("POST", "/jobs", json=body, ok=(201,))
+    if not args.follow:
+        print_json(job) if args.output == "json" else out(job["id"])
+        return EXIT_OK
+    note(
+        f"job {job['id']} ({job['name']}) submitted; following its output (Ctrl-C stops "
+        "following, not the job)"
+    )
+    end = _follow(client, job["id"])
+    note(_end_line(end))
+    if args.output == "json":
+        print_json(end)
+    return EXIT_OK if end["state"] == "DONE" else EXIT_FAILED
+
+
+def _list_params(args: argparse.Namespace) -> list[tuple[str, str]]:
+    params: list[tuple[str, str]] = []
+    if getattr(args, "all", False):
+        params.append(("all", "true"))
+    if getattr(args, "user", None):
+        params.append(("user", args.user))
+    return params
+
+
+def _all_pages(client: Client, path: str, params: list[tuple[str, str]], key: str) -> dict:
+    """Every page of a list endpoint (500 items a request), as one answer."""
+    rows: list = []
+    offset = 0
+    while True:
+        data = client.json("GET", path, params=[*params, ("limit", "500"), ("offset", str(offset))])
+        rows += data.get(key, [])
+        if not data.get("next") or not data.get(key):
+            return {key: rows, "total": data.get("total", len(rows))}
+        offset = len(rows)
+
+
+def cmd_job_list(args: argparse.Namespace, client: Client) -> int:
+    params = _list_params(args)
+    if args.state:
+        params.append(("state", args.state))
+    for label in args.label or []:
+        _pairs([label], "KEY", "-l/--label")
+        params.append(("label", label))
+    data = _all_pages(client, "/jobs", params, "jobs")
+    if args.output == "json":
+        print_json(data)
+    else:
+        jobs = sorted(data["jobs"], key=lambda j: j.get("submitted") or "", reverse=True)
+        owners = bool(args.all or args.user) or len({j.get("owner") for j in jobs}) > 1
+        job_table(jobs, owners=owners)
+    return EXIT_OK
+
+
+def cmd_job_get(args: argparse.Namespace, client: Client) -> int:
+    job = client.json("GET", f"/jobs/{_job_id(args.id)}")
+    print_json(job) if args.output == "json" else job_details(job)
+    return EXIT_OK
+
+
+def cmd_job_events(args: argparse.Namespace, client: Client) -> int:
+    data = client.json("GET", f"/jobs/{_job_id(args.id)}/events")
+    print_json(data) if args.output == "json" else events_table(data["events"])
+    return EXIT_OK
+
+
+def cmd_job_logs(args: argparse.Namespace, client: Client) -> int:
+    job_id = _job_id(args.id)
+    if args.follow:
+        end = _follow(client, job_id)
+        note(_end_line(end))
+        return EXIT_OK if end["state"] == "DONE" else EXIT_FAILED
+    sink = sys.stdout.buffer
+    for chunk in client.stream(f"/jobs/{job_id}/logs", {"follow": "false"}):
+        sink.write(chunk)
+    sink.flush()
+    return EXIT_OK
+
+
+def _action(client: Client, job_id: str, action: str) -> dict:
+    return client.json("POST", f"/jobs/{_job_id(job_id)}/{action}", ok=(200, 201, 202))
+
+
+def _wait_ended(client: Client, job_id: str) -> dict:
+    while True:
+        job = client.json("GET", f"/jobs/{job_id}")
+        if job["state"] in ENDED:
+            return job
+        time.sleep(POLL)
+
+
+def _state_line(job: dict, extra: str = "") -> None:
+    out(f"job {job['id']}: {job['state']}{extra}")
+
+
+def cmd_job_stop(args: argparse.Namespace, client: Client) -> int:
+    job = _action(client, args.id, "interrupt")
+    if args.wait and job["state"] not in ENDED:
+        job = _wait_ended(client, job["id"])
+    if args.output == "json":
+        print_json(job)
+    else:
+        _state_line(job, "" if job["state"] in ENDED else " (interruption under way)")
+    return EXIT_OK
+
+
+def cmd_job_simple_action(action: str) -> Callable[[argparse.Namespace, Client], int]:
+    def run(args: argparse.Namespace, client: Client) -> int:
+        job = _action(client, args.id, action)
+        if args.output == "json":
+            print_json(job)
+        elif action == "rerun":
+            out(job["id"])
+        else:
+            _state_line(job)
+        return EXIT_OK
+
+    return run
+
+
+def cmd_job_delete(args: argparse.Namespace, client: Client) -> int:
+    job_id = _job_id(args.id)
+    client.request("DELETE", f"/jobs/{job_id}", ok=(204,))
+    if args.output == "json":
+        print_json({"id": job_id, "deleted": True})
+    else:
+        out(f"job {job_id} deleted")
+    return EXIT_OK
+
+
+def cmd_usage(args: argparse.Namespace, client: Client) -> int:
+    params = [("user", args.user)] if args.user else []
+    data = client.json("GET", "/usage", params=params)
+    if args.output == "json":
+        print_json(data)
+    else:
+        table(
+            ["USER", "BILLED MINUTES", "JOBS", "NOTEBOOKS"],
+            [
+                [
+                    data.get("user"),
+                    data.get("billed_minutes"),
+                    data.get("jobs_billed_minutes"),
+                    data.get("notebooks_billed_minutes"),
+                ]
+            ],
+        )
+    return EXIT_OK
+
+
+def cmd_notebook_list(args: argparse.Namespace, client: Client) -> int:
+    data = _all_pages(client, "/notebooks", _list_params(args), "notebooks")
+    if args.output == "json":
+        print_json(data)
+        return EXIT_OK
+    rows = []
+    for nb in data["notebooks"]:
+        opts = nb.get("options") or {}
+        image = opts.get("image") or ""
+        if opts.get("framework"):
+            image = f"{opts['framework']} {opts.get('version') or ''}".strip()
+        rows.append(
+            [
+                nb.get("user"),
+                nb.get("server") or "(default)",
+                nb.get("state"),
+                image or "-",
+                opts.get("gpus", "-"),
+                when(nb.get("created")),
+                when(nb.get("running_since")),
+            ]
+        )
+    table(["USER", "SERVER", "STATE", "IMAGE", "GPUS", "CREATED", "RUNNING SINCE"], rows)
+    return EXIT_OK
