@@ -463,7 +463,11 @@ def test_metrics_move_with_a_job_and_need_their_scope(hub, alice):
     def value(m: dict, name: str, **labels) -> float:
         return m.get((name, tuple(sorted(labels.items()))), 0.0)
 
+    # an invented method must not become a series of its own (the memory of the service)
+    odd = requests.request("PROPFIND", f"{hub.url}/services/gpulab/api/jobs", timeout=30)
+    assert odd.status_code in (400, 401, 405), odd.text
     before = scrape()
+    assert not [k for k in before if ("method", "PROPFIND") in k[1]], "an invented method is a label"
     job = alice.submit(
         command=["sh", "-c", "head -c 3000 /dev/zero > /out/weights.bin"],
         volumes=["scratch@local/alice/metrics:/out:rw"],

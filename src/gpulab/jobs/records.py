@@ -128,6 +128,20 @@ class JobRecords:
             q = q.with_for_update(of=Job)
         return s.scalar(q.options(selectinload(Job.events)))
 
+    def _locked(
+        self, s, job_id: str, allowed: frozenset[JobState], target: JobState
+    ) -> tuple[Job, JobState]:
+        """The compare part of every compare-and-set: the job, its row locked, if it is in
+        one of ``allowed``; KeyError if it is gone, InvalidTransition (to ``target``, for the
+        message) otherwise."""
+        job = self._get(s, job_id, lock=True)
+        if job is None:
+            raise KeyError(job_id)
+        old = JobState(job.state)
+        if old not in allowed:
+            raise InvalidTransition("job", old, target)
+        return job, old
+
     def create(
         self,
         owner: str,
@@ -198,12 +212,7 @@ class JobRecords:
         """
         expected = frozenset({expect}) if isinstance(expect, JobState) else expect
         with self.db.session() as s:
-            job = self._get(s, job_id, lock=True)
-            if job is None:
-                raise KeyError(job_id)
-            old = JobState(job.state)
-            if old not in expected:
-                raise InvalidTransition("job", old, state)
+            job, old = self._locked(s, job_id, expected, state)
             if expect_request is not None and job.request not in expect_request:
                 raise RequestChanged(job.request)
             check_job_transition(old, state)
@@ -245,12 +254,7 @@ class JobRecords:
         if request not in REQUESTS:
             raise ValueError(f"unknown request {request!r}")
         with self.db.session() as s:
-            job = self._get(s, job_id, lock=True)
-            if job is None:
-                raise KeyError(job_id)
-            old = JobState(job.state)
-            if old not in states:
-                raise InvalidTransition("job", old, JobState.INTERRUPTING)
+            job, _ = self._locked(s, job_id, states, JobState.INTERRUPTING)
             if not (request == "preempt" and job.request == "interrupt"):
                 job.request = request
             s.flush()
@@ -418,12 +422,7 @@ class JobRecords:
         it is left in the engine (container, volumes) is removed afterwards by the caller, or
         by the supervisor's sweep of containers without a record."""
         with self.db.session() as s:
-            job = self._get(s, job_id, lock=True)
-            if job is None:
-                raise KeyError(job_id)
-            old = JobState(job.state)
-            if old not in ENDED:
-                raise InvalidTransition("job", old, JobState.DONE)
+            job, _ = self._locked(s, job_id, ENDED, JobState.DONE)
             out = job_json(job, history=False)
             s.delete(job)
             return out

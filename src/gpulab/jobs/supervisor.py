@@ -384,12 +384,10 @@ class JobSupervisor(JobLife):
         carries it on from what the database and the engine say; containers and volumes
         without a record, and GPUs held by no active job, are cleaned up."""
         await self.remove_orphan_helpers()
-        for j in await self.db(self.records.list, None, {s.value for s in ACTIVE}):
+        active = await self.db(self.records.list, None, {s.value for s in ACTIVE})
+        for j in active:
             self.spawn_task(j["id"], attach=True)
-        live = [
-            self.workload(j["id"])
-            for j in await self.db(self.records.list, None, {s.value for s in ACTIVE})
-        ]
+        live = [self.workload(j["id"]) for j in active]
         await self.db(self.ledger.reconcile, live, "job", 0)
         await self.remove_orphan_containers()
         await self.prune_networks()

@@ -242,6 +242,9 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
     )
 
 
+_METHODS = frozenset(web.RequestHandler.SUPPORTED_METHODS)
+
+
 def log_request(handler: web.RequestHandler) -> None:
     """Tornado's access log, with successful reads at DEBUG: a line per poll of a job's state
     cost 8 % of the event loop under 50 clients (bench/bench_api.py). Writes, refusals and
@@ -256,9 +259,10 @@ def log_request(handler: web.RequestHandler) -> None:
     else:
         level = logging.INFO
     seconds = handler.request.request_time()
-    API_REQUESTS.labels(handler.request.method, type(handler).__name__, str(status)).observe(
-        seconds
-    )
+    # any token is a method to tornado's parser: an unknown one is labelled OTHER, so that
+    # nobody can grow the metric's series (and the service's memory) by inventing methods
+    method = handler.request.method if handler.request.method in _METHODS else "OTHER"
+    API_REQUESTS.labels(method, type(handler).__name__, str(status)).observe(seconds)
     access = logging.getLogger("tornado.access")
     if access.isEnabledFor(level):
         access.log(level, "%d %s %.2fms", status, handler._request_summary(), 1000.0 * seconds)
