@@ -467,7 +467,9 @@ def test_metrics_move_with_a_job_and_need_their_scope(hub, alice):
     odd = requests.request("PROPFIND", f"{hub.url}/services/gpulab/api/jobs", timeout=30)
     assert odd.status_code in (400, 401, 405), odd.text
     before = scrape()
-    assert not [k for k in before if ("method", "PROPFIND") in k[1]], "an invented method is a label"
+    assert not [k for k in before if ("method", "PROPFIND") in k[1]], (
+        "an invented method is a label"
+    )
     job = alice.submit(
         command=["sh", "-c", "head -c 3000 /dev/zero > /out/weights.bin"],
         volumes=["scratch@local/alice/metrics:/out:rw"],
