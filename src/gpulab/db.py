@@ -251,6 +251,8 @@ class Job(Base):
     running_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     container: Mapped[str] = mapped_column(String(255), default="")
     devices: Mapped[str] = mapped_column(String(255), default="")
+    # the cluster node it was placed on ("" on one host): its volumes live there
+    node: Mapped[str] = mapped_column(String(255), default="", server_default="")
     over_quota: Mapped[int] = mapped_column(Integer, default=0)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     hang_restarts: Mapped[int] = mapped_column(Integer, default=0)

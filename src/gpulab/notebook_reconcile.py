@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .lifecycle import InvalidTransition, NotebookState, utcnow
-from .runtime.docker import EngineError, NotFound
+from .runtime.docker import EngineError
 from .runtime.objects import L_WORKLOAD, notebook_workload_id
 
 log = logging.getLogger("gpulab.notebooks")
@@ -121,16 +121,12 @@ class NotebookReconciler:
         instance = self.s.instance
         records = await asyncio.to_thread(self.records.list, None)
         try:
-            containers = await self.runtime.labelled_containers(instance, "notebook")
-            helpers = await self.runtime.labelled_containers(instance, "sync-helper")
+            containers = await self.runtime.labelled(instance, "notebook")
+            helpers = await self.runtime.labelled(instance, "sync-helper")
         except EngineError as e:
             log.warning("notebooks not reconciled (engine): %s", e)
             return {}
-        running = {
-            (c.get("Labels") or {}).get(L_WORKLOAD, "")
-            for c in containers
-            if c.get("State") == "running"
-        }
+        running = {c.labels.get(L_WORKLOAD, "") for c in containers if c.running}
         fixed = []
         settle, to_stop = repairs(
             records, running, set(self.busy), utcnow(), instance, self.s.notebook_stale_after
@@ -138,7 +134,7 @@ class NotebookReconciler:
         for nb in to_stop:
             log.warning("stopping %s/%s: its stop was not confirmed", nb["user"], nb["server"])
             with contextlib.suppress(Exception):  # confirmed (or not) on the next pass
-                await self.runtime.run(self.runtime.client.stop, nb["container"], timeout=10)
+                await self.runtime.stop(nb["container"], 10)
         for r in settle:
             with contextlib.suppress(InvalidTransition):  # it moved meanwhile: fine
                 await asyncio.to_thread(
@@ -162,13 +158,12 @@ class NotebookReconciler:
         notebook_prefix = notebook_workload_id(instance, "", "").rsplit("/", 2)[0] + "/"
         removed = []
         for h in helpers:
-            workload = (h.get("Labels") or {}).get(L_WORKLOAD, "")
+            workload = h.labels.get(L_WORKLOAD, "")
             if not workload.startswith(notebook_prefix) or workload in self.busy:
                 continue
             if workload in transit:
                 continue
-            with contextlib.suppress(NotFound):
-                await self.runtime.remove_container(h["Id"])
+            if await self.runtime.remove(h.id):
                 removed.append(workload)
         if removed:
             log.warning("removed orphaned sync helpers of %s", ", ".join(removed))

@@ -133,6 +133,39 @@ class GpulabSettings(Configurable):
         for hosts whose default runtime is nvidia).""",
     ).tag(config=True)
 
+    runtime = Enum(
+        ["docker", "swarm"],
+        default_value="docker",
+        help="""The container engine gpulab drives. 'docker' (default): the one Docker engine
+        of this host (DOCKER_HOST). 'swarm': a Docker Swarm cluster, through a manager's engine
+        (DOCKER_HOST pointing at a manager): workloads run as services pinned to the node that
+        gpulab's placement chose; each node's GPUs come from its node label
+        ``org.gpulab.gpus`` (see swarm_gpu_label); images come from ``image_registry``.""",
+    ).tag(config=True)
+
+    image_registry = Unicode(
+        "",
+        help="""Registry prefix for images whose name has no registry, such as
+        ``registry.example.com:5000/``: on a cluster every node pulls the images from it (the
+        catalog keeps the short names). Empty: the names as they are (one host).""",
+    ).tag(config=True)
+
+    placement = Enum(
+        ["pack", "spread"],
+        default_value="pack",
+        help="""Which node a workload goes to when several can take it. 'pack' (default): the
+        node with the fewest free GPUs that still fit it, keeping whole nodes free for big
+        requests. 'spread': the node with the most free GPUs (then the fewest workloads), for
+        less contention.""",
+    ).tag(config=True)
+
+    swarm_gpu_label = Unicode(
+        "org.gpulab.gpus",
+        help="""Swarm node label that lists a node's GPUs (device IDs separated by commas, e.g.
+        ``0,1,2,3`` or GPU UUIDs), set by the operator with ``docker node update --label-add``.
+        A node without it offers no GPU (CPU workloads only).""",
+    ).tag(config=True)
+
     workspace_dir = Unicode(
         "/workspace", help="Where a notebook's workspace is mounted in its container."
     ).tag(config=True)

@@ -424,18 +424,17 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
 
     async def _exit_status(self) -> tuple[int, str] | None:
         """(exit code, explanation) if the container has stopped, else None."""
-        info = await self.runtime.inspect_container(self.object_name)
-        if info is None:
+        found = await self.runtime.state(self.object_name)
+        if found is None:
             return (-1, "the notebook container vanished")
-        st = info["State"]
-        if st.get("Running"):
+        if found.running:
             return None
-        code = int(st.get("ExitCode", -1))
-        if st.get("OOMKilled"):
+        code = -1 if found.exit_code is None else found.exit_code
+        if found.oom:
             limit = self.gpulab_options.resources.memory if self.gpulab_options else 0
             why = f"killed: out of memory (limit {format_memory(limit)})"
         else:
-            why = st.get("Error") or "the notebook process exited"
+            why = found.error or "the notebook process exited"
         return (code, f"{why} (exit code {code})")
 
     async def poll(self):
@@ -475,12 +474,12 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
         except APIError as e:
             self.log.error("%s: could not stop: %s; killing it", self._log_name, e)
             with contextlib.suppress(Exception):
-                await self.runtime.run(self.client.kill, self.object_name)
+                await self.runtime.kill(self.object_name)
         # GPUs go back only once the engine confirms that the container runs nothing; if it
         # does not, the record stays STOPPING with its GPUs, and the reconciler stops the
         # container and settles the record once the engine answers (notebook_reconcile.py)
-        info = await self.runtime.inspect_container(self.object_name)
-        if info is not None and info["State"].get("Running"):
+        found = await self.runtime.state(self.object_name)
+        if found is not None and found.running:
             raise SpawnFailed(503, f"notebook container {self.object_name} still runs")
         released = await self.runtime.run(self.ledger.release, self.workload_id)
         if released:
@@ -516,7 +515,7 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
                 await self._record(S.ERROR, reason="DELETE_FAILED", message=msg)
                 return False
         try:
-            await self.runtime.remove_container(self.object_name)
+            await self.runtime.remove(self.object_name)
             for name in {self.volume_name, *(v.docker_volume for v in vols)}:
                 await self.runtime.remove_volume(name)
             await self.runtime.run(self.ledger.release, self.workload_id)

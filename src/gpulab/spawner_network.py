@@ -11,10 +11,8 @@ from dockerspawner import DockerSpawner
 
 from .runtime.docker import APIError, EngineError
 from .runtime.network import (
-    ensure_user_network,
     is_missing_network,
     network_for,
-    remove_user_network_if_unused,
 )
 
 
@@ -39,9 +37,7 @@ class UserNetworkMixin(DockerSpawner):
 
     async def _ensure_user_network(self) -> str:
         s = self.settings
-        return await self.runtime.run(
-            ensure_user_network, self.runtime.client, s.instance, self.user.name
-        )
+        return await self.runtime.ensure_user_network(s.instance, self.user.name)
 
     async def _ensure_network_again(self, error: Exception) -> bool:
         """The user's network was pruned between our look-up and our use: make it again."""
@@ -82,8 +78,6 @@ class UserNetworkMixin(DockerSpawner):
             return
         s = self.settings
         try:
-            await self.runtime.run(
-                remove_user_network_if_unused, self.runtime.client, s.instance, self.user.name
-            )
+            await self.runtime.remove_user_network_if_unused(s.instance, self.user.name)
         except EngineError as e:
             self.log.warning("%s: network not removed: %s", self._log_name, e)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .metrics import observe_sync
-from .runtime.docker import DockerRuntime, run_helper
+from .runtime.base import Runtime
 from .runtime.objects import (
     L_INSTANCE,
     L_KIND,
@@ -146,6 +146,7 @@ class VolumeSync:
     spec: VolumeSpec
     docker_volume: str
     label: str  # "workspace" or the spec as the user wrote it
+    node: str = ""  # the node that holds the volume ("" on one host)
 
     def to_json(self) -> dict:
         return {"label": self.label, "spec": str(self.spec), "docker_volume": self.docker_volume}
@@ -195,7 +196,7 @@ def progress_message(verb: str, label: str, p: dict) -> str:
 class WorkloadData:
     def __init__(
         self,
-        runtime: DockerRuntime,
+        runtime: Runtime,
         stores: dict[str, ObjectStore],
         image: str,
         instance: str,
@@ -246,7 +247,8 @@ class WorkloadData:
         """A pull can be skipped: the store holds nothing for the volume, and its Docker volume
         already exists (or the image's own directory at the mount will populate it), so it does
         not need the helper to create it owned by the workload's user."""
-        if not (image_provides_mount or await self.runtime.volume_exists(vol.docker_volume)):
+        exists = await self.runtime.volume_exists(vol.docker_volume, vol.node)
+        if not (image_provides_mount or exists):
             return False
         return await self.runtime.run(self._remote_empty, vol)
 
@@ -307,7 +309,7 @@ class WorkloadData:
                 on_progress(event)
 
         try:
-            result = await run_helper(self.runtime, config, on_line)
+            result = await self.runtime.run_helper(config, on_line, vol.node)
         except Exception as e:  # the engine refused or lost the helper
             return SyncOutcome(vol, False, reason=f"sync helper failed: {e}")
         if result.exit_code == 0 and final.get("ok", False):

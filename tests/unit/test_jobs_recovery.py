@@ -18,6 +18,8 @@ from gpulab.jobs.recovery import (
     path,
 )
 from gpulab.lifecycle import JOB_TRANSITIONS, JobState
+from gpulab.runtime.base import WorkloadState
+from gpulab.runtime.objects import docker_epoch
 
 J = JobState
 # what a database can hold in ``request``: the requests, and what databases written before
@@ -140,8 +142,9 @@ def test_a_lost_container_ends_in_error_with_a_push():
     assert decide(J.RESTARTING, "", "", Container.RUNNING).step is Step.ATTACH
 
 
-def _info(running: bool, started: str) -> dict:
-    return {"State": {"Running": running, "StartedAt": started}}
+def _info(running: bool, started: str) -> WorkloadState:
+    # through the Docker backend's own reading of its RFC 3339 times
+    return WorkloadState(running=running, started_at=docker_epoch(started))
 
 
 def test_classify_tells_this_life_from_an_earlier_one():
@@ -153,4 +156,4 @@ def test_classify_tells_this_life_from_an_earlier_one():
     assert classify(_info(False, "2027-01-15T08:00:05.5Z"), began) is Container.ENDED
     # a run that ended within a second before this life began is still an earlier one's
     assert classify(_info(False, "2027-01-15T07:59:59.5Z"), began) is Container.STALE
-    assert classify({"State": {}}, began) is Container.STALE
+    assert classify(WorkloadState(running=False), began) is Container.STALE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from docker.errors import APIError
 
+from gpulab.runtime.base import WorkloadSpec
 from gpulab.runtime.network import (
     explain_create_error,
     is_missing_network,
@@ -12,7 +13,7 @@ from gpulab.runtime.network import (
     user_network_config,
     user_network_name,
 )
-from gpulab.runtime.objects import job_container_config
+from gpulab.runtime.objects import workload_container_config
 
 POOL_EXHAUSTED = (
     "could not find an available, non-overlapping IPv4 address pool among the defaults to "
@@ -68,23 +69,15 @@ def test_missing_network_is_told_apart_from_other_engine_errors():
     assert not is_missing_network(ValueError("network not found"))
 
 
-@pytest.mark.parametrize("network", ["gpulab-net-alice", None])
-def test_job_joins_only_its_owners_network(network):
-    cfg = job_container_config(
-        image="img",
-        name="gpulab-job-1",
-        command=["true"],
-        env={},
-        labels={},
-        user="1000:100",
-        limits={},
-        gpu_host={},
-        volumes={},
-        runner="/r.sh",
-        network=network,
-    )
+@pytest.mark.parametrize("owner", ["alice", None])
+def test_job_joins_only_its_owners_network(owner):
+    spec = WorkloadSpec(name="gpulab-job-1", image="img", command=["true"], network_owner=owner)
+    cfg = workload_container_config(spec, "device_request", "/r.sh")
     host = cfg["host_config"]
-    if network:
-        assert host["network_mode"] == network
+    if owner:
+        # the backend puts the network's ID there (runtime/docker.py): only that network
+        assert host["network_mode"] == owner
     else:
         assert "network_mode" not in host  # the engine's default bridge, as before
+    assert cfg["command"][:2] == ["/bin/sh", "/opt/gpulab/run.sh"]
+    assert host["binds"]["/r.sh"] == {"bind": "/opt/gpulab/run.sh", "mode": "ro"}

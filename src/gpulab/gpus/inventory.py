@@ -14,9 +14,29 @@ class GpuDevice:
     id: str  # what the engine is given: an index ("0") or a UUID ("GPU-...")
     model: str = ""
     memory: str = ""
+    node: str = ""  # the cluster node that has it ("" on one host)
+
+    @property
+    def key(self) -> str:
+        """The ledger's name for it: unique across the cluster ("node/id"; "id" on one host)."""
+        return f"{self.node}/{self.id}" if self.node else self.id
 
     def to_json(self) -> dict:
-        return {"id": self.id, "model": self.model, "memory": self.memory}
+        out = {"id": self.id, "model": self.model, "memory": self.memory}
+        if self.node:
+            out["node"] = self.node
+        return out
+
+
+def node_of(key: str) -> str:
+    """The node part of a ledger key ("" on one host)."""
+    node, sep, _ = key.rpartition("/")
+    return node if sep else ""
+
+
+def device_id(key: str) -> str:
+    """The device ID the node's engine knows, from a ledger key."""
+    return key.rpartition("/")[2]
 
 
 def from_config(devices: Sequence[Mapping]) -> list[GpuDevice]:

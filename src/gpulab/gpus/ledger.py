@@ -25,10 +25,17 @@ RESERVE_ATTEMPTS = 50
 
 
 class NoGpuAvailable(RuntimeError):
-    def __init__(self, asked: int, total: int, in_use: int):
+    def __init__(self, asked: int, total: int, in_use: int, biggest: tuple[str, int] | None = None):
         self.asked, self.total, self.in_use = asked, total, in_use
         free = total - in_use
-        if asked > total:
+        if biggest is not None and asked > biggest[1]:
+            msg = too_big_message(asked, *biggest)
+        elif biggest is not None:
+            msg = (
+                f"no node has {asked} GPUs free at once: {in_use} of {total} in use across the "
+                "cluster; a workload runs on one node: try again later or ask for fewer"
+            )
+        elif asked > total:
             msg = f"{asked} GPUs requested but this host has {total}"
         else:
             msg = (
@@ -36,6 +43,14 @@ class NoGpuAvailable(RuntimeError):
                 f"{in_use} of {total} in use, {free} free; try again later or ask for fewer"
             )
         super().__init__(msg)
+
+
+def too_big_message(asked: int, node: str, gpus: int) -> str:
+    """A request that fits no single node: say what the biggest one offers."""
+    return (
+        f"{asked} GPUs requested but a workload runs on one node and the biggest node "
+        f"({node}) has {gpus}: ask for {gpus} or fewer"
+    )
 
 
 class GpuQuotaExceeded(NoGpuAvailable):
@@ -51,10 +66,79 @@ class GpuQuotaExceeded(NoGpuAvailable):
 
 
 class GpuLedger:
-    def __init__(self, db: Database, instance: str, devices: Sequence[GpuDevice]):
+    def __init__(
+        self,
+        db: Database,
+        instance: str,
+        devices: Sequence[GpuDevice],
+        policy: str = "pack",
+        nodes: Sequence[str] | None = None,
+    ):
         self.db = db
         self.instance = instance
         self.devices = list(devices)
+        self.policy = policy
+        #: the cluster's nodes that take workloads (None: one host, no node to choose)
+        self.nodes: list[str] | None = list(nodes) if nodes is not None else None
+
+    @property
+    def clustered(self) -> bool:
+        return self.nodes is not None
+
+    def biggest_node(self) -> tuple[str, int]:
+        """(node, GPUs) of the node with the most GPUs ("this host" on one host)."""
+        if not self.clustered:
+            return "this host", len(self.devices)
+        counts = {n: 0 for n in self.nodes or []}
+        for d in self.devices:
+            counts[d.node] = counts.get(d.node, 0) + 1
+        if not counts:
+            return "none", 0
+        return max(counts.items(), key=lambda kv: (kv[1], kv[0]))
+
+    def gpu_home(self) -> tuple[int, str]:
+        """(the most GPUs one workload can have, what has them): for refusal messages."""
+        node, gpus = self.biggest_node()
+        if not self.clustered:
+            return gpus, "this host"
+        return gpus, f"a workload runs on one node and the biggest ({node})"
+
+    def choose(self, free: Sequence[GpuDevice], count: int) -> list[GpuDevice]:
+        """Pick ``count`` of the ``free`` devices, all on one node, by the placement policy.
+        Empty when no node has enough (one host: the first free ones)."""
+        if not self.clustered:
+            return list(free[:count]) if len(free) >= count else []
+        by_node: dict[str, list[GpuDevice]] = {}
+        for d in free:
+            by_node.setdefault(d.node, []).append(d)
+        fits = [(n, ds) for n, ds in by_node.items() if len(ds) >= count]
+        if not fits:
+            return []
+        if self.policy == "spread":
+            node, ds = max(fits, key=lambda f: (len(f[1]), f[0]))
+        else:  # pack: the fullest node that still fits keeps whole nodes free for big work
+            node, ds = min(fits, key=lambda f: (len(f[1]), f[0]))
+        return ds[:count]
+
+    def node_for_cpu(self) -> str:
+        """The node for a workload without GPUs: where GPUs are fewest free (pack; keeps the
+        free GPUs' nodes for GPU work) or most free (spread)."""
+        if not self.clustered:
+            return ""
+        if not self.nodes:
+            raise NoGpuAvailable(0, 0, 0, ("none", 0))
+        with self.db.read() as s:
+            busy = set(
+                s.scalars(
+                    select(GpuAllocation.device).where(GpuAllocation.instance == self.instance)
+                )
+            )
+        free = {n: 0 for n in self.nodes}
+        for d in self.devices:
+            if d.key not in busy and d.node in free:
+                free[d.node] += 1
+        pick = max if self.policy == "spread" else min
+        return pick(sorted(free), key=lambda n: free[n])
 
     def reserve(
         self, workload: str, owner: str, kind: str, count: int, quota: int | None = None
@@ -87,10 +171,11 @@ class GpuLedger:
                         if in_quota + count > quota:
                             raise GpuQuotaExceeded(count, in_quota, quota)
                     busy = {d for d, _, _ in held}
-                    free = [d.id for d in self.devices if d.id not in busy]
-                    if len(free) < count:
-                        raise NoGpuAvailable(count, len(self.devices), len(busy))
-                    chosen = free[:count]
+                    free = [d for d in self.devices if d.key not in busy]
+                    chosen = [d.key for d in self.choose(free, count)]
+                    if not chosen:
+                        biggest = self.biggest_node() if self.clustered else None
+                        raise NoGpuAvailable(count, len(self.devices), len(busy), biggest)
                     for dev in chosen:
                         s.add(
                             GpuAllocation(
@@ -169,7 +254,7 @@ class GpuLedger:
                     select(GpuAllocation.device).where(GpuAllocation.instance == self.instance)
                 )
             )
-        return sum(1 for d in self.devices if d.id not in busy)
+        return sum(1 for d in self.devices if d.key not in busy)
 
     def reconcile(self, live_workloads: Iterable[str], kind: str, grace: float = 60.0) -> list[str]:
         """Release what ``kind`` workloads hold that have no container any more.

@@ -12,11 +12,10 @@ import asyncio
 import contextlib
 
 from ..faults import fault_point
+from ..gpus.inventory import device_id
 from ..resources import container_limits
-from ..runtime.docker import APIError, NotFound
-from ..runtime.network import ensure_user_network, is_missing_network
-from ..runtime.network import network_for as _network_for
-from ..runtime.objects import gpu_request, job_container_config, log_options, workload_labels
+from ..runtime.base import Mount, WorkloadGone, WorkloadSpec
+from ..runtime.objects import workload_labels
 from .spec import JobSpec
 
 LOG_KEEP_BYTES = 10 * 1024 * 1024
@@ -30,94 +29,67 @@ class StillRunning(RuntimeError):
 class JobContainer:
     """The engine side of one job (a mixin of the supervisor, through JobLife)."""
 
-    async def engine(self, point: str, fn, *args, **kw):
-        """One engine call off the event loop, with the fault-injection point after it."""
-        out = await self.runtime.run(fn, *args, **kw)
-        fault_point(f"engine:{point}")
-        return out
-
-    async def _create_and_start(self, job_id, spec: JobSpec, name, devices, owner) -> None:
+    def workload_spec(self, job_id, spec: JobSpec, name, devices, owner, node) -> WorkloadSpec:
+        """What the engine is asked to run for this job (any backend)."""
         s = self.s
-        gpu_host, gpu_env = gpu_request(devices, s.gpu_mode)
-        limits = {
-            **container_limits(spec.resources, s.pids_limit, s.shm_fraction).host_config(),
-            **log_options(s.container_log_max_size, s.container_log_max_files),
-        }
-        config = job_container_config(
-            image=spec.image,
+        limits = container_limits(spec.resources, s.pids_limit, s.shm_fraction)
+        return WorkloadSpec(
             name=name,
+            image=self.runtime.image_ref(spec.image),
             command=[*spec.command, *spec.args],
-            env={**spec.env, **gpu_env, "GPULAB_JOB_ID": job_id, "GPULAB_JOB_NAME": spec.name},
+            env={**spec.env, "GPULAB_JOB_ID": job_id, "GPULAB_JOB_NAME": spec.name},
             labels={
                 **spec.labels,
                 **workload_labels(s.instance, "job", owner, self.workload(job_id), devices),
                 "org.gpulab.job": job_id,
             },
             user="1000:100",
-            limits=limits,
-            gpu_host=gpu_host,
-            volumes={
-                v.docker_volume: {
-                    "bind": v.spec.mount,
-                    "mode": "ro" if v.spec.mode == "ro" else "rw",
-                }
-                for v in self.volumes(job_id, spec)
-            },
-            runner=self.runner_path,
-            # only the owner's network (runtime/network.py): other users' containers are apart
-            network=(network := _network_for(s.network_isolation, s.instance, owner)),
+            cpus=spec.resources.cpus,
+            memory=limits.mem_limit,
+            pids_limit=limits.pids_limit,
+            shm_size=limits.shm_size,
+            gpu_ids=[device_id(d) for d in devices],
+            mounts=[
+                Mount(v.docker_volume, v.spec.mount, read_only=v.spec.mode == "ro")
+                for v in self.volumes(job_id, spec, node)
+            ],
+            # only the owner's network (runtime/network.py): other users' workloads are apart
+            network_owner=owner if s.network_isolation == "user" else None,
+            node=node,
+            log_max_size=s.container_log_max_size,
+            log_max_files=s.container_log_max_files,
+            stop_grace=s.preemption_grace,
         )
-        client = self.runtime.client
-        host = config.pop("host_config")
 
-        def create():
-            for attempt in (1, 2):
-                with contextlib.suppress(NotFound):
-                    client.remove_container(name, force=True)
-                if network:  # joined by ID: unambiguous while a racing duplicate exists
-                    host["network_mode"] = ensure_user_network(client, s.instance, owner)
-                try:
-                    client.create_container(host_config=client.create_host_config(**host), **config)
-                    fault_point("engine:create")
-                    client.start(name)
-                    return
-                except APIError as e:
-                    # pruned between our look-up and our start: make it again, once
-                    if attempt == 2 or not (network and is_missing_network(e)):
-                        raise
-
-        await self.runtime.run(create)
+    async def _create_and_start(self, job_id, spec: JobSpec, name, devices, owner, node) -> None:
+        await self.runtime.create_and_start(
+            self.workload_spec(job_id, spec, name, devices, owner, node)
+        )
         fault_point("engine:start")
 
     async def ensure_stopped(self, name: str, grace: float) -> None:
         """Return only once the engine confirms that ``name`` runs nothing (stopped, or no
-        such container): then, and only then, its GPUs may be released."""
-        client = self.runtime.client
+        such workload): then, and only then, its GPUs may be released."""
         for kill in (False, True):
-            info = await self.runtime.inspect_container(name)
-            if info is None or not info["State"].get("Running"):
+            found = await self.runtime.state(name)
+            if found is None or not found.running:
                 return
-            with contextlib.suppress(NotFound):
-                if kill:
-                    await self.engine("kill", client.kill, name)
-                else:
-                    await self.engine("stop", client.stop, name, timeout=int(grace))
-        info = await self.runtime.inspect_container(name)
-        if info is not None and info["State"].get("Running"):
-            raise StillRunning(f"container {name} still runs after SIGKILL")
+            if kill:
+                await self.runtime.kill(name)
+                fault_point("engine:kill")
+            else:
+                await self.runtime.stop(name, grace)
+                fault_point("engine:stop")
+        found = await self.runtime.state(name)
+        if found is not None and found.running:
+            raise StillRunning(f"workload {name} still runs after SIGKILL")
 
     async def _restart_in_place(self, name: str) -> None:
-        client = self.runtime.client
+        await self.runtime.restart_in_place(name)
 
-        def restart():
-            ex = client.exec_create(
-                name,
-                ["sh", "-c", "touch /tmp/.gpulab-restart && kill -KILL $(cat /tmp/.gpulab-child)"],
-                user="1000:100",
-            )
-            client.exec_start(ex["Id"])
-
-        await self.runtime.run(restart)
+    async def remove_workload(self, name: str) -> None:
+        await self.runtime.remove(name)
+        fault_point("engine:remove")
 
     async def save_logs(self, job_id: str, name: str) -> None:
         """Keep the last LOG_KEEP_BYTES of the container's output in the logs directory.
@@ -130,9 +102,7 @@ class JobContainer:
         def save():
             kept = bytearray()
             try:
-                stream = self.runtime.client.logs(
-                    name, stdout=True, stderr=True, stream=True, tail=LOG_KEEP_LINES
-                )
+                stream = self.runtime.log_stream(name, follow=False, tail=LOG_KEEP_LINES)
                 try:
                     for chunk in stream:
                         kept += chunk
@@ -141,7 +111,7 @@ class JobContainer:
                 finally:
                     with contextlib.suppress(Exception):
                         stream.close()
-            except NotFound:
+            except WorkloadGone:
                 return
             self.log_file(job_id).write_bytes(bytes(kept[-LOG_KEEP_BYTES:]))
 

@@ -97,6 +97,7 @@ def job_json(
         "updated": _iso(j.updated),
         "running_since": _iso(j.running_since),
         "devices": [d for d in j.devices.split(",") if d],
+        "node": j.node or "",
         "over_quota": bool(j.over_quota),
         "restarts": j.restarts,
         "hang_restarts": j.hang_restarts,
@@ -405,11 +406,11 @@ class JobRecords:
                 for j in s.scalars(q.order_by(Job.submitted))
             ]
 
-    def ended_with_container(self) -> list[tuple[str, str, datetime, str, dict]]:
-        """(id, container, updated, state, spec) of ended jobs whose container is still
+    def ended_with_container(self) -> list[tuple[str, str, datetime, str, dict, str]]:
+        """(id, container, updated, state, spec, node) of ended jobs whose container is still
         there."""
         with self.db.read() as s:
-            q = select(Job.id, Job.container, Job.updated, Job.state, Job.spec).where(
+            q = select(Job.id, Job.container, Job.updated, Job.state, Job.spec, Job.node).where(
                 Job.instance == self.instance,
                 Job.state.in_({e.value for e in ENDED}),
                 Job.container != "",

@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass
 
 from ..lifecycle import JOB_TRANSITIONS, JobState
+from ..runtime.base import WorkloadState
 
 J = JobState
 
@@ -51,38 +52,22 @@ class Decision:
     push: bool = True
 
 
-def classify(info: dict | None, life_began: float) -> Container:
-    """Turn ``docker inspect`` (None: no such container) into :class:`Container`.
+def classify(found: WorkloadState | None, life_began: float) -> Container:
+    """Turn what the engine says (None: no such workload) into :class:`Container`.
 
-    ``life_began``: when the job entered its current state (epoch seconds). A container
+    ``life_began``: when the job entered its current state (epoch seconds). A workload
     started before that belongs to an earlier life (a resumed job's old container, kept for
     the retention delay) and says nothing about this one."""
-    if info is None:
+    if found is None:
         return Container.ABSENT
-    st = info.get("State") or {}
-    if st.get("Running"):
+    if found.running:
         return Container.RUNNING
-    started = _epoch(st.get("StartedAt") or "")
-    # one host, one clock: the state is written before the container is (re)started, so a
-    # start of this life is later. An engine on another host (Swarm) has another clock: the
-    # container's start must then be compared with one recorded from that engine instead.
-    if started is None or started < life_began:
+    # the state is written before the workload is (re)started, so a start of this life is
+    # later. On a cluster the start time is the node's clock: nodes are expected to keep
+    # time with NTP (a skew of more than a job state's lifetime would read as an earlier life)
+    if found.started_at is None or found.started_at < life_began:
         return Container.STALE
     return Container.ENDED
-
-
-def _epoch(stamp: str) -> float | None:
-    """Docker's RFC 3339 time (nanoseconds, 'Z') as epoch seconds; None for its zero time."""
-    from datetime import datetime
-
-    if not stamp or stamp.startswith("0001-"):
-        return None
-    head, _, frac = stamp.rstrip("Z").partition(".")
-    try:
-        base = datetime.fromisoformat(head + "+00:00").timestamp()
-    except ValueError:
-        return None
-    return base + (float("0." + frac[:6]) if frac.isdigit() else 0.0)
 
 
 def _pending_outcome(outcome: str, request: str) -> JobState:

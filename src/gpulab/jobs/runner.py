@@ -19,7 +19,7 @@ from datetime import datetime
 from ..faults import fault_point
 from ..lifecycle import JobState, utcnow
 from ..metrics import JOB_START
-from ..runtime.docker import APIError, NotFound
+from ..runtime.docker import APIError
 from ..runtime.network import NetworkUnavailable
 from ..workload_data import push_all, push_verdict
 from .containers import JobContainer
@@ -52,7 +52,7 @@ class JobLife(JobContainer):
             return
         spec = JobSpec.from_json(job["spec"])
         name = self.container_name(job_id)
-        for vol in self.volumes(job_id, spec):
+        for vol in self.volumes(job_id, spec, job["node"]):
             if await self._requested(job_id) == "interrupt":
                 return await self.finalize(job_id, *_BEFORE_START, push=False)
             if await self.data(job_id).nothing_to_pull(vol):
@@ -62,8 +62,9 @@ class JobLife(JobContainer):
             if not outcome.ok:
                 msg = f"pull of volume {vol.label} failed: {outcome.reason}"
                 return await self.finalize(job_id, J.FAILED, "PULL_FAILED", msg, push=False)
-        if not await self.runtime.image_exists(spec.image):
-            msg = f"image {spec.image} is missing on this host"
+        if not await self.runtime.image_exists(self.runtime.image_ref(spec.image)):
+            where = "on this host" if self.runtime.kind == "docker" else "in the registry"
+            msg = f"image {self.runtime.image_ref(spec.image)} is missing {where}"
             return await self.finalize(job_id, J.FAILED, "IMAGE_MISSING", msg, push=False)
         if await self._requested(job_id) == "interrupt":
             return await self.finalize(job_id, *_BEFORE_START, push=False)
@@ -71,7 +72,9 @@ class JobLife(JobContainer):
             job_id, J.PENDING, expect=J.INITIALIZING, reason="CREATING", message="starting"
         )
         try:
-            await self._create_and_start(job_id, spec, name, job["devices"], job["owner"])
+            await self._create_and_start(
+                job_id, spec, name, job["devices"], job["owner"], job["node"]
+            )
         except NetworkUnavailable as e:
             await self.ensure_stopped(name, 0)
             return await self.finalize(job_id, J.ERROR, "NETWORK_UNAVAILABLE", str(e), push=False)
@@ -103,8 +106,7 @@ class JobLife(JobContainer):
         if state not in _RECOVERABLE:
             return
         name = self.container_name(job_id)
-        info = await self.runtime.inspect_container(name)
-        found = classify(info, ts(job["updated"]))
+        found = classify(await self.runtime.state(name), ts(job["updated"]))
         d = decide(state, job["request"], job.get("outcome") or "", found, job["reason"])
         log.info("job %s: %s in %s, container %s: %s", job_id, why, state, found, d.step)
         await self.apply(job_id, job, state, found, d, why)
@@ -118,11 +120,8 @@ class JobLife(JobContainer):
                 job_id, d.outcome, d.reason, message, job["exit_code"], push=d.push
             )
         if d.step is Step.REQUEUE:
-            with contextlib.suppress(NotFound):
-                if found is not Container.ABSENT:
-                    await self.engine(
-                        "remove", self.runtime.client.remove_container, name, force=True
-                    )
+            if found is not Container.ABSENT:
+                await self.remove_workload(name)
             await self.ensure_stopped(name, 0)
             await self.db(self.ledger.release, self.workload(job_id))
             await self.move(
@@ -136,9 +135,10 @@ class JobLife(JobContainer):
             )
             return
         if d.step is Step.FINISH_PREEMPT:
-            return await self.finish_preempt(job_id, spec, name)
+            return await self.finish_preempt(job_id, spec, name, job["node"])
         if d.step is Step.START:
-            await self.engine("start", self.runtime.client.start, name)
+            await self.runtime.start_again(name)
+            fault_point("engine:start")
             await self.move(
                 job_id, J.RUNNING, expect=state, reason="RESTARTED", message=f"restarted ({why})"
             )
@@ -162,7 +162,6 @@ class JobLife(JobContainer):
     # --- watching ------------------------------------------------------------------------
 
     async def watch(self, job_id: str, spec: JobSpec, name: str) -> None:
-        client = self.runtime.client
         hang = spec.hang_restart
         consecutive = 0
         last_progress = time.monotonic()
@@ -176,17 +175,18 @@ class JobLife(JobContainer):
             state = JobState(job["state"])
             if job["request"] in ("interrupt", "preempt") or state is J.INTERRUPTING:
                 return await self._stop_by_request(job_id, job, spec, name)
-            info = await self.runtime.inspect_container(name)
-            if info is None:
+            found = await self.runtime.state(name)
+            if found is None:
                 return await self.finalize(
                     job_id, J.ERROR, "CONTAINER_LOST", "the job's container disappeared"
                 )
-            st = info["State"]
-            if not st.get("Running"):
-                code = int(st.get("ExitCode", -1))
+            if not found.running:
+                if found.exit_code is None:  # the engine could not run it (a node lost...)
+                    return await self.lost(job_id, job, spec, name, found.error)
+                code = found.exit_code
                 if code == 0:
                     return await self.finalize(job_id, J.DONE, "EXITED", "exit code 0", code)
-                why = "out of memory" if st.get("OOMKilled") else f"exit code {code}"
+                why = "out of memory" if found.oom else f"exit code {code}"
                 if job["restarts"] < spec.retries:
                     await self._auto_restart(job_id, name, job["restarts"] + 1, spec, why, code)
                     consecutive, last_progress = 0, time.monotonic()
@@ -227,12 +227,10 @@ class JobLife(JobContainer):
                 continue
             # hang: no output and no CPU progress for the period
             now = time.time()
-            out = await self.runtime.run(
-                client.logs, name, stdout=True, stderr=True, since=last_log, until=now
-            )
+            out = await self.runtime.logs(name, since=last_log, until=now)
             last_log = now
-            stats = await self.runtime.run(client.stats, name, stream=False, one_shot=True)
-            cpu = int(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0))
+            # an engine that cannot read CPU time (Swarm) judges by output alone
+            cpu = await self.runtime.cpu_time(name) or 0
             if last_cpu is None:
                 last_cpu = cpu  # CPU time at the last sign of progress (or restart)
             # progress is real work since the mark: a restart's own few ms do not count
@@ -290,7 +288,8 @@ class JobLife(JobContainer):
         )
         if stop_first:
             await self.ensure_stopped(name, self.s.preemption_grace)
-        await self.engine("start", self.runtime.client.start, name)
+        await self.runtime.start_again(name)
+        fault_point("engine:start")
         await self.move(
             job_id,
             J.RUNNING,
@@ -314,7 +313,7 @@ class JobLife(JobContainer):
                     message=f"its GPUs are needed by in-quota work: SIGTERM, {grace:g} s "
                     "to checkpoint",
                 )
-            return await self.finish_preempt(job_id, spec, name)
+            return await self.finish_preempt(job_id, spec, name, job["node"])
         if state is not J.INTERRUPTING:
             await self.move(
                 job_id,
@@ -326,16 +325,43 @@ class JobLife(JobContainer):
         why = "TIMEOUT" if job["reason"] == "TIMEOUT" else "USER_INTERRUPT"
         await self.finalize(job_id, J.INTERRUPTED, why, "interrupted by its owner")
 
-    async def finish_preempt(self, job_id: str, spec: JobSpec, name: str) -> None:
+    async def lost(self, job_id: str, job: dict, spec: JobSpec, name: str, error: str) -> None:
+        """The engine lost the workload without an exit code: its node went down or was
+        drained (Swarm). Its volumes went with the node. The workload is removed, and once
+        the engine confirms that it is gone the GPUs are released; the job is queued again
+        to run elsewhere while it has restarts left (``retries``), else it FAILS (NODE_LOST).
+        """
+        state = JobState(job["state"])
+        why = f"its node was lost ({error})" if error else "its node was lost"
+        await self.remove_workload(name)
+        await self.ensure_stopped(name, 0)
+        await self.db(self.ledger.release, self.workload(job_id))
+        n = job["restarts"] + 1
+        if job["restarts"] >= spec.retries:
+            return await self.finalize(job_id, J.FAILED, "NODE_LOST", why, push=False)
+        await self.move(job_id, J.INTERRUPTING, expect=state, reason="NODE_LOST", message=why)
+        await self.move(
+            job_id,
+            J.QUEUED,
+            expect=J.INTERRUPTING,
+            reason="NODE_LOST",
+            message=f"queued again to run on another node: {why}; restart {n} of {spec.retries}",
+            devices="",
+            over_quota=0,
+            container="",
+            restarts=n,
+        )
+
+    async def finish_preempt(self, job_id: str, spec: JobSpec, name: str, node: str) -> None:
         """INTERRUPTING for a preemption: stop, push, remove the container, release the
         GPUs, then back to the queue, unless an interrupt came meanwhile: then the job ends
         INTERRUPTED (the user's word wins over the scheduler's)."""
         await self.ensure_stopped(name, self.s.preemption_grace)
         await self.save_logs(job_id, name)
-        ok, message = push_verdict(await push_all(self.data(job_id), self.volumes(job_id, spec)))
+        vols = self.volumes(job_id, spec, node)
+        ok, message = push_verdict(await push_all(self.data(job_id), vols))
         fault_point("engine:push")
-        with contextlib.suppress(NotFound):
-            await self.engine("remove", self.runtime.client.remove_container, name, force=True)
+        await self.remove_workload(name)
         await self.ensure_stopped(name, 0)
         await self.db(self.ledger.release, self.workload(job_id))
         try:
@@ -390,7 +416,8 @@ class JobLife(JobContainer):
         extra = ""
         if state is J.FINALIZING:
             spec = JobSpec.from_json(job["spec"])
-            ok, pushed = push_verdict(await push_all(self.data(job_id), self.volumes(job_id, spec)))
+            vols = self.volumes(job_id, spec, job["node"])
+            ok, pushed = push_verdict(await push_all(self.data(job_id), vols))
             fault_point("engine:push")
             if not ok:
                 await self.move(

@@ -138,10 +138,18 @@ def quota_for(
     return Quota(gpus=_most(q.gpus for q in found), jobs=_most(q.jobs for q in found))
 
 
-def can_ever_fit(gpus: int, host_gpus: int, quota: Quota, preemptible: bool = False) -> str | None:
-    """Why a job of ``gpus`` GPUs can never run here (checked at submission), or None."""
+def can_ever_fit(
+    gpus: int,
+    host_gpus: int,
+    quota: Quota,
+    preemptible: bool = False,
+    gpu_home: str = "this host",
+) -> str | None:
+    """Why a job of ``gpus`` GPUs can never run here (checked at submission), or None.
+    ``host_gpus``: the most GPUs one workload can have (the biggest node's), ``gpu_home`` what
+    has them, for the message."""
     if gpus > host_gpus:
-        return f"{gpus} GPUs requested but this host has {host_gpus}"
+        return f"{gpus} GPUs requested but {gpu_home} has {host_gpus}"
     if preemptible:
         return None
     if quota.gpus is not None and gpus > quota.gpus:

@@ -164,6 +164,7 @@ def parse_job_spec(
     user: str = "",
     host_gpus: int,
     max_timeout: float = MAX_TIMEOUT,
+    gpu_home: str = "this host",
 ) -> JobSpec:
     """Turn a raw submission into a :class:`JobSpec` or raise :class:`JobSpecError`.
 
@@ -183,5 +184,6 @@ def parse_job_spec(
             user=user,
             host_gpus=host_gpus,
             max_timeout=max_timeout,
+            gpu_home=gpu_home,
         )
     )

@@ -390,6 +390,7 @@ def _resources(
     limits: Limits,
     default_flavor: str | None,
     host_gpus: int,
+    gpu_home: str = "this host",
 ) -> tuple[str | None, Resources]:
     value = raw.get("resources")
     if value is None:
@@ -441,7 +442,7 @@ def _resources(
     if res.gpus > host_gpus:
         raise JobSpecError(
             "resources.gpus",
-            f"{res.gpus} GPUs requested but this host has {host_gpus}",
+            f"{res.gpus} GPUs requested but {gpu_home} has {host_gpus}",
         )
     return flavor, resolve(limits)
 
@@ -508,6 +509,7 @@ def parse_fields(
     user: str,
     host_gpus: int,
     max_timeout: float,
+    gpu_home: str = "this host",
 ) -> dict[str, Any]:
     """Every field of a submission, checked in the order of :data:`JOB_SPEC_FIELDS` (the first
     fault is reported), as keyword arguments of :class:`~gpulab.jobs.spec.JobSpec`."""
@@ -524,7 +526,7 @@ def parse_fields(
     command, args = _command(raw)
     env = _env(raw)
     labels = _labels(raw)
-    flavor, resources = _resources(raw, flavors, limits, default_flavor, host_gpus)
+    flavor, resources = _resources(raw, flavors, limits, default_flavor, host_gpus, gpu_home)
     volumes = _volumes(raw, storage, user)
     timeout = (
         min(DEFAULT_TIMEOUT, max_timeout)

@@ -18,12 +18,12 @@ import logging
 import time
 from pathlib import Path
 
-from ..gpus.inventory import load_inventory
+from ..gpus.inventory import load_inventory, node_of
 from ..gpus.ledger import GpuLedger, NoGpuAvailable
 from ..lifecycle import InvalidTransition, JobState, utcnow
 from ..metrics import JOB_QUEUE_WAIT
-from ..runtime.docker import DockerRuntime, EngineError, NotFound
-from ..runtime.network import prune_user_networks
+from ..runtime.base import Runtime
+from ..runtime.docker import EngineError
 from ..runtime.objects import L_WORKLOAD, job_container_name, job_workload_id
 from ..workload_data import VolumeSync, WorkloadData, volume_name
 from .lease import SupervisorLease
@@ -34,7 +34,6 @@ from .spec import JobSpec
 
 log = logging.getLogger(__name__)
 J = JobState
-RUNNER = str(Path(__file__).resolve().parent.parent / "runtime" / "job_runner.sh")
 #: seconds between two adoptions of the same task-less active job
 ADOPT_EVERY = 5.0
 #: seconds between sweeps for containers whose job record is gone
@@ -48,9 +47,7 @@ def _quota(d) -> Quota:
 
 
 class JobSupervisor(JobLife):
-    runner_path = RUNNER
-
-    def __init__(self, settings, db, runtime: DockerRuntime, logs_dir: Path, holder=None):
+    def __init__(self, settings, db, runtime: Runtime, logs_dir: Path, holder=None):
         self.s = settings
         self.records = JobRecords(db, settings.instance)
         devices = load_inventory(settings.gpu_devices, settings.discover_gpus)
@@ -82,9 +79,10 @@ class JobSupervisor(JobLife):
     def workload(self, job_id: str) -> str:
         return job_workload_id(self.s.instance, job_id)
 
-    def volumes(self, job_id: str, spec: JobSpec) -> list[VolumeSync]:
+    def volumes(self, job_id: str, spec: JobSpec, node: str = "") -> list[VolumeSync]:
+        """The job's volumes, on ``node`` (where its workload runs; "" on one host)."""
         name = self.container_name(job_id)
-        return [VolumeSync(v, volume_name(name, v), str(v)) for v in spec.volumes]
+        return [VolumeSync(v, volume_name(name, v), str(v), node) for v in spec.volumes]
 
     def data(self, job_id: str) -> WorkloadData:
         s = self.s
@@ -225,7 +223,7 @@ class JobSupervisor(JobLife):
             return
         allocations = await self.db(self.ledger.allocations)
         held = {a["device"] for a in allocations}
-        free = [d.id for d in self.ledger.devices if d.id not in held]
+        free = [d.key for d in self.ledger.devices if d.key not in held]
         notebook_gpus: dict[str, int] = {}  # count against the same per-user GPU quota
         for a in allocations:
             if a["kind"] == "notebook":
@@ -260,17 +258,23 @@ class JobSupervisor(JobLife):
                     len(placement.devices),
                     quota=quota,
                 )
+                node = node_of(devices[0]) if devices else await self.db(self.ledger.node_for_cpu)
             except NoGpuAvailable:
-                continue  # a notebook took a GPU meanwhile: plan again next pass
+                # a notebook took a GPU meanwhile, or no single node has enough free: plan
+                # again next pass (the scheduler counts GPUs; the ledger finds the node)
+                await self.db(self.ledger.release, self.workload(job_id))
+                continue
             try:
                 await self.move(
                     job_id,
                     J.INITIALIZING,
                     reason="SCHEDULED",
                     message=f"placed on GPUs {', '.join(devices) or '(none)'}"
+                    + (f" of node {node}" if node and not devices else "")
                     + (" beyond quota (preemptible)" if placement.over_quota else ""),
                     expect=frozenset({J.QUEUED}),
                     devices=",".join(devices),
+                    node=node,
                     over_quota=int(placement.over_quota),
                     exit_code=None,
                     # named from the start: a job that ends before its container exists still
@@ -350,19 +354,16 @@ class JobSupervisor(JobLife):
         output that is not pushed yet (a retried push, then the delay, removes them)."""
         now = utcnow().timestamp()
         removed_any = False
-        for job_id, container, updated, state, spec in await self.db(
+        for job_id, container, updated, state, spec, node in await self.db(
             self.records.ended_with_container
         ):
             if state == J.SYNC_FAILED.value:
                 continue
             if now - updated.timestamp() > self.s.job_container_retention:
-                with contextlib.suppress(NotFound):
-                    await self.runtime.run(
-                        self.runtime.client.remove_container, container, force=True
-                    )
+                await self.runtime.remove(container)
                 try:
-                    for vol in self.volumes(job_id, JobSpec.from_json(spec)):
-                        await self.runtime.remove_volume(vol.docker_volume)
+                    for vol in self.volumes(job_id, JobSpec.from_json(spec), node):
+                        await self.runtime.remove_volume(vol.docker_volume, vol.node)
                 except EngineError as e:  # in use (a push retry?): try again next pass
                     log.warning("job %s: volumes not removed yet: %s", job_id, e)
                     continue
@@ -396,45 +397,41 @@ class JobSupervisor(JobLife):
         """Remove the sync helpers of jobs (not notebooks': the hub runs those) that no task
         of this process started: at a new leadership, all of them."""
         # unreachable engine: the error ends this recovery, which is tried again next pass
-        helpers = await self.runtime.labelled_containers(self.s.instance, "sync-helper")
+        helpers = await self.runtime.labelled(self.s.instance, "sync-helper")
         prefix = self.workload("")
         for h in helpers:
-            if not (h.get("Labels") or {}).get(L_WORKLOAD, "").startswith(prefix):
+            if not h.labels.get(L_WORKLOAD, "").startswith(prefix):
                 continue
-            log.warning("removing sync helper %s left by an earlier service", h["Id"][:12])
-            with contextlib.suppress(NotFound):
-                await self.runtime.run(self.runtime.client.remove_container, h["Id"], force=True)
+            log.warning("removing sync helper %s left by an earlier service", h.id[:12])
+            await self.runtime.remove(h.id)
 
     async def remove_orphan_containers(self) -> None:
         """Containers (and their volumes) of jobs that have no record any more: a DELETE
         whose engine clean-up was cut short. Every container must have a record."""
         try:
-            found = await self.runtime.labelled_containers(self.s.instance, "job")
+            found = await self.runtime.labelled(self.s.instance, "job")
         except Exception as e:
             log.warning("job containers not checked: %s", e)
             return
         known = await self.db(self.records.ids)
         for c in found:
-            job_id = (c.get("Labels") or {}).get("org.gpulab.job", "")
+            job_id = c.labels.get("org.gpulab.job", "")
             if not job_id or job_id in known:
                 continue
-            log.warning("removing container %s of deleted job %s", c["Id"][:12], job_id)
-            with contextlib.suppress(NotFound):
-                await self.runtime.run(self.runtime.client.remove_container, c["Id"], force=True)
+            log.warning("removing workload %s of deleted job %s", c.id[:12], job_id)
+            await self.runtime.remove(c.id)
             await self.remove_job_volumes(job_id)
 
     async def remove_job_volumes(self, job_id: str) -> None:
         name = self.container_name(job_id)
-        vols = await self.runtime.run(self.runtime.client.volumes, filters={"name": f"{name}-v-"})
-        for v in (vols or {}).get("Volumes") or []:
-            if v["Name"].startswith(f"{name}-v-"):
-                await self.runtime.remove_volume(v["Name"])
+        for vol, node in await self.runtime.volumes_named(f"{name}-v-"):
+            await self.runtime.remove_volume(vol, node)
 
     async def prune_networks(self) -> None:
         """Best effort: remove users' networks that no container uses any more (notebooks'
         included), so that they do not hold the engine's address pools."""
         try:
-            gone = await self.runtime.run(prune_user_networks, self.runtime.client, self.s.instance)
+            gone = await self.runtime.prune_user_networks(self.s.instance)
         except EngineError as e:
             log.warning("networks not pruned: %s", e)
             return

@@ -1,0 +1,35 @@
+"""The one place gpulab talks to a container engine: :class:`~.base.Runtime` and its backends.
+
+:func:`make_runtime` picks the backend from one setting (``GpulabSettings.runtime``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .base import Runtime
+
+RUNNER = str(Path(__file__).resolve().parent / "job_runner.sh")
+
+
+def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
+    """The backend the settings name. ``client``: a docker.APIClient to reuse (the spawner's);
+    ``gpus``: this host's GPU IDs (one engine; a Swarm reads each node's from its labels)."""
+    if settings.runtime == "swarm":
+        from .swarm import SwarmRuntime
+
+        return SwarmRuntime(
+            client,
+            registry=settings.image_registry,
+            gpu_label=settings.swarm_gpu_label,
+            runner_script=Path(RUNNER).read_text(),
+        )
+    from .docker import DockerRuntime
+
+    return DockerRuntime(
+        client,
+        gpu_mode=settings.gpu_mode,
+        runner_path=RUNNER,
+        gpus=gpus,
+        registry=settings.image_registry,
+    )

@@ -1,37 +1,66 @@
-"""The one place gpulab's own code talks to the Docker engine.
+"""The single-engine backend: one Docker engine, today's and ``make run``'s default.
 
-Blocking SDK calls run on a shared thread pool (never on the event loop), wide enough that one
-user's slow image pull or build does not queue another user's spawn behind it (DockerSpawner
-uses a single worker thread by default).
+Blocking SDK calls run on the runtime's shared thread pool (never on the event loop), wide
+enough that one user's slow image pull or build does not queue another user's spawn behind it
+(DockerSpawner uses a single worker thread by default).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from ..faults import fault_point
-from .objects import L_INSTANCE, L_KIND
+from . import network as net
+from .base import (
+    HelperResult,
+    Labelled,
+    LogStream,
+    Node,
+    Runtime,
+    WorkloadGone,
+    WorkloadSpec,
+    WorkloadState,
+)
+from .objects import L_INSTANCE, L_KIND, docker_epoch, workload_container_config
 
 log = logging.getLogger(__name__)
 
 EngineError = DockerException
-__all__ = ["APIError", "DockerRuntime", "EngineError", "ImageNotFound", "NotFound"]
+__all__ = [
+    "APIError",
+    "DockerRuntime",
+    "EngineError",
+    "HelperResult",
+    "ImageNotFound",
+    "NotFound",
+    "run_helper",
+]
 
 
-class DockerRuntime:
-    _executor: ThreadPoolExecutor | None = None
+class DockerRuntime(Runtime):
+    kind = "docker"
+    reads_cpu = True
 
-    def __init__(self, client: docker.APIClient | None = None, workers: int = 32):
+    def __init__(
+        self,
+        client: docker.APIClient | None = None,
+        workers: int = 32,
+        gpu_mode: str = "device_request",
+        runner_path: str = "",
+        gpus: tuple[str, ...] = (),
+        registry: str = "",
+    ):
+        super().__init__(workers, registry)
         self._client = client
-        self._workers = workers
+        self.gpu_mode = gpu_mode
+        #: the job runner on this host, bind-mounted read-only into jobs' containers
+        self.runner_path = runner_path
+        self._gpus = tuple(gpus)
 
     @property
     def client(self) -> docker.APIClient:
@@ -39,34 +68,145 @@ class DockerRuntime:
             self._client = docker.APIClient(version="auto", timeout=120)
         return self._client
 
-    @classmethod
-    def shared_executor(cls, workers: int = 32) -> ThreadPoolExecutor:
-        if cls._executor is None:
-            cls._executor = ThreadPoolExecutor(workers, thread_name_prefix="gpulab-engine")
-        return cls._executor
+    # --- the cluster: one node, this host ---------------------------------------------------
 
-    async def run(self, fn, *args, **kwargs) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self.shared_executor(self._workers), functools.partial(fn, *args, **kwargs)
-        )
-
-    # --- queries -------------------------------------------------------------------------
+    async def nodes(self) -> list[Node]:
+        return [Node(id="", hostname="", ready=True, active=True, gpus=self._gpus)]
 
     async def image_exists(self, image: str) -> bool:
         try:
             await self.run(self.client.inspect_image, image)
             return True
-        except ImageNotFound:
+        except (ImageNotFound, NotFound):
             return False
-        except NotFound:
-            return False
+
+    # --- workloads --------------------------------------------------------------------------
 
     async def inspect_container(self, name: str) -> dict | None:
         try:
             return await self.run(self.client.inspect_container, name)
         except NotFound:
             return None
+
+    async def create_and_start(self, spec: WorkloadSpec) -> None:
+        config = workload_container_config(spec, self.gpu_mode, self.runner_path)
+        host = config.pop("host_config")
+        client = self.client
+        instance = spec.labels.get(L_INSTANCE, "")
+
+        def create():
+            for attempt in (1, 2):
+                with contextlib.suppress(NotFound):
+                    client.remove_container(spec.name, force=True)
+                if spec.network_owner:  # joined by ID: unambiguous while a duplicate exists
+                    host["network_mode"] = net.ensure_user_network(
+                        client, instance, spec.network_owner
+                    )
+                try:
+                    client.create_container(host_config=client.create_host_config(**host), **config)
+                    fault_point("engine:create")
+                    client.start(spec.name)
+                    return
+                except APIError as e:
+                    # pruned between our look-up and our start: make it again, once
+                    if attempt == 2 or not (spec.network_owner and net.is_missing_network(e)):
+                        raise
+
+        await self.run(create)
+
+    async def state(self, name: str) -> WorkloadState | None:
+        info = await self.inspect_container(name)
+        if info is None:
+            return None
+        st = info.get("State") or {}
+        running = bool(st.get("Running"))
+        code = st.get("ExitCode")
+        return WorkloadState(
+            running=running,
+            exit_code=None if running or code is None else int(code),
+            oom=bool(st.get("OOMKilled")),
+            started_at=docker_epoch(st.get("StartedAt") or ""),
+            error=st.get("Error") or "",
+        )
+
+    async def start_again(self, name: str) -> None:
+        await self.run(self.client.start, name)
+
+    async def stop(self, name: str, grace: float) -> None:
+        with contextlib.suppress(NotFound):
+            await self.run(self.client.stop, name, timeout=int(grace))
+
+    async def kill(self, name: str) -> None:
+        with contextlib.suppress(NotFound):
+            await self.run(self.client.kill, name)
+
+    async def remove(self, name: str) -> bool:
+        try:
+            await self.run(self.client.remove_container, name, force=True, v=False)
+            return True
+        except NotFound:
+            return False
+
+    # kept for the spawner, whose notebooks are containers of this engine
+    remove_container = remove
+
+    async def restart_in_place(self, name: str) -> None:
+        client = self.client
+
+        def restart():
+            ex = client.exec_create(
+                name,
+                ["sh", "-c", "touch /tmp/.gpulab-restart && kill -KILL $(cat /tmp/.gpulab-child)"],
+                user="1000:100",
+            )
+            client.exec_start(ex["Id"])
+
+        await self.run(restart)
+
+    async def logs(
+        self,
+        name: str,
+        since: float | None = None,
+        until: float | None = None,
+        tail: int | None = None,
+    ) -> bytes:
+        kw: dict = {"stdout": True, "stderr": True}
+        if since is not None:
+            kw["since"] = since
+        if until is not None:
+            kw["until"] = until
+        if tail is not None:
+            kw["tail"] = tail
+        try:
+            return await self.run(self.client.logs, name, **kw)
+        except NotFound:
+            return b""
+
+    def log_stream(self, name: str, follow: bool, tail: int | None = None) -> LogStream:
+        kw: dict = {"stdout": True, "stderr": True, "stream": True, "follow": follow}
+        if tail is not None:
+            kw["tail"] = tail
+        try:
+            stream = self.client.logs(name, **kw)
+        except NotFound:
+            raise WorkloadGone(name) from None
+        return LogStream(iter(stream), stream.close)
+
+    async def cpu_time(self, name: str) -> int | None:
+        stats = await self.run(self.client.stats, name, stream=False, one_shot=True)
+        return int(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0))
+
+    async def labelled(self, instance: str, kind: str) -> list[Labelled]:
+        found = await self.labelled_containers(instance, kind)
+        return [
+            Labelled(
+                id=c["Id"],
+                name=(c.get("Names") or ["/"])[0].lstrip("/"),
+                labels=c.get("Labels") or {},
+                running=c.get("State") == "running",
+            )
+            for c in found
+        ]
 
     async def labelled_containers(self, instance: str, kind: str) -> list[dict]:
         """Every container (running or not) of this instance and kind, with its labels."""
@@ -76,34 +216,48 @@ class DockerRuntime:
             filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={kind}"]},
         )
 
-    async def volume_exists(self, name: str) -> bool:
+    # --- volumes and helpers ------------------------------------------------------------------
+
+    async def volume_exists(self, name: str, node: str = "") -> bool:
         try:
             await self.run(self.client.inspect_volume, name)
             return True
         except NotFound:
             return False
 
-    # --- changes -------------------------------------------------------------------------
-
-    async def remove_volume(self, name: str) -> bool:
+    async def remove_volume(self, name: str, node: str = "") -> bool:
         try:
             await self.run(self.client.remove_volume, name, force=True)
             return True
         except NotFound:
             return False
 
-    async def remove_container(self, name: str) -> bool:
-        try:
-            await self.run(self.client.remove_container, name, force=True, v=False)
-            return True
-        except NotFound:
-            return False
+    async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
+        vols = await self.run(self.client.volumes, filters={"name": prefix})
+        return [
+            (v["Name"], "")
+            for v in (vols or {}).get("Volumes") or []
+            if v["Name"].startswith(prefix)
+        ]
 
+    async def run_helper(self, config: dict, on_line, node: str = "") -> HelperResult:
+        loop = asyncio.get_running_loop()
 
-class HelperResult:
-    def __init__(self, exit_code: int, lines: list[str]):
-        self.exit_code = exit_code
-        self.lines = lines
+        def threadsafe(line: str) -> None:
+            loop.call_soon_threadsafe(on_line, line)
+
+        return await self.run(_run_helper_blocking, self.client, config, threadsafe)
+
+    # --- networks -----------------------------------------------------------------------------
+
+    async def ensure_user_network(self, instance: str, user: str) -> str:
+        return await self.run(net.ensure_user_network, self.client, instance, user)
+
+    async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
+        return await self.run(net.remove_user_network_if_unused, self.client, instance, user)
+
+    async def prune_user_networks(self, instance: str) -> list[str]:
+        return await self.run(net.prune_user_networks, self.client, instance)
 
 
 def _run_helper_blocking(client: docker.APIClient, config: dict, on_line) -> HelperResult:
@@ -134,11 +288,6 @@ def _run_helper_blocking(client: docker.APIClient, config: dict, on_line) -> Hel
             client.remove_container(cid, force=True)
 
 
-async def run_helper(runtime: DockerRuntime, config: dict, on_line) -> HelperResult:
-    """Run a helper container off the event loop; ``on_line`` is called on the event loop."""
-    loop = asyncio.get_running_loop()
-
-    def threadsafe(line: str) -> None:
-        loop.call_soon_threadsafe(on_line, line)
-
-    return await runtime.run(_run_helper_blocking, runtime.client, config, threadsafe)
+async def run_helper(runtime: Runtime, config: dict, on_line, node: str = "") -> HelperResult:
+    """Run a helper off the event loop; ``on_line`` is called on the event loop."""
+    return await runtime.run_helper(config, on_line, node)

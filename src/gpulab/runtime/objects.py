@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..datasync.filesystem import META_DIR
+from ..resources import CPU_PERIOD, MIN_CPU_QUOTA, ContainerLimits
+from .base import RUNNER_PATH, WorkloadSpec
 
 LABEL_PREFIX = "org.gpulab."
 L_INSTANCE = LABEL_PREFIX + "instance"
@@ -181,9 +183,6 @@ def sync_helper_config(
     }
 
 
-RUNNER_PATH = "/opt/gpulab/run.sh"
-
-
 def job_container_name(instance: str, job_id: str) -> str:
     return f"{escape_name(instance)}-job-{job_id}"
 
@@ -192,40 +191,58 @@ def job_workload_id(instance: str, job_id: str) -> str:
     return f"{instance}/job/{job_id}"
 
 
-def job_container_config(
-    *,
-    image: str,
-    name: str,
-    command: Sequence[str],
-    env: dict[str, str],
-    labels: dict[str, str],
-    user: str,
-    limits: dict,
-    gpu_host: dict,
-    volumes: dict[str, dict],
-    runner: str,
-    network: str | None = None,
-) -> dict:
-    """Keyword arguments for ``create_container`` of a training job.
+def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) -> dict:
+    """Keyword arguments for ``create_container`` of a workload on one Docker engine.
 
-    PID 1 is gpulab's runner (mounted read-only from the host), which runs the command and can
-    run it again in place after a hang. ``network``: the owner's network (only that one), or
-    None for the engine's default bridge.
+    With ``spec.runner``, PID 1 is gpulab's runner (``runner``: its path on this host, mounted
+    read-only), which runs the command and can run it again in place after a hang. The
+    workload joins its owner's network (only that one; the caller puts the network's ID in
+    ``network_mode``), or the engine's default bridge when ``spec.network_owner`` is None.
     """
-    network_host = {"network_mode": network} if network else {}
+    gpu_host, gpu_env = gpu_request(spec.gpu_ids, gpu_mode)
+    limits = ContainerLimits(
+        cpu_period=CPU_PERIOD,
+        cpu_quota=max(MIN_CPU_QUOTA, round(spec.cpus * CPU_PERIOD)),
+        mem_limit=spec.memory,
+        pids_limit=spec.pids_limit,
+        shm_size=spec.shm_size,
+    ).host_config()
+    binds = {
+        m.volume: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts
+    }
+    command = list(spec.command)
+    if spec.runner:
+        binds[runner] = {"bind": RUNNER_PATH, "mode": "ro"}
+        command = ["/bin/sh", RUNNER_PATH, *command]
+    network_host = {"network_mode": spec.network_owner} if spec.network_owner else {}
     return {
-        "image": image,
-        "name": name,
-        "command": ["/bin/sh", RUNNER_PATH, *command],
-        "environment": env,
-        "labels": labels,
-        "user": user,
+        "image": spec.image,
+        "name": spec.name,
+        "command": command,
+        "environment": {**spec.env, **gpu_env},
+        "labels": spec.labels,
+        "user": spec.user,
         "host_config": {
-            "binds": {runner: {"bind": RUNNER_PATH, "mode": "ro"}, **volumes},
+            "binds": binds,
             "auto_remove": False,
             **hardened_host_config(),
             **limits,
+            **log_options(spec.log_max_size, spec.log_max_files),
             **gpu_host,
             **network_host,
         },
     }
+
+
+def docker_epoch(stamp: str) -> float | None:
+    """Docker's RFC 3339 time (nanoseconds, 'Z') as epoch seconds; None for its zero time."""
+    from datetime import datetime
+
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    head, _, frac = stamp.rstrip("Z").partition(".")
+    try:
+        base = datetime.fromisoformat(head + "+00:00").timestamp()
+    except ValueError:
+        return None
+    return base + (float("0." + frac[:6]) if frac.isdigit() else 0.0)

@@ -20,7 +20,7 @@ from ..db import Database
 from ..jobs.supervisor import JobSupervisor
 from ..metrics import StateCollector
 from ..notebooks import NotebookRecords
-from ..runtime.docker import DockerRuntime
+from ..runtime import make_runtime
 from ..settings import GpulabSettings
 from .app import make_app
 from .config import load_config
@@ -63,11 +63,11 @@ async def main(argv: list[str] | None = None) -> None:
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     data_dir = Path(os.environ.get("GPULAB_DATA_DIR", "."))
     supervisor = JobSupervisor(
-        settings, Database(settings.database_url), DockerRuntime(), data_dir / "job-logs"
+        settings, Database(settings.database_url), make_runtime(settings), data_dir / "job-logs"
     )
     await supervisor.start()
     notebooks = NotebookRecords(supervisor.records.db, settings.instance)
-    devices = [d.id for d in supervisor.ledger.devices]
+    devices = [d.key for d in supervisor.ledger.devices]
     REGISTRY.register(
         StateCollector(
             lambda: (

@@ -22,7 +22,7 @@ from ..jobs.spec_schema import job_spec_schema
 from ..lifecycle import InvalidTransition, NotebookState
 from ..metrics import API_REQUESTS
 from ..notebooks import NotebookRecords
-from ..runtime.docker import DockerRuntime
+from ..runtime import make_runtime
 from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
 from ..workload_data import WorkloadData, notebook_volumes, push_all, push_verdict
@@ -169,7 +169,7 @@ class OpenAPIHandler(BaseHandler):
             flavors=s.flavor_map,
             limits=s.limits_for(user, groups),
             allowed_images=s.allowed_images,
-            host_gpus=len(supervisor.ledger.devices) if supervisor else 0,
+            host_gpus=supervisor.ledger.gpu_home()[0] if supervisor else 0,
             quota_gpus=quota.gpus,
             quota_jobs=quota.jobs,
             max_timeout=s.job_max_timeout,
@@ -235,7 +235,7 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
         cookie_secret=os.urandom(32),
         records=records,
         gpulab=settings,
-        runtime=supervisor.runtime if supervisor else DockerRuntime(),
+        runtime=supervisor.runtime if supervisor else make_runtime(settings),
         supervisor=supervisor,
         default_handler_class=NotFoundHandler,
         log_function=log_request,

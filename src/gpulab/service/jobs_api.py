@@ -23,7 +23,7 @@ from ..jobs.records import ACTIVE, ENDED, QueueFull
 from ..jobs.scheduler import can_ever_fit
 from ..jobs.spec import parse_job_spec
 from ..lifecycle import InvalidTransition, JobState
-from ..runtime.docker import NotFound
+from ..runtime.base import WorkloadGone
 from .app_base import (
     ASCII_SPACE,
     JOBS_MANAGE,
@@ -132,7 +132,7 @@ class JobsHandler(JobsBase):
     async def submit(self, me: dict, raw: dict) -> dict:
         s = self.settings["gpulab"]
         user, groups = me["name"], list(me.get("groups") or [])
-        host_gpus = len(self.supervisor.ledger.devices)
+        host_gpus, gpu_home = self.supervisor.ledger.gpu_home()
         try:
             spec = parse_job_spec(
                 raw,
@@ -145,6 +145,7 @@ class JobsHandler(JobsBase):
                 user=user,
                 host_gpus=host_gpus,
                 max_timeout=s.job_max_timeout,
+                gpu_home=gpu_home,
             )
         except FieldError as e:
             raise ApiError(400, str(e), field=e.field) from None
@@ -156,7 +157,7 @@ class JobsHandler(JobsBase):
                 field="priority",
             )
         quota = s.quota_for(user, groups)
-        why = can_ever_fit(spec.resources.gpus, host_gpus, quota, spec.preemptible)
+        why = can_ever_fit(spec.resources.gpus, host_gpus, quota, spec.preemptible, gpu_home)
         if why:
             raise ApiError(400, why, field="resources.gpus")
         try:
@@ -196,14 +197,11 @@ class JobHandler(JobsBase):
         except InvalidTransition as e:
             raise ApiError(409, f"job {job_id} changed meanwhile: {e}") from None
         runtime = sup.runtime
-        with contextlib.suppress(NotFound):
-            await runtime.run(
-                runtime.client.remove_container, sup.container_name(job_id), force=True
-            )
+        await runtime.remove(sup.container_name(job_id))
         from ..jobs.spec import JobSpec
 
-        for vol in sup.volumes(job_id, JobSpec.from_json(job["spec"])):
-            await runtime.remove_volume(vol.docker_volume)
+        for vol in sup.volumes(job_id, JobSpec.from_json(job["spec"]), job.get("node") or ""):
+            await runtime.remove_volume(vol.docker_volume, vol.node)
         sup.log_file(job_id).unlink(missing_ok=True)
         self.set_status(204)
         self.finish()
@@ -320,7 +318,7 @@ class JobLogsHandler(JobsBase):
     async def _logs(self, job_id: str, follow: bool) -> None:
         sup = self.supervisor
         self.set_header("Content-Type", "text/plain; charset=utf-8")
-        info = await sup.runtime.inspect_container(sup.container_name(job_id))
+        info = await sup.runtime.state(sup.container_name(job_id))
         waiting = {J.QUEUED.value, J.INITIALIZING.value, J.PENDING.value}
         while follow and info is None:
             # following a job that has not started yet: wait for its container (or its end)
@@ -330,7 +328,7 @@ class JobLogsHandler(JobsBase):
             if job is None or job["state"] not in waiting:
                 break
             await asyncio.sleep(0.5)
-            info = await sup.runtime.inspect_container(sup.container_name(job_id))
+            info = await sup.runtime.state(sup.container_name(job_id))
         if info is None:
             path = sup.log_file(job_id)
             if path.exists():
@@ -345,18 +343,16 @@ class JobLogsHandler(JobsBase):
         waits (back-pressure: a slow client never makes the service buffer a whole log).
         When the client goes, the engine's stream is closed, which ends the thread's read,
         and the queue is dropped: nothing outlives the request."""
-        client = self.supervisor.runtime.client
+        runtime = self.supervisor.runtime
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue(maxsize=LOG_QUEUE_CHUNKS)
         gone = threading.Event()
         try:
             stream = await loop.run_in_executor(
                 _log_pool(),
-                functools.partial(
-                    client.logs, name, stdout=True, stderr=True, stream=True, follow=follow
-                ),
+                functools.partial(runtime.log_stream, name, follow),
             )
-        except NotFound:
+        except WorkloadGone:
             return self.finish()
 
         def put(item) -> bool:

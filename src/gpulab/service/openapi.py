@@ -391,6 +391,10 @@ def document(job_submission: dict | None = None) -> dict:
                         "message": {"type": "string"},
                         "exit_code": {"type": ["integer", "null"]},
                         "devices": {"type": "array", "items": {"type": "string"}},
+                        "node": {
+                            "type": "string",
+                            "description": "the cluster node it runs on (empty on one host)",
+                        },
                         "restarts": {"type": "integer"},
                         "hang_restarts": {"type": "integer"},
                         "billed_minutes": {"type": "integer"},

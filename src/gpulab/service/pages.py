@@ -452,7 +452,7 @@ class AdminPage(PageHandler):
         job_ids = {j["id"] for j in jobs}
         gpus = []
         for dev in ledger.devices:
-            held = sorted(by_device.pop(dev.id, []), key=lambda a: a["share"])
+            held = sorted(by_device.pop(dev.key, []), key=lambda a: a["share"])
             gpus.append({"device": dev.to_json(), "held": held, "slices": len(held)})
         # rows of devices no longer configured (kept so that nothing is hidden)
         for dev_id, held in sorted(by_device.items()):

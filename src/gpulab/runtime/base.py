@@ -1,0 +1,251 @@
+"""The runtime interface: everything gpulab asks of a container engine, in its own words.
+
+The spawner, the job supervisor, the sync and the pages talk to an engine only through a
+:class:`Runtime`. Two backends implement it: :class:`~gpulab.runtime.docker.DockerRuntime`
+(one Docker engine, the default) and :class:`~gpulab.runtime.swarm.SwarmRuntime` (a Docker
+Swarm cluster, through its manager). A Kubernetes backend would be a third (see
+ARCHITECTURE.md): it implements the same methods with Pods/batch Jobs.
+
+The vocabulary is the engine-neutral one of a workload: a named unit that runs one command
+on one node, with its volumes on that node. gpulab decides the node and the devices (its
+ledger); the engine runs what it is told where it is told.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+#: the path of gpulab's job runner inside a job's container (see job_runner.sh)
+RUNNER_PATH = "/opt/gpulab/run.sh"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A named volume on the workload's node, mounted at ``target``."""
+
+    volume: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass
+class WorkloadSpec:
+    """What to run, for any backend. Built by the supervisor (jobs) from a JobSpec."""
+
+    name: str
+    image: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    user: str = "1000:100"
+    cpus: float = 1.0
+    memory: int = 1024**3
+    pids_limit: int = 4096
+    shm_size: int = 64 * 1024**2
+    gpu_ids: Sequence[str] = ()
+    mounts: Sequence[Mount] = ()
+    #: the owner whose private network it joins (None: the engine's default network)
+    network_owner: str | None = None
+    #: the node chosen by gpulab's placement ("" on a single engine)
+    node: str = ""
+    log_max_size: str = "10m"
+    log_max_files: int = 3
+    #: run the command under gpulab's job runner (PID 1: restart in place, signals)
+    runner: bool = True
+    #: seconds between SIGTERM and SIGKILL when the engine stops it
+    stop_grace: float = 10.0
+
+
+@dataclass(frozen=True)
+class WorkloadState:
+    """What the engine says of a workload now."""
+
+    running: bool
+    exit_code: int | None = None
+    oom: bool = False
+    #: when its current run started (epoch seconds by the engine's clock; None: never)
+    started_at: float | None = None
+    node: str = ""
+    #: the engine's word when it could not run it (a Swarm task rejected, a node lost)
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Labelled:
+    """A workload or helper found by its labels (after a restart, for recovery)."""
+
+    id: str
+    name: str
+    labels: dict[str, str]
+    running: bool
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class Node:
+    """One engine of the cluster that may run workloads."""
+
+    id: str
+    hostname: str
+    ready: bool
+    #: takes new workloads (Swarm: availability active)
+    active: bool
+    #: the GPU device IDs the node offers (configured or advertised)
+    gpus: tuple[str, ...] = ()
+    address: str = ""
+
+
+class HelperResult:
+    def __init__(self, exit_code: int, lines: list[str]):
+        self.exit_code = exit_code
+        self.lines = lines
+
+
+class LogStream:
+    """A blocking iterator over a workload's log chunks, with ``close()`` to end it from
+    another thread (read on a worker thread, never on the event loop)."""
+
+    def __init__(self, chunks: Iterator[bytes], close: Callable[[], None]):
+        self._chunks = chunks
+        self._close = close
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self._chunks
+
+    def close(self) -> None:
+        self._close()
+
+
+class WorkloadGone(LookupError):
+    """The engine has no workload of that name."""
+
+
+class Runtime:
+    """The interface. Blocking engine calls run on a shared thread pool, wide enough that
+    one user's slow image pull does not queue another user's spawn behind it."""
+
+    #: 'docker' or 'swarm': what the settings call it
+    kind = "abstract"
+    #: the engine can read a workload's CPU time (for hang detection)
+    reads_cpu = False
+    _executor: ThreadPoolExecutor | None = None
+
+    def __init__(self, workers: int = 32, registry: str = ""):
+        self._workers = workers
+        self.registry = registry
+
+    def image_ref(self, image: str) -> str:
+        """The name nodes pull ``image`` by: prefixed with the registry when it names none (a
+        first part with a dot or a colon, or ``localhost``, is a registry)."""
+        first, _, rest = image.partition("/")
+        has_registry = rest and ("." in first or ":" in first or first == "localhost")
+        if not self.registry or has_registry:
+            return image
+        return self.registry.rstrip("/") + "/" + image
+
+    @classmethod
+    def shared_executor(cls, workers: int = 32) -> ThreadPoolExecutor:
+        if Runtime._executor is None:
+            Runtime._executor = ThreadPoolExecutor(workers, thread_name_prefix="gpulab-engine")
+        return Runtime._executor
+
+    async def run(self, fn, *args, **kwargs) -> Any:
+        """Run a blocking call off the event loop (engine calls, and the database's)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.shared_executor(self._workers), functools.partial(fn, *args, **kwargs)
+        )
+
+    # --- the cluster --------------------------------------------------------------------------
+
+    async def nodes(self) -> list[Node]:
+        raise NotImplementedError
+
+    async def image_exists(self, image: str) -> bool:
+        raise NotImplementedError
+
+    # --- workloads ----------------------------------------------------------------------------
+
+    async def create_and_start(self, spec: WorkloadSpec) -> None:
+        """Create ``spec.name`` on ``spec.node`` (replacing a stopped one of that name) and
+        start it. Raises the engine's error when it refuses."""
+        raise NotImplementedError
+
+    async def state(self, name: str) -> WorkloadState | None:
+        """None: no such workload."""
+        raise NotImplementedError
+
+    async def start_again(self, name: str) -> None:
+        """Run an ended workload's command again, on the same node with the same volumes."""
+        raise NotImplementedError
+
+    async def stop(self, name: str, grace: float) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; returns when it ended."""
+        raise NotImplementedError
+
+    async def kill(self, name: str) -> None:
+        raise NotImplementedError
+
+    async def remove(self, name: str) -> bool:
+        """Remove it, running or not (False: there was none). Its volumes stay."""
+        raise NotImplementedError
+
+    async def restart_in_place(self, name: str) -> None:
+        """Restart the command of a running job (a hang): the runner runs it again."""
+        raise NotImplementedError
+
+    async def logs(
+        self,
+        name: str,
+        since: float | None = None,
+        until: float | None = None,
+        tail: int | None = None,
+    ) -> bytes:
+        """Its output between ``since`` and ``until`` (epoch seconds; an engine that cannot
+        bound the end returns up to now), or its last ``tail`` lines; b"" when it is gone."""
+        raise NotImplementedError
+
+    def log_stream(self, name: str, follow: bool, tail: int | None = None) -> LogStream:
+        """Blocking: call it on a worker thread. Raises WorkloadGone."""
+        raise NotImplementedError
+
+    async def cpu_time(self, name: str) -> int | None:
+        """CPU nanoseconds used by the workload; None where the engine cannot tell."""
+        return None
+
+    async def labelled(self, instance: str, kind: str) -> list[Labelled]:
+        """Every workload (running or not) of this instance and kind, with its labels."""
+        raise NotImplementedError
+
+    # --- volumes and helpers --------------------------------------------------------------------
+
+    async def volume_exists(self, name: str, node: str = "") -> bool:
+        raise NotImplementedError
+
+    async def remove_volume(self, name: str, node: str = "") -> bool:
+        raise NotImplementedError
+
+    async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
+        """(volume, node) of the volumes whose name starts with ``prefix``."""
+        raise NotImplementedError
+
+    async def run_helper(self, config: dict, on_line, node: str = "") -> HelperResult:
+        """Run a short-lived helper (the sync) to its end on ``node``, next to the volume it
+        mounts; ``on_line`` is called on the event loop with each line it prints."""
+        raise NotImplementedError
+
+    # --- networks -------------------------------------------------------------------------------
+
+    async def ensure_user_network(self, instance: str, user: str) -> str:
+        raise NotImplementedError
+
+    async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
+        raise NotImplementedError
+
+    async def prune_user_networks(self, instance: str) -> list[str]:
+        raise NotImplementedError
