@@ -52,18 +52,20 @@ class _TrackingHandler(MotoRequestHandler):
 class MotoS3Server:
     """moto's S3 server on loopback; restartable on the same port."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1") -> None:
+        # ``host``: another address of this machine for clients elsewhere (a swarm's nodes)
+        self.host = host
         self.port = port or free_port()
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> MotoS3Server:
         app = DomainDispatcherApplication(create_backend_app)
-        server = make_server("127.0.0.1", self.port, app, True, request_handler=_TrackingHandler)
+        server = make_server(self.host, self.port, app, True, request_handler=_TrackingHandler)
         server.live_connections = set()  # type: ignore[attr-defined]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -192,7 +194,7 @@ class FaultyProxy:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def __enter__(self) -> FaultyProxy:
         self._thread.start()

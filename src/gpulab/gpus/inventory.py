@@ -79,6 +79,15 @@ def discover_nvml() -> list[GpuDevice]:
         pynvml.nvmlShutdown()
 
 
+def from_nodes(nodes) -> tuple[list[GpuDevice], list[str]]:
+    """A cluster's GPUs and the nodes that take workloads now (ready and active), from the
+    runtime's :class:`~gpulab.runtime.base.Node` list: a node that is down or drained offers
+    nothing to new placements (what it holds stays booked until its workloads are gone)."""
+    usable = sorted((n for n in nodes if n.ready and n.active), key=lambda n: n.hostname)
+    devices = [GpuDevice(id=g, node=n.hostname) for n in usable for g in n.gpus]
+    return devices, [n.hostname for n in usable]
+
+
 def load_inventory(devices: Sequence[Mapping], discover: bool = True) -> list[GpuDevice]:
     if devices:
         return from_config(devices)

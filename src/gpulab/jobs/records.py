@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import selectinload
 
 from ..db import Database, Job, JobEvent
@@ -272,6 +272,22 @@ class JobRecords:
             job.events.append(
                 JobEvent(at=utcnow(), kind=kind, state=job.state, reason=reason, message=message)
             )
+
+    def set_waiting(self, job_id: str, message: str) -> bool:
+        """Say why a queued job waits (its message; no event, no state change), only while
+        it is still QUEUED: a placement meanwhile wins."""
+        with self.db.session() as s:
+            res = s.execute(
+                update(Job)
+                .where(
+                    Job.instance == self.instance,
+                    Job.id == job_id,
+                    Job.state == JobState.QUEUED.value,
+                    Job.message != message,
+                )
+                .values(message=message)
+            )
+            return bool(res.rowcount)
 
     def forget_container(self, job_id: str) -> bool:
         """An ended job's container and volumes are gone: clear its container (only while

@@ -18,7 +18,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..gpus.inventory import load_inventory, node_of
+from ..gpus.inventory import from_nodes, load_inventory, node_of
 from ..gpus.ledger import GpuLedger, NoGpuAvailable
 from ..lifecycle import InvalidTransition, JobState, utcnow
 from ..metrics import JOB_QUEUE_WAIT
@@ -50,8 +50,11 @@ class JobSupervisor(JobLife):
     def __init__(self, settings, db, runtime: Runtime, logs_dir: Path, holder=None):
         self.s = settings
         self.records = JobRecords(db, settings.instance)
-        devices = load_inventory(settings.gpu_devices, settings.discover_gpus)
-        self.ledger = GpuLedger(db, settings.instance, devices)
+        clustered = runtime.kind != "docker"
+        devices = [] if clustered else load_inventory(settings.gpu_devices, settings.discover_gpus)
+        self.ledger = GpuLedger(
+            db, settings.instance, devices, settings.placement, [] if clustered else None
+        )
         self.lease = SupervisorLease(
             db, f"{settings.instance}/supervisor", settings.supervisor_lease_ttl, holder
         )
@@ -67,6 +70,7 @@ class JobSupervisor(JobLife):
         self._recovered = False
         self._last_sweep = 0.0
         self._adopted: dict[str, float] = {}  # job id -> when a task-less job was last adopted
+        self._waiting: dict[str, str] = {}  # job id -> the waiting message last written
 
     # --- helpers -----------------------------------------------------------------------
 
@@ -98,8 +102,22 @@ class JobSupervisor(JobLife):
 
     # --- the loop ----------------------------------------------------------------------
 
+    async def refresh_inventory(self) -> None:
+        """A cluster's nodes and GPUs, as the engine reports them now (one host: fixed)."""
+        if not self.ledger.clustered:
+            return
+        try:
+            devices, nodes = from_nodes(await self.runtime.nodes())
+        except Exception as e:
+            log.warning("cluster inventory not read: %s", e)
+            return
+        if nodes != self.ledger.nodes or devices != self.ledger.devices:
+            log.info("cluster: nodes %s, %d GPUs", ", ".join(nodes) or "(none)", len(devices))
+        self.ledger.devices, self.ledger.nodes = devices, nodes
+
     async def start(self) -> None:
         """Start acting once the lease is ours (at once, unless another service holds it)."""
+        await self.refresh_inventory()
         self._lease_task = asyncio.create_task(self._keep_lease())
         self._loop_task = asyncio.create_task(self._loop())
 
@@ -167,6 +185,7 @@ class JobSupervisor(JobLife):
 
     async def _loop(self) -> None:
         while True:
+            await self.refresh_inventory()
             if self.leading.is_set():
                 try:
                     if not self._recovered:
@@ -242,6 +261,7 @@ class JobSupervisor(JobLife):
             # compare-and-set: only a job still running is asked, an interrupt is never replaced
             with contextlib.suppress(InvalidTransition, KeyError):
                 await self.db(self.records.ask, victim, "preempt", states=PREEMPTIBLE)
+        await self._say_why_waiting(queued, p, free)
         owners = {j["id"]: (j["owner"], j["groups"]) for j in jobs}
         queued_since = {j["id"]: ts(j["updated"]) for j in jobs}
         for placement in p.start:
@@ -288,6 +308,31 @@ class JobSupervisor(JobLife):
                 continue
             JOB_QUEUE_WAIT.observe(max(0.0, time.time() - queued_since[job_id]))
             self.spawn_task(job_id, attach=False)
+
+    async def _say_why_waiting(self, queued: list[QueuedJob], p, free: list[str]) -> None:
+        """A queued job that waits for GPUs says so in its message: how many it asked for,
+        and how many are free (on one node, on a cluster). Written only when it changes."""
+        starting = {pl.job_id for pl in p.start}
+        per_node: dict[str, int] = {}
+        for key in free:
+            per_node[node_of(key)] = per_node.get(node_of(key), 0) + 1
+        most = max(per_node.values(), default=0)
+        total = len(self.ledger.devices)
+        for job in queued:
+            if job.id in starting or job.gpus == 0 or job.gpus <= most:
+                continue  # not waiting for GPUs (a quota, a preemption under way)
+            if self.ledger.clustered:
+                msg = (
+                    f"waiting for {job.gpus} GPU(s) free on one node: {len(free)} of {total} "
+                    f"free across the cluster, at most {most} on one node"
+                )
+            else:
+                msg = f"waiting for {job.gpus} GPU(s): {len(free)} of {total} free"
+            if self._waiting.get(job.id) != msg:
+                self._waiting[job.id] = msg
+                await self.db(self.records.set_waiting, job.id, msg)
+        if len(self._waiting) > 10_000:
+            self._waiting.clear()
 
     def _adopt(self, active: list[dict]) -> None:
         """An active job without a task (a push retried through the API, a placement whose

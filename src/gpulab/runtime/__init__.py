@@ -18,12 +18,14 @@ def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
     if settings.runtime == "swarm":
         from .swarm import SwarmRuntime
 
-        return SwarmRuntime(
+        runtime = SwarmRuntime(
             client,
             registry=settings.image_registry,
             gpu_label=settings.swarm_gpu_label,
             runner_script=Path(RUNNER).read_text(),
         )
+        runtime.helper_image = settings.sync_image
+        return runtime
     from .docker import DockerRuntime
 
     return DockerRuntime(

@@ -54,11 +54,14 @@ def network_labels(instance: str, user: str) -> dict[str, str]:
     return {L_INSTANCE: instance, L_KIND: NETWORK_KIND, L_USER: user, L_VERSION: __version__}
 
 
-def user_network_config(instance: str, user: str) -> dict:
-    """Keyword arguments for ``APIClient.create_network`` of a user's network."""
+def user_network_config(instance: str, user: str, driver: str = "bridge") -> dict:
+    """Keyword arguments for ``APIClient.create_network`` of a user's network: a bridge on one
+    engine, an overlay across a Swarm (attachable, so that the hub's proxy can join it)."""
+    overlay = {"attachable": True} if driver == "overlay" else {}
     return {
         "name": user_network_name(instance, user),
-        "driver": "bridge",
+        "driver": driver,
+        **overlay,
         # not internal: workloads may reach the outside and the hub API on the host
         "internal": False,
         "labels": network_labels(instance, user),
@@ -110,7 +113,7 @@ def _lock_for(name: str) -> threading.Lock:
         return _locks.setdefault(name, threading.Lock())
 
 
-def ensure_user_network(client, instance: str, user: str) -> str:
+def ensure_user_network(client, instance: str, user: str, driver: str = "bridge") -> str:
     """Create-or-get the user's network (blocking); returns the ID of the one to join.
 
     Safe against other threads and processes doing the same at the same time, and against a
@@ -120,15 +123,15 @@ def ensure_user_network(client, instance: str, user: str) -> str:
     """
     name = user_network_name(instance, user)
     with _lock_for(name):  # threads of one process: one create; other processes: see below
-        return _ensure(client, instance, user, name)
+        return _ensure(client, instance, user, name, driver)
 
 
-def _ensure(client, instance: str, user: str, name: str) -> str:
+def _ensure(client, instance: str, user: str, name: str, driver: str) -> str:
     for _ in range(3):
         found = _named(client, name)
         if not found:
             try:
-                client.create_network(**user_network_config(instance, user))
+                client.create_network(**user_network_config(instance, user, driver))
             except APIError as e:
                 text = str(e.explanation or e)
                 if e.status_code != 409 and "already exists" not in text:
@@ -154,7 +157,11 @@ def _ensure(client, instance: str, user: str, name: str) -> str:
     raise NetworkUnavailable(f"the network {name} kept disappearing while it was being created")
 
 
-def remove_user_network_if_unused(client, instance: str, user: str) -> bool:
+def _has_containers(client, labels: list[str]) -> bool:
+    return bool(client.containers(all=True, filters={"label": labels}))
+
+
+def remove_user_network_if_unused(client, instance: str, user: str, in_use=_has_containers) -> bool:
     """Remove the user's network once they have no gpulab container left (blocking).
 
     Best effort: returns False when it is kept (a container still exists, running or not: an
@@ -163,7 +170,7 @@ def remove_user_network_if_unused(client, instance: str, user: str) -> bool:
     """
     name = user_network_name(instance, user)
     labels = [f"{L_INSTANCE}={instance}", f"{L_USER}={user}"]
-    if client.containers(all=True, filters={"label": labels}):
+    if in_use(client, labels):
         return False
     removed = False
     for n in _named(client, name):
@@ -179,10 +186,10 @@ def remove_user_network_if_unused(client, instance: str, user: str) -> bool:
     return removed
 
 
-def prune_user_networks(client, instance: str) -> list[str]:
-    """Remove every network of this installation whose user has no container (blocking)."""
+def prune_user_networks(client, instance: str, in_use=_has_containers) -> list[str]:
+    """Remove every network of this installation whose user has no workload (blocking)."""
     nets = client.networks(
         filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={NETWORK_KIND}"]}
     )
     users = {(n.get("Labels") or {}).get(L_USER) for n in nets} - {None}
-    return [u for u in sorted(users) if remove_user_network_if_unused(client, instance, u)]
+    return [u for u in sorted(users) if remove_user_network_if_unused(client, instance, u, in_use)]

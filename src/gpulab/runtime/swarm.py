@@ -1,0 +1,559 @@
+"""The Docker Swarm backend: one gpulab over a cluster of Docker engines, through a manager.
+
+A workload is a Swarm service of one task, pinned by a placement constraint to the node that
+gpulab's ledger chose (``node.hostname==...``), with restart condition ``none``: Swarm runs it
+where it is told and never moves or restarts it on its own; gpulab decides. Its volumes are
+named local volumes of that node (created by the task's mounts); the sync helper is a service
+of one task pinned to the same node, mounting the same volume. Nothing comes from the hub's
+host: the job runner is a Swarm config, images come from a registry.
+
+What the manager's API cannot do, and what gpulab does instead (ARCHITECTURE.md):
+- exec into a task (hang restart) and ``docker start`` of an ended container: the service is
+  force-updated, which runs a new task on the same node with the same volumes;
+- read a task's CPU time: hang detection on Swarm judges by output alone;
+- list or remove a node's volumes: a volume is emptied by a helper task on its node (the
+  empty volume's name stays on the node; operators prune it with ``docker volume prune``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+
+import docker
+from docker.errors import APIError, NotFound
+from docker.types.daemon import CancellableStream
+
+from ..faults import fault_point
+from . import network as net
+from .base import (
+    RUNNER_PATH,
+    HelperResult,
+    Labelled,
+    LogStream,
+    Node,
+    Runtime,
+    WorkloadGone,
+    WorkloadSpec,
+    WorkloadState,
+)
+from .objects import L_INSTANCE, L_KIND, L_USER, LABEL_PREFIX, docker_epoch
+
+log = logging.getLogger(__name__)
+
+L_NODE = LABEL_PREFIX + "node"
+#: task states in which a task has not ended (it runs, or is on its way to)
+LIVE = frozenset(
+    {"new", "pending", "assigned", "accepted", "ready", "preparing", "starting", "running"}
+)
+#: seconds a helper may run (a pull of a big dataset) before it is given up
+HELPER_TIMEOUT = 3600.0
+
+
+def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str | None) -> dict:
+    """The Swarm service that runs ``spec`` (pure: tested without an engine).
+
+    The task is pinned to ``spec.node``; GPUs reach it as NVIDIA_VISIBLE_DEVICES (Swarm has
+    no device requests: nodes run the nvidia runtime by default); /dev/shm is a tmpfs of
+    ``shm_size``; every capability is dropped."""
+    gpu_env = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(spec.gpu_ids) if spec.gpu_ids else "void",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    }
+    env = {**spec.env, **gpu_env}
+    mounts = [
+        {"Type": "volume", "Source": m.volume, "Target": m.target, "ReadOnly": m.read_only}
+        for m in spec.mounts
+    ]
+    mounts.append(
+        {"Type": "tmpfs", "Target": "/dev/shm", "TmpfsOptions": {"SizeBytes": spec.shm_size}}
+    )
+    command = list(spec.command)
+    container: dict = {
+        "Image": spec.image,
+        "Env": [f"{k}={v}" for k, v in env.items()],
+        "Labels": dict(spec.labels),
+        "User": spec.user,
+        "Mounts": mounts,
+        "StopGracePeriod": int(spec.stop_grace * 1e9),
+        "CapabilityDrop": ["ALL"],
+    }
+    if spec.runner:
+        if runner_config is None:
+            raise ValueError("a workload with the runner needs the runner's config")
+        command = ["/bin/sh", RUNNER_PATH, *command]
+        container["Configs"] = [
+            {
+                **runner_config,
+                "File": {"Name": RUNNER_PATH, "UID": "0", "GID": "0", "Mode": 0o444},
+            }
+        ]
+    container["Command"] = command
+    labels = {**spec.labels, L_NODE: spec.node}
+    task: dict = {
+        "ContainerSpec": container,
+        "Resources": {
+            "Limits": {
+                "NanoCPUs": int(spec.cpus * 1e9),
+                "MemoryBytes": int(spec.memory),
+                "Pids": int(spec.pids_limit),
+            }
+        },
+        "RestartPolicy": {"Condition": "none", "MaxAttempts": 0},
+        "Placement": {"Constraints": [f"node.hostname=={spec.node}"] if spec.node else []},
+        "LogDriver": {
+            "Name": "json-file",
+            "Options": {"max-size": spec.log_max_size, "max-file": str(spec.log_max_files)},
+        },
+    }
+    if network_id:
+        task["Networks"] = [{"Target": network_id}]
+    return {
+        "Name": spec.name,
+        "Labels": labels,
+        "TaskTemplate": task,
+        "Mode": {"Replicated": {"Replicas": 1}},
+    }
+
+
+def helper_service_spec(config: dict, node: str) -> dict:
+    """A sync helper (``sync_helper_config``'s container config) as a one-task service on
+    ``node``. Only named volumes travel: a filesystem store (host paths) is refused."""
+    host = config["host_config"]
+    mounts = []
+    for source, bind in (host.get("binds") or {}).items():
+        if source.startswith("/"):
+            raise ValueError(
+                "the filesystem store cannot be used on a Swarm (its directory is on the hub's "
+                "host): configure an S3 store"
+            )
+        mounts.append(
+            {
+                "Type": "volume",
+                "Source": source,
+                "Target": bind["bind"],
+                "ReadOnly": bind.get("mode") == "ro",
+            }
+        )
+    env = config.get("environment") or {}
+    task = {
+        "ContainerSpec": {
+            "Image": config["image"],
+            "Command": list(config["command"]),
+            "Env": [f"{k}={v}" for k, v in env.items()],
+            "Labels": dict(config.get("labels") or {}),
+            "User": config.get("user") or "1000:100",
+            "Mounts": mounts,
+            "CapabilityDrop": ["ALL"],
+        },
+        "RestartPolicy": {"Condition": "none", "MaxAttempts": 0},
+        "Placement": {"Constraints": [f"node.hostname=={node}"] if node else []},
+        # the node's own network, as on one host: the store endpoint is the node's to reach
+        "Networks": [{"Target": "host"}],
+    }
+    labels = {**(config.get("labels") or {}), L_NODE: node}
+    return {
+        "Name": config.get("name") or "",
+        "Labels": labels,
+        "TaskTemplate": task,
+        "Mode": {"Replicated": {"Replicas": 1}},
+    }
+
+
+def task_state(tasks: list[dict], node: dict | None) -> WorkloadState:
+    """What a one-task service's tasks say (pure). ``node``: the node it is pinned to, as the
+    manager reports it (None: not in the cluster any more)."""
+    hostname = (node or {}).get("Description", {}).get("Hostname", "")
+    newest = max(tasks, key=lambda t: (t.get("CreatedAt") or "", t.get("ID") or ""), default=None)
+    status = (newest or {}).get("Status") or {}
+    state = status.get("State", "")
+    cstatus = status.get("ContainerStatus") or {}
+    started = docker_epoch((newest or {}).get("CreatedAt") or "")
+    node_ok = (
+        node is not None
+        and (node.get("Status") or {}).get("State") == "ready"
+        and (node.get("Spec") or {}).get("Availability") == "active"
+    )
+    if newest is not None and state in ("complete", "failed") and "ExitCode" in cstatus:
+        return WorkloadState(
+            running=False,
+            exit_code=int(cstatus["ExitCode"]),
+            started_at=started,
+            node=hostname,
+            error=status.get("Err") or "",
+        )
+    if not node_ok:
+        why = "not in the cluster" if node is None else _node_trouble(node)
+        return WorkloadState(running=False, started_at=started, node=hostname, error=why)
+    if newest is None:
+        return WorkloadState(running=True, node=hostname)  # being scheduled
+    desired = newest.get("DesiredState", "running")
+    if state in LIVE and desired in ("running", "ready", "accepted"):
+        return WorkloadState(running=True, started_at=started, node=hostname)
+    if state == "shutdown" and "ExitCode" in cstatus:
+        code = int(cstatus["ExitCode"])
+        return WorkloadState(running=False, exit_code=code, started_at=started, node=hostname)
+    if state in LIVE:  # told to stop and not there yet
+        return WorkloadState(running=True, started_at=started, node=hostname)
+    return WorkloadState(
+        running=False,
+        started_at=started,
+        node=hostname,
+        error=status.get("Err") or f"task {state or 'unknown'}",
+    )
+
+
+def _node_trouble(node: dict) -> str:
+    name = (node.get("Description") or {}).get("Hostname", "?")
+    st = (node.get("Status") or {}).get("State", "unknown")
+    avail = (node.get("Spec") or {}).get("Availability", "unknown")
+    if st != "ready":
+        return f"node {name} is {st}"
+    return f"node {name} is {avail}"
+
+
+def _has_services(client, labels: list[str]) -> bool:
+    return bool(client.services(filters={"label": labels}))
+
+
+class SwarmRuntime(Runtime):
+    kind = "swarm"
+    reads_cpu = False
+
+    def __init__(
+        self,
+        client: docker.APIClient | None = None,
+        workers: int = 32,
+        registry: str = "",
+        gpu_label: str = "org.gpulab.gpus",
+        runner_script: str = "",
+    ):
+        super().__init__(workers, registry)
+        self._client = client
+        self.gpu_label = gpu_label
+        self.runner_script = runner_script
+        self._runner_ref: dict | None = None
+
+    @property
+    def client(self) -> docker.APIClient:
+        if self._client is None:
+            self._client = docker.APIClient(version="auto", timeout=120)
+        return self._client
+
+    # --- the cluster ------------------------------------------------------------------------
+
+    def _nodes(self) -> list[dict]:
+        return self.client.nodes()
+
+    async def nodes(self) -> list[Node]:
+        out = []
+        for n in await self.run(self._nodes):
+            spec, status = n.get("Spec") or {}, n.get("Status") or {}
+            labels = spec.get("Labels") or {}
+            gpus = tuple(g.strip() for g in labels.get(self.gpu_label, "").split(",") if g.strip())
+            out.append(
+                Node(
+                    id=n["ID"],
+                    hostname=(n.get("Description") or {}).get("Hostname", ""),
+                    ready=status.get("State") == "ready",
+                    active=spec.get("Availability") == "active",
+                    gpus=gpus,
+                    address=status.get("Addr", ""),
+                )
+            )
+        return out
+
+    async def image_exists(self, image: str) -> bool:
+        """Asked of the registry (through the manager): what every node will pull."""
+        try:
+            await self.run(self.client.inspect_distribution, image)
+            return True
+        except (APIError, NotFound):
+            return False
+
+    # --- workloads --------------------------------------------------------------------------
+
+    def _runner(self) -> dict:
+        """The job runner as a Swarm config (created once per content; configs are immutable)."""
+        if self._runner_ref is None:
+            digest = hashlib.sha256(self.runner_script.encode()).hexdigest()[:12]
+            name = f"gpulab-runner-{digest}"
+            found = [c for c in self.client.configs(filters={"name": name}) if _named(c, name)]
+            if not found:
+                try:
+                    self.client.create_config(
+                        name, self.runner_script.encode(), labels={L_KIND: "runner"}
+                    )
+                except APIError as e:
+                    if e.status_code != 409:
+                        raise
+                found = [c for c in self.client.configs(filters={"name": name}) if _named(c, name)]
+            self._runner_ref = {"ConfigID": found[0]["ID"], "ConfigName": name}
+        return self._runner_ref
+
+    def _create_blocking(self, spec: WorkloadSpec) -> None:
+        client = self.client
+        with_suppress_notfound(client.remove_service, spec.name)
+        self._wait_gone(spec.name, 30)
+        network_id = None
+        if spec.network_owner:
+            instance = spec.labels.get(L_INSTANCE, "")
+            network_id = net.ensure_user_network(client, instance, spec.network_owner, "overlay")
+        body = service_spec(spec, self._runner() if spec.runner else None, network_id)
+        self._post_service(body)
+        fault_point("engine:create")
+
+    def _post_service(self, body: dict) -> str:
+        client = self.client
+        res = client._post_json(client._url("/services/create"), data=body)
+        return client._result(res, json=True)["ID"]
+
+    async def create_and_start(self, spec: WorkloadSpec) -> None:
+        await self.run(self._create_blocking, spec)
+
+    def _service(self, name: str) -> dict | None:
+        try:
+            return self.client.inspect_service(name)
+        except NotFound:
+            return None
+
+    def _state_blocking(self, name: str) -> WorkloadState | None:
+        svc = self._service(name)
+        if svc is None:
+            return None
+        tasks = self.client.tasks(filters={"service": svc["ID"]})
+        hostname = (svc["Spec"].get("Labels") or {}).get(L_NODE, "")
+        node = None
+        for n in self._nodes():
+            if (n.get("Description") or {}).get("Hostname") == hostname:
+                node = n
+        return task_state(tasks, node)
+
+    async def state(self, name: str) -> WorkloadState | None:
+        return await self.run(self._state_blocking, name)
+
+    def _update(self, name: str, change) -> None:
+        """Read the service's spec, change it, write it back at the version read."""
+        svc = self.client.inspect_service(name)
+        spec = svc["Spec"]
+        change(spec)
+        client = self.client
+        res = client._post_json(
+            client._url("/services/{0}/update", svc["ID"]),
+            data=spec,
+            params={"version": svc["Version"]["Index"]},
+        )
+        client._raise_for_status(res)
+
+    def _start_again_blocking(self, name: str) -> None:
+        def change(spec: dict) -> None:
+            spec["Mode"] = {"Replicated": {"Replicas": 1}}
+            task = spec["TaskTemplate"]
+            task["ForceUpdate"] = int(task.get("ForceUpdate") or 0) + 1
+
+        self._update(name, change)
+
+    async def start_again(self, name: str) -> None:
+        await self.run(self._start_again_blocking, name)
+
+    def _stop_blocking(self, name: str, grace: float) -> None:
+        def change(spec: dict) -> None:
+            spec["Mode"] = {"Replicated": {"Replicas": 0}}
+            spec["TaskTemplate"]["ContainerSpec"]["StopGracePeriod"] = int(grace * 1e9)
+
+        try:
+            self._update(name, change)
+        except NotFound:
+            return
+        deadline = time.monotonic() + grace + 20
+        while time.monotonic() < deadline:
+            found = self._state_blocking(name)
+            if found is None or not found.running:
+                return
+            time.sleep(0.5)
+
+    async def stop(self, name: str, grace: float) -> None:
+        await self.run(self._stop_blocking, name, grace)
+
+    async def kill(self, name: str) -> None:
+        await self.stop(name, 0)
+
+    def _wait_gone(self, name: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._service(name) is not None and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    async def remove(self, name: str) -> bool:
+        try:
+            await self.run(self.client.remove_service, name)
+        except NotFound:
+            return False
+        await self.run(self._wait_gone, name, 30)
+        return True
+
+    async def restart_in_place(self, name: str) -> None:
+        # no exec through a manager: a new task on the same node, with the same volumes
+        await self.start_again(name)
+
+    def _logs_params(self, follow: bool, since: float | None, tail: int | None) -> dict:
+        return {
+            "follow": follow,
+            "stdout": True,
+            "stderr": True,
+            "since": int(since or 0),
+            "tail": str(tail) if tail is not None else "all",
+            "timestamps": False,
+            "details": False,
+        }
+
+    def _open_logs(self, name: str, follow: bool, since=None, tail=None):
+        client = self.client
+        res = client._get(
+            client._url("/services/{0}/logs", name),
+            params=self._logs_params(follow, since, tail),
+            stream=True,
+        )
+        if res.status_code == 404:
+            res.close()
+            raise WorkloadGone(name)
+        client._raise_for_status(res)
+        return res, client._multiplexed_response_stream_helper(res)
+
+    async def logs(self, name, since=None, until=None, tail=None) -> bytes:
+        def read() -> bytes:
+            try:
+                res, chunks = self._open_logs(name, False, since, tail)
+            except WorkloadGone:
+                return b""
+            try:
+                return b"".join(chunks)
+            finally:
+                res.close()
+
+        return await self.run(read)
+
+    def log_stream(self, name: str, follow: bool, tail: int | None = None) -> LogStream:
+        res, chunks = self._open_logs(name, follow, None, tail)
+        stream = CancellableStream(chunks, res)
+        return LogStream(iter(stream), stream.close)
+
+    async def labelled(self, instance: str, kind: str) -> list[Labelled]:
+        def read() -> list[Labelled]:
+            services = self.client.services(
+                filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={kind}"]}
+            )
+            live = {
+                t["ServiceID"]
+                for t in self.client.tasks(filters={"desired-state": "running"})
+                if (t.get("Status") or {}).get("State") in LIVE
+            }
+            return [
+                Labelled(
+                    id=s["ID"],
+                    name=s["Spec"]["Name"],
+                    labels=s["Spec"].get("Labels") or {},
+                    running=s["ID"] in live,
+                    node=(s["Spec"].get("Labels") or {}).get(L_NODE, ""),
+                )
+                for s in services
+            ]
+
+        return await self.run(read)
+
+    # --- volumes and helpers ----------------------------------------------------------------
+
+    async def volume_exists(self, name: str, node: str = "") -> bool:
+        # a node's volumes are not visible through the manager: unknown reads as absent (the
+        # caller then asks the store whether there is anything to pull at all)
+        return False
+
+    async def remove_volume(self, name: str, node: str = "") -> bool:
+        """Empty the volume with a helper task on its node (see the module's docstring)."""
+        config = {
+            "image": self.helper_image,
+            "command": ["sh", "-c", "find /data -mindepth 1 -delete"],
+            "labels": {L_KIND: "janitor"},
+            "environment": {},
+            "user": "1000:100",
+            "host_config": {"binds": {name: {"bind": "/data", "mode": "rw"}}},
+        }
+        try:
+            result = await self.run_helper(config, lambda _line: None, node)
+        except Exception as e:  # the node is gone: so is the volume
+            log.warning("volume %s on %s not emptied: %s", name, node, e)
+            return False
+        return result.exit_code == 0
+
+    #: the image of the janitor task (set by make_runtime to the sync helper's image)
+    helper_image = "gpulab/sync"
+
+    async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
+        return []  # not visible through the manager (see remove_volume)
+
+    def _helper_blocking(self, config: dict, node: str, on_line) -> HelperResult:
+        client = self.client
+        body = helper_service_spec(config, node)
+        if not body["Name"]:
+            body["Name"] = f"gpulab-helper-{time.time_ns():x}"
+        sid = self._post_service(body)
+        lines: list[str] = []
+        try:
+            fault_point("helper:started")
+            deadline = time.monotonic() + HELPER_TIMEOUT
+            while True:
+                found = self._state_blocking(sid)
+                if found is not None and not found.running:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"helper {body['Name']} ran over {HELPER_TIMEOUT:g} s")
+                time.sleep(0.3)
+            res, chunks = self._open_logs(sid, False)
+            try:
+                buf = b"".join(chunks)
+            finally:
+                res.close()
+            for line in buf.decode(errors="replace").splitlines():
+                lines.append(line)
+                on_line(line)
+            if found.exit_code is None:
+                raise RuntimeError(f"the helper did not run: {found.error}")
+            return HelperResult(found.exit_code, lines)
+        finally:
+            with_suppress_notfound(client.remove_service, sid)
+
+    async def run_helper(self, config: dict, on_line, node: str = "") -> HelperResult:
+        loop = asyncio.get_running_loop()
+
+        def threadsafe(line: str) -> None:
+            loop.call_soon_threadsafe(on_line, line)
+
+        config = {**config, "image": self.image_ref(config["image"])}
+        return await self.run(self._helper_blocking, config, node, threadsafe)
+
+    # --- networks: overlays, in use while a service of the user exists ------------------------
+
+    async def ensure_user_network(self, instance: str, user: str) -> str:
+        return await self.run(net.ensure_user_network, self.client, instance, user, "overlay")
+
+    async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
+        return await self.run(
+            net.remove_user_network_if_unused, self.client, instance, user, _has_services
+        )
+
+    async def prune_user_networks(self, instance: str) -> list[str]:
+        return await self.run(net.prune_user_networks, self.client, instance, _has_services)
+
+
+def _named(obj: dict, name: str) -> bool:
+    return (obj.get("Spec") or {}).get("Name") == name
+
+
+def with_suppress_notfound(fn, *args) -> None:
+    with contextlib.suppress(NotFound):
+        fn(*args)
+
+
+__all__ = ["L_NODE", "L_USER", "SwarmRuntime", "helper_service_spec", "service_spec", "task_state"]
