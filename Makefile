@@ -22,11 +22,14 @@ export GPULAB_PORT
 PYTEST_ARGS ?=
 # `make images FORCE=1` rebuilds the images even when they are up to date.
 FORCE ?=
+# Worker nodes of `make swarm-lab`.
+SWARM_WORKERS ?= 2
 
 # PATH for the hub, the tests and the benchmarks: the proxy and the venv's scripts first.
 RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv proxy engine images browser postgres setup run test lint format bench clean-images clean
+.PHONY: help venv proxy engine images browser postgres setup run test lint format bench clean-images clean \
+	swarm-lab swarm-lab-down
 
 help: ## Show this help
 	@echo "Usage: make TARGET [GPULAB_PORT=8000] [PYTEST_ARGS=...] [FORCE=1]"
@@ -96,6 +99,12 @@ bench: setup ## Run every bench/bench_*.py benchmark
 		PATH="$(RUN_PATH)" $(VENV)/bin/python "$$f"; \
 	done; \
 	[ $$found = 1 ] || echo "no bench/bench_*.py to run"
+
+swarm-lab: engine ## Start the multi-node Swarm test lab: SWARM_WORKERS=2 DinD workers, a registry (docs/swarm-lab.md)
+	scripts/swarm-lab.sh up $(SWARM_WORKERS)
+
+swarm-lab-down: engine ## Remove the Swarm test lab; the host engine leaves the lab's swarm
+	scripts/swarm-lab.sh down
 
 clean-images: ## Remove the gpulab images (and the build contexts in .build/ctx)
 	-docker rmi $${GPULAB_PYTORCH_IMAGE:-gpulab/pytorch:2.13} $${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11} \
