@@ -13,7 +13,8 @@
 #
 # Usage: scripts/swarm-lab.sh up [N] [--facts PATH]   start or converge to N workers (default 2)
 #        scripts/swarm-lab.sh status [--facts PATH]   print the facts; exit 1 when not all up
-#        scripts/swarm-lab.sh down                    remove all the lab made; idempotent
+#        scripts/swarm-lab.sh down [--force]          remove all the lab made; idempotent (refused
+#                                                     while a pytest session uses the lab)
 # `up` and `status` print the lab's facts as JSON on stdout and write them to the facts file
 # (manager, registry, network, workers with container, node_id, hostname, addr, docker_url).
 # Progress goes to stderr. `up` is idempotent: a second `up` checks and returns in seconds.
@@ -582,6 +583,15 @@ cmd_up() {
 
 cmd_down() {
     need_engine
+    # pytest sessions using the lab register their pid here (tests/swarm/conftest.py)
+    local holders=() f
+    for f in "$LOCK.holders"/*; do
+        [ -e "$f" ] || continue
+        if kill -0 "${f##*/}" 2>/dev/null; then holders+=("${f##*/}"); else rm -f "$f"; fi
+    done
+    if [ ${#holders[@]} -gt 0 ] && [ "$FORCE" != 1 ]; then
+        die "pytest session(s) ${holders[*]} use the lab now (their pids in $LOCK.holders); 'down --force' takes it down anyway"
+    fi
     local name
     for name in $(docker ps -a --filter "label=$LAB_LABEL=worker" --format '{{.Names}}'); do
         docker rm -f -v "$name" >/dev/null
@@ -628,8 +638,10 @@ cmd_status() {
 CMD=${1:-}
 [ $# -gt 0 ] && shift
 N=2
+FORCE=0
 while [ $# -gt 0 ]; do
     case "$1" in
+        --force) FORCE=1 ;;
         --facts) FACTS=$2; shift ;;
         --facts=*) FACTS=${1#--facts=} ;;
         [0-9]*) N=$1 ;;
@@ -648,5 +660,5 @@ case "$CMD" in
         "cmd_$CMD" "$N"
         ;;
     -h | --help | help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up [N] [--facts PATH] | down | status [--facts PATH]  (--help)" >&2; exit 2 ;;
+    *) echo "usage: $0 up [N] [--facts PATH] | down [--force] | status [--facts PATH]  (--help)" >&2; exit 2 ;;
 esac
