@@ -45,7 +45,7 @@ def test_a_workload_becomes_one_pinned_task_that_swarm_never_restarts():
         "Pids": 512,
     }
     assert c["CapabilityDrop"] == ["ALL"] and c["User"] == "1000:100"
-    assert c["Command"][:2] == ["/bin/sh", "/opt/gpulab/run.sh"]
+    assert c["Args"][:2] == ["/bin/sh", "/opt/gpulab/run.sh"]
     assert c["Configs"][0]["File"]["Name"] == "/opt/gpulab/run.sh"
     assert "NVIDIA_VISIBLE_DEVICES=0,1" in c["Env"] and "A=1" in c["Env"]
     assert c["StopGracePeriod"] == 7_000_000_000
@@ -66,7 +66,7 @@ def test_no_gpu_means_none_not_all_and_no_runner_needs_no_config():
     body = service_spec(_spec(gpu_ids=[], runner=False), None, None)
     c = body["TaskTemplate"]["ContainerSpec"]
     assert "NVIDIA_VISIBLE_DEVICES=void" in c["Env"]
-    assert c["Command"] == ["python", "-c", "print(1)"] and "Configs" not in c
+    assert c["Args"] == ["python", "-c", "print(1)"] and "Configs" not in c
     with pytest.raises(ValueError):
         service_spec(_spec(), None, None)
 
@@ -170,3 +170,14 @@ def test_nodes_that_are_down_or_drained_offer_nothing_new():
     assert [d.key for d in devices] == ["w1/0", "w1/1"]
     assert node_of("w1/1") == "w1" and device_id("w1/1") == "1"
     assert node_of("GPU-abc") == "" and device_id("GPU-abc") == "GPU-abc"
+
+
+def test_a_stopped_service_keeps_its_ended_task_and_ignores_its_unplaceable_one():
+    node = _node()
+    ended = _task("shutdown", "2027-01-15T08:00:00Z", 143, desired="shutdown")
+    waiting = _task("pending", "2027-01-15T08:00:05Z")
+    st = task_state([ended, waiting], node, stopped=True)
+    assert (st.running, st.exit_code) == (False, 143)
+    stopping = _task("running", "2027-01-15T08:00:00Z", desired="shutdown")
+    assert task_state([stopping], node, stopped=True).running  # not there yet
+    assert not task_state([waiting], node, stopped=True).running

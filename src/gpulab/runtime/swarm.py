@@ -45,10 +45,17 @@ from .objects import L_INSTANCE, L_KIND, L_USER, LABEL_PREFIX, docker_epoch
 log = logging.getLogger(__name__)
 
 L_NODE = LABEL_PREFIX + "node"
+#: on a stopped service: its task was told to stop and none may run until it is started again
+L_STOPPED = LABEL_PREFIX + "stopped"
+#: a constraint no node meets: how a service is stopped with its ended task kept (scaling to 0
+#: would delete the task, and with it the exit code and the logs)
+NOWHERE = "node.labels.org.gpulab.nowhere==true"
 #: task states in which a task has not ended (it runs, or is on its way to)
 LIVE = frozenset(
     {"new", "pending", "assigned", "accepted", "ready", "preparing", "starting", "running"}
 )
+#: seconds a new task may take to start (its node pulls the image first)
+START_TIMEOUT = 600.0
 #: seconds a helper may run (a pull of a big dataset) before it is given up
 HELPER_TIMEOUT = 3600.0
 
@@ -91,7 +98,8 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
                 "File": {"Name": RUNNER_PATH, "UID": "0", "GID": "0", "Mode": 0o444},
             }
         ]
-    container["Command"] = command
+    # Args, not Command: the image's entrypoint stays, as with ``docker create``'s command
+    container["Args"] = command
     labels = {**spec.labels, L_NODE: spec.node}
     task: dict = {
         "ContainerSpec": container,
@@ -116,6 +124,9 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
         "Labels": labels,
         "TaskTemplate": task,
         "Mode": {"Replicated": {"Replicas": 1}},
+        # one task and no published port: no virtual IP (nor the kernel's IPVS) is needed;
+        # the owner's other workloads reach it by its task address
+        "EndpointSpec": {"Mode": "dnsrr"},
     }
 
 
@@ -142,7 +153,7 @@ def helper_service_spec(config: dict, node: str) -> dict:
     task = {
         "ContainerSpec": {
             "Image": config["image"],
-            "Command": list(config["command"]),
+            "Args": list(config["command"]),
             "Env": [f"{k}={v}" for k, v in env.items()],
             "Labels": dict(config.get("labels") or {}),
             "User": config.get("user") or "1000:100",
@@ -163,10 +174,15 @@ def helper_service_spec(config: dict, node: str) -> dict:
     }
 
 
-def task_state(tasks: list[dict], node: dict | None) -> WorkloadState:
+def task_state(tasks: list[dict], node: dict | None, stopped: bool = False) -> WorkloadState:
     """What a one-task service's tasks say (pure). ``node``: the node it is pinned to, as the
-    manager reports it (None: not in the cluster any more)."""
+    manager reports it (None: not in the cluster any more). ``stopped``: the service was
+    stopped (its replacement task waits, unplaceable, and says nothing)."""
     hostname = (node or {}).get("Description", {}).get("Hostname", "")
+    if stopped:
+        tasks = [t for t in tasks if (t.get("Status") or {}).get("State") not in ("new", "pending")]
+        if not tasks:
+            return WorkloadState(running=False, node=hostname, error="stopped")
     newest = max(tasks, key=lambda t: (t.get("CreatedAt") or "", t.get("ID") or ""), default=None)
     status = (newest or {}).get("Status") or {}
     state = status.get("State", "")
@@ -305,6 +321,25 @@ class SwarmRuntime(Runtime):
         body = service_spec(spec, self._runner() if spec.runner else None, network_id)
         self._post_service(body)
         fault_point("engine:create")
+        # started means its command runs, as on one engine: wait while the node pulls the image
+        # and starts the container (an ended or rejected task is the watcher's to read)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            svc = self._service(spec.name)
+            tasks = self.client.tasks(filters={"service": svc["ID"]}) if svc else []
+            states = {(t.get("Status") or {}).get("State") for t in tasks}
+            if not states or states & {
+                "new",
+                "pending",
+                "assigned",
+                "accepted",
+                "preparing",
+                "ready",
+                "starting",
+            }:
+                time.sleep(0.2)
+                continue
+            return
 
     def _post_service(self, body: dict) -> str:
         client = self.client
@@ -330,7 +365,7 @@ class SwarmRuntime(Runtime):
         for n in self._nodes():
             if (n.get("Description") or {}).get("Hostname") == hostname:
                 node = n
-        return task_state(tasks, node)
+        return task_state(tasks, node, L_STOPPED in (svc["Spec"].get("Labels") or {}))
 
     async def state(self, name: str) -> WorkloadState | None:
         return await self.run(self._state_blocking, name)
@@ -351,7 +386,12 @@ class SwarmRuntime(Runtime):
     def _start_again_blocking(self, name: str) -> None:
         def change(spec: dict) -> None:
             spec["Mode"] = {"Replicated": {"Replicas": 1}}
+            (spec.get("Labels") or {}).pop(L_STOPPED, None)
             task = spec["TaskTemplate"]
+            placement = task.setdefault("Placement", {})
+            placement["Constraints"] = [
+                c for c in placement.get("Constraints") or [] if c != NOWHERE
+            ]
             task["ForceUpdate"] = int(task.get("ForceUpdate") or 0) + 1
 
         self._update(name, change)
@@ -361,8 +401,14 @@ class SwarmRuntime(Runtime):
 
     def _stop_blocking(self, name: str, grace: float) -> None:
         def change(spec: dict) -> None:
-            spec["Mode"] = {"Replicated": {"Replicas": 0}}
-            spec["TaskTemplate"]["ContainerSpec"]["StopGracePeriod"] = int(grace * 1e9)
+            spec.setdefault("Labels", {})[L_STOPPED] = "1"
+            task = spec["TaskTemplate"]
+            task["ContainerSpec"]["StopGracePeriod"] = int(grace * 1e9)
+            placement = task.setdefault("Placement", {})
+            constraints = placement.get("Constraints") or []
+            if NOWHERE not in constraints:
+                placement["Constraints"] = [*constraints, NOWHERE]
+            task["ForceUpdate"] = int(task.get("ForceUpdate") or 0) + 1
 
         try:
             self._update(name, change)

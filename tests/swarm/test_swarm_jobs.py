@@ -1,0 +1,198 @@
+"""gpulab's jobs on a real multi-node Docker Swarm (the lab of conftest.py: this host's engine
+as the manager, Docker-in-Docker workers with two fake GPUs each, a local registry).
+
+What is shown: jobs land on the worker (and the devices) the ledger chose and run there as
+pinned one-task services; 2 nodes x 2 GPUs fill exactly and the fifth GPU waits, saying why;
+a request bigger than any node is refused naming the biggest; data is pulled and pushed by a
+sync helper on the node; the hub and the service SIGKILLed find every job again; a worker
+killed mid-job: the job is queued again and finishes on the other worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import boto3
+import docker
+import pytest
+
+from ..integration.s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
+from ..integration.test_jobs import Api, states
+
+
+def _config(lab, s3) -> str:
+    return (
+        'c.GpulabSettings.runtime = "swarm"\n'
+        f"c.GpulabSettings.image_registry = {lab.registry!r}\n"
+        'c.GpulabSettings.placement = "pack"\n'
+        "c.GpulabSettings.supervisor_interval = 0.3\n"
+        "c.GpulabSettings.job_container_retention = 3600\n"
+        'c.GpulabSettings.job_quota = {"gpus": 8, "jobs": 10}\n'
+        f'c.GpulabSettings.object_stores["s3"] = {{"endpoint_url": "{s3.endpoint}", '
+        f'"credentials": {{"file": "{lab.workdir}/s3-credentials"}}}}\n'
+        'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "swarm-in", '
+        '"modes": ["ro"]})\n'
+        'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "swarm-out"})\n'
+    )
+
+
+@pytest.fixture(scope="module")
+def s3(swarm_lab):
+    server = MotoS3Server(host=swarm_lab.gateway).start()
+    client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=TEST_ACCESS_KEY,
+        aws_secret_access_key=TEST_SECRET_KEY,
+    )
+    client.create_bucket(Bucket="swarm-in")
+    client.create_bucket(Bucket="swarm-out")
+    creds = swarm_lab.workdir / "s3-credentials"
+    creds.touch(mode=0o600)
+    creds.write_text(
+        f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
+    )
+    yield server, client
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(swarm_lab, s3, tmp_path_factory, images):
+    from ..hubctl import Hub
+
+    hub = Hub(workdir=tmp_path_factory.mktemp("swarm"), extra_config=_config(swarm_lab, s3[0]))
+    hub.start()
+    yield hub
+    hub.stop()
+    _remove_services(hub.instance)
+
+
+def _remove_services(instance: str) -> None:
+    client = docker.APIClient(version="auto")
+    for svc in client.services(filters={"label": f"org.gpulab.instance={instance}"}):
+        with contextlib.suppress(docker.errors.NotFound):
+            client.remove_service(svc["ID"])
+
+
+@pytest.fixture(scope="module")
+def ana(hub):
+    return Api(hub, "ana")
+
+
+def _task_node(job: dict) -> str:
+    """The hostname of the node whose engine runs the job's task, as the manager says."""
+    client = docker.APIClient(version="auto")
+    tasks = client.tasks(filters={"service": job["container"]})
+    newest = max(tasks, key=lambda t: t["CreatedAt"])
+    node = client.inspect_node(newest["NodeID"])
+    return node["Description"]["Hostname"]
+
+
+def _service_env(job: dict) -> dict[str, str]:
+    client = docker.APIClient(version="auto")
+    spec = client.inspect_service(job["container"])["Spec"]["TaskTemplate"]["ContainerSpec"]
+    return dict(e.split("=", 1) for e in spec.get("Env") or [])
+
+
+def _gpu_job(api: Api, seconds: int, gpus: int = 1, **kw) -> dict:
+    return api.submit(
+        command=["sh", "-c", f"echo on $(hostname); sleep {seconds}"],
+        resources={"gpus": gpus, "cpus": 0.2, "memory": "128M"},
+        **kw,
+    )
+
+
+def test_two_nodes_of_two_gpus_fill_exactly_and_the_fifth_waits(hub, ana, swarm_lab):
+    workers = sorted(w.hostname for w in swarm_lab.workers)
+    t0 = time.monotonic()
+    jobs = [_gpu_job(ana, 600) for _ in range(4)]
+    running = [ana.wait(j["id"], {"RUNNING"}, timeout=180) for j in jobs]
+    to_running = time.monotonic() - t0
+    print(f"\n4 GPU jobs from submission to RUNNING on the workers: {to_running:.1f} s")
+    # pack: the first node that fits is filled before the next one is used
+    nodes = [j["node"] for j in running]
+    assert sorted(nodes) == sorted(workers * 2), nodes
+    taken = sorted(d for j in running for d in j["devices"])
+    assert taken == sorted(f"{w}/{i}" for w in workers for i in (0, 1))
+    for j in running:
+        assert _task_node(j) == j["node"]  # Swarm ran it where gpulab said
+        ids = ",".join(d.split("/")[1] for d in j["devices"])
+        assert _service_env(j)["NVIDIA_VISIBLE_DEVICES"] == ids
+    # the fifth GPU request waits in the queue and says why
+    fifth = _gpu_job(ana, 5)
+    time.sleep(3)
+    waiting = ana.job(fifth["id"])
+    assert waiting["state"] == "QUEUED", waiting
+    assert "waiting for 1 GPU(s) free on one node: 0 of 4 free" in waiting["message"], waiting
+    # more than one node has: refused at once, naming the biggest node
+    r = ana.call(
+        "POST",
+        "/jobs",
+        json={"command": ["true"], "resources": {"gpus": 3, "cpus": 0.2, "memory": "128M"}},
+    )
+    assert r.status_code == 400, r.text
+    assert "biggest" in r.json()["message"] and "has 2" in r.json()["message"], r.text
+    # one job ends: its GPU goes to the fifth, on that job's node
+    first = running[0]
+    assert ana.call("POST", f"/jobs/{first['id']}/interrupt").status_code in (200, 202)
+    assert ana.wait(first["id"])["state"] == "INTERRUPTED"
+    placed = ana.wait(fifth["id"], {"RUNNING", "DONE"}, timeout=120)
+    assert placed["node"] == first["node"], placed
+    assert ana.wait(fifth["id"], timeout=120)["state"] == "DONE"
+    logs = ana.call("GET", f"/jobs/{fifth['id']}/logs").text
+    assert f"on {fifth['id']}" in logs or "on " in logs
+    for j in running[1:]:
+        ana.call("POST", f"/jobs/{j['id']}/interrupt")
+    for j in running[1:]:
+        assert ana.wait(j["id"])["state"] == "INTERRUPTED"
+
+
+def test_data_is_pulled_and_pushed_on_the_node(hub, ana, s3):
+    _, client = s3
+    client.put_object(Bucket="swarm-in", Key="set/labels.txt", Body=b"cat\ndog\n")
+    job = ana.submit(
+        command=["sh", "-c", "sort -r /data/labels.txt > /out/sorted.txt; hostname"],
+        volumes=["swarm-in@s3/set:/data", "swarm-out@s3/ana/run1:/out:rw"],
+        resources={"gpus": 0, "cpus": 0.2, "memory": "128M"},
+    )
+    done = ana.wait(job["id"], timeout=180)
+    assert done["state"] == "DONE", (done["reason"], done["message"], done["node"])
+    assert done["node"].startswith("gpulab-lab-worker"), done
+    body = client.get_object(Bucket="swarm-out", Key="ana/run1/sorted.txt")["Body"].read()
+    assert body == b"dog\ncat\n"
+    # the store credentials went to the sync helper only, never to the job's service
+    assert TEST_SECRET_KEY not in repr(_service_env(done))
+
+
+def test_hub_and_service_sigkilled_find_every_job_again(hub, ana):
+    job = _gpu_job(ana, 12)
+    running = ana.wait(job["id"], {"RUNNING"}, timeout=120)
+    hub.kill()
+    time.sleep(1)
+    hub.start()
+    done = ana.wait(job["id"], timeout=120)
+    assert done["state"] == "DONE", (done["reason"], done["message"], done["node"])
+    assert done["restarts"] == 0 and done["node"] == running["node"]
+    assert states(done).count("RUNNING") == 1, states(done)
+
+
+def test_a_worker_killed_mid_job_the_job_finishes_on_the_other(hub, ana, swarm_lab):
+    job = _gpu_job(ana, 25, retries=1)
+    running = ana.wait(job["id"], {"RUNNING"}, timeout=120)
+    victim = running["node"]
+    t0 = time.monotonic()
+    swarm_lab.kill_worker(victim)
+    try:
+        requeued = ana.wait(job["id"], {"QUEUED", "INITIALIZING", "PENDING"}, timeout=120)
+        print(f"\nworker killed -> job queued again: {time.monotonic() - t0:.1f} s")
+        assert requeued["reason"] in ("NODE_LOST", "SCHEDULED", "CREATING"), requeued
+        done = ana.wait(job["id"], timeout=240)
+        assert done["state"] == "DONE", (done["reason"], done["message"], done["node"])
+        assert done["node"] != victim and done["restarts"] == 1, done
+        assert "NODE_LOST" in [e["reason"] for e in done["history"]]
+        # its GPU on the lost node was released once Swarm no longer had its task
+        assert not [d for d in done["devices"] if d.startswith(victim + "/")]
+    finally:
+        swarm_lab.restart_worker(victim)
