@@ -194,7 +194,7 @@ class FaultyProxy:
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> FaultyProxy:
         self._thread.start()
