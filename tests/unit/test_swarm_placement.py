@@ -118,14 +118,19 @@ def test_task_states_read_as_running_ended_or_lost():
     assert task_state(both, node).running
     # its node went down or was drained: lost, no exit code, the reason says which
     lost = task_state([_task("running")], _node(state="down"))
-    assert (lost.running, lost.exit_code) == (False, None) and "down" in lost.error
+    assert (lost.running, lost.exit_code, lost.lost) == (False, None, True)
+    assert "down" in lost.error
+    # what a new manager leader or a missed heartbeat says of healthy nodes is not a loss
+    assert task_state([_task("running")], _node(state="unknown")).running
+    assert task_state([_task("running")], _node(state="disconnected")).running
     drained = task_state([_task("running")], _node(avail="drain"))
     assert drained.exit_code is None and "drain" in drained.error
     assert task_state([_task("running")], None).error == "not in the cluster"
     # an ended task on a node lost afterwards still ended with its code
     assert task_state([_task("complete", code=0)], _node(state="down")).exit_code == 0
     rejected = task_state([_task("rejected")], node)
-    assert not rejected.running and rejected.exit_code is None
+    # the engine refused it on a healthy node: an error of the job, not a lost node
+    assert not rejected.running and rejected.exit_code is None and not rejected.lost
     assert task_state([_task("running")], node).started_at == 1_800_000_000.0
 
 

@@ -30,6 +30,8 @@ from .spec import JobSpec
 log = logging.getLogger("gpulab.jobs")
 J = JobState
 MAX_HANG_RESTARTS = 3
+#: seconds a workload's node must stay down (or drained) before its job is given up there
+LOST_AFTER = 6.0
 # less CPU than this share of one core over a hang period counts as "no CPU progress"
 HANG_CPU_SHARE = 0.01
 
@@ -163,6 +165,7 @@ class JobLife(JobContainer):
 
     async def watch(self, job_id: str, spec: JobSpec, name: str) -> None:
         hang = spec.hang_restart
+        lost_since: float | None = None
         consecutive = 0
         last_progress = time.monotonic()
         last_cpu: int | None = None
@@ -180,9 +183,17 @@ class JobLife(JobContainer):
                 return await self.finalize(
                     job_id, J.ERROR, "CONTAINER_LOST", "the job's container disappeared"
                 )
-            if not found.running:
-                if found.exit_code is None:  # the engine could not run it (a node lost...)
+            if found.running:
+                lost_since = None
+            else:
+                if found.lost:  # its node is down or drained: lost once that lasts
+                    lost_since = lost_since or time.monotonic()
+                    if time.monotonic() - lost_since < LOST_AFTER:
+                        continue
                     return await self.lost(job_id, job, spec, name, found.error)
+                if found.exit_code is None:  # the engine refused to run it (a rejected task)
+                    msg = f"the engine could not run the job: {found.error or 'no exit code'}"
+                    return await self.finalize(job_id, J.ERROR, "ENGINE_ERROR", msg)
                 code = found.exit_code
                 if code == 0:
                     return await self.finalize(job_id, J.DONE, "EXITED", "exit code 0", code)

@@ -73,6 +73,8 @@ class WorkloadState:
     node: str = ""
     #: the engine's word when it could not run it (a Swarm task rejected, a node lost)
     error: str = ""
+    #: ended without an exit code because its node went down or was drained
+    lost: bool = False
 
 
 @dataclass(frozen=True)

@@ -46,12 +46,19 @@ class NetworkUnavailable(Exception):
     """The user's network cannot be had; the message says why and who can fix it."""
 
 
-def user_network_name(instance: str, user: str) -> str:
-    return f"{escape_name(instance)}-net-{escape_name(user)}"
+#: a user's overlay on a Swarm is named and labelled apart from their bridge on the manager's
+#: own engine (notebooks there): neither is mistaken for a duplicate of the other
+OVERLAY_KIND = "overlay-network"
 
 
-def network_labels(instance: str, user: str) -> dict[str, str]:
-    return {L_INSTANCE: instance, L_KIND: NETWORK_KIND, L_USER: user, L_VERSION: __version__}
+def user_network_name(instance: str, user: str, driver: str = "bridge") -> str:
+    middle = "ovl" if driver == "overlay" else "net"
+    return f"{escape_name(instance)}-{middle}-{escape_name(user)}"
+
+
+def network_labels(instance: str, user: str, driver: str = "bridge") -> dict[str, str]:
+    kind = OVERLAY_KIND if driver == "overlay" else NETWORK_KIND
+    return {L_INSTANCE: instance, L_KIND: kind, L_USER: user, L_VERSION: __version__}
 
 
 def user_network_config(instance: str, user: str, driver: str = "bridge") -> dict:
@@ -59,12 +66,12 @@ def user_network_config(instance: str, user: str, driver: str = "bridge") -> dic
     engine, an overlay across a Swarm (attachable, so that the hub's proxy can join it)."""
     overlay = {"attachable": True} if driver == "overlay" else {}
     return {
-        "name": user_network_name(instance, user),
+        "name": user_network_name(instance, user, driver),
         "driver": driver,
         **overlay,
         # not internal: workloads may reach the outside and the hub API on the host
         "internal": False,
-        "labels": network_labels(instance, user),
+        "labels": network_labels(instance, user, driver),
         # the engine's best-effort duplicate check (ensure_user_network handles the rest)
         "check_duplicate": True,
     }
@@ -121,7 +128,7 @@ def ensure_user_network(client, instance: str, user: str, driver: str = "bridge"
     Containers join by ID, not by name: while a duplicate made by a racing process still
     exists (or is kept because a container joined it), the name is ambiguous to the engine.
     """
-    name = user_network_name(instance, user)
+    name = user_network_name(instance, user, driver)
     with _lock_for(name):  # threads of one process: one create; other processes: see below
         return _ensure(client, instance, user, name, driver)
 
@@ -161,14 +168,16 @@ def _has_containers(client, labels: list[str]) -> bool:
     return bool(client.containers(all=True, filters={"label": labels}))
 
 
-def remove_user_network_if_unused(client, instance: str, user: str, in_use=_has_containers) -> bool:
+def remove_user_network_if_unused(
+    client, instance: str, user: str, in_use=_has_containers, driver: str = "bridge"
+) -> bool:
     """Remove the user's network once they have no gpulab container left (blocking).
 
     Best effort: returns False when it is kept (a container still exists, running or not: an
     exited job container restarted in place needs the very same network) or when the engine
     refuses (in use meanwhile). Never raises for those.
     """
-    name = user_network_name(instance, user)
+    name = user_network_name(instance, user, driver)
     labels = [f"{L_INSTANCE}={instance}", f"{L_USER}={user}"]
     if in_use(client, labels):
         return False
@@ -186,10 +195,15 @@ def remove_user_network_if_unused(client, instance: str, user: str, in_use=_has_
     return removed
 
 
-def prune_user_networks(client, instance: str, in_use=_has_containers) -> list[str]:
+def prune_user_networks(
+    client, instance: str, in_use=_has_containers, driver: str = "bridge"
+) -> list[str]:
     """Remove every network of this installation whose user has no workload (blocking)."""
-    nets = client.networks(
-        filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={NETWORK_KIND}"]}
-    )
+    kind = OVERLAY_KIND if driver == "overlay" else NETWORK_KIND
+    nets = client.networks(filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={kind}"]})
     users = {(n.get("Labels") or {}).get(L_USER) for n in nets} - {None}
-    return [u for u in sorted(users) if remove_user_network_if_unused(client, instance, u, in_use)]
+    return [
+        u
+        for u in sorted(users)
+        if remove_user_network_if_unused(client, instance, u, in_use, driver)
+    ]

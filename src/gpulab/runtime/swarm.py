@@ -188,9 +188,11 @@ def task_state(tasks: list[dict], node: dict | None, stopped: bool = False) -> W
     state = status.get("State", "")
     cstatus = status.get("ContainerStatus") or {}
     started = docker_epoch((newest or {}).get("CreatedAt") or "")
+    # only a node that is down or drained loses its work: "unknown" and "disconnected" are
+    # what a new manager leader or a missed heartbeat says for a while of healthy nodes
     node_ok = (
         node is not None
-        and (node.get("Status") or {}).get("State") == "ready"
+        and (node.get("Status") or {}).get("State") != "down"
         and (node.get("Spec") or {}).get("Availability") == "active"
     )
     if newest is not None and state in ("complete", "failed") and "ExitCode" in cstatus:
@@ -203,7 +205,7 @@ def task_state(tasks: list[dict], node: dict | None, stopped: bool = False) -> W
         )
     if not node_ok:
         why = "not in the cluster" if node is None else _node_trouble(node)
-        return WorkloadState(running=False, started_at=started, node=hostname, error=why)
+        return WorkloadState(running=False, started_at=started, node=hostname, error=why, lost=True)
     if newest is None:
         return WorkloadState(running=True, node=hostname)  # being scheduled
     desired = newest.get("DesiredState", "running")
@@ -501,7 +503,8 @@ class SwarmRuntime(Runtime):
                     id=s["ID"],
                     name=s["Spec"]["Name"],
                     labels=s["Spec"].get("Labels") or {},
-                    running=s["ID"] in live,
+                    # a stopped service's unplaceable task "wants" to run: it does not
+                    running=s["ID"] in live and L_STOPPED not in (s["Spec"].get("Labels") or {}),
                     node=(s["Spec"].get("Labels") or {}).get(L_NODE, ""),
                 )
                 for s in services
@@ -586,11 +589,18 @@ class SwarmRuntime(Runtime):
 
     async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
         return await self.run(
-            net.remove_user_network_if_unused, self.client, instance, user, _has_services
+            net.remove_user_network_if_unused,
+            self.client,
+            instance,
+            user,
+            _has_services,
+            "overlay",
         )
 
     async def prune_user_networks(self, instance: str) -> list[str]:
-        return await self.run(net.prune_user_networks, self.client, instance, _has_services)
+        return await self.run(
+            net.prune_user_networks, self.client, instance, _has_services, "overlay"
+        )
 
 
 def _named(obj: dict, name: str) -> bool:

@@ -22,7 +22,7 @@ from ..jobs.spec_schema import job_spec_schema
 from ..lifecycle import InvalidTransition, NotebookState
 from ..metrics import API_REQUESTS
 from ..notebooks import NotebookRecords
-from ..runtime import make_runtime
+from ..runtime.docker import DockerRuntime
 from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
 from ..workload_data import WorkloadData, notebook_volumes, push_all, push_verdict
@@ -235,7 +235,10 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
         cookie_secret=os.urandom(32),
         records=records,
         gpulab=settings,
-        runtime=supervisor.runtime if supervisor else make_runtime(settings),
+        # the notebooks' engine (their push retries): the hub's own, whatever runs the jobs
+        runtime=supervisor.runtime
+        if supervisor and supervisor.runtime.kind == "docker"
+        else DockerRuntime(),
         supervisor=supervisor,
         default_handler_class=NotFoundHandler,
         log_function=log_request,
