@@ -42,7 +42,20 @@ __all__ = [
 ]
 
 
-class DockerRuntime(Runtime):
+class EngineClient:
+    """The Docker SDK's low-level client of one engine (this host's, or a Swarm manager's),
+    made on first use: both backends speak the Docker Engine API."""
+
+    _client: docker.APIClient | None = None
+
+    @property
+    def client(self) -> docker.APIClient:
+        if self._client is None:
+            self._client = docker.APIClient(version="auto", timeout=120)
+        return self._client
+
+
+class DockerRuntime(EngineClient, Runtime):
     kind = "docker"
     reads_cpu = True
 
@@ -61,12 +74,6 @@ class DockerRuntime(Runtime):
         #: the job runner on this host, bind-mounted read-only into jobs' containers
         self.runner_path = runner_path
         self._gpus = tuple(gpus)
-
-    @property
-    def client(self) -> docker.APIClient:
-        if self._client is None:
-            self._client = docker.APIClient(version="auto", timeout=120)
-        return self._client
 
     # --- the cluster: one node, this host ---------------------------------------------------
 

@@ -40,6 +40,7 @@ from .base import (
     WorkloadSpec,
     WorkloadState,
 )
+from .docker import EngineClient
 from .objects import L_INSTANCE, L_KIND, L_USER, LABEL_PREFIX, docker_epoch
 
 log = logging.getLogger(__name__)
@@ -237,7 +238,7 @@ def _has_services(client, labels: list[str]) -> bool:
     return bool(client.services(filters={"label": labels}))
 
 
-class SwarmRuntime(Runtime):
+class SwarmRuntime(EngineClient, Runtime):
     kind = "swarm"
     reads_cpu = False
 
@@ -254,12 +255,6 @@ class SwarmRuntime(Runtime):
         self.gpu_label = gpu_label
         self.runner_script = runner_script
         self._runner_ref: dict | None = None
-
-    @property
-    def client(self) -> docker.APIClient:
-        if self._client is None:
-            self._client = docker.APIClient(version="auto", timeout=120)
-        return self._client
 
     # --- the cluster ------------------------------------------------------------------------
 
