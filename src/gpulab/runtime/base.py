@@ -133,8 +133,6 @@ class Runtime:
 
     #: 'docker' or 'swarm': what the settings call it
     kind = "abstract"
-    #: the engine can read a workload's CPU time (for hang detection)
-    reads_cpu = False
     _executor: ThreadPoolExecutor | None = None
 
     def __init__(self, workers: int = 32, registry: str = ""):

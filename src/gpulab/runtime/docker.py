@@ -38,7 +38,6 @@ __all__ = [
     "HelperResult",
     "ImageNotFound",
     "NotFound",
-    "run_helper",
 ]
 
 
@@ -57,7 +56,6 @@ class EngineClient:
 
 class DockerRuntime(EngineClient, Runtime):
     kind = "docker"
-    reads_cpu = True
 
     def __init__(
         self,
@@ -153,9 +151,6 @@ class DockerRuntime(EngineClient, Runtime):
             return True
         except NotFound:
             return False
-
-    # kept for the spawner, whose notebooks are containers of this engine
-    remove_container = remove
 
     async def restart_in_place(self, name: str) -> None:
         client = self.client
@@ -293,8 +288,3 @@ def _run_helper_blocking(client: docker.APIClient, config: dict, on_line) -> Hel
     finally:
         with contextlib.suppress(NotFound):
             client.remove_container(cid, force=True)
-
-
-async def run_helper(runtime: Runtime, config: dict, on_line, node: str = "") -> HelperResult:
-    """Run a helper off the event loop; ``on_line`` is called on the event loop."""
-    return await runtime.run_helper(config, on_line, node)

@@ -240,7 +240,6 @@ def _has_services(client, labels: list[str]) -> bool:
 
 class SwarmRuntime(EngineClient, Runtime):
     kind = "swarm"
-    reads_cpu = False
 
     def __init__(
         self,
