@@ -4,13 +4,19 @@
 #   1. gpulab/debian:bookworm  is made with debootstrap + `docker import` (skipped if BASE_IMAGE),
 #   2. gpulab/python:3.11      images/python  (jupyterhub + jupyterlab in /opt/gpulab/venv),
 #   3. gpulab/pytorch:2.13     images/pytorch (+ torch, CPU build, and numpy),
+#   4. gpulab/sync:VERSION     images/sync (the sync helper),
+#   5. gpulab/proxy:CHP        images/proxy (configurable-http-proxy, for a Swarm; only when
+#                              named: the single-host hub runs the proxy as a process),
 # with the Python wheels downloaded on the host (cache: .build/wheels/<image>/) and copied into
 # the build context (.build/ctx/<image>/).
 #
 # An image is built only when it is missing, or when its Dockerfile, requirements or base image
 # changed since it was built (label org.gpulab.build-hash); --force rebuilds all selected ones.
 #
-# Usage: scripts/build-images.sh [--force] [debian|python|pytorch ...]   (default: all)
+# Usage: scripts/build-images.sh [--force] [--push REGISTRY] [debian|python|pytorch|sync|proxy ...]
+#        (default: debian python pytorch sync)
+# --push REGISTRY (host:port) tags every selected image REGISTRY/NAME:TAG and pushes it, so that
+# every node of a Swarm pulls the same image (c.GpulabSettings.image_registry = "REGISTRY/").
 # Environment:
 #   BASE_IMAGE            base of gpulab/python instead of the debootstrap image (e.g.
 #                         debian:bookworm-slim, a CUDA base); the debian step is then skipped
@@ -29,16 +35,21 @@ LOGS=$BUILD/logs
 DEBIAN_IMAGE=${GPULAB_DEBIAN_IMAGE:-gpulab/debian:bookworm}
 PYTHON_IMAGE=${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11}
 PYTORCH_IMAGE=${GPULAB_PYTORCH_IMAGE:-gpulab/pytorch:2.13}
+PROXY_IMAGE=${GPULAB_PROXY_IMAGE:-gpulab/proxy:$(sed -n 's/.*"version": "\(.*\)".*/\1/p' "$ROOT/.build/node/node_modules/configurable-http-proxy/package.json" 2>/dev/null | head -1)}
 SYNC_IMAGE=${GPULAB_SYNC_IMAGE:-gpulab/sync:$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$ROOT/src/gpulab/__init__.py")}
 DEBIAN_SUITE=bookworm
 DEBIAN_INCLUDE=python3,python3-venv,ca-certificates
 
 FORCE=0
+PUSH=
 SELECTED=()
-for arg in "$@"; do
+while [ $# -gt 0 ]; do
+    arg=$1
+    shift
     case "$arg" in
         --force | -f) FORCE=1 ;;
-        debian | python | pytorch | sync) SELECTED+=("$arg") ;;
+        --push) PUSH=${1:?--push needs a registry, e.g. --push registry.example.org:5000}; shift ;;
+        debian | python | pytorch | sync | proxy) SELECTED+=("$arg") ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "build-images: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
@@ -269,4 +280,43 @@ if selected sync; then
     fi
 fi
 
-log "done: $(for s in "${SELECTED[@]}"; do case $s in debian) [ -n "${BASE_IMAGE:-}" ] || printf '%s ' "$DEBIAN_IMAGE" ;; python) printf '%s ' "$PYTHON_IMAGE" ;; pytorch) printf '%s ' "$PYTORCH_IMAGE" ;; sync) printf '%s ' "$SYNC_IMAGE" ;; esac; done)"
+if selected proxy; then
+    # the host's node binary (it needs only libc and libstdc++) and the configurable-http-proxy
+    # that `make proxy` installed; their content is in the hash
+    chp=$BUILD/node/node_modules
+    [ -x "$chp/.bin/configurable-http-proxy" ] || die "configurable-http-proxy is not installed: make proxy"
+    node=$(readlink -f "$(command -v node)") || die "node is not on the PATH"
+    pkg=$BUILD/ctx-extra/proxy
+    rm -rf "$pkg" && mkdir -p "$pkg"
+    cp "$node" "$pkg/node"
+    cp -a "$chp" "$pkg/node_modules"
+    PROXY_HASH=$( { cat "$ROOT/images/proxy/Dockerfile"; sha256sum "$pkg/node"; (cd "$pkg" && find node_modules -type f -print0 | sort -z | xargs -0 cat); image_id "$BASE"; } | sha)
+    if [ "$FORCE" = 0 ] && image_exists "$PROXY_IMAGE" \
+        && [ "$(image_label "$PROXY_IMAGE" org.gpulab.build-hash)" = "$PROXY_HASH" ]; then
+        log "$PROXY_IMAGE: up to date"
+    else
+        cp "$ROOT/images/proxy/Dockerfile" "$pkg/"
+        t0=$SECONDS
+        DOCKER_BUILDKIT=0 docker build --force-rm --build-arg "BASE_IMAGE=$BASE" \
+            --label "org.gpulab.build-hash=$PROXY_HASH" -t "$PROXY_IMAGE" "$pkg" \
+            >"$LOGS/build-proxy.log" 2>&1 \
+            || { tail -n 40 "$LOGS/build-proxy.log" >&2; die "docker build $PROXY_IMAGE failed"; }
+        log "built $PROXY_IMAGE in $((SECONDS - t0)) s"
+    fi
+    rm -rf "$pkg"
+fi
+
+built=$(for s in "${SELECTED[@]}"; do case $s in debian) [ -n "${BASE_IMAGE:-}" ] || printf '%s ' "$DEBIAN_IMAGE" ;; python) printf '%s ' "$PYTHON_IMAGE" ;; pytorch) printf '%s ' "$PYTORCH_IMAGE" ;; sync) printf '%s ' "$SYNC_IMAGE" ;; proxy) printf '%s ' "$PROXY_IMAGE" ;; esac; done)
+log "done: $built"
+
+# --push: the same images under the registry's name, pushed (layers the registry has are skipped)
+if [ -n "$PUSH" ]; then
+    t0=$SECONDS
+    for img in $built; do
+        docker tag "$img" "$PUSH/$img"
+        docker push -q "$PUSH/$img" >"$LOGS/push.log" 2>&1 \
+            || { cat "$LOGS/push.log" >&2; die "docker push $PUSH/$img failed (is $PUSH a registry this engine trusts?)"; }
+        log "pushed $PUSH/$img"
+    done
+    log "pushed $(wc -w <<<"$built") image(s) to $PUSH in $((SECONDS - t0)) s"
+fi

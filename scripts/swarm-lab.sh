@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real multi-node Docker Swarm on this one machine, for tests (docs/swarm-lab.md):
-#   - this host's engine is the manager (drained: tasks run only on workers), advertised on a
+#   - this host's engine is the manager (active: gpulab places nothing there but its notebook
+#     gateway attaches to overlays there; a drained node cannot), advertised on a
 #     lab bridge network (gpulab-lab, 10.213.0.0/24, the host is 10.213.0.1);
 #   - N workers are Docker-in-Docker containers gpulab-lab-worker-1..N (image gpulab-lab/dind:1,
 #     built here from images/dind), each with its own volume at /var/lib/docker, its own dockerd
@@ -259,8 +260,11 @@ ensure_swarm() {
     want_ns=$("$PY" -c 'import re,sys; v=sys.argv[1]; m={"ms":1e6,"s":1e9,"m":6e10}; n,u=re.fullmatch(r"([0-9.]+)(ms|s|m)",v).groups(); print(int(float(n)*m[u]))' "$HEARTBEAT")
     have=$(docker info --format '{{.Swarm.Cluster.Spec.Dispatcher.HeartbeatPeriod}}')
     [ "$have" = "$want_ns" ] || docker swarm update --dispatcher-heartbeat "$HEARTBEAT" >/dev/null
-    [ "$(docker node inspect self --format '{{.Spec.Availability}}')" = drain ] \
-        || docker node update --availability drain "$(self_node)" >/dev/null
+    # active, not drained: a drained node cannot attach a container to an overlay (moby#35889),
+    # and gpulab's notebook gateway runs here, attached to users' overlays. gpulab places no
+    # workload on the hub's own node anyway (SwarmRuntime.nodes).
+    [ "$(docker node inspect self --format '{{.Spec.Availability}}')" = active ] \
+        || docker node update --availability active "$(self_node)" >/dev/null
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -576,6 +580,9 @@ cmd_up() {
     TIME_PUSH=0 TIME_PULL=0
     push_images
     pull_images "$n"
+    # the notebook gateway runs on the manager (this engine): built here, not pushed
+    "$ROOT/scripts/build-images.sh" proxy >"$LAB_DIR/build-proxy.log" 2>&1 \
+        || { cat "$LAB_DIR/build-proxy.log" >&2; die "scripts/build-images.sh proxy failed"; }
     TIMINGS="total=$((SECONDS - T_START)) packages_and_dind_image=$t_img network_and_registry=$t_reg swarm=$t_swarm workers=$t_workers push=$TIME_PUSH pull=$TIME_PULL"
     facts || die "the lab is not all up (facts above)"
     log "up: $n worker(s), registry $REGISTRY, facts in $FACTS ($((SECONDS - T_START)) s)"

@@ -82,6 +82,8 @@ class Notebook(Base):
     # the raw user_options, kept so that a restart can spawn the notebook as it was
     user_options: Mapped[dict | None] = mapped_column(JSONText, nullable=True)
     container: Mapped[str] = mapped_column(String(255), default="")
+    # the cluster node it runs (or last ran) on ("" on one host): its volumes live there
+    node: Mapped[str] = mapped_column(String(255), default="", server_default="")
     created: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     running_since: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -12,7 +12,12 @@ spawn or poll):
   then SYNC_FAILED, whose data stays in its volume for a retried push; a delete: ERROR, to
   be deleted again);
 - sync helpers of notebooks that are not starting or stopping in this process are removed;
-- GPUs are released from notebooks that neither run a container nor are in transit.
+- GPUs are released from notebooks that neither run a container nor are in transit;
+- on a cluster, a RUNNING notebook whose node has been down or drained for ``LOST_AFTER``
+  seconds becomes ERROR with reason NODE_LOST: its service is removed, and once the manager
+  has forgotten its task its GPUs are released (the node's volume, with whatever the notebook
+  wrote since its start, stays on that node); and a notebook gateway that had to be made anew
+  gets the running notebooks' routes back.
 
 :func:`repairs` is the pure decision, tested without an engine.
 """
@@ -22,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
 from .lifecycle import InvalidTransition, NotebookState, utcnow
 from .runtime.docker import EngineError
-from .runtime.objects import L_WORKLOAD, notebook_workload_id
+from .runtime.objects import L_ROUTE, L_WORKLOAD, notebook_workload_id
 
 log = logging.getLogger("gpulab.notebooks")
 S = NotebookState
@@ -37,6 +43,9 @@ IN_TRANSIT = frozenset({S.STARTING.value, S.STOPPING.value, S.DELETING.value})
 STALE_AFTER = 30.0
 #: the same for the service's push retries (one push: at most the helper's 10 minutes)
 PUSH_RETRY_STALE_AFTER = 900.0
+#: seconds a notebook's node must stay down or drained before the notebook is NODE_LOST (as a
+#: job's: a manager's heartbeat hiccup is not a lost node)
+LOST_AFTER = 6.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +113,7 @@ class NotebookReconciler:
         self.s, self.records, self.ledger, self.runtime = settings, records, ledger, runtime
         self.busy: set[str] = set()  # workloads a spawner of this process is starting/stopping
         self._task: asyncio.Task | None = None
+        self._lost_since: dict[str, float] = {}  # workload -> when its node was first seen lost
 
     def ensure_running(self) -> None:
         if self._task is None or self._task.done():
@@ -126,8 +136,17 @@ class NotebookReconciler:
         except EngineError as e:
             log.warning("notebooks not reconciled (engine): %s", e)
             return {}
-        running = {c.labels.get(L_WORKLOAD, "") for c in containers if c.running}
-        fixed = []
+        lost = await self._settle_lost(records, containers)
+        running = {
+            c.labels.get(L_WORKLOAD, "")
+            for c in containers
+            if c.running and c.labels.get(L_WORKLOAD, "") not in lost
+        }
+        with contextlib.suppress(Exception):  # a gateway made anew: routes back
+            put = await self.runtime.restore_routes(instance)
+            if put:
+                log.warning("notebook gateway made anew; routes put back: %s", ", ".join(put))
+        fixed = [f"{w} RUNNING->ERROR (NODE_LOST)" for w in lost]
         settle, to_stop = repairs(
             records, running, set(self.busy), utcnow(), instance, self.s.notebook_stale_after
         )
@@ -174,3 +193,55 @@ class NotebookReconciler:
         if gone:
             log.warning("released GPUs of notebooks that run no container: %s", ", ".join(gone))
         return {"records": fixed, "helpers": removed, "gpus": gone}
+
+    async def _settle_lost(self, records: list[dict], containers) -> set[str]:
+        """Running notebooks whose node is lost (a cluster only): ERROR NODE_LOST, their
+        workload removed, then their GPUs released. Returns their workload ids."""
+        if self.runtime.kind == "docker":
+            return set()
+        try:
+            nodes = {n.hostname: n for n in await self.runtime.nodes()}
+        except EngineError as e:
+            log.warning("cluster nodes not read: %s", e)
+            return set()
+        by_workload = {c.labels.get(L_WORKLOAD, ""): c for c in containers}
+        now, out = time.monotonic(), set()
+        for nb in records:
+            workload = notebook_workload_id(self.s.instance, nb["user"], nb["server"])
+            c = by_workload.get(workload)
+            n = nodes.get(c.node) if c else None
+            healthy = n is not None and n.ready and n.active
+            if nb["state"] != S.RUNNING.value or c is None or workload in self.busy or healthy:
+                self._lost_since.pop(workload, None)
+                continue
+            found = await self.runtime.state(c.name)
+            if found is None or not found.lost:
+                continue
+            if now - self._lost_since.setdefault(workload, now) < LOST_AFTER:
+                continue
+            msg = (
+                f"{found.error}: the notebook is gone with it; what it wrote since it started "
+                "stays in that node's volume, the workspace in object storage is its last push"
+            )
+            try:
+                await asyncio.to_thread(
+                    self.records.transition,
+                    nb["user"],
+                    nb["server"],
+                    S.ERROR,
+                    reason="NODE_LOST",
+                    message=msg,
+                    expect=frozenset({S.RUNNING}),
+                )
+            except InvalidTransition:
+                continue  # stopped meanwhile: the stop settles it
+            self._lost_since.pop(workload, None)
+            log.error("notebook %s/%s: NODE_LOST: %s", nb["user"], nb["server"], found.error)
+            # GPUs go back once the manager has forgotten its task: remove() returns then
+            await self.runtime.remove(c.name)
+            await self.runtime.unreach(c.labels.get(L_ROUTE, ""))
+            released = await asyncio.to_thread(self.ledger.release, workload)
+            if released:
+                log.warning("released GPUs %s of lost notebook %s", ", ".join(released), workload)
+            out.add(workload)
+        return out

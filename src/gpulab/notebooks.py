@@ -60,6 +60,7 @@ def notebook_json(nb: Notebook) -> dict:
         "state": nb.state,
         "options": nb.options,
         "container": nb.container,
+        "node": nb.node,
         "created": nb.created.isoformat().replace("+00:00", "Z"),
         "updated": nb.updated.isoformat().replace("+00:00", "Z"),
         "running_since": nb.running_since.isoformat().replace("+00:00", "Z")
@@ -197,6 +198,13 @@ class NotebookRecords:
             nb = self._find(s, user, server, lock=True)
             if nb is not None:
                 nb.stop_reason, nb.stop_message = reason, message
+
+    def set_node(self, user: str, server: str, node: str) -> None:
+        """Where its workload is placed (a cluster): its volumes live on that node."""
+        with self.db.session() as s:
+            nb = self._find(s, user, server, lock=True)
+            if nb is not None:
+                nb.node = node
 
     def take_stop_reason(self, user: str, server: str) -> tuple[str, str]:
         """The reason set by whoever asked for this stop (cleared), else a user's stop."""

@@ -166,6 +166,26 @@ class GpulabSettings(Configurable):
         A node without it offers no GPU (CPU workloads only).""",
     ).tag(config=True)
 
+    swarm_gateway_port = Integer(
+        8002,
+        help="""On a Swarm: the port of the notebook gateway, published on the manager's
+        127.0.0.1 only. The gateway is a configurable-http-proxy container on the manager,
+        attached to each user's overlay, through which the hub (and its proxy) reach notebooks
+        on the worker nodes (runtime/gateway.py). Pick a port free on the hub's host.""",
+    ).tag(config=True)
+
+    swarm_gateway_api_port = Integer(
+        8003,
+        help="On a Swarm: the notebook gateway's API port (127.0.0.1 of the manager only).",
+    ).tag(config=True)
+
+    swarm_gateway_image = Unicode(
+        "gpulab/proxy:5.3.0",
+        help="""On a Swarm: the image of the notebook gateway, on the manager's engine (built by
+        ``scripts/build-images.sh proxy``; the upstream configurable-http-proxy image works
+        too).""",
+    ).tag(config=True)
+
     workspace_dir = Unicode(
         "/workspace", help="Where a notebook's workspace is mounted in its container."
     ).tag(config=True)

@@ -28,6 +28,8 @@ from .notebook_reconcile import NotebookReconciler
 from .notebooks import LimitExceeded, NotebookRecords
 from .options import NotebookOptions
 from .resources import container_limits, format_memory
+from .runtime import make_runtime
+from .runtime.base import Runtime
 from .runtime.docker import APIError, DockerRuntime, EngineError
 from .runtime.network import NetworkUnavailable
 from .runtime.objects import (
@@ -40,6 +42,7 @@ from .runtime.objects import (
     workload_labels,
 )
 from .settings import GpulabSettings
+from .spawner_cluster import ClusterMixin
 from .spawner_network import UserNetworkMixin
 from .spawner_options import NotebookOptionsMixin
 from .workload_data import (
@@ -63,7 +66,7 @@ class SpawnFailed(web.HTTPError):
         self.jupyterhub_message = message
 
 
-class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
+class NotebookSpawner(NotebookOptionsMixin, ClusterMixin, UserNetworkMixin, DockerSpawner):
     """GPU notebooks from a framework catalog, with flavors, limits and lifecycle states."""
 
     _databases: dict[str, Database] = {}
@@ -104,15 +107,20 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
 
     @cached_property
     def ledger(self) -> GpuLedger:
-        devices = load_inventory(self.settings.gpu_devices, self.settings.discover_gpus)
-        return GpuLedger(self.gpulab_db, self.settings.instance, devices)
+        s = self.settings
+        if self.clustered:  # the nodes and devices are read before each reservation
+            return GpuLedger(self.gpulab_db, s.instance, [], s.placement, [])
+        devices = load_inventory(s.gpu_devices, s.discover_gpus)
+        return GpuLedger(self.gpulab_db, s.instance, devices)
 
     @cached_property
     def records(self) -> NotebookRecords:
         return NotebookRecords(self.gpulab_db, self.settings.instance)
 
     @cached_property
-    def runtime(self) -> DockerRuntime:
+    def runtime(self) -> Runtime:
+        if self.clustered:
+            return make_runtime(self.settings, self.client)
         return DockerRuntime(self.client)
 
     @property
@@ -141,7 +149,13 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
     def data_volumes(self, specs: list[str]) -> list[VolumeSync]:
         s = self.settings
         return notebook_volumes(
-            s.storage, self.object_name, self.user.name, self.name, s.workspace_dir, specs
+            s.storage,
+            self.object_name,
+            self.user.name,
+            self.name,
+            s.workspace_dir,
+            specs,
+            self.node,
         )
 
     async def _recorded_volume_specs(self) -> list[str]:
@@ -159,11 +173,14 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
             state["gpulab_gpus"] = list(self.gpu_ids)
         if self.gpulab_options:
             state["gpulab_image"] = self.gpulab_options.image
+        if self.node:
+            state["gpulab_node"] = self.node
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.gpu_ids = list(state.get("gpulab_gpus", []))
+        self.node = state.get("gpulab_node", "") or self.node
 
     def clear_state(self):
         super().clear_state()
@@ -270,6 +287,11 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
         # GPUs
         self._progress(15, f"Reserving {res.gpus} GPU(s)" if res.gpus else "No GPU requested")
         try:
+            await self.refresh_cluster()
+        except EngineError as e:
+            await self._fail(S.ERROR, "ENGINE_UNREACHABLE", f"container engine error: {e}")
+            raise SpawnFailed(503, f"the container engine did not answer: {e}") from None
+        try:
             self.gpu_ids = await self.runtime.run(
                 self.ledger.reserve,
                 self.workload_id,
@@ -286,16 +308,20 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
             raise SpawnFailed(409, str(e)) from None
         if self.gpu_ids:
             self._progress(20, f"GPUs reserved: {', '.join(self.gpu_ids)}")
+        if self.clustered:
+            await self._place()
 
         # image
         self._progress(30, f"Preparing image {opts.image}")
         try:
-            present = await self.runtime.image_exists(opts.image)
+            present = await self.runtime.image_exists(self.engine_image(opts.image))
         except EngineError as e:
             await self._fail(S.ERROR, "ENGINE_UNREACHABLE", f"container engine error: {e}")
             raise SpawnFailed(503, f"the container engine did not answer: {e}") from None
         if not present:
-            msg = f"image {opts.image} is missing on this host (the admin builds it: make images)"
+            where = "in the registry" if self.clustered else "on this host"
+            image = self.engine_image(opts.image)
+            msg = f"image {image} is missing {where} (the admin builds it: make images)"
             await self._fail(S.ERROR, "IMAGE_MISSING", msg)
             raise SpawnFailed(503, msg)
 
@@ -322,6 +348,22 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
             "user": self.notebook_user,
         }
         self.environment = {**self.environment, **gpu_env}
+        if self.clustered:
+            self.plan_workload(
+                cpus=res.cpus,
+                memory=limits.mem_limit,
+                pids_limit=limits.pids_limit,
+                shm_size=limits.shm_size,
+                labels=self.extra_create_kwargs["labels"],
+                mounts={
+                    self.volume_name: (s.workspace_dir, False),
+                    **{
+                        v.docker_volume: (v.spec.mount, v.spec.mode == "ro")
+                        for v in vols
+                        if v.label != "workspace"
+                    },
+                },
+            )
         self.volumes = {
             self.volume_name: s.workspace_dir,
             **{
@@ -334,8 +376,11 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
             },
         }
         self.notebook_dir = s.workspace_dir
-        try:  # only the user's own network (spawner_network.py)
-            await self._join_user_network()
+        try:  # only the user's own network (spawner_network.py, spawner_cluster.py)
+            if self.clustered:
+                await self.join_cluster_network()
+            else:
+                await self._join_user_network()
         except (NetworkUnavailable, EngineError) as e:
             await self._fail(S.ERROR, "NETWORK_UNAVAILABLE", str(e))
             raise SpawnFailed(503, str(e)) from None
@@ -368,7 +413,7 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
         if not vols:
             self._progress(45, f"Workspace {s.workspace_dir} is a local volume (no object store)")
             return
-        if not await self.runtime.image_exists(s.sync_image):
+        if not await self.runtime.image_exists(self.engine_image(s.sync_image)):
             msg = f"sync helper image {s.sync_image} is missing (the admin builds it: make images)"
             await self._fail(S.ERROR, "IMAGE_MISSING", msg)
             raise SpawnFailed(503, msg)
@@ -390,6 +435,26 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
                 await self._fail(S.FAILED, "PULL_FAILED", msg)
                 raise SpawnFailed(500, msg)
             self._progress(50, "Pulled " + outcome.summary())
+
+    async def _place(self) -> None:
+        """On a cluster: the node it runs on (where its GPUs are; for a CPU notebook, by the
+        placement policy), recorded with the notebook, since its volumes live there."""
+        s = self.settings
+        ws = s.storage.workspace
+        if ws is None or s.storage.stores[ws.store].kind != "s3":
+            msg = (
+                "on a Swarm the workspace must live in an S3 store (the admin sets "
+                "c.GpulabSettings.workspace_store), so that it follows the notebook between nodes"
+            )
+            await self._fail(S.ERROR, "CONFIG", msg)
+            raise SpawnFailed(503, msg)
+        if not self.ledger.nodes:
+            msg = "no node of the cluster takes workloads now (all down or drained)"
+            await self._fail(S.ERROR, "NO_NODE", msg)
+            raise SpawnFailed(503, msg)
+        self.node = await self.choose_node(self.gpu_ids)
+        await self.runtime.run(self.records.set_node, self.user.name, self.name, self.node)
+        self._progress(25, f"Placed on node {self.node}")
 
     async def _fail(self, state: NotebookState, reason: str, message: str, exit_code=None):
         self.log.error("%s: %s: %s", self._log_name, reason, message)
@@ -455,9 +520,15 @@ class NotebookSpawner(NotebookOptionsMixin, UserNetworkMixin, DockerSpawner):
             await self._stop(now)
 
     async def _stop(self, now=False):
-        current = await self._current_state()
+        nb = await self.runtime.run(self.records.get, self.user.name, self.name) or {}
+        current = S(nb["state"]) if nb.get("state") else None
         ended = current in (S.FAILED, S.ERROR)
         ran = bool(self.object_id)  # a notebook container existed: it may have written data
+        last = ((nb.get("history") or [{}])[-1]).get("reason", "")
+        self.node = self.node or nb.get("node", "")
+        if last == "NODE_LOST":
+            # its volumes went with the node: nothing can be pushed (the reconciler said so)
+            ran = False
         if not ended:
             reason, message = await self.runtime.run(
                 self.records.take_stop_reason, self.user.name, self.name

@@ -63,12 +63,17 @@ class NotebookOptionsMixin(DockerSpawner):
             # "volumes: at most 32 entries (got 4000)", already starts so)
             msg = str(e) if str(e).startswith(f"{e.field}: ") else f"{e.field}: {e}"
             raise web.HTTPError(400, "Invalid notebook options: %s", msg) from None
-        total = len(self.ledger.devices)
-        if opts.resources.gpus > total:
+        if self.ledger.clustered:
+            # the cluster's inventory is read at the reservation, which refuses a request no
+            # node can hold, naming the biggest node (ledger.NoGpuAvailable)
+            most, where = self.ledger.gpu_home() if self.ledger.devices else (None, "")
+        else:
+            most, where = len(self.ledger.devices), "this host"
+        if most is not None and opts.resources.gpus > most:
             raise web.HTTPError(
                 400,
                 "Invalid notebook options: gpus: %s",
-                f"gpus={opts.resources.gpus} requested but this host has {total} GPU(s)",
+                f"gpus={opts.resources.gpus} requested but {where} has {most} GPU(s)",
             )
         self.gpulab_options = opts
         self.image = opts.image

@@ -343,18 +343,25 @@ def _failure_reason(report: dict, errors: list[str], code: int) -> str:
 
 
 def notebook_volumes(
-    storage, container: str, user: str, server: str, workspace_dir: str, specs: list[str]
+    storage,
+    container: str,
+    user: str,
+    server: str,
+    workspace_dir: str,
+    specs: list[str],
+    node: str = "",
 ) -> list[VolumeSync]:
-    """The workspace (when a workspace store is configured) and the user's volumes."""
+    """The workspace (when a workspace store is configured) and the user's volumes, on
+    ``node`` (where the notebook runs; "" on one host)."""
     from .volumes import parse_volume
 
     out = []
     ws = storage.workspace_spec(user, server, workspace_dir)
     if ws is not None:
-        out.append(VolumeSync(ws, volume_name(container, ws, workspace=True), "workspace"))
+        out.append(VolumeSync(ws, volume_name(container, ws, workspace=True), "workspace", node))
     for raw in specs:
         spec = parse_volume(raw, storage.stores, workspace=workspace_dir)
-        out.append(VolumeSync(spec, volume_name(container, spec), str(spec)))
+        out.append(VolumeSync(spec, volume_name(container, spec), str(spec), node))
     return out
 
 

@@ -1,7 +1,7 @@
 """The swarm lab: a real multi-node Docker Swarm on this one machine (docs/swarm-lab.md).
 
 `swarm_lab` (session) runs `scripts/swarm-lab.sh up 2` and yields a `SwarmLab`: this host's
-engine is the drained manager, two Docker-in-Docker containers are the worker nodes, and a
+engine is the manager (active; gpulab places nothing on the hub's node), two Docker-in-Docker containers are the worker nodes, and a
 registry serves the gpulab images under the same names on the host and on every node
 (`swarm_lab.registry + "gpulab/python:3.11"`). At the end of the session it runs `down`, which
 leaves the host's engine as it was (not when the lab was already up before the session, or

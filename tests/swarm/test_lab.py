@@ -65,7 +65,8 @@ def test_lab_facts(swarm_lab):
     assert len(lab.workers) == 2
     assert lab.registry == lab.registry_addr + "/"
     nodes = {n["ID"]: n for n in api.nodes()}
-    assert nodes[lab.manager.node_id]["Spec"]["Availability"] == "drain"
+    # active: the notebook gateway attaches to overlays there (a drained node cannot)
+    assert nodes[lab.manager.node_id]["Spec"]["Availability"] == "active"
     assert nodes[lab.manager.node_id]["ManagerStatus"]["Leader"] is True
     for w in lab.workers:
         node = nodes[w.node_id]

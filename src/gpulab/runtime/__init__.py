@@ -16,6 +16,7 @@ def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
     """The backend the settings name. ``client``: a docker.APIClient to reuse (the spawner's);
     ``gpus``: this host's GPU IDs (one engine; a Swarm reads each node's from its labels)."""
     if settings.runtime == "swarm":
+        from .gateway import Gateway
         from .swarm import SwarmRuntime
 
         runtime = SwarmRuntime(
@@ -23,6 +24,12 @@ def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
             registry=settings.image_registry,
             gpu_label=settings.swarm_gpu_label,
             runner_script=Path(RUNNER).read_text(),
+            gateway=Gateway(
+                settings.instance,
+                settings.swarm_gateway_image,
+                settings.swarm_gateway_port,
+                settings.swarm_gateway_api_port,
+            ),
         )
         runtime.helper_image = settings.sync_image
         return runtime

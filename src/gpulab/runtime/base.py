@@ -222,6 +222,11 @@ class Runtime:
         """Every workload (running or not) of this instance and kind, with its labels."""
         raise NotImplementedError
 
+    async def address(self, name: str, network_id: str) -> str:
+        """The IP address of the running workload on the network ``network_id`` (what the
+        hub's proxy connects to). Raises WorkloadGone when it has none there."""
+        raise NotImplementedError
+
     # --- volumes and helpers --------------------------------------------------------------------
 
     async def volume_exists(self, name: str, node: str = "") -> bool:
@@ -249,3 +254,17 @@ class Runtime:
 
     async def prune_user_networks(self, instance: str) -> list[str]:
         raise NotImplementedError
+
+    async def reach(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
+        """(host, port) at which the hub and its proxy reach the workload's ``port`` for URLs
+        under ``path``. One engine: its address on the user's bridge (the host reaches every
+        bridge). A Swarm: its notebook gateway (runtime/gateway.py)."""
+        return await self.address(name, network_id), port
+
+    async def unreach(self, path: str) -> None:
+        """Forget what reach() set up for ``path`` (nothing on one engine)."""
+        return None
+
+    async def restore_routes(self, instance: str) -> list[str]:
+        """Put back what reach() set up, after the engine lost it (nothing on one engine)."""
+        return []

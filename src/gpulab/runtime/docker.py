@@ -218,6 +218,16 @@ class DockerRuntime(EngineClient, Runtime):
             filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={kind}"]},
         )
 
+    async def address(self, name: str, network_id: str) -> str:
+        try:
+            found = await self.run(self.client.inspect_container, name)
+        except NotFound:
+            raise WorkloadGone(name) from None
+        for n in (found["NetworkSettings"].get("Networks") or {}).values():
+            if n.get("NetworkID") == network_id and n.get("IPAddress"):
+                return n["IPAddress"]
+        raise WorkloadGone(f"{name} has no address on network {network_id[:12]}")
+
     # --- volumes and helpers ------------------------------------------------------------------
 
     async def volume_exists(self, name: str, node: str = "") -> bool:

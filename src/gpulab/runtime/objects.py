@@ -22,6 +22,10 @@ L_SERVER = LABEL_PREFIX + "server"
 L_WORKLOAD = LABEL_PREFIX + "workload"
 L_GPUS = LABEL_PREFIX + "gpus"
 L_VERSION = LABEL_PREFIX + "version"
+#: on a notebook's workload on a cluster: its gateway route, overlay and port (runtime/gateway.py)
+L_ROUTE = LABEL_PREFIX + "route"
+L_NETWORK = LABEL_PREFIX + "network"
+L_PORT = LABEL_PREFIX + "port"
 
 _UNSAFE = re.compile(r"[^a-z0-9]")
 
@@ -246,3 +250,9 @@ def docker_epoch(stamp: str) -> float | None:
     except ValueError:
         return None
     return base + (float("0." + frac[:6]) if frac.isdigit() else 0.0)
+
+
+def gateway_container_name(instance: str) -> str:
+    """The container on a Swarm manager through which the hub reaches notebooks on overlays
+    (:mod:`gpulab.runtime.gateway`)."""
+    return f"{escape_name(instance)}-gateway"

@@ -41,7 +41,17 @@ from .base import (
     WorkloadState,
 )
 from .docker import EngineClient
-from .objects import L_INSTANCE, L_KIND, L_USER, LABEL_PREFIX, docker_epoch
+from .gateway import Gateway, GatewayError
+from .objects import (
+    L_INSTANCE,
+    L_KIND,
+    L_NETWORK,
+    L_PORT,
+    L_ROUTE,
+    L_USER,
+    LABEL_PREFIX,
+    docker_epoch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -248,19 +258,33 @@ class SwarmRuntime(EngineClient, Runtime):
         registry: str = "",
         gpu_label: str = "org.gpulab.gpus",
         runner_script: str = "",
+        gateway: Gateway | None = None,
     ):
         super().__init__(workers, registry)
         self._client = client
+        #: how the hub reaches notebooks on the overlays (None: jobs only, no notebooks)
+        self.gateway = gateway
         self.gpu_label = gpu_label
         self.runner_script = runner_script
         self._runner_ref: dict | None = None
+        self._own_node: str | None = None
 
     # --- the cluster ------------------------------------------------------------------------
 
     def _nodes(self) -> list[dict]:
         return self.client.nodes()
 
+    def _own_node_id(self) -> str:
+        """The node of the engine the hub talks to (the manager the hub runs beside)."""
+        if self._own_node is None:
+            self._own_node = (self.client.info().get("Swarm") or {}).get("NodeID") or ""
+        return self._own_node
+
     async def nodes(self) -> list[Node]:
+        """Every node; the hub's own node never takes workloads (``active`` False): it runs the
+        hub, its proxy and the notebook gateway, and stays ``active`` in Swarm's eyes only
+        because a drained node cannot attach the gateway to overlays (moby#35889)."""
+        own = await self.run(self._own_node_id)
         out = []
         for n in await self.run(self._nodes):
             spec, status = n.get("Spec") or {}, n.get("Status") or {}
@@ -271,7 +295,7 @@ class SwarmRuntime(EngineClient, Runtime):
                     id=n["ID"],
                     hostname=(n.get("Description") or {}).get("Hostname", ""),
                     ready=status.get("State") == "ready",
-                    active=spec.get("Availability") == "active",
+                    active=spec.get("Availability") == "active" and n["ID"] != own,
                     gpus=gpus,
                     address=status.get("Addr", ""),
                 )
@@ -506,6 +530,67 @@ class SwarmRuntime(EngineClient, Runtime):
 
         return await self.run(read)
 
+    def _address_blocking(self, name: str, network_id: str) -> str:
+        svc = self._service(name)
+        if svc is None:
+            raise WorkloadGone(name)
+        tasks = self.client.tasks(filters={"service": svc["ID"], "desired-state": "running"})
+        for t in sorted(tasks, key=lambda t: t.get("CreatedAt") or "", reverse=True):
+            if (t.get("Status") or {}).get("State") != "running":
+                continue
+            for att in t.get("NetworksAttachments") or []:
+                if (att.get("Network") or {}).get("ID") == network_id and att.get("Addresses"):
+                    return att["Addresses"][0].split("/")[0]
+        raise WorkloadGone(f"{name} has no running task on network {network_id[:12]}")
+
+    async def address(self, name: str, network_id: str) -> str:
+        return await self.run(self._address_blocking, name, network_id)
+
+    def _reach_blocking(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
+        if self.gateway is None:
+            raise GatewayError("this runtime has no notebook gateway")
+        self.gateway.attach(self.client, network_id)
+        ip = self._address_blocking(name, network_id)
+        self.gateway.add_route(path, f"http://{ip}:{port}")
+        return "127.0.0.1", self.gateway.port
+
+    async def reach(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
+        """Through the notebook gateway (runtime/gateway.py): its route ``path`` leads to the
+        workload's overlay address; the hub and its proxy use 127.0.0.1:<gateway port>."""
+        return await self.run(self._reach_blocking, name, network_id, path, port)
+
+    def _unreach_blocking(self, path: str) -> None:
+        if self.gateway is not None and path.startswith("/"):
+            with contextlib.suppress(GatewayError, APIError):  # no gateway: no route
+                self.gateway.ensure(self.client)
+                self.gateway.delete_route(path)
+
+    async def unreach(self, path: str) -> None:
+        await self.run(self._unreach_blocking, path)
+
+    def _restore_routes_blocking(self, instance: str) -> list[str]:
+        """A gateway made anew gets the routes of the running notebooks back (each service
+        carries its route and network in its labels)."""
+        if self.gateway is None or not self.gateway.ensure(self.client):
+            return []
+        put = []
+        for svc in self.client.services(
+            filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}=notebook"]}
+        ):
+            labels = svc["Spec"].get("Labels") or {}
+            path, network_id = labels.get(L_ROUTE), labels.get(L_NETWORK)
+            if not (path and network_id):
+                continue
+            try:
+                self._reach_blocking(svc["Spec"]["Name"], network_id, path, int(labels[L_PORT]))
+                put.append(path)
+            except (WorkloadGone, GatewayError, APIError, KeyError, ValueError) as e:
+                log.warning("route %s not restored: %s", path, e)
+        return put
+
+    async def restore_routes(self, instance: str) -> list[str]:
+        return await self.run(self._restore_routes_blocking, instance)
+
     # --- volumes and helpers ----------------------------------------------------------------
 
     async def volume_exists(self, name: str, node: str = "") -> bool:
@@ -581,19 +666,35 @@ class SwarmRuntime(EngineClient, Runtime):
     async def ensure_user_network(self, instance: str, user: str) -> str:
         return await self.run(net.ensure_user_network, self.client, instance, user, "overlay")
 
+    def _unused_and_proxy_detached(self, client, labels: list[str]) -> bool:
+        """A user overlay is in use while a service of the user exists; once none does, the
+        notebook gateway (the one container attached to it) leaves it so that it can go."""
+        if _has_services(client, labels):
+            return True
+        found = dict(x.partition("=")[::2] for x in labels)
+        name = net.user_network_name(found[L_INSTANCE], found[L_USER], "overlay")
+        for n in client.networks(names=[name]):
+            if n.get("Name") == name and self.gateway is not None:
+                self.gateway.detach(client, n["Id"])
+        return False
+
     async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
         return await self.run(
             net.remove_user_network_if_unused,
             self.client,
             instance,
             user,
-            _has_services,
+            self._unused_and_proxy_detached,
             "overlay",
         )
 
     async def prune_user_networks(self, instance: str) -> list[str]:
         return await self.run(
-            net.prune_user_networks, self.client, instance, _has_services, "overlay"
+            net.prune_user_networks,
+            self.client,
+            instance,
+            self._unused_and_proxy_detached,
+            "overlay",
         )
 
 

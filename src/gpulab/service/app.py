@@ -114,6 +114,7 @@ class NotebookPushHandler(BaseHandler):
             server,
             gpulab.workspace_dir,
             list((nb.get("options") or {}).get("volumes") or []),
+            nb.get("node") or "",
         )
         workload = notebook_workload_id(gpulab.instance, user, server)
         data = WorkloadData(
@@ -235,10 +236,8 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
         cookie_secret=os.urandom(32),
         records=records,
         gpulab=settings,
-        # the notebooks' engine (their push retries): the hub's own, whatever runs the jobs
-        runtime=supervisor.runtime
-        if supervisor and supervisor.runtime.kind == "docker"
-        else DockerRuntime(),
+        # the notebooks' engine (their push retries): the same as the jobs' (one setting)
+        runtime=supervisor.runtime if supervisor else DockerRuntime(),
         supervisor=supervisor,
         default_handler_class=NotFoundHandler,
         log_function=log_request,
