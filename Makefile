@@ -59,8 +59,8 @@ proxy: $(CHP) ## Install configurable-http-proxy (npm) into .build/node
 engine: ## Make sure a Docker engine runs (installs docker.io and starts dockerd if needed)
 	scripts/ensure-docker.sh
 
-images: engine ## Build the notebook images gpulab/{debian:bookworm,python:3.11,pytorch:2.13} when missing or stale
-	scripts/build-images.sh $(if $(FORCE),--force)
+images: engine ## Build the notebook images gpulab/{debian:bookworm,python:3.11,pytorch:2.13} when missing or stale (REGISTRY=host:port also pushes them there)
+	scripts/build-images.sh $(if $(FORCE),--force) $(if $(REGISTRY),--push $(REGISTRY) debian python pytorch sync proxy)
 
 browser: ## Install Debian's chromium for the browser tests when /usr/bin/chromium is missing
 	@test -x /usr/bin/chromium || { \
