@@ -43,13 +43,10 @@ from .runtime.objects import (
 )
 from .settings import GpulabSettings
 from .spawner_cluster import ClusterMixin
+from .spawner_data import NotebookDataMixin, SpawnFailed
 from .spawner_network import UserNetworkMixin
 from .spawner_options import NotebookOptionsMixin
 from .workload_data import (
-    VolumeSync,
-    WorkloadData,
-    notebook_volumes,
-    progress_message,
     push_all,
     push_verdict,
 )
@@ -57,16 +54,9 @@ from .workload_data import (
 S = NotebookState
 
 
-class SpawnFailed(web.HTTPError):
-    """A spawn that cannot go on; the message is what the user sees on the progress page."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(status, "%s", message)
-        self.message = message
-        self.jupyterhub_message = message
-
-
-class NotebookSpawner(NotebookOptionsMixin, ClusterMixin, UserNetworkMixin, DockerSpawner):
+class NotebookSpawner(
+    NotebookOptionsMixin, NotebookDataMixin, ClusterMixin, UserNetworkMixin, DockerSpawner
+):
     """GPU notebooks from a framework catalog, with flavors, limits and lifecycle states."""
 
     _databases: dict[str, Database] = {}
@@ -138,29 +128,6 @@ class NotebookSpawner(NotebookOptionsMixin, ClusterMixin, UserNetworkMixin, Dock
     @property
     def volume_name(self) -> str:
         return notebook_volume_name(self.settings.instance, self.user.name, self.name)
-
-    @cached_property
-    def data(self) -> WorkloadData:
-        s = self.settings
-        return WorkloadData(
-            self.runtime, s.storage.stores, s.sync_image, s.instance, self.workload_id
-        )
-
-    def data_volumes(self, specs: list[str]) -> list[VolumeSync]:
-        s = self.settings
-        return notebook_volumes(
-            s.storage,
-            self.object_name,
-            self.user.name,
-            self.name,
-            s.workspace_dir,
-            specs,
-            self.node,
-        )
-
-    async def _recorded_volume_specs(self) -> list[str]:
-        nb = await self.runtime.run(self.records.get, self.user.name, self.name)
-        return list(((nb or {}).get("options") or {}).get("volumes") or [])
 
     gpulab_options: NotebookOptions | None = None
     gpu_ids: list[str] = []
@@ -408,34 +375,6 @@ class NotebookSpawner(NotebookOptionsMixin, ClusterMixin, UserNetworkMixin, Dock
         self._progress(100, f"{opts.editor} is ready")
         return (ip, port)
 
-    async def _pull(self, vols: list[VolumeSync]) -> None:
-        s = self.settings
-        if not vols:
-            self._progress(45, f"Workspace {s.workspace_dir} is a local volume (no object store)")
-            return
-        if not await self.runtime.image_exists(self.engine_image(s.sync_image)):
-            msg = f"sync helper image {s.sync_image} is missing (the admin builds it: make images)"
-            await self._fail(S.ERROR, "IMAGE_MISSING", msg)
-            raise SpawnFailed(503, msg)
-        for vol in vols:
-            store = vol.spec.store
-            # the image's /workspace (uid 1000) populates a new workspace volume
-            if await self.data.nothing_to_pull(vol, image_provides_mount=vol.label == "workspace"):
-                self._progress(45, f"{vol.label}: nothing stored yet in object store {store}")
-                continue
-            self._progress(40, f"Pulling {vol.label} from object store {store}")
-
-            def on_progress(p: dict, label=vol.label) -> None:
-                self._progress(45, progress_message("Pulling", label, p))
-
-            outcome = await self.data.run("pull", vol, on_progress)
-            if not outcome.ok:
-                self._skip_push = True  # nothing to push from a half-pulled start
-                msg = f"pull of volume {vol.label} failed: {outcome.reason}"
-                await self._fail(S.FAILED, "PULL_FAILED", msg)
-                raise SpawnFailed(500, msg)
-            self._progress(50, "Pulled " + outcome.summary())
-
     async def _place(self) -> None:
         """On a cluster: the node it runs on (where its GPUs are; for a CPU notebook, by the
         placement policy), recorded with the notebook, since its volumes live there."""
@@ -575,28 +514,6 @@ class NotebookSpawner(NotebookOptionsMixin, ClusterMixin, UserNetworkMixin, Dock
         if done:
             await super().delete_forever()
 
-    async def _delete_forever(self) -> bool:
-        await self._record(S.DELETING, reason="DELETE", message="notebook deleted by its owner")
-        vols = self.data_volumes(await self._recorded_volume_specs())
-        workspace = [v for v in vols if v.label == "workspace"]
-        if workspace:
-            outcome = await self.data.run("purge", workspace[0])
-            if not outcome.ok:
-                msg = f"could not delete the remote workspace: {outcome.reason}; local copy kept"
-                await self._record(S.ERROR, reason="DELETE_FAILED", message=msg)
-                return False
-        try:
-            await self.runtime.remove(self.object_name)
-            for name in {self.volume_name, *(v.docker_volume for v in vols)}:
-                await self.runtime.remove_volume(name)
-            await self.runtime.run(self.ledger.release, self.workload_id)
-        except EngineError as e:
-            await self._record(S.ERROR, reason="DELETE_FAILED", message=str(e))
-            raise
-        await self._release_user_network()
-        await self._record(S.DELETED, reason="DELETED", message="workspace and volumes removed")
-        return True
-
     async def check_allowed(self, image):
         # the image was validated against the catalog in apply_notebook_options
         if self.gpulab_options and image == self.gpulab_options.image:
@@ -604,4 +521,4 @@ class NotebookSpawner(NotebookOptionsMixin, ClusterMixin, UserNetworkMixin, Dock
         raise web.HTTPError(400, f"image {image!r} is not in the catalog")
 
 
-__all__ = ["NotebookSpawner", "__version__"]
+__all__ = ["NotebookSpawner", "SpawnFailed", "__version__"]

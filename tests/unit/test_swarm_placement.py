@@ -8,7 +8,7 @@ import pytest
 from gpulab.gpus.inventory import GpuDevice, device_id, from_nodes, node_of
 from gpulab.gpus.ledger import GpuLedger, NoGpuAvailable
 from gpulab.runtime.base import Mount, Node, WorkloadSpec
-from gpulab.runtime.swarm import helper_service_spec, service_spec, task_state
+from gpulab.runtime.swarm_specs import helper_service_spec, service_spec, task_state
 
 
 def _spec(**kw) -> WorkloadSpec:

@@ -1,0 +1,209 @@
+"""What gpulab asks of a Swarm manager, as data: the service of a workload, the service of a
+sync helper, and what a service's tasks say of its workload. Pure functions (no engine), used
+by :class:`~gpulab.runtime.swarm.SwarmRuntime` and tested on their own."""
+
+from __future__ import annotations
+
+from .base import RUNNER_PATH, WorkloadSpec, WorkloadState
+from .objects import LABEL_PREFIX, docker_epoch
+
+L_NODE = LABEL_PREFIX + "node"
+#: on a stopped service: its task was told to stop and none may run until it is started again
+L_STOPPED = LABEL_PREFIX + "stopped"
+#: a constraint no node meets: how a service is stopped with its ended task kept (scaling to 0
+#: would delete the task, and with it the exit code and the logs)
+NOWHERE = "node.labels.org.gpulab.nowhere==true"
+#: task states in which a task has not ended (it runs, or is on its way to)
+LIVE = frozenset(
+    {"new", "pending", "assigned", "accepted", "ready", "preparing", "starting", "running"}
+)
+#: seconds a new task may take to start (its node pulls the image first)
+START_TIMEOUT = 600.0
+#: seconds a helper may run (a pull of a big dataset) before it is given up
+HELPER_TIMEOUT = 3600.0
+
+
+def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str | None) -> dict:
+    """The Swarm service that runs ``spec`` (pure: tested without an engine).
+
+    The task is pinned to ``spec.node``; GPUs reach it as NVIDIA_VISIBLE_DEVICES (Swarm has
+    no device requests: nodes run the nvidia runtime by default); /dev/shm is a tmpfs of
+    ``shm_size``; every capability is dropped."""
+    gpu_env = {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(spec.gpu_ids) if spec.gpu_ids else "void",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    }
+    env = {**spec.env, **gpu_env}
+    mounts = [
+        {"Type": "volume", "Source": m.volume, "Target": m.target, "ReadOnly": m.read_only}
+        for m in spec.mounts
+    ]
+    mounts.append(
+        {"Type": "tmpfs", "Target": "/dev/shm", "TmpfsOptions": {"SizeBytes": spec.shm_size}}
+    )
+    command = list(spec.command)
+    container: dict = {
+        "Image": spec.image,
+        "Env": [f"{k}={v}" for k, v in env.items()],
+        "Labels": dict(spec.labels),
+        "User": spec.user,
+        "Mounts": mounts,
+        "StopGracePeriod": int(spec.stop_grace * 1e9),
+        "CapabilityDrop": ["ALL"],
+    }
+    if spec.runner:
+        if runner_config is None:
+            raise ValueError("a workload with the runner needs the runner's config")
+        command = ["/bin/sh", RUNNER_PATH, *command]
+        container["Configs"] = [
+            {
+                **runner_config,
+                "File": {"Name": RUNNER_PATH, "UID": "0", "GID": "0", "Mode": 0o444},
+            }
+        ]
+    # Args, not Command: the image's entrypoint stays, as with ``docker create``'s command
+    container["Args"] = command
+    labels = {**spec.labels, L_NODE: spec.node}
+    task: dict = {
+        "ContainerSpec": container,
+        "Resources": {
+            "Limits": {
+                "NanoCPUs": int(spec.cpus * 1e9),
+                "MemoryBytes": int(spec.memory),
+                "Pids": int(spec.pids_limit),
+            }
+        },
+        "RestartPolicy": {"Condition": "none", "MaxAttempts": 0},
+        "Placement": {"Constraints": [f"node.hostname=={spec.node}"] if spec.node else []},
+        "LogDriver": {
+            "Name": "json-file",
+            "Options": {"max-size": spec.log_max_size, "max-file": str(spec.log_max_files)},
+        },
+    }
+    if network_id:
+        task["Networks"] = [{"Target": network_id}]
+    return {
+        "Name": spec.name,
+        "Labels": labels,
+        "TaskTemplate": task,
+        "Mode": {"Replicated": {"Replicas": 1}},
+        # one task and no published port: no virtual IP (nor the kernel's IPVS) is needed;
+        # the owner's other workloads reach it by its task address
+        "EndpointSpec": {"Mode": "dnsrr"},
+    }
+
+
+def helper_service_spec(config: dict, node: str) -> dict:
+    """A sync helper (``sync_helper_config``'s container config) as a one-task service on
+    ``node``. Only named volumes travel: a filesystem store (host paths) is refused."""
+    host = config["host_config"]
+    mounts = []
+    for source, bind in (host.get("binds") or {}).items():
+        if source.startswith("/"):
+            raise ValueError(
+                "the filesystem store cannot be used on a Swarm (its directory is on the hub's "
+                "host): configure an S3 store"
+            )
+        mounts.append(
+            {
+                "Type": "volume",
+                "Source": source,
+                "Target": bind["bind"],
+                "ReadOnly": bind.get("mode") == "ro",
+            }
+        )
+    env = config.get("environment") or {}
+    task = {
+        "ContainerSpec": {
+            "Image": config["image"],
+            "Args": list(config["command"]),
+            "Env": [f"{k}={v}" for k, v in env.items()],
+            "Labels": dict(config.get("labels") or {}),
+            "User": config.get("user") or "1000:100",
+            "Mounts": mounts,
+            "CapabilityDrop": ["ALL"],
+        },
+        "RestartPolicy": {"Condition": "none", "MaxAttempts": 0},
+        "Placement": {"Constraints": [f"node.hostname=={node}"] if node else []},
+        # the node's own network, as on one host: the store endpoint is the node's to reach
+        "Networks": [{"Target": "host"}],
+    }
+    labels = {**(config.get("labels") or {}), L_NODE: node}
+    return {
+        "Name": config.get("name") or "",
+        "Labels": labels,
+        "TaskTemplate": task,
+        "Mode": {"Replicated": {"Replicas": 1}},
+    }
+
+
+def task_state(tasks: list[dict], node: dict | None, stopped: bool = False) -> WorkloadState:
+    """What a one-task service's tasks say (pure). ``node``: the node it is pinned to, as the
+    manager reports it (None: not in the cluster any more). ``stopped``: the service was
+    stopped (its replacement task waits, unplaceable, and says nothing)."""
+    hostname = (node or {}).get("Description", {}).get("Hostname", "")
+    if stopped:
+        tasks = [t for t in tasks if (t.get("Status") or {}).get("State") not in ("new", "pending")]
+        if not tasks:
+            return WorkloadState(running=False, node=hostname, error="stopped")
+    newest = max(tasks, key=lambda t: (t.get("CreatedAt") or "", t.get("ID") or ""), default=None)
+    status = (newest or {}).get("Status") or {}
+    state = status.get("State", "")
+    cstatus = status.get("ContainerStatus") or {}
+    started = docker_epoch((newest or {}).get("CreatedAt") or "")
+    # only a node that is down or drained loses its work: "unknown" and "disconnected" are
+    # what a new manager leader or a missed heartbeat says for a while of healthy nodes
+    node_ok = (
+        node is not None
+        and (node.get("Status") or {}).get("State") != "down"
+        and (node.get("Spec") or {}).get("Availability") == "active"
+    )
+    if newest is not None and state in ("complete", "failed") and "ExitCode" in cstatus:
+        return WorkloadState(
+            running=False,
+            exit_code=int(cstatus["ExitCode"]),
+            started_at=started,
+            node=hostname,
+            error=status.get("Err") or "",
+        )
+    if not node_ok:
+        why = "not in the cluster" if node is None else _node_trouble(node)
+        return WorkloadState(running=False, started_at=started, node=hostname, error=why, lost=True)
+    if newest is None:
+        return WorkloadState(running=True, node=hostname)  # being scheduled
+    desired = newest.get("DesiredState", "running")
+    if state in LIVE and desired in ("running", "ready", "accepted"):
+        return WorkloadState(running=True, started_at=started, node=hostname)
+    if state == "shutdown" and "ExitCode" in cstatus:
+        code = int(cstatus["ExitCode"])
+        return WorkloadState(running=False, exit_code=code, started_at=started, node=hostname)
+    if state in LIVE:  # told to stop and not there yet
+        return WorkloadState(running=True, started_at=started, node=hostname)
+    return WorkloadState(
+        running=False,
+        started_at=started,
+        node=hostname,
+        error=status.get("Err") or f"task {state or 'unknown'}",
+    )
+
+
+def _node_trouble(node: dict) -> str:
+    name = (node.get("Description") or {}).get("Hostname", "?")
+    st = (node.get("Status") or {}).get("State", "unknown")
+    avail = (node.get("Spec") or {}).get("Availability", "unknown")
+    if st != "ready":
+        return f"node {name} is {st}"
+    return f"node {name} is {avail}"
+
+
+__all__ = [
+    "HELPER_TIMEOUT",
+    "L_NODE",
+    "L_STOPPED",
+    "LIVE",
+    "NOWHERE",
+    "START_TIMEOUT",
+    "helper_service_spec",
+    "service_spec",
+    "task_state",
+]
