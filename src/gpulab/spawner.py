@@ -142,12 +142,16 @@ class NotebookSpawner(
             state["gpulab_image"] = self.gpulab_options.image
         if self.node:
             state["gpulab_node"] = self.node
+        if self.clustered and self.network_name:
+            state["gpulab_network"] = self.network_name
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.gpu_ids = list(state.get("gpulab_gpus", []))
         self.node = state.get("gpulab_node", "") or self.node
+        if state.get("gpulab_network"):
+            self.network_name = state["gpulab_network"]
 
     def clear_state(self):
         super().clear_state()
@@ -227,6 +231,8 @@ class NotebookSpawner(
             f"{res.cpus:g} CPU, {format_memory(res.memory)}, {res.gpus} GPU"
         )
         groups = self._user_groups()
+        if self.clustered:
+            await self._push_before_start()
         try:
             await self.runtime.run(
                 self.records.start,
@@ -375,26 +381,6 @@ class NotebookSpawner(
         self._progress(100, f"{opts.editor} is ready")
         return (ip, port)
 
-    async def _place(self) -> None:
-        """On a cluster: the node it runs on (where its GPUs are; for a CPU notebook, by the
-        placement policy), recorded with the notebook, since its volumes live there."""
-        s = self.settings
-        ws = s.storage.workspace
-        if ws is None or s.storage.stores[ws.store].kind != "s3":
-            msg = (
-                "on a Swarm the workspace must live in an S3 store (the admin sets "
-                "c.GpulabSettings.workspace_store), so that it follows the notebook between nodes"
-            )
-            await self._fail(S.ERROR, "CONFIG", msg)
-            raise SpawnFailed(503, msg)
-        if not self.ledger.nodes:
-            msg = "no node of the cluster takes workloads now (all down or drained)"
-            await self._fail(S.ERROR, "NO_NODE", msg)
-            raise SpawnFailed(503, msg)
-        self.node = await self.choose_node(self.gpu_ids)
-        await self.runtime.run(self.records.set_node, self.user.name, self.name, self.node)
-        self._progress(25, f"Placed on node {self.node}")
-
     async def _fail(self, state: NotebookState, reason: str, message: str, exit_code=None):
         self.log.error("%s: %s: %s", self._log_name, reason, message)
         self._progress(100, f"{state.value}: {message}")
@@ -461,10 +447,14 @@ class NotebookSpawner(
     async def _stop(self, now=False):
         nb = await self.runtime.run(self.records.get, self.user.name, self.name) or {}
         current = S(nb["state"]) if nb.get("state") else None
-        ended = current in (S.FAILED, S.ERROR)
         ran = bool(self.object_id)  # a notebook container existed: it may have written data
+        # a start refused before any container (limits, a push that still fails) leaves an
+        # ended record as it was: a SYNC_FAILED one keeps saying that its data waits
+        ended = current in (S.FAILED, S.ERROR) or (
+            current in (S.SYNC_FAILED, S.STOPPED) and not ran
+        )
         last = ((nb.get("history") or [{}])[-1]).get("reason", "")
-        self.node = self.node or nb.get("node", "")
+        self.node = nb.get("node") or self.node  # a cluster: where its volumes are
         if last == "NODE_LOST":
             # its volumes went with the node: nothing can be pushed (the reconciler said so)
             ran = False

@@ -23,12 +23,18 @@ from __future__ import annotations
 from dockerspawner import DockerSpawner
 
 from .gpus.inventory import device_id, from_nodes, node_of
+from .lifecycle import InvalidTransition, NotebookState
 from .runtime.base import Mount, WorkloadSpec
 from .runtime.objects import L_NETWORK, L_PORT, L_ROUTE
+from .spawner_data import SpawnFailed
+from .workload_data import push_all, push_verdict
+
+S = NotebookState
 
 
 class ClusterMixin(DockerSpawner):
-    """Needs ``settings``, ``runtime``, ``ledger`` and ``notebook_user`` from the spawner."""
+    """Needs ``settings``, ``runtime``, ``ledger``, ``records``, ``notebook_user``, ``data``,
+    ``_progress``, ``_fail`` and ``_record`` from the spawner."""
 
     #: the node the notebook runs on ("" on one host); kept in the spawner's state
     node: str = ""
@@ -83,6 +89,7 @@ class ClusterMixin(DockerSpawner):
         self.object_id = self.object_name
         return {
             "Id": self.object_name,
+            "Config": {"Env": []},  # DockerSpawner reads it when it keeps an old object
             "State": {
                 # a task on a lost node is the reconciler's to settle (NODE_LOST): until then
                 # the hub keeps the server
@@ -152,3 +159,58 @@ class ClusterMixin(DockerSpawner):
             return await super().remove_object()
         await self.runtime.remove(self.object_name)
         await self.runtime.unreach(self.server.base_url if self.server else "")
+
+    # --- placement, and data left on a node ----------------------------------------------
+
+    async def _push_before_start(self) -> None:
+        """A cluster: a notebook whose last push failed keeps that data in its volume on the
+        node it ran on. It is pushed from there first (as a push retry), so that the start,
+        wherever it is placed, pulls it; if the push still fails, the start is refused and the
+        record stays SYNC_FAILED."""
+        user, server = self.user.name, self.name
+        nb = await self.runtime.run(self.records.get, user, server) or {}
+        if nb.get("state") != S.SYNC_FAILED.value or not nb.get("node"):
+            return
+        try:
+            await self.runtime.run(
+                self.records.transition,
+                user,
+                server,
+                S.STOPPING,
+                reason="PUSH_RETRY",
+                message="pushed before a start, which may run on another node",
+                expect=frozenset({S.SYNC_FAILED}),
+            )
+        except InvalidTransition:
+            msg = "this notebook is busy (a push retry); try again once it has stopped"
+            raise SpawnFailed(409, msg) from None
+        self.node = nb["node"]
+        self._progress(3, f"Pushing what its last stop left on node {self.node}")
+        vols = self.data_volumes(list((nb.get("options") or {}).get("volumes") or []))
+        ok, message = push_verdict(await push_all(self.data, vols))
+        state, reason = (S.STOPPED, "STOPPED") if ok else (S.SYNC_FAILED, "PUSH_FAILED")
+        await self._record(state, reason=reason, message=message)
+        if not ok:
+            msg = f"its last push failed, and fails again from node {self.node}: {message}"
+            self._progress(100, f"FAILED: {msg}")
+            raise SpawnFailed(409, msg)
+
+    async def _place(self) -> None:
+        """On a cluster: the node it runs on (where its GPUs are; for a CPU notebook, by the
+        placement policy), recorded with the notebook, since its volumes live there."""
+        s = self.settings
+        ws = s.storage.workspace
+        if ws is None or s.storage.stores[ws.store].kind != "s3":
+            msg = (
+                "on a Swarm the workspace must live in an S3 store (the admin sets "
+                "c.GpulabSettings.workspace_store), so that it follows the notebook between nodes"
+            )
+            await self._fail(S.ERROR, "CONFIG", msg)
+            raise SpawnFailed(503, msg)
+        if not self.ledger.nodes:
+            msg = "no node of the cluster takes workloads now (all down or drained)"
+            await self._fail(S.ERROR, "NO_NODE", msg)
+            raise SpawnFailed(503, msg)
+        self.node = await self.choose_node(self.gpu_ids)
+        await self.runtime.run(self.records.set_node, self.user.name, self.name, self.node)
+        self._progress(25, f"Placed on node {self.node}")

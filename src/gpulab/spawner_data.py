@@ -9,6 +9,7 @@ the volumes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cached_property
 
 from tornado import web
@@ -66,8 +67,12 @@ class NotebookDataMixin:
             raise SpawnFailed(503, msg)
         for vol in vols:
             store = vol.spec.store
-            # the image's /workspace (uid 1000) populates a new workspace volume
-            if await self.data.nothing_to_pull(vol, image_provides_mount=vol.label == "workspace"):
+            # the image's /workspace (uid 1000) populates a new workspace volume; on a cluster
+            # the pull always runs: the node may hold an older copy (volume_exists cannot tell)
+            skip = not vol.node and await self.data.nothing_to_pull(
+                vol, image_provides_mount=vol.label == "workspace"
+            )
+            if skip:
                 self._progress(45, f"{vol.label}: nothing stored yet in object store {store}")
                 continue
             self._progress(40, f"Pulling {vol.label} from object store {store}")
@@ -86,11 +91,13 @@ class NotebookDataMixin:
     async def _delete_forever(self) -> bool:
         await self._record(S.DELETING, reason="DELETE", message="notebook deleted by its owner")
         nb = await self.runtime.run(self.records.get, self.user.name, self.name) or {}
-        self.node = self.node or nb.get("node", "")  # a cluster: the volumes' node
+        self.node = nb.get("node") or self.node  # a cluster: where its volumes are
         vols = self.data_volumes(list((nb.get("options") or {}).get("volumes") or []))
         workspace = [v for v in vols if v.label == "workspace"]
         if workspace:
-            outcome = await self.data.run("purge", workspace[0])
+            # the purge talks to the store only: on a cluster it runs on any node (the
+            # notebook's may be gone)
+            outcome = await self.data.run("purge", replace(workspace[0], node=""))
             if not outcome.ok:
                 msg = f"could not delete the remote workspace: {outcome.reason}; local copy kept"
                 await self._record(S.ERROR, reason="DELETE_FAILED", message=msg)

@@ -290,6 +290,8 @@ class WorkloadData:
                 L_WORKLOAD: self.workload,
             },
             environment=env,
+            # on a cluster a node's copy may be older than the store: pull deletions too
+            mirror=bool(vol.node) and vol.spec.mode == "rwd",
         )
         final: dict = {}
         errors: list[str] = []

@@ -38,12 +38,12 @@ def _storage(endpoint: str, credentials) -> str:
     )
 
 
-def _swarm_config(lab, endpoint: str, credentials) -> str:
+def _swarm_config(lab, endpoint: str, credentials, gateway_port: int) -> str:
     return _storage(endpoint, credentials) + (
         'c.GpulabSettings.runtime = "swarm"\n'
         f"c.GpulabSettings.image_registry = {lab.registry!r}\n"
         'c.GpulabSettings.placement = "pack"\n'
-        f"c.GpulabSettings.swarm_gateway_port = {free_port()}\n"
+        f"c.GpulabSettings.swarm_gateway_port = {gateway_port}\n"
         f"c.GpulabSettings.swarm_gateway_api_port = {free_port()}\n"
         "c.GpulabSettings.notebook_reconcile_interval = 1\n"
         # the nodes reach the hub API at this host's address on their network
@@ -76,10 +76,12 @@ def s3(swarm_lab):
 
 @pytest.fixture(scope="module")
 def hub(swarm_lab, s3, tmp_path_factory, images):
+    port = free_port()
     hub = Hub(
         workdir=tmp_path_factory.mktemp("swarm-nb"),
-        extra_config=_swarm_config(swarm_lab, s3.endpoint, s3.credentials),
+        extra_config=_swarm_config(swarm_lab, s3.endpoint, s3.credentials, port),
     )
+    hub.gateway_port = port
     hub.start()
     hub.tokens = {u: hub.create_user(u) for u in ("ana", "bob")}
     yield hub
@@ -217,6 +219,13 @@ def test_the_workspace_follows_the_notebook_to_another_node(hub, swarm_lab, s3):
         assert keys == {"workspaces/ana/w/sub/data.bin"}, keys
     finally:
         _stop(hub, "bob", "big")
+    # back on the first node, whose volume still holds the older copy: the pull mirrors the
+    # store, so the file deleted on the other node does not come back
+    third = _start(hub, "ana", "w", GPU)
+    assert third["node"] == first["node"], third
+    code, out = _sh(swarm_lab, third, "ls /workspace; ls /workspace/sub")
+    assert code == 0 and "notes.txt" not in out and "data.bin" in out, out
+    _stop(hub, "ana", "w")
 
 
 def test_one_users_notebook_cannot_connect_to_anothers(hub, swarm_lab):
@@ -236,10 +245,19 @@ def test_one_users_notebook_cannot_connect_to_anothers(hub, swarm_lab):
         )
         own = f"http://{_overlay_ip(ana['container'])}:8888/user/ana/net/api"
         other = f"http://{_overlay_ip(bob['container'])}:8888/user/bob/net/api"
-        res = _container(swarm_lab, ana).exec_run(["python3", "-c", probe, own, other])
+        # the notebook gateway is on ana's overlay too: it must not lead her to bob's notebook
+        gw = docker.from_env().containers.get(f"{hub.instance}-gateway")
+        gw_ip = next(
+            n["IPAddress"]
+            for name, n in gw.attrs["NetworkSettings"]["Networks"].items()
+            if name.endswith("-ovl-ana")
+        )
+        via = f"http://{gw_ip}:{hub.gateway_port}/user/bob/net/api"
+        res = _container(swarm_lab, ana).exec_run(["python3", "-c", probe, own, other, via])
         out = res.output.decode()
         assert f"{own} jupyter" in out, out  # the probe works: her own notebook answers
         assert f"{other} jupyter" not in out and other in out, out  # bob's does not
+        assert f"{via} jupyter" not in out and via in out, out  # nor through the gateway
     finally:
         _stop(hub, "ana", "net")
         _stop(hub, "bob", "net")
@@ -295,7 +313,10 @@ def test_a_worker_killed_under_a_notebook_makes_it_node_lost(hub, swarm_lab):
         assert lost["history"][-1]["reason"] == "NODE_LOST", lost["history"][-1]
         assert victim in lost["history"][-1]["message"]
         # its GPU is free once Swarm has no task of it; the hub no longer serves it
-        assert not [w for w in _gpus_held(hub).values() if w.endswith("/ana/lost")]
+        deadline = time.monotonic() + 30
+        while [w for w in _gpus_held(hub).values() if w.endswith("/ana/lost")]:
+            assert time.monotonic() < deadline, _gpus_held(hub)
+            time.sleep(0.2)
         with pytest.raises(docker.errors.NotFound):
             docker.APIClient(version="auto").inspect_service(nb["container"])
         hub.wait_stopped("ana", "lost", timeout=30)

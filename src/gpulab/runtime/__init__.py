@@ -24,7 +24,7 @@ def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
             registry=settings.image_registry,
             gpu_label=settings.swarm_gpu_label,
             runner_script=Path(RUNNER).read_text(),
-            gateway=Gateway(
+            gateway=Gateway.shared(
                 settings.instance,
                 settings.swarm_gateway_image,
                 settings.swarm_gateway_port,

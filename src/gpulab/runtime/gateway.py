@@ -15,16 +15,20 @@ configuration for both backends) and adds one container instead:
   spawner tells the hub that the notebook is at ``127.0.0.1:<gateway port>``, so the hub's
   readiness check and the proxy's route both go through the gateway, path unchanged.
 
-What it exposes: the gateway's port answers on the manager's loopback and, inside the users'
-overlays, at the gateway's address there; it forwards only to notebooks, each of which checks
-the hub's authentication on every request, exactly as the hub's public port does. Its API
-listens on the container's bridge address only (reached through the published port), never on
-an overlay, and needs the gateway's token, which lives only in the container's environment
-(read back through the engine's API, which is root's). No notebook port is published.
+What it exposes: its port and its API listen on the container's bridge address only, which
+the ports published on the manager's 127.0.0.1 lead to; nothing listens on the overlays it is
+attached to, so no user's container can reach it (let alone through it another user's
+notebook). It forwards only to notebooks, each of which checks the hub's authentication on
+every request. Its API needs the gateway's token, which lives only in the container's
+environment (read back through the engine's API, which is root's). No notebook port is
+published.
 
 A gateway found running is kept (routes, overlays); one that died or was reconfigured is made
-again, attached again to every user overlay of the installation, and its routes are put back
-by the hub's reconciler (``SwarmRuntime.restore_routes``).
+again, attached again to every user overlay of the installation. Every pass of the hub's
+reconciler (``SwarmRuntime.restore_routes``) checks that each running notebook has its route
+and that the gateway is on its overlay, and puts back what is missing. One process holds one
+:class:`Gateway` per installation (:meth:`Gateway.shared`), so that its spawners never race
+each other to make it.
 """
 
 from __future__ import annotations
@@ -47,11 +51,12 @@ from .objects import L_INSTANCE, L_KIND, L_VERSION, gateway_container_name, hard
 log = logging.getLogger(__name__)
 
 L_CONFIG = "org.gpulab.gateway-config"
-#: the API listens on the container's first address (the bridge it is created on), so that no
-#: overlay can reach it; the public port listens everywhere (overlays, the published port)
+#: both ports listen on the container's first address only (the bridge it is created on,
+#: which the published 127.0.0.1 ports lead to), never on an overlay: no user's container can
+#: reach the gateway; the gateway reaches notebooks over the overlays it is attached to
 ENTRY = (
-    'ip=$(hostname -i); exec configurable-http-proxy --ip 0.0.0.0 --port "$GATEWAY_PORT" '
-    '--api-ip "${ip%% *}" --api-port "$GATEWAY_API_PORT" --log-level warn'
+    'ip=$(hostname -i); ip=${ip%% *}; exec configurable-http-proxy --ip "$ip" '
+    '--port "$GATEWAY_PORT" --api-ip "$ip" --api-port "$GATEWAY_API_PORT" --log-level warn'
 )
 START_TIMEOUT = 30.0
 
@@ -97,6 +102,18 @@ def gateway_config(instance: str, image: str, port: int, api_port: int, token: s
 class Gateway:
     """The gateway of one installation, on the manager's engine (blocking calls)."""
 
+    _shared: dict[tuple, Gateway] = {}
+    _shared_lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, instance: str, image: str, port: int, api_port: int) -> Gateway:
+        """The one Gateway of this process for these settings (every spawner's runtime)."""
+        key = (instance, image, port, api_port)
+        with cls._shared_lock:
+            if key not in cls._shared:
+                cls._shared[key] = cls(instance, image, port, api_port)
+            return cls._shared[key]
+
     def __init__(self, instance: str, image: str, port: int, api_port: int):
         self.instance, self.image = instance, image
         self.port, self.api_port = port, api_port
@@ -136,14 +153,15 @@ class Gateway:
         host_kw = cfg.pop("host_config_kw")
         try:
             client.create_container(**cfg, host_config=client.create_host_config(**host_kw))
+        except APIError as e:
+            if e.status_code == 409:  # another process made it meanwhile: use that one
+                return self._ensure_again(client)
+            raise self._cannot_start(e) from None
+        try:
             client.start(self.name)
         except APIError as e:
-            with_suppress(client.remove_container, self.name, force=True)
-            raise GatewayError(
-                f"the notebook gateway {self.name} could not start ({e.explanation or e}): the "
-                f"manager needs the image {self.image} (scripts/build-images.sh proxy) and "
-                f"ports {self.port} and {self.api_port} free on 127.0.0.1"
-            ) from None
+            with_suppress(client.remove_container, self.name, force=True)  # ours: made above
+            raise self._cannot_start(e) from None
         self._token = token
         self._wait_up()
         for n in client.networks(
@@ -152,6 +170,25 @@ class Gateway:
             self._attach(client, n["Id"])
         log.info("gateway %s started on 127.0.0.1:%d", self.name, self.port)
         return True
+
+    def _ensure_again(self, client) -> bool:
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            found = client.inspect_container(self.name)
+            if found["State"]["Running"]:
+                env = dict(e.split("=", 1) for e in found["Config"].get("Env") or [] if "=" in e)
+                self._token = env.get("CONFIGPROXY_AUTH_TOKEN", "")
+                self._wait_up()
+                return True
+            time.sleep(0.2)
+        raise GatewayError(f"the notebook gateway {self.name} made by another process never ran")
+
+    def _cannot_start(self, e: APIError) -> GatewayError:
+        return GatewayError(
+            f"the notebook gateway {self.name} could not start ({e.explanation or e}): the "
+            f"manager needs the image {self.image} (scripts/build-images.sh proxy) and "
+            f"ports {self.port} and {self.api_port} free on 127.0.0.1"
+        )
 
     def _wait_up(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -171,12 +208,17 @@ class Gateway:
             if "already exists" not in str(e.explanation or e):
                 raise
 
+    def attached(self, client) -> set[str]:
+        """The IDs of the networks the gateway is on."""
+        found = client.inspect_container(self.name)
+        return {
+            n.get("NetworkID") for n in (found["NetworkSettings"].get("Networks") or {}).values()
+        }
+
     def attach(self, client, network_id: str) -> None:
         """Join the overlay ``network_id`` (once; joining again is fine)."""
         self.ensure(client)
-        found = client.inspect_container(self.name)
-        nets = (found["NetworkSettings"].get("Networks") or {}).values()
-        if network_id not in {n.get("NetworkID") for n in nets}:
+        if network_id not in self.attached(client):
             self._attach(client, network_id)
 
     def detach(self, client, network_id: str) -> None:

@@ -139,8 +139,13 @@ def sync_helper_config(
     labels: dict[str, str],
     environment: dict[str, str],
     user: str = "1000:100",
+    mirror: bool = False,
 ) -> dict:
     """Keyword arguments for ``create_container`` of a short-lived ``gpulab-sync`` helper.
+
+    ``mirror``: a pull also removes local files whose object was deleted since the volume's
+    last sync (``--delete``; files changed locally are kept), for a volume that may be an older
+    copy (a cluster node the workload left and came back to).
 
     The helper mounts the workload's volume at /data. For the embedded filesystem store it
     sees only what that volume may touch, never the store root: the volume's own directory
@@ -157,6 +162,8 @@ def sync_helper_config(
     binds: dict[str, dict] = {}
     if operation != "purge":
         command += ["--local", "/data", "--mode", mode]
+        if mirror and operation == "pull":
+            command.append("--delete")
         if docker_volume is None:
             raise ValueError("pull and push need a volume")
         binds[docker_volume] = {"bind": "/data", "mode": "rw"}

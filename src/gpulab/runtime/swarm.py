@@ -158,6 +158,10 @@ class SwarmRuntime(EngineClient, Runtime):
         if spec.network_owner:
             instance = spec.labels.get(L_INSTANCE, "")
             network_id = net.ensure_user_network(client, instance, spec.network_owner, "overlay")
+        if network_id and L_NETWORK in spec.labels:
+            # the overlay it really joins (made again if a concurrent stop removed the one the
+            # caller saw): the gateway is attached to this one
+            spec.labels = {**spec.labels, L_NETWORK: network_id}
         body = service_spec(spec, self._runner() if spec.runner else None, network_id)
         self._post_service(body)
         fault_point("engine:create")
@@ -201,10 +205,14 @@ class SwarmRuntime(EngineClient, Runtime):
             return None
         tasks = self.client.tasks(filters={"service": svc["ID"]})
         hostname = (svc["Spec"].get("Labels") or {}).get(L_NODE, "")
-        node = None
-        for n in self._nodes():
-            if (n.get("Description") or {}).get("Hostname") == hostname:
-                node = n
+        nodes = self._nodes()
+        if hostname:
+            node = next((n for n in nodes if n["Description"].get("Hostname") == hostname), None)
+        else:  # not pinned (a helper that may run on any node): where its task went
+            newest = max(tasks, key=lambda t: t.get("CreatedAt") or "", default=None)
+            if newest is None or not newest.get("NodeID"):
+                return WorkloadState(running=True)  # being scheduled
+            node = next((n for n in nodes if n["ID"] == newest["NodeID"]), None)
         return task_state(tasks, node, L_STOPPED in (svc["Spec"].get("Labels") or {}))
 
     async def state(self, name: str) -> WorkloadState | None:
@@ -260,6 +268,8 @@ class SwarmRuntime(EngineClient, Runtime):
             if found is None or not found.running:
                 return
             time.sleep(0.5)
+        # not confirmed: the caller keeps its GPUs (and tries again, or kills)
+        raise StillRunning(f"{name} still runs {grace + 20:g} s after it was told to stop")
 
     async def stop(self, name: str, grace: float) -> None:
         await self.run(self._stop_blocking, name, grace)
@@ -369,6 +379,11 @@ class SwarmRuntime(EngineClient, Runtime):
     def _reach_blocking(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
         if self.gateway is None:
             raise GatewayError("this runtime has no notebook gateway")
+        svc = self._service(name)
+        if svc is None:
+            raise WorkloadGone(name)
+        joined = [n.get("Target") for n in svc["Spec"]["TaskTemplate"].get("Networks") or []]
+        network_id = joined[0] if joined else network_id  # the one it runs on
         self.gateway.attach(self.client, network_id)
         ip = self._address_blocking(name, network_id)
         self.gateway.add_route(path, f"http://{ip}:{port}")
@@ -389,22 +404,36 @@ class SwarmRuntime(EngineClient, Runtime):
         await self.run(self._unreach_blocking, path)
 
     def _restore_routes_blocking(self, instance: str) -> list[str]:
-        """A gateway made anew gets the routes of the running notebooks back (each service
-        carries its route and network in its labels)."""
-        if self.gateway is None or not self.gateway.ensure(self.client):
+        """Every running notebook has its route on the gateway, and the gateway is on its
+        overlay; what is missing (a gateway made anew, an overlay it left while a spawn joined
+        it) is put back. Each service carries its route, overlay and port in its labels."""
+        if self.gateway is None:
             return []
-        put = []
-        for svc in self.client.services(
+        services = self.client.services(
             filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}=notebook"]}
-        ):
-            labels = svc["Spec"].get("Labels") or {}
-            path, network_id = labels.get(L_ROUTE), labels.get(L_NETWORK)
-            if not (path and network_id):
+        )
+        wanted = [
+            s
+            for s in services
+            if L_ROUTE in (s["Spec"].get("Labels") or {})
+            and L_STOPPED not in (s["Spec"].get("Labels") or {})
+        ]
+        if not wanted:
+            return []
+        self.gateway.ensure(self.client)
+        routes, attached = self.gateway.routes(), self.gateway.attached(self.client)
+        put = []
+        for svc in wanted:
+            labels = svc["Spec"]["Labels"]
+            path, network_id = labels[L_ROUTE], labels.get(L_NETWORK, "")
+            if path in routes and network_id in attached:
                 continue
             try:
                 self._reach_blocking(svc["Spec"]["Name"], network_id, path, int(labels[L_PORT]))
                 put.append(path)
-            except (WorkloadGone, GatewayError, APIError, KeyError, ValueError) as e:
+            except WorkloadGone:
+                continue  # not running (starting, ended): nothing to route
+            except (GatewayError, APIError, KeyError, ValueError) as e:
                 log.warning("route %s not restored: %s", path, e)
         return put
 
@@ -444,6 +473,8 @@ class SwarmRuntime(EngineClient, Runtime):
     def _helper_blocking(self, config: dict, node: str, on_line) -> HelperResult:
         client = self.client
         body = helper_service_spec(config, node)
+        if not node:  # any node but the hub's own (a purge needs no volume)
+            body["TaskTemplate"]["Placement"]["Constraints"] = [f"node.id!={self._own_node_id()}"]
         if not body["Name"]:
             body["Name"] = f"gpulab-helper-{time.time_ns():x}"
         sid = self._post_service(body)
@@ -516,6 +547,10 @@ class SwarmRuntime(EngineClient, Runtime):
             self._unused_and_proxy_detached,
             "overlay",
         )
+
+
+class StillRunning(RuntimeError):
+    """The manager did not confirm that a workload stopped."""
 
 
 def _named(obj: dict, name: str) -> bool:
