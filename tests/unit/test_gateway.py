@@ -13,8 +13,9 @@ def test_the_gateway_is_published_on_loopback_only_and_runs_unprivileged():
     assert host["read_only"] is True and host["privileged"] is False
     assert cfg["user"] == "65534:65534"
     assert cfg["name"] == "t1-gateway" and cfg["labels"]["org.gpulab.kind"] == "gateway"
-    # the API binds the container's first (bridge) address, never 0.0.0.0 (overlays)
-    assert '--api-ip "${ip%% *}"' in ENTRY and "--api-ip 0.0.0.0" not in ENTRY
+    # both ports bind the container's first (bridge) address, never 0.0.0.0 (the overlays)
+    assert "ip=${ip%% *}" in ENTRY and '--ip "$ip"' in ENTRY and '--api-ip "$ip"' in ENTRY
+    assert "0.0.0.0" not in ENTRY
     assert cfg["environment"]["CONFIGPROXY_AUTH_TOKEN"] == "secret-token"
 
 
