@@ -23,11 +23,11 @@ from __future__ import annotations
 from dockerspawner import DockerSpawner
 
 from .gpus.inventory import device_id, from_nodes, node_of
-from .lifecycle import InvalidTransition, NotebookState
+from .lifecycle import NotebookState
 from .runtime.base import Mount, WorkloadSpec
 from .runtime.objects import L_NETWORK, L_PORT, L_ROUTE
 from .spawner_data import SpawnFailed
-from .workload_data import push_all, push_verdict
+from .workload_data import PushRaced, retry_push
 
 S = NotebookState
 
@@ -171,25 +171,15 @@ class ClusterMixin(DockerSpawner):
         nb = await self.runtime.run(self.records.get, user, server) or {}
         if nb.get("state") != S.SYNC_FAILED.value or not nb.get("node"):
             return
-        try:
-            await self.runtime.run(
-                self.records.transition,
-                user,
-                server,
-                S.STOPPING,
-                reason="PUSH_RETRY",
-                message="pushed before a start, which may run on another node",
-                expect=frozenset({S.SYNC_FAILED}),
-            )
-        except InvalidTransition:
-            msg = "this notebook is busy (a push retry); try again once it has stopped"
-            raise SpawnFailed(409, msg) from None
         self.node = nb["node"]
         self._progress(3, f"Pushing what its last stop left on node {self.node}")
         vols = self.data_volumes(list((nb.get("options") or {}).get("volumes") or []))
-        ok, message = push_verdict(await push_all(self.data, vols))
-        state, reason = (S.STOPPED, "STOPPED") if ok else (S.SYNC_FAILED, "PUSH_FAILED")
-        await self._record(state, reason=reason, message=message)
+        try:
+            why = "pushed before a start, which may run on another node"
+            ok, message, _ = await retry_push(self.records, self.data, vols, user, server, why)
+        except PushRaced:
+            msg = "this notebook is busy (a push retry); try again once it has stopped"
+            raise SpawnFailed(409, msg) from None
         if not ok:
             msg = f"its last push failed, and fails again from node {self.node}: {message}"
             self._progress(100, f"FAILED: {msg}")

@@ -383,3 +383,50 @@ def push_verdict(outcomes: list[SyncOutcome]) -> tuple[bool, str]:
     if not outcomes:
         return True, "compute released"
     return True, "compute released; pushed " + "; ".join(o.summary() for o in outcomes)
+
+
+class PushRaced(Exception):
+    """A push retry found the notebook changed: before the push (``during`` False: another
+    retry or a start got there first) or during it."""
+
+    def __init__(self, during: bool):
+        super().__init__("during" if during else "before")
+        self.during = during
+
+
+async def retry_push(
+    records, data: WorkloadData, vols: list[VolumeSync], user: str, server: str, message: str
+) -> tuple[bool, str, dict]:
+    """Push a SYNC_FAILED notebook's volumes again: SYNC_FAILED -> STOPPING (PUSH_RETRY), the
+    push, then STOPPED or SYNC_FAILED, each a compare-and-set. Returns (ok, verdict, record);
+    raises PushRaced when the notebook changed meanwhile (of two retries, one pushes)."""
+    from .lifecycle import InvalidTransition, NotebookState
+
+    S = NotebookState
+    try:
+        await asyncio.to_thread(
+            records.transition,
+            user,
+            server,
+            S.STOPPING,
+            reason="PUSH_RETRY",
+            message=message,
+            expect=frozenset({S.SYNC_FAILED}),
+        )
+    except InvalidTransition:
+        raise PushRaced(during=False) from None
+    ok, verdict = push_verdict(await push_all(data, vols))
+    state, reason = (S.STOPPED, "STOPPED") if ok else (S.SYNC_FAILED, "PUSH_FAILED")
+    try:
+        record = await asyncio.to_thread(
+            records.transition,
+            user,
+            server,
+            state,
+            reason=reason,
+            message=verdict,
+            expect=frozenset({S.STOPPING}),
+        )
+    except InvalidTransition:
+        raise PushRaced(during=True) from None
+    return ok, verdict, record

@@ -272,3 +272,29 @@ def swarm_objects(swarm_lab):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
+
+
+def start_s3(lab: SwarmLab, buckets: tuple[str, ...], credentials: str):
+    """moto's S3 server on this host's lab address (the nodes' sync helpers reach it there),
+    with ``buckets``, a boto3 ``client`` and a ``credentials`` file (mode 0600) for the hub.
+    The caller stops it."""
+    import boto3
+
+    from ..integration.s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
+
+    server = MotoS3Server(host=lab.gateway).start()
+    server.client = boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=TEST_ACCESS_KEY,
+        aws_secret_access_key=TEST_SECRET_KEY,
+    )
+    for bucket in buckets:
+        server.client.create_bucket(Bucket=bucket)
+    server.credentials = lab.workdir / credentials
+    server.credentials.touch(mode=0o600)
+    server.credentials.write_text(
+        f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
+    )
+    return server

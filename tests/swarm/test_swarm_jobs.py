@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import time
 
-import boto3
 import docker
 import pytest
 
-from ..integration.s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
+from ..integration.s3server import TEST_SECRET_KEY
 from ..integration.test_jobs import Api, states
+from .conftest import start_s3
 
 
 def _config(lab, s3) -> str:
@@ -39,22 +39,8 @@ def _config(lab, s3) -> str:
 
 @pytest.fixture(scope="module")
 def s3(swarm_lab):
-    server = MotoS3Server(host=swarm_lab.gateway).start()
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=TEST_ACCESS_KEY,
-        aws_secret_access_key=TEST_SECRET_KEY,
-    )
-    client.create_bucket(Bucket="swarm-in")
-    client.create_bucket(Bucket="swarm-out")
-    creds = swarm_lab.workdir / "s3-credentials"
-    creds.touch(mode=0o600)
-    creds.write_text(
-        f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
-    )
-    yield server, client
+    server = start_s3(swarm_lab, ("swarm-in", "swarm-out"), "s3-credentials")
+    yield server, server.client
     server.stop()
 
 

@@ -16,13 +16,12 @@ import sqlite3
 import statistics
 import time
 
-import boto3
 import docker
 import pytest
 import requests
 
 from ..hubctl import Hub, free_port
-from ..integration.s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
+from .conftest import start_s3
 
 BUCKET = "ws-swarm"
 CPU = {"cpus": 0.5, "memory": "512M", "gpus": 0}
@@ -55,21 +54,7 @@ def _swarm_config(lab, endpoint: str, credentials, gateway_port: int) -> str:
 
 @pytest.fixture(scope="module")
 def s3(swarm_lab):
-    server = MotoS3Server(host=swarm_lab.gateway).start()
-    server.client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=TEST_ACCESS_KEY,
-        aws_secret_access_key=TEST_SECRET_KEY,
-    )
-    server.client.create_bucket(Bucket=BUCKET)
-    creds = swarm_lab.workdir / "nb-s3-credentials"
-    creds.touch(mode=0o600)
-    creds.write_text(
-        f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
-    )
-    server.credentials = creds
+    server = start_s3(swarm_lab, (BUCKET,), "nb-s3-credentials")
     yield server
     server.stop()
 

@@ -517,7 +517,7 @@ class SwarmRuntime(EngineClient, Runtime):
     async def ensure_user_network(self, instance: str, user: str) -> str:
         return await self.run(net.ensure_user_network, self.client, instance, user, "overlay")
 
-    def _unused_and_proxy_detached(self, client, labels: list[str]) -> bool:
+    def _unused_and_gateway_detached(self, client, labels: list[str]) -> bool:
         """A user overlay is in use while a service of the user exists; once none does, the
         notebook gateway (the one container attached to it) leaves it so that it can go."""
         if _has_services(client, labels):
@@ -535,7 +535,7 @@ class SwarmRuntime(EngineClient, Runtime):
             self.client,
             instance,
             user,
-            self._unused_and_proxy_detached,
+            self._unused_and_gateway_detached,
             "overlay",
         )
 
@@ -544,7 +544,7 @@ class SwarmRuntime(EngineClient, Runtime):
             net.prune_user_networks,
             self.client,
             instance,
-            self._unused_and_proxy_detached,
+            self._unused_and_gateway_detached,
             "overlay",
         )
 

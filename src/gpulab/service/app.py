@@ -19,13 +19,13 @@ from tornado import web
 from ..db import Database
 from ..jobs.spec_fields import MAX_PRIORITY
 from ..jobs.spec_schema import job_spec_schema
-from ..lifecycle import InvalidTransition, NotebookState
+from ..lifecycle import NotebookState
 from ..metrics import API_REQUESTS
 from ..notebooks import NotebookRecords
 from ..runtime.docker import DockerRuntime
 from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
-from ..workload_data import WorkloadData, notebook_volumes, push_all, push_verdict
+from ..workload_data import PushRaced, WorkloadData, notebook_volumes, retry_push
 from .app_base import (
     METRICS,
     NB_MANAGE,
@@ -93,20 +93,6 @@ class NotebookPushHandler(BaseHandler):
                 409, f"only a SYNC_FAILED notebook's push can be retried; this one is {nb['state']}"
             )
         gpulab: GpulabSettings = self.settings["gpulab"]
-        try:  # compare-and-set: of two retries at once, one pushes, the other is a 409
-            await asyncio.to_thread(
-                self.records.transition,
-                user,
-                server,
-                NotebookState.STOPPING,
-                reason="PUSH_RETRY",
-                message=f"push retried by {me['name']}",
-                expect=frozenset({NotebookState.SYNC_FAILED}),
-            )
-        except InvalidTransition:
-            raise ApiError(
-                409, "this notebook changed meanwhile (another push retry or a start): try again"
-            ) from None
         vols = notebook_volumes(
             gpulab.storage,
             nb["container"],
@@ -124,21 +110,18 @@ class NotebookPushHandler(BaseHandler):
             gpulab.instance,
             workload,
         )
-        ok, message = push_verdict(await push_all(data, vols))
-        state = NotebookState.STOPPED if ok else NotebookState.SYNC_FAILED
-        reason = "STOPPED" if ok else "PUSH_FAILED"
-        try:
-            result = await asyncio.to_thread(
-                self.records.transition,
-                user,
-                server,
-                state,
-                reason=reason,
-                message=message,
-                expect=frozenset({NotebookState.STOPPING}),
+        try:  # compare-and-set: of two retries at once, one pushes, the other is a 409
+            ok, _, result = await retry_push(
+                self.records, data, vols, user, server, f"push retried by {me['name']}"
             )
-        except InvalidTransition:
-            raise ApiError(409, "this notebook changed during the push: read its state") from None
+        except PushRaced as e:
+            if e.during:
+                raise ApiError(
+                    409, "this notebook changed during the push: read its state"
+                ) from None
+            raise ApiError(
+                409, "this notebook changed meanwhile (another push retry or a start): try again"
+            ) from None
         self.write_json(result, 200 if ok else 502)
 
 
