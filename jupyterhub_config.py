@@ -4,6 +4,7 @@
 configured on `c.GpulabSettings` (shared by the hub and the service) and `c.NotebookSpawner`.
 """
 
+import contextlib
 import os
 import secrets
 import subprocess
@@ -84,6 +85,17 @@ c.Authenticator.allow_all = True
 # --- notebooks -------------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpulab"
 c.GpulabSettings.database_url = f"sqlite:///{data / 'gpulab.sqlite'}"
+# Users' secrets are encrypted at rest with this Fernet key (generated once, mode 0600). Keep a
+# copy apart from the database's backups: without it the secrets cannot be decrypted.
+_key_file = data / "secrets.key"
+if not _key_file.exists():
+    from cryptography.fernet import Fernet
+
+    with contextlib.suppress(FileExistsError):  # the hub and the service read this file
+        fd = os.open(_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(Fernet.generate_key().decode() + "\n")
+c.GpulabSettings.secrets_key_file = str(_key_file)
 # Object storage. The embedded default keeps objects on this host's disk (data/objects) and
 # persists across restarts; workspaces live there under workspaces/<user>/<server>/. Add S3
 # stores by name, with credentials named, never written here, for example:

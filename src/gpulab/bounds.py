@@ -60,6 +60,11 @@ MAX_LABEL_VALUE_CHARS = 63
 #: data volumes of a job or notebook, and the length of one ``container@store/...`` spec
 MAX_VOLUMES = 32
 MAX_VOLUME_SPEC_CHARS = 1024
+#: git repositories cloned for one job (``git``), the length of a repository's URL and of
+#: a branch, tag or commit name (git's own refs are far shorter in practice)
+MAX_GIT_SOURCES = 8
+MAX_GIT_URL_CHARS = 2048
+MAX_GIT_REF_CHARS = 255
 
 # --- numbers ----------------------------------------------------------------------------------
 #: cpus: 0.01 is a CPU quota of 1 ms per 100 ms period, the engine's minimum; less would

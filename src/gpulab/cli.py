@@ -4,6 +4,9 @@
     gpulab job run [options] -- CMD [ARGS...]     submit a training job; --follow streams its logs
     gpulab job list [--state A,B] [-l k=v]... [--all | --user NAME]
     gpulab job get|logs [-f]|events|stop [--wait]|resume|rerun|push|delete ID
+    gpulab job exec [--timeout S] ID -- CMD [ARGS...]   run a command in a RUNNING job
+    gpulab job shell ID                           an interactive terminal in a RUNNING job
+    gpulab secret set NAME | list | delete NAME   secrets a job's env refers to (--secret-env)
     gpulab usage [--user NAME]
     gpulab notebook list [--all | --user NAME]
 
@@ -13,6 +16,11 @@ Where the hub is and who you are: ``GPULAB_URL`` (or ``JUPYTERHUB_URL``) and ``G
 (or ``JUPYTERHUB_API_TOKEN``, which notebooks already have), else the config file
 ``$GPULAB_CONFIG`` or ``~/.config/gpulab/config.json`` (``{"url": ..., "token": ...}``) that
 ``gpulab login`` writes. The token is never printed.
+
+``job exec`` prints the command's output and exits with its exit code (124: it ran past its
+time-out and was killed); ``job shell`` puts this terminal in raw mode until the remote shell
+exits, and exits with its exit code. Both are for the job's owner and admins, run as the job's
+user, and are recorded in the job's events.
 
 Exit codes: 0 success (for ``job run --follow`` and ``job logs -f``: the job ended DONE),
 1 an API error (its message, and the field at fault, on stderr) or a followed job that ended
@@ -52,12 +60,14 @@ from .cli_commands import (
     cmd_notebook_list,
     cmd_usage,
 )
+from .cli_exec import add_exec_commands
 from .cli_output import (
     duration,
     note,
     runtime,
     table,
 )
+from .cli_secrets import add_run_options, add_secret_commands
 
 #: what `gpulab.cli` offers besides main() (its tests and other callers use these names)
 __all__ = [
@@ -192,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--preemptible", action="store_true", help="may use idle GPUs beyond quota")
     run.add_argument("--priority", type=int, metavar="N", help="0-100 (default 50)")
+    add_run_options(run)  # ports, secrets, git, working dir, read-only root
     run.add_argument("-f", "--follow", action="store_true", help="stream the output until it ends")
     run.add_argument("command", nargs="*", metavar="CMD", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_job_run)
@@ -225,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     with_id("rerun", "submit a copy of a job (prints the new id)", cmd_job_simple_action("rerun"))
     with_id("push", "retry the push of a SYNC_FAILED job", cmd_job_simple_action("push"))
     with_id("delete", "delete an ended job, its logs and volumes", cmd_job_delete, aliases=["rm"])
+    add_exec_commands(with_id)  # exec and shell
+
+    add_secret_commands(top, common)
 
     usage = top.add_parser("usage", parents=[common], help="your billed minutes")
     usage.add_argument("--user", help="this user's (admins)")

@@ -36,6 +36,7 @@ from .cli_output import (
     table,
     when,
 )
+from .cli_secrets import add_run_fields
 
 # --- commands -----------------------------------------------------------------------------------
 
@@ -82,6 +83,7 @@ def build_submission(args: argparse.Namespace) -> dict:
         body["preemptible"] = True
     if args.priority is not None:
         body["priority"] = args.priority
+    add_run_fields(args, body)
     return body
 
 
@@ -240,7 +242,7 @@ def cmd_job_list(args: argparse.Namespace, client: Client) -> int:
 
 def cmd_job_get(args: argparse.Namespace, client: Client) -> int:
     job = client.json("GET", f"/jobs/{_job_id(args.id)}")
-    print_json(job) if args.output == "json" else job_details(job)
+    print_json(job) if args.output == "json" else job_details(job, client.url)
     return EXIT_OK
 
 

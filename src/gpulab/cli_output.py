@@ -130,7 +130,13 @@ def events_table(events: list[dict]) -> None:
     )
 
 
-def job_details(job: dict) -> None:
+def _env_text(name: str, value) -> str:
+    if isinstance(value, dict):  # a secret: its reference, never a value
+        return f"{name}=<secret {value.get('secret')}>"
+    return f"{name}={value}"
+
+
+def job_details(job: dict, hub_url: str = "") -> None:
     spec = job.get("spec") or {}
     res = spec.get("resources") or {}
     image = spec.get("image") or ""
@@ -157,7 +163,7 @@ def job_details(job: dict) -> None:
         ),
         ("Devices", ",".join(job.get("devices") or []) or "-"),
         ("Volumes", ", ".join(spec.get("volumes") or []) or "-"),
-        ("Env", ", ".join(f"{k}={v}" for k, v in (spec.get("env") or {}).items()) or "-"),
+        ("Env", ", ".join(_env_text(k, v) for k, v in (spec.get("env") or {}).items()) or "-"),
         ("Labels", ", ".join(f"{k}={v}" for k, v in (spec.get("labels") or {}).items()) or "-"),
         ("Timeout", duration(float(spec["timeout"])) if spec.get("timeout") else "-"),
         ("Retries", f"{job.get('restarts', 0)} of {spec.get('retries', 0)} used"),
@@ -174,6 +180,10 @@ def job_details(job: dict) -> None:
         ("Running since", when(job.get("running_since"))),
         ("Runtime", runtime(job)),
         ("Billed minutes", job.get("billed_minutes")),
+        (
+            "Ports",
+            ", ".join(f"{p['name']} {hub_url}{p['url']}" for p in job.get("ports") or []),
+        ),
     ]
     width = max(len(k) for k, _ in fields) + 1
     for key, value in fields:

@@ -298,3 +298,18 @@ class JobEvent(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     job: Mapped[Job] = relationship(back_populates="events")
+
+
+class UserSecret(Base):
+    """A user's named secret, as a Fernet token (gpulab/user_secrets.py): never in clear."""
+
+    __tablename__ = "user_secrets"
+    __table_args__ = (UniqueConstraint("instance", "owner", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    token: Mapped[str] = mapped_column(Text)
+    created: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -186,6 +186,31 @@ class GpulabSettings(Configurable):
         too).""",
     ).tag(config=True)
 
+    swarm_node_engine = Unicode(
+        "tcp://{address}:2376",
+        help="""On a Swarm: how the service reaches a node's own Docker engine, to exec into a
+        job's container there (`gpulab job exec`, `gpulab job shell`, the job page's terminal:
+        a manager's API has no exec). A URL template filled with the node's ``{address}`` (its
+        Swarm address), ``{hostname}`` and ``{node_id}``. A node's engine port is root on that
+        node for whoever reaches it: in production it must require TLS client certificates
+        (dockerd --tlsverify) and the swarm_node_tls_* settings name the service's.""",
+    ).tag(config=True)
+
+    swarm_node_tls_ca = Unicode(
+        "",
+        help="""On a Swarm: CA certificate (PEM file) that the nodes' engines' certificates are
+        checked against. Setting any swarm_node_tls_* turns TLS on (verified against the
+        system's CAs without this one).""",
+    ).tag(config=True)
+
+    swarm_node_tls_cert = Unicode(
+        "", help="On a Swarm: the service's TLS client certificate (PEM file) for nodes' engines."
+    ).tag(config=True)
+
+    swarm_node_tls_key = Unicode(
+        "", help="On a Swarm: the key (PEM file, mode 0600) of swarm_node_tls_cert."
+    ).tag(config=True)
+
     workspace_dir = Unicode(
         "/workspace", help="Where a notebook's workspace is mounted in its container."
     ).tag(config=True)
@@ -270,6 +295,32 @@ class GpulabSettings(Configurable):
     job_max_timeout = Float(30 * 86400.0, help="Longest time-out a job may ask for (seconds).").tag(
         config=True
     )
+
+    job_git_sources = Bool(
+        True,
+        help="""Whether jobs may list git repositories to clone before they start (a helper
+        clones them from the sync image, on the default bridge network). Off: a job with `git`
+        is refused with a 400, and the API's schema says so.""",
+    ).tag(config=True)
+
+    secrets_keys = List(
+        Unicode(),
+        default_value=[],
+        help="""Fernet keys that encrypt users' secrets at rest (gpulab/user_secrets.py), the
+        encrypting one first; the others only decrypt, so a key is rotated by putting a new one
+        first and running `python -m gpulab.user_secrets rotate --config jupyterhub_config.py`
+        (re-encrypts every secret with it), then dropping the old one. Make one with
+        `python -c 'from cryptography.fernet import Fernet;
+        print(Fernet.generate_key().decode())'`. Prefer secrets_key_file (mode 0600) to writing a
+        key into the configuration file. With no key at all, secrets are disabled: the API
+        answers 503 and a job referring to a secret is refused.""",
+    ).tag(config=True)
+
+    secrets_key_file = Unicode(
+        "",
+        help="""A file of Fernet keys, one per line (after secrets_keys; the first key of all
+        encrypts). Read by the hub and the service at start-up; keep it mode 0600.""",
+    ).tag(config=True)
 
     supervisor_interval = Float(
         0.5, help="Seconds between the job supervisor's passes (scheduling and watching)."

@@ -40,6 +40,9 @@ c.GpulabSettings.allowed_images = ["gpulab-test/other:1"]
 c.GpulabSettings.object_stores = {}
 c.GpulabSettings.workspace_store = ""
 c.GpulabSettings.volume_grants = []
+# no git sources: whether a URL's last part can name a directory, and paths unique among the
+# repositories, are beyond a schema too (tests/unit/test_jobs_git.py fuzzes the field alone)
+c.GpulabSettings.job_git_sources = False
 """
 
 # the document's custom formats: strings whose value range a pattern cannot say. Values the

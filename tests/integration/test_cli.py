@@ -7,6 +7,7 @@ configuration in the environment (GPULAB_URL/GPULAB_TOKEN) or in a config file w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -304,3 +305,45 @@ def test_login_writes_a_private_config_that_is_used(hub, tokens, tmp_path):
     assert r.returncode == 0, r.stderr
     assert stat.S_IMODE(config.stat().st_mode) == 0o600
     assert json.loads(config.read_text())["token"] == token
+
+
+def test_secrets_ports_and_options_from_the_command_line(hub, alice):
+    value = "cli-secret-" + "z9" * 12
+    digest = hashlib.sha256(value.encode()).hexdigest()[:16]  # the command carries no value
+    r = subprocess.run(
+        [sys.executable, "-m", "gpulab.cli", "secret", "set", "token"],
+        env=alice,
+        input=value + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and "secret token saved" in r.stdout, (r.stdout, r.stderr)
+    assert value not in r.stdout + r.stderr
+    listed = ok("secret", "list", env=alice)
+    assert header_columns(listed) == ["NAME", "CREATED", "UPDATED"] and "token" in listed
+    assert value not in listed
+    r = cli(
+        "job", "run", "--gpu", "0", "--cpu", "0.5", "--memory", "512M", "--follow",
+        "--secret-env", "TOKEN=token", "--port", "web=8080", "--share", "bob",
+        "--workdir", "/tmp", "--read-only",
+        "--", "sh", "-c",
+        'pwd; [ "$(printf %s "$TOKEN" | sha256sum | cut -c1-16)" = ' + digest + " ] && "
+        "echo token-ok; echo $GPULAB_PORT_WEB",
+        env=alice,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout.split() == ["/tmp", "token-ok", "8080"]
+    job_id = r.stderr.split()[1]
+    details = ok("job", "get", job_id, env=alice)
+    assert "TOKEN=<secret token>" in details
+    assert f"web {hub.url}/services/gpulab/jobs/{job_id}/ports/web/" in details
+    assert value not in details
+    spec = get_json(job_id, env=alice)["spec"]
+    assert spec["ports"] == [{"port": 8080, "name": "web", "users": ["bob"], "groups": []}]
+    assert spec["working_dir"] == "/tmp" and spec["read_only_rootfs"] is True
+    bad = cli("job", "run", "--port", "web", "--", "true", env=alice)
+    assert bad.returncode == 2 and "NAME=VALUE" in bad.stderr
+    assert "deleted" in ok("secret", "delete", "token", env=alice)
+    gone = cli("secret", "delete", "token", env=alice)
+    assert gone.returncode == 1 and "no secret token" in gone.stderr

@@ -87,6 +87,11 @@ def test_happy_path_pulls_input_and_pushes_output(hub, alice, docker_client):
     assert done["state"] == "DONE", done
     assert states(done) == ["QUEUED", "INITIALIZING", "PENDING", "RUNNING", "FINALIZING", "DONE"]
     assert done["exit_code"] == 0 and done["billed_minutes"] == 1
+    # the transfers' progress is in its history: each volume's pull and push, with counts
+    progress = [e["message"] for e in done["history"] if e["kind"] == "progress"]
+    assert any(m.startswith("pulling ") for m in progress), progress
+    assert any(m.startswith("pulled ") and "1 transferred" in m for m in progress), progress
+    assert any(m.startswith("pushed ") and "1 transferred" in m for m in progress), progress
     out = hub.workdir / "data/objects/scratch/alice/run1/result.txt"
     assert out.read_text().strip() == "6"
     assert alice.call("GET", f"/jobs/{job['id']}/logs").text == "trained\n"

@@ -4,6 +4,7 @@ or purge every object under a prefix.
     gpulab-sync pull  --bucket B [--prefix P] --local DIR [--delete] ...
     gpulab-sync push  --bucket B [--prefix P] --local DIR [--mode ro|rw|rwd] ...
     gpulab-sync purge --bucket B --prefix P ...   (an empty prefix is refused: exit 2)
+    gpulab-sync git-clone --url URL --dest DIR ... (one git repository: see .gitclone)
 
 Credentials come only from the environment (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``)
 or from ``--credentials-file``; they are never accepted on the command line nor printed.
@@ -201,6 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # line-buffered even when stdout is a pipe: progress is read live by other processes
     with contextlib.suppress(AttributeError, ValueError):
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["git-clone"]:  # a job's git source (gpulab.jobs.git_sources)
+        from .gitclone import main as git_clone
+
+        return git_clone(argv[1:])
     args = _parser().parse_args(argv)
     from .manifest import Locked
 

@@ -16,7 +16,9 @@ from ..gpus.inventory import device_id
 from ..resources import container_limits
 from ..runtime.base import Mount, WorkloadGone, WorkloadSpec
 from ..runtime.objects import workload_labels
+from .git_sources import git_mounts
 from .spec import JobSpec
+from .spec_extras import job_path, port_env
 
 LOG_KEEP_BYTES = 10 * 1024 * 1024
 LOG_KEEP_LINES = 200_000  # asked of the engine: the tail, not the whole log
@@ -29,15 +31,25 @@ class StillRunning(RuntimeError):
 class JobContainer:
     """The engine side of one job (a mixin of the supervisor, through JobLife)."""
 
-    def workload_spec(self, job_id, spec: JobSpec, name, devices, owner, node) -> WorkloadSpec:
-        """What the engine is asked to run for this job (any backend)."""
+    def workload_spec(
+        self, job_id, spec: JobSpec, name, devices, owner, node, secrets=None
+    ) -> WorkloadSpec:
+        """What the engine is asked to run for this job (any backend). ``secrets``: the values
+        of ``spec.secret_env`` (variable -> value), revealed for this container only."""
         s = self.s
         limits = container_limits(spec.resources, s.pids_limit, s.shm_fraction)
+        env = {
+            **spec.env,
+            **(secrets or {}),
+            **port_env(spec.ports, job_path(job_id)),
+            "GPULAB_JOB_ID": job_id,
+            "GPULAB_JOB_NAME": spec.name,
+        }
         return WorkloadSpec(
             name=name,
             image=self.runtime.image_ref(spec.image),
             command=[*spec.command, *spec.args],
-            env={**spec.env, "GPULAB_JOB_ID": job_id, "GPULAB_JOB_NAME": spec.name},
+            env=env,
             labels={
                 **spec.labels,
                 **workload_labels(s.instance, "job", owner, self.workload(job_id), devices),
@@ -50,8 +62,11 @@ class JobContainer:
             shm_size=limits.shm_size,
             gpu_ids=[device_id(d) for d in devices],
             mounts=[
-                Mount(v.docker_volume, v.spec.mount, read_only=v.spec.mode == "ro")
-                for v in self.volumes(job_id, spec, node)
+                *(
+                    Mount(v.docker_volume, v.spec.mount, read_only=v.spec.mode == "ro")
+                    for v in self.volumes(job_id, spec, node)
+                ),
+                *git_mounts(name, spec.git),
             ],
             # only the owner's network (runtime/network.py): other users' workloads are apart
             network_owner=owner if s.network_isolation == "user" else None,
@@ -59,11 +74,24 @@ class JobContainer:
             log_max_size=s.container_log_max_size,
             log_max_files=s.container_log_max_files,
             stop_grace=s.preemption_grace,
+            working_dir=spec.working_dir,
+            read_only=spec.read_only_rootfs,
+            # a tmpfs counts against the memory limit: a quarter of it, at most 1 GiB
+            tmp_size=min(limits.mem_limit // 4, 1024**3),
         )
 
+    async def reveal_secrets(self, owner: str, spec: JobSpec) -> dict[str, str]:
+        """The values of the job's secret variables. Raises SecretMissing (deleted since the
+        submission) or SecretsUnavailable (no key, or the key that encrypted it is gone)."""
+        return {
+            var: await self.db(self.secrets.reveal, owner, secret)
+            for var, secret in spec.secret_env.items()
+        }
+
     async def _create_and_start(self, job_id, spec: JobSpec, name, devices, owner, node) -> None:
+        secrets = await self.reveal_secrets(owner, spec)
         await self.runtime.create_and_start(
-            self.workload_spec(job_id, spec, name, devices, owner, node)
+            self.workload_spec(job_id, spec, name, devices, owner, node, secrets)
         )
         fault_point("engine:start")
 

@@ -12,6 +12,7 @@ from ..db import Database, Job, JobEvent
 from ..faults import fault_point
 from ..lifecycle import InvalidTransition, JobState, check_job_transition, utcnow
 from .billing import billed_minutes
+from .spec_extras import job_path
 
 ACTIVE = frozenset(
     {
@@ -109,6 +110,15 @@ def job_json(
         "outcome": j.outcome or None,
         "container": j.container,
         "groups": [g for g in j.groups.split(",") if g],
+        # where each exposed port opens (behind the hub's login: service/ports_proxy.py)
+        "ports": [
+            {
+                "name": p.get("name"),
+                "port": p.get("port"),
+                "url": f"{job_path(j.id)}/ports/{p.get('name')}/",
+            }
+            for p in (j.spec or {}).get("ports") or ()
+        ],
     }
     if history:
         out["history"] = [event_json(e) for e in j.events]
@@ -285,6 +295,17 @@ class JobRecords:
                     Job.state == JobState.QUEUED.value,
                     Job.message != message,
                 )
+                .values(message=message)
+            )
+            return bool(res.rowcount)
+
+    def set_progress(self, job_id: str, state: JobState, message: str) -> bool:
+        """The job's message, while it is still in ``state`` (a transfer's progress: no
+        event, no state change; a move meanwhile wins)."""
+        with self.db.session() as s:
+            res = s.execute(
+                update(Job)
+                .where(Job.instance == self.instance, Job.id == job_id, Job.state == state.value)
                 .values(message=message)
             )
             return bool(res.rowcount)

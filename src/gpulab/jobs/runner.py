@@ -21,11 +21,15 @@ from ..lifecycle import JobState, utcnow
 from ..metrics import JOB_START
 from ..runtime.docker import APIError
 from ..runtime.network import NetworkUnavailable
-from ..workload_data import push_all, push_verdict
+from ..user_secrets import SecretMissing, SecretsUnavailable
+from ..workload_data import push_verdict
 from .containers import JobContainer
+from .git_sources import clone_sources
+from .progress import TransferNotes, push_with_notes
 from .records import RequestChanged
 from .recovery import Container, Decision, Step, classify, decide, path
 from .spec import JobSpec
+from .spec_extras import job_path
 
 log = logging.getLogger("gpulab.jobs")
 J = JobState
@@ -54,16 +58,27 @@ class JobLife(JobContainer):
             return
         spec = JobSpec.from_json(job["spec"])
         name = self.container_name(job_id)
+        try:  # before any work: a secret deleted since the submission fails the job at once
+            await self.reveal_secrets(job["owner"], spec)
+        except (SecretMissing, SecretsUnavailable) as e:
+            return await self.finalize(job_id, J.FAILED, "SECRET_MISSING", str(e), push=False)
         for vol in self.volumes(job_id, spec, job["node"]):
             if await self._requested(job_id) == "interrupt":
                 return await self.finalize(job_id, *_BEFORE_START, push=False)
             if await self.data(job_id).nothing_to_pull(vol):
                 continue  # nothing stored there yet: nothing to pull
-            outcome = await self.data(job_id).run("pull", vol)
+            notes = TransferNotes(self, job_id, J.INITIALIZING, "pulling", vol)
+            await notes.begin()
+            outcome = await self.data(job_id).run("pull", vol, notes.on_progress)
             fault_point("engine:pull")
+            await notes.end(outcome)
             if not outcome.ok:
                 msg = f"pull of volume {vol.label} failed: {outcome.reason}"
                 return await self.finalize(job_id, J.FAILED, "PULL_FAILED", msg, push=False)
+        if spec.git:  # cloned by a helper, never by the job's own image
+            ok, msg = await self._clone(job_id, job, spec, name)
+            if not ok:
+                return await self.finalize(job_id, J.FAILED, "GIT_FAILED", msg, push=False)
         if not await self.runtime.image_exists(self.runtime.image_ref(spec.image)):
             where = "on this host" if self.runtime.kind == "docker" else "in the registry"
             msg = f"image {self.runtime.image_ref(spec.image)} is missing {where}"
@@ -80,6 +95,8 @@ class JobLife(JobContainer):
         except NetworkUnavailable as e:
             await self.ensure_stopped(name, 0)
             return await self.finalize(job_id, J.ERROR, "NETWORK_UNAVAILABLE", str(e), push=False)
+        except (SecretMissing, SecretsUnavailable) as e:  # deleted during the pull
+            return await self.finalize(job_id, J.FAILED, "SECRET_MISSING", str(e), push=False)
         except APIError as e:
             # the engine answered and refused (a bad device, a missing runtime): definite
             await self.ensure_stopped(name, 0)
@@ -96,6 +113,19 @@ class JobLife(JobContainer):
         self.fault_streak.pop(job_id, None)
         JOB_START.observe(max(0.0, time.time() - ts(job["updated"])))  # since placement
         await self.watch(job_id, spec, name)
+
+    async def _clone(self, job_id: str, job: dict, spec: JobSpec, name: str) -> tuple[bool, str]:
+        def noted(message: str) -> None:
+            asyncio.get_running_loop().create_task(
+                self.db(self.records.note, job_id, "progress", "GIT", message)
+            )
+
+        async def reveal(secret: str) -> str:
+            return await self.db(self.secrets.reveal, job["owner"], secret)
+
+        ok, msg = await clone_sources(self.data(job_id), name, job["node"], spec.git, reveal, noted)
+        fault_point("engine:clone")
+        return ok, msg
 
     # --- carrying on after a restart or a fault ------------------------------------------
 
@@ -370,7 +400,7 @@ class JobLife(JobContainer):
         await self.ensure_stopped(name, self.s.preemption_grace)
         await self.save_logs(job_id, name)
         vols = self.volumes(job_id, spec, node)
-        ok, message = push_verdict(await push_all(self.data(job_id), vols))
+        ok, message = push_verdict(await push_with_notes(self, job_id, J.INTERRUPTING, vols))
         fault_point("engine:push")
         await self.remove_workload(name)
         await self.ensure_stopped(name, 0)
@@ -410,6 +440,9 @@ class JobLife(JobContainer):
             return  # ended already
         name = self.container_name(job_id)
         await self.ensure_stopped(name, self.s.preemption_grace)
+        for port in JobSpec.from_json(job["spec"]).ports:  # a Swarm gateway's routes
+            with contextlib.suppress(Exception):
+                await self.runtime.unreach(f"{job_path(job_id)}/ports/{port.name}/")
         steps = path(state, outcome, push)
         if steps[0] is J.FINALIZING and state is not J.FINALIZING:
             job = await self.move(
@@ -428,7 +461,7 @@ class JobLife(JobContainer):
         if state is J.FINALIZING:
             spec = JobSpec.from_json(job["spec"])
             vols = self.volumes(job_id, spec, job["node"])
-            ok, pushed = push_verdict(await push_all(self.data(job_id), vols))
+            ok, pushed = push_verdict(await push_with_notes(self, job_id, J.FINALIZING, vols))
             fault_point("engine:push")
             if not ok:
                 await self.move(

@@ -33,6 +33,7 @@ from ..frameworks import Catalog
 from ..resources import Flavor, Limits, Resources, parse_memory
 from ..storage import StorageConfig
 from ..volumes import VolumeSpec, parse_volume
+from .spec_extras import Port, parse_ports, parse_read_only, parse_working_dir
 from .spec_fields import (
     DEFAULT_CPUS,
     DEFAULT_GPUS,
@@ -49,6 +50,7 @@ from .spec_fields import (
     JobSpecError,
     parse_fields,
 )
+from .spec_git import GitSource, check_git_mounts, parse_git
 from .spec_schema import JOB_SPEC_SCHEMA
 
 __all__ = [
@@ -90,6 +92,12 @@ class JobSpec:
     hang_restart: HangRestart = field(default_factory=HangRestart)
     preemptible: bool = False
     priority: int = DEFAULT_PRIORITY
+    #: environment variables filled from the owner's secrets at start: NAME -> secret name
+    secret_env: dict[str, str] = field(default_factory=dict)
+    ports: tuple[Port, ...] = ()
+    git: tuple[GitSource, ...] = ()
+    working_dir: str | None = None
+    read_only_rootfs: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """JSON-serialisable; memory as ``"4G"``, volumes as spec strings, durations in seconds."""
@@ -100,7 +108,8 @@ class JobSpec:
             "image": self.image,
             "command": list(self.command),
             "args": list(self.args),
-            "env": dict(self.env),
+            # a secret shows as its reference, never its value
+            "env": {**self.env, **{k: {"secret": v} for k, v in self.secret_env.items()}},
             "labels": dict(self.labels),
             "flavor": self.flavor,
             "resources": self.resources.to_json(),
@@ -110,6 +119,10 @@ class JobSpec:
             "hang_restart": self.hang_restart.to_json(),
             "preemptible": self.preemptible,
             "priority": self.priority,
+            "ports": [p.to_json() for p in self.ports],
+            "git": [g.to_json() for g in self.git],
+            "working_dir": self.working_dir,
+            "read_only_rootfs": self.read_only_rootfs,
         }
 
     @classmethod
@@ -119,6 +132,7 @@ class JobSpec:
         missing from older records take their defaults."""
         res = d.get("resources") or {}
         hang = d.get("hang_restart") or {}
+        env = d.get("env") or {}
         return cls(
             name=d.get("name"),
             framework=d.get("framework"),
@@ -126,7 +140,8 @@ class JobSpec:
             image=str(d["image"]),
             command=tuple(d["command"]),
             args=tuple(d.get("args") or ()),
-            env=dict(d.get("env") or {}),
+            env={k: v for k, v in env.items() if isinstance(v, str)},
+            secret_env={k: v["secret"] for k, v in env.items() if isinstance(v, dict)},
             labels=dict(d.get("labels") or {}),
             flavor=d.get("flavor"),
             resources=Resources(
@@ -143,6 +158,10 @@ class JobSpec:
             ),
             preemptible=bool(d.get("preemptible", False)),
             priority=int(d.get("priority", DEFAULT_PRIORITY)),
+            ports=tuple(Port.from_json(p) for p in d.get("ports") or ()),
+            git=tuple(GitSource.from_json(g) for g in d.get("git") or ()),
+            working_dir=d.get("working_dir") or None,
+            read_only_rootfs=bool(d.get("read_only_rootfs", False)),
         )
 
 
@@ -165,25 +184,50 @@ def parse_job_spec(
     host_gpus: int,
     max_timeout: float = MAX_TIMEOUT,
     gpu_home: str = "this host",
+    secret_names: frozenset[str] | None = None,
+    git_allowed: bool = True,
 ) -> JobSpec:
     """Turn a raw submission into a :class:`JobSpec` or raise :class:`JobSpecError`.
 
     Fields are checked in the order of :data:`JOB_SPEC_FIELDS`, so the first fault is reported.
     ``name`` may be absent (None): the caller then generates one. ``timeout`` defaults to 7 days
-    (or ``max_timeout`` if lower) and may not exceed ``max_timeout``.
+    (or ``max_timeout`` if lower) and may not exceed ``max_timeout``. ``secret_names``: the
+    owner's secrets (None: secrets are not enabled, and a reference to one is refused).
     """
-    return JobSpec(
-        **parse_fields(
-            raw,
-            catalog=catalog,
-            flavors=flavors,
-            limits=limits,
-            default_flavor=default_flavor,
-            allowed_images=allowed_images,
-            storage=storage,
-            user=user,
-            host_gpus=host_gpus,
-            max_timeout=max_timeout,
-            gpu_home=gpu_home,
-        )
+    fields = parse_fields(
+        raw,
+        catalog=catalog,
+        flavors=flavors,
+        limits=limits,
+        default_flavor=default_flavor,
+        allowed_images=allowed_images,
+        storage=storage,
+        user=user,
+        host_gpus=host_gpus,
+        max_timeout=max_timeout,
+        gpu_home=gpu_home,
     )
+    for var, secret in fields["secret_env"].items():
+        _check_secret(f"env.{var}", secret, secret_names)
+    if not git_allowed and raw.get("git"):
+        raise JobSpecError("git", "git repositories are not enabled on this platform")
+    git = parse_git(raw.get("git"), secret_names)
+    check_git_mounts(git, [v.mount for v in fields["volumes"]])
+    return JobSpec(
+        **fields,
+        ports=parse_ports(raw),
+        git=git,
+        working_dir=parse_working_dir(raw),
+        read_only_rootfs=parse_read_only(raw),
+    )
+
+
+def _check_secret(key: str, name: str, secret_names: frozenset[str] | None) -> None:
+    if secret_names is None:
+        raise JobSpecError(
+            key, "secrets are not enabled on this platform (the admin has configured no key)"
+        )
+    if name not in secret_names:
+        raise JobSpecError(
+            key, f"you have no secret {name!r}: create it with `gpulab secret set {name}`"
+        )

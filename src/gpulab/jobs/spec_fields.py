@@ -99,6 +99,10 @@ JOB_SPEC_FIELDS = (
     "hang_restart",
     "preemptible",
     "priority",
+    "ports",
+    "git",
+    "working_dir",
+    "read_only_rootfs",
 )
 RESOURCE_FIELDS = ("cpus", "memory", "gpus")
 HANG_RESTART_FIELDS = ("enabled", "period")
@@ -265,16 +269,22 @@ def _command(raw: Mapping) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return command, args
 
 
-def _env(raw: Mapping) -> dict[str, str]:
-    value = raw.get("env")
+def _env(raw: Mapping) -> tuple[dict[str, str], dict[str, str]]:
+    """(plain variables, variables filled from the owner's secrets: NAME -> secret name)."""
+    from .spec_extras import env_entries, secret_reference  # (spec_extras imports this module)
+
+    value = env_entries(raw.get("env"))
     if value is None:
-        return {}
+        return {}, {}
     if not isinstance(value, Mapping):
         raise JobSpecError(
-            "env", f"env must be an object of NAME: value strings, not {shown(value)}"
+            "env",
+            'env must be an object of NAME: value strings (or NAME: {"secret": SECRET}), '
+            f"not {shown(value)}",
         )
     check_count(JobSpecError, "env", len(value), MAX_ENV, "variables")
     env: dict[str, str] = {}
+    secrets: dict[str, str] = {}
     total = 0
     for name, text in value.items():
         if not isinstance(name, str) or len(name) > MAX_ENV_NAME_CHARS:
@@ -295,8 +305,16 @@ def _env(raw: Mapping) -> dict[str, str]:
                 f"{', '.join(RESERVED_ENV_PREFIXES)} and {', '.join(sorted(RESERVED_ENV_NAMES))}"
                 " cannot be set",
             )
+        if isinstance(text, Mapping):
+            secrets[name] = secret_reference(text, key)
+            total += len(name) + 1 + len(secrets[name])
+            continue
         if not isinstance(text, str):
-            raise JobSpecError(key, f"{key} must be a string, not {_type_name(text)} {shown(text)}")
+            raise JobSpecError(
+                key,
+                f'{key} must be a string or {{"secret": NAME}}, not {_type_name(text)} '
+                f"{shown(text)}",
+            )
         size = len(text) if len(text) > MAX_ENV_VALUE_BYTES else len(text.encode())
         if size > MAX_ENV_VALUE_BYTES:
             raise JobSpecError(
@@ -314,7 +332,7 @@ def _env(raw: Mapping) -> dict[str, str]:
                 "pass large inputs through a volume",
             )
         env[name] = text
-    return env
+    return env, secrets
 
 
 def _labels(raw: Mapping) -> dict[str, str]:
@@ -524,7 +542,7 @@ def parse_fields(
     name = _name(raw)
     image, framework, version = _image(raw, catalog, allowed_images)
     command, args = _command(raw)
-    env = _env(raw)
+    env, secret_env = _env(raw)
     labels = _labels(raw)
     flavor, resources = _resources(raw, flavors, limits, default_flavor, host_gpus, gpu_home)
     volumes = _volumes(raw, storage, user)
@@ -562,4 +580,5 @@ def parse_fields(
         hang_restart=hang_restart,
         preemptible=preemptible,
         priority=priority,
+        secret_env=secret_env,
     )

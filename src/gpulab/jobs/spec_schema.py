@@ -36,6 +36,7 @@ from ..bounds import (
 )
 from ..frameworks import Catalog
 from ..resources import Flavor, Limits, Resources, format_memory, parse_memory
+from .spec_extras import MAX_PATH_CHARS, PORTS_SCHEMA, SECRET_REF_SCHEMA
 from .spec_fields import (
     _DURATION_PATTERN,
     _ENV_NAME_RE,
@@ -54,6 +55,8 @@ from .spec_fields import (
     RESERVED_ENV_PREFIXES,
     RESERVED_LABEL_PREFIXES,
 )
+from .spec_git import GIT_SCHEMA
+from .spec_git import PATH_PATTERN as GIT_PATH_PATTERN
 
 __all__ = ["DURATION_FORMAT", "JOB_SPEC_SCHEMA", "SIZE_FORMAT", "job_spec_schema"]
 
@@ -151,14 +154,17 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
                 },
             },
             "additionalProperties": {
-                "type": "string",
-                "maxLength": MAX_ENV_VALUE_BYTES,
-                "pattern": _NO_NUL,
+                "oneOf": [
+                    {"type": "string", "maxLength": MAX_ENV_VALUE_BYTES, "pattern": _NO_NUL},
+                    SECRET_REF_SCHEMA,
+                ]
             },
             "description": f"Environment variables (values at most "
             f"{size_text(MAX_ENV_VALUE_BYTES)} in UTF-8, names and values at most "
             f"{size_text(MAX_ENV_BYTES)} together); names starting with "
-            f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved.",
+            f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved. Plain values are shown back by "
+            'the API: put credentials in a secret and refer to it as {"secret": NAME} (the '
+            "container gets the value; the API shows only the reference).",
         },
         "labels": {
             "type": ["object", "null"],
@@ -259,6 +265,21 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "maximum": MAX_PRIORITY,
             "default": DEFAULT_PRIORITY,
         },
+        "ports": PORTS_SCHEMA,
+        "git": GIT_SCHEMA,
+        "working_dir": {
+            "type": ["string", "null"],
+            "maxLength": MAX_PATH_CHARS,
+            "pattern": f"^$|{GIT_PATH_PATTERN}",
+            "description": "The command's working directory (absolute; default: the image's, "
+            "/workspace for gpulab's images).",
+        },
+        "read_only_rootfs": {
+            "type": ["boolean", "null"],
+            "default": False,
+            "description": "Mount the image's file system read-only: only /workspace, the "
+            "volumes, git checkouts and a small /tmp are writable.",
+        },
     },
 }
 
@@ -324,6 +345,8 @@ def job_spec_schema(
     max_timeout: float,
     max_priority: int = MAX_PRIORITY,
     volumes: bool = True,
+    secret_names: Iterable[str] | None = (),
+    git: bool = True,
 ) -> dict[str, Any]:
     """:data:`JOB_SPEC_SCHEMA` narrowed to what this deployment accepts from one caller: the
     catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
@@ -444,6 +467,25 @@ def job_spec_schema(
             "type": ["array", "null"],
             "maxItems": 0,
             "description": "No object store is configured on this platform: no data volumes.",
+        }
+    # secrets: only the caller's own can be referred to (none: secrets off, or none yet)
+    names = sorted(secret_names or ())
+    env_values = props["env"]["additionalProperties"]["oneOf"]
+    if names:
+        env_values[1] = copy.deepcopy(env_values[1])
+        env_values[1]["properties"]["secret"] = {"enum": names}
+    else:
+        props["env"]["additionalProperties"] = env_values[0]
+    git_secret = props["git"]["items"]["properties"]["secret"]
+    props["git"]["items"]["properties"]["secret"] = {
+        "enum": [*names, None, ""],
+        "description": git_secret.get("description", ""),
+    }
+    if not git:
+        props["git"] = {
+            "type": ["array", "null"],
+            "maxItems": 0,
+            "description": "Git repositories are not enabled on this platform.",
         }
     schema["allOf"] = [{"anyOf": named}, {"anyOf": sized}]
     return schema

@@ -25,7 +25,9 @@ from ..metrics import JOB_QUEUE_WAIT
 from ..runtime.base import Runtime
 from ..runtime.docker import EngineError
 from ..runtime.objects import L_WORKLOAD, job_container_name, job_workload_id
+from ..user_secrets import store_for
 from ..workload_data import VolumeSync, WorkloadData, volume_name
+from .git_sources import git_volume_prefix
 from .lease import SupervisorLease
 from .records import ACTIVE, JobRecords
 from .runner import JobLife, ts
@@ -59,6 +61,7 @@ class JobSupervisor(JobLife):
             db, f"{settings.instance}/supervisor", settings.supervisor_lease_ttl, holder
         )
         self.runtime = runtime
+        self.secrets = store_for(settings, db)  # revealed into a job's container only
         self.logs_dir = logs_dir
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.tasks: dict[str, asyncio.Task] = {}
@@ -469,8 +472,9 @@ class JobSupervisor(JobLife):
 
     async def remove_job_volumes(self, job_id: str) -> None:
         name = self.container_name(job_id)
-        for vol, node in await self.runtime.volumes_named(f"{name}-v-"):
-            await self.runtime.remove_volume(vol, node)
+        for prefix in (f"{name}-v-", git_volume_prefix(name)):  # data volumes and checkouts
+            for vol, node in await self.runtime.volumes_named(prefix):
+                await self.runtime.remove_volume(vol, node)
 
     async def prune_networks(self) -> None:
         """Best effort: remove users' networks that no container uses any more (notebooks'

@@ -18,6 +18,7 @@ def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
     if settings.runtime == "swarm":
         from .gateway import Gateway
         from .swarm import SwarmRuntime
+        from .swarm_nodes import node_tls
 
         runtime = SwarmRuntime(
             client,
@@ -29,6 +30,12 @@ def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
                 settings.swarm_gateway_image,
                 settings.swarm_gateway_port,
                 settings.swarm_gateway_api_port,
+            ),
+            node_engine=settings.swarm_node_engine,
+            node_tls=node_tls(
+                settings.swarm_node_tls_ca,
+                settings.swarm_node_tls_cert,
+                settings.swarm_node_tls_key,
             ),
         )
         runtime.helper_image = settings.sync_image

@@ -59,6 +59,11 @@ class WorkloadSpec:
     runner: bool = True
     #: seconds between SIGTERM and SIGKILL when the engine stops it
     stop_grace: float = 10.0
+    #: the command's working directory (None: the image's)
+    working_dir: str | None = None
+    #: the image's file system read-only; /tmp is then a tmpfs of ``tmp_size`` bytes
+    read_only: bool = False
+    tmp_size: int = 256 * 1024**2
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,34 @@ class WorkloadGone(LookupError):
     """The engine has no workload of that name."""
 
 
+class ExecSession:
+    """An interactive terminal in a running workload: a TTY exec, as a blocking byte stream.
+
+    Used from worker threads, never from the event loop: one thread loops on :meth:`read`
+    (which also sends what :meth:`write` queued); any thread may call :meth:`write`,
+    :meth:`resize` and :meth:`close`."""
+
+    def read(self) -> bytes:
+        """The terminal's next output; b"" once the session has ended (the shell exited, or
+        :meth:`close` was called)."""
+        raise NotImplementedError
+
+    def write(self, data: bytes) -> None:
+        """Queue keystrokes for the terminal (never blocks)."""
+        raise NotImplementedError
+
+    def resize(self, cols: int, rows: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """End the session from any thread: :meth:`read` returns b"" soon after."""
+        raise NotImplementedError
+
+    def exit_code(self) -> int | None:
+        """The shell's exit code once :meth:`read` returned b"" (None: unknown)."""
+        raise NotImplementedError
+
+
 class Runtime:
     """The interface. Blocking engine calls run on a shared thread pool, wide enough that
     one user's slow image pull does not queue another user's spawn behind it."""
@@ -153,6 +186,22 @@ class Runtime:
         if Runtime._executor is None:
             Runtime._executor = ThreadPoolExecutor(workers, thread_name_prefix="gpulab-engine")
         return Runtime._executor
+
+    #: threads of the pool that runs users' execs (see :meth:`run_exec`)
+    EXEC_THREADS = 64
+    _exec_executor: ThreadPoolExecutor | None = None
+
+    async def run_exec(self, fn, *args, **kwargs) -> Any:
+        """Run a blocking exec call on a pool of its own: an exec may run for minutes, and
+        must never hold the threads that spawns and jobs' engine calls wait for."""
+        if Runtime._exec_executor is None:
+            Runtime._exec_executor = ThreadPoolExecutor(
+                self.EXEC_THREADS, thread_name_prefix="gpulab-exec"
+            )
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            Runtime._exec_executor, functools.partial(fn, *args, **kwargs)
+        )
 
     async def run(self, fn, *args, **kwargs) -> Any:
         """Run a blocking call off the event loop (engine calls, and the database's)."""
@@ -212,6 +261,21 @@ class Runtime:
 
     def log_stream(self, name: str, follow: bool, tail: int | None = None) -> LogStream:
         """Blocking: call it on a worker thread. Raises WorkloadGone."""
+        raise NotImplementedError
+
+    async def exec_run(
+        self, name: str, command: list[str], timeout: float, max_output: int
+    ) -> tuple[int | None, bytes, bool]:
+        """Run ``command`` in the running workload, as its user (1000:100) in its working
+        directory, to its end or to ``timeout`` seconds (then it is killed, with what it
+        started). Returns (exit code, None on time-out; stdout and stderr combined, at most
+        ``max_output`` bytes; whether output was cut). Raises WorkloadGone when it is not
+        running."""
+        raise NotImplementedError
+
+    async def exec_session(self, name: str, cols: int = 80, rows: int = 24) -> ExecSession:
+        """Open an interactive shell (a TTY) in the running workload, as its user. Raises
+        WorkloadGone when it is not running."""
         raise NotImplementedError
 
     async def cpu_time(self, name: str) -> int | None:

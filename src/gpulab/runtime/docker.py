@@ -17,6 +17,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from ..faults import fault_point
 from . import network as net
 from .base import (
+    ExecSession,
     HelperResult,
     Labelled,
     LogStream,
@@ -26,6 +27,7 @@ from .base import (
     WorkloadSpec,
     WorkloadState,
 )
+from .execution import EngineExecSession, run_command
 from .objects import L_INSTANCE, L_KIND, docker_epoch, workload_container_config
 
 log = logging.getLogger(__name__)
@@ -193,6 +195,14 @@ class DockerRuntime(EngineClient, Runtime):
         except NotFound:
             raise WorkloadGone(name) from None
         return LogStream(iter(stream), stream.close)
+
+    async def exec_run(
+        self, name: str, command: list[str], timeout: float, max_output: int
+    ) -> tuple[int | None, bytes, bool]:
+        return await self.run_exec(run_command, self.client, name, command, timeout, max_output)
+
+    async def exec_session(self, name: str, cols: int = 80, rows: int = 24) -> ExecSession:
+        return await self.run_exec(EngineExecSession, self.client, name, cols, rows)
 
     async def cpu_time(self, name: str) -> int | None:
         stats = await self.run(self.client.stats, name, stream=False, one_shot=True)

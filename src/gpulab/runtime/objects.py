@@ -225,7 +225,10 @@ def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) ->
     if spec.runner:
         binds[runner] = {"bind": RUNNER_PATH, "mode": "ro"}
         command = ["/bin/sh", RUNNER_PATH, *command]
-    network_host = {"network_mode": spec.network_owner} if spec.network_owner else {}
+    extra_host = {"network_mode": spec.network_owner} if spec.network_owner else {}
+    if spec.read_only:  # the runner and most tools need a writable /tmp
+        tmp = f"rw,nosuid,nodev,size={spec.tmp_size},mode=1777"
+        extra_host = {**extra_host, "read_only": True, "tmpfs": {"/tmp": tmp}}
     return {
         "image": spec.image,
         "name": spec.name,
@@ -233,6 +236,7 @@ def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) ->
         "environment": {**spec.env, **gpu_env},
         "labels": spec.labels,
         "user": spec.user,
+        **({"working_dir": spec.working_dir} if spec.working_dir else {}),
         "host_config": {
             "binds": binds,
             "auto_remove": False,
@@ -240,7 +244,7 @@ def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) ->
             **limits,
             **log_options(spec.log_max_size, spec.log_max_files),
             **gpu_host,
-            **network_host,
+            **extra_host,
         },
     }
 

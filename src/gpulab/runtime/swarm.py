@@ -8,7 +8,9 @@ of one task pinned to the same node, mounting the same volume. Nothing comes fro
 host: the job runner is a Swarm config, images come from a registry.
 
 What the manager's API cannot do, and what gpulab does instead (ARCHITECTURE.md):
-- exec into a task (hang restart) and ``docker start`` of an ended container: the service is
+- exec into a task: users' execs and shells go to the engine of the task's node
+  (runtime/swarm_nodes.py, ``swarm_node_engine``);
+- exec into a task for a hang restart, and ``docker start`` of an ended container: the service is
   force-updated, which runs a new task on the same node with the same volumes;
 - read a task's CPU time: hang detection on Swarm judges by output alone;
 - list or remove a node's volumes: a volume is emptied by a helper task on its node (the
@@ -25,11 +27,13 @@ import time
 
 import docker
 from docker.errors import APIError, NotFound
+from docker.tls import TLSConfig
 from docker.types.daemon import CancellableStream
 
 from ..faults import fault_point
 from . import network as net
 from .base import (
+    ExecSession,
     HelperResult,
     Labelled,
     LogStream,
@@ -40,6 +44,7 @@ from .base import (
     WorkloadState,
 )
 from .docker import EngineClient
+from .execution import EngineExecSession, run_command
 from .gateway import Gateway, GatewayError
 from .objects import (
     L_INSTANCE,
@@ -49,6 +54,7 @@ from .objects import (
     L_ROUTE,
     L_USER,
 )
+from .swarm_nodes import NodeEngines
 from .swarm_specs import (
     HELPER_TIMEOUT,
     L_NODE,
@@ -79,9 +85,13 @@ class SwarmRuntime(EngineClient, Runtime):
         gpu_label: str = "org.gpulab.gpus",
         runner_script: str = "",
         gateway: Gateway | None = None,
+        node_engine: str = "tcp://{address}:2376",
+        node_tls: TLSConfig | None = None,
     ):
         super().__init__(workers, registry)
         self._client = client
+        #: the nodes' own engines, for execs (runtime/swarm_nodes.py)
+        self.node_engines = NodeEngines(node_engine, node_tls)
         #: how the hub reaches notebooks on the overlays (None: jobs only, no notebooks)
         self.gateway = gateway
         self.gpu_label = gpu_label
@@ -293,6 +303,23 @@ class SwarmRuntime(EngineClient, Runtime):
     async def restart_in_place(self, name: str) -> None:
         # no exec through a manager: a new task on the same node, with the same volumes
         await self.start_again(name)
+
+    def _exec_blocking(self, name: str, command: list[str], timeout: float, cap: int):
+        node, container = self.node_engines.locate(self.client, name)
+        return run_command(node, container, command, timeout, cap)
+
+    async def exec_run(
+        self, name: str, command: list[str], timeout: float, max_output: int
+    ) -> tuple[int | None, bytes, bool]:
+        """On the engine of the node that runs the task (the manager has no exec)."""
+        return await self.run_exec(self._exec_blocking, name, command, timeout, max_output)
+
+    def _session_blocking(self, name: str, cols: int, rows: int) -> ExecSession:
+        node, container = self.node_engines.locate(self.client, name)
+        return EngineExecSession(node, container, cols, rows)
+
+    async def exec_session(self, name: str, cols: int = 80, rows: int = 24) -> ExecSession:
+        return await self.run_exec(self._session_blocking, name, cols, rows)
 
     def _logs_params(self, follow: bool, since: float | None, tail: int | None) -> dict:
         return {

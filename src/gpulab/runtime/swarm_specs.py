@@ -41,6 +41,14 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
     mounts.append(
         {"Type": "tmpfs", "Target": "/dev/shm", "TmpfsOptions": {"SizeBytes": spec.shm_size}}
     )
+    if spec.read_only:  # the runner and most tools need a writable /tmp
+        mounts.append(
+            {
+                "Type": "tmpfs",
+                "Target": "/tmp",
+                "TmpfsOptions": {"SizeBytes": spec.tmp_size, "Mode": 0o1777},
+            }
+        )
     command = list(spec.command)
     container: dict = {
         "Image": spec.image,
@@ -50,6 +58,8 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
         "Mounts": mounts,
         "StopGracePeriod": int(spec.stop_grace * 1e9),
         "CapabilityDrop": ["ALL"],
+        **({"ReadOnly": True} if spec.read_only else {}),
+        **({"Dir": spec.working_dir} if spec.working_dir else {}),
     }
     if spec.runner:
         if runner_config is None:

@@ -25,6 +25,7 @@ from ..notebooks import NotebookRecords
 from ..runtime.docker import DockerRuntime
 from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
+from ..user_secrets import store_for
 from ..workload_data import PushRaced, WorkloadData, notebook_volumes, retry_push
 from .app_base import (
     METRICS,
@@ -38,6 +39,7 @@ from .app_base import (
     read,
 )
 from .bodylimit import BoundedApplication
+from .exec_api import JobExecHandler, JobShellHandler
 from .jobs_api import (
     JobActionHandler,
     JobEventsHandler,
@@ -56,6 +58,8 @@ from .pages import (
     StaticHandler,
     SubmitJobPage,
 )
+from .ports_proxy import JobPortHandler
+from .secrets_api import SecretHandler, SecretsHandler, SecretsPage
 
 log = logging.getLogger("gpulab.service")
 
@@ -159,8 +163,16 @@ class OpenAPIHandler(BaseHandler):
             max_timeout=s.job_max_timeout,
             max_priority=MAX_PRIORITY if admin else min(s.max_user_priority, MAX_PRIORITY),
             volumes=bool(s.storage.stores),
+            secret_names=self._secret_names(user),
+            git=s.job_git_sources,
         )
         self.write_json(document(submission))
+
+    def _secret_names(self, user: str) -> list[str]:
+        store = self.settings["secrets"]
+        if not user or not store.available:
+            return []
+        return [i.name for i in store.names(user)]
 
 
 # path (relative to the service prefix, as in the OpenAPI document) -> handler
@@ -178,17 +190,29 @@ ROUTES: list[tuple[str, str, type]] = [
     ("/api/jobs/{job_id}", r"api/jobs/([a-z0-9]+)", JobHandler),
     ("/api/jobs/{job_id}/events", r"api/jobs/([a-z0-9]+)/events", JobEventsHandler),
     ("/api/jobs/{job_id}/logs", r"api/jobs/([a-z0-9]+)/logs", JobLogsHandler),
+    ("/api/jobs/{job_id}/exec", r"api/jobs/([a-z0-9]+)/exec", JobExecHandler),
+    ("/api/jobs/{job_id}/shell", r"api/jobs/([a-z0-9]+)/shell", JobShellHandler),
     (
         "/api/jobs/{job_id}/{action}",
         r"api/jobs/([a-z0-9]+)/(interrupt|resume|rerun|push)",
         JobActionHandler,
     ),
     ("/api/usage", r"api/usage", UsageHandler),
+    ("/api/secrets", r"api/secrets/?", SecretsHandler),
+    ("/api/secrets/{name}", r"api/secrets/([^/]+)", SecretHandler),
 ]
 
 # Prometheus' endpoint (not JSON: kept out of ROUTES and the OpenAPI document, like
 # JupyterHub's /hub/metrics)
-OTHER_ROUTES: list[tuple[str, str, type]] = [("/metrics", r"metrics", MetricsHandler)]
+OTHER_ROUTES: list[tuple[str, str, type]] = [
+    ("/metrics", r"metrics", MetricsHandler),
+    # a running job's ports (any content, HTTP and websockets: service/ports_proxy.py)
+    (
+        "/jobs/{job_id}/ports/{name}/{path}",
+        r"jobs/([a-z0-9]+)/ports/([a-z][a-z0-9-]{0,31})(/.*)?",
+        JobPortHandler,
+    ),
+]
 
 # the web pages (HTML, not API: kept out of ROUTES and the OpenAPI document)
 PAGE_ROUTES: list[tuple[str, str, type]] = [
@@ -198,6 +222,7 @@ PAGE_ROUTES: list[tuple[str, str, type]] = [
     ("/jobs/{job_id}", r"jobs/([a-z0-9]+)", JobPage),
     ("/jobs/{job_id}/{action}", r"jobs/([a-z0-9]+)/(interrupt|resume|rerun|push)", JobActionPage),
     ("/admin", r"admin/?", AdminPage),
+    ("/secrets", r"secrets/?", SecretsPage),
     ("/static/{path}", r"static/(.+)", StaticHandler),
 ]
 
@@ -222,6 +247,7 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
         # the notebooks' engine (their push retries): the same as the jobs' (one setting)
         runtime=supervisor.runtime if supervisor else DockerRuntime(),
         supervisor=supervisor,
+        secrets=supervisor.secrets if supervisor else store_for(settings, db),
         default_handler_class=NotFoundHandler,
         log_function=log_request,
     )

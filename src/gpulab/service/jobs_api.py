@@ -133,6 +133,10 @@ class JobsHandler(JobsBase):
         s = self.settings["gpulab"]
         user, groups = me["name"], list(me.get("groups") or [])
         host_gpus, gpu_home = self.supervisor.ledger.gpu_home()
+        store = self.supervisor.secrets
+        secret_names = (
+            frozenset(i.name for i in await read(store.names, user)) if store.available else None
+        )
         try:
             spec = parse_job_spec(
                 raw,
@@ -146,6 +150,8 @@ class JobsHandler(JobsBase):
                 host_gpus=host_gpus,
                 max_timeout=s.job_max_timeout,
                 gpu_home=gpu_home,
+                secret_names=secret_names,
+                git_allowed=s.job_git_sources,
             )
         except FieldError as e:
             raise ApiError(400, str(e), field=e.field) from None

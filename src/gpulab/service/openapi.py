@@ -8,9 +8,11 @@ test checks it. The job submission body is the JSON Schema kept beside its parse
 from __future__ import annotations
 
 from .. import __version__
+from ..bounds import MAX_ENV_VALUE_BYTES
 from ..jobs.spec import JOB_SPEC_SCHEMA
 from ..lifecycle import JobState, NotebookState
 from .app_base import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
+from .exec_api import EXEC_DESCRIPTION, EXEC_REQUEST, EXEC_RESULT, MAX_TERMINAL_SIZE
 
 ERROR = {
     "type": "object",
@@ -32,7 +34,13 @@ ERROR_TEXT = {
     413: "the request body is over the service's limit (the message names it)",
     429: "too many log streams open; close one first or try again later",
     502: "the object store failed",
+    503: "not enabled on this platform (the message says what the admin must configure)",
 }
+
+
+#: a secret's name (gpulab/user_secrets.py)
+SECRET_NAME = {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,62}$", "maxLength": 63}
+SECRET_PARAMS = [{"name": "name", "in": "path", "required": True, "schema": SECRET_NAME}]
 
 
 def _ref(name: str) -> dict:
@@ -326,6 +334,65 @@ PATHS: dict[str, dict] = {
             },
         }
     },
+    "/api/jobs/{job_id}/exec": {
+        "post": {
+            "operationId": "execInJob",
+            "summary": "run a command in a RUNNING job (its owner and admins; recorded in its "
+            "events) and answer its output and exit code",
+            "description": EXEC_DESCRIPTION,
+            "parameters": [JOB_ID],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": EXEC_REQUEST}},
+            },
+            "responses": {
+                "200": _json(EXEC_RESULT, "the command ran (to its end or its time-out)"),
+                **_errors(400, 404, 409),
+                "429": _json(_ref("Error"), "too many execs open (per user, or in all)"),
+                "502": _json(_ref("Error"), "the container engine failed"),
+            },
+        }
+    },
+    "/api/jobs/{job_id}/shell": {
+        "get": {
+            "operationId": "shellInJob",
+            "summary": "an interactive terminal in a RUNNING job, over a WebSocket (its owner "
+            "and admins; recorded in its events)",
+            "description": "Binary frames both ways carry the terminal's bytes; the client "
+            'sends the text frame {"resize": [cols, rows]} when its size changes; when the '
+            'shell exits the service sends {"exit": CODE} and closes. A browser\'s handshake '
+            "must come from this host (Origin) and carry the page's XSRF token (_xsrf).",
+            "parameters": [
+                JOB_ID,
+                *(
+                    {
+                        "name": name,
+                        "in": "query",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": 1,
+                            "maximum": MAX_TERMINAL_SIZE,
+                            "default": default,
+                        },
+                        "description": f"the terminal's {what}",
+                    }
+                    for name, default, what in (("cols", 80, "columns"), ("rows", 24, "rows"))
+                ),
+                {
+                    "name": "_xsrf",
+                    "in": "query",
+                    "schema": {"type": "string"},
+                    "description": "a browser's XSRF token (not needed with a token)",
+                },
+            ],
+            "responses": {
+                "101": {"description": "switched to the WebSocket protocol"},
+                **_errors(400, 404, 409),
+                "429": _json(_ref("Error"), "too many shells open (per user, or in all)"),
+                "502": _json(_ref("Error"), "the container engine failed"),
+            },
+        }
+    },
     "/api/jobs/{job_id}/{action}": {
         "post": {
             "operationId": "jobAction",
@@ -355,6 +422,67 @@ PATHS: dict[str, dict] = {
             "parameters": [{"name": "user", "in": "query", "schema": {"type": "string"}}],
             "responses": {"200": _json(_ref("Usage"), "usage"), **_errors()},
         }
+    },
+    "/api/secrets": {
+        "get": {
+            "operationId": "listSecrets",
+            "summary": "your secrets' names (never their values)",
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {"secrets": {"type": "array", "items": _ref("Secret")}},
+                    },
+                    "your secrets",
+                ),
+                **_errors(503),
+            },
+        }
+    },
+    "/api/secrets/{name}": {
+        "get": {
+            "operationId": "getSecret",
+            "parameters": SECRET_PARAMS,
+            "summary": "one secret's name and times (never its value)",
+            "responses": {"200": _json(_ref("Secret"), "the secret"), **_errors(400, 404, 503)},
+        },
+        "put": {
+            "operationId": "putSecret",
+            "parameters": SECRET_PARAMS,
+            "summary": "store or replace a secret; a job refers to it as "
+            '{"env": {"VAR": {"secret": NAME}}}',
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["value"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "value": {
+                                    "type": "string",
+                                    "minLength": 1,
+                                    "maxLength": MAX_ENV_VALUE_BYTES,
+                                    "pattern": "^[^\\x00]*$",
+                                }
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": _json(_ref("Secret"), "replaced"),
+                "201": _json(_ref("Secret"), "created"),
+                **_errors(400, 503),
+            },
+        },
+        "delete": {
+            "operationId": "deleteSecret",
+            "parameters": SECRET_PARAMS,
+            "summary": "delete a secret (jobs that refer to it then fail to start)",
+            "responses": {"204": {"description": "deleted"}, **_errors(400, 404, 503)},
+        },
     },
 }
 
@@ -399,7 +527,27 @@ def document(job_submission: dict | None = None) -> dict:
                         "hang_restarts": {"type": "integer"},
                         "billed_minutes": {"type": "integer"},
                         "spec": {"type": "object"},
+                        "ports": {
+                            "type": "array",
+                            "description": "its exposed ports and where they open",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "port": {"type": "integer"},
+                                    "url": {"type": "string"},
+                                },
+                            },
+                        },
                         "history": {"type": "array", "items": EVENT},
+                    },
+                },
+                "Secret": {
+                    "type": "object",
+                    "properties": {
+                        "name": SECRET_NAME,
+                        "created": {"type": "string", "format": "date-time"},
+                        "updated": {"type": "string", "format": "date-time"},
                     },
                 },
                 "Notebook": {

@@ -29,6 +29,7 @@ from ..lifecycle import JobState, NotebookState
 from ..resources import format_memory
 from .app_base import NB_READ, ApiError, authenticated
 from .jobs_api import MANAGE, READ, JobActionHandler, JobsBase, JobsHandler
+from .pages_extras import EXTRA_FORM_FIELDS, form_extras
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
@@ -262,6 +263,11 @@ _FIELD_OF = {
     "resources": "flavor",
     "args": "command",
     "hang_restart": "timeout",
+    "env": "env",
+    "ports": "ports",
+    "git": "git",
+    "working_dir": "working_dir",
+    "read_only_rootfs": "read_only",
 }
 
 
@@ -329,6 +335,7 @@ def form_to_job(form: dict[str, str]) -> tuple[dict, dict[str, str]]:
         except ValueError:
             errors["retries"] = f"retries must be a whole number, not {retries!r}"
     raw["preemptible"] = form.get("preemptible") in ("on", "true", "1")
+    form_extras(form, raw, errors)  # ports, secrets, git, working dir, read-only root
     return raw, errors
 
 
@@ -345,6 +352,7 @@ _FORM_FIELDS = (
     "timeout",
     "retries",
     "preemptible",
+    *EXTRA_FORM_FIELDS,
 )
 
 

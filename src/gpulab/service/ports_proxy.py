@@ -1,0 +1,333 @@
+"""A running job's exposed ports, under the hub: ``/services/gpulab/jobs/ID/ports/NAME/...``.
+
+HTTP and websockets are proxied to the job's container, behind the hub's login (the service's
+OAuth cookie, or a hub token). Who gets through: the job's owner, admins (``custom:gpulab:
+admin``), and the users and groups the port is shared with; anyone else gets the same 404 as
+for a job that does not exist. The port is reachable no other way: jobs publish no port on any
+host, and their network is their owner's alone (runtime/network.py).
+
+The path is forwarded whole (the app is told its prefix in ``GPULAB_PORT_<NAME>_PATH``, as the
+hub's proxy does for notebooks). On a Swarm the job's overlay address is reached through the
+notebook gateway (``Runtime.reach``), on one engine through its bridge address.
+
+What an app may not have, because it shares the hub's origin:
+- the hub's credentials: the hub's and the service's cookies, the ``_xsrf`` cookie, and a hub
+  token that authenticated the request (header or ``?token=``) are removed before forwarding;
+- for anyone but its owner (a user it is shared with, an admin), the viewer's session: its
+  pages are served with ``Content-Security-Policy: sandbox`` without ``allow-same-origin``, so
+  that their scripts run in an opaque origin and cannot call the hub or the service as the
+  viewer, and its ``Set-Cookie`` headers are dropped (no cookie planted on the hub's origin).
+- a write from another site: a cookie-authenticated request other than GET/HEAD/OPTIONS must
+  come from the same origin (``Sec-Fetch-Site`` or ``Origin``), else 403.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from http.cookies import CookieError, SimpleCookie
+from urllib.parse import parse_qsl, urlencode
+
+from tornado import httpclient, httputil, web, websocket
+
+from ..jobs.spec import JobSpec
+from ..lifecycle import JobState
+from .app_base import ADMIN, JOBS_READ, ApiError, BaseHandler
+
+log = logging.getLogger("gpulab.ports")
+
+#: headers that belong to one hop, never forwarded (RFC 9110 7.6.1)
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+#: cookies of the hub and its services (and their XSRF token): never shown to an app
+HUB_COOKIE_PREFIXES = ("jupyterhub", "__Host-jupyterhub", "_xsrf")
+#: what a page served to someone other than its owner may do: everything but its own origin
+SANDBOX = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
+#: seconds a job port's address is remembered (one engine look-up per miss)
+TARGET_TTL = 10.0
+#: how long an app may take to answer (long polls included), and to connect
+REQUEST_TIMEOUT, CONNECT_TIMEOUT = 3600.0, 10.0
+#: the largest websocket message relayed either way
+MAX_WS_MESSAGE = 64 * 1024 * 1024
+_targets: dict[tuple[str, str], tuple[float, str, int]] = {}
+
+
+def port_prefix(service_prefix: str, job_id: str, name: str) -> str:
+    return f"{service_prefix.rstrip('/')}/jobs/{job_id}/ports/{name}/"
+
+
+def _without_hub_cookies(header: str) -> str:
+    jar = SimpleCookie()
+    try:
+        jar.load(header)
+    except CookieError:
+        return ""  # not parseable: forward none rather than a hub cookie by mistake
+    return "; ".join(
+        f"{k}={m.coded_value}" for k, m in jar.items() if not k.startswith(HUB_COOKIE_PREFIXES)
+    )
+
+
+class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
+    """One handler for both: a GET with ``Upgrade: websocket`` becomes a websocket relay."""
+
+    SUPPORTED_METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
+
+    # --- who, and where to ---------------------------------------------------------------
+
+    def check_xsrf_cookie(self) -> None:
+        """The apps behind a port do not know the hub's XSRF token: a cookie-authenticated
+        request that may change something must come from this origin instead (the browser
+        says so in Sec-Fetch-Site, or Origin). Reads pass, as for any page."""
+        if self.request.method in ("GET", "HEAD", "OPTIONS"):
+            return
+        site = self.request.headers.get("Sec-Fetch-Site")
+        origin = self.request.headers.get("Origin")
+        if site == "same-origin" or (
+            site is None and origin and origin.split("://", 1)[-1] == self.request.host
+        ):
+            return
+        raise web.HTTPError(403, "a cross-site request to a job's port is refused")
+
+    async def _resolve(self, job_id: str, name: str) -> tuple[dict, str, int, bool]:
+        """(the job, the host and port to forward to, whether the caller is its owner); a 404
+        for anyone who may not open it, the same as for a job that does not exist."""
+        me = self.current_user
+        if me is None:
+            browser = "text/html" in self.request.headers.get("Accept", "")
+            if self.request.method in ("GET", "HEAD") and browser and not self._websocket():
+                self.redirect(self.get_login_url())
+                raise _Redirected
+            why = getattr(self, "_gpulab_denied", None)
+            if why is not None:
+                raise ApiError(403, "the token lacks the scope access:services!service=gpulab")
+            raise ApiError(401, "not authenticated: log in, or send a hub API token")
+        self.require(JOBS_READ)
+        supervisor = self.settings["supervisor"]
+        job = await asyncio.to_thread(supervisor.records.get, job_id, False)
+        missing = ApiError(404, f"no job {job_id}")
+        if job is None:
+            raise missing
+        spec = JobSpec.from_json(job["spec"])
+        port = next((p for p in spec.ports if p.name == name), None)
+        owner = job["owner"] == me["name"]
+        allowed = (
+            owner
+            or ADMIN in self.scopes_of(me)
+            or (port is not None and port.may_open(me["name"], me.get("groups")))
+        )
+        if not allowed:
+            raise missing
+        if port is None:
+            names = ", ".join(p.name for p in spec.ports) or "none"
+            raise ApiError(404, f"job {job_id} has no port {name!r} (its ports: {names})")
+        if job["state"] != JobState.RUNNING.value:
+            raise ApiError(
+                503, f"job {job_id} is {job['state']}: its ports answer while it is RUNNING"
+            )
+        host, number = await self._target(job, port.name, port.port)
+        return job, host, number, owner
+
+    async def _target(self, job: dict, name: str, number: int) -> tuple[str, int]:
+        key = (job["id"], name)
+        hit = _targets.get(key)
+        if hit and hit[0] > time.monotonic():
+            return hit[1], hit[2]
+        s = self.settings["gpulab"]
+        runtime = self.settings["runtime"]
+        network = ""
+        if s.network_isolation == "user":
+            network = await runtime.ensure_user_network(s.instance, job["owner"])
+        path = port_prefix(self._service_prefix(), job["id"], name)
+        try:
+            host, port = await runtime.reach(job["container"], network, path, number)
+        except Exception as e:  # gone meanwhile, or the engine did not answer
+            log.info("job %s port %s not reachable: %s", job["id"], name, e)
+            raise ApiError(502, f"job {job['id']}: port {name} cannot be reached now") from None
+        _targets[key] = (time.monotonic() + TARGET_TTL, host, port)
+        return host, port
+
+    def _service_prefix(self) -> str:
+        return self.request.path.split("/jobs/", 1)[0] + "/"
+
+    def _websocket(self) -> bool:
+        return self.request.headers.get("Upgrade", "").lower() == "websocket"
+
+    def _upstream_headers(self) -> httputil.HTTPHeaders:
+        out = httputil.HTTPHeaders()
+        token_auth = getattr(self, "_token_authenticated", False)
+        for k, v in self.request.headers.get_all():
+            low = k.lower()
+            if low in HOP_BY_HOP or low.startswith("sec-websocket-") or low == "content-length":
+                continue
+            if low == "authorization" and token_auth:
+                continue  # the hub token that let the caller in
+            if low == "cookie":
+                v = _without_hub_cookies(v)
+                if not v:
+                    continue
+            out.add(k, v)
+        out["X-Forwarded-Host"] = self.request.host
+        out["X-Forwarded-Proto"] = self.request.protocol
+        out["X-Forwarded-For"] = self.request.remote_ip or ""
+        return out
+
+    def _upstream_uri(self) -> str:
+        path, _, query = self.request.uri.partition("?")
+        if query:
+            kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "token"]
+            path += "?" + urlencode(kept) if kept else ""
+        return path
+
+    # --- HTTP ---------------------------------------------------------------------------------
+
+    async def get(self, job_id: str, name: str, rest: str | None = None):
+        if self._websocket():
+            try:
+                _, self._host, self._port, _owner = await self._resolve(job_id, name)
+            except _Redirected:
+                return
+            return await websocket.WebSocketHandler.get(self, job_id, name, rest)
+        await self._proxy(job_id, name, rest)
+
+    async def head(self, job_id, name, rest=None):
+        await self._proxy(job_id, name, rest)
+
+    async def post(self, job_id, name, rest=None):
+        await self._proxy(job_id, name, rest)
+
+    async def put(self, job_id, name, rest=None):
+        await self._proxy(job_id, name, rest)
+
+    async def delete(self, job_id, name, rest=None):
+        await self._proxy(job_id, name, rest)
+
+    async def patch(self, job_id, name, rest=None):
+        await self._proxy(job_id, name, rest)
+
+    async def options(self, job_id, name, rest=None):
+        await self._proxy(job_id, name, rest)
+
+    async def _proxy(self, job_id: str, name: str, rest: str | None) -> None:
+        try:
+            job, host, port, owner = await self._resolve(job_id, name)
+        except _Redirected:
+            return
+        if rest is None:  # /ports/NAME -> /ports/NAME/ (relative links resolve below it)
+            self.redirect(self.request.path + "/", permanent=False)
+            return
+        method = self.request.method
+        # tornado wants a body (maybe empty) for POST, PUT and PATCH, and none for GET
+        body = self.request.body if method in ("POST", "PUT", "PATCH", "DELETE") else None
+        if body is None and method in ("POST", "PUT", "PATCH"):
+            body = b""
+        started = False
+
+        def on_header(line: str) -> None:
+            nonlocal started
+            line = line.rstrip("\r\n")
+            if line.startswith("HTTP/"):
+                first = httputil.parse_response_start_line(line)
+                if first.code == 100:
+                    return
+                self.set_status(first.code, first.reason)
+                self._headers = httputil.HTTPHeaders()  # none of tornado's defaults
+                if not owner:  # before the first chunk flushes the headers
+                    self._headers["Content-Security-Policy"] = SANDBOX
+                return
+            if not line:
+                return
+            k, _, v = line.partition(":")
+            low = k.strip().lower()
+            if low in HOP_BY_HOP or (low == "set-cookie" and not owner):
+                return
+            self._headers.add(k.strip(), v.strip())
+
+        def on_chunk(chunk: bytes) -> None:
+            nonlocal started
+            started = True
+            self.write(chunk)
+            self.flush()
+
+        req = httpclient.HTTPRequest(
+            f"http://{host}:{port}{self._upstream_uri()}",
+            method=method,
+            headers=self._upstream_headers(),
+            body=body
+            if body is not None
+            else (b"" if method in ("POST", "PUT", "PATCH") else None),
+            follow_redirects=False,
+            decompress_response=False,
+            allow_nonstandard_methods=True,
+            connect_timeout=CONNECT_TIMEOUT,
+            request_timeout=REQUEST_TIMEOUT,
+            header_callback=on_header,
+            streaming_callback=on_chunk,
+        )
+        try:
+            await httpclient.AsyncHTTPClient().fetch(req, raise_error=False)
+        except Exception as e:
+            _targets.pop((job_id, name), None)  # it may have moved: look it up again next time
+            if started:
+                raise  # half an answer sent: the connection is dropped
+            log.info("job %s port %s: %s", job_id, name, e)
+            self._headers = httputil.HTTPHeaders({"Content-Type": "application/json"})
+            raise ApiError(502, f"job {job_id}: nothing answers on port {name} ({port})") from None
+        self.finish()
+
+    # --- websockets ---------------------------------------------------------------------------
+
+    def select_subprotocol(self, subprotocols: list[str]) -> str | None:
+        self._subprotocols = subprotocols
+        return subprotocols[0] if subprotocols else None
+
+    async def open(self, job_id: str, name: str, rest: str | None = None):
+        url = f"ws://{self._host}:{self._port}{self._upstream_uri()}"
+        headers = self._upstream_headers()
+        for k in ("Host", "Origin"):  # the upstream's own; its origin check sees the hub's
+            headers.pop(k, None)
+        headers["Origin"] = f"{self.request.protocol}://{self.request.host}"
+        req = httpclient.HTTPRequest(url, headers=headers, connect_timeout=CONNECT_TIMEOUT)
+        try:
+            self._upstream = await websocket.websocket_connect(
+                req,
+                on_message_callback=self._from_upstream,
+                max_message_size=MAX_WS_MESSAGE,
+                subprotocols=getattr(self, "_subprotocols", None) or None,
+            )
+        except Exception as e:
+            _targets.pop((job_id, name), None)
+            log.info("job %s port %s websocket: %s", job_id, name, e)
+            self.close(1011, "nothing answers on that port")
+
+    def _from_upstream(self, message: str | bytes | None) -> None:
+        if message is None:  # the app closed it
+            self.close()
+            return
+        if self.ws_connection is None or self.ws_connection.is_closing():
+            return
+        self.write_message(message, binary=isinstance(message, bytes))
+
+    async def on_message(self, message: str | bytes) -> None:
+        upstream = getattr(self, "_upstream", None)
+        if upstream is not None:
+            await upstream.write_message(message, binary=isinstance(message, bytes))
+
+    def on_close(self) -> None:
+        upstream = getattr(self, "_upstream", None)
+        if upstream is not None:
+            upstream.close()
+
+
+class _Redirected(Exception):
+    """The caller was sent to the hub's log-in page: nothing else to answer."""

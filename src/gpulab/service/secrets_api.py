@@ -1,0 +1,125 @@
+"""REST API of users' secrets (under /services/gpulab/api/secrets): names in, values never out.
+
+``PUT /api/secrets/NAME`` with ``{"value": "..."}`` stores (or replaces) one, ``GET
+/api/secrets`` lists names and times, ``DELETE /api/secrets/NAME`` removes one. A job refers to
+a secret from its environment (``{"secret": NAME}``) and gets its value in its container only.
+Each user sees and touches only their own: there is no way to read a value back, admins
+included. The scopes are the jobs' (secrets exist for jobs): read to list, manage to change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from ..user_secrets import SecretError, SecretStore, SecretsUnavailable, check_name
+from .app_base import JOBS_MANAGE, JOBS_READ, ApiError, BaseHandler, authenticated, read
+from .pages import PageHandler
+
+
+class SecretsBase(BaseHandler):
+    @property
+    def store(self) -> SecretStore:
+        store = self.settings["secrets"]
+        if not store.available:
+            raise ApiError(
+                503,
+                "secrets are not enabled: the admin has configured no key "
+                "(c.GpulabSettings.secrets_keys or secrets_key_file)",
+            )
+        return store
+
+    def secret_name(self, name: str) -> str:
+        try:
+            return check_name(name)
+        except SecretError as e:
+            raise ApiError(400, str(e), field="name") from None
+
+
+class SecretsHandler(SecretsBase):
+    @authenticated
+    async def get(self):
+        """Your secrets' names, with when each was created and last set (never the values)."""
+        me = self.require(JOBS_READ)
+        infos = await read(self.store.names, me["name"])
+        self.write_json({"secrets": [i.to_json() for i in infos]})
+
+
+class SecretHandler(SecretsBase):
+    @authenticated
+    async def get(self, name: str):
+        me = self.require(JOBS_READ)
+        name = self.secret_name(name)
+        found = [i for i in await read(self.store.names, me["name"]) if i.name == name]
+        if not found:
+            raise ApiError(404, f"you have no secret {name}")
+        self.write_json(found[0].to_json())
+
+    @authenticated
+    async def put(self, name: str):
+        """Store or replace a secret: 201 when new, 200 when replaced; the answer has no value."""
+        me = self.require(JOBS_MANAGE)
+        name = self.secret_name(name)
+        try:
+            body = json.loads(self.request.body or b"")
+        except (ValueError, RecursionError):
+            body = None
+        if not isinstance(body, dict) or set(body) != {"value"}:
+            raise ApiError(400, 'the body must be {"value": "..."}', field="body")
+        store = self.store
+        try:
+            info, new = await asyncio.to_thread(store.put, me["name"], name, body["value"])
+        except SecretError as e:
+            raise ApiError(400, str(e), field=e.field) from None
+        except SecretsUnavailable as e:
+            raise ApiError(503, str(e)) from None
+        self.write_json(info.to_json(), 201 if new else 200)
+
+    @authenticated
+    async def delete(self, name: str):
+        me = self.require(JOBS_MANAGE)
+        name = self.secret_name(name)
+        if not await asyncio.to_thread(self.store.delete, me["name"], name):
+            raise ApiError(404, f"you have no secret {name}")
+        self.set_status(204)
+        self.finish()
+
+
+class SecretsPage(PageHandler):
+    """Your secrets: their names, a form to set one, a button to delete one."""
+
+    @authenticated
+    async def get(self):
+        await self.show({})
+
+    async def show(self, errors: dict[str, str], status: int = 200, saved: str = "") -> None:
+        me = self.require(JOBS_READ)
+        store = self.settings["secrets"]
+        names = await read(store.names, me["name"]) if store.available else []
+        self.render_page(
+            "secrets.html",
+            status=status,
+            secrets=[i.to_json() for i in names],
+            enabled=store.available,
+            errors=errors,
+            saved=saved,
+        )
+
+    @authenticated
+    async def post(self):
+        me = self.require(JOBS_MANAGE)
+        store = self.settings["secrets"]
+        name = self.get_body_argument("name", "").strip()
+        if self.get_body_argument("action", "set") == "delete":
+            if not await asyncio.to_thread(store.delete, me["name"], name):
+                raise ApiError(404, f"you have no secret {name}")
+            return self.redirect(self.page_url("secrets"), status=303)
+        try:
+            await asyncio.to_thread(
+                store.put, me["name"], name, self.get_body_argument("value", "")
+            )
+        except SecretError as e:
+            return await self.show({e.field: str(e)}, status=400)
+        except SecretsUnavailable as e:
+            return await self.show({"form": str(e)}, status=503)
+        await self.show({}, saved=name)

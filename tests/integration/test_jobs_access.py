@@ -1,0 +1,248 @@
+"""A running job reached and fed: its ports behind the hub's login (HTTP and websockets), the
+owner's secrets in its environment and nowhere else, working_dir and a read-only root file
+system. A real hub, the gpulab service it starts, the Docker engine."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+import pytest
+import requests
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
+
+from .test_jobs import TERMINAL, Api
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
+
+CONFIG = """
+c.GpulabSettings.gpu_devices = [{"id": "0"}]
+c.GpulabSettings.gpu_mode = "env"
+c.GpulabSettings.supervisor_interval = 0.2
+c.GpulabSettings.job_container_retention = 3600
+"""
+#: a small app on port 8765 (tornado is in the python image): what it was sent, and an echo
+#: websocket; it sets a cookie on the whole origin, which only its owner's browser may get
+APP = r"""
+import json, tornado.web, tornado.websocket, tornado.ioloop
+class Echo(tornado.websocket.WebSocketHandler):
+    def check_origin(self, origin): return True
+    def on_message(self, m): self.write_message("echo:" + m)
+class Seen(tornado.web.RequestHandler):
+    def check_xsrf_cookie(self): pass
+    def seen(self):
+        self.set_header("Set-Cookie", "planted=1; Path=/")
+        self.write(json.dumps({"uri": self.request.uri, "headers": dict(self.request.headers),
+                               "body": self.request.body.decode()}))
+    get = post = seen
+tornado.web.Application([(r".*/ws", Echo), (r".*", Seen)]).listen(8765)
+print("listening", flush=True)
+tornado.ioloop.IOLoop.current().start()
+"""
+SECRET_VALUE = "wandb-k3y-" + "x7" * 20
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, images):
+    from ..hubctl import Hub
+
+    hub = Hub(workdir=tmp_path_factory.mktemp("access"), extra_config=CONFIG).start()
+    yield hub
+    hub.stop()
+    hub.remove_workloads()
+
+
+@pytest.fixture(scope="module")
+def users(hub):
+    return {name: Api(hub, name) for name in ("owner", "friend", "stranger")}
+
+
+@pytest.fixture(scope="module")
+def app_job(users):
+    owner = users["owner"]
+    job = owner.submit(
+        name="app",
+        framework="python",
+        command=["python", "-c", APP],
+        ports=[{"port": 8765, "name": "app", "users": ["friend"]}],
+    )
+    running = owner.wait(job["id"], {"RUNNING", *TERMINAL})
+    assert running["state"] == "RUNNING", running
+    url = owner.hub.url + running["ports"][0]["url"]
+    for _ in range(100):  # until the app listens
+        r = requests.get(url, headers={"Authorization": f"token {owner.token}"}, timeout=10)
+        if r.status_code == 200:
+            break
+        assert r.status_code == 502, r.text
+        asyncio.run(asyncio.sleep(0.2))
+    return running, url
+
+
+def get(url, token=None, **kw):
+    headers = kw.pop("headers", {})
+    if token:
+        headers["Authorization"] = f"token {token}"
+    return requests.get(url, headers=headers, timeout=30, allow_redirects=False, **kw)
+
+
+def test_a_port_opens_for_its_owner_and_no_hub_credential_reaches_the_app(users, app_job):
+    job, url = app_job
+    owner = users["owner"]
+    assert job["ports"] == [
+        {"name": "app", "port": 8765, "url": f"/services/gpulab/jobs/{job['id']}/ports/app/"}
+    ]
+    r = get(url + "x?token=" + owner.token + "&keep=1", owner.token)
+    assert r.status_code == 200, r.text
+    seen = r.json()
+    # the whole path is forwarded (the app was told its prefix), the hub token is not
+    assert seen["uri"] == f"/services/gpulab/jobs/{job['id']}/ports/app/x?keep=1"
+    assert "Authorization" not in seen["headers"]
+    assert owner.token not in json.dumps(seen)
+    assert r.headers.get("Set-Cookie") == "planted=1; Path=/"  # the owner's own app
+    assert "Content-Security-Policy" not in r.headers
+    # the job was told where it lives
+    env = owner.call("GET", f"/jobs/{job['id']}").json()["spec"]
+    assert env["ports"][0]["name"] == "app"
+    # /ports/app (no slash) leads to /ports/app/
+    bare = get(url.rstrip("/"), owner.token)
+    assert bare.status_code == 302 and bare.headers["Location"].endswith("/ports/app/")
+
+
+def test_others_are_refused_and_sharees_get_a_sandboxed_page(hub, users, app_job):
+    job, url = app_job
+    stranger, friend = users["stranger"], users["friend"]
+    refused = get(url, stranger.token)
+    missing = get(url.replace(job["id"], "nosuchjob1"), stranger.token)
+    assert refused.status_code == missing.status_code == 404
+    assert refused.json()["message"] == f"no job {job['id']}"
+    assert get(url).status_code == 401
+    browser = get(url, headers={"Accept": "text/html"})
+    assert browser.status_code == 302 and "/oauth2/authorize" in browser.headers["Location"]
+    # a port not declared, for its owner: 404 naming the ports there are
+    other = get(url.replace("/ports/app/", "/ports/other/"), users["owner"].token)
+    assert other.status_code == 404 and "its ports: app" in other.json()["message"]
+    # the user it is shared with gets through, in an opaque origin, with no cookie planted
+    shared = get(url, friend.token)
+    assert shared.status_code == 200
+    assert shared.headers["Content-Security-Policy"].startswith("sandbox ")
+    assert "allow-same-origin" not in shared.headers["Content-Security-Policy"]
+    assert "Set-Cookie" not in shared.headers
+    # an admin too (never as the hub's origin)
+    as_admin = get(url, hub.admin_token)
+    assert as_admin.status_code == 200, as_admin.text
+    assert as_admin.headers["Content-Security-Policy"].startswith("sandbox ")
+
+
+def test_a_websocket_echoes_through_the_port(users, app_job):
+    job, url = app_job
+    ws_url = url.replace("http://", "ws://") + "ws"
+
+    async def talk(token: str) -> str:
+        req = HTTPRequest(ws_url, headers={"Authorization": f"token {token}"})
+        conn = await websocket_connect(req)
+        await conn.write_message("hello")
+        answer = await asyncio.wait_for(conn.read_message(), 10)
+        conn.close()
+        return answer
+
+    assert asyncio.run(talk(users["owner"].token)) == "echo:hello"
+    with pytest.raises(Exception) as refused:
+        asyncio.run(talk(users["stranger"].token))
+    assert "404" in str(refused.value)
+
+
+def test_a_port_closes_with_its_job(users, app_job):
+    job, url = app_job
+    owner = users["owner"]
+    assert owner.call("POST", f"/jobs/{job['id']}/interrupt").status_code == 202
+    owner.wait(job["id"])
+    r = get(url, owner.token)
+    assert r.status_code == 503 and "RUNNING" in r.json()["message"]
+
+
+def test_a_secret_reaches_the_container_and_nowhere_else(hub, users, docker_client):
+    owner = users["owner"]
+    # the API takes it and never shows it back
+    r = owner.call("PUT", "/secrets/wandb", json={"value": SECRET_VALUE})
+    assert r.status_code == 201 and r.json()["name"] == "wandb", r.text
+    assert SECRET_VALUE not in r.text
+    assert owner.call("PUT", "/secrets/wandb", json={"value": SECRET_VALUE}).status_code == 200
+    listed = owner.call("GET", "/secrets")
+    assert [s["name"] for s in listed.json()["secrets"]] == ["wandb"]
+    assert users["stranger"].call("GET", "/secrets").json()["secrets"] == []
+    assert users["stranger"].call("GET", "/secrets/wandb").status_code == 404
+    bad = owner.call("PUT", "/secrets/Bad", json={"value": "x"})
+    assert bad.status_code == 400 and bad.json()["field"] == "name"
+    assert owner.call("PUT", "/secrets/x", json={"value": ""}).status_code == 400
+    # a job refers to it; another user's job cannot
+    refused = users["stranger"].call(
+        "POST",
+        "/jobs",
+        json={"command": ["true"], "env": {"K": {"secret": "wandb"}}, "resources": {"gpus": 0}},
+    )
+    assert refused.status_code == 400 and refused.json()["field"] == "env.K", refused.text
+    digest = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
+    check = (
+        "import hashlib, os; "
+        "print(hashlib.sha256(os.environ['WANDB_API_KEY'].encode()).hexdigest(), "
+        "os.environ['PLAIN'])"
+    )
+    job = owner.submit(
+        framework="python",
+        command=["python", "-c", check],
+        env={"WANDB_API_KEY": {"secret": "wandb"}, "PLAIN": "not-secret"},
+    )
+    done = owner.wait(job["id"])
+    assert done["state"] == "DONE", done
+    logs = owner.call("GET", f"/jobs/{job['id']}/logs").text
+    assert logs.split() == [digest, "not-secret"]
+    # it reached the container's environment (what `docker inspect` shows an engine admin)
+    container = docker_client.containers.get(f"{hub.instance}-job-{job['id']}")
+    assert f"WANDB_API_KEY={SECRET_VALUE}" in container.attrs["Config"]["Env"]
+    # ... and nowhere else: API answers, the service's and hub's log, the database files
+    answers = [
+        owner.call("GET", f"/jobs/{job['id']}").text,
+        owner.call("GET", f"/jobs/{job['id']}/events").text,
+        owner.call("GET", "/jobs").text,
+        owner.call("GET", "/secrets").text,
+        owner.call("GET", "/secrets/wandb").text,
+    ]
+    assert done["spec"]["env"]["WANDB_API_KEY"] == {"secret": "wandb"}
+    for text in answers:
+        assert SECRET_VALUE not in text
+    assert SECRET_VALUE not in hub.log_file.read_text(errors="replace")
+    files = list((hub.workdir / "data").glob("gpulab.sqlite*"))
+    assert files
+    for f in files:
+        assert SECRET_VALUE.encode() not in f.read_bytes(), f
+    # deleted before a job starts: the job fails naming it, and shows no value
+    assert owner.call("DELETE", "/secrets/wandb").status_code == 204
+    assert owner.call("DELETE", "/secrets/wandb").status_code == 404
+    gone = owner.call(
+        "POST",
+        "/jobs",
+        json={"command": ["true"], "env": {"K": {"secret": "wandb"}}, "resources": {"gpus": 0}},
+    )
+    assert gone.status_code == 400 and "gpulab secret set wandb" in gone.json()["message"]
+
+
+def test_working_dir_and_a_read_only_root(users):
+    owner = users["owner"]
+    job = owner.submit(
+        command=[
+            "sh",
+            "-c",
+            "pwd; touch /etc/gpulab-x 2>/dev/null || echo root-read-only; "
+            "touch /tmp/y && echo tmp-writable; touch /workspace/z 2>/dev/null || echo ws-ro",
+        ],
+        working_dir="/home/jovyan",
+        read_only_rootfs=True,
+    )
+    done = owner.wait(job["id"])
+    assert done["state"] == "DONE", done
+    lines = owner.call("GET", f"/jobs/{job['id']}/logs").text.split()
+    assert lines[:3] == ["/home/jovyan", "root-read-only", "tmp-writable"]
+    bad = owner.call("POST", "/jobs", json={"command": ["true"], "working_dir": "/etc"})
+    assert bad.status_code == 400 and bad.json()["field"] == "working_dir"

@@ -1,0 +1,250 @@
+"""Ports, secret references, working_dir and read_only_rootfs of a job (pure), and the secret
+store on a real SQLite file (encryption at rest, rotation, no value anywhere in clear)."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from cryptography.fernet import Fernet
+
+from gpulab.db import Database, UserSecret
+from gpulab.jobs.spec import JobSpec
+from gpulab.jobs.spec_extras import Port, port_env
+from gpulab.runtime.base import WorkloadSpec
+from gpulab.runtime.objects import workload_container_config
+from gpulab.runtime.swarm_specs import service_spec
+from gpulab.user_secrets import (
+    MAX_SECRETS,
+    SecretError,
+    SecretMissing,
+    SecretStore,
+    SecretsUnavailable,
+    load_keys,
+)
+
+from .test_jobs_spec import parse, refused
+
+CMD = {"command": ["python", "train.py"]}
+
+
+# --- ports ---------------------------------------------------------------------------------
+
+
+def test_ports_parse_round_trip_and_tell_the_job_its_path():
+    spec = parse(
+        CMD
+        | {
+            "ports": [
+                {"port": 6006, "name": "tensorboard", "users": ["bob", "bob"], "groups": ["ml"]},
+                {"port": 8080.0, "name": "demo-app"},
+            ]
+        }
+    )
+    assert spec.ports == (
+        Port(6006, "tensorboard", ("bob",), ("ml",)),
+        Port(8080, "demo-app"),
+    )
+    assert JobSpec.from_json(spec.to_json()) == spec
+    assert port_env(spec.ports, "/services/gpulab/jobs/abc") == {
+        "GPULAB_PORT_TENSORBOARD": "6006",
+        "GPULAB_PORT_TENSORBOARD_PATH": "/services/gpulab/jobs/abc/ports/tensorboard",
+        "GPULAB_PORT_DEMO_APP": "8080",
+        "GPULAB_PORT_DEMO_APP_PATH": "/services/gpulab/jobs/abc/ports/demo-app",
+    }
+    port = spec.ports[0]
+    assert port.may_open("bob", []) and port.may_open("eve", ["ml"])
+    assert not port.may_open("eve", ["other"])
+
+
+@pytest.mark.parametrize(
+    "ports, field, words",
+    [
+        ({"port": 1}, "ports", "must be a list"),
+        ([{"port": 80, "name": "web"}], "ports[0].port", "1024 to 65535"),
+        ([{"port": True, "name": "web"}], "ports[0].port", "whole number"),
+        ([{"port": 8080, "name": "Web"}], "ports[0].name", "lowercase"),
+        ([{"port": 8080, "name": "a" * 33}], "ports[0].name", "1 to 32"),
+        ([{"port": 8080}], "ports[0].name", "lowercase"),
+        (
+            [{"port": 8080, "name": "a"}, {"port": 8081, "name": "a"}],
+            "ports[1].name",
+            "given twice",
+        ),
+        (
+            [{"port": 8080, "name": "a"}, {"port": 8080, "name": "b"}],
+            "ports[1].port",
+            "given twice",
+        ),
+        ([{"port": 8080, "name": "a", "host": "0.0.0.0"}], "ports[0].host", "unknown field"),
+        ([{"port": 8080 + i, "name": f"p{i}"} for i in range(9)], "ports", "at most 8"),
+        ([{"port": 8080, "name": "a", "users": ["x"] * 33}], "ports[0].users", "at most 32"),
+        ([{"port": 8080, "name": "a", "groups": [""]}], "ports[0].groups", "1 to 255"),
+    ],
+)
+def test_port_refusals(ports, field, words):
+    refused(CMD | {"ports": ports}, field, words)
+
+
+# --- secrets in the environment ------------------------------------------------------------
+
+
+def test_secret_references_are_kept_apart_and_shown_as_references():
+    raw = CMD | {"env": {"PLAIN": "1", "WANDB_API_KEY": {"secret": "wandb"}}}
+    spec = parse(raw, secret_names=frozenset({"wandb"}))
+    assert spec.env == {"PLAIN": "1"}
+    assert spec.secret_env == {"WANDB_API_KEY": "wandb"}
+    assert spec.to_json()["env"] == {"PLAIN": "1", "WANDB_API_KEY": {"secret": "wandb"}}
+    assert JobSpec.from_json(spec.to_json()) == spec
+    # the list form (Kubernetes' and Run:ai's shape) means the same
+    listed = CMD | {
+        "env": [{"name": "PLAIN", "value": "1"}, {"name": "WANDB_API_KEY", "secret": "wandb"}]
+    }
+    assert parse(listed, secret_names=frozenset({"wandb"})) == spec
+
+
+@pytest.mark.parametrize(
+    "env, names, field, words",
+    [
+        ({"K": {"secret": "nope"}}, frozenset({"wandb"}), "env.K", "gpulab secret set nope"),
+        ({"K": {"secret": "wandb"}}, None, "env.K", "not enabled"),
+        ({"K": {"secret": "Bad Name"}}, frozenset(), "env.K", "lowercase"),
+        ({"K": {"secret": "w", "value": "x"}}, frozenset({"w"}), "env.K", "unknown field"),
+        ({"K": {"value": "x"}}, frozenset(), "env.K", "unknown field"),
+        ([{"name": "K"}], frozenset(), "env[0]", "one of value or secret"),
+        ([{"name": "K", "value": "1", "secret": "w"}], frozenset(), "env[0]", "one of"),
+        ([{"name": "K", "value": "1"}, {"name": "K", "value": "2"}], None, "env[1]", "twice"),
+        ([7], None, "env[0]", '{"name": NAME'),
+        (
+            {"AWS_SECRET_ACCESS_KEY": {"secret": "w"}},
+            frozenset({"w"}),
+            "env.AWS_SECRET_ACCESS_KEY",
+            "reserved",
+        ),
+    ],
+)
+def test_secret_reference_refusals(env, names, field, words):
+    refused(CMD | {"env": env}, field, words, secret_names=names)
+
+
+# --- working_dir and read_only_rootfs --------------------------------------------------------
+
+
+def test_working_dir_and_read_only_reach_both_engines():
+    spec = parse(CMD | {"working_dir": "/workspace/src", "read_only_rootfs": True})
+    assert spec.working_dir == "/workspace/src" and spec.read_only_rootfs
+    assert JobSpec.from_json(spec.to_json()) == spec
+    assert JobSpec.from_json({"image": "x", "command": ["y"]}).working_dir is None
+
+    w = WorkloadSpec(
+        name="j", image="img", command=["x"], working_dir="/workspace/src", read_only=True,
+        tmp_size=64 * 1024**2,
+    )  # fmt: skip
+    docker = workload_container_config(w, "env", "/runner.sh")
+    assert docker["working_dir"] == "/workspace/src"
+    assert docker["host_config"]["read_only"] is True
+    assert docker["host_config"]["tmpfs"] == {
+        "/tmp": f"rw,nosuid,nodev,size={64 * 1024**2},mode=1777"
+    }
+    swarm = service_spec(w, {"ConfigID": "c", "ConfigName": "r"}, "net")
+    container = swarm["TaskTemplate"]["ContainerSpec"]
+    assert container["Dir"] == "/workspace/src" and container["ReadOnly"] is True
+    tmp = [m for m in container["Mounts"] if m["Target"] == "/tmp"]
+    assert tmp == [
+        {"Type": "tmpfs", "Target": "/tmp", "TmpfsOptions": {"SizeBytes": 64 * 1024**2, "Mode": 0o1777}}
+    ]  # fmt: skip
+    plain = workload_container_config(WorkloadSpec(name="j", image="i", command=["x"]), "env", "/r")
+    assert "working_dir" not in plain and "read_only" not in plain["host_config"]
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("workspace", "absolute"),
+        ("/workspace/../etc", "normalized"),
+        ("/workspace/", "normalized"),
+        ("/etc/x", "system directory"),
+        ("/opt/gpulab", "system directory"),
+        ("/", "system directory"),
+        (7, "absolute path"),
+        ("/w" * 600, "absolute path"),
+    ],
+)
+def test_working_dir_refusals(value, words):
+    refused(CMD | {"working_dir": value}, "working_dir", words)
+
+
+def test_read_only_refusal():
+    refused(CMD | {"read_only_rootfs": "yes"}, "read_only_rootfs", "true or false")
+
+
+# --- the secret store ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path):
+    db = Database(f"sqlite:///{tmp_path / 'g.sqlite'}")
+    return SecretStore(db, "t", [Fernet.generate_key()])
+
+
+def test_a_secret_is_stored_encrypted_and_revealed_only_to_its_owner(store, tmp_path):
+    value = "wandb-" + "k" * 40
+    info, new = store.put("ann", "wandb", value)
+    assert new and info.name == "wandb"
+    assert store.put("ann", "wandb", value + "2")[1] is False  # replaced
+    assert [i.name for i in store.names("ann")] == ["wandb"]
+    assert store.names("bob") == []
+    assert store.reveal("ann", "wandb") == value + "2"
+    with pytest.raises(SecretMissing):
+        store.reveal("bob", "wandb")
+    # nowhere in clear in the database file (nor the WAL beside it)
+    for f in tmp_path.iterdir():
+        assert value.encode() not in f.read_bytes(), f
+    # a token copied into another user's row does not reveal there
+    with store.db.session() as s:
+        token = s.query(UserSecret).filter_by(owner="ann").one().token
+        s.add(UserSecret(instance="t", owner="bob", name="wandb", token=token))
+    with pytest.raises(SecretsUnavailable, match="not stored for this user"):
+        store.reveal("bob", "wandb")
+    assert store.delete("ann", "wandb") and not store.delete("ann", "wandb")
+
+
+def test_rotation_and_a_lost_key(store):
+    old_key, new_key = Fernet.generate_key(), Fernet.generate_key()
+    SecretStore(store.db, "t", [old_key]).put("ann", "a", "one")
+    assert SecretStore(store.db, "t", [new_key, old_key]).rotate() == 1
+    assert SecretStore(store.db, "t", [new_key]).reveal("ann", "a") == "one"
+    with pytest.raises(SecretsUnavailable, match="cannot be decrypted"):
+        SecretStore(store.db, "t", [old_key]).reveal("ann", "a")
+    with pytest.raises(SecretsUnavailable, match="not enabled"):
+        SecretStore(store.db, "t", []).put("ann", "b", "x")
+
+
+def test_secret_refusals(store):
+    for name in ("", "A", "-x", "a" * 64, "a/b", 3):
+        with pytest.raises(SecretError, match="name"):
+            store.put("ann", name, "v")
+    for value, words in (("", "empty"), ("a\0b", "NUL"), ("x" * 40000, "at most"), (3, "string")):
+        with pytest.raises(SecretError, match=words):
+            store.put("ann", "ok", value)
+    for i in range(MAX_SECRETS):
+        store.put("ann", f"s{i}", "v")
+    with pytest.raises(SecretError, match=f"at most {MAX_SECRETS}"):
+        store.put("ann", "one-more", "v")
+
+
+def test_key_loading(tmp_path):
+    k1, k2 = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    f = tmp_path / "keys"
+    f.write_text(f"# rotated 2026-11\n{k2}\n\n")
+    assert load_keys([k1], str(f)) == [k1.encode(), k2.encode()]
+    assert load_keys([], str(tmp_path / "absent")) == []
+    with pytest.raises(ValueError, match="#1 is not a Fernet key") as e:
+        load_keys(["not-a-key-but-secret-ish"], "")
+    assert "secret-ish" not in str(e.value)
+
+
+def test_sqlite_has_the_table(tmp_path):
+    Database(f"sqlite:///{tmp_path / 'x.sqlite'}")
+    names = sqlite3.connect(tmp_path / "x.sqlite").execute("select name from sqlite_master")
+    assert "user_secrets" in {r[0] for r in names}
