@@ -182,3 +182,53 @@ def test_a_worker_killed_mid_job_the_job_finishes_on_the_other(hub, ana, swarm_l
         assert not [d for d in done["devices"] if d.startswith(victim + "/")]
     finally:
         swarm_lab.restart_worker(victim)
+
+
+def test_a_jobs_port_on_a_worker_opens_through_the_hub(hub, ana):
+    """The port of a job on a worker node's overlay answers at its URL under the hub (the
+    service reaches it through the notebook gateway), HTTP and websockets; others get 404."""
+    import asyncio
+
+    import requests
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    from ..integration.test_jobs_access import APP
+
+    job = ana.submit(
+        framework="python",
+        command=["python", "-c", APP],
+        resources={"gpus": 0, "cpus": 0.5, "memory": "512M"},
+        ports=[{"port": 8765, "name": "app"}],
+    )
+    running = ana.wait(job["id"], {"RUNNING", "FAILED", "ERROR", "DONE"}, timeout=120)
+    assert running["state"] == "RUNNING", running
+    assert _task_node(running) != ""
+    url = hub.url + running["ports"][0]["url"]
+    headers = {"Authorization": f"token {ana.token}"}
+    deadline = time.monotonic() + 60
+    while True:
+        r = requests.get(url + "seen", headers=headers, timeout=30)
+        if r.status_code == 200 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert r.status_code == 200, r.text
+    assert r.json()["uri"].endswith(f"/jobs/{job['id']}/ports/app/seen")
+
+    async def talk() -> str:
+        req = HTTPRequest(url.replace("http://", "ws://") + "ws", headers=headers)
+        conn = await websocket_connect(req)
+        await conn.write_message("over the overlay")
+        answer = await asyncio.wait_for(conn.read_message(), 10)
+        conn.close()
+        return answer
+
+    assert asyncio.run(talk()) == "echo:over the overlay"
+    other = Api(hub, "eve")
+    assert (
+        requests.get(url, headers={"Authorization": f"token {other.token}"}, timeout=30).status_code
+        == 404
+    )
+    ana.call("POST", f"/jobs/{job['id']}/interrupt")
+    ana.wait(job["id"], timeout=120)
+    assert requests.get(url, headers=headers, timeout=30).status_code == 503
