@@ -248,3 +248,17 @@ def test_sqlite_has_the_table(tmp_path):
     Database(f"sqlite:///{tmp_path / 'x.sqlite'}")
     names = sqlite3.connect(tmp_path / "x.sqlite").execute("select name from sqlite_master")
     assert "user_secrets" in {r[0] for r in names}
+
+
+def test_a_clone_helper_on_a_swarm_gets_the_bridge_and_its_limits():
+    from gpulab.runtime.swarm_specs import helper_service_spec
+
+    base = {"image": "gpulab/sync", "command": ["git-clone"], "labels": {}}
+    git = helper_service_spec(
+        {**base, "host_config": {"network_mode": "bridge", "mem_limit": 4096, "pids_limit": 256}},
+        "worker-1",
+    )["TaskTemplate"]
+    assert "Networks" not in git  # no network: the node's default bridge, never its host's
+    assert git["Resources"] == {"Limits": {"MemoryBytes": 4096, "Pids": 256}}
+    sync = helper_service_spec({**base, "host_config": {"network_mode": "host"}}, "worker-1")
+    assert sync["TaskTemplate"]["Networks"] == [{"Target": "host"}]

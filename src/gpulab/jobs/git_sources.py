@@ -19,7 +19,8 @@ Network: on one engine the helper joins ``network_mode`` (Docker's default bridg
 caller passes the owner's network): it reaches what the job itself could reach (the internet,
 the host's published addresses), not the host's loopback services, since the URL is the
 user's. On a Swarm the helper runs as a one-task service on the job's node
-(:func:`gpulab.runtime.swarm_specs.helper_service_spec`), with that node's network.
+(:func:`gpulab.runtime.swarm_specs.helper_service_spec`), on that node's default bridge and
+with the same memory and process limits.
 """
 
 from __future__ import annotations

@@ -135,9 +135,19 @@ def helper_service_spec(config: dict, node: str) -> dict:
         },
         "RestartPolicy": {"Condition": "none", "MaxAttempts": 0},
         "Placement": {"Constraints": [f"node.hostname=={node}"] if node else []},
-        # the node's own network, as on one host: the store endpoint is the node's to reach
-        "Networks": [{"Target": "host"}],
     }
+    # the sync helper: the node's own network, as on one host (the store endpoint is the
+    # node's to reach). A helper that asks for the default bridge (a git clone, whose URL is
+    # the user's) gets the node's default bridge: a task with no network is put there
+    if host.get("network_mode", "host") == "host":
+        task["Networks"] = [{"Target": "host"}]
+    limits = {
+        k: int(host[h])
+        for k, h in (("MemoryBytes", "mem_limit"), ("Pids", "pids_limit"))
+        if host.get(h)
+    }
+    if limits:
+        task["Resources"] = {"Limits": limits}
     labels = {**(config.get("labels") or {}), L_NODE: node}
     return {
         "Name": config.get("name") or "",
