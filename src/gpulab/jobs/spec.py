@@ -50,7 +50,7 @@ from .spec_fields import (
     JobSpecError,
     parse_fields,
 )
-from .spec_git import GitSource, check_git_mounts, parse_git
+from .spec_git import GitSource, check_git_mounts, check_secret, parse_git
 from .spec_schema import JOB_SPEC_SCHEMA
 
 __all__ = [
@@ -208,7 +208,7 @@ def parse_job_spec(
         gpu_home=gpu_home,
     )
     for var, secret in fields["secret_env"].items():
-        _check_secret(f"env.{var}", secret, secret_names)
+        check_secret(f"env.{var}", secret, secret_names)
     if not git_allowed and raw.get("git"):
         raise JobSpecError("git", "git repositories are not enabled on this platform")
     git = parse_git(raw.get("git"), secret_names)
@@ -220,14 +220,3 @@ def parse_job_spec(
         working_dir=parse_working_dir(raw),
         read_only_rootfs=parse_read_only(raw),
     )
-
-
-def _check_secret(key: str, name: str, secret_names: frozenset[str] | None) -> None:
-    if secret_names is None:
-        raise JobSpecError(
-            key, "secrets are not enabled on this platform (the admin has configured no key)"
-        )
-    if name not in secret_names:
-        raise JobSpecError(
-            key, f"you have no secret {name!r}: create it with `gpulab secret set {name}`"
-        )

@@ -238,6 +238,12 @@ def _secret(entry: Mapping, key: str, secret_names: frozenset[str] | None) -> st
         name = check_name(value, field)
     except SecretError as e:
         raise JobSpecError(field, f"{field}: {e}") from None
+    check_secret(field, name, secret_names)
+    return name
+
+
+def check_secret(field: str, name: str, secret_names: frozenset[str] | None) -> None:
+    """Refuse a reference to a secret the owner does not have (or any, with secrets off)."""
     if secret_names is None:
         raise JobSpecError(
             field, "secrets are not enabled on this platform (the admin has configured no key)"
@@ -246,7 +252,6 @@ def _secret(entry: Mapping, key: str, secret_names: frozenset[str] | None) -> st
         raise JobSpecError(
             field, f"you have no secret {name!r}: create it with `gpulab secret set {name}`"
         )
-    return name
 
 
 def _nested(inner: str, outer: str) -> bool:
