@@ -5,7 +5,8 @@ What is shown: jobs land on the worker (and the devices) the ledger chose and ru
 pinned one-task services; 2 nodes x 2 GPUs fill exactly and the fifth GPU waits, saying why;
 a request bigger than any node is refused naming the biggest; data is pulled and pushed by a
 sync helper on the node; the hub and the service SIGKILLed find every job again; a worker
-killed mid-job: the job is queued again and finishes on the other worker.
+killed mid-job: the job is queued again and finishes on the other worker; exec and a shell
+reach a job on a worker through that node's own engine.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def _config(lab, s3) -> str:
         'c.GpulabSettings.placement = "pack"\n'
         "c.GpulabSettings.supervisor_interval = 0.3\n"
         "c.GpulabSettings.job_container_retention = 3600\n"
+        # execs go to the node's own engine (the lab's dockerds listen without TLS)
+        'c.GpulabSettings.swarm_node_engine = "tcp://{address}:2375"\n'
         'c.GpulabSettings.job_quota = {"gpus": 8, "jobs": 10}\n'
         f'c.GpulabSettings.object_stores["s3"] = {{"endpoint_url": "{s3.endpoint}", '
         f'"credentials": {{"file": "{lab.workdir}/s3-credentials"}}}}\n'
@@ -232,3 +235,49 @@ def test_a_jobs_port_on_a_worker_opens_through_the_hub(hub, ana):
     ana.call("POST", f"/jobs/{job['id']}/interrupt")
     ana.wait(job["id"], timeout=120)
     assert requests.get(url, headers=headers, timeout=30).status_code == 503
+
+
+def test_exec_and_shell_reach_a_job_on_a_worker(hub, ana, swarm_lab):
+    """A manager has no exec: the service finds the task's node and asks that node's engine
+    (swarm_node_engine), for an exec and for an interactive shell alike."""
+    import asyncio
+    import json
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    job = ana.submit(command=["sleep", "600"], resources={"gpus": 0, "cpus": 0.2, "memory": "128M"})
+    try:
+        running = ana.wait(job["id"], {"RUNNING"}, timeout=180)
+        assert running["node"].startswith("gpulab-lab-worker"), running
+        r = ana.call("POST", f"/jobs/{job['id']}/exec", json={"command": "hostname; id -u; exit 3"})
+        assert r.status_code == 200, r.text
+        assert r.json()["exit_code"] == 3, r.json()
+        hostname, uid = r.json()["output"].split()
+        assert uid == "1000"
+        # it ran in the job's container, on the node gpulab placed the job on
+        on_node = swarm_lab.worker_client(running["node"]).containers.list(
+            filters={"label": f"org.gpulab.instance={hub.instance}"}
+        )
+        assert [c for c in on_node if c.id.startswith(hostname)], (hostname, on_node)
+
+        async def shell() -> tuple[bytes, dict]:
+            url = f"ws://127.0.0.1:{hub.port}/services/gpulab/api/jobs/{job['id']}/shell"
+            conn = await websocket_connect(
+                HTTPRequest(url, headers={"Authorization": f"token {ana.token}"})
+            )
+            conn.write_message(b"echo $((6*7)); exit 2\n", binary=True)
+            out, end = b"", {}
+            while (message := await asyncio.wait_for(conn.read_message(), 60)) is not None:
+                if isinstance(message, bytes):
+                    out += message
+                else:
+                    end = json.loads(message)
+            return out, end
+
+        out, end = asyncio.run(shell())
+        assert b"42\r\n" in out and end == {"exit": 2}, (out, end)
+        kinds = [e["kind"] for e in ana.job(job["id"])["history"]]
+        assert "exec" in kinds and "shell" in kinds
+    finally:
+        ana.call("POST", f"/jobs/{job['id']}/interrupt")

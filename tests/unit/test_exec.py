@@ -1,0 +1,110 @@
+"""Exec and shell, the parts without an engine: request parsing, what events show, the
+shell's control messages and origin check, the exec stream's framing, the nodes' engine URLs."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from gpulab.runtime.execution import _Collector
+from gpulab.runtime.swarm_nodes import NodeEngines, check_template, node_tls
+from gpulab.service.app_base import ApiError
+from gpulab.service.exec_api import (
+    DEFAULT_EXEC_TIMEOUT,
+    _resize,
+    command_text,
+    parse_exec,
+    same_host,
+)
+
+
+def test_parse_exec_takes_a_list_or_a_shell_line():
+    assert parse_exec({"command": ["python", "-V"]}) == (["python", "-V"], DEFAULT_EXEC_TIMEOUT)
+    assert parse_exec({"command": "echo hi | wc", "timeout": 5}) == (
+        ["sh", "-c", "echo hi | wc"],
+        5.0,
+    )
+    assert parse_exec({"command": ["true"], "timeout": None})[1] == DEFAULT_EXEC_TIMEOUT
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({}, "command"),
+        ({"command": "\u3000\ufeff"}, "command"),
+        ({"command": ["", "x"]}, "command"),
+        ({"command": "x" * 70_000}, "command"),
+        ({"command": ["a" * 40_000, "b" * 40_000]}, "command"),
+        ({"command": ["true"], "timeout": float("nan")}, "timeout"),
+        ({"command": ["true"], "timeout": -1}, "timeout"),
+        ({"command": ["true"], "user": "0:0"}, "user"),
+    ],
+)
+def test_parse_exec_refuses_with_the_field(body, field):
+    with pytest.raises(ApiError) as e:
+        parse_exec(body)
+    assert e.value.status_code == 400 and e.value.field == field
+
+
+def test_command_text_is_one_capped_line():
+    assert command_text(["python", "-c", "print(1)"]) == "python -c 'print(1)'"
+    assert command_text("a\n  b") == "a b"
+    long = command_text("x" * 500)
+    assert len(long) == 200 and long.endswith("…")
+
+
+def test_only_resize_is_a_control_message():
+    assert _resize('{"resize": [120, 40]}') == (120, 40)
+    for bad in ("ls", "[]", '{"resize": [0, 40]}', '{"resize": [1.5, 2]}', '{"resize": [1]}'):
+        assert _resize(bad) is None
+
+
+def test_same_host_only():
+    assert same_host("https://hub.example:8443", "hub.example:8443")
+    assert same_host("http://HUB.example", "hub.example")
+    assert not same_host("https://hub.example.evil", "hub.example")
+    assert not same_host("null", "hub.example")
+    assert not same_host("https://hub.example", "")
+
+
+def _frame(kind: int, data: bytes) -> bytes:
+    return bytes([kind, 0, 0, 0]) + struct.pack(">I", len(data)) + data
+
+
+def test_the_collector_takes_the_pid_line_out_and_caps_the_output():
+    stream = _frame(1, b"12") + _frame(1, b"3\nout") + _frame(2, b"err") + _frame(1, b"more")
+    found = _Collector(cap=8)
+    for i in range(0, len(stream), 5):  # frames split anywhere
+        found.feed(stream[i : i + 5])
+    assert found.pid == 123
+    assert bytes(found.out) == b"outerrmo" and found.truncated
+
+
+def test_node_engine_urls():
+    engines = NodeEngines("tcp://{address}:2375")
+    node = {"ID": "n1", "Status": {"Addr": "10.0.0.5"}, "Description": {"Hostname": "gpu-a"}}
+    assert engines.url(node) == "tcp://10.0.0.5:2375"
+    manager = {
+        "ID": "n0",
+        "Status": {"Addr": "0.0.0.0"},
+        "ManagerStatus": {"Addr": "10.0.0.1:2377"},
+    }
+    assert engines.url(manager) == "tcp://10.0.0.1:2375"
+    assert NodeEngines("ssh://admin@{hostname}").url(node) == "ssh://admin@gpu-a"
+    with pytest.raises(ValueError, match="fields are"):
+        check_template("tcp://{ip}:2376")
+    with pytest.raises(ValueError, match="URL"):
+        check_template("{address}:2376")
+
+
+def test_node_tls(tmp_path):
+    assert node_tls("", "", "") is None
+    with pytest.raises(ValueError, match="together"):
+        node_tls("", "/cert.pem", "")
+    ca, cert, key = (tmp_path / n for n in ("ca.pem", "cert.pem", "key.pem"))
+    for f in (ca, cert, key):
+        f.write_text("-")
+    tls = node_tls(str(ca), str(cert), str(key))
+    assert tls.verify is True and tls.ca_cert == str(ca) and tls.cert == (str(cert), str(key))
+    assert node_tls("", str(cert), str(key)).ca_cert is None  # verified by the system CAs
