@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.client
 import json
 
 import pytest
@@ -120,6 +121,17 @@ def test_others_are_refused_and_sharees_get_a_sandboxed_page(hub, users, app_job
     assert get(url).status_code == 401
     browser = get(url, headers={"Accept": "text/html"})
     assert browser.status_code == 302 and "/oauth2/authorize" in browser.headers["Location"]
+    # a path that a proxy would normalize into another job's port, a service worker: refused
+    owner = users["owner"].token
+    # (the hub's proxy normalizes paths itself: sent to the service directly, as a proxy that
+    # forwards raw paths would)
+    raw = http.client.HTTPConnection("127.0.0.1", hub.service_port, timeout=30)
+    raw.request("GET", url.split(hub.url)[1] + "%2e%2e/%2e%2e/%2e%2e/x/ports/app/",
+                headers={"Authorization": f"token {owner}"})  # fmt: skip
+    escape = raw.getresponse()
+    assert escape.status == 400, escape.read()
+    worker = get(url + "sw.js", owner, headers={"Service-Worker": "script"})
+    assert worker.status_code == 403
     # a port not declared, for its owner: 404 naming the ports there are
     other = get(url.replace("/ports/app/", "/ports/other/"), users["owner"].token)
     assert other.status_code == 404 and "its ports: app" in other.json()["message"]

@@ -262,3 +262,22 @@ def test_a_clone_helper_on_a_swarm_gets_the_bridge_and_its_limits():
     assert git["Resources"] == {"Limits": {"MemoryBytes": 4096, "Pids": 256}}
     sync = helper_service_spec({**base, "host_config": {"network_mode": "host"}}, "worker-1")
     assert sync["TaskTemplate"]["Networks"] == [{"Target": "host"}]
+
+
+@pytest.mark.parametrize(
+    "path, unsafe",
+    [
+        ("/services/gpulab/jobs/a/ports/app/x/y.js", False),
+        ("/services/gpulab/jobs/a/ports/app/", False),
+        ("/services/gpulab/jobs/a/ports/app/../../b/ports/tb/", True),
+        ("/services/gpulab/jobs/a/ports/app/%2e%2E/x", True),
+        ("/services/gpulab/jobs/a/ports/app/./x", True),
+        ("/services/gpulab/jobs/a/ports/app/a%2Fb", True),
+        ("/services/gpulab/jobs/a/ports/app/a%5cb", True),
+        ("/services/gpulab/jobs/a/ports/app/a..b", False),
+    ],
+)
+def test_a_port_path_that_could_leave_its_port_is_refused(path, unsafe):
+    from gpulab.service.ports_proxy import unsafe_path
+
+    assert unsafe_path(path) is unsafe

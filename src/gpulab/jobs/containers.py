@@ -77,7 +77,7 @@ class JobContainer:
             working_dir=spec.working_dir,
             read_only=spec.read_only_rootfs,
             # a tmpfs counts against the memory limit: a quarter of it, at most 1 GiB
-            tmp_size=min(limits.mem_limit // 4, 1024**3),
+            tmp_size=max(min(limits.mem_limit // 4, 1024**3), 1024**2),
         )
 
     async def reveal_secrets(self, owner: str, spec: JobSpec) -> dict[str, str]:

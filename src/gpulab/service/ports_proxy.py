@@ -61,6 +61,41 @@ REQUEST_TIMEOUT, CONNECT_TIMEOUT = 3600.0, 10.0
 #: the largest websocket message relayed either way
 MAX_WS_MESSAGE = 64 * 1024 * 1024
 _targets: dict[tuple[str, str], tuple[float, str, int]] = {}
+#: response headers no app may send through the hub's origin (they act on the whole origin:
+#: a service worker over the hub, its cookies cleared, HSTS for the hub and its subdomains)
+ORIGIN_WIDE = frozenset({"service-worker-allowed", "clear-site-data", "strict-transport-security"})
+#: and those only its owner may get (others: no cookie planted, no redirect off its prefix)
+OWNER_ONLY = frozenset({"set-cookie", "refresh"})
+#: requests relayed at once: in all (the service's own HTTP client) and per user
+MAX_CLIENTS, MAX_PER_USER = 256, 32
+#: the largest answer streamed (a model file, a dataset) and websocket messages in flight
+MAX_BODY = 64 * 1024**3
+MAX_WS_BACKLOG = 64
+_client: httpclient.AsyncHTTPClient | None = None
+_in_flight: dict[str, int] = {}
+
+
+def _http_client() -> httpclient.AsyncHTTPClient:
+    """A client of its own: one user's slow or hanging app never takes the connections that
+    other users' ports (or anything else in the service) need."""
+    global _client
+    if _client is None:
+        _client = httpclient.AsyncHTTPClient(
+            force_instance=True, max_clients=MAX_CLIENTS, max_body_size=MAX_BODY
+        )
+    return _client
+
+
+def unsafe_path(rest: str) -> bool:
+    """Whether the part after /ports/NAME could leave it once a proxy normalizes the path
+    (``..``, ``.``, an encoded ``/`` or a backslash in a segment, decoded or not)."""
+    from urllib.parse import unquote
+
+    for segment in rest.split("/"):
+        decoded = unquote(segment)
+        if decoded in (".", "..") or "/" in decoded or "\\" in decoded:
+            return True
+    return False
 
 
 def port_prefix(service_prefix: str, job_id: str, name: str) -> str:
@@ -89,9 +124,14 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         """The apps behind a port do not know the hub's XSRF token: a cookie-authenticated
         request that may change something must come from this origin instead (the browser
         says so in Sec-Fetch-Site, or Origin). Reads pass, as for any page."""
-        if self.request.method in ("GET", "HEAD", "OPTIONS"):
-            return
         site = self.request.headers.get("Sec-Fetch-Site")
+        if self.request.method in ("GET", "HEAD", "OPTIONS"):
+            # a page load, or a read from this origin (another site's page may not read an
+            # owner's app with their cookie: script inclusion, JSON)
+            mode = self.request.headers.get("Sec-Fetch-Mode")
+            if site in (None, "same-origin", "none") or mode == "navigate":
+                return
+            raise web.HTTPError(403, "a cross-site read of a job's port is refused")
         origin = self.request.headers.get("Origin")
         if site == "same-origin" or (
             site is None and origin and origin.split("://", 1)[-1] == self.request.host
@@ -102,6 +142,9 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
     async def _resolve(self, job_id: str, name: str) -> tuple[dict, str, int, bool]:
         """(the job, the host and port to forward to, whether the caller is its owner); a 404
         for anyone who may not open it, the same as for a job that does not exist."""
+        if unsafe_path(self.request.path):
+            raise ApiError(400, "a port's path may not contain '.' or '..' segments")
+        self._prefix = port_prefix(self._service_prefix(), job_id, name)
         me = self.current_user
         if me is None:
             browser = "text/html" in self.request.headers.get("Accept", "")
@@ -156,6 +199,13 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             raise ApiError(502, f"job {job['id']}: port {name} cannot be reached now") from None
         _targets[key] = (time.monotonic() + TARGET_TTL, host, port)
         return host, port
+
+    def _under(self, location: str) -> bool:
+        """Whether a redirect stays on this port (this host, below its prefix)."""
+        from urllib.parse import urljoin, urlsplit
+
+        target = urlsplit(urljoin(self.request.full_url(), location))
+        return target.netloc == self.request.host and target.path.startswith(self._prefix)
 
     def _service_prefix(self) -> str:
         return self.request.path.split("/jobs/", 1)[0] + "/"
@@ -226,6 +276,20 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         if rest is None:  # /ports/NAME -> /ports/NAME/ (relative links resolve below it)
             self.redirect(self.request.path + "/", permanent=False)
             return
+        if self.request.headers.get("Service-Worker") == "script":
+            raise ApiError(403, "a job's app may not install a service worker on the hub")
+        user = self.current_user["name"]
+        if _in_flight.get(user, 0) >= MAX_PER_USER:
+            raise ApiError(429, f"at most {MAX_PER_USER} requests to job ports at once")
+        _in_flight[user] = _in_flight.get(user, 0) + 1
+        try:
+            await self._relay(job_id, name, host, port, owner)
+        finally:
+            _in_flight[user] -= 1
+            if not _in_flight[user]:
+                del _in_flight[user]
+
+    async def _relay(self, job_id: str, name: str, host: str, port: int, owner: bool) -> None:
         method = self.request.method
         # tornado wants a body (maybe empty) for POST, PUT and PATCH, and none for GET
         body = self.request.body if method in ("POST", "PUT", "PATCH", "DELETE") else None
@@ -249,15 +313,17 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
                 return
             k, _, v = line.partition(":")
             low = k.strip().lower()
-            if low in HOP_BY_HOP or (low == "set-cookie" and not owner):
+            if low in HOP_BY_HOP or low in ORIGIN_WIDE or (low in OWNER_ONLY and not owner):
                 return
+            if low == "location" and not owner and not self._under(v.strip()):
+                return  # no redirect off the port for a viewer (an open redirect on the hub)
             self._headers.add(k.strip(), v.strip())
 
-        def on_chunk(chunk: bytes) -> None:
+        def on_chunk(chunk: bytes):
             nonlocal started
             started = True
             self.write(chunk)
-            self.flush()
+            return self.flush()  # the client reads the app no faster than the viewer reads
 
         req = httpclient.HTTPRequest(
             f"http://{host}:{port}{self._upstream_uri()}",
@@ -275,14 +341,14 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             streaming_callback=on_chunk,
         )
         try:
-            await httpclient.AsyncHTTPClient().fetch(req, raise_error=False)
+            await _http_client().fetch(req, raise_error=False)
         except Exception as e:
             _targets.pop((job_id, name), None)  # it may have moved: look it up again next time
             if started:
                 raise  # half an answer sent: the connection is dropped
             log.info("job %s port %s: %s", job_id, name, e)
             self._headers = httputil.HTTPHeaders({"Content-Type": "application/json"})
-            raise ApiError(502, f"job {job_id}: nothing answers on port {name} ({port})") from None
+            raise ApiError(502, f"job {job_id}: nothing answers on its port {name}") from None
         self.finish()
 
     # --- websockets ---------------------------------------------------------------------------
@@ -316,7 +382,17 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             return
         if self.ws_connection is None or self.ws_connection.is_closing():
             return
-        self.write_message(message, binary=isinstance(message, bytes))
+        pending = getattr(self, "_pending", 0)
+        if pending >= MAX_WS_BACKLOG:  # the viewer reads slower than the app writes
+            self.close(1013, "the app sends faster than this client reads")
+            return
+        self._pending = pending + 1
+        sent = self.write_message(message, binary=isinstance(message, bytes))
+        sent.add_done_callback(self._sent)
+
+    def _sent(self, future) -> None:
+        self._pending -= 1
+        future.exception()  # (retrieved: a closed connection is no error here)
 
     async def on_message(self, message: str | bytes) -> None:
         upstream = getattr(self, "_upstream", None)

@@ -3,8 +3,10 @@
 ``PUT /api/secrets/NAME`` with ``{"value": "..."}`` stores (or replaces) one, ``GET
 /api/secrets`` lists names and times, ``DELETE /api/secrets/NAME`` removes one. A job refers to
 a secret from its environment (``{"secret": NAME}``) and gets its value in its container only.
-Each user sees and touches only their own: there is no way to read a value back, admins
-included. The scopes are the jobs' (secrets exist for jobs): read to list, manage to change.
+Each user sees and touches only their own: no API or page reads a value back, admins
+included. (A running job's environment holds it: whoever may exec into that job, its owner and
+admins, can see it there; each exec is recorded in the job's events.) The scopes are the
+jobs' (secrets exist for jobs): read to list, manage to change.
 """
 
 from __future__ import annotations
