@@ -111,3 +111,14 @@ def hub_factory(tmp_path_factory, images):
     for hub in hubs:
         hub.stop()
         hub.remove_workloads()
+
+
+def run_async(coro):
+    """Run a coroutine to its end on a loop of its own, in a thread of its own: a test may run
+    while another loop owns the main thread (Playwright's sync API, session-wide in the
+    browser tests), where asyncio.run() and pytest-asyncio's loop are refused."""
+    import asyncio
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()

@@ -22,7 +22,7 @@ from gpulab.jobs.spec_git import GitSource
 from gpulab.runtime.docker import DockerRuntime
 from gpulab.workload_data import WorkloadData
 
-from ..conftest import IN_CI, _need
+from ..conftest import IN_CI, _need, run_async
 from .gitserver import GitServer, git, git_backend_available
 
 pytestmark = [pytest.mark.docker]
@@ -163,13 +163,13 @@ def look(client, volume: str, script: str) -> str:
     return out.decode()
 
 
-async def clone(name, data, sources):
+def clone(name, data, sources):
     events: list[str] = []
-    ok, message = await clone_sources(data, name, "", sources, resolve, events.append)
+    ok, message = run_async(clone_sources(data, name, "", sources, resolve, events.append))
     return ok, message, events
 
 
-async def test_branch_tag_commit_and_default_branch(server, repos, job, docker_client, tmp_path):
+def test_branch_tag_commit_and_default_branch(server, repos, job, docker_client, tmp_path):
     name, data = job
     url = server.url("public.git")
     sources = [
@@ -179,7 +179,7 @@ async def test_branch_tag_commit_and_default_branch(server, repos, job, docker_c
         GitSource(url, "/workspace/middle", revision=repos["middle"]),
         GitSource(url, "/workspace/short", revision=repos["first"][:9]),
     ]
-    ok, message, events = await clone(name, data, sources)
+    ok, message, events = clone(name, data, sources)
     assert ok, message
     assert len(events) == 5
     assert events[0] == (
@@ -226,10 +226,10 @@ async def test_branch_tag_commit_and_default_branch(server, repos, job, docker_c
     assert git_status(docker_client, vols[3], tmp_path / "m") == ""
 
 
-async def test_credentials_right_and_wrong(server, repos, job):
+def test_credentials_right_and_wrong(server, repos, job):
     name, data = job
     url = server.url("private.git")
-    ok, message, events = await clone(name, data, [GitSource(url, "/w/p", secret="right")])
+    ok, message, events = clone(name, data, [GitSource(url, "/w/p", secret="right")])
     assert ok, message
     assert message.startswith(f"cloned {url} (the default branch) at {repos['last'][:12]}")
     # the credential went to the server, and only as basic auth
@@ -242,19 +242,19 @@ async def test_credentials_right_and_wrong(server, repos, job):
     ):
         # a volume of its own: a finished clone in a volume is kept, whatever the secret
         other = f"{name}-{secret}"
-        ok, message, events = await clone(other, data, [GitSource(url, "/w/p", secret=secret)])
+        ok, message, events = clone(other, data, [GitSource(url, "/w/p", secret=secret)])
         assert not ok
         assert message.startswith(f"clone of {url} (the default branch) failed: "), message
         assert words in message
         assert PASSWORD not in message and all(PASSWORD not in e for e in events)
 
 
-async def test_token_secret_goes_as_x_access_token(server, job):
+def test_token_secret_goes_as_x_access_token(server, job):
     import base64
 
     name, data = job
     server.requests.clear()
-    ok, message, _ = await clone(
+    ok, message, _ = clone(
         name, data, [GitSource(server.url("public.git"), "/w/p", secret="token")]
     )
     assert ok, message
@@ -263,7 +263,7 @@ async def test_token_secret_goes_as_x_access_token(server, job):
     assert sent == {want}
 
 
-async def test_failures_name_the_repository(server, job, docker_client):
+def test_failures_name_the_repository(server, job, docker_client):
     name, data = job
     public = server.url("public.git")
     cases = [
@@ -278,7 +278,7 @@ async def test_failures_name_the_repository(server, job, docker_client):
     ]
     for src, words in cases:
         # a failure stops the clones: the repository after it is not tried
-        ok, message, events = await clone(name, data, [src, GitSource(public, "/w/b")])
+        ok, message, events = clone(name, data, [src, GitSource(public, "/w/b")])
         assert not ok
         assert message.startswith(f"clone of {src.url} ({src.ref_text}) failed: "), message
         assert words in message, message
@@ -287,19 +287,19 @@ async def test_failures_name_the_repository(server, job, docker_client):
         assert look(docker_client, git_volume_names(name, [src])[0], "ls -A /repo") == ""
 
 
-async def test_a_clone_is_kept_when_the_job_starts_again(server, job, docker_client):
+def test_a_clone_is_kept_when_the_job_starts_again(server, job, docker_client):
     name, data = job
     src = GitSource(server.url("public.git"), "/w/a", branch="dev")
-    ok, first, _ = await clone(name, data, [src])
+    ok, first, _ = clone(name, data, [src])
     assert ok, first
     volume = git_volume_names(name, [src])[0]
     look(docker_client, volume, "echo changed > /repo/dev.txt")
-    ok, again, _ = await clone(name, data, [src])
+    ok, again, _ = clone(name, data, [src])
     assert ok and again.endswith("(kept from an earlier start of this job)"), again
     assert look(docker_client, volume, "cat /repo/dev.txt") == "changed\n"
 
 
-async def test_unsafe_tree_writes_nothing_outside(server, repos, job, docker_client):
+def test_unsafe_tree_writes_nothing_outside(server, repos, job, docker_client):
     """A tree whose path leads through a symbolic link (CVE-2021-21300's shape) is refused."""
     bare = repos["root"] / "evil.git"
     if not bare.exists():
@@ -319,7 +319,7 @@ async def test_unsafe_tree_writes_nothing_outside(server, repos, job, docker_cli
         commit = git("commit-tree", tree, "-m", "evil", cwd=bare)
         git("update-ref", "refs/heads/main", commit, cwd=bare)
     name, data = job
-    ok, message, _ = await clone(name, data, [GitSource(server.url("evil.git"), "/w/e")])
+    ok, message, _ = clone(name, data, [GitSource(server.url("evil.git"), "/w/e")])
     assert not ok
     assert "unsafe path" in message and "escape/pwned" in message, message
 

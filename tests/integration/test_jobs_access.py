@@ -8,12 +8,14 @@ import asyncio
 import hashlib
 import http.client
 import json
+import time
 
 import pytest
 import requests
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
+from ..conftest import run_async
 from .test_jobs import TERMINAL, Api
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
@@ -77,7 +79,7 @@ def app_job(users):
         if r.status_code == 200:
             break
         assert r.status_code == 502, r.text
-        asyncio.run(asyncio.sleep(0.2))
+        time.sleep(0.2)
     return running, url
 
 
@@ -159,9 +161,9 @@ def test_a_websocket_echoes_through_the_port(users, app_job):
         conn.close()
         return answer
 
-    assert asyncio.run(talk(users["owner"].token)) == "echo:hello"
+    assert run_async(talk(users["owner"].token)) == "echo:hello"
     with pytest.raises(Exception) as refused:
-        asyncio.run(talk(users["stranger"].token))
+        run_async(talk(users["stranger"].token))
     assert "404" in str(refused.value)
 
 

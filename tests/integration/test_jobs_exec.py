@@ -3,7 +3,6 @@ engine; the CLI driven as a user would, its shell through a pseudo-terminal (pex
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import requests
 from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
+from ..conftest import run_async
 from .test_jobs import Api
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
@@ -83,7 +83,7 @@ def _ws(hub, job_id: str, token: str | None, headers: dict | None = None, query:
         conn.close()
         return True, None
 
-    return asyncio.run(connect())
+    return run_async(connect())
 
 
 def _refused(hub, job_id: str, token: str | None, **kw) -> tuple[int, dict]:

@@ -17,6 +17,7 @@ import time
 import docker
 import pytest
 
+from ..conftest import run_async
 from ..integration.s3server import TEST_SECRET_KEY
 from ..integration.test_jobs import Api, states
 from .conftest import start_s3
@@ -226,7 +227,7 @@ def test_a_jobs_port_on_a_worker_opens_through_the_hub(hub, ana):
         conn.close()
         return answer
 
-    assert asyncio.run(talk()) == "echo:over the overlay"
+    assert run_async(talk()) == "echo:over the overlay"
     other = Api(hub, "eve")
     assert (
         requests.get(url, headers={"Authorization": f"token {other.token}"}, timeout=30).status_code
@@ -275,7 +276,7 @@ def test_exec_and_shell_reach_a_job_on_a_worker(hub, ana, swarm_lab):
                     end = json.loads(message)
             return out, end
 
-        out, end = asyncio.run(shell())
+        out, end = run_async(shell())
         assert b"42\r\n" in out and end == {"exit": 2}, (out, end)
         kinds = [e["kind"] for e in ana.job(job["id"])["history"]]
         assert "exec" in kinds and "shell" in kinds
