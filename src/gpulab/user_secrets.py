@@ -185,9 +185,6 @@ class SecretStore:
             ).all()
             return [SecretInfo(r.name, r.created, r.updated) for r in rows]
 
-    def exists(self, owner: str, name: str) -> bool:
-        return any(i.name == name for i in self.names(owner))
-
     def delete(self, owner: str, name: str) -> bool:
         with self.db.session() as s:
             result = s.execute(

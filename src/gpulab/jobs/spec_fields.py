@@ -269,6 +269,12 @@ def _command(raw: Mapping) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return command, args
 
 
+def parse_command(value: object) -> list[str]:
+    """A command as a job's ``command`` takes it (a list, or one line run with ``sh -c``),
+    with the same caps: what an exec in a running job runs too. Raises JobSpecError."""
+    return list(_command({"command": value})[0])
+
+
 def _env(raw: Mapping) -> tuple[dict[str, str], dict[str, str]]:
     """(plain variables, variables filled from the owner's secrets: NAME -> secret name)."""
     from .spec_extras import env_entries, secret_reference  # (spec_extras imports this module)

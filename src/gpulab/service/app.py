@@ -145,10 +145,14 @@ class OpenAPIHandler(BaseHandler):
     flavors, GPUs and limits): the caller's with a valid token (their limits, quota and
     highest priority), else that of a user without overrides. No token is needed."""
 
-    def get(self):
+    async def get(self):
         s: GpulabSettings = self.settings["gpulab"]
         me = self.current_user
         user, groups = (me["name"], list(me.get("groups") or [])) if me else ("", [])
+        store = self.settings["secrets"]
+        secret_names = (
+            [i.name for i in await read(store.names, user)] if user and store.available else []
+        )
         supervisor = self.settings.get("supervisor")
         quota = s.quota_for(user, groups)
         admin = bool(me) and self.is_admin(me)
@@ -163,16 +167,10 @@ class OpenAPIHandler(BaseHandler):
             max_timeout=s.job_max_timeout,
             max_priority=MAX_PRIORITY if admin else min(s.max_user_priority, MAX_PRIORITY),
             volumes=bool(s.storage.stores),
-            secret_names=self._secret_names(user),
+            secret_names=secret_names,
             git=s.job_git_sources,
         )
         self.write_json(document(submission))
-
-    def _secret_names(self, user: str) -> list[str]:
-        store = self.settings["secrets"]
-        if not user or not store.available:
-            return []
-        return [i.name for i in store.names(user)]
 
 
 # path (relative to the service prefix, as in the OpenAPI document) -> handler

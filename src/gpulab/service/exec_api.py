@@ -23,14 +23,14 @@ import contextlib
 import json
 import logging
 import math
-import re
 import shlex
 from urllib.parse import urlsplit
 
 from tornado import websocket
 
-from ..bounds import MAX_COMMAND_BYTES, MAX_COMMAND_ITEMS, MiB, shown, size_text
-from ..jobs.spec_fields import BLANK_CLASS
+from ..bounds import MiB, shown, size_text
+from ..jobs.spec_fields import JobSpecError, parse_command
+from ..jobs.spec_schema import JOB_SPEC_SCHEMA
 from ..lifecycle import JobState
 from ..runtime.base import ExecSession, WorkloadGone
 from .app_base import ApiError, authenticated
@@ -51,10 +51,7 @@ MAX_TERMINAL_SIZE = 1000
 MAX_SHELL_MESSAGE = 1 * MiB
 #: characters of a command kept in the job's event
 EVENT_COMMAND_CHARS = 200
-_SHELL_BYTES = len("sh\0-c\0") + 1
 
-_BLANK = re.compile(f"[{BLANK_CLASS}]*")
-_NOT_BLANK = rf"^[^\x00]*[^\x00{BLANK_CLASS}][^\x00]*$"
 
 #: the request body of an exec (the OpenAPI document's), and its answer
 EXEC_REQUEST = {
@@ -62,27 +59,7 @@ EXEC_REQUEST = {
     "additionalProperties": False,
     "required": ["command"],
     "properties": {
-        "command": {
-            "oneOf": [
-                {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": MAX_COMMAND_BYTES - _SHELL_BYTES,
-                    "pattern": _NOT_BLANK,
-                    "description": "a shell line, run with sh -c",
-                },
-                {
-                    "type": "array",
-                    "prefixItems": [{"type": "string", "pattern": _NOT_BLANK}],
-                    "items": {"type": "string", "pattern": r"^[^\x00]*$"},
-                    "minItems": 1,
-                    "maxItems": MAX_COMMAND_ITEMS,
-                },
-            ],
-            "description": "The program and its arguments, or one shell line: at most "
-            f"{MAX_COMMAND_ITEMS} entries and {size_text(MAX_COMMAND_BYTES)} in UTF-8, no NUL "
-            "characters, not blank.",
-        },
+        "command": JOB_SPEC_SCHEMA["properties"]["command"],
         "timeout": {
             "type": ["number", "null"],
             "exclusiveMinimum": 0,
@@ -151,49 +128,10 @@ def parse_exec(body: dict) -> tuple[list[str], float]:
         raise ApiError(
             400, "command is required: a list of strings or one shell line", field="command"
         )
-    raw = body["command"]
-    if isinstance(raw, str):
-        if _BLANK.fullmatch(raw):
-            raise ApiError(400, "command must not be blank", field="command")
-        if "\0" in raw:
-            raise ApiError(400, "command must not contain NUL characters", field="command")
-        size = len(raw.encode("utf-8", "surrogatepass")) + _SHELL_BYTES
-        if size > MAX_COMMAND_BYTES:
-            raise ApiError(
-                400,
-                f"command: at most {size_text(MAX_COMMAND_BYTES)} (got {size} bytes)",
-                field="command",
-            )
-        command = ["sh", "-c", raw]
-    elif isinstance(raw, list):
-        if not raw:
-            raise ApiError(400, "command must not be empty", field="command")
-        if len(raw) > MAX_COMMAND_ITEMS:
-            raise ApiError(
-                400,
-                f"command: at most {MAX_COMMAND_ITEMS} entries (got {len(raw)})",
-                field="command",
-            )
-        if not all(isinstance(w, str) for w in raw):
-            raise ApiError(400, "command must be a list of strings", field="command")
-        if any("\0" in w for w in raw):
-            raise ApiError(400, "command must not contain NUL characters", field="command")
-        if _BLANK.fullmatch(raw[0]):
-            raise ApiError(400, "command: the program must not be blank", field="command")
-        size = sum(len(w.encode("utf-8", "surrogatepass")) + 1 for w in raw)
-        if size > MAX_COMMAND_BYTES:
-            raise ApiError(
-                400,
-                f"command: at most {size_text(MAX_COMMAND_BYTES)} (got {size} bytes)",
-                field="command",
-            )
-        command = list(raw)
-    else:
-        raise ApiError(
-            400,
-            "command must be a list of strings or one shell line (a string)",
-            field="command",
-        )
+    try:  # the same rules and caps as a job's command
+        command = parse_command(body["command"])
+    except JobSpecError as e:
+        raise ApiError(400, str(e), field="command") from None
     timeout = body.get("timeout", DEFAULT_EXEC_TIMEOUT)
     if timeout is None:
         timeout = DEFAULT_EXEC_TIMEOUT

@@ -23,7 +23,6 @@ What an app may not have, because it shares the hub's origin:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from http.cookies import CookieError, SimpleCookie
@@ -33,7 +32,7 @@ from tornado import httpclient, httputil, web, websocket
 
 from ..jobs.spec import JobSpec
 from ..lifecycle import JobState
-from .app_base import ADMIN, JOBS_READ, ApiError, BaseHandler
+from .app_base import ADMIN, JOBS_READ, ApiError, BaseHandler, read
 
 log = logging.getLogger("gpulab.ports")
 
@@ -157,7 +156,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             raise ApiError(401, "not authenticated: log in, or send a hub API token")
         self.require(JOBS_READ)
         supervisor = self.settings["supervisor"]
-        job = await asyncio.to_thread(supervisor.records.get, job_id, False)
+        job = await read(supervisor.records.get, job_id, False)
         missing = ApiError(404, f"no job {job_id}")
         if job is None:
             raise missing
