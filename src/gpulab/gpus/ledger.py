@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
 from ..db import Database, GpuAllocation, Job
+from ..jobs.gang import choose_gang, gang_fits, regroup
 from ..lifecycle import utcnow
 from .inventory import GpuDevice
 
@@ -152,6 +153,66 @@ class GpuLedger:
         """
         if count <= 0:
             return []
+        ranks = self._reserve(
+            workload,
+            owner,
+            kind,
+            count,
+            quota,
+            lambda free: [[d.key for d in self.choose(free, count)]],
+        )
+        return sorted(ranks[0]) if len(ranks) == 1 else sorted(sum(ranks, []))
+
+    def reserve_gang(
+        self,
+        workload: str,
+        owner: str,
+        kind: str,
+        per_worker: int,
+        workers: int,
+        quota: int | None = None,
+    ) -> list[list[str]]:
+        """Book ``workers`` ranks of ``per_worker`` devices each for ``workload``, every
+        rank's on one node, all in one transaction or none (a distributed job). Returns each
+        rank's devices (what it holds already, regrouped, if it holds some)."""
+        if per_worker <= 0:
+            return [[] for _ in range(workers)]
+
+        def pick(free: Sequence[GpuDevice]) -> list[list[str]]:
+            by_node: dict[str, list[str]] = {}
+            for d in free:
+                by_node.setdefault(d.node, []).append(d.key)
+            return choose_gang(by_node, per_worker, workers, spread=self.policy == "spread")
+
+        return self._reserve(workload, owner, kind, per_worker * workers, quota, pick, workers)
+
+    def gang_refusal(self, per_worker: int, workers: int) -> str | None:
+        """Why ``workers`` ranks of ``per_worker`` GPUs can never be placed (all nodes
+        empty), or None: checked at submission."""
+        if workers <= 1 or per_worker <= 0:
+            return None
+        capacity: dict[str, int] = {}
+        for d in self.devices:
+            capacity[d.node] = capacity.get(d.node, 0) + 1
+        if gang_fits(capacity, per_worker, workers):
+            return None
+        slots = sum(c // per_worker for c in capacity.values())
+        where = "this host" if not self.clustered else f"the cluster's {len(capacity)} node(s)"
+        return (
+            f"{workers} workers of {per_worker} GPU(s) each requested but {where} can hold "
+            f"at most {slots} such workers at once: ask for fewer workers or fewer GPUs each"
+        )
+
+    def _reserve(
+        self,
+        workload: str,
+        owner: str,
+        kind: str,
+        count: int,
+        quota: int | None,
+        pick: Callable[[Sequence[GpuDevice]], list[list[str]]],
+        workers: int = 1,
+    ) -> list[list[str]]:
         for attempt in range(RESERVE_ATTEMPTS):
             try:
                 with self.db.session() as s:
@@ -164,7 +225,9 @@ class GpuLedger:
                     ).all()
                     mine = [d for d, w, _ in held if w == workload]
                     if mine:
-                        return sorted(mine)
+                        if workers == 1:
+                            return [sorted(mine)]
+                        return regroup(mine, count // workers, workers)
                     if quota is not None:
                         lent = self._lent_workloads(s, owner)
                         in_quota = sum(1 for _, w, o in held if o == owner and w not in lent)
@@ -172,11 +235,11 @@ class GpuLedger:
                             raise GpuQuotaExceeded(count, in_quota, quota)
                     busy = {d for d, _, _ in held}
                     free = [d for d in self.devices if d.key not in busy]
-                    chosen = [d.key for d in self.choose(free, count)]
+                    chosen = [ds for ds in pick(free) if ds]
                     if not chosen:
                         biggest = self.biggest_node() if self.clustered else None
                         raise NoGpuAvailable(count, len(self.devices), len(busy), biggest)
-                    for dev in chosen:
+                    for dev in (d for ds in chosen for d in ds):
                         s.add(
                             GpuAllocation(
                                 instance=self.instance,

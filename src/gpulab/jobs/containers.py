@@ -16,6 +16,7 @@ from ..gpus.inventory import device_id
 from ..resources import container_limits
 from ..runtime.base import Mount, WorkloadGone, WorkloadSpec
 from ..runtime.objects import workload_labels
+from .gang import Rank, distributed_env, merge_logs, rank_alias, rank_name, ranks
 from .git_sources import git_mounts
 from .spec import JobSpec
 from .spec_extras import job_path, port_env
@@ -31,12 +32,20 @@ class StillRunning(RuntimeError):
 class JobContainer:
     """The engine side of one job (a mixin of the supervisor, through JobLife)."""
 
+    def gang(self, job_id: str, job: dict) -> list[Rank]:
+        """The job's workers from its record (one for a one-container job)."""
+        workers = int((job.get("spec") or {}).get("workers") or 1)
+        return ranks(self.container_name(job_id), workers, job["devices"], job["node"])
+
     def workload_spec(
-        self, job_id, spec: JobSpec, name, devices, owner, node, secrets=None
+        self, job_id, spec: JobSpec, name, devices, owner, node, secrets=None, rank: int = 0
     ) -> WorkloadSpec:
         """What the engine is asked to run for this job (any backend). ``secrets``: the values
-        of ``spec.secret_env`` (variable -> value), revealed for this container only."""
+        of ``spec.secret_env`` (variable -> value), revealed for this container only. ``name``
+        is rank 0's: its volumes and checkouts are every rank's (each node has its own copy).
+        """
         s = self.s
+        distributed = spec.workers > 1
         limits = container_limits(spec.resources, s.pids_limit, s.shm_fraction)
         env = {
             **spec.env,
@@ -44,9 +53,10 @@ class JobContainer:
             **port_env(spec.ports, job_path(job_id)),
             "GPULAB_JOB_ID": job_id,
             "GPULAB_JOB_NAME": spec.name,
+            **(distributed_env(rank, spec.workers) if distributed else {}),
         }
         return WorkloadSpec(
-            name=name,
+            name=rank_name(name, rank),
             image=self.runtime.image_ref(spec.image),
             command=[*spec.command, *spec.args],
             env=env,
@@ -54,6 +64,7 @@ class JobContainer:
                 **spec.labels,
                 **workload_labels(s.instance, "job", owner, self.workload(job_id), devices),
                 "org.gpulab.job": job_id,
+                **({"org.gpulab.rank": str(rank)} if distributed else {}),
             },
             user="1000:100",
             cpus=spec.resources.cpus,
@@ -70,6 +81,10 @@ class JobContainer:
             ],
             # only the owner's network (runtime/network.py): other users' workloads are apart
             network_owner=owner if s.network_isolation == "user" else None,
+            # a distributed job's workers: a network of their own, found by rank name
+            network_job=job_id if distributed else None,
+            aliases=(rank_alias(rank),) if distributed else (),
+            hostname=rank_alias(rank) if distributed else None,
             node=node,
             log_max_size=s.container_log_max_size,
             log_max_files=s.container_log_max_files,
@@ -88,12 +103,15 @@ class JobContainer:
             for var, secret in spec.secret_env.items()
         }
 
-    async def _create_and_start(self, job_id, spec: JobSpec, name, devices, owner, node) -> None:
+    async def _create_and_start(self, job_id, spec: JobSpec, gang: list[Rank], owner) -> None:
+        """Start every worker, rank 0 first (the others connect to it)."""
         secrets = await self.reveal_secrets(owner, spec)
-        await self.runtime.create_and_start(
-            self.workload_spec(job_id, spec, name, devices, owner, node, secrets)
-        )
-        fault_point("engine:start")
+        name = gang[0].name
+        for r in gang:
+            await self.runtime.create_and_start(
+                self.workload_spec(job_id, spec, name, r.devices, owner, r.node, secrets, r.rank)
+            )
+            fault_point("engine:start")
 
     async def ensure_stopped(self, name: str, grace: float) -> None:
         """Return only once the engine confirms that ``name`` runs nothing (stopped, or no
@@ -112,15 +130,42 @@ class JobContainer:
         if found is not None and found.running:
             raise StillRunning(f"workload {name} still runs after SIGKILL")
 
-    async def _restart_in_place(self, name: str) -> None:
-        await self.runtime.restart_in_place(name)
+    async def gang_stopped(self, gang: list[Rank], grace: float) -> None:
+        """Every worker stopped, as the engine confirms (their graces run at once)."""
+        await asyncio.gather(*(self.ensure_stopped(r.name, grace) for r in gang))
+
+    async def _restart_in_place(self, gang: list[Rank]) -> None:
+        for r in gang:
+            await self.runtime.restart_in_place(r.name)
 
     async def remove_workload(self, name: str) -> None:
         await self.runtime.remove(name)
         fault_point("engine:remove")
 
-    async def save_logs(self, job_id: str, name: str) -> None:
-        """Keep the last LOG_KEEP_BYTES of the container's output in the logs directory.
+    async def remove_gang(self, gang: list[Rank]) -> None:
+        for r in gang:
+            await self.remove_workload(r.name)
+
+    async def save_logs(self, job_id: str, gang: list[Rank]) -> None:
+        """Keep the tail of each worker's output in the logs directory (see :meth:`_save`);
+        a distributed job also keeps all ranks in one file, in time order, each line
+        prefixed with its rank (what ``logs`` shows by default)."""
+        if len(gang) == 1:
+            return await self._save(gang[0].name, self.log_file(job_id))
+        for r in gang:
+            await self._save(r.name, self.log_file(job_id, r.rank), timestamps=True)
+        await asyncio.to_thread(self._merge_saved, job_id, len(gang))
+
+    def _merge_saved(self, job_id: str, workers: int) -> None:
+        per_rank = []
+        for rank in range(workers):
+            path = self.log_file(job_id, rank)
+            per_rank.append(path.read_bytes() if path.exists() else b"")
+        merged = merge_logs(per_rank)
+        self.log_file(job_id).write_bytes(merged[-LOG_KEEP_BYTES:])
+
+    async def _save(self, name: str, path, timestamps: bool = False) -> None:
+        """Keep the last LOG_KEEP_BYTES of the container's output in ``path``.
 
         The engine is asked for the tail only (LOG_KEEP_LINES lines), read as a stream into a
         buffer that never holds more than LOG_KEEP_BYTES plus one chunk: however much a job
@@ -130,7 +175,9 @@ class JobContainer:
         def save():
             kept = bytearray()
             try:
-                stream = self.runtime.log_stream(name, follow=False, tail=LOG_KEEP_LINES)
+                stream = self.runtime.log_stream(
+                    name, follow=False, tail=LOG_KEEP_LINES, timestamps=timestamps
+                )
                 try:
                     for chunk in stream:
                         kept += chunk
@@ -141,6 +188,6 @@ class JobContainer:
                         stream.close()
             except WorkloadGone:
                 return
-            self.log_file(job_id).write_bytes(bytes(kept[-LOG_KEEP_BYTES:]))
+            path.write_bytes(bytes(kept[-LOG_KEEP_BYTES:]))
 
         await asyncio.to_thread(save)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import dataclass
 from datetime import datetime
 
 from ..faults import fault_point
@@ -24,6 +25,7 @@ from ..runtime.network import NetworkUnavailable
 from ..user_secrets import SecretMissing, SecretsUnavailable
 from ..workload_data import push_verdict
 from .containers import JobContainer
+from .gang import Rank, combine, nodes_of
 from .git_sources import clone_sources
 from .progress import TransferNotes, push_with_notes
 from .records import RequestChanged
@@ -57,12 +59,14 @@ class JobLife(JobContainer):
         if job is None or job["state"] != J.INITIALIZING.value:
             return
         spec = JobSpec.from_json(job["spec"])
-        name = self.container_name(job_id)
+        gang = self.gang(job_id, job)
+        name = gang[0].name
         try:  # before any work: a secret deleted since the submission fails the job at once
             await self.reveal_secrets(job["owner"], spec)
         except (SecretMissing, SecretsUnavailable) as e:
             return await self.finalize(job_id, J.FAILED, "SECRET_MISSING", str(e), push=False)
-        for vol in self.volumes(job_id, spec, job["node"]):
+        # each node that runs a worker pulls its own copy (one host: one pull for all)
+        for vol in [v for node in nodes_of(gang) for v in self.volumes(job_id, spec, node)]:
             if await self._requested(job_id) == "interrupt":
                 return await self.finalize(job_id, *_BEFORE_START, push=False)
             if await self.data(job_id).nothing_to_pull(vol):
@@ -75,8 +79,8 @@ class JobLife(JobContainer):
             if not outcome.ok:
                 msg = f"pull of volume {vol.label} failed: {outcome.reason}"
                 return await self.finalize(job_id, J.FAILED, "PULL_FAILED", msg, push=False)
-        if spec.git:  # cloned by a helper, never by the job's own image
-            ok, msg = await self._clone(job_id, job, spec, name)
+        for node in nodes_of(gang) if spec.git else ():  # by a helper, never the job's image
+            ok, msg = await self._clone(job_id, job, spec, name, node)
             if not ok:
                 return await self.finalize(job_id, J.FAILED, "GIT_FAILED", msg, push=False)
         if not await self.runtime.image_exists(self.runtime.image_ref(spec.image)):
@@ -89,17 +93,15 @@ class JobLife(JobContainer):
             job_id, J.PENDING, expect=J.INITIALIZING, reason="CREATING", message="starting"
         )
         try:
-            await self._create_and_start(
-                job_id, spec, name, job["devices"], job["owner"], job["node"]
-            )
+            await self._create_and_start(job_id, spec, gang, job["owner"])
         except NetworkUnavailable as e:
-            await self.ensure_stopped(name, 0)
+            await self.gang_stopped(gang, 0)
             return await self.finalize(job_id, J.ERROR, "NETWORK_UNAVAILABLE", str(e), push=False)
         except (SecretMissing, SecretsUnavailable) as e:  # deleted during the pull
             return await self.finalize(job_id, J.FAILED, "SECRET_MISSING", str(e), push=False)
         except APIError as e:
             # the engine answered and refused (a bad device, a missing runtime): definite
-            await self.ensure_stopped(name, 0)
+            await self.gang_stopped(gang, 0)
             msg = f"the engine could not start the job: {e}"
             return await self.finalize(job_id, J.ERROR, "ENGINE_ERROR", msg, push=False)
         await self.move(
@@ -107,14 +109,16 @@ class JobLife(JobContainer):
             J.RUNNING,
             expect=J.PENDING,
             reason="STARTED",
-            message="the command runs",
+            message="the command runs" + (f" in {len(gang)} workers" if len(gang) > 1 else ""),
             container=name,
         )
         self.fault_streak.pop(job_id, None)
         JOB_START.observe(max(0.0, time.time() - ts(job["updated"])))  # since placement
-        await self.watch(job_id, spec, name)
+        await self.watch(job_id, spec, gang)
 
-    async def _clone(self, job_id: str, job: dict, spec: JobSpec, name: str) -> tuple[bool, str]:
+    async def _clone(
+        self, job_id: str, job: dict, spec: JobSpec, name: str, node: str
+    ) -> tuple[bool, str]:
         def noted(message: str) -> None:
             asyncio.get_running_loop().create_task(
                 self.db(self.records.note, job_id, "progress", "GIT", message)
@@ -123,7 +127,7 @@ class JobLife(JobContainer):
         async def reveal(secret: str) -> str:
             return await self.db(self.secrets.reveal, job["owner"], secret)
 
-        ok, msg = await clone_sources(self.data(job_id), name, job["node"], spec.git, reveal, noted)
+        ok, msg = await clone_sources(self.data(job_id), name, node, spec.git, reveal, noted)
         fault_point("engine:clone")
         return ok, msg
 
@@ -137,14 +141,16 @@ class JobLife(JobContainer):
         state = JobState(job["state"])
         if state not in _RECOVERABLE:
             return
-        name = self.container_name(job_id)
-        found = classify(await self.runtime.state(name), ts(job["updated"]))
+        gang = self.gang(job_id, job)
+        began = ts(job["updated"])
+        states = await asyncio.gather(*(self.runtime.state(r.name) for r in gang))
+        found = combine([classify(st, began) for st in states])
         d = decide(state, job["request"], job.get("outcome") or "", found, job["reason"])
         log.info("job %s: %s in %s, container %s: %s", job_id, why, state, found, d.step)
         await self.apply(job_id, job, state, found, d, why)
 
     async def apply(self, job_id, job, state: JobState, found: Container, d: Decision, why):
-        name = self.container_name(job_id)
+        gang = self.gang(job_id, job)
         spec = JobSpec.from_json(job["spec"])
         if d.step is Step.FINALIZE:
             message = d.message if state is not J.FINALIZING else job["message"]
@@ -152,9 +158,8 @@ class JobLife(JobContainer):
                 job_id, d.outcome, d.reason, message, job["exit_code"], push=d.push
             )
         if d.step is Step.REQUEUE:
-            if found is not Container.ABSENT:
-                await self.remove_workload(name)
-            await self.ensure_stopped(name, 0)
+            await self.remove_gang(gang)  # a gang's start cut short leaves some ranks
+            await self.gang_stopped(gang, 0)
             await self.db(self.ledger.release, self.workload(job_id))
             await self.move(
                 job_id,
@@ -167,10 +172,9 @@ class JobLife(JobContainer):
             )
             return
         if d.step is Step.FINISH_PREEMPT:
-            return await self.finish_preempt(job_id, spec, name, job["node"])
+            return await self.finish_preempt(job_id, spec, gang)
         if d.step is Step.START:
-            await self.runtime.start_again(name)
-            fault_point("engine:start")
+            await self._start_again(gang, only_stopped=True)
             await self.move(
                 job_id, J.RUNNING, expect=state, reason="RESTARTED", message=f"restarted ({why})"
             )
@@ -181,9 +185,9 @@ class JobLife(JobContainer):
                 expect=state,
                 reason="RECOVERED",
                 message=f"found started ({why})",
-                container=name,
+                container=gang[0].name,
             )
-        await self.watch(job_id, spec, name)
+        await self.watch(job_id, spec, gang)
 
     # --- requests ---------------------------------------------------------------------------
 
@@ -193,7 +197,10 @@ class JobLife(JobContainer):
 
     # --- watching ------------------------------------------------------------------------
 
-    async def watch(self, job_id: str, spec: JobSpec, name: str) -> None:
+    async def watch(self, job_id: str, spec: JobSpec, gang: list[Rank]) -> None:
+        """Follow the job's workers until the job ends, restarts or is asked to stop. A
+        distributed job lives as one: it is DONE when every rank exited 0; one rank failing
+        stops the others and the whole gang restarts (or the job fails, naming the rank)."""
         hang = spec.hang_restart
         lost_since: float | None = None
         consecutive = 0
@@ -207,32 +214,30 @@ class JobLife(JobContainer):
                 return  # someone else (a fault's recovery) carries it on
             state = JobState(job["state"])
             if job["request"] in ("interrupt", "preempt") or state is J.INTERRUPTING:
-                return await self._stop_by_request(job_id, job, spec, name)
-            found = await self.runtime.state(name)
-            if found is None:
-                return await self.finalize(
-                    job_id, J.ERROR, "CONTAINER_LOST", "the job's container disappeared"
-                )
-            if found.running:
-                lost_since = None
-            else:
-                if found.lost:  # its node is down or drained: lost once that lasts
-                    lost_since = lost_since or time.monotonic()
-                    if time.monotonic() - lost_since < LOST_AFTER:
-                        continue
-                    return await self.lost(job_id, job, spec, name, found.error)
-                if found.exit_code is None:  # the engine refused to run it (a rejected task)
-                    msg = f"the engine could not run the job: {found.error or 'no exit code'}"
-                    return await self.finalize(job_id, J.ERROR, "ENGINE_ERROR", msg)
-                code = found.exit_code
+                return await self._stop_by_request(job_id, job, spec, gang)
+            states = await asyncio.gather(*(self.runtime.state(r.name) for r in gang))
+            ended = self._ended(gang, states)
+            if ended is not None and ended.lost_container:
+                return await self.finalize(job_id, J.ERROR, "CONTAINER_LOST", ended.message)
+            if ended is not None and ended.lost:  # its node is down or drained: once it lasts
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since < LOST_AFTER:
+                    continue
+                return await self.lost(job_id, job, spec, gang, ended.message)
+            lost_since = None
+            if ended is not None and ended.engine_error:
+                return await self.finalize(job_id, J.ERROR, "ENGINE_ERROR", ended.message)
+            if ended is not None:
+                code = ended.exit_code
                 if code == 0:
                     return await self.finalize(job_id, J.DONE, "EXITED", "exit code 0", code)
-                why = "out of memory" if found.oom else f"exit code {code}"
                 if job["restarts"] < spec.retries:
-                    await self._auto_restart(job_id, name, job["restarts"] + 1, spec, why, code)
+                    await self._auto_restart(
+                        job_id, gang, job["restarts"] + 1, spec, ended.message, code
+                    )
                     consecutive, last_progress = 0, time.monotonic()
                     continue
-                msg = why + (f" after {spec.retries} restarts" if spec.retries else "")
+                msg = ended.message + (f" after {spec.retries} restarts" if spec.retries else "")
                 return await self.finalize(job_id, J.FAILED, "EXITED", msg, code)
             started = ts(job["running_since"])
             if started and time.time() - started > spec.timeout:
@@ -246,7 +251,7 @@ class JobLife(JobContainer):
                 if job["restarts"] < spec.retries:
                     await self._auto_restart(
                         job_id,
-                        name,
+                        gang,
                         job["restarts"] + 1,
                         spec,
                         "time-out",
@@ -266,18 +271,21 @@ class JobLife(JobContainer):
                 )
             if not hang.enabled:
                 continue
-            # hang: no output and no CPU progress for the period
+            # hang: no output and no CPU progress for the period, in any worker
             now = time.time()
-            out = await self.runtime.logs(name, since=last_log, until=now)
+            out = []
+            cpu = 0
+            for r in gang:
+                got = await self.runtime.logs(r.name, since=last_log, until=now)
+                # the runner's own notes ("[gpulab] ...") are not the command's progress
+                out += [ln for ln in got.splitlines() if not ln.startswith(b"[gpulab]")]
+                # an engine that cannot read CPU time (Swarm) judges by output alone
+                cpu += await self.runtime.cpu_time(r.name) or 0
             last_log = now
-            # an engine that cannot read CPU time (Swarm) judges by output alone
-            cpu = await self.runtime.cpu_time(name) or 0
             if last_cpu is None:
                 last_cpu = cpu  # CPU time at the last sign of progress (or restart)
             # progress is real work since the mark: a restart's own few ms do not count
             busy = (cpu - last_cpu) > HANG_CPU_SHARE * hang.period * 1e9
-            # the runner's own notes ("[gpulab] ...") are not the command's progress
-            out = [ln for ln in out.splitlines() if not ln.startswith(b"[gpulab]")]
             if out or busy:
                 last_progress, consecutive, last_cpu = time.monotonic(), 0, cpu
             elif time.monotonic() - last_progress > hang.period:
@@ -287,24 +295,60 @@ class JobLife(JobContainer):
                         f"no progress for {hang.period:g} s after "
                         f"{MAX_HANG_RESTARTS} restarts in place"
                     )
-                    await self.ensure_stopped(name, 0)
+                    await self.gang_stopped(gang, 0)
                     return await self.finalize(job_id, J.FAILED, "HANG", msg)
+                where = "" if len(gang) == 1 else f" in all {len(gang)} workers"
                 await self.db(
                     self.records.note,
                     job_id,
                     "fault-recovery",
                     "HANG_RESTART",
                     f"no output and no CPU progress for {hang.period:g} s: command "
-                    f"restarted in place ({consecutive} of {MAX_HANG_RESTARTS})",
+                    f"restarted in place{where} ({consecutive} of {MAX_HANG_RESTARTS})",
                     hang_restarts=job["hang_restarts"] + 1,
                 )
-                await self._restart_in_place(name)
+                await self._restart_in_place(gang)
                 last_progress, last_cpu = time.monotonic(), None
+
+    @staticmethod
+    def _ended(gang: list[Rank], states: list) -> _Ended | None:
+        """What ended the job's current run, judged over its workers, or None while it runs
+        (a distributed job runs until every rank exited 0, or one rank failed)."""
+        one = len(gang) == 1
+        for r, found in zip(gang, states, strict=True):
+            if found is None:
+                who = "the job's container" if one else f"rank {r.rank}'s container"
+                return _Ended(0, f"{who} disappeared", lost_container=True)
+        for found in states:
+            if not found.running and found.lost:
+                return _Ended(None, found.error, lost=True)
+        for r, found in zip(gang, states, strict=True):
+            if found.running:
+                continue
+            who = "" if one else f"rank {r.rank}: "
+            if found.exit_code is None:  # the engine refused to run it (a rejected task)
+                why = found.error or "no exit code"
+                return _Ended(None, f"{who}the engine could not run the job: {why}", True)
+            if found.exit_code != 0:
+                why = "out of memory" if found.oom else f"exit code {found.exit_code}"
+                return _Ended(found.exit_code, who + why)
+        if all(not f.running for f in states):
+            return _Ended(0, "exit code 0")
+        return None
+
+    async def _start_again(self, gang: list[Rank], only_stopped: bool = False) -> None:
+        for r in gang:
+            if only_stopped:
+                found = await self.runtime.state(r.name)
+                if found is not None and found.running:
+                    continue
+            await self.runtime.start_again(r.name)
+            fault_point("engine:start")
 
     async def _auto_restart(
         self,
         job_id: str,
-        name: str,
+        gang: list[Rank],
         n: int,
         spec: JobSpec,
         why: str,
@@ -312,7 +356,8 @@ class JobLife(JobContainer):
         stop_first: bool = False,
         was: JobState = J.RUNNING,
     ) -> None:
-        """RESTARTING -> RUNNING: the same container runs its command again (restart n)."""
+        """RESTARTING -> RUNNING: the same containers run their command again (restart n);
+        every worker of a distributed job, the ones still running stopped first."""
         # a time-out restart gets a new time-out window (written now: a restart cut short and
         # carried on after a crash must not time out again at once); a failure restart keeps
         # its own (RESTARTING -> RUNNING keeps running_since)
@@ -322,15 +367,15 @@ class JobLife(JobContainer):
             J.RESTARTING,
             expect=was,
             reason="AUTO_RESTART",
-            message=f"{why}; restart {n} of {spec.retries}",
+            message=f"{why}; restart {n} of {spec.retries}"
+            + (f" (all {len(gang)} workers)" if len(gang) > 1 else ""),
             exit_code=exit_code,
             restarts=n,
             **fresh,
         )
-        if stop_first:
-            await self.ensure_stopped(name, self.s.preemption_grace)
-        await self.runtime.start_again(name)
-        fault_point("engine:start")
+        if stop_first or len(gang) > 1:
+            await self.gang_stopped(gang, self.s.preemption_grace)
+        await self._start_again(gang)
         await self.move(
             job_id,
             J.RUNNING,
@@ -341,7 +386,9 @@ class JobLife(JobContainer):
 
     # --- stopping ------------------------------------------------------------------------
 
-    async def _stop_by_request(self, job_id: str, job: dict, spec: JobSpec, name: str) -> None:
+    async def _stop_by_request(
+        self, job_id: str, job: dict, spec: JobSpec, gang: list[Rank]
+    ) -> None:
         grace = self.s.preemption_grace
         state = JobState(job["state"])
         if job["request"] == "preempt":
@@ -354,7 +401,7 @@ class JobLife(JobContainer):
                     message=f"its GPUs are needed by in-quota work: SIGTERM, {grace:g} s "
                     "to checkpoint",
                 )
-            return await self.finish_preempt(job_id, spec, name, job["node"])
+            return await self.finish_preempt(job_id, spec, gang)
         if state is not J.INTERRUPTING:
             await self.move(
                 job_id,
@@ -366,7 +413,9 @@ class JobLife(JobContainer):
         why = "TIMEOUT" if job["reason"] == "TIMEOUT" else "USER_INTERRUPT"
         await self.finalize(job_id, J.INTERRUPTED, why, "interrupted by its owner")
 
-    async def lost(self, job_id: str, job: dict, spec: JobSpec, name: str, error: str) -> None:
+    async def lost(
+        self, job_id: str, job: dict, spec: JobSpec, gang: list[Rank], error: str
+    ) -> None:
         """The engine lost the workload without an exit code: its node went down or was
         drained (Swarm). Its volumes went with the node. The workload is removed, and once
         the engine confirms that it is gone the GPUs are released; the job is queued again
@@ -374,8 +423,8 @@ class JobLife(JobContainer):
         """
         state = JobState(job["state"])
         why = f"its node was lost ({error})" if error else "its node was lost"
-        await self.remove_workload(name)
-        await self.ensure_stopped(name, 0)
+        await self.remove_gang(gang)  # every worker: the job restarts whole, elsewhere
+        await self.gang_stopped(gang, 0)
         await self.db(self.ledger.release, self.workload(job_id))
         n = job["restarts"] + 1
         if job["restarts"] >= spec.retries:
@@ -393,17 +442,17 @@ class JobLife(JobContainer):
             restarts=n,
         )
 
-    async def finish_preempt(self, job_id: str, spec: JobSpec, name: str, node: str) -> None:
+    async def finish_preempt(self, job_id: str, spec: JobSpec, gang: list[Rank]) -> None:
         """INTERRUPTING for a preemption: stop, push, remove the container, release the
         GPUs, then back to the queue, unless an interrupt came meanwhile: then the job ends
         INTERRUPTED (the user's word wins over the scheduler's)."""
-        await self.ensure_stopped(name, self.s.preemption_grace)
-        await self.save_logs(job_id, name)
-        vols = self.volumes(job_id, spec, node)
+        await self.gang_stopped(gang, self.s.preemption_grace)
+        await self.save_logs(job_id, gang)
+        vols = self.volumes(job_id, spec, gang[0].node)  # rank 0's node holds the output
         ok, message = push_verdict(await push_with_notes(self, job_id, J.INTERRUPTING, vols))
         fault_point("engine:push")
-        await self.remove_workload(name)
-        await self.ensure_stopped(name, 0)
+        await self.remove_gang(gang)
+        await self.gang_stopped(gang, 0)
         await self.db(self.ledger.release, self.workload(job_id))
         try:
             await self.move(
@@ -438,8 +487,8 @@ class JobLife(JobContainer):
         state = JobState(job["state"])
         if state not in _RECOVERABLE:
             return  # ended already
-        name = self.container_name(job_id)
-        await self.ensure_stopped(name, self.s.preemption_grace)
+        gang = self.gang(job_id, job)
+        await self.gang_stopped(gang, self.s.preemption_grace)
         for port in JobSpec.from_json(job["spec"]).ports:  # a Swarm gateway's routes
             with contextlib.suppress(Exception):
                 await self.runtime.unreach(f"{job_path(job_id)}/ports/{port.name}/")
@@ -456,11 +505,11 @@ class JobLife(JobContainer):
             )
             state = J.FINALIZING
         await self.db(self.ledger.release, self.workload(job_id))
-        await self.save_logs(job_id, name)
+        await self.save_logs(job_id, gang)
         extra = ""
         if state is J.FINALIZING:
             spec = JobSpec.from_json(job["spec"])
-            vols = self.volumes(job_id, spec, job["node"])
+            vols = self.volumes(job_id, spec, gang[0].node)  # rank 0's output is the job's
             ok, pushed = push_verdict(await push_with_notes(self, job_id, J.FINALIZING, vols))
             fault_point("engine:push")
             if not ok:
@@ -510,6 +559,17 @@ class JobLife(JobContainer):
         else:
             self.wake.set()
         return await self.db(self.records.get, job_id)
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """How a job's run ended, over all its workers (see ``JobLife._ended``)."""
+
+    exit_code: int | None
+    message: str
+    engine_error: bool = False
+    lost: bool = False
+    lost_container: bool = False
 
 
 _BEFORE_START = (J.INTERRUPTED, "USER_INTERRUPT", "interrupted before it started")

@@ -33,6 +33,7 @@ from ..frameworks import Catalog
 from ..resources import Flavor, Limits, Resources, parse_memory
 from ..storage import StorageConfig
 from ..volumes import VolumeSpec, parse_volume
+from .gang import DISTRIBUTED_ENV
 from .spec_extras import Port, parse_ports, parse_read_only, parse_working_dir
 from .spec_fields import (
     DEFAULT_CPUS,
@@ -86,6 +87,8 @@ class JobSpec:
     resources: Resources = field(
         default_factory=lambda: Resources(DEFAULT_CPUS, parse_memory(DEFAULT_MEMORY), DEFAULT_GPUS)
     )
+    #: containers of a distributed job, each with ``resources`` (placed all or none)
+    workers: int = 1
     volumes: tuple[VolumeSpec, ...] = ()
     timeout: float = DEFAULT_TIMEOUT
     retries: int = 0
@@ -98,6 +101,11 @@ class JobSpec:
     git: tuple[GitSource, ...] = ()
     working_dir: str | None = None
     read_only_rootfs: bool = False
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of all its workers together (what quotas, placement and billing count)."""
+        return self.resources.gpus * self.workers
 
     def to_json(self) -> dict[str, Any]:
         """JSON-serialisable; memory as ``"4G"``, volumes as spec strings, durations in seconds."""
@@ -113,6 +121,7 @@ class JobSpec:
             "labels": dict(self.labels),
             "flavor": self.flavor,
             "resources": self.resources.to_json(),
+            "workers": self.workers,
             "volumes": [str(v) for v in self.volumes],
             "timeout": self.timeout,
             "retries": self.retries,
@@ -149,6 +158,7 @@ class JobSpec:
                 memory=parse_memory(res.get("memory", DEFAULT_MEMORY)),
                 gpus=int(res.get("gpus", DEFAULT_GPUS)),
             ),
+            workers=int(d.get("workers") or 1),
             volumes=tuple(_stored_volume(s) for s in d.get("volumes") or ()),
             timeout=float(d.get("timeout", DEFAULT_TIMEOUT)),
             retries=int(d.get("retries", 0)),
@@ -207,6 +217,12 @@ def parse_job_spec(
         max_timeout=max_timeout,
         gpu_home=gpu_home,
     )
+    if fields["workers"] > 1:
+        for var in sorted({*fields["env"], *fields["secret_env"]} & set(DISTRIBUTED_ENV)):
+            raise JobSpecError(
+                f"env.{var}",
+                f"{var} is set by gpulab for each worker of a distributed job: remove it",
+            )
     for var, secret in fields["secret_env"].items():
         check_secret(f"env.{var}", secret, secret_names)
     if not git_allowed and raw.get("git"):

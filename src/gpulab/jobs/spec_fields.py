@@ -48,6 +48,8 @@ MAX_TIMEOUT = 30 * 86400.0
 DEFAULT_HANG_PERIOD = 1800.0
 MIN_HANG_PERIOD = 10.0
 MAX_RETRIES = 128
+#: workers of one distributed job (containers, each with ``resources``)
+MAX_WORKERS = 64
 DEFAULT_PRIORITY = 50
 MAX_PRIORITY = 100
 DEFAULT_CPUS = 1.0
@@ -93,6 +95,7 @@ JOB_SPEC_FIELDS = (
     "labels",
     "flavor",
     "resources",
+    "workers",
     "volumes",
     "timeout",
     "retries",
@@ -551,6 +554,9 @@ def parse_fields(
     env, secret_env = _env(raw)
     labels = _labels(raw)
     flavor, resources = _resources(raw, flavors, limits, default_flavor, host_gpus, gpu_home)
+    workers = (
+        1 if raw.get("workers") is None else _integer(raw["workers"], "workers", 1, MAX_WORKERS)
+    )
     volumes = _volumes(raw, storage, user)
     timeout = (
         min(DEFAULT_TIMEOUT, max_timeout)
@@ -580,6 +586,7 @@ def parse_fields(
         labels=labels,
         flavor=flavor,
         resources=resources,
+        workers=workers,
         volumes=volumes,
         timeout=timeout,
         retries=retries,

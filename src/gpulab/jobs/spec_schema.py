@@ -50,6 +50,7 @@ from .spec_fields import (
     DEFAULT_PRIORITY,
     MAX_PRIORITY,
     MAX_RETRIES,
+    MAX_WORKERS,
     MIN_HANG_PERIOD,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
@@ -230,6 +231,15 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
                 "examples": ["datasets@s3/mnist:/data:ro"],
             },
             "description": "container@store[/prefix]:/mount/path[:ro|rw|rwd]",
+        },
+        "workers": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": MAX_WORKERS,
+            "default": 1,
+            "description": "Containers of a distributed job, each with `resources`, placed "
+            "all together or not at all; each is told MASTER_ADDR, MASTER_PORT, WORLD_SIZE, "
+            "RANK, LOCAL_RANK and NODE_RANK (torch.distributed's env:// and torchrun).",
         },
         "timeout": {
             **_DURATION_SCHEMA,

@@ -27,6 +27,7 @@ from ..runtime.docker import EngineError
 from ..runtime.objects import L_WORKLOAD, job_container_name, job_workload_id
 from ..user_secrets import store_for
 from ..workload_data import VolumeSync, WorkloadData, volume_name
+from .gang import choose_gang, encode_devices, rank_name
 from .git_sources import git_volume_prefix
 from .lease import SupervisorLease
 from .records import ACTIVE, JobRecords
@@ -97,8 +98,10 @@ class JobSupervisor(JobLife):
             self.runtime, s.storage.stores, s.sync_image, s.instance, self.workload(job_id)
         )
 
-    def log_file(self, job_id: str) -> Path:
-        return self.logs_dir / f"{job_id}.log"
+    def log_file(self, job_id: str, rank: int | None = None) -> Path:
+        """The saved output: of the job (a distributed job's: every rank, prefixed), or of
+        one ``rank`` of a distributed job."""
+        return self.logs_dir / (f"{job_id}.log" if rank is None else f"{job_id}.r{rank}.log")
 
     async def move(self, job_id: str, state: JobState, **kw) -> dict:
         return await self.db(self.records.transition, job_id, state, **kw)
@@ -210,7 +213,7 @@ class JobSupervisor(JobLife):
         queued, active = [], []
         for j in jobs:
             spec = j["spec"]
-            gpus = int(spec["resources"]["gpus"])
+            gpus = int(spec["resources"]["gpus"]) * int(spec.get("workers") or 1)
             groups = frozenset(j["groups"])
             if j["state"] == J.QUEUED.value:
                 queued.append(
@@ -264,39 +267,50 @@ class JobSupervisor(JobLife):
             # compare-and-set: only a job still running is asked, an interrupt is never replaced
             with contextlib.suppress(InvalidTransition, KeyError):
                 await self.db(self.records.ask, victim, "preempt", states=PREEMPTIBLE)
-        await self._say_why_waiting(queued, p, free)
+        workers = {j["id"]: int(j["spec"].get("workers") or 1) for j in jobs}
+        await self._say_why_waiting(queued, p, free, workers)
         owners = {j["id"]: (j["owner"], j["groups"]) for j in jobs}
+        specs = {j["id"]: j["spec"] for j in jobs}
         queued_since = {j["id"]: ts(j["updated"]) for j in jobs}
         for placement in p.start:
             job_id = placement.job_id
             owner, groups = owners[job_id]
             # in quota: checked again atomically, as a notebook may take GPUs meanwhile
             quota = None if placement.over_quota else self.s.gpu_quota_for(owner, groups)
+            spec = specs[job_id]
+            workers = int(spec.get("workers") or 1)
             try:
-                devices = await self.db(
-                    self.ledger.reserve,
+                per_rank = await self.db(
+                    self.ledger.reserve_gang,
                     self.workload(job_id),
                     owner,
                     "job",
-                    len(placement.devices),
+                    len(placement.devices) // workers,
+                    workers,
                     quota=quota,
                 )
-                node = node_of(devices[0]) if devices else await self.db(self.ledger.node_for_cpu)
+                devices = [d for ds in per_rank for d in ds]
+                # the nodes of its workers, rank 0's first (a CPU job's: one node)
+                nodes = list(dict.fromkeys(node_of(ds[0]) for ds in per_rank if ds))
+                node = ",".join(nodes) if devices else await self.db(self.ledger.node_for_cpu)
             except NoGpuAvailable:
                 # a notebook took a GPU meanwhile, or no single node has enough free: plan
-                # again next pass (the scheduler counts GPUs; the ledger finds the node)
+                # again next pass (the scheduler counts GPUs; the ledger finds the nodes)
                 await self.db(self.ledger.release, self.workload(job_id))
                 continue
+            where = f"GPUs {', '.join(devices)}" if devices else "no GPU"
+            if workers > 1:
+                where = f"{workers} workers, " + where
             try:
                 await self.move(
                     job_id,
                     J.INITIALIZING,
                     reason="SCHEDULED",
-                    message=f"placed on GPUs {', '.join(devices) or '(none)'}"
+                    message=f"placed: {where}"
                     + (f" of node {node}" if node and not devices else "")
                     + (" beyond quota (preemptible)" if placement.over_quota else ""),
                     expect=frozenset({J.QUEUED}),
-                    devices=",".join(devices),
+                    devices=encode_devices(per_rank),
                     node=node,
                     over_quota=int(placement.over_quota),
                     exit_code=None,
@@ -312,19 +326,33 @@ class JobSupervisor(JobLife):
             JOB_QUEUE_WAIT.observe(max(0.0, time.time() - queued_since[job_id]))
             self.spawn_task(job_id, attach=False)
 
-    async def _say_why_waiting(self, queued: list[QueuedJob], p, free: list[str]) -> None:
+    async def _say_why_waiting(
+        self, queued: list[QueuedJob], p, free: list[str], workers: dict[str, int]
+    ) -> None:
         """A queued job that waits for GPUs says so in its message: how many it asked for,
         and how many are free (on one node, on a cluster). Written only when it changes."""
         starting = {pl.job_id for pl in p.start}
-        per_node: dict[str, int] = {}
+        per_node: dict[str, list[str]] = {}
         for key in free:
-            per_node[node_of(key)] = per_node.get(node_of(key), 0) + 1
-        most = max(per_node.values(), default=0)
+            per_node.setdefault(node_of(key), []).append(key)
+        most = max((len(ds) for ds in per_node.values()), default=0)
         total = len(self.ledger.devices)
         for job in queued:
-            if job.id in starting or job.gpus == 0 or job.gpus <= most:
+            n = workers.get(job.id, 1)
+            each = job.gpus // n
+            if job.id in starting or job.gpus == 0:
+                continue
+            if n == 1 and job.gpus <= most:
                 continue  # not waiting for GPUs (a quota, a preemption under way)
-            if self.ledger.clustered:
+            if n > 1 and choose_gang(per_node, each, n):
+                continue
+            if n > 1:
+                msg = (
+                    f"waiting for {n} workers of {each} GPU(s), all placed at once: "
+                    f"{len(free)} of {total} GPUs free"
+                    + (f", at most {most} on one node" if self.ledger.clustered else "")
+                )
+            elif self.ledger.clustered:
                 msg = (
                     f"waiting for {job.gpus} GPU(s) free on one node: {len(free)} of {total} "
                     f"free across the cluster, at most {most} on one node"
@@ -402,16 +430,14 @@ class JobSupervisor(JobLife):
         output that is not pushed yet (a retried push, then the delay, removes them)."""
         now = utcnow().timestamp()
         removed_any = False
-        for job_id, container, updated, state, spec, node in await self.db(
+        for job_id, _container, updated, state, spec, node in await self.db(
             self.records.ended_with_container
         ):
             if state == J.SYNC_FAILED.value:
                 continue
             if now - updated.timestamp() > self.s.job_container_retention:
-                await self.runtime.remove(container)
                 try:
-                    for vol in self.volumes(job_id, JobSpec.from_json(spec), node):
-                        await self.runtime.remove_volume(vol.docker_volume, vol.node)
+                    await self.remove_from_engine(job_id, spec, node)
                 except EngineError as e:  # in use (a push retry?): try again next pass
                     log.warning("job %s: volumes not removed yet: %s", job_id, e)
                     continue
@@ -422,6 +448,20 @@ class JobSupervisor(JobLife):
         if now - self._last_sweep > ORPHAN_SWEEP_INTERVAL:
             self._last_sweep = now
             await self.remove_orphan_containers()
+
+    async def remove_from_engine(self, job_id: str, spec: dict, node: str) -> None:
+        """Remove an ended job's containers (every worker's) and its data volumes (on each
+        node it ran on); the record and saved logs stay."""
+        name = self.container_name(job_id)
+        for rank in range(int(spec.get("workers") or 1)):
+            await self.runtime.remove(rank_name(name, rank))
+        for where in dict.fromkeys((node or "").split(",")):
+            for vol in self.volumes(job_id, JobSpec.from_json(spec), where):
+                await self.runtime.remove_volume(vol.docker_volume, vol.node)
+
+    def saved_logs(self, job_id: str) -> list[Path]:
+        """Every saved log file of the job (a distributed job's ranks too)."""
+        return [self.log_file(job_id), *self.logs_dir.glob(f"{job_id}.r*.log")]
 
     # --- restart safety ------------------------------------------------------------------
 

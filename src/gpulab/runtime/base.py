@@ -51,6 +51,12 @@ class WorkloadSpec:
     mounts: Sequence[Mount] = ()
     #: the owner whose private network it joins (None: the engine's default network)
     network_owner: str | None = None
+    #: the distributed job whose own network it joins instead (its workers only)
+    network_job: str | None = None
+    #: names the other workloads on that network resolve it by (a worker's rank name)
+    aliases: Sequence[str] = ()
+    #: the container's host name (None: the engine's)
+    hostname: str | None = None
     #: the node chosen by gpulab's placement ("" on a single engine)
     node: str = ""
     log_max_size: str = "10m"
@@ -259,8 +265,11 @@ class Runtime:
         bound the end returns up to now), or its last ``tail`` lines; b"" when it is gone."""
         raise NotImplementedError
 
-    def log_stream(self, name: str, follow: bool, tail: int | None = None) -> LogStream:
-        """Blocking: call it on a worker thread. Raises WorkloadGone."""
+    def log_stream(
+        self, name: str, follow: bool, tail: int | None = None, timestamps: bool = False
+    ) -> LogStream:
+        """Blocking: call it on a worker thread. Raises WorkloadGone. ``timestamps``: each
+        line starts with the engine's RFC 3339 time and a space."""
         raise NotImplementedError
 
     async def exec_run(

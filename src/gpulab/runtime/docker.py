@@ -28,7 +28,7 @@ from .base import (
     WorkloadState,
 )
 from .execution import EngineExecSession, run_command
-from .objects import L_INSTANCE, L_KIND, docker_epoch, workload_container_config
+from .objects import L_INSTANCE, L_KIND, L_USER, docker_epoch, workload_container_config
 
 log = logging.getLogger(__name__)
 
@@ -105,18 +105,30 @@ class DockerRuntime(EngineClient, Runtime):
             for attempt in (1, 2):
                 with contextlib.suppress(NotFound):
                     client.remove_container(spec.name, force=True)
-                if spec.network_owner:  # joined by ID: unambiguous while a duplicate exists
+                extra = {}
+                if spec.network_job:  # a distributed job's own network, with its rank's name
+                    owner = spec.labels.get(L_USER, "")
+                    network = net.ensure_job_network(client, instance, owner, spec.network_job)
+                    host["network_mode"] = network
+                    endpoint = client.create_endpoint_config(aliases=list(spec.aliases))
+                    extra["networking_config"] = client.create_networking_config(
+                        {network: endpoint}
+                    )
+                elif spec.network_owner:  # joined by ID: unambiguous while a duplicate exists
                     host["network_mode"] = net.ensure_user_network(
                         client, instance, spec.network_owner
                     )
                 try:
-                    client.create_container(host_config=client.create_host_config(**host), **config)
+                    client.create_container(
+                        host_config=client.create_host_config(**host), **config, **extra
+                    )
                     fault_point("engine:create")
                     client.start(spec.name)
                     return
                 except APIError as e:
                     # pruned between our look-up and our start: make it again, once
-                    if attempt == 2 or not (spec.network_owner and net.is_missing_network(e)):
+                    joined = spec.network_owner or spec.network_job
+                    if attempt == 2 or not (joined and net.is_missing_network(e)):
                         raise
 
         await self.run(create)
@@ -186,8 +198,12 @@ class DockerRuntime(EngineClient, Runtime):
         except NotFound:
             return b""
 
-    def log_stream(self, name: str, follow: bool, tail: int | None = None) -> LogStream:
+    def log_stream(
+        self, name: str, follow: bool, tail: int | None = None, timestamps: bool = False
+    ) -> LogStream:
         kw: dict = {"stdout": True, "stderr": True, "stream": True, "follow": follow}
+        if timestamps:
+            kw["timestamps"] = True
         if tail is not None:
             kw["tail"] = tail
         try:
@@ -279,7 +295,9 @@ class DockerRuntime(EngineClient, Runtime):
         return await self.run(net.remove_user_network_if_unused, self.client, instance, user)
 
     async def prune_user_networks(self, instance: str) -> list[str]:
-        return await self.run(net.prune_user_networks, self.client, instance)
+        users = await self.run(net.prune_user_networks, self.client, instance)
+        jobs = await self.run(net.prune_job_networks, self.client, instance)
+        return users + [f"job {j}" for j in jobs]
 
 
 def _run_helper_blocking(client: docker.APIClient, config: dict, on_line) -> HelperResult:

@@ -77,6 +77,70 @@ def user_network_config(instance: str, user: str, driver: str = "bridge") -> dic
     }
 
 
+#: a distributed job's own network (its workers only): kind and name apart from users'
+JOB_NETWORK_KIND = "job-network"
+L_JOB = "org.gpulab.job"
+
+
+def job_network_name(instance: str, job_id: str, driver: str = "bridge") -> str:
+    middle = "jobovl" if driver == "overlay" else "job"
+    return f"{escape_name(instance)}-{middle}-{escape_name(job_id)}"
+
+
+def job_network_config(instance: str, owner: str, job_id: str, driver: str = "bridge") -> dict:
+    """A distributed job's network: its workers reach each other there by rank name, and no
+    other job's or user's workload is on it. Not internal (workers may reach the outside, as
+    any job); on a Swarm an attachable overlay (the gateway joins it for the job's ports)."""
+    overlay = {"attachable": True} if driver == "overlay" else {}
+    return {
+        "name": job_network_name(instance, job_id, driver),
+        "driver": driver,
+        **overlay,
+        "internal": False,
+        "labels": {
+            L_INSTANCE: instance,
+            L_KIND: JOB_NETWORK_KIND,
+            L_USER: owner,
+            L_JOB: job_id,
+            L_VERSION: __version__,
+        },
+        "check_duplicate": True,
+    }
+
+
+def ensure_job_network(
+    client, instance: str, owner: str, job_id: str, driver: str = "bridge"
+) -> str:
+    """Create-or-get a distributed job's network (blocking); the ID of the one to join."""
+    config = job_network_config(instance, owner, job_id, driver)
+    with _lock_for(config["name"]):
+        return _ensure(client, instance, config)
+
+
+def prune_job_networks(client, instance: str, in_use=None, driver: str = "bridge") -> list[str]:
+    """Remove the networks of distributed jobs that have no workload left (blocking): the
+    job ids whose network went."""
+    in_use = in_use or _has_containers
+    nets = client.networks(
+        filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={JOB_NETWORK_KIND}"]}
+    )
+    gone = []
+    for n in nets:
+        job_id = (n.get("Labels") or {}).get(L_JOB)
+        if not job_id or n.get("Driver") not in (None, driver):
+            continue
+        if in_use(client, [f"{L_INSTANCE}={instance}", f"{L_JOB}={job_id}"], n["Id"]):
+            continue
+        try:
+            client.remove_network(n["Id"])
+            gone.append(job_id)
+        except NotFound:
+            pass
+        except APIError as e:  # a worker joined it meanwhile (a restart): next time
+            log.info("network of job %s kept: %s", job_id, e.explanation or e)
+    return gone
+
+
 def network_for(mode: str, instance: str, user: str) -> str | None:
     """The network a user's workloads join: their own, or None for the engine's default."""
     if mode == "user":
@@ -128,17 +192,18 @@ def ensure_user_network(client, instance: str, user: str, driver: str = "bridge"
     Containers join by ID, not by name: while a duplicate made by a racing process still
     exists (or is kept because a container joined it), the name is ambiguous to the engine.
     """
-    name = user_network_name(instance, user, driver)
-    with _lock_for(name):  # threads of one process: one create; other processes: see below
-        return _ensure(client, instance, user, name, driver)
+    config = user_network_config(instance, user, driver)
+    with _lock_for(config["name"]):  # threads of one process: one create; others: below
+        return _ensure(client, instance, config)
 
 
-def _ensure(client, instance: str, user: str, name: str, driver: str) -> str:
+def _ensure(client, instance: str, config: dict) -> str:
+    name = config["name"]
     for _ in range(3):
         found = _named(client, name)
         if not found:
             try:
-                client.create_network(**user_network_config(instance, user, driver))
+                client.create_network(**config)
             except APIError as e:
                 text = str(e.explanation or e)
                 if e.status_code != 409 and "already exists" not in text:
@@ -164,7 +229,7 @@ def _ensure(client, instance: str, user: str, name: str, driver: str) -> str:
     raise NetworkUnavailable(f"the network {name} kept disappearing while it was being created")
 
 
-def _has_containers(client, labels: list[str]) -> bool:
+def _has_containers(client, labels: list[str], network_id: str = "") -> bool:
     return bool(client.containers(all=True, filters={"label": labels}))
 
 

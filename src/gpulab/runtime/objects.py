@@ -237,6 +237,7 @@ def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) ->
         "labels": spec.labels,
         "user": spec.user,
         **({"working_dir": spec.working_dir} if spec.working_dir else {}),
+        **({"hostname": spec.hostname} if spec.hostname else {}),
         "host_config": {
             "binds": binds,
             "auto_remove": False,

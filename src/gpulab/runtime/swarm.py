@@ -165,8 +165,13 @@ class SwarmRuntime(EngineClient, Runtime):
         with_suppress_notfound(client.remove_service, spec.name)
         self._wait_gone(spec.name, 30)
         network_id = None
-        if spec.network_owner:
-            instance = spec.labels.get(L_INSTANCE, "")
+        instance = spec.labels.get(L_INSTANCE, "")
+        if spec.network_job:  # a distributed job's own overlay (its rank's alias on it)
+            owner = spec.labels.get(L_USER, "")
+            network_id = net.ensure_job_network(
+                client, instance, owner, spec.network_job, "overlay"
+            )
+        elif spec.network_owner:
             network_id = net.ensure_user_network(client, instance, spec.network_owner, "overlay")
         if network_id and L_NETWORK in spec.labels:
             # the overlay it really joins (made again if a concurrent stop removed the one the
@@ -332,11 +337,14 @@ class SwarmRuntime(EngineClient, Runtime):
             "details": False,
         }
 
-    def _open_logs(self, name: str, follow: bool, since=None, tail=None):
+    def _open_logs(self, name: str, follow: bool, since=None, tail=None, timestamps=False):
         client = self.client
+        params = self._logs_params(follow, since, tail)
+        if timestamps:
+            params["timestamps"] = True
         res = client._get(
             client._url("/services/{0}/logs", name),
-            params=self._logs_params(follow, since, tail),
+            params=params,
             stream=True,
         )
         if res.status_code == 404:
@@ -358,8 +366,10 @@ class SwarmRuntime(EngineClient, Runtime):
 
         return await self.run(read)
 
-    def log_stream(self, name: str, follow: bool, tail: int | None = None) -> LogStream:
-        res, chunks = self._open_logs(name, follow, None, tail)
+    def log_stream(
+        self, name: str, follow: bool, tail: int | None = None, timestamps: bool = False
+    ) -> LogStream:
+        res, chunks = self._open_logs(name, follow, None, tail, timestamps)
         stream = CancellableStream(chunks, res)
         return LogStream(iter(stream), stream.close)
 
@@ -567,13 +577,26 @@ class SwarmRuntime(EngineClient, Runtime):
         )
 
     async def prune_user_networks(self, instance: str) -> list[str]:
-        return await self.run(
+        users = await self.run(
             net.prune_user_networks,
             self.client,
             instance,
             self._unused_and_gateway_detached,
             "overlay",
         )
+        jobs = await self.run(
+            net.prune_job_networks, self.client, instance, self._job_in_use, "overlay"
+        )
+        return users + [f"job {j}" for j in jobs]
+
+    def _job_in_use(self, client, labels: list[str], network_id: str) -> bool:
+        """A distributed job's overlay is in use while a service of the job exists; once
+        none does, the gateway (attached for the job's ports) leaves it."""
+        if _has_services(client, labels):
+            return True
+        if self.gateway is not None:
+            self.gateway.detach(client, network_id)
+        return False
 
 
 class StillRunning(RuntimeError):

@@ -60,6 +60,7 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
         "CapabilityDrop": ["ALL"],
         **({"ReadOnly": True} if spec.read_only else {}),
         **({"Dir": spec.working_dir} if spec.working_dir else {}),
+        **({"Hostname": spec.hostname} if spec.hostname else {}),
     }
     if spec.runner:
         if runner_config is None:
@@ -91,7 +92,9 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
         },
     }
     if network_id:
-        task["Networks"] = [{"Target": network_id}]
+        task["Networks"] = [
+            {"Target": network_id, **({"Aliases": list(spec.aliases)} if spec.aliases else {})}
+        ]
     return {
         "Name": spec.name,
         "Labels": labels,

@@ -163,9 +163,14 @@ class JobsHandler(JobsBase):
                 field="priority",
             )
         quota = s.quota_for(user, groups)
-        why = can_ever_fit(spec.resources.gpus, host_gpus, quota, spec.preemptible, gpu_home)
+        # a gang's size is checked against every node by the ledger; its sum against the quota
+        fits_on = host_gpus if spec.workers == 1 else spec.total_gpus
+        why = can_ever_fit(spec.total_gpus, fits_on, quota, spec.preemptible, gpu_home)
+        if why and spec.workers > 1:
+            why = f"{spec.workers} workers of {spec.resources.gpus} GPU(s) each: {why}"
+        why = why or self.supervisor.ledger.gang_refusal(spec.resources.gpus, spec.workers)
         if why:
-            raise ApiError(400, why, field="resources.gpus")
+            raise ApiError(400, why, field="workers" if spec.workers > 1 else "resources.gpus")
         try:
             job = await asyncio.to_thread(
                 self.jobs.create,
@@ -202,13 +207,10 @@ class JobHandler(JobsBase):
             raise ApiError(404, f"no job {job_id}") from None
         except InvalidTransition as e:
             raise ApiError(409, f"job {job_id} changed meanwhile: {e}") from None
-        runtime = sup.runtime
-        await runtime.remove(sup.container_name(job_id))
-        from ..jobs.spec import JobSpec
-
-        for vol in sup.volumes(job_id, JobSpec.from_json(job["spec"]), job.get("node") or ""):
-            await runtime.remove_volume(vol.docker_volume, vol.node)
-        sup.log_file(job_id).unlink(missing_ok=True)
+        await sup.remove_from_engine(job_id, job["spec"], job.get("node") or "")
+        await sup.prune_networks()  # a distributed job's own network, its owner's if unused
+        for path in sup.saved_logs(job_id):
+            path.unlink(missing_ok=True)
         self.set_status(204)
         self.finish()
 
