@@ -16,7 +16,7 @@ from ..gpus.inventory import device_id
 from ..resources import container_limits
 from ..runtime.base import Mount, WorkloadGone, WorkloadSpec
 from ..runtime.objects import workload_labels
-from .gang import Rank, distributed_env, merge_logs, rank_alias, rank_name, ranks
+from .gang import Rank, distributed_env, merge_logs, rank_alias, rank_name
 from .git_sources import git_mounts
 from .spec import JobSpec
 from .spec_extras import job_path, port_env
@@ -34,8 +34,11 @@ class JobContainer:
 
     def gang(self, job_id: str, job: dict) -> list[Rank]:
         """The job's workers from its record (one for a one-container job)."""
-        workers = int((job.get("spec") or {}).get("workers") or 1)
-        return ranks(self.container_name(job_id), workers, job["devices"], job["node"])
+        name = self.container_name(job_id)
+        return [
+            Rank(w["rank"], rank_name(name, w["rank"]), w["node"], tuple(w["devices"]))
+            for w in job["workers"]
+        ]
 
     def workload_spec(
         self, job_id, spec: JobSpec, name, devices, owner, node, secrets=None, rank: int = 0

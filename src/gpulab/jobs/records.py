@@ -12,6 +12,7 @@ from ..db import Database, Job, JobEvent
 from ..faults import fault_point
 from ..lifecycle import InvalidTransition, JobState, check_job_transition, utcnow
 from .billing import billed_minutes
+from .gang import ranks
 from .spec_extras import job_path
 
 ACTIVE = frozenset(
@@ -86,6 +87,9 @@ def job_json(
 ) -> dict:
     """The API's view of a job; ``billed``: its billed minutes when the caller knows them
     (then its events are not read unless ``history``)."""
+    minutes = billed if billed is not None else billed_minutes(j.events, now or utcnow())
+    workers = int((j.spec or {}).get("workers") or 1)
+    gpus = int(((j.spec or {}).get("resources") or {}).get("gpus") or 0)
     out = {
         "id": j.id,
         "name": j.name,
@@ -97,14 +101,23 @@ def job_json(
         "submitted": _iso(j.submitted),
         "updated": _iso(j.updated),
         "running_since": _iso(j.running_since),
-        "devices": [d for d in j.devices.split(",") if d],
+        "devices": [d for d in j.devices.replace(";", ",").split(",") if d],
         "node": j.node or "",
         "over_quota": bool(j.over_quota),
         "restarts": j.restarts,
         "hang_restarts": j.hang_restarts,
-        "billed_minutes": billed
-        if billed is not None
-        else billed_minutes(j.events, now or utcnow()),
+        "billed_minutes": minutes,
+        # every worker's GPUs, for the whole billed time
+        "billed_gpu_minutes": minutes * gpus * workers,
+        "workers": [
+            {
+                "rank": r.rank,
+                "container": r.name if j.container else "",
+                "node": r.node,
+                "devices": list(r.devices),
+            }
+            for r in ranks(j.container or "", workers, j.devices, j.node or "")
+        ],
         "spec": j.spec,
         "request": j.request,
         "outcome": j.outcome or None,

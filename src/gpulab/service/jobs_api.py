@@ -19,6 +19,8 @@ import threading
 from tornado.iostream import StreamClosedError
 
 from ..errors import FieldError
+from ..jobs.containers import LOG_KEEP_BYTES, LOG_KEEP_LINES
+from ..jobs.gang import merge_logs, rank_name, strip_stamps
 from ..jobs.records import ACTIVE, ENDED, QueueFull
 from ..jobs.scheduler import can_ever_fit
 from ..jobs.spec import parse_job_spec
@@ -41,6 +43,8 @@ READ, MANAGE = JOBS_READ, JOBS_MANAGE
 
 #: chunks a log stream may buffer for a slow client before its reader thread waits
 LOG_QUEUE_CHUNKS = 64
+#: a line of a rank's followed output longer than this is cut into several prefixed ones
+LOG_LINE_MAX = 64 * 1024
 #: log streams one user may hold open at once, and threads for all streams together (a
 #: pool of their own: followers never take the engine pool's threads from spawns and jobs)
 MAX_LOG_STREAMS_PER_USER = 8
@@ -165,10 +169,10 @@ class JobsHandler(JobsBase):
         quota = s.quota_for(user, groups)
         # a gang's size is checked against every node by the ledger; its sum against the quota
         fits_on = host_gpus if spec.workers == 1 else spec.total_gpus
-        why = can_ever_fit(spec.total_gpus, fits_on, quota, spec.preemptible, gpu_home)
-        if why and spec.workers > 1:
+        why = self.supervisor.ledger.gang_refusal(spec.resources.gpus, spec.workers)
+        why = why or can_ever_fit(spec.total_gpus, fits_on, quota, spec.preemptible, gpu_home)
+        if why and spec.workers > 1 and not why.startswith(f"{spec.workers} workers"):
             why = f"{spec.workers} workers of {spec.resources.gpus} GPU(s) each: {why}"
-        why = why or self.supervisor.ledger.gang_refusal(spec.resources.gpus, spec.workers)
         if why:
             raise ApiError(400, why, field="workers" if spec.workers > 1 else "resources.gpus")
         try:
@@ -301,32 +305,52 @@ class JobLogsHandler(JobsBase):
     @authenticated
     async def get(self, job_id: str):
         """The job's output; ?follow=true streams it until the job's container ends."""
-        await self.own_job(job_id)
+        job = await self.own_job(job_id)
         follow = self.flag("follow")
+        workers = int(job["spec"].get("workers") or 1)
+        rank = self.get_argument("rank", None)
+        if rank is not None:
+            if not (rank.isascii() and rank.isdigit()) or int(rank) >= workers:
+                raise ApiError(
+                    400,
+                    f"rank must be a whole number from 0 to {workers - 1} "
+                    f"(the job has {workers} worker{'s' if workers > 1 else ''})",
+                    field="rank",
+                )
+            rank = int(rank)
         user = self.current_user["name"]
         # counted before anything waits: a follower waiting for its job to start holds a slot
         # too (per user, and in all, so that a few users cannot take every stream thread)
-        if _streams_open.get(user, 0) >= MAX_LOG_STREAMS_PER_USER:
+        # a distributed job's ranks followed together take one stream each
+        cost = workers if workers > 1 and rank is None and follow else 1
+        if _streams_open.get(user, 0) + cost > MAX_LOG_STREAMS_PER_USER:
+            more = f" (following all {workers} ranks takes {cost}: use ?rank=)" if cost > 1 else ""
             raise ApiError(
                 429,
-                f"you have {MAX_LOG_STREAMS_PER_USER} job log streams open; close one first",
+                f"you have {_streams_open.get(user, 0)} of {MAX_LOG_STREAMS_PER_USER} job log "
+                f"streams open; close one first{more}",
             )
-        if sum(_streams_open.values()) >= LOG_STREAM_THREADS:
+        if sum(_streams_open.values()) + cost > LOG_STREAM_THREADS:
             raise ApiError(
                 429, f"the service has {LOG_STREAM_THREADS} log streams open; try again later"
             )
-        _streams_open[user] = _streams_open.get(user, 0) + 1
+        _streams_open[user] = _streams_open.get(user, 0) + cost
         try:
-            await self._logs(job_id, follow)
+            if workers > 1 and rank is None:
+                await self._all_ranks(job_id, workers, follow)
+            else:
+                await self._logs(job_id, follow, rank if workers > 1 else None)
         finally:
-            _streams_open[user] -= 1
+            _streams_open[user] -= cost
             if not _streams_open[user]:
                 del _streams_open[user]
 
-    async def _logs(self, job_id: str, follow: bool) -> None:
+    async def _logs(self, job_id: str, follow: bool, rank: int | None = None) -> None:
+        """One container's output: the job's, or one ``rank``'s of a distributed job."""
         sup = self.supervisor
         self.set_header("Content-Type", "text/plain; charset=utf-8")
-        info = await sup.runtime.state(sup.container_name(job_id))
+        name = rank_name(sup.container_name(job_id), rank or 0)
+        info = await sup.runtime.state(name)
         waiting = {J.QUEUED.value, J.INITIALIZING.value, J.PENDING.value}
         while follow and info is None:
             # following a job that has not started yet: wait for its container (or its end)
@@ -336,16 +360,48 @@ class JobLogsHandler(JobsBase):
             if job is None or job["state"] not in waiting:
                 break
             await asyncio.sleep(0.5)
-            info = await sup.runtime.state(sup.container_name(job_id))
+            info = await sup.runtime.state(name)
         if info is None:
+            path = sup.log_file(job_id, rank)
+            if path.exists():
+                saved = await asyncio.to_thread(path.read_bytes)
+                self.write(saved if rank is None else strip_stamps(saved))
+            return self.finish()
+        await self._stream([("", name)], follow)
+
+    async def _all_ranks(self, job_id: str, workers: int, follow: bool) -> None:
+        """Every rank of a distributed job, each line prefixed ``[rank K]``: in time order
+        (what the engine, or the saved logs, hold), then as it comes with ``follow``."""
+        sup = self.supervisor
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        names = [rank_name(sup.container_name(job_id), r) for r in range(workers)]
+        found = await asyncio.gather(*(sup.runtime.state(n) for n in names))
+        if any(f is None for f in found):  # gone (or not started): what was saved
             path = sup.log_file(job_id)
             if path.exists():
                 self.write(await asyncio.to_thread(path.read_bytes))
             return self.finish()
-        await self._stream(sup.container_name(job_id), follow)
+        if not follow:
 
-    async def _stream(self, name: str, follow: bool) -> None:
-        """Copy the container's log to the client through a bounded queue.
+            def read() -> bytes:
+                per_rank = []
+                for n in names:
+                    stream = sup.runtime.log_stream(n, False, LOG_KEEP_LINES, timestamps=True)
+                    try:
+                        per_rank.append(b"".join(stream))
+                    finally:
+                        stream.close()
+                return merge_logs(per_rank)[-LOG_KEEP_BYTES:]
+
+            with contextlib.suppress(WorkloadGone):  # ended and removed meanwhile
+                self.write(await asyncio.get_running_loop().run_in_executor(_log_pool(), read))
+            return self.finish()
+        await self._stream([(f"[rank {r}] ", n) for r, n in enumerate(names)], follow)
+
+    async def _stream(self, sources: list[tuple[str, str]], follow: bool) -> None:
+        """Copy the containers' logs to the client through a bounded queue: ``sources`` are
+        (prefix, container); with a prefix, each line is written whole, prefixed (a
+        distributed job's ranks, interleaved as they come).
 
         A thread of the log-stream pool reads the engine's stream; when the queue is full it
         waits (back-pressure: a slow client never makes the service buffer a whole log).
@@ -355,12 +411,17 @@ class JobLogsHandler(JobsBase):
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue(maxsize=LOG_QUEUE_CHUNKS)
         gone = threading.Event()
+        streams = []
         try:
-            stream = await loop.run_in_executor(
-                _log_pool(),
-                functools.partial(runtime.log_stream, name, follow),
-            )
+            for _, name in sources:
+                streams.append(
+                    await loop.run_in_executor(
+                        _log_pool(), functools.partial(runtime.log_stream, name, follow)
+                    )
+                )
         except WorkloadGone:
+            for stream in streams:
+                stream.close()
             return self.finish()
 
         def put(item) -> bool:
@@ -376,11 +437,19 @@ class JobLogsHandler(JobsBase):
             fut.cancel()
             return False
 
-        def pump() -> None:
+        def pump(prefix: bytes, stream) -> None:
+            rest = b""
             try:
                 for chunk in stream:
-                    if not put(chunk):
+                    if prefix:  # whole lines only, each with its rank
+                        *lines, rest = (rest + chunk).split(b"\n")
+                        if len(rest) > LOG_LINE_MAX:
+                            lines, rest = [*lines, rest], b""
+                        chunk = b"".join(prefix + ln + b"\n" for ln in lines)
+                    if chunk and not put(chunk):
                         return
+                if rest:
+                    put(prefix + rest + b"\n")
             except Exception:  # the container went away, or the stream was closed: the end
                 pass
             finally:
@@ -390,15 +459,24 @@ class JobLogsHandler(JobsBase):
 
         def close() -> None:
             gone.set()
-            with contextlib.suppress(Exception):
-                stream.close()  # unblocks the pump's read at once
+            for stream in streams:
+                with contextlib.suppress(Exception):
+                    stream.close()  # unblocks the pump's read at once
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(None)  # and the handler's wait, if it is waiting
 
         self._on_close = close
-        loop.run_in_executor(_log_pool(), pump)
+        for (prefix, _), stream in zip(sources, streams, strict=True):
+            loop.run_in_executor(_log_pool(), pump, prefix.encode(), stream)
+        left = len(streams)  # the end is when every pump has ended
         try:
-            while not gone.is_set() and (chunk := await queue.get()) is not None:
+            while not gone.is_set():
+                chunk = await queue.get()
+                if chunk is None:
+                    left -= 1
+                    if left <= 0 or gone.is_set():
+                        break
+                    continue
                 self.write(chunk)
                 await self.flush()
         except StreamClosedError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .. import __version__
 from ..bounds import MAX_ENV_VALUE_BYTES
 from ..jobs.spec import JOB_SPEC_SCHEMA
+from ..jobs.spec_fields import MAX_WORKERS
 from ..lifecycle import JobState, NotebookState
 from .app_base import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
 from .exec_api import EXEC_DESCRIPTION, EXEC_REQUEST, EXEC_RESULT, MAX_TERMINAL_SIZE
@@ -324,6 +325,13 @@ PATHS: dict[str, dict] = {
             "parameters": [
                 JOB_ID,
                 {"name": "follow", "in": "query", "schema": {"type": "boolean", "default": False}},
+                {
+                    "name": "rank",
+                    "in": "query",
+                    "description": "one worker of a distributed job (default: every rank, "
+                    "each line prefixed with [rank K])",
+                    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WORKERS - 1},
+                },
             ],
             "responses": {
                 "200": {
@@ -526,6 +534,23 @@ def document(job_submission: dict | None = None) -> dict:
                         "restarts": {"type": "integer"},
                         "hang_restarts": {"type": "integer"},
                         "billed_minutes": {"type": "integer"},
+                        "billed_gpu_minutes": {
+                            "type": "integer",
+                            "description": "billed minutes x GPUs of all its workers",
+                        },
+                        "workers": {
+                            "type": "array",
+                            "description": "its workers (one unless a distributed job)",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "rank": {"type": "integer"},
+                                    "container": {"type": "string"},
+                                    "node": {"type": "string"},
+                                    "devices": {"type": "array", "items": {"type": "string"}},
+                                },
+                            },
+                        },
                         "spec": {"type": "object"},
                         "ports": {
                             "type": "array",
