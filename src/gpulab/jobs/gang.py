@@ -146,8 +146,11 @@ def choose_gang(
         return []
     out: list[list[str]] = []
     if spread:
+        mine: dict[str, int] = {}  # ties go to the node with fewer of this gang's ranks
         for _ in range(workers):
-            node = max(pools, key=lambda n: (len(pools[n]), n))
+            fit = [n for n in pools if len(pools[n]) >= per_worker]
+            node = max(fit, key=lambda n: (len(pools[n]), -mine.get(n, 0), n))
+            mine[node] = mine.get(node, 0) + 1
             out.append(pools[node][:per_worker])
             del pools[node][:per_worker]
         return out

@@ -322,6 +322,10 @@ class Runtime:
     async def ensure_user_network(self, instance: str, user: str) -> str:
         raise NotImplementedError
 
+    async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
+        """The ID of a distributed job's own network (made if missing)."""
+        raise NotImplementedError
+
     async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
         raise NotImplementedError
 

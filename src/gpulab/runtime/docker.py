@@ -291,6 +291,9 @@ class DockerRuntime(EngineClient, Runtime):
     async def ensure_user_network(self, instance: str, user: str) -> str:
         return await self.run(net.ensure_user_network, self.client, instance, user)
 
+    async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
+        return await self.run(net.ensure_job_network, self.client, instance, owner, job_id)
+
     async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
         return await self.run(net.remove_user_network_if_unused, self.client, instance, user)
 

@@ -554,6 +554,11 @@ class SwarmRuntime(EngineClient, Runtime):
     async def ensure_user_network(self, instance: str, user: str) -> str:
         return await self.run(net.ensure_user_network, self.client, instance, user, "overlay")
 
+    async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
+        return await self.run(
+            net.ensure_job_network, self.client, instance, owner, job_id, "overlay"
+        )
+
     def _unused_and_gateway_detached(self, client, labels: list[str]) -> bool:
         """A user overlay is in use while a service of the user exists; once none does, the
         notebook gateway (the one container attached to it) leaves it so that it can go."""

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from tornado import websocket
 
 from ..bounds import MiB, shown, size_text
+from ..jobs.gang import rank_name
 from ..jobs.spec_fields import JobSpecError, parse_command
 from ..jobs.spec_schema import JOB_SPEC_SCHEMA
 from ..lifecycle import JobState
@@ -170,6 +171,20 @@ class ExecBase(JobsBase):
             )
         return job
 
+    def target(self, job: dict) -> tuple[str, str]:
+        """The container to run in (``?rank=K`` of a distributed job, else rank 0) and how
+        the events name it ("" for a one-container job)."""
+        workers = int(job["spec"].get("workers") or 1)
+        rank = self.get_argument("rank", None)
+        if rank is None:
+            rank = "0"
+        if not (rank.isascii() and rank.isdigit()) or int(rank) >= workers:
+            raise ApiError(
+                400, f"rank must be a whole number from 0 to {workers - 1}", field="rank"
+            )
+        name = rank_name(self.supervisor.container_name(job["id"]), int(rank))
+        return name, (f" (rank {rank})" if workers > 1 else "")
+
     async def record(self, job_id: str, kind: str, message: str) -> None:
         await asyncio.to_thread(self.jobs.note, job_id, kind, kind.upper(), message)
 
@@ -178,18 +193,21 @@ class JobExecHandler(ExecBase):
     @authenticated
     async def post(self, job_id: str):
         """Run a command in the running job: its exit code (null on time-out) and output."""
-        await self.running_job(job_id)
+        job = await self.running_job(job_id)
+        name, where = self.target(job)
         body = self.body()
         command, timeout = parse_exec(body)
         me = self.current_user["name"]
         _take(_execs, me, MAX_EXECS_PER_USER, MAX_EXECS, "execs")
         try:
-            await self.record(job_id, "exec", f"exec by {me}: {command_text(body['command'])}")
+            await self.record(
+                job_id, "exec", f"exec by {me}{where}: {command_text(body['command'])}"
+            )
             log.info("exec by %s in job %s", me, job_id)  # not the command: it may hold secrets
             sup = self.supervisor
             try:
                 code, output, truncated = await sup.runtime.exec_run(
-                    sup.container_name(job_id), command, timeout, MAX_EXEC_OUTPUT
+                    name, command, timeout, MAX_EXEC_OUTPUT
                 )
             except WorkloadGone:
                 raise ApiError(409, f"job {job_id} is no longer running") from None
@@ -256,7 +274,8 @@ class JobShellHandler(ExecBase, websocket.WebSocketHandler):
     @authenticated
     async def get(self, job_id: str):
         self.refuse_cross_site()
-        await self.running_job(job_id)
+        job = await self.running_job(job_id)
+        name, where = self.target(job)
         self.refuse_without_xsrf()
         if self.request.headers.get("Upgrade", "").lower() != "websocket":
             raise ApiError(400, "this is a WebSocket: connect with Upgrade: websocket")
@@ -265,13 +284,11 @@ class JobShellHandler(ExecBase, websocket.WebSocketHandler):
         _take(_shells, me, MAX_SHELLS_PER_USER, MAX_SHELLS, "shells")
         self._user = me
         try:
-            await self.record(job_id, "shell", f"shell opened by {me}")
+            await self.record(job_id, "shell", f"shell opened by {me}{where}")
             log.info("shell opened by %s in job %s", me, job_id)
             sup = self.supervisor
             try:
-                self.session = await sup.runtime.exec_session(
-                    sup.container_name(job_id), cols, rows
-                )
+                self.session = await sup.runtime.exec_session(name, cols, rows)
             except WorkloadGone:
                 raise ApiError(409, f"job {job_id} is no longer running") from None
             except Exception as e:

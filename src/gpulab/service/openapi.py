@@ -15,6 +15,14 @@ from ..lifecycle import JobState, NotebookState
 from .app_base import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
 from .exec_api import EXEC_DESCRIPTION, EXEC_REQUEST, EXEC_RESULT, MAX_TERMINAL_SIZE
 
+#: a worker of a distributed job (query parameter)
+RANK = {
+    "name": "rank",
+    "in": "query",
+    "description": "the worker of a distributed job (default 0)",
+    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WORKERS - 1},
+}
+
 ERROR = {
     "type": "object",
     "required": ["status", "message"],
@@ -326,11 +334,9 @@ PATHS: dict[str, dict] = {
                 JOB_ID,
                 {"name": "follow", "in": "query", "schema": {"type": "boolean", "default": False}},
                 {
-                    "name": "rank",
-                    "in": "query",
+                    **RANK,
                     "description": "one worker of a distributed job (default: every rank, "
                     "each line prefixed with [rank K])",
-                    "schema": {"type": "integer", "minimum": 0, "maximum": MAX_WORKERS - 1},
                 },
             ],
             "responses": {
@@ -348,7 +354,7 @@ PATHS: dict[str, dict] = {
             "summary": "run a command in a RUNNING job (its owner and admins; recorded in its "
             "events) and answer its output and exit code",
             "description": EXEC_DESCRIPTION,
-            "parameters": [JOB_ID],
+            "parameters": [JOB_ID, RANK],
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": EXEC_REQUEST}},
@@ -372,6 +378,7 @@ PATHS: dict[str, dict] = {
             "must come from this host (Origin) and carry the page's XSRF token (_xsrf).",
             "parameters": [
                 JOB_ID,
+                RANK,
                 *(
                     {
                         "name": name,

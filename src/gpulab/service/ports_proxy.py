@@ -188,7 +188,9 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         s = self.settings["gpulab"]
         runtime = self.settings["runtime"]
         network = ""
-        if s.network_isolation == "user":
+        if int(job["spec"].get("workers") or 1) > 1:  # rank 0, on the job's own network
+            network = await runtime.ensure_job_network(s.instance, job["owner"], job["id"])
+        elif s.network_isolation == "user":
             network = await runtime.ensure_user_network(s.instance, job["owner"])
         path = port_prefix(self._service_prefix(), job["id"], name)
         try:
