@@ -186,6 +186,14 @@ class GpuLedger:
 
         return self._reserve(workload, owner, kind, per_worker * workers, quota, pick, workers)
 
+    def gang_slots(self) -> dict[int, int]:
+        """Workers of g GPUs (g from 1 to the biggest node's) the nodes hold at once."""
+        capacity: dict[str, int] = {}
+        for d in self.devices:
+            capacity[d.node] = capacity.get(d.node, 0) + 1
+        most = max(capacity.values(), default=0)
+        return {g: sum(c // g for c in capacity.values()) for g in range(1, most + 1)}
+
     def gang_refusal(self, per_worker: int, workers: int) -> str | None:
         """Why ``workers`` ranks of ``per_worker`` GPUs can never be placed (all nodes
         empty), or None: checked at submission."""

@@ -357,6 +357,7 @@ def job_spec_schema(
     volumes: bool = True,
     secret_names: Iterable[str] | None = (),
     git: bool = True,
+    gang_slots: Mapping[int, int] | None = None,
 ) -> dict[str, Any]:
     """:data:`JOB_SPEC_SCHEMA` narrowed to what this deployment accepts from one caller: the
     catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
@@ -497,5 +498,85 @@ def job_spec_schema(
             "maxItems": 0,
             "description": "Git repositories are not enabled on this platform.",
         }
-    schema["allOf"] = [{"anyOf": named}, {"anyOf": sized}]
+    schema["allOf"] = [
+        {"anyOf": named},
+        {"anyOf": sized},
+        {"anyOf": _gangs(flavors, gpus_any, quota_gpus, quota_jobs, gang_slots or {})},
+    ]
     return schema
+
+
+def _gangs(
+    flavors: Mapping[str, Flavor],
+    gpus_any: int,
+    quota_gpus: int | None,
+    quota_jobs: int | None,
+    slots: Mapping[int, int],
+) -> list[dict[str, Any]]:
+    """How many workers a distributed job may have, by its GPUs per worker ``g`` (given in
+    ``resources.gpus``, else its flavor's, else the default): at most ``slots[g]`` (workers
+    of ``g`` GPUs the nodes hold at once) and, unless preemptible, ``quota_gpus // g``."""
+    one = {"properties": {"workers": {"enum": [1, None]}}}
+    out: list[dict[str, Any]] = [one]
+    if quota_jobs == 0:
+        return [one, {"properties": {"preemptible": {"const": True}}, "required": ["preemptible"]}]
+    for g in range(gpus_any + 1):
+        ways = [
+            {
+                "properties": {
+                    "resources": {
+                        "type": "object",
+                        "properties": {"gpus": {"const": g}},
+                        "required": ["gpus"],
+                    }
+                },
+                "required": ["resources"],
+            }
+        ]
+        absent = {
+            "anyOf": [
+                {"not": {"required": ["resources"]}},
+                {
+                    "properties": {
+                        "resources": {
+                            "anyOf": [
+                                {"type": "null"},
+                                {"properties": {"gpus": {"type": "null"}}},
+                                {"not": {"required": ["gpus"]}},
+                            ]
+                        }
+                    }
+                },
+            ]
+        }
+        named = [f.id for f in flavors.values() if f.resources.gpus == g]
+        if named:
+            ways.append(
+                {
+                    "allOf": [
+                        absent,
+                        {"properties": {"flavor": {"enum": named}}, "required": ["flavor"]},
+                    ]
+                }
+            )
+        if g == DEFAULT_GPUS:
+            ways.append({"allOf": [absent, {"properties": {"flavor": {"enum": _NOTHING}}}]})
+        most = MAX_WORKERS if g == 0 else min(MAX_WORKERS, slots.get(g, 0))
+        in_quota = most if g == 0 or quota_gpus is None else min(most, quota_gpus // g)
+        kinds = [({"enum": [False, None]}, in_quota), ({"const": True}, most)]
+        if in_quota == most:
+            kinds = [(None, most)]
+        for preemptible, high in kinds:
+            if high < 2:
+                continue
+            branch: dict[str, Any] = {
+                "properties": {"workers": {"type": "integer", "minimum": 2, "maximum": high}},
+                "required": ["workers"],
+                "anyOf": ways,
+            }
+            if preemptible is not None:
+                branch["properties"]["preemptible"] = preemptible
+                if preemptible.get("const") is True:
+                    branch["required"].append("preemptible")
+            out.append(branch)
+    return out

@@ -169,6 +169,7 @@ class OpenAPIHandler(BaseHandler):
             volumes=bool(s.storage.stores),
             secret_names=secret_names,
             git=s.job_git_sources,
+            gang_slots=supervisor.ledger.gang_slots() if supervisor else {},
         )
         self.write_json(document(submission))
 

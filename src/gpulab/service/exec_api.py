@@ -35,7 +35,7 @@ from ..jobs.spec_schema import JOB_SPEC_SCHEMA
 from ..lifecycle import JobState
 from ..runtime.base import ExecSession, WorkloadGone
 from .app_base import ApiError, authenticated
-from .jobs_api import MANAGE, JobsBase
+from .jobs_api import MANAGE, JobsBase, parse_rank
 
 log = logging.getLogger("gpulab.service")
 
@@ -175,14 +175,8 @@ class ExecBase(JobsBase):
         """The container to run in (``?rank=K`` of a distributed job, else rank 0) and how
         the events name it ("" for a one-container job)."""
         workers = int(job["spec"].get("workers") or 1)
-        rank = self.get_argument("rank", None)
-        if rank is None:
-            rank = "0"
-        if not (rank.isascii() and rank.isdigit()) or int(rank) >= workers:
-            raise ApiError(
-                400, f"rank must be a whole number from 0 to {workers - 1}", field="rank"
-            )
-        name = rank_name(self.supervisor.container_name(job["id"]), int(rank))
+        rank = parse_rank(self.get_argument("rank", "0"), job["id"], workers)
+        name = rank_name(self.supervisor.container_name(job["id"]), rank)
         return name, (f" (rank {rank})" if workers > 1 else "")
 
     async def record(self, job_id: str, kind: str, message: str) -> None:

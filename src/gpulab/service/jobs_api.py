@@ -301,6 +301,19 @@ class JobActionHandler(JobsBase):
         self.write_json(result)
 
 
+def parse_rank(text: str, job_id: str, workers: int) -> int:
+    """A ``rank`` query parameter: 400 if it is no whole number, 404 if the job has no such
+    worker (as for any part of a job that does not exist)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 6:
+        raise ApiError(400, f"rank must be a whole number, not {text[:20]!r}", field="rank")
+    if int(text) >= workers:
+        plural = "s" if workers > 1 else ""
+        raise ApiError(
+            404, f"job {job_id} has no rank {int(text)}: it has {workers} worker{plural}"
+        )
+    return int(text)
+
+
 class JobLogsHandler(JobsBase):
     @authenticated
     async def get(self, job_id: str):
@@ -310,14 +323,7 @@ class JobLogsHandler(JobsBase):
         workers = int(job["spec"].get("workers") or 1)
         rank = self.get_argument("rank", None)
         if rank is not None:
-            if not (rank.isascii() and rank.isdigit()) or int(rank) >= workers:
-                raise ApiError(
-                    400,
-                    f"rank must be a whole number from 0 to {workers - 1} "
-                    f"(the job has {workers} worker{'s' if workers > 1 else ''})",
-                    field="rank",
-                )
-            rank = int(rank)
+            rank = parse_rank(rank, job_id, workers)
         user = self.current_user["name"]
         # counted before anything waits: a follower waiting for its job to start holds a slot
         # too (per user, and in all, so that a few users cannot take every stream thread)
