@@ -227,3 +227,24 @@ def test_a_gang_that_cannot_be_placed_whole_waits_holding_nothing(hub, dora, doc
     assert logs(dora, waiting["id"]).count("sum 6") == 3
     assert sorted(gpus_of(docker_client, done)) == ["0", "1", "2"]
     assert held_devices(hub) == {}
+
+
+def test_time_out_and_resume_act_on_every_worker(hub, dora, docker_client):
+    job = dora.submit(
+        command=["sh", "-c", 'echo "up $RANK"; sleep 600'],
+        workers=2,
+        timeout=4,
+        resources={"gpus": 0, "cpus": 0.2, "memory": "128M"},
+    )
+    end = dora.wait(job["id"], timeout=90)
+    assert end["state"] == "INTERRUPTED" and end["reason"] == "TIMEOUT", end
+    containers = [docker_client.containers.get(w["container"]) for w in end["workers"]]
+    assert [c.status for c in containers] == ["exited", "exited"]
+    assert "[rank 0] up 0" in logs(dora, job["id"]) and "[rank 1] up 1" in logs(dora, job["id"])
+    # resumed: both workers run again (and time out again)
+    assert dora.call("POST", f"/jobs/{job['id']}/resume").status_code in (200, 202)
+    again = dora.wait(job["id"], {"RUNNING"}, timeout=60)
+    for w in again["workers"]:
+        assert docker_client.containers.get(w["container"]).status == "running"
+    end = dora.wait(job["id"], timeout=90)
+    assert end["state"] == "INTERRUPTED" and states(end).count("RUNNING") == 2

@@ -282,3 +282,57 @@ def test_exec_and_shell_reach_a_job_on_a_worker(hub, ana, swarm_lab):
         assert "exec" in kinds and "shell" in kinds
     finally:
         ana.call("POST", f"/jobs/{job['id']}/interrupt")
+
+
+#: rank 0 listens on MASTER_PORT; every other rank connects to MASTER_ADDR (a rank name on
+#: the job's own overlay) and sends rank+1: rank 0's sum proves that all of them took part
+RENDEZVOUS = r"""
+import os, socket, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+if rank == 0:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("", port))
+    s.listen()
+    total = 1
+    for _ in range(world - 1):
+        c, _ = s.accept()
+        total += int(c.recv(16))
+        c.close()
+    print(f"rank 0 of {world} on {socket.gethostname()} sum {total}", flush=True)
+else:
+    for _ in range(240):
+        try:
+            c = socket.create_connection((addr, port), timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    c.sendall(str(rank + 1).encode())
+    c.close()
+    print(f"rank {rank} of {world} on {socket.gethostname()} sent", flush=True)
+"""
+
+
+def test_a_distributed_job_spans_two_nodes(hub, ana, swarm_lab):
+    """Two workers of two GPUs each: one per node (each node has two), placed together,
+    finding each other by rank name over the job's own overlay; the same code path as on
+    one host."""
+    job = ana.submit(
+        framework="python",
+        command=["python", "-c", RENDEZVOUS],
+        workers=2,
+        resources={"gpus": 2, "cpus": 0.2, "memory": "256M"},
+    )
+    running = ana.wait(job["id"], {"RUNNING", "DONE", "FAILED", "ERROR"}, timeout=180)
+    nodes = [w["node"] for w in running["workers"]]
+    assert len(set(nodes)) == 2 and all(n.startswith("gpulab-lab-worker") for n in nodes)
+    assert [len(w["devices"]) for w in running["workers"]] == [2, 2]
+    done = ana.wait(job["id"], timeout=180)
+    assert done["state"] == "DONE", (done, hub.tail(60))
+    out = ana.call("GET", f"/jobs/{job['id']}/logs").text
+    assert "[rank 0] rank 0 of 2 on worker-0 sum 3" in out, out
+    assert "[rank 1] rank 1 of 2 on worker-1 sent" in out, out
+    # each rank's task ran on the node the ledger chose for it
+    for w in done["workers"]:
+        assert _task_node({"container": w["container"]}) == w["node"]
