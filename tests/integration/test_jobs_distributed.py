@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+import docker
 import pytest
 
 from .test_jobs import Api, states
@@ -21,6 +22,7 @@ c.GpulabSettings.preemption_grace = 2
 c.GpulabSettings.job_container_retention = 3600
 c.GpulabSettings.max_resources = {"cpus": 2, "memory": "4G", "gpus": 4}
 c.GpulabSettings.job_quota = {"gpus": 4, "jobs": 4}
+c.GpulabSettings.user_job_quotas = {"pia": {"gpus": 0, "jobs": 4}}
 """
 ONE_GPU = {"gpus": 1, "cpus": 0.5, "memory": "1G"}
 
@@ -248,3 +250,58 @@ def test_time_out_and_resume_act_on_every_worker(hub, dora, docker_client):
         assert docker_client.containers.get(w["container"]).status == "running"
     end = dora.wait(job["id"], timeout=90)
     assert end["state"] == "INTERRUPTED" and states(end).count("RUNNING") == 2
+
+
+def test_a_hang_restarts_every_worker_in_place(hub, dora):
+    job = dora.submit(
+        command=["sh", "-c", 'echo "start $RANK"; sleep 600'],
+        workers=2,
+        hang_restart={"enabled": True, "period": 10},
+        resources={"gpus": 0, "cpus": 0.2, "memory": "128M"},
+    )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        got = dora.job(job["id"])
+        hangs = [e for e in got["history"] if e["reason"] == "HANG_RESTART"]
+        if hangs:
+            break
+        time.sleep(0.5)
+    assert hangs and "in all 2 workers" in hangs[0]["message"], got["history"]
+    # each worker's command ran again: its first line twice
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if all(logs(dora, job["id"], rank=r).count(f"start {r}") == 2 for r in (0, 1)):
+            break
+        time.sleep(0.5)
+    for r in (0, 1):
+        assert logs(dora, job["id"], rank=r).count(f"start {r}") == 2
+    assert dora.call("POST", f"/jobs/{job['id']}/interrupt").status_code in (200, 202)
+    assert dora.wait(job["id"], timeout=60)["state"] == "INTERRUPTED"
+
+
+def test_a_preempted_gang_gives_every_gpu_back_and_waits_whole(hub, dora, docker_client):
+    """A preemptible gang on every idle GPU (its owner's quota is 0) is preempted for one
+    in-quota GPU: all its workers go, it is queued again and waits, holding nothing."""
+    pia = Api(hub, "pia")
+    gang_job = pia.submit(
+        command=["sh", "-c", "sleep 600"],
+        workers=2,
+        preemptible=True,
+        resources={"gpus": 2, "cpus": 0.2, "memory": "128M"},
+    )
+    running = pia.wait(gang_job["id"], {"RUNNING"}, timeout=60)
+    assert running["over_quota"] and held_devices(hub) == {running["name"]: 4}
+    names = [w["container"] for w in running["workers"]]
+    urgent = dora.submit(name="urgent", command=["sleep", "6"], resources=ONE_GPU)
+    assert dora.wait(urgent["id"], {"RUNNING"}, timeout=90)["state"] == "RUNNING"
+    back = pia.job(gang_job["id"])  # 3 GPUs free: the gang of 4 waits, holding nothing
+    assert back["state"] == "QUEUED" and back["devices"] == [], back
+    assert "PREEMPTED" in [e["reason"] for e in back["history"]]
+    assert held_devices(hub) == {"urgent": 1}
+    for name in names:  # every worker removed, its GPUs released
+        with pytest.raises(docker.errors.NotFound):
+            docker_client.containers.get(name)
+    # the gang starts again, whole, once the GPUs are free
+    assert pia.wait(gang_job["id"], {"RUNNING"}, timeout=60)["state"] == "RUNNING"
+    assert pia.call("POST", f"/jobs/{gang_job['id']}/interrupt").status_code in (200, 202)
+    assert pia.wait(gang_job["id"], timeout=60)["state"] == "INTERRUPTED"

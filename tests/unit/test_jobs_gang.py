@@ -63,8 +63,9 @@ def test_ranks_of_a_record():
         (0, "inst-job-j1", "n1", ("n1/0",)),
         (1, "inst-job-j1-r1", "n2", ("n2/0",)),
     ]
-    # released (ended): the names stay, a CPU rank's node is the record's first
-    assert [r.node for r in ranks("x", 2, "", "n1,n2")] == ["n1", "n1"]
+    # released (ended): each rank's node stays in the record; a CPU gang's one node for all
+    assert [r.node for r in ranks("x", 2, "", "n1,n2")] == ["n1", "n2"]
+    assert [r.node for r in ranks("x", 2, "", "n1")] == ["n1", "n1"]
     assert rank_name("x", 0) == "x" and rank_name("x", 3) == "x-r3"
 
 

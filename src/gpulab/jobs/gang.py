@@ -74,9 +74,9 @@ def ranks(name: str, workers: int, devices: str, node: str) -> list[Rank]:
     """The job's ranks from its record: ``name`` (its container), ``workers`` (its spec),
     ``devices`` and ``node`` (where placed; a GPU rank's node is its devices')."""
     out = []
-    first = (node or "").split(",")[0]  # the record names every node, rank 0's first
+    nodes = (node or "").split(",")  # each rank's (a GPU gang), or one for all
     for r, ds in enumerate(decode_devices(devices, max(1, workers))):
-        where = node_of(ds[0]) if ds else first
+        where = node_of(ds[0]) if ds else nodes[r] if len(nodes) == workers else nodes[0]
         out.append(Rank(r, rank_name(name, r), where, tuple(ds)))
     return out
 

@@ -290,8 +290,9 @@ class JobSupervisor(JobLife):
                     quota=quota,
                 )
                 devices = [d for ds in per_rank for d in ds]
-                # the nodes of its workers, rank 0's first (a CPU job's: one node)
-                nodes = list(dict.fromkeys(node_of(ds[0]) for ds in per_rank if ds))
+                # each worker's node, by rank (a CPU job's workers: all on one node), kept
+                # after the GPUs go: the end of the job finds each node's volumes by it
+                nodes = [node_of(ds[0]) for ds in per_rank if ds]
                 node = ",".join(nodes) if devices else await self.db(self.ledger.node_for_cpu)
             except NoGpuAvailable:
                 # a notebook took a GPU meanwhile, or no single node has enough free: plan

@@ -536,7 +536,8 @@ def document(job_submission: dict | None = None) -> dict:
                         "devices": {"type": "array", "items": {"type": "string"}},
                         "node": {
                             "type": "string",
-                            "description": "the cluster node it runs on (empty on one host)",
+                            "description": "the cluster node it runs on (empty on one host; "
+                            "a distributed job's: each worker's, comma-separated by rank)",
                         },
                         "restarts": {"type": "integer"},
                         "hang_restarts": {"type": "integer"},
