@@ -51,7 +51,11 @@ def from_config(devices: Sequence[Mapping]) -> list[GpuDevice]:
 
 
 def discover_nvml() -> list[GpuDevice]:
-    """Ask the NVIDIA driver through NVML; no library or no driver means no GPU."""
+    """Ask the NVIDIA driver through NVML; no library or no driver means no GPU.
+
+    A whole GPU is named by its index (what the engine and NVIDIA_VISIBLE_DEVICES take). A GPU
+    in MIG mode is not handed out itself: each of its MIG devices is a device of its own,
+    named by its UUID (``MIG-...``, which NVIDIA_VISIBLE_DEVICES also takes)."""
     try:
         import pynvml  # provided by nvidia-ml-py
     except ImportError:
@@ -62,21 +66,44 @@ def discover_nvml() -> list[GpuDevice]:
         log.info("NVML not available (%s): no GPUs discovered", e)
         return []
     try:
-        out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
-            name = pynvml.nvmlDeviceGetName(h)
+        return nvml_devices(pynvml)
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def nvml_devices(nvml) -> list[GpuDevice]:
+    """The devices an initialised NVML (the ``pynvml`` module) reports, MIG devices apart."""
+    out = []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        h = nvml.nvmlDeviceGetHandleByIndex(i)
+        name = _text(nvml.nvmlDeviceGetName(h))
+        try:
+            current, _pending = nvml.nvmlDeviceGetMigMode(h)
+            mig = current == nvml.NVML_DEVICE_MIG_ENABLE
+        except nvml.NVMLError:  # a GPU without MIG support
+            mig = False
+        if not mig:
+            mem = nvml.nvmlDeviceGetMemoryInfo(h).total
+            out.append(GpuDevice(id=str(i), model=name, memory=f"{mem // 1024**2}M"))
+            continue
+        for j in range(nvml.nvmlDeviceGetMaxMigDeviceCount(h)):
+            try:
+                m = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            except nvml.NVMLError:  # no MIG device in this slot
+                continue
+            mem = nvml.nvmlDeviceGetMemoryInfo(m).total
             out.append(
                 GpuDevice(
-                    id=str(i),
-                    model=name.decode() if isinstance(name, bytes) else str(name),
+                    id=_text(nvml.nvmlDeviceGetUUID(m)),
+                    model=f"{name} MIG {j}",
                     memory=f"{mem // 1024**2}M",
                 )
             )
-        return out
-    finally:
-        pynvml.nvmlShutdown()
+    return out
 
 
 def from_nodes(nodes) -> tuple[list[GpuDevice], list[str]]:
