@@ -319,9 +319,10 @@ class JobLife(JobContainer):
             if found is None:
                 who = "the job's container" if one else f"rank {r.rank}'s container"
                 return _Ended(0, f"{who} disappeared", lost_container=True)
-        for found in states:
+        for r, found in zip(gang, states, strict=True):
             if not found.running and found.lost:
-                return _Ended(None, found.error, lost=True)
+                why = found.error if one else f"rank {r.rank}'s node: {found.error or 'down'}"
+                return _Ended(None, why, lost=True)
         for r, found in zip(gang, states, strict=True):
             if found.running:
                 continue
