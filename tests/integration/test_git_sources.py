@@ -95,8 +95,13 @@ def repos(tmp_path_factory):
 def server(repos, docker_client):
     """The git server, listening on the default bridge's gateway only (what a helper on that
     bridge reaches; nothing outside this machine)."""
+    import ipaddress
+
     bridge = docker_client.networks.get("bridge")
-    gateway = bridge.attrs["IPAM"]["Config"][0]["Gateway"]
+    config = bridge.attrs["IPAM"]["Config"][0]
+    # an engine restarted with its bridge in place may leave the gateway out of IPAM (seen on
+    # Engine 20.10 after the swarm lab's down): the bridge's gateway is then its first host
+    gateway = config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
     srv = GitServer(repos["root"], host=gateway, protected={"private.git": (USER, PASSWORD)})
     srv.start()
     yield srv
