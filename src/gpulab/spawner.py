@@ -320,7 +320,9 @@ class NotebookSpawner(
             ),
             "user": self.notebook_user,
         }
-        self.environment = {**self.environment, **gpu_env}
+        # how often the notebook server reports its activity to the hub (the idle stop's input)
+        activity = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(s.activity_report_interval)}
+        self.environment = {**self.environment, **gpu_env, **activity}
         if self.clustered:
             self.plan_workload(
                 cpus=res.cpus,
