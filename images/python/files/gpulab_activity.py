@@ -8,8 +8,8 @@ printing would look idle. This server extension keeps the setting ``gpulab_busy_
 at "now" while any kernel's execution_state is ``busy`` (jupyter_server counts every setting
 whose name ends in ``_last_activity``), so a running cell keeps its notebook alive.
 
-Installed into the notebook images by images/python/Dockerfile and enabled in
-jupyter_server_config.d/gpulab.json; no network call, no configuration.
+Installed into the notebook images by images/python/Dockerfile and enabled in the image's
+jupyter_server_config.json; no network call, no configuration.
 """
 
 from __future__ import annotations
