@@ -117,7 +117,7 @@ async def _run_cell(url: str, token: str, code: str) -> None:
     from tornado.websocket import websocket_connect
 
     conn = await websocket_connect(
-        HTTPRequest(url, headers={"Authorization": f"token {token}"}), connect_timeout=30
+        HTTPRequest(url, headers={"Authorization": f"token {token}"}, connect_timeout=30)
     )
     msg_id = uuid.uuid4().hex
     conn.write_message(
@@ -306,7 +306,7 @@ def test_the_image_makes_no_network_calls_of_its_own(hub, docker_client):
     assert page, r.text[:500]
     config = json.loads(page.group(1))
     assert config["news"] == {"disabled": True}
-    assert config["extensionManager"]["name"] == "readonly"
+    assert config["extensionManager"]["name"] == "read-only"
     assert config["extensionManager"]["can_install"] is False
     r = requests.get(f"{base}/lab/api/news", headers=auth, timeout=30)
     assert r.status_code == 200 and r.json()["news"] == [], r.text
@@ -321,3 +321,25 @@ def test_the_image_makes_no_network_calls_of_its_own(hub, docker_client):
     logs = c.logs().decode(errors="replace")
     assert "gpulab: busy kernels count as activity" in logs, logs[-3000:]
     hub.stop_server("dave", "lab")
+
+
+def test_the_idle_stop_survives_a_hub_restart(hub_factory, docker_client):
+    """Judged by the activity the hub recorded, not by a timer: a notebook idle before the hub
+    and its service are killed is stopped on its time after the restart, not an idle time after
+    the restart."""
+    hub = hub_factory(CONFIG + "\nc.GpulabSettings.supervisor_lease_ttl = 3\n")
+    token = hub.create_user("erin")
+    spawn_ready(hub, "erin", "gpu", {"framework": "python", "flavor": "gpu"}, token)
+    ready_at = datetime.now(UTC)
+    time.sleep(5)
+    hub.kill()  # SIGKILL to the hub, its proxy and its service
+    hub.start()
+    restarted_at = datetime.now(UTC)
+    events = stopped_for(hub, "erin", "gpu", timeout=IDLE + 60)
+    stopping = events[-2]
+    assert stopping["reason"] == "IDLE", events
+    at = datetime.fromisoformat(stopping["at"].replace("Z", "+00:00"))
+    assert (at - ready_at).total_seconds() >= IDLE - 1  # not before its time
+    # an in-memory timer started by the new service would stop it IDLE seconds after this
+    assert (at - restarted_at).total_seconds() < IDLE - 2, (ready_at, restarted_at, at)
+    assert held_by(hub, "erin", "gpu") == []
