@@ -343,3 +343,16 @@ def test_the_idle_stop_survives_a_hub_restart(hub_factory, docker_client):
     # an in-memory timer started by the new service would stop it IDLE seconds after this
     assert (at - restarted_at).total_seconds() < IDLE - 2, (ready_at, restarted_at, at)
     assert held_by(hub, "erin", "gpu") == []
+
+
+def test_the_form_says_when_a_flavor_stops(hub):
+    from .test_notebook_form_restart import login
+
+    s = login(hub, "frank")
+    page = s.get(f"{hub.url}/hub/spawn/frank/f", timeout=30)
+    assert page.status_code == 200, page.text[-500:]
+    options = dict(re.findall(r'<option value="(cpu|gpu)"[^>]*>([^<]*)</option>', page.text))
+    assert options["gpu"].endswith("· stops after 20s idle"), options
+    assert "stops after" not in options["cpu"], options
+    # custom resources with GPUs get gpu_idle_timeout (1 h by default)
+    assert "custom resources with GPUs stop after 1h idle" in page.text
