@@ -356,3 +356,28 @@ def test_the_form_says_when_a_flavor_stops(hub):
     assert "stops after" not in options["cpu"], options
     # custom resources with GPUs get gpu_idle_timeout (1 h by default)
     assert "custom resources with GPUs stop after 1h idle" in page.text
+
+
+def test_a_bad_idle_setting_stops_the_service_at_start_up(tmp_path):
+    """The real service process, started as the hub starts it: a clear message, exit 2."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "bad_config.py"
+    config.write_text(
+        "c.GpulabSettings.activity_report_interval = 60\n"
+        'c.GpulabSettings.flavors = [{"id": "gpu-1", "cpus": 1, "memory": "1G", "gpus": 1,'
+        ' "idle_timeout": 30}]\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpulab.service", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert (
+        "invalid configuration: flavor 'gpu-1': idle_timeout = 30 s is shorter than twice "
+        "activity_report_interval (60 s)" in proc.stderr
+    ), proc.stderr
