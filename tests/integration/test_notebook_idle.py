@@ -70,7 +70,9 @@ def hub(tmp_path_factory, images):
 
 def ledger(hub) -> GpuLedger:
     db = Database(f"sqlite:///{hub.workdir / 'data' / 'gpulab.sqlite'}")
-    return GpuLedger(db, hub.instance, load_inventory([{"id": "0"}, {"id": "1"}], False))
+    return GpuLedger(
+        db, hub.instance, load_inventory([{"id": "0"}, {"id": "1"}, {"id": "2"}], False)
+    )
 
 
 def held_by(hub, user: str, server: str) -> list[str]:
@@ -226,8 +228,9 @@ def test_idle_gpu_notebook_is_stopped_and_its_gpu_freed_a_running_cell_is_not(hu
     finally:
         stop_poking.set()
         poker.join(15)
-    assert codes, "nobody poked"
-    print("status codes of others' requests:", sorted(set(codes)))
+    # some were answered 2xx (the server's unauthenticated /api): the proxy counts those as its
+    # route's activity, which is why the hub does not poll it (jupyterhub_config.py)
+    assert any(200 <= c < 300 for c in codes), sorted(set(codes))
 
     # the idle notebook: stopped like a user stop, reason IDLE, GPU back, workspace pushed
     assert [e["state"] for e in events][-2:] == ["STOPPING", "STOPPED"]
