@@ -282,11 +282,12 @@ def test_idle_culler_works_beside_it_and_cpu_notebooks_have_no_idle_stop(hub):
     assert "culling" in hub.tail(400).lower() or "idle-culler" in hub.tail(400)
 
 
-def test_the_image_makes_no_network_calls_of_its_own(hub, docker_client):
+@pytest.mark.parametrize("framework", ["python", "pytorch"])
+def test_the_image_makes_no_network_calls_of_its_own(hub, docker_client, pytorch_image, framework):
     """The effective settings of a running notebook, read through the hub as its user."""
     token = hub.create_user("dave")
-    spawn_ready(hub, "dave", "lab", {"framework": "python", "flavor": "cpu"}, token)
-    base = f"{hub.url}/user/dave/lab"
+    spawn_ready(hub, "dave", framework, {"framework": framework, "flavor": "cpu"}, token)
+    base = f"{hub.url}/user/dave/{framework}"
     auth = {"Authorization": f"token {token}"}
 
     # the lab front end: news and update checks off (overrides.json in the image)
@@ -317,13 +318,13 @@ def test_the_image_makes_no_network_calls_of_its_own(hub, docker_client):
     assert r.status_code == 200 and r.json()["notification"] is None, r.text
 
     # pip never asks PyPI for its newest version; the activity extension is loaded
-    nb = hub.notebook("dave", "lab").json()
+    nb = hub.notebook("dave", framework).json()
     c = docker_client.containers.get(nb["container"])
     out = c.exec_run(["printenv", "PIP_DISABLE_PIP_VERSION_CHECK"]).output.decode()
     assert out.strip() == "1", out
     logs = c.logs().decode(errors="replace")
     assert "gpulab: busy kernels count as activity" in logs, logs[-3000:]
-    hub.stop_server("dave", "lab")
+    hub.stop_server("dave", framework)
 
 
 def test_the_idle_stop_survives_a_hub_restart(hub_factory, docker_client):
