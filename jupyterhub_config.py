@@ -46,6 +46,11 @@ c.JupyterHub.allow_named_servers = True
 c.JupyterHub.named_server_limit_per_user = 10
 # servers survive a hub restart: the hub finds them again from the spawner's saved state
 c.JupyterHub.cleanup_servers = False
+# A server's activity is what the notebook server itself reports (kernels, a running cell,
+# terminals, the editor's authenticated use of its API), not the proxy's traffic: anyone can
+# send a notebook's URL requests that the notebook refuses, and the proxy would count them,
+# keeping someone else's GPUs from their idle stop (GpulabSettings.gpu_idle_timeout).
+c.JupyterHub.last_activity_interval = 0
 
 # a stable proxy token, so that a restarted hub can talk to the proxy that kept running
 token_file = data / "proxy_auth_token"
@@ -115,6 +120,22 @@ c.GpulabSettings.volume_grants = [
 # c.GpulabSettings.gpu_devices = [{"id": "0", "model": "A100", "memory": "80G"}]
 # c.GpulabSettings.gpu_mode = "device_request"  # or "env" when the default runtime is nvidia
 
+# Idle notebooks: GPU notebooks with no activity for an hour are stopped like a user stop
+# (workspace pushed, GPUs released, reason IDLE); CPU ones are not. Per flavor, e.g.
+# {"id": "gpu-1", ..., "idle_timeout": 1800}; see docs/idle.md.
+# c.GpulabSettings.gpu_idle_timeout = 3600
+# c.GpulabSettings.cpu_idle_timeout = 0
+# jupyterhub-idle-culler (pip install jupyterhub-idle-culler) works beside it, on every server:
+# c.JupyterHub.services.append({
+#     "name": "idle-culler",
+#     "command": [sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=86400"],
+# })
+# c.JupyterHub.load_roles.append({
+#     "name": "idle-culler",
+#     "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+#     "services": ["idle-culler"],
+# })
+
 # --- the gpulab service ----------------------------------------------------------------------
 c.JupyterHub.services = [
     {
@@ -179,7 +200,8 @@ c.JupyterHub.custom_scopes = {
 }
 c.JupyterHub.load_roles = [
     {
-        # the service stops (and restarts) notebooks past their maximum run time
+        # the service stops (and restarts) notebooks past their maximum run time, and stops
+        # idle ones (it reads their servers' recorded activity)
         "name": "gpulab-service",
         "scopes": ["servers", "read:users", "read:groups"],
         "services": ["gpulab"],

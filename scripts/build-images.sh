@@ -169,11 +169,18 @@ download_wheels() {
     log "downloaded $(ls "$dir"/*.whl | wc -l) wheels ($(du -sh "$dir" | cut -f1)) in $((SECONDS - t0)) s"
 }
 
+# files_hash DIR: names and contents of DIR/files/ (nothing when there is none, so that the
+# hash of an image without one is what it was before files/ existed)
+files_hash() {
+    [ -d "$1/files" ] || return 0
+    (cd "$1/files" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
+}
+
 # build_dockerfile NAME TAG BASE: build images/NAME/Dockerfile on BASE, unless TAG is current.
 build_dockerfile() {
     local name=$1 tag=$2 base=$3 src=$ROOT/images/$1
     local hash
-    hash=$( { cat "$src/Dockerfile" "$src/requirements.txt"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"; } | sha)
+    hash=$( { cat "$src/Dockerfile" "$src/requirements.txt"; files_hash "$src"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"; } | sha)
     if [ "$FORCE" = 0 ] && image_exists "$tag"; then
         local have
         have=$(image_label "$tag" org.gpulab.build-hash)
@@ -191,6 +198,8 @@ build_dockerfile() {
     local ctx=$BUILD/ctx/$name
     rm -rf "$ctx" && mkdir -p "$ctx"
     cp "$src/Dockerfile" "$src/requirements.txt" "$ctx/"
+    # an image's own files (images/NAME/files/, e.g. the notebook server's configuration)
+    if [ -d "$src/files" ]; then cp -a "$src/files" "$ctx/files"; fi
     # Hard links: no copy of the (large) wheels when .build is on one filesystem.
     cp -al "$BUILD/wheels/$name" "$ctx/wheels" 2>/dev/null || cp -a "$BUILD/wheels/$name" "$ctx/wheels"
     rm -f "$ctx/wheels/.stamp"

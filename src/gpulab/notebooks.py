@@ -53,6 +53,10 @@ def exceeds(held: Resources, new: Resources, limits: Limits) -> str:
     )
 
 
+def _iso(t) -> str | None:
+    return t.isoformat().replace("+00:00", "Z") if t else None
+
+
 def notebook_json(nb: Notebook) -> dict:
     return {
         "user": nb.user,
@@ -185,6 +189,8 @@ class NotebookRecords:
             why = exceeds(held, resources, limits)
             nb = self._find(s, user, server, lock=True)
             nb = self._apply(s, nb, user, server, S.STARTING, reason, message, None, fields)
+            # a stop asked for an earlier life (and not carried out) is not this one's
+            nb.stop_reason, nb.stop_message = "", ""
             if why:
                 self._apply(s, nb, user, server, S.FAILED, "LIMIT_EXCEEDED", why, None, {})
             s.flush()
@@ -192,6 +198,45 @@ class NotebookRecords:
         if why:  # raised once the refusal is committed: the history keeps it
             raise LimitExceeded(why)
         return result
+
+    def ask_stop(
+        self, user: str, server: str, running_since: str, reason: str, message: str
+    ) -> bool:
+        """Set why the next stop happens, if the notebook is still the RUNNING life that the
+        caller judged (``running_since`` as in :func:`notebook_json`): a compare-and-set, so a
+        notebook stopped, or stopped and started again, meanwhile is left alone (False)."""
+        with self.db.session() as s:
+            nb = self._find(s, user, server, lock=True)
+            if nb is None or nb.state != S.RUNNING.value or _iso(nb.running_since) != running_since:
+                return False
+            nb.stop_reason, nb.stop_message = reason, message
+            return True
+
+    def withdraw_stop(self, user: str, server: str, reason: str) -> bool:
+        """Clear a stop reason that is still ``reason`` (its stop did not happen)."""
+        with self.db.session() as s:
+            nb = self._find(s, user, server, lock=True)
+            if nb is None or nb.stop_reason != reason:
+                return False
+            nb.stop_reason, nb.stop_message = "", ""
+            return True
+
+    def running(self) -> list[dict]:
+        """RUNNING notebooks: {user, server, state, running_since, options} (no history)."""
+        with self.db.read() as s:
+            q = select(Notebook).where(
+                Notebook.instance == self.instance, Notebook.state == S.RUNNING.value
+            )
+            return [
+                {
+                    "user": nb.user,
+                    "server": nb.server,
+                    "state": nb.state,
+                    "running_since": _iso(nb.running_since),
+                    "options": nb.options or {},
+                }
+                for nb in s.scalars(q)
+            ]
 
     def set_stop_reason(self, user: str, server: str, reason: str, message: str) -> None:
         with self.db.session() as s:

@@ -25,6 +25,7 @@ from .bounds import (
 )
 from .errors import FieldError
 from .frameworks import Catalog, CatalogError
+from .idle import idle_timeout_for
 from .resources import Flavor, Limits, ResourceError, Resources, resolve_resources
 from .storage import StorageConfig
 from .volumes import VolumeError, VolumeSpec
@@ -73,6 +74,9 @@ class NotebookOptions:
     resources: Resources
     auto_restart: bool
     volumes: tuple[VolumeSpec, ...] = ()
+    #: seconds without activity after which it is stopped (0: never): from its flavor or the
+    #: default of its kind (gpulab.idle), never from the user
+    idle_timeout: float = 0.0
 
     def to_json(self) -> dict:
         return {
@@ -84,6 +88,7 @@ class NotebookOptions:
             "resources": self.resources.to_json(),
             "auto_restart": self.auto_restart,
             "volumes": [str(v) for v in self.volumes],
+            "idle_timeout": self.idle_timeout,
         }
 
 
@@ -129,6 +134,8 @@ def parse_notebook_options(
     storage: StorageConfig | None = None,
     user: str = "",
     workspace_dir: str = "/workspace",
+    gpu_idle_timeout: float = 0.0,
+    cpu_idle_timeout: float = 0.0,
 ) -> NotebookOptions:
     """Turn raw user options into validated :class:`NotebookOptions` or raise OptionsError.
 
@@ -185,6 +192,9 @@ def parse_notebook_options(
         flavor=flavor,
         resources=res,
         auto_restart=_flag(raw.get("auto_restart", False), "auto_restart"),
+        idle_timeout=idle_timeout_for(
+            flavors.get(flavor) if flavor else None, res, gpu_idle_timeout, cpu_idle_timeout
+        ),
     )
 
 

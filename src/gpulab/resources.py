@@ -82,6 +82,9 @@ class Flavor:
     id: str
     title: str
     resources: Resources
+    #: seconds without activity after which its notebooks stop (0: never); None: the default
+    #: of its kind (GpulabSettings.gpu_idle_timeout or cpu_idle_timeout)
+    idle_timeout: float | None = None
 
     @classmethod
     def from_config(cls, d: Mapping) -> Flavor:
@@ -91,9 +94,28 @@ class Flavor:
                 memory=parse_memory(d["memory"]),
                 gpus=int(d.get("gpus", 0)),
             )
-            return cls(id=str(d["id"]), title=str(d.get("title", d["id"])), resources=res)
+            idle = d.get("idle_timeout")
+            return cls(
+                id=str(d["id"]),
+                title=str(d.get("title", d["id"])),
+                resources=res,
+                idle_timeout=None
+                if idle is None
+                else check_idle_timeout(idle, f"flavor {d['id']!r}: idle_timeout"),
+            )
         except KeyError as e:
             raise ValueError(f"flavor {d!r} lacks {e.args[0]!r}") from None
+
+
+def check_idle_timeout(value, name: str) -> float:
+    """An idle time in seconds: a finite number, 0 (never) or more."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(
+            f"{name} must be a number of seconds (0 turns the idle stop off), not {value!r}"
+        )
+    if value < 0:
+        raise ValueError(f"{name} cannot be negative (0 turns the idle stop off), not {value}")
+    return float(value)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ flavors, limits, GPU inventory and database are defined once.
 
 from __future__ import annotations
 
+import math
 from functools import cached_property
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode
@@ -14,8 +15,9 @@ from traitlets.config import Configurable
 from . import __version__
 from .bounds import MAX_REQUEST_BODY
 from .frameworks import Catalog
+from .idle import idle_timeout_for
 from .jobs.scheduler import Quota, quota_for
-from .resources import Flavor, Limits, effective_limits
+from .resources import Flavor, Limits, Resources, check_idle_timeout, effective_limits
 from .storage import StorageConfig
 
 DEFAULT_FRAMEWORKS = [
@@ -39,6 +41,10 @@ DEFAULT_FLAVORS = [
     {"id": "gpu-1", "title": "1 GPU, 2 CPUs, 8 GiB", "cpus": 2, "memory": "8G", "gpus": 1},
     {"id": "gpu-2", "title": "2 GPUs, 2 CPUs, 16 GiB", "cpus": 2, "memory": "16G", "gpus": 2},
 ]
+
+
+class ConfigError(ValueError):
+    """A setting that gpulab refuses; the message names it and says what is allowed."""
 
 
 class GpulabSettings(Configurable):
@@ -78,7 +84,39 @@ class GpulabSettings(Configurable):
     flavors = List(
         Dict(),
         default_value=DEFAULT_FLAVORS,
-        help="Resource flavors: a list of {id, title, cpus, memory ('8G'), gpus}.",
+        help="""Resource flavors: a list of {id, title, cpus, memory ('8G'), gpus,
+        idle_timeout}. ``idle_timeout`` (seconds, optional): a notebook of this flavor with no
+        kernel, terminal or editor activity for that long is stopped like a user stop (reason
+        IDLE); 0 never stops it; absent: gpu_idle_timeout for flavors with GPUs,
+        cpu_idle_timeout for the others.""",
+    ).tag(config=True)
+
+    gpu_idle_timeout = Float(
+        3600.0,
+        help="""Seconds without activity after which a notebook with GPUs is stopped like a user
+        stop (workspace pushed, GPUs released, reason IDLE in its history), unless its flavor
+        sets its own idle_timeout. 0 turns it off. Activity is what the notebook server reports
+        to the hub (kernels, a cell that runs, terminals, the editor's use of the server). At
+        least twice activity_report_interval.""",
+    ).tag(config=True)
+
+    cpu_idle_timeout = Float(
+        0.0,
+        help="""The same as gpu_idle_timeout for notebooks without GPUs: 0 (the default) never
+        stops them for being idle.""",
+    ).tag(config=True)
+
+    activity_report_interval = Integer(
+        60,
+        help="""Seconds between a notebook server's reports of its activity to the hub
+        (JUPYTERHUB_ACTIVITY_INTERVAL in its environment; JupyterHub's own default is 300).
+        The idle stop judges by these reports, so every idle time must be at least twice this.""",
+    ).tag(config=True)
+
+    idle_check_interval = Float(
+        60.0,
+        help="""Seconds between the gpulab service's checks for idle notebooks. A notebook is
+        stopped at most this long after its idle time ran out.""",
     ).tag(config=True)
 
     default_flavor = Unicode("cpu-small", help="Flavor used when a request names none.").tag(
@@ -406,6 +444,53 @@ class GpulabSettings(Configurable):
         subnets (for example /24s) in Docker's daemon.json. 'none': every container shares
         Docker's default bridge (any container can connect to any other's ports).""",
     ).tag(config=True)
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.check_idle()
+
+    def check_idle(self) -> None:
+        """The idle stop's settings, checked when the hub or the service reads them (the
+        service at start-up): a clear ConfigError instead of a notebook stopped in use."""
+        if self.activity_report_interval < 1:
+            raise ConfigError(
+                "c.GpulabSettings.activity_report_interval must be at least 1 second, not "
+                f"{self.activity_report_interval}"
+            )
+        if not math.isfinite(self.idle_check_interval) or self.idle_check_interval <= 0:
+            raise ConfigError(
+                "c.GpulabSettings.idle_check_interval must be a positive number of seconds, "
+                f"not {self.idle_check_interval}"
+            )
+        shortest = 2 * self.activity_report_interval
+        named = [
+            ("c.GpulabSettings.gpu_idle_timeout", self.gpu_idle_timeout),
+            ("c.GpulabSettings.cpu_idle_timeout", self.cpu_idle_timeout),
+        ]
+        for f in self.flavors:
+            if isinstance(f, dict) and "idle_timeout" in f:
+                named.append((f"flavor {f.get('id')!r}: idle_timeout", f["idle_timeout"]))
+        for name, value in named:
+            try:
+                seconds = check_idle_timeout(value, name)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            if 0 < seconds < shortest:
+                raise ConfigError(
+                    f"{name} = {value:g} s is shorter than twice activity_report_interval "
+                    f"({self.activity_report_interval} s): a notebook in use reports its "
+                    f"activity only every {self.activity_report_interval} s and could be "
+                    f"stopped; make it at least {shortest} s, or 0 to turn the idle stop off"
+                )
+
+    def idle_timeout_for(self, flavor: str | None, resources: Resources) -> float:
+        """Seconds without activity after which such a notebook stops (0: never)."""
+        return idle_timeout_for(
+            self.flavor_map.get(flavor) if flavor else None,
+            resources,
+            self.gpu_idle_timeout,
+            self.cpu_idle_timeout,
+        )
 
     @cached_property
     def catalog(self) -> Catalog:

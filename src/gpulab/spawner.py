@@ -41,7 +41,7 @@ from .runtime.objects import (
     notebook_workload_id,
     workload_labels,
 )
-from .settings import GpulabSettings
+from .settings import ConfigError, GpulabSettings
 from .spawner_cluster import ClusterMixin
 from .spawner_data import NotebookDataMixin, SpawnFailed
 from .spawner_network import UserNetworkMixin
@@ -86,7 +86,11 @@ class NotebookSpawner(
 
     @cached_property
     def settings(self) -> GpulabSettings:
-        return GpulabSettings(config=self.config)
+        try:
+            return GpulabSettings(config=self.config)
+        except ConfigError as e:  # the service stops at start-up with the same message
+            self.log.error("invalid configuration: %s", e)
+            raise web.HTTPError(500, f"gpulab's configuration is invalid: {e}") from None
 
     @property
     def gpulab_db(self) -> Database:
@@ -320,7 +324,9 @@ class NotebookSpawner(
             ),
             "user": self.notebook_user,
         }
-        self.environment = {**self.environment, **gpu_env}
+        # how often the notebook server reports its activity to the hub (the idle stop's input)
+        activity = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(s.activity_report_interval)}
+        self.environment = {**self.environment, **gpu_env, **activity}
         if self.clustered:
             self.plan_workload(
                 cpus=res.cpus,

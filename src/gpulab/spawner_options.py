@@ -14,6 +14,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from tornado import web
 from traitlets import default
 
+from .jobs.durations import format_duration
 from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
 from .resources import format_memory
 
@@ -52,6 +53,8 @@ class NotebookOptionsMixin(DockerSpawner):
             storage=s.storage,
             user=self.user.name,
             workspace_dir=s.workspace_dir,
+            gpu_idle_timeout=s.gpu_idle_timeout,
+            cpu_idle_timeout=s.cpu_idle_timeout,
         )
 
     def apply_notebook_options(self, user_options: dict) -> None:
@@ -91,9 +94,13 @@ class NotebookOptionsMixin(DockerSpawner):
         except Exception:  # the form must render even if the ledger is unreachable
             self.log.exception("cannot read the GPU ledger")
             free = None
+        idle = {f.id: s.idle_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
         return env.get_template("spawn_form.html").render(
             catalog=s.catalog,
             flavors=list(s.flavor_map.values()),
+            idle={fid: format_duration(t) for fid, t in idle.items() if t > 0},
+            gpu_idle=format_duration(s.gpu_idle_timeout) if s.gpu_idle_timeout > 0 else "",
+            cpu_idle=format_duration(s.cpu_idle_timeout) if s.cpu_idle_timeout > 0 else "",
             default_flavor=s.default_flavor,
             limits=limits,
             limit_memory=format_memory(limits.memory),
@@ -103,4 +110,6 @@ class NotebookOptionsMixin(DockerSpawner):
             grants=[g for g in s.storage.grants if g.users is None or self.user.name in g.users],
             workspace=s.storage.workspace,
             workspace_dir=s.workspace_dir,
+            gpu_idle_timeout=s.gpu_idle_timeout,
+            cpu_idle_timeout=s.cpu_idle_timeout,
         )

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -21,10 +22,11 @@ from ..jobs.supervisor import JobSupervisor
 from ..metrics import StateCollector
 from ..notebooks import NotebookRecords
 from ..runtime import make_runtime
-from ..settings import GpulabSettings
+from ..settings import ConfigError, GpulabSettings
 from .app import make_app
 from .config import load_config
 from .hub import HubClient
+from .idle import IdleStopper
 from .watchdog import RunTimeWatchdog
 
 log = logging.getLogger("gpulab.service")
@@ -43,6 +45,21 @@ async def watchdog_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> 
             log.exception("run-time watchdog pass failed")
 
 
+async def idle_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None:
+    """Stop notebooks idle for their idle time (gpulab.idle), through the hub like a user."""
+    stopper = IdleStopper(NotebookRecords(supervisor.records.db, settings.instance), HubClient())
+    while True:
+        await asyncio.sleep(settings.idle_check_interval)
+        if not supervisor.leading.is_set():
+            continue  # a service in standby acts on nothing
+        try:
+            stopped = await stopper.check()
+            if stopped:
+                log.info("stopped idle notebooks: %s", ", ".join(f"{u}/{s}" for u, s in stopped))
+        except Exception:
+            log.exception("idle notebook pass failed")
+
+
 async def follow_parent() -> None:
     """Exit when the hub that started us is gone, so a restarted hub can start a fresh service."""
     parent = os.getppid()
@@ -59,7 +76,11 @@ async def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s"
     )
-    settings = GpulabSettings(config=load_config(args.config))
+    try:
+        settings = GpulabSettings(config=load_config(args.config))
+    except ConfigError as e:
+        log.error("invalid configuration: %s", e)
+        sys.exit(2)
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     data_dir = Path(os.environ.get("GPULAB_DATA_DIR", "."))
     supervisor = JobSupervisor(
@@ -87,7 +108,9 @@ async def main(argv: list[str] | None = None) -> None:
         max_body_size=body_backstop(settings.max_request_body),
     )
     log.info("gpulab service %s listening on %s", __version__, url.geturl())
-    await asyncio.gather(watchdog_loop(settings, supervisor), follow_parent())
+    await asyncio.gather(
+        watchdog_loop(settings, supervisor), idle_loop(settings, supervisor), follow_parent()
+    )
 
 
 if __name__ == "__main__":

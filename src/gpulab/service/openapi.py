@@ -589,7 +589,17 @@ def document(job_submission: dict | None = None) -> dict:
                         "user": {"type": "string"},
                         "server": {"type": "string"},
                         "state": {"type": "string", "enum": [s.value for s in NotebookState]},
-                        "options": {"type": "object"},
+                        "options": {
+                            "type": "object",
+                            "properties": {
+                                "idle_timeout": {
+                                    "type": "number",
+                                    "description": "seconds without activity after which it "
+                                    "is stopped (reason IDLE in its history); 0: never. From "
+                                    "its flavor or the admin's default, not from the user",
+                                }
+                            },
+                        },
                         "history": {"type": "array", "items": EVENT},
                     },
                 },

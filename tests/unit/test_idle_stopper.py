@@ -1,0 +1,144 @@
+"""The idle stop's compare-and-set and its races, on gpulab's real records (SQLite) and a
+stand-in for the hub's REST API (the real hub: tests/integration/test_notebook_idle.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from gpulab.db import Database
+from gpulab.lifecycle import NotebookState, utcnow
+from gpulab.notebooks import NotebookRecords
+from gpulab.resources import Limits, Resources
+from gpulab.service.idle import IdleStopper
+
+S = NotebookState
+RES = Resources(cpus=1, memory=1024**3, gpus=1)
+LIMITS = Limits(cpus=8, memory=64 * 1024**3, gpus=8)
+
+
+@pytest.fixture
+def records(tmp_path):
+    return NotebookRecords(Database(f"sqlite:///{tmp_path / 'g.sqlite'}"), "test")
+
+
+def run(records, user="ann", server="nb", idle_timeout=60.0) -> dict:
+    records.start(user, server, RES, LIMITS, options={"idle_timeout": idle_timeout})
+    return records.transition(user, server, S.RUNNING)
+
+
+def later():
+    """The stopper's clock: ten minutes after the notebooks started RUNNING."""
+    return utcnow() + timedelta(seconds=600)
+
+
+class FakeHub:
+    """The hub's answers: one server per (user, name), its last activity settable (seconds
+    before the stopper's clock)."""
+
+    def __init__(self, activity_ago: float = 600.0):
+        self.activity = {}
+        self.default_ago = activity_ago
+        self.stopped: list[tuple[str, str]] = []
+        self.fail_stop = False
+        self.on_read = None  # called on each read: lets a test change things in between
+        self.reads = 0
+
+    def model(self, user, name):
+        ago = self.activity.get((user, name), self.default_ago)
+        t = (later() - timedelta(seconds=ago)).isoformat().replace("+00:00", "Z")
+        return {"last_activity": t, "started": t, "ready": True, "pending": None}
+
+    async def request(self, method, path, body=None):
+        assert method == "GET"
+        self.reads += 1
+        if self.on_read:
+            self.on_read(self.reads)
+        user = path.rsplit("/", 1)[1]
+        names = [n for (u, n) in [("ann", "nb"), ("ann", "other")] if u == user]
+        return {"servers": {n: self.model(user, n) for n in names}}
+
+    async def stop_server(self, user, server):
+        if self.fail_stop:
+            raise TimeoutError("the hub did not stop it")
+        self.stopped.append((user, server))
+
+
+def check(stopper):
+    return asyncio.run(stopper.check())
+
+
+def test_an_idle_notebook_is_stopped_with_reason_idle(records):
+    run(records)
+    hub = FakeHub(activity_ago=600)
+    assert check(IdleStopper(records, hub, clock=later)) == [("ann", "nb")]
+    assert hub.stopped == [("ann", "nb")]
+    reason, message = records.take_stop_reason("ann", "nb")  # what the spawner's stop reads
+    assert reason == "IDLE" and message.startswith("no activity for 10m") and "1m)" in message
+
+
+def test_an_active_or_unlimited_notebook_is_not(records):
+    run(records, server="nb")
+    run(records, server="other", idle_timeout=0)
+    hub = FakeHub(activity_ago=600)
+    hub.activity[("ann", "nb")] = 5
+    assert check(IdleStopper(records, hub, clock=later)) == []
+    assert hub.stopped == []
+    assert records.take_stop_reason("ann", "nb") == ("STOP", "stop requested")
+
+
+def test_a_notebook_started_again_meanwhile_is_left_alone(records):
+    nb = run(records)
+    # the decision saw one life; a stop and a start happen before the compare-and-set
+    records.transition("ann", "nb", S.STOPPING)
+    records.transition("ann", "nb", S.STOPPED)
+    run(records)
+    assert not records.ask_stop("ann", "nb", nb["running_since"], "IDLE", "idle")
+    assert records.take_stop_reason("ann", "nb") == ("STOP", "stop requested")
+
+
+def test_a_stopping_notebook_takes_no_reason(records):
+    nb = run(records)
+    records.transition("ann", "nb", S.STOPPING)
+    assert not records.ask_stop("ann", "nb", nb["running_since"], "IDLE", "idle")
+
+
+def test_activity_that_comes_in_before_the_stop_withdraws_it(records):
+    run(records)
+    hub = FakeHub(activity_ago=600)
+
+    def activity_arrives(reads):
+        if reads == 2:  # the last look before the stop
+            hub.activity[("ann", "nb")] = 1
+
+    hub.on_read = activity_arrives
+    assert check(IdleStopper(records, hub, clock=later)) == []
+    assert hub.stopped == []
+    assert records.take_stop_reason("ann", "nb") == ("STOP", "stop requested")
+
+
+def test_a_failed_stop_withdraws_its_reason(records):
+    run(records)
+    hub = FakeHub(activity_ago=600)
+    hub.fail_stop = True
+    assert check(IdleStopper(records, hub, clock=later)) == []
+    assert records.take_stop_reason("ann", "nb") == ("STOP", "stop requested")
+
+
+def test_a_new_start_clears_a_reason_left_by_an_earlier_life(records):
+    nb = run(records)
+    assert records.ask_stop("ann", "nb", nb["running_since"], "IDLE", "idle")
+    records.transition("ann", "nb", S.STOPPING)  # a stop that did not take the reason
+    records.transition("ann", "nb", S.STOPPED)
+    run(records)
+    assert records.take_stop_reason("ann", "nb") == ("STOP", "stop requested")
+
+
+def test_withdraw_leaves_someone_elses_reason(records):
+    nb = run(records)
+    records.set_stop_reason("ann", "nb", "MAX_RUN_TIME", "max")
+    assert not records.withdraw_stop("ann", "nb", "IDLE")
+    assert records.take_stop_reason("ann", "nb") == ("MAX_RUN_TIME", "max")
+    assert nb["state"] == "RUNNING"
