@@ -67,6 +67,8 @@ def build_submission(args: argparse.Namespace) -> dict:
     }
     if resources:
         body["resources"] = resources
+    if getattr(args, "workers", None) is not None:
+        body["workers"] = args.workers
     if args.env:
         body["env"] = _pairs(args.env, "NAME", "-e/--env")
     if args.label:
@@ -99,8 +101,16 @@ def _duration_value(text: str) -> str | int | float:
         return text
 
 
-def follow_logs(client: Client, job_id: str) -> dict:
+def _log_params(follow: bool, rank: int | None) -> dict[str, str]:
+    params = {"follow": "true" if follow else "false"}
+    if rank is not None:
+        params["rank"] = str(rank)
+    return params
+
+
+def follow_logs(client: Client, job_id: str, rank: int | None = None) -> dict:
     """Write the job's output to stdout as it comes, until the job ends; returns the job.
+    ``rank``: only that worker's of a distributed job (default: every rank's, prefixed).
 
     The service streams a container's log while it runs; before that (QUEUED...) there is
     nothing to stream, so this waits. A retried job runs again in the same container, whose
@@ -119,9 +129,7 @@ def follow_logs(client: Client, job_id: str) -> dict:
             continue
         ended = state in ENDED
         received = 0
-        for chunk in client.stream(
-            f"/jobs/{job_id}/logs", {"follow": "false" if ended else "true"}
-        ):
+        for chunk in client.stream(f"/jobs/{job_id}/logs", _log_params(not ended, rank)):
             start = max(shown - received, 0)
             received += len(chunk)
             if start < len(chunk):
@@ -133,9 +141,9 @@ def follow_logs(client: Client, job_id: str) -> dict:
         time.sleep(POLL)
 
 
-def _follow(client: Client, job_id: str) -> dict:
+def _follow(client: Client, job_id: str, rank: int | None = None) -> dict:
     try:
-        return follow_logs(client, job_id)
+        return follow_logs(client, job_id, rank)
     except KeyboardInterrupt:
         raise CliError(
             f"stopped following job {job_id}, which keeps running "
@@ -254,12 +262,13 @@ def cmd_job_events(args: argparse.Namespace, client: Client) -> int:
 
 def cmd_job_logs(args: argparse.Namespace, client: Client) -> int:
     job_id = _job_id(args.id)
+    rank = getattr(args, "rank", None)
     if args.follow:
-        end = _follow(client, job_id)
+        end = _follow(client, job_id, rank)
         note(_end_line(end))
         return EXIT_OK if end["state"] == "DONE" else EXIT_FAILED
     sink = sys.stdout.buffer
-    for chunk in client.stream(f"/jobs/{job_id}/logs", {"follow": "false"}):
+    for chunk in client.stream(f"/jobs/{job_id}/logs", _log_params(False, rank)):
         sink.write(chunk)
     sink.flush()
     return EXIT_OK
