@@ -288,3 +288,34 @@ def test_job_get_lists_each_worker(capsys):
     text = capsys.readouterr().out
     assert "RANK" not in text
     assert any(line.split() == ["Workers:", "1"] for line in text.splitlines())
+
+
+def test_following_every_rank_shows_each_line_once(monkeypatch, capsysbinary):
+    """The live stream interleaves the ranks as they come; the read after the end (the saved
+    log, in time order) interleaves them otherwise: only lines not yet shown are added."""
+    from gpulab import cli_commands
+
+    monkeypatch.setattr(cli_commands, "POLL", 0)
+    states = iter(["RUNNING", "DONE"])
+    reads = iter(
+        [
+            [b"[rank 1] b\n[ra", b"nk 0] a\n[rank 0] same\n"],
+            [b"[rank 0] a\n[rank 0] same\n[rank 1] b\n[rank 0] same\n[rank 1] c"],
+        ]
+    )
+    asked = []
+
+    class FakeClient:
+        def json(self, method, path):
+            return {"id": "j1", "state": next(states), "spec": {"workers": 2}}
+
+        def stream(self, path, params):
+            asked.append(params)
+            yield from next(reads)
+
+    job = cli_commands.follow_logs(FakeClient(), "j1")
+    assert job["state"] == "DONE"
+    assert asked == [{"follow": "true"}, {"follow": "false"}]
+    assert capsysbinary.readouterr().out == (
+        b"[rank 1] b\n[rank 0] a\n[rank 0] same\n[rank 0] same\n[rank 1] c\n"
+    )
