@@ -29,6 +29,12 @@ def fill_form(page, workers: str) -> None:
     page.fill("#f-workers", workers)
 
 
+def submit(page) -> None:
+    """Post the form and wait for the page it answers (an error page has the same URL)."""
+    with page.expect_navigation():
+        page.click("#submit-job")
+
+
 def logs_of(page, rank: str) -> str:
     """The log panel's text once it shows ``rank`` ("all" or a number) complete."""
     page.wait_for_function(
@@ -53,8 +59,7 @@ def test_submit_a_distributed_job_and_read_each_ranks_log(hub, new_page, shots):
     # out of range: the API's refusal comes back next to the field, the form kept
     for bad in ("65", "0"):
         fill_form(page, bad)
-        page.click("#submit-job")
-        page.wait_for_selector("#error-workers")
+        submit(page)
         assert "workers must be from 1 to 64" in page.inner_text("#error-workers"), bad
         assert page.input_value("#f-workers") == bad
         assert page.input_value("#f-command") == COMMAND
@@ -63,14 +68,12 @@ def test_submit_a_distributed_job_and_read_each_ranks_log(hub, new_page, shots):
     shots(page, "submit-form-workers-error")
     # more workers than the GPUs can ever hold: refused at submission, on the field
     fill_form(page, "3")
-    page.click("#submit-job")
-    page.wait_for_selector("#error-workers")
+    submit(page)
     assert "3 workers of 1 GPU(s) each" in page.inner_text("#error-workers")
 
     fill_form(page, "2")
-    shots(page, "submit-form-two-workers")
-    page.click("#submit-job")
-    page.wait_for_url(re.compile(r".*/services/gpulab/jobs/[a-z0-9]+$"))
+    submit(page)
+    assert re.fullmatch(r".*/services/gpulab/jobs/j[a-z0-9]+", page.url), page.url
     job_id = page.url.rsplit("/", 1)[1]
     rows = page.locator("#workers tbody tr")
     assert rows.count() == 2
@@ -118,6 +121,6 @@ def test_submit_a_distributed_job_and_read_each_ranks_log(hub, new_page, shots):
     # the jobs list: GPUs in all, and how they are split
     page.goto(f"{hub.url}{SERVICE}jobs")
     cell = page.locator(f'tr[data-job="{job_id}"] td.gpus')
-    assert cell.get_attribute("data-gpus") == "2 (2×1)"
-    assert cell.inner_text().startswith("2 (2×1) workers")
+    assert cell.get_attribute("data-gpus") == "2 (2 workers × 1)"
+    assert cell.inner_text().startswith("2 (2 workers × 1)")
     shots(page, "jobs-list-gpus-in-all")

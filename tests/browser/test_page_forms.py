@@ -64,7 +64,7 @@ def test_gpus_in_all():
     one = {"spec": {"resources": {"gpus": 2}}}
     assert workers_of(one) == 1 and gpu_total(one) == "2"
     gang = {"spec": {"workers": 3, "resources": {"gpus": 2}}}
-    assert workers_of(gang) == 3 and gpu_total(gang) == "6 (3×2)"
+    assert workers_of(gang) == 3 and gpu_total(gang) == "6 (3 workers × 2)"
     assert gpu_total({"spec": {}}) == "—"
 
 

@@ -109,12 +109,13 @@ def workers_of(job: dict) -> int:
 
 
 def gpu_total(job: dict) -> str:
-    """A job's GPUs in all: '1'; a distributed job's total, then workers × each: '4 (2×2)'."""
+    """A job's GPUs in all: '1'; a distributed job's total, then how it is split:
+    '4 (2 workers × 2)'."""
     gpus = ((job.get("spec") or {}).get("resources") or {}).get("gpus")
     if gpus is None:
         return "—"
     n = workers_of(job)
-    return str(gpus) if n == 1 else f"{n * int(gpus)} ({n}×{gpus})"
+    return str(gpus) if n == 1 else f"{n * int(gpus)} ({n} workers × {gpus})"
 
 
 _env.filters["when"] = when
