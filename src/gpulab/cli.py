@@ -5,8 +5,8 @@
                                                   (--workers N: a distributed job of N containers)
     gpulab job list [--state A,B] [-l k=v]... [--all | --user NAME]
     gpulab job get|logs [-f] [--rank K]|events|stop [--wait]|resume|rerun|push|delete ID
-    gpulab job exec [--timeout S] ID -- CMD [ARGS...]   run a command in a RUNNING job
-    gpulab job shell ID                           an interactive terminal in a RUNNING job
+    gpulab job exec [--timeout S] [--rank K] ID -- CMD [ARGS...]   run a command in a RUNNING job
+    gpulab job shell [--rank K] ID                an interactive terminal in a RUNNING job
     gpulab secret set NAME | list | delete NAME   secrets a job's env refers to (--secret-env)
     gpulab usage [--user NAME]
     gpulab notebook list [--all | --user NAME]
@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_id("rerun", "submit a copy of a job (prints the new id)", cmd_job_simple_action("rerun"))
     with_id("push", "retry the push of a SYNC_FAILED job", cmd_job_simple_action("push"))
     with_id("delete", "delete an ended job, its logs and volumes", cmd_job_delete, aliases=["rm"])
-    add_exec_commands(with_id)  # exec and shell
+    add_exec_commands(with_id, _int_range(0, MAX_WORKERS - 1))  # exec and shell
 
     add_secret_commands(top, common)
 

@@ -413,3 +413,23 @@ def test_distributed_job_workers_ranks_and_their_logs(alice, pytorch_image, dock
     assert r.returncode == 1 and "field: env.MASTER_ADDR" in r.stderr, r.stderr
     r = cli("job", "run", "--workers", "65", "--", "true", env=alice)
     assert r.returncode == 2 and "must be at most 64" in r.stderr, r.stderr
+
+
+def test_exec_in_one_rank_of_a_running_distributed_job(alice):
+    job_id = ok(
+        "job", "run", "--workers", "2", "--gpu", "0", "--cpu", "0.5", "--memory", "512M",
+        "--", "sh", "-c", "echo up; exec sleep 600",
+        env=alice,
+    ).strip()  # fmt: skip
+    try:
+        wait_state(job_id, alice, {"RUNNING"}, timeout=90)
+        for rank in ("0", "1"):
+            out = ok(
+                "job", "exec", "--rank", rank, job_id, "--", "sh", "-c", "echo $RANK", env=alice
+            )
+            assert out.strip() == rank
+        assert ok("job", "exec", job_id, "--", "sh", "-c", "echo $RANK", env=alice).strip() == "0"
+        events = ok("job", "events", job_id, env=alice)
+        assert "(rank 1)" in events, events
+    finally:
+        ok("job", "stop", "--wait", job_id, env=alice)

@@ -319,3 +319,32 @@ def test_following_every_rank_shows_each_line_once(monkeypatch, capsysbinary):
     assert capsysbinary.readouterr().out == (
         b"[rank 1] b\n[rank 0] a\n[rank 0] same\n[rank 0] same\n[rank 1] c\n"
     )
+
+
+def test_exec_and_shell_take_a_rank():
+    from gpulab import cli_exec
+
+    asked = []
+
+    class FakeClient:
+        url = "https://hub.example/lab"
+
+        def json(self, method, path, **kw):
+            asked.append((method, path, kw["params"], kw["json"]))
+            return {"exit_code": 0, "output": ""}
+
+    args = parse("job", "exec", "--rank", "1", "j1abc", "--", "hostname")
+    args.output = "table"
+    assert cli_exec.cmd_job_exec(args, FakeClient()) == 0
+    assert asked[-1][:3] == ("POST", "/jobs/j1abc/exec", [("rank", "1")])
+    args = parse("job", "exec", "j1abc", "--", "hostname")
+    args.output = "table"
+    cli_exec.cmd_job_exec(args, FakeClient())
+    assert asked[-1][2] == []  # rank 0: the service's default
+    assert parse("job", "shell", "--rank", "3", "j1abc").rank == 3
+    assert cli_exec._ws_url(FakeClient(), "j1abc", 80, 24, 3) == (
+        "wss://hub.example/lab/services/gpulab/api/jobs/j1abc/shell?cols=80&rows=24&rank=3"
+    )
+    assert "rank" not in cli_exec._ws_url(FakeClient(), "j1abc", 80, 24)
+    with pytest.raises(SystemExit):
+        parse("job", "shell", "--rank", "64", "j1abc")
