@@ -2,10 +2,11 @@
 
     gpulab login --url URL [--token TOKEN]        save the hub URL and an API token (mode 0600)
     gpulab job run [options] -- CMD [ARGS...]     submit a training job; --follow streams its logs
+                                                  (--workers N: a distributed job of N containers)
     gpulab job list [--state A,B] [-l k=v]... [--all | --user NAME]
-    gpulab job get|logs [-f]|events|stop [--wait]|resume|rerun|push|delete ID
-    gpulab job exec [--timeout S] ID -- CMD [ARGS...]   run a command in a RUNNING job
-    gpulab job shell ID                           an interactive terminal in a RUNNING job
+    gpulab job get|logs [-f] [--rank K]|events|stop [--wait]|resume|rerun|push|delete ID
+    gpulab job exec [--timeout S] [--rank K] ID -- CMD [ARGS...]   run a command in a RUNNING job
+    gpulab job shell [--rank K] ID                an interactive terminal in a RUNNING job
     gpulab secret set NAME | list | delete NAME   secrets a job's env refers to (--secret-env)
     gpulab usage [--user NAME]
     gpulab notebook list [--all | --user NAME]
@@ -69,6 +70,10 @@ from .cli_output import (
 )
 from .cli_secrets import add_run_options, add_secret_commands
 
+#: the most workers (containers) of one distributed job: the API's limit
+#: (``gpulab.jobs.spec_fields.MAX_WORKERS``, not imported: the CLI stays light)
+MAX_WORKERS = 64
+
 #: what `gpulab.cli` offers besides main() (its tests and other callers use these names)
 __all__ = [
     "CliError",
@@ -119,6 +124,8 @@ def _int_range(low: int, high: int | None = None):
             raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
         if value < low:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high}, got {value}")
         return value
 
     return parse
@@ -185,6 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cpu", "--cpus", type=_positive_float, metavar="N", help="CPUs (default 1)")
     run.add_argument("--memory", metavar="SIZE", help="memory, such as 512M or 8G (default 4G)")
     run.add_argument(
+        "--workers",
+        type=_int_range(1, MAX_WORKERS),
+        metavar="N",
+        help=f"containers of a distributed job, each with the --gpu/--cpu/--memory given "
+        f"(1-{MAX_WORKERS}, default 1); placed all together, each told MASTER_ADDR, "
+        "WORLD_SIZE and its RANK",
+    )
+    run.add_argument(
         "-v",
         "--volume",
         action="append",
@@ -229,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stream until the job ends; exit 0 if it ended DONE, 1 otherwise",
     )
+    logs.add_argument(
+        "--rank",
+        type=_int_range(0, MAX_WORKERS - 1),
+        metavar="K",
+        help="only worker K's output, as it wrote it (a distributed job; default: every "
+        "rank's, each line prefixed [rank K])",
+    )
     with_id("events", "a job's history", cmd_job_events)
     stop = with_id("stop", "interrupt a queued or running job", cmd_job_stop, aliases=["cancel"])
     stop.add_argument("--wait", action="store_true", help="wait until it is INTERRUPTED")
@@ -236,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_id("rerun", "submit a copy of a job (prints the new id)", cmd_job_simple_action("rerun"))
     with_id("push", "retry the push of a SYNC_FAILED job", cmd_job_simple_action("push"))
     with_id("delete", "delete an ended job, its logs and volumes", cmd_job_delete, aliases=["rm"])
-    add_exec_commands(with_id)  # exec and shell
+    add_exec_commands(with_id, _int_range(0, MAX_WORKERS - 1))  # exec and shell
 
     add_secret_commands(top, common)
 

@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ from .cli_output import (
     print_json,
     table,
     when,
+    workers_of,
 )
 from .cli_secrets import add_run_fields
 
@@ -67,6 +69,8 @@ def build_submission(args: argparse.Namespace) -> dict:
     }
     if resources:
         body["resources"] = resources
+    if getattr(args, "workers", None) is not None:
+        body["workers"] = args.workers
     if args.env:
         body["env"] = _pairs(args.env, "NAME", "-e/--env")
     if args.label:
@@ -99,15 +103,62 @@ def _duration_value(text: str) -> str | int | float:
         return text
 
 
-def follow_logs(client: Client, job_id: str) -> dict:
+def _log_params(follow: bool, rank: int | None) -> dict[str, str]:
+    params = {"follow": "true" if follow else "false"}
+    if rank is not None:
+        params["rank"] = str(rank)
+    return params
+
+
+class _ShownLines:
+    """What was shown of a distributed job's merged log (every rank's, each line prefixed
+    ``[rank K]``), line by line. A later read of it (the saved log after the end, or the
+    engine's again after a restart) can interleave the ranks otherwise than the live stream
+    did, so a count of bytes cannot say what is new: a line is new when this read has it more
+    times than all that was shown so far."""
+
+    def __init__(self) -> None:
+        self.shown: Counter[bytes] = Counter()
+        self.seen: Counter[bytes] = Counter()
+        self.rest = b""
+
+    def clear(self) -> None:
+        self.shown.clear()
+
+    def start(self) -> None:
+        self.seen.clear()
+        self.rest = b""
+
+    def _new(self, lines: list[bytes]) -> bytes:
+        out = []
+        for line in lines:
+            self.seen[line] += 1
+            if self.seen[line] > self.shown[line]:
+                self.shown[line] += 1
+                out.append(line + b"\n")
+        return b"".join(out)
+
+    def feed(self, chunk: bytes) -> bytes:
+        *lines, self.rest = (self.rest + chunk).split(b"\n")
+        return self._new(lines)
+
+    def end(self) -> bytes:
+        rest, self.rest = self.rest, b""
+        return self._new([rest]) if rest else b""
+
+
+def follow_logs(client: Client, job_id: str, rank: int | None = None) -> dict:
     """Write the job's output to stdout as it comes, until the job ends; returns the job.
+    ``rank``: only that worker's of a distributed job (default: every rank's, prefixed).
 
     The service streams a container's log while it runs; before that (QUEUED...) there is
     nothing to stream, so this waits. A retried job runs again in the same container, whose
-    log then starts with what was already shown: that much is skipped. A job put back in the
-    queue (preempted) gets a new container, whose log is shown from its start.
+    log then starts with what was already shown: that much is skipped (for every rank of a
+    distributed job, line by line: see :class:`_ShownLines`). A job put back in the queue
+    (preempted) gets a new container, whose log is shown from its start.
     """
     shown = 0
+    lines = _ShownLines()
     sink = sys.stdout.buffer
     while True:
         job = client.json("GET", f"/jobs/{job_id}")
@@ -115,27 +166,34 @@ def follow_logs(client: Client, job_id: str) -> dict:
         if state in NOT_STARTED:
             if state == "QUEUED":
                 shown = 0
+                lines.clear()
             time.sleep(POLL)
             continue
         ended = state in ENDED
+        merged = rank is None and workers_of(job) > 1
         received = 0
-        for chunk in client.stream(
-            f"/jobs/{job_id}/logs", {"follow": "false" if ended else "true"}
-        ):
-            start = max(shown - received, 0)
-            received += len(chunk)
+        lines.start()
+        for chunk in client.stream(f"/jobs/{job_id}/logs", _log_params(not ended, rank)):
+            if merged:
+                chunk, start = lines.feed(chunk), 0
+            else:
+                start = max(shown - received, 0)
+                received += len(chunk)
             if start < len(chunk):
                 sink.write(chunk[start:])
                 sink.flush()
+        if merged and (tail := lines.end()):
+            sink.write(tail)
+            sink.flush()
         shown = max(shown, received)
         if ended:
             return job
         time.sleep(POLL)
 
 
-def _follow(client: Client, job_id: str) -> dict:
+def _follow(client: Client, job_id: str, rank: int | None = None) -> dict:
     try:
-        return follow_logs(client, job_id)
+        return follow_logs(client, job_id, rank)
     except KeyboardInterrupt:
         raise CliError(
             f"stopped following job {job_id}, which keeps running "
@@ -254,12 +312,13 @@ def cmd_job_events(args: argparse.Namespace, client: Client) -> int:
 
 def cmd_job_logs(args: argparse.Namespace, client: Client) -> int:
     job_id = _job_id(args.id)
+    rank = getattr(args, "rank", None)
     if args.follow:
-        end = _follow(client, job_id)
+        end = _follow(client, job_id, rank)
         note(_end_line(end))
         return EXIT_OK if end["state"] == "DONE" else EXIT_FAILED
     sink = sys.stdout.buffer
-    for chunk in client.stream(f"/jobs/{job_id}/logs", {"follow": "false"}):
+    for chunk in client.stream(f"/jobs/{job_id}/logs", _log_params(False, rank)):
         sink.write(chunk)
     sink.flush()
     return EXIT_OK

@@ -39,9 +39,11 @@ def cmd_job_exec(args: argparse.Namespace, client: Client) -> int:
     if not args.command:
         raise CliError("exec needs a command: gpulab job exec ID -- CMD [ARGS...]", EXIT_USAGE)
     timeout = args.timeout if args.timeout is not None else DEFAULT_TIMEOUT
+    rank = getattr(args, "rank", None)
     result = client.json(
         "POST",
         f"/jobs/{_job_id(args.id)}/exec",
+        params=[] if rank is None else [("rank", str(rank))],
         json={"command": list(args.command), "timeout": timeout},
         timeout=(10, timeout + _SLACK),
     )
@@ -59,13 +61,16 @@ def cmd_job_exec(args: argparse.Namespace, client: Client) -> int:
 
 
 def cmd_job_shell(args: argparse.Namespace, client: Client) -> int:
-    return asyncio.run(_shell(client, _job_id(args.id)))
+    return asyncio.run(_shell(client, _job_id(args.id), getattr(args, "rank", None)))
 
 
-def _ws_url(client: Client, job_id: str, cols: int, rows: int) -> str:
+def _ws_url(client: Client, job_id: str, cols: int, rows: int, rank: int | None = None) -> str:
     scheme, _, rest = client.url.partition("://")
     ws = "wss" if scheme == "https" else "ws"
-    query = urlencode({"cols": cols, "rows": rows})
+    params: dict[str, int] = {"cols": cols, "rows": rows}
+    if rank is not None:
+        params["rank"] = rank
+    query = urlencode(params)
     return f"{ws}://{rest}{SERVICE_PATH}/api/jobs/{job_id}/shell?{query}"
 
 
@@ -77,13 +82,13 @@ def _size(fd: int) -> tuple[int, int]:
         return 80, 24
 
 
-async def _connect(client: Client, job_id: str, cols: int, rows: int):
+async def _connect(client: Client, job_id: str, cols: int, rows: int, rank: int | None = None):
     """The open WebSocket, or a CliError with the service's message."""
     from tornado.httpclient import HTTPClientError, HTTPRequest
     from tornado.websocket import websocket_connect
 
     request = HTTPRequest(
-        _ws_url(client, job_id, cols, rows),
+        _ws_url(client, job_id, cols, rows, rank),
         headers={
             "Authorization": client.session.headers["Authorization"],
             "User-Agent": "gpulab-cli",
@@ -114,7 +119,7 @@ def _refusal(client: Client, e) -> str:
     return str(message) if message else f"gpulab answered HTTP {e.code} to the shell's request"
 
 
-async def _shell(client: Client, job_id: str) -> int:
+async def _shell(client: Client, job_id: str, rank: int | None = None) -> int:
     import termios  # here, not above: POSIX only, and tornado is slow to import for the others
     import tty
 
@@ -123,7 +128,7 @@ async def _shell(client: Client, job_id: str) -> int:
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     interactive = os.isatty(stdin)
     cols, rows = _size(stdout if os.isatty(stdout) else stdin)
-    conn = await _connect(client, job_id, cols, rows)
+    conn = await _connect(client, job_id, cols, rows, rank)
     loop = asyncio.get_running_loop()
     saved = termios.tcgetattr(stdin) if interactive else None
     exit_code: list[int | None] = [None]
@@ -192,13 +197,14 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def add_exec_commands(with_id) -> None:
-    """The ``exec`` and ``shell`` sub-commands of ``gpulab job`` (``with_id``: cli.py's)."""
+def add_exec_commands(with_id, rank_type=None) -> None:
+    """The ``exec`` and ``shell`` sub-commands of ``gpulab job`` (``with_id``: cli.py's;
+    ``rank_type``: how ``--rank`` is parsed)."""
     ex = with_id(
         "exec",
         "run a command in a RUNNING job; exits with its exit code",
         cmd_job_exec,
-        usage="gpulab job exec [--timeout SECONDS] ID -- CMD [ARGS...]",
+        usage="gpulab job exec [--timeout SECONDS] [--rank K] ID -- CMD [ARGS...]",
         description="Run CMD with ARGS in the job's container (put -- before CMD), as the "
         "job's user, and print its output (stdout and stderr). Exits with the command's exit "
         f"code, {EXIT_TIMED_OUT} if it ran past --timeout (then it is killed). Recorded in "
@@ -211,14 +217,26 @@ def add_exec_commands(with_id) -> None:
         help=f"kill the command after this long (default {DEFAULT_TIMEOUT:g}, "
         f"at most {MAX_TIMEOUT:g})",
     )
+    ex.add_argument(
+        "--rank",
+        type=rank_type or int,
+        metavar="K",
+        help="in worker K's container (a distributed job; default rank 0)",
+    )
     ex.add_argument("command", nargs="*", metavar="CMD", help=argparse.SUPPRESS)
-    with_id(
+    sh = with_id(
         "shell",
         "an interactive terminal in a RUNNING job",
         cmd_job_shell,
         description="Open a shell (bash, else sh) in the job's container, as the job's user, "
         "in this terminal. `exit` ends it; gpulab exits with the shell's exit code. Recorded "
         "in the job's events.",
+    )
+    sh.add_argument(
+        "--rank",
+        type=rank_type or int,
+        metavar="K",
+        help="in worker K's container (a distributed job; default rank 0)",
     )
 
 

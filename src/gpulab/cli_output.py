@@ -88,9 +88,21 @@ def _exit(job: dict) -> str:
     return "-" if job.get("exit_code") is None else str(job["exit_code"])
 
 
+def workers_of(job: dict) -> int:
+    """How many workers (containers) the job runs: more than one for a distributed job."""
+    try:
+        return max(1, int((job.get("spec") or {}).get("workers") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 def _gpus(job: dict) -> str:
+    """GPUs of the job in all: "1"; a distributed job's total, then workers x each: "4 (2x2)"."""
     gpus = ((job.get("spec") or {}).get("resources") or {}).get("gpus")
-    return "-" if gpus is None else str(gpus)
+    if gpus is None:
+        return "-"
+    n = workers_of(job)
+    return str(gpus) if n == 1 else f"{n * int(gpus)} ({n}x{gpus})"
 
 
 def job_table(jobs: list[dict], owners: bool = False) -> None:
@@ -136,9 +148,30 @@ def _env_text(name: str, value) -> str:
     return f"{name}={value}"
 
 
+def workers_table(job: dict) -> None:
+    """One line per worker (rank) of a job: its container, node and devices."""
+    table(
+        ["RANK", "CONTAINER", "NODE", "DEVICES"],
+        [
+            [
+                w.get("rank"),
+                w.get("container") or "-",
+                w.get("node") or "-",
+                ",".join(w.get("devices") or []) or "-",
+            ]
+            for w in job.get("workers") or []
+        ],
+    )
+
+
 def job_details(job: dict, hub_url: str = "") -> None:
     spec = job.get("spec") or {}
     res = spec.get("resources") or {}
+    n = workers_of(job)
+    each = ""
+    if n > 1:
+        total = n * int(res.get("gpus") or 0)
+        each = f" per worker ({n} workers: {total} GPU in all)"
     image = spec.get("image") or ""
     if spec.get("framework"):
         image += f" ({spec['framework']} {spec.get('version') or ''})".replace(" )", ")")
@@ -159,8 +192,10 @@ def job_details(job: dict, hub_url: str = "") -> None:
             "Resources",
             f"{res.get('gpus', '-')} GPU, {_num(res.get('cpus'))} CPU, "
             f"{res.get('memory', '-')} memory"
-            + (f" (flavor {spec['flavor']})" if spec.get("flavor") else ""),
+            + (f" (flavor {spec['flavor']})" if spec.get("flavor") else "")
+            + each,
         ),
+        ("Workers", f"{n} (a distributed job: ranks below)" if n > 1 else n),
         ("Devices", ",".join(job.get("devices") or []) or "-"),
         ("Volumes", ", ".join(spec.get("volumes") or []) or "-"),
         ("Env", ", ".join(_env_text(k, v) for k, v in (spec.get("env") or {}).items()) or "-"),
@@ -180,6 +215,7 @@ def job_details(job: dict, hub_url: str = "") -> None:
         ("Running since", when(job.get("running_since"))),
         ("Runtime", runtime(job)),
         ("Billed minutes", job.get("billed_minutes")),
+        ("Billed GPU minutes", job.get("billed_gpu_minutes")),
         (
             "Ports",
             ", ".join(f"{p['name']} {hub_url}{p['url']}" for p in job.get("ports") or []),
@@ -188,6 +224,9 @@ def job_details(job: dict, hub_url: str = "") -> None:
     width = max(len(k) for k, _ in fields) + 1
     for key, value in fields:
         out(f"{key + ':':<{width}} {'-' if value in (None, '') else value}")
+    if n > 1 and job.get("workers"):
+        out()
+        workers_table(job)
     if job.get("history"):
         out()
         events_table(job["history"])

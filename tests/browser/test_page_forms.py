@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from gpulab.service.pages import ago, form_field, form_to_job, state_class, when
+from gpulab.service.pages import (
+    ago,
+    form_field,
+    form_to_job,
+    gpu_total,
+    state_class,
+    when,
+    workers_of,
+)
 
 
 def test_form_to_job_types_and_errors():
@@ -37,6 +45,27 @@ def test_form_to_job_types_and_errors():
     }
     _, errors = form_to_job({"command": "", "gpus": "1.5", "retries": "x", "env": "NOEQUALS"})
     assert set(errors) == {"command", "gpus", "retries", "env"}
+
+
+def test_form_workers():
+    raw, errors = form_to_job({"command": "python ddp.py", "workers": " 4 "})
+    assert errors == {} and raw["workers"] == 4
+    raw, errors = form_to_job({"command": "true", "workers": ""})
+    assert errors == {} and "workers" not in raw
+    # out of range is the API's to refuse (field workers); not a number is the form's
+    raw, errors = form_to_job({"command": "true", "workers": "0"})
+    assert errors == {} and raw["workers"] == 0
+    _, errors = form_to_job({"command": "true", "workers": "two"})
+    assert errors == {"workers": "workers must be a whole number from 1 to 64, not 'two'"}
+    assert form_field("workers") == "workers"
+
+
+def test_gpus_in_all():
+    one = {"spec": {"resources": {"gpus": 2}}}
+    assert workers_of(one) == 1 and gpu_total(one) == "2"
+    gang = {"spec": {"workers": 3, "resources": {"gpus": 2}}}
+    assert workers_of(gang) == 3 and gpu_total(gang) == "6 (3 workers × 2)"
+    assert gpu_total({"spec": {}}) == "—"
 
 
 def test_spec_fields_map_to_form_fields():

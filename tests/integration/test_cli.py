@@ -2,7 +2,9 @@
 
 One hub for the module; the CLI runs as a subprocess (``python -m gpulab.cli``) with its
 configuration in the environment (GPULAB_URL/GPULAB_TOKEN) or in a config file written by
-``gpulab login``. The test host has no GPUs: every job asks for ``--gpu 0``.
+``gpulab login``. The test host has no GPUs: every job asks for ``--gpu 0``, except the
+distributed one, whose workers get one of two fake GPUs each (gpu_mode "env", as in
+test_jobs_distributed.py), so that its per-rank devices are real ledger decisions.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.hub]
 def hub(tmp_path_factory, images):
     h = Hub(
         workdir=tmp_path_factory.mktemp("clihub"),
-        extra_config="c.GpulabSettings.supervisor_interval = 0.2\n",
+        extra_config="c.GpulabSettings.supervisor_interval = 0.2\n"
+        'c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]\n'
+        'c.GpulabSettings.gpu_mode = "env"\n',
     )
     h.start()
     yield h
@@ -347,3 +351,85 @@ def test_secrets_ports_and_options_from_the_command_line(hub, alice):
     assert "deleted" in ok("secret", "delete", "token", env=alice)
     gone = cli("secret", "delete", "token", env=alice)
     assert gone.returncode == 1 and "no secret token" in gone.stderr
+
+
+def test_distributed_job_workers_ranks_and_their_logs(alice, pytorch_image, docker_client):
+    """``--workers 2``: a gloo all_reduce over two containers (the sum, 3, proves both took
+    part), followed to DONE; its logs merged (each line once, prefixed) or one rank's; its
+    workers in ``job get``; its GPUs in all in ``job list``."""
+    from .test_jobs_distributed import ALL_REDUCE, gpus_of
+
+    r = cli(
+        "job", "run", "--framework", "pytorch", "--workers", "2", "--gpu", "1", "--cpu", "0.5",
+        "--memory", "1G", "--name", "ddp", "--timeout", "5m", "--follow",
+        "--", "python3", "-c", ALL_REDUCE,
+        env=alice, timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    job_id = r.stderr.split()[1]
+    assert f"job {job_id} DONE" in r.stderr
+    # followed: every rank's lines, each once, prefixed
+    assert "[rank 0] rank 0 of 2 on worker-0" in r.stdout, r.stdout
+    assert "[rank 1] rank 1 of 2 on worker-1" in r.stdout, r.stdout
+    assert r.stdout.count("sum 3") == 2, r.stdout
+
+    merged = ok("job", "logs", job_id, env=alice)
+    assert "[rank 0] rank 0 of 2" in merged and "[rank 1] rank 1 of 2" in merged, merged
+    one = ok("job", "logs", job_id, "--rank", "1", env=alice)
+    assert "rank 1 of 2 on worker-1" in one, one
+    assert "rank 0 of 2" not in one and "[rank" not in one, one
+    followed = cli("job", "logs", "-f", job_id, "--rank", "0", env=alice)
+    assert followed.returncode == 0 and "rank 0 of 2" in followed.stdout, followed
+    assert "rank 1 of 2" not in followed.stdout
+    bad = cli("job", "logs", job_id, "--rank", "2", env=alice)
+    assert bad.returncode == 1 and f"job {job_id} has no rank 2: it has 2 workers" in bad.stderr
+
+    job = get_json(job_id, alice)
+    assert job["state"] == "DONE" and job["spec"]["workers"] == 2
+    assert [w["rank"] for w in job["workers"]] == [0, 1]
+    # one GPU each, different ones (released at the end: the containers say which they had)
+    assert sorted(gpus_of(docker_client, job)) == ["0", "1"]
+    details = ok("job", "get", job_id, env=alice)
+    lines = details.splitlines()
+    assert any(line.split()[:2] == ["Workers:", "2"] for line in lines), details
+    assert "1 GPU, 0.5 CPU, 1G memory per worker (2 workers: 2 GPU in all)" in details
+    head = lines.index(next(ln for ln in lines if ln.split()[:2] == ["RANK", "CONTAINER"]))
+    for w, line in zip(job["workers"], lines[head + 1 : head + 3], strict=True):
+        shown = [w["node"] or "-", ",".join(w["devices"]) or "-"]
+        assert line.split() == [str(w["rank"]), w["container"], *shown], details
+    assert job["workers"][1]["container"] == job["workers"][0]["container"] + "-r1"
+
+    table = ok("job", "list", env=alice)
+    row = next(line for line in table.splitlines() if line.startswith(job_id))
+    assert row[table.splitlines()[0].index("GPUS") :].startswith("2 (2x1) "), table
+
+    # what can never run, or would clash with what gpulab sets, is refused by the API
+    r = cli("job", "run", "--workers", "3", "--gpu", "1", "--", "true", env=alice)
+    assert r.returncode == 1 and "field: workers" in r.stderr, r.stderr
+    r = cli(
+        "job", "run", "--workers", "2", "--gpu", "0", "-e", "MASTER_ADDR=x", "--", "true",
+        env=alice,
+    )  # fmt: skip
+    assert r.returncode == 1 and "field: env.MASTER_ADDR" in r.stderr, r.stderr
+    r = cli("job", "run", "--workers", "65", "--", "true", env=alice)
+    assert r.returncode == 2 and "must be at most 64" in r.stderr, r.stderr
+
+
+def test_exec_in_one_rank_of_a_running_distributed_job(alice):
+    job_id = ok(
+        "job", "run", "--workers", "2", "--gpu", "0", "--cpu", "0.5", "--memory", "512M",
+        "--", "sh", "-c", "echo up; exec sleep 600",
+        env=alice,
+    ).strip()  # fmt: skip
+    try:
+        wait_state(job_id, alice, {"RUNNING"}, timeout=90)
+        for rank in ("0", "1"):
+            out = ok(
+                "job", "exec", "--rank", rank, job_id, "--", "sh", "-c", "echo $RANK", env=alice
+            )
+            assert out.strip() == rank
+        assert ok("job", "exec", job_id, "--", "sh", "-c", "echo $RANK", env=alice).strip() == "0"
+        events = ok("job", "events", job_id, env=alice)
+        assert "(rank 1)" in events, events
+    finally:
+        ok("job", "stop", "--wait", job_id, env=alice)

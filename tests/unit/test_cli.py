@@ -9,6 +9,8 @@ import stat
 import pytest
 
 from gpulab import cli
+from gpulab.cli_commands import cmd_job_logs
+from gpulab.cli_output import job_details, job_table
 
 
 def parse(*argv: str):
@@ -54,6 +56,11 @@ def test_run_sends_only_what_was_given():
         ("job", "run", "--framework", "a", "--image", "b", "--", "true"),
         ("job", "list", "--all", "--user", "bob"),
         ("job", "get"),
+        ("job", "run", "--workers", "0", "--", "true"),
+        ("job", "run", "--workers", "65", "--", "true"),
+        ("job", "run", "--workers", "two", "--", "true"),
+        ("job", "logs", "j1", "--rank", "-1"),
+        ("job", "logs", "j1", "--rank", "x"),
         ("-o", "yaml", "usage"),
         ("nope",),
     ],
@@ -190,3 +197,154 @@ def test_runtime_of_an_ended_job_comes_from_its_history():
 )
 def test_url_host_names_and_prefixes(given, hub):
     assert cli.normalize_url(given) == hub
+
+
+def test_workers_go_to_the_submission_only_when_given():
+    args = parse("job", "run", "--workers", "4", "--gpu", "1", "--", "python", "train.py")
+    assert cli.build_submission(args) == {
+        "command": ["python", "train.py"],
+        "resources": {"gpus": 1},
+        "workers": 4,
+    }
+    assert "workers" not in cli.build_submission(parse("job", "run", "--", "true"))
+    assert parse("job", "run", "--workers", "64", "--", "true").workers == 64
+
+
+def test_the_cli_knows_the_apis_worker_limit():
+    from gpulab.jobs.spec_fields import MAX_WORKERS
+
+    assert cli.MAX_WORKERS == MAX_WORKERS
+
+
+def test_workers_help_says_what_a_worker_is(capsys):
+    with pytest.raises(SystemExit):
+        parse("job", "run", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "containers of a distributed job, each with the --gpu/--cpu/--memory given" in text
+
+
+def test_logs_rank_goes_to_the_api(monkeypatch, capsys):
+    calls = []
+
+    class FakeClient:
+        url = "http://hub"
+
+        def stream(self, path, params):
+            calls.append((path, params))
+            yield b"[rank 1] hi\n"
+
+    args = parse("job", "logs", "j1abc", "--rank", "1")
+    args.output = "table"
+    assert cmd_job_logs(args, FakeClient()) == 0
+    assert calls == [("/jobs/j1abc/logs", {"follow": "false", "rank": "1"})]
+    calls.clear()
+    args = parse("job", "logs", "j1abc")  # default: every rank, as the API merges them
+    assert cmd_job_logs(args, FakeClient()) == 0
+    assert calls == [("/jobs/j1abc/logs", {"follow": "false"})]
+
+
+def distributed_job(**extra) -> dict:
+    return {
+        "id": "j1abc",
+        "name": "ddp",
+        "state": "RUNNING",
+        "spec": {"workers": 2, "resources": {"gpus": 2, "cpus": 1, "memory": "4G"}},
+        "devices": ["0", "1", "2", "3"],
+        "billed_minutes": 3,
+        "billed_gpu_minutes": 12,
+        "workers": [
+            {"rank": 0, "container": "gl-job-j1abc", "node": "", "devices": ["0", "1"]},
+            {"rank": 1, "container": "gl-job-j1abc-r1", "node": "n2", "devices": ["2", "3"]},
+        ],
+        **extra,
+    }
+
+
+def test_job_list_shows_gpus_in_all_and_per_worker(capsys):
+    one = {"id": "j2", "name": "one", "state": "DONE", "spec": {"resources": {"gpus": 1}}}
+    job_table([distributed_job(), one])
+    lines = capsys.readouterr().out.splitlines()
+    gpus = lines[0].index("GPUS")
+    assert lines[1][gpus:].startswith("4 (2x2) ")
+    assert lines[2][gpus:].split()[0] == "1"
+
+
+def test_job_get_lists_each_worker(capsys):
+    job_details(distributed_job())
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    assert "Workers:" in text and "2 (a distributed job: ranks below)" in text
+    assert "2 GPU, 1 CPU, 4G memory per worker (2 workers: 4 GPU in all)" in text
+    assert any(line.split() == ["Billed", "GPU", "minutes:", "12"] for line in lines)
+    head = next(
+        i
+        for i, line in enumerate(lines)
+        if line.split() == ["RANK", "CONTAINER", "NODE", "DEVICES"]
+    )
+    assert lines[head + 1].split() == ["0", "gl-job-j1abc", "-", "0,1"]
+    assert lines[head + 2].split() == ["1", "gl-job-j1abc-r1", "n2", "2,3"]
+    # a one-container job: no rank table, 1 worker
+    job_details({"id": "j2", "spec": {"resources": {"gpus": 1}}, "workers": [{"rank": 0}]})
+    text = capsys.readouterr().out
+    assert "RANK" not in text
+    assert any(line.split() == ["Workers:", "1"] for line in text.splitlines())
+
+
+def test_following_every_rank_shows_each_line_once(monkeypatch, capsysbinary):
+    """The live stream interleaves the ranks as they come; the read after the end (the saved
+    log, in time order) interleaves them otherwise: only lines not yet shown are added."""
+    from gpulab import cli_commands
+
+    monkeypatch.setattr(cli_commands, "POLL", 0)
+    states = iter(["RUNNING", "DONE"])
+    reads = iter(
+        [
+            [b"[rank 1] b\n[ra", b"nk 0] a\n[rank 0] same\n"],
+            [b"[rank 0] a\n[rank 0] same\n[rank 1] b\n[rank 0] same\n[rank 1] c"],
+        ]
+    )
+    asked = []
+
+    class FakeClient:
+        def json(self, method, path):
+            return {"id": "j1", "state": next(states), "spec": {"workers": 2}}
+
+        def stream(self, path, params):
+            asked.append(params)
+            yield from next(reads)
+
+    job = cli_commands.follow_logs(FakeClient(), "j1")
+    assert job["state"] == "DONE"
+    assert asked == [{"follow": "true"}, {"follow": "false"}]
+    assert capsysbinary.readouterr().out == (
+        b"[rank 1] b\n[rank 0] a\n[rank 0] same\n[rank 0] same\n[rank 1] c\n"
+    )
+
+
+def test_exec_and_shell_take_a_rank():
+    from gpulab import cli_exec
+
+    asked = []
+
+    class FakeClient:
+        url = "https://hub.example/lab"
+
+        def json(self, method, path, **kw):
+            asked.append((method, path, kw["params"], kw["json"]))
+            return {"exit_code": 0, "output": ""}
+
+    args = parse("job", "exec", "--rank", "1", "j1abc", "--", "hostname")
+    args.output = "table"
+    assert cli_exec.cmd_job_exec(args, FakeClient()) == 0
+    assert asked[-1][:3] == ("POST", "/jobs/j1abc/exec", [("rank", "1")])
+    args = parse("job", "exec", "j1abc", "--", "hostname")
+    args.output = "table"
+    cli_exec.cmd_job_exec(args, FakeClient())
+    assert asked[-1][2] == []  # rank 0: the service's default
+    assert parse("job", "shell", "--rank", "3", "j1abc").rank == 3
+    assert cli_exec._ws_url(FakeClient(), "j1abc", 80, 24, 3) == (
+        "wss://hub.example/lab/services/gpulab/api/jobs/j1abc/shell?cols=80&rows=24&rank=3"
+    )
+    assert "rank" not in cli_exec._ws_url(FakeClient(), "j1abc", 80, 24)
+    with pytest.raises(SystemExit):
+        parse("job", "shell", "--rank", "64", "j1abc")

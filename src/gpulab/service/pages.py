@@ -25,10 +25,18 @@ from tornado import web
 from ..jobs.durations import format_duration
 from ..jobs.records import ACTIVE, ENDED
 from ..jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY
+from ..jobs.spec_fields import MAX_WORKERS
 from ..lifecycle import JobState, NotebookState
 from ..resources import format_memory
 from .app_base import NB_READ, ApiError, authenticated
-from .jobs_api import MANAGE, READ, JobActionHandler, JobsBase, JobsHandler
+from .jobs_api import (
+    MANAGE,
+    MAX_LOG_STREAMS_PER_USER,
+    READ,
+    JobActionHandler,
+    JobsBase,
+    JobsHandler,
+)
 from .pages_extras import EXTRA_FORM_FIELDS, form_extras
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -92,7 +100,27 @@ def state_class(state: str | None) -> str:
     return "wait"
 
 
+def workers_of(job: dict) -> int:
+    """How many workers (containers) a job runs: more than one for a distributed job."""
+    try:
+        return max(1, int((job.get("spec") or {}).get("workers") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
+def gpu_total(job: dict) -> str:
+    """A job's GPUs in all: '1'; a distributed job's total, then how it is split:
+    '4 (2 workers × 2)'."""
+    gpus = ((job.get("spec") or {}).get("resources") or {}).get("gpus")
+    if gpus is None:
+        return "—"
+    n = workers_of(job)
+    return str(gpus) if n == 1 else f"{n * int(gpus)} ({n} workers × {gpus})"
+
+
 _env.filters["when"] = when
+_env.filters["workers"] = workers_of
+_env.filters["gpu_total"] = gpu_total
 _env.filters["ago"] = ago
 _env.filters["state_class"] = state_class
 _env.filters["shjoin"] = lambda words: shlex.join(str(w) for w in words)
@@ -312,6 +340,14 @@ def form_to_job(form: dict[str, str]) -> tuple[dict, dict[str, str]]:
         resources["memory"] = form["memory"].strip()
     if resources:
         raw["resources"] = resources
+    workers = form.get("workers", "").strip()
+    if workers:
+        try:
+            raw["workers"] = int(workers)
+        except ValueError:
+            errors["workers"] = (
+                f"workers must be a whole number from 1 to {MAX_WORKERS}, not {workers!r}"
+            )
     env: dict[str, str] = {}
     for n, line in enumerate(form.get("env", "").splitlines(), 1):
         if not line.strip():
@@ -347,6 +383,7 @@ _FORM_FIELDS = (
     "cpus",
     "memory",
     "gpus",
+    "workers",
     "env",
     "volumes",
     "timeout",
@@ -405,6 +442,7 @@ class SubmitJobPage(PageHandler):
             gpus_free=free,
             gpus_total=len(ledger.devices),
             defaults={"cpus": DEFAULT_CPUS, "memory": DEFAULT_MEMORY, "gpus": DEFAULT_GPUS},
+            max_workers=MAX_WORKERS,
             max_timeout=s.job_max_timeout,
         )
 
@@ -413,9 +451,15 @@ class JobPage(PageHandler):
     @authenticated
     async def get(self, job_id: str):
         job = await self.own_job(job_id)
+        workers = workers_of(job)
         self.render_page(
             "job.html",
             job=job,
+            workers=workers,
+            # following every rank takes one log stream each: over the cap, one rank at first
+            first_rank=""
+            if workers <= MAX_LOG_STREAMS_PER_USER // 2 or job["state"] in ENDED_STATES
+            else "0",
             ended=job["state"] in ENDED_STATES,
             ended_states=ENDED_STATES,
             can_manage=self.has(MANAGE),

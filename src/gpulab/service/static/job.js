@@ -28,21 +28,43 @@
     return b;
   }
 
-  async function followLogs() {
+  // A distributed job: whose output is shown (every rank's, prefixed, or one rank's)
+  var rankSel = document.getElementById("log-rank");
+  var generation = 0, controller = null;
+  function shownRank() { return rankSel ? rankSel.value : ""; }
+  function logsUrl(follow) {
+    var q = [];
+    if (follow) q.push("follow=true");
+    if (shownRank() !== "") q.push("rank=" + encodeURIComponent(shownRank()));
+    return api + "/logs" + (q.length ? "?" + q.join("&") : "");
+  }
+
+  async function followLogs(gen) {
     // While the job lives, follow its container's output; a stream ends when the container
     // stops (a restart, or the end): then read the whole log again, until the job has ended.
+    // Another rank chosen starts a new generation: this one stops at its next step.
     for (;;) {
+      if (gen !== generation) return;
       var follow = !isEnded(state);
       logStatus.textContent = follow ? "live" : "complete";
       logStatus.className = follow ? "live" : "muted";
       try {
-        var resp = await fetch(api + "/logs" + (follow ? "?follow=true" : ""),
-                               { headers: headers, credentials: "same-origin" });
-        if (!resp.ok) { logStatus.textContent = "logs unavailable (HTTP " + resp.status + ")"; return; }
+        controller = window.AbortController ? new AbortController() : null;
+        var resp = await fetch(logsUrl(follow), { headers: headers, credentials: "same-origin",
+                                                  signal: controller ? controller.signal : undefined });
+        if (gen !== generation) return;
+        if (!resp.ok) {
+          var why = "";
+          try { why = (await resp.json()).message || ""; } catch (e) { /* not JSON */ }
+          logStatus.className = "muted";
+          logStatus.textContent = "logs unavailable (HTTP " + resp.status + ")" + (why ? ": " + why : "");
+          return;
+        }
         var reader = resp.body.getReader(), decoder = new TextDecoder(), first = true;
         for (;;) {
           var chunk = await reader.read();
-          if (first) { logs.textContent = ""; first = false; }
+          if (gen !== generation) { reader.cancel(); return; }
+          if (first) { logs.textContent = ""; logs.dataset.rank = shownRank() || "all"; first = false; }
           if (chunk.done) break;
           var atBottom = logs.scrollTop + logs.clientHeight >= logs.scrollHeight - 4;
           logs.textContent += decoder.decode(chunk.value, { stream: true });
@@ -50,11 +72,44 @@
         }
         if (!logs.textContent) logs.textContent = follow ? "(waiting for output…)" : "(no output)";
       } catch (e) {
+        if (gen !== generation) return;
         logStatus.textContent = "connection lost; retrying";
       }
       if (!follow) return;
       await sleep(1000);
     }
+  }
+
+  function showRank(rank) {
+    generation += 1;
+    if (controller) controller.abort();
+    logs.textContent = "";
+    delete logs.dataset.rank;
+    logStatus.textContent = "loading…"; logStatus.className = "muted";
+    followLogs(generation);
+  }
+  if (rankSel) {
+    rankSel.addEventListener("change", function () { showRank(rankSel.value); });
+    // the workers table's "rank K's log" links show that rank here (they open the plain
+    // text without a script)
+    document.querySelectorAll("a.rank-logs").forEach(function (a) {
+      a.addEventListener("click", function (ev) {
+        ev.preventDefault();
+        rankSel.value = a.dataset.rank;
+        showRank(rankSel.value);
+        document.getElementById("logs-card").scrollIntoView({ block: "start" });
+      });
+    });
+  }
+
+  function renderWorkers(workers) {
+    (workers || []).forEach(function (w) {
+      var row = document.querySelector('#workers tr[data-rank="' + w.rank + '"]');
+      if (!row) return;
+      row.querySelector(".w-container").textContent = w.container || "—";
+      row.querySelector(".w-node").textContent = w.node || "—";
+      row.querySelector(".w-devices").textContent = (w.devices || []).join(", ") || "—";
+    });
   }
 
   function renderEvents(events) {
@@ -94,6 +149,8 @@
         text("job-devices", job.devices.join(", ") || "—");
         text("job-restarts", String(job.restarts));
         text("job-billed", String(job.billed_minutes));
+        text("job-billed-gpu", String(job.billed_gpu_minutes));
+        renderWorkers(job.workers);
         text("job-running-since", job.running_since ? when(job.running_since) + " UTC" : "—");
         if (job.history) renderEvents(job.history);
         var changed = job.state !== state;
@@ -108,6 +165,6 @@
     }
   }
 
-  followLogs();
+  followLogs(generation);
   pollJob();
 })();
