@@ -330,7 +330,11 @@ class JobLogsHandler(JobsBase):
         # a distributed job's ranks followed together take one stream each
         cost = workers if workers > 1 and rank is None and follow else 1
         if _streams_open.get(user, 0) + cost > MAX_LOG_STREAMS_PER_USER:
-            more = f" (following all {workers} ranks takes {cost}: use ?rank=)" if cost > 1 else ""
+            more = (
+                f" (following all {workers} ranks takes {cost}: follow one with ?rank=K, or gpulab job logs --rank K)"
+                if cost > 1
+                else ""
+            )
             raise ApiError(
                 429,
                 f"you have {_streams_open.get(user, 0)} of {MAX_LOG_STREAMS_PER_USER} job log "
