@@ -331,7 +331,8 @@ class JobLogsHandler(JobsBase):
         cost = workers if workers > 1 and rank is None and follow else 1
         if _streams_open.get(user, 0) + cost > MAX_LOG_STREAMS_PER_USER:
             more = (
-                f" (following all {workers} ranks takes {cost}: follow one with ?rank=K, or gpulab job logs --rank K)"
+                f" (following all {workers} ranks takes {cost}: follow one with ?rank=K, "
+                "or gpulab job logs --rank K)"
                 if cost > 1
                 else ""
             )
