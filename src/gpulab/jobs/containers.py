@@ -134,8 +134,22 @@ class JobContainer:
             raise StillRunning(f"workload {name} still runs after SIGKILL")
 
     async def gang_stopped(self, gang: list[Rank], grace: float) -> None:
-        """Every worker stopped, as the engine confirms (their graces run at once)."""
-        await asyncio.gather(*(self.ensure_stopped(r.name, grace) for r in gang))
+        """Every worker stopped, as the engine confirms. A gang's workers are all asked at
+        once (SIGTERM, no engine thread held through the grace), polled, and what outlives
+        the grace is killed: 64 workers never hold the engine's thread pool for 30 s."""
+        if len(gang) == 1:
+            return await self.ensure_stopped(gang[0].name, grace)
+        for r in gang:
+            await self.runtime.terminate(r.name, grace)
+            fault_point("engine:stop")
+        deadline = asyncio.get_running_loop().time() + grace
+        while asyncio.get_running_loop().time() < deadline:
+            states = await asyncio.gather(*(self.runtime.state(r.name) for r in gang))
+            if all(st is None or not st.running for st in states):
+                break
+            await asyncio.sleep(0.5)
+        for r in gang:  # kills what is left, and confirms
+            await self.ensure_stopped(r.name, 0)
 
     async def _restart_in_place(self, gang: list[Rank]) -> None:
         for r in gang:
@@ -155,8 +169,9 @@ class JobContainer:
         prefixed with its rank (what ``logs`` shows by default)."""
         if len(gang) == 1:
             return await self._save(gang[0].name, self.log_file(job_id))
+        share = rank_log_share(len(gang))  # the job's logs stay about 2 x LOG_KEEP_BYTES
         for r in gang:
-            await self._save(r.name, self.log_file(job_id, r.rank), timestamps=True)
+            await self._save(r.name, self.log_file(job_id, r.rank), True, share)
         await asyncio.to_thread(self._merge_saved, job_id, len(gang))
 
     def _merge_saved(self, job_id: str, workers: int) -> None:
@@ -167,8 +182,10 @@ class JobContainer:
         merged = merge_logs(per_rank)
         self.log_file(job_id).write_bytes(merged[-LOG_KEEP_BYTES:])
 
-    async def _save(self, name: str, path, timestamps: bool = False) -> None:
-        """Keep the last LOG_KEEP_BYTES of the container's output in ``path``.
+    async def _save(
+        self, name: str, path, timestamps: bool = False, keep: int = LOG_KEEP_BYTES
+    ) -> None:
+        """Keep the last ``keep`` bytes (LOG_KEEP_BYTES) of the container's output in ``path``.
 
         The engine is asked for the tail only (LOG_KEEP_LINES lines), read as a stream into a
         buffer that never holds more than LOG_KEEP_BYTES plus one chunk: however much a job
@@ -176,21 +193,39 @@ class JobContainer:
         log saved earlier (a preemption's) as it was."""
 
         def save():
-            kept = bytearray()
             try:
-                stream = self.runtime.log_stream(
-                    name, follow=False, tail=LOG_KEEP_LINES, timestamps=timestamps
-                )
-                try:
-                    for chunk in stream:
-                        kept += chunk
-                        if len(kept) > 2 * LOG_KEEP_BYTES:
-                            del kept[:-LOG_KEEP_BYTES]
-                finally:
-                    with contextlib.suppress(Exception):
-                        stream.close()
+                kept = read_tail(self.runtime, name, keep, timestamps)
             except WorkloadGone:
                 return
-            path.write_bytes(bytes(kept[-LOG_KEEP_BYTES:]))
+            path.write_bytes(kept)
 
         await asyncio.to_thread(save)
+
+
+def rank_log_share(workers: int) -> int:
+    """Bytes of each rank's output kept (saved, or merged for a reader): the job's total
+    stays LOG_KEEP_BYTES however many workers it has, at least 64 KiB a rank."""
+    return max(LOG_KEEP_BYTES // max(1, workers), 64 * 1024)
+
+
+def read_tail(runtime, name: str, keep: int, timestamps: bool = False) -> bytes:
+    """The last ``keep`` bytes of a workload's output, from whole lines (blocking). The engine
+    is asked for the tail only (LOG_KEEP_LINES lines), read as a stream into a buffer that
+    never holds more than 2 x ``keep`` plus one chunk: however much a job printed, reading it
+    costs bounded memory. Raises WorkloadGone."""
+    kept = bytearray()
+    stream = runtime.log_stream(name, follow=False, tail=LOG_KEEP_LINES, timestamps=timestamps)
+    try:
+        for chunk in stream:
+            kept += chunk
+            if len(kept) > 2 * keep:
+                del kept[:-keep]
+    finally:
+        with contextlib.suppress(Exception):
+            stream.close()
+    if len(kept) > keep:
+        del kept[:-keep]
+        cut = kept.find(b"\n")
+        if 0 <= cut < len(kept) - 1:
+            del kept[: cut + 1]  # not half a line
+    return bytes(kept)

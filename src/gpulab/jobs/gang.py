@@ -13,7 +13,9 @@ each rank's devices, ranks separated by ``;`` (``"0,1;2,3"``; one rank: ``"0,1"`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import heapq
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ..gpus.inventory import node_of
@@ -182,38 +184,37 @@ def regroup(held: Sequence[str], per_worker: int, workers: int) -> list[list[str
     return out[:workers] if len(out) >= workers else []
 
 
-def _stamp(line: bytes) -> tuple[int, int]:
-    """(seconds since the epoch, nanoseconds) of an engine's RFC 3339 line stamp; (0, 0) for
-    a line without one. The engine trims trailing zeros of the fraction: compare numbers."""
-    head, _, _ = line.partition(b" ")
-    whole, _, frac = head.rstrip(b"Z").partition(b".")
-    try:
-        from datetime import datetime
-
-        secs = int(datetime.fromisoformat(whole.decode() + "+00:00").timestamp())
-        return secs, int((frac.decode() + "000000000")[:9]) if frac.isdigit() else 0
-    except ValueError:
-        return 0, 0
+_STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z ")
 
 
 def strip_stamps(log: bytes) -> bytes:
     """A timestamped log (``timestamps=True``) as its command printed it."""
     return b"".join(
-        line.partition(b" ")[2] if _stamp(line) != (0, 0) else line
+        line.partition(b" ")[2] if _STAMP.match(line) else line
         for line in log.splitlines(keepends=True)
     )
 
 
+def _lines(rank: int, log: bytes) -> Iterator[tuple[bytes, int, int, bytes]]:
+    """(stamp key, rank, line number, prefixed line) of one rank's log, in its order; a line
+    without a stamp (cut, or not from the engine) keeps the key of the line before it."""
+    key = b""
+    prefix = b"[rank %d] " % rank
+    lines = log.split(b"\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    for i, line in enumerate(lines):
+        # "2026-11-23T10:00:00.123Z text": byte checks, no regex (hundreds of thousands)
+        sp = line.find(b" ", 19, 32)
+        if sp > 0 and line[sp - 1] == 90 and line[10] == 84:  # 'Z', 'T'
+            whole, _, frac = line[: sp - 1].partition(b".")
+            key, line = whole + b"." + frac.ljust(9, b"0"), line[sp + 1 :]
+        yield key, rank, i, prefix + line + b"\n"
+
+
 def merge_logs(per_rank: Sequence[bytes]) -> bytes:
     """All ranks' timestamped logs as one, in time order (rank order for equal times), each
-    line prefixed ``[rank K] `` and without its stamp."""
-    lines = []
-    for rank, log in enumerate(per_rank):
-        for i, line in enumerate(log.splitlines(keepends=True)):
-            stamp = _stamp(line)
-            text = line.partition(b" ")[2] if stamp != (0, 0) else line
-            if not text.endswith(b"\n"):
-                text += b"\n"
-            lines.append((stamp, rank, i, b"[rank %d] " % rank + text))
-    lines.sort(key=lambda x: x[:3])
-    return b"".join(x[3] for x in lines)
+    line prefixed ``[rank K] `` and without its stamp. Each rank's log is already in time
+    order: a k-way merge (linear; the caller bounds each rank's bytes)."""
+    merged = heapq.merge(*(_lines(rank, log) for rank, log in enumerate(per_rank)))
+    return b"".join(x[3] for x in merged)

@@ -243,6 +243,11 @@ class Runtime:
         """SIGTERM, then SIGKILL after ``grace`` seconds; returns when it ended."""
         raise NotImplementedError
 
+    async def terminate(self, name: str, grace: float) -> None:
+        """Ask the workload to stop (SIGTERM) and return at once, without waiting; the caller
+        confirms with :meth:`state` and kills what outlives ``grace``."""
+        raise NotImplementedError
+
     async def kill(self, name: str) -> None:
         raise NotImplementedError
 
@@ -324,6 +329,11 @@ class Runtime:
 
     async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
         """The ID of a distributed job's own network (made if missing)."""
+        raise NotImplementedError
+
+    async def remove_job_network(self, instance: str, job_id: str) -> None:
+        """Remove a distributed job's network once its workloads ended (best effort: kept
+        while the engine still counts a workload on it)."""
         raise NotImplementedError
 
     async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:

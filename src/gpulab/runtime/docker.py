@@ -159,6 +159,15 @@ class DockerRuntime(EngineClient, Runtime):
         with contextlib.suppress(NotFound):
             await self.run(self.client.kill, name)
 
+    async def terminate(self, name: str, grace: float) -> None:
+        try:
+            await self.run(self.client.kill, name, signal="SIGTERM")
+        except NotFound:
+            pass
+        except APIError as e:  # not running (409): nothing to ask
+            if e.status_code != 409:
+                raise
+
     async def remove(self, name: str) -> bool:
         try:
             await self.run(self.client.remove_container, name, force=True, v=False)
@@ -293,6 +302,9 @@ class DockerRuntime(EngineClient, Runtime):
 
     async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
         return await self.run(net.ensure_job_network, self.client, instance, owner, job_id)
+
+    async def remove_job_network(self, instance: str, job_id: str) -> None:
+        await self.run(net.remove_job_network, self.client, instance, job_id)
 
     async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
         return await self.run(net.remove_user_network_if_unused, self.client, instance, user)

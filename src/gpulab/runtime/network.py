@@ -117,13 +117,14 @@ def ensure_job_network(
         return _ensure(client, instance, config)
 
 
-def prune_job_networks(client, instance: str, in_use=None, driver: str = "bridge") -> list[str]:
-    """Remove the networks of distributed jobs that have no workload left (blocking): the
-    job ids whose network went."""
+def prune_job_networks(
+    client, instance: str, in_use=None, driver: str = "bridge", job_id: str = ""
+) -> list[str]:
+    """Remove the networks of distributed jobs (of ``job_id`` only, if given) that have no
+    workload left (blocking): the job ids whose network went."""
     in_use = in_use or _has_containers
-    nets = client.networks(
-        filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={JOB_NETWORK_KIND}"]}
-    )
+    labels = [f"{L_INSTANCE}={instance}", f"{L_KIND}={JOB_NETWORK_KIND}"]
+    nets = client.networks(filters={"label": labels + ([f"{L_JOB}={job_id}"] if job_id else [])})
     gone = []
     for n in nets:
         job_id = (n.get("Labels") or {}).get(L_JOB)
@@ -138,7 +139,24 @@ def prune_job_networks(client, instance: str, in_use=None, driver: str = "bridge
             pass
         except APIError as e:  # a worker joined it meanwhile (a restart): next time
             log.info("network of job %s kept: %s", job_id, e.explanation or e)
+        with _locks_guard:
+            _locks.pop(n.get("Name", ""), None)
     return gone
+
+
+def remove_job_network(client, instance: str, job_id: str) -> None:
+    """A distributed job ended: its stopped workers leave its network, which goes (blocking).
+    It is not needed again: a resumed job's workers are made anew, with a new network. The
+    engine's bridge pool is small (about 30): one per running gang, none per ended one."""
+    for name in (job_network_name(instance, job_id),):
+        for n in _named(client, name):
+            if (n.get("Labels") or {}).get(L_INSTANCE) != instance:
+                continue
+            info = client.inspect_network(n["Id"])
+            for container in info.get("Containers") or {}:
+                with contextlib.suppress(APIError):
+                    client.disconnect_container_from_network(container, n["Id"], force=True)
+    prune_job_networks(client, instance, lambda *_: False, "bridge", job_id)
 
 
 def network_for(mode: str, instance: str, user: str) -> str | None:

@@ -263,18 +263,8 @@ class SwarmRuntime(EngineClient, Runtime):
         await self.run(self._start_again_blocking, name)
 
     def _stop_blocking(self, name: str, grace: float) -> None:
-        def change(spec: dict) -> None:
-            spec.setdefault("Labels", {})[L_STOPPED] = "1"
-            task = spec["TaskTemplate"]
-            task["ContainerSpec"]["StopGracePeriod"] = int(grace * 1e9)
-            placement = task.setdefault("Placement", {})
-            constraints = placement.get("Constraints") or []
-            if NOWHERE not in constraints:
-                placement["Constraints"] = [*constraints, NOWHERE]
-            task["ForceUpdate"] = int(task.get("ForceUpdate") or 0) + 1
-
         try:
-            self._update(name, change)
+            self._update(name, _stopping(grace))
         except NotFound:
             return
         deadline = time.monotonic() + grace + 20
@@ -291,6 +281,13 @@ class SwarmRuntime(EngineClient, Runtime):
 
     async def kill(self, name: str) -> None:
         await self.stop(name, 0)
+
+    async def terminate(self, name: str, grace: float) -> None:
+        def ask() -> None:
+            with contextlib.suppress(NotFound):
+                self._update(name, _stopping(grace))
+
+        await self.run(ask)
 
     def _wait_gone(self, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -559,6 +556,13 @@ class SwarmRuntime(EngineClient, Runtime):
             net.ensure_job_network, self.client, instance, owner, job_id, "overlay"
         )
 
+    async def remove_job_network(self, instance: str, job_id: str) -> None:
+        # an overlay stays while a service of the job (stopped ones too) names it: the
+        # prune after the job's services are removed takes it (the cluster's pool is large)
+        await self.run(
+            net.prune_job_networks, self.client, instance, self._job_in_use, "overlay", job_id
+        )
+
     def _unused_and_gateway_detached(self, client, labels: list[str]) -> bool:
         """A user overlay is in use while a service of the user exists; once none does, the
         notebook gateway (the one container attached to it) leaves it so that it can go."""
@@ -602,6 +606,22 @@ class SwarmRuntime(EngineClient, Runtime):
         if self.gateway is not None:
             self.gateway.detach(client, network_id)
         return False
+
+
+def _stopping(grace: float):
+    """The service update that stops a workload and keeps its ended task (see stop())."""
+
+    def change(spec: dict) -> None:
+        spec.setdefault("Labels", {})[L_STOPPED] = "1"
+        task = spec["TaskTemplate"]
+        task["ContainerSpec"]["StopGracePeriod"] = int(grace * 1e9)
+        placement = task.setdefault("Placement", {})
+        constraints = placement.get("Constraints") or []
+        if NOWHERE not in constraints:
+            placement["Constraints"] = [*constraints, NOWHERE]
+        task["ForceUpdate"] = int(task.get("ForceUpdate") or 0) + 1
+
+    return change
 
 
 class StillRunning(RuntimeError):

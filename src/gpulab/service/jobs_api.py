@@ -19,7 +19,7 @@ import threading
 from tornado.iostream import StreamClosedError
 
 from ..errors import FieldError
-from ..jobs.containers import LOG_KEEP_BYTES, LOG_KEEP_LINES
+from ..jobs.containers import rank_log_share, read_tail
 from ..jobs.gang import merge_logs, rank_name, strip_stamps
 from ..jobs.records import ACTIVE, ENDED, QueueFull
 from ..jobs.scheduler import can_ever_fit
@@ -395,14 +395,9 @@ class JobLogsHandler(JobsBase):
         if not follow:
 
             def read() -> bytes:
-                per_rank = []
-                for n in names:
-                    stream = sup.runtime.log_stream(n, False, LOG_KEEP_LINES, timestamps=True)
-                    try:
-                        per_rank.append(b"".join(stream))
-                    finally:
-                        stream.close()
-                return merge_logs(per_rank)[-LOG_KEEP_BYTES:]
+                share = rank_log_share(workers)  # the whole answer stays LOG_KEEP_BYTES
+                per_rank = [read_tail(sup.runtime, n, share, timestamps=True) for n in names]
+                return merge_logs(per_rank)
 
             with contextlib.suppress(WorkloadGone):  # ended and removed meanwhile
                 self.write(await asyncio.get_running_loop().run_in_executor(_log_pool(), read))
