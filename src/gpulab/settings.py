@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from functools import cached_property
 
-from traitlets import Bool, Dict, Enum, Float, Integer, List, Unicode
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from . import __version__
@@ -299,6 +299,22 @@ class GpulabSettings(Configurable):
     max_queued_jobs = Integer(
         1000, help="Most jobs one user may have queued or active at once (QUEUED counts)."
     ).tag(config=True)
+
+    max_job_workers = Integer(
+        16,
+        help="""Most workers (containers) one user's active jobs may have together: a
+        distributed job of more is refused at submission (400, field workers), one that would
+        take a user past it waits in the queue. Each worker has the per-job resource limits,
+        so this bounds what one user's jobs can hold (CPUs, memory, engine networks). A
+        one-worker job counts one. From 1 to 64.""",
+    ).tag(config=True)
+
+    @validate("max_job_workers")
+    def _check_max_job_workers(self, proposal):
+        value = proposal["value"]
+        if not 1 <= value <= 64:
+            raise TraitError(f"max_job_workers must be from 1 to 64, not {value}")
+        return value
 
     max_request_body = Integer(
         MAX_REQUEST_BODY,

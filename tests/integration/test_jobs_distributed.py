@@ -23,6 +23,7 @@ c.GpulabSettings.job_container_retention = 3600
 c.GpulabSettings.max_resources = {"cpus": 2, "memory": "4G", "gpus": 4}
 c.GpulabSettings.job_quota = {"gpus": 4, "jobs": 4}
 c.GpulabSettings.user_job_quotas = {"pia": {"gpus": 0, "jobs": 4}}
+c.GpulabSettings.max_job_workers = 4
 """
 ONE_GPU = {"gpus": 1, "cpus": 0.5, "memory": "1G"}
 
@@ -305,3 +306,22 @@ def test_a_preempted_gang_gives_every_gpu_back_and_waits_whole(hub, dora, docker
     assert pia.wait(gang_job["id"], {"RUNNING"}, timeout=60)["state"] == "RUNNING"
     assert pia.call("POST", f"/jobs/{gang_job['id']}/interrupt").status_code in (200, 202)
     assert pia.wait(gang_job["id"], timeout=60)["state"] == "INTERRUPTED"
+
+
+def test_one_users_workers_are_capped(hub):
+    """max_job_workers (4 here): a gang of more is refused; one that would take its owner
+    past it waits, saying why, and starts once the first ends."""
+    cy = Api(hub, "cy")
+    cpu = {"gpus": 0, "cpus": 0.2, "memory": "128M"}
+    r = cy.call("POST", "/jobs", json={"command": ["true"], "workers": 5, "resources": cpu})
+    assert r.status_code == 400 and r.json()["field"] == "workers", r.text
+    assert "at most 4 together" in r.json()["message"]
+    first = cy.submit(command=["sleep", "600"], workers=3, resources=cpu)
+    assert cy.wait(first["id"], {"RUNNING"}, timeout=60)["state"] == "RUNNING"
+    second = cy.submit(command=["true"], workers=2, resources=cpu)
+    time.sleep(2)
+    waiting = cy.job(second["id"])
+    assert waiting["state"] == "QUEUED", waiting
+    assert "3 workers running and this one needs 2; at most 4" in waiting["message"], waiting
+    assert cy.call("POST", f"/jobs/{first['id']}/interrupt").status_code in (200, 202)
+    assert cy.wait(second["id"], timeout=90)["state"] == "DONE"

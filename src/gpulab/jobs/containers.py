@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from ..faults import fault_point
 from ..gpus.inventory import device_id
@@ -21,6 +22,7 @@ from .git_sources import git_mounts
 from .spec import JobSpec
 from .spec_extras import job_path, port_env
 
+log = logging.getLogger(__name__)
 LOG_KEEP_BYTES = 10 * 1024 * 1024
 LOG_KEEP_LINES = 200_000  # asked of the engine: the tail, not the whole log
 
@@ -158,6 +160,15 @@ class JobContainer:
     async def remove_workload(self, name: str) -> None:
         await self.runtime.remove(name)
         fault_point("engine:remove")
+
+    async def release_network(self, job_id: str, gang: list[Rank]) -> None:
+        """A distributed job's workers ended: its own network goes (best effort: engines hold
+        few bridge networks; a resumed job makes its workers, and network, anew)."""
+        if len(gang) > 1:
+            try:
+                await self.runtime.remove_job_network(self.s.instance, job_id)
+            except Exception as e:  # the sweep of unused networks takes it later
+                log.warning("job %s: its network not removed yet: %s", job_id, e)
 
     async def remove_gang(self, gang: list[Rank]) -> None:
         for r in gang:

@@ -160,6 +160,7 @@ class JobLife(JobContainer):
         if d.step is Step.REQUEUE:
             await self.remove_gang(gang)  # a gang's start cut short leaves some ranks
             await self.gang_stopped(gang, 0)
+            await self.release_network(job_id, gang)
             await self.db(self.ledger.release, self.workload(job_id))
             await self.move(
                 job_id,
@@ -174,7 +175,9 @@ class JobLife(JobContainer):
         if d.step is Step.FINISH_PREEMPT:
             return await self.finish_preempt(job_id, spec, gang)
         if d.step is Step.START:
-            await self._start_again(gang, only_stopped=True)
+            if len(gang) > 1:  # a gang restarts whole: no rank may stay in the earlier run
+                await self.gang_stopped(gang, self.s.preemption_grace)
+            await self._start_again(gang)
             await self.move(
                 job_id, J.RUNNING, expect=state, reason="RESTARTED", message=f"restarted ({why})"
             )
@@ -337,12 +340,8 @@ class JobLife(JobContainer):
             return _Ended(0, "exit code 0")
         return None
 
-    async def _start_again(self, gang: list[Rank], only_stopped: bool = False) -> None:
+    async def _start_again(self, gang: list[Rank]) -> None:
         for r in gang:
-            if only_stopped:
-                found = await self.runtime.state(r.name)
-                if found is not None and found.running:
-                    continue
             await self.runtime.start_again(r.name)
             fault_point("engine:start")
 
@@ -426,6 +425,7 @@ class JobLife(JobContainer):
         why = f"its node was lost ({error})" if error else "its node was lost"
         await self.remove_gang(gang)  # every worker: the job restarts whole, elsewhere
         await self.gang_stopped(gang, 0)
+        await self.release_network(job_id, gang)
         await self.db(self.ledger.release, self.workload(job_id))
         n = job["restarts"] + 1
         if job["restarts"] >= spec.retries:
@@ -454,6 +454,7 @@ class JobLife(JobContainer):
         fault_point("engine:push")
         await self.remove_gang(gang)
         await self.gang_stopped(gang, 0)
+        await self.release_network(job_id, gang)
         await self.db(self.ledger.release, self.workload(job_id))
         try:
             await self.move(
@@ -507,6 +508,7 @@ class JobLife(JobContainer):
             state = J.FINALIZING
         await self.db(self.ledger.release, self.workload(job_id))
         await self.save_logs(job_id, gang)
+        await self.release_network(job_id, gang)
         extra = ""
         if state is J.FINALIZING:
             spec = JobSpec.from_json(job["spec"])

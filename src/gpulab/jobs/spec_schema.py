@@ -358,6 +358,7 @@ def job_spec_schema(
     secret_names: Iterable[str] | None = (),
     git: bool = True,
     gang_slots: Mapping[int, int] | None = None,
+    max_workers: int = MAX_WORKERS,
 ) -> dict[str, Any]:
     """:data:`JOB_SPEC_SCHEMA` narrowed to what this deployment accepts from one caller: the
     catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
@@ -503,6 +504,7 @@ def job_spec_schema(
         {"anyOf": sized},
         {"anyOf": _gangs(flavors, gpus_any, quota_gpus, quota_jobs, gang_slots or {})},
     ]
+    props["workers"]["maximum"] = max(1, min(MAX_WORKERS, max_workers))
     return schema
 
 
@@ -518,8 +520,6 @@ def _gangs(
     of ``g`` GPUs the nodes hold at once) and, unless preemptible, ``quota_gpus // g``."""
     one = {"properties": {"workers": {"enum": [1, None]}}}
     out: list[dict[str, Any]] = [one]
-    if quota_jobs == 0:
-        return [one, {"properties": {"preemptible": {"const": True}}, "required": ["preemptible"]}]
     for g in range(gpus_any + 1):
         ways = [
             {
@@ -563,6 +563,8 @@ def _gangs(
             ways.append({"allOf": [absent, {"properties": {"flavor": {"enum": _NOTHING}}}]})
         most = MAX_WORKERS if g == 0 else min(MAX_WORKERS, slots.get(g, 0))
         in_quota = most if g == 0 or quota_gpus is None else min(most, quota_gpus // g)
+        if quota_jobs == 0:  # nothing runs in quota: only preemptible jobs are accepted
+            in_quota = 0
         kinds = [({"enum": [False, None]}, in_quota), ({"const": True}, most)]
         if in_quota == most:
             kinds = [(None, most)]

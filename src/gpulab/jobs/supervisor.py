@@ -211,11 +211,25 @@ class JobSupervisor(JobLife):
         jobs = await self.db(self.records.active_and_queued)
         self._adopt([j for j in jobs if j["state"] != J.QUEUED.value])
         queued, active = [], []
+        cap = self.s.max_job_workers
+        running: dict[str, int] = {}  # workers of each owner's active jobs
+        for j in jobs:
+            if j["state"] not in (J.QUEUED.value, J.FINALIZING.value):
+                n = int(j["spec"].get("workers") or 1)
+                running[j["owner"]] = running.get(j["owner"], 0) + n
         for j in jobs:
             spec = j["spec"]
             gpus = int(spec["resources"]["gpus"]) * int(spec.get("workers") or 1)
             groups = frozenset(j["groups"])
             if j["state"] == J.QUEUED.value:
+                n = int(spec.get("workers") or 1)
+                if running.get(j["owner"], 0) + n > cap:  # waits for its own to end
+                    await self._say(
+                        j["id"],
+                        f"waiting: your jobs have {running.get(j['owner'], 0)} workers running "
+                        f"and this one needs {n}; at most {cap} run at once",
+                    )
+                    continue
                 queued.append(
                     QueuedJob(
                         j["id"],
@@ -275,10 +289,13 @@ class JobSupervisor(JobLife):
         for placement in p.start:
             job_id = placement.job_id
             owner, groups = owners[job_id]
-            # in quota: checked again atomically, as a notebook may take GPUs meanwhile
-            quota = None if placement.over_quota else self.s.gpu_quota_for(owner, groups)
             spec = specs[job_id]
             workers = int(spec.get("workers") or 1)
+            if running.get(owner, 0) + workers > cap:  # two of one owner's in one plan
+                continue
+            running[owner] = running.get(owner, 0) + workers
+            # in quota: checked again atomically, as a notebook may take GPUs meanwhile
+            quota = None if placement.over_quota else self.s.gpu_quota_for(owner, groups)
             try:
                 per_rank = await self.db(
                     self.ledger.reserve_gang,
@@ -360,9 +377,13 @@ class JobSupervisor(JobLife):
                 )
             else:
                 msg = f"waiting for {job.gpus} GPU(s): {len(free)} of {total} free"
-            if self._waiting.get(job.id) != msg:
-                self._waiting[job.id] = msg
-                await self.db(self.records.set_waiting, job.id, msg)
+            await self._say(job.id, msg)
+
+    async def _say(self, job_id: str, msg: str) -> None:
+        """A queued job's waiting message, written only when it changes."""
+        if self._waiting.get(job_id) != msg:
+            self._waiting[job_id] = msg
+            await self.db(self.records.set_waiting, job_id, msg)
         if len(self._waiting) > 10_000:
             self._waiting.clear()
 

@@ -170,6 +170,7 @@ class OpenAPIHandler(BaseHandler):
             secret_names=secret_names,
             git=s.job_git_sources,
             gang_slots=supervisor.ledger.gang_slots() if supervisor else {},
+            max_workers=s.max_job_workers,
         )
         self.write_json(document(submission))
 

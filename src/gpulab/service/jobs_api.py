@@ -169,6 +169,13 @@ class JobsHandler(JobsBase):
         quota = s.quota_for(user, groups)
         # a gang's size is checked against every node by the ledger; its sum against the quota
         fits_on = host_gpus if spec.workers == 1 else spec.total_gpus
+        if spec.workers > s.max_job_workers:
+            raise ApiError(
+                400,
+                f"{spec.workers} workers requested but one user's jobs may have at most "
+                f"{s.max_job_workers} together",
+                field="workers",
+            )
         why = self.supervisor.ledger.gang_refusal(spec.resources.gpus, spec.workers)
         why = why or can_ever_fit(spec.total_gpus, fits_on, quota, spec.preemptible, gpu_home)
         if why and spec.workers > 1 and not why.startswith(f"{spec.workers} workers"):
@@ -212,7 +219,9 @@ class JobHandler(JobsBase):
         except InvalidTransition as e:
             raise ApiError(409, f"job {job_id} changed meanwhile: {e}") from None
         await sup.remove_from_engine(job_id, job["spec"], job.get("node") or "")
-        await sup.prune_networks()  # a distributed job's own network, its owner's if unused
+        if int(job["spec"].get("workers") or 1) > 1:  # its own network, if still there
+            with contextlib.suppress(Exception):
+                await sup.runtime.remove_job_network(sup.s.instance, job_id)
         for path in sup.saved_logs(job_id):
             path.unlink(missing_ok=True)
         self.set_status(204)
@@ -387,6 +396,16 @@ class JobLogsHandler(JobsBase):
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         names = [rank_name(sup.container_name(job_id), r) for r in range(workers)]
         found = await asyncio.gather(*(sup.runtime.state(n) for n in names))
+        waiting = {J.QUEUED.value, J.INITIALIZING.value, J.PENDING.value}
+        while follow and any(f is None for f in found):
+            # following a gang that has not started yet: wait for all its workers (or its end)
+            if self._client_gone:
+                return None
+            job = await asyncio.to_thread(self.jobs.get, job_id, False)
+            if job is None or job["state"] not in waiting:
+                break
+            await asyncio.sleep(0.5)
+            found = await asyncio.gather(*(sup.runtime.state(n) for n in names))
         if any(f is None for f in found):  # gone (or not started): what was saved
             path = sup.log_file(job_id)
             if path.exists():
