@@ -133,6 +133,8 @@ def test_two_workers_all_reduce_over_their_own_network(hub, dora, docker_client)
         assert c.attrs["Config"]["User"] == "1000:100"
     (net,) = nets
     assert net == f"{hub.instance}-job-{job['id']}"
+    # the job ended: its network is gone (the engine holds few bridges)
+    assert [n.name for n in docker_client.networks.list(names=[net]) if n.name == net] == []
     # the events say it ran in 2 workers
     assert any("2 workers" in e["message"] for e in done["history"]), done["history"]
 

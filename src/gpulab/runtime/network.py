@@ -145,9 +145,10 @@ def prune_job_networks(
 
 
 def remove_job_network(client, instance: str, job_id: str) -> None:
-    """A distributed job ended: its stopped workers leave its network, which goes (blocking).
-    It is not needed again: a resumed job's workers are made anew, with a new network. The
-    engine's bridge pool is small (about 30): one per running gang, none per ended one."""
+    """A distributed job ended: its network goes (blocking). The engine lets a network go once
+    no running container is on it; the stopped workers keep a stale reference, which nothing
+    uses (a resumed job's workers are made anew, with a new network). The engine's bridge
+    pool is small (about 30): one per running gang, none per ended one."""
     for name in (job_network_name(instance, job_id),):
         for n in _named(client, name):
             if (n.get("Labels") or {}).get(L_INSTANCE) != instance:
