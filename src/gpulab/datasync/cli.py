@@ -107,6 +107,20 @@ def _parser() -> argparse.ArgumentParser:
         "cache, where the file system allows; 0: never (default "
         f"{(defaults.direct_io_min_size or 0) // MiB})",
     )
+    p.add_argument(
+        "--transport",
+        choices=("direct", "boto3"),
+        default="direct" if defaults.direct_requests else "boto3",
+        help="how S3 requests are sent: direct (gpulab's signed urllib3 requests for "
+        "listings and single-request objects, the rest through boto3) or boto3 (every "
+        "request through boto3/s3transfer)",
+    )
+    p.add_argument(
+        "--no-head-start",
+        action="store_true",
+        help="pull, direct transport: do not ask for the first listing page while the "
+        "program loads (for measurements)",
+    )
     p.add_argument("--connect-timeout", type=float, default=5.0)
     p.add_argument("--read-timeout", type=float, default=60.0)
     return p
@@ -152,9 +166,15 @@ def _remote(args: argparse.Namespace) -> Remote:
         multipart_threshold=args.multipart_threshold_mib * MiB,
         multipart_chunksize=args.multipart_chunksize_mib * MiB,
         direct_io_min_size=args.direct_io_min_mib * MiB or None,
+        direct_requests=args.transport == "direct",
     )
     first_page = None
-    if args.operation == "pull" and endpoint and settings.direct_requests:
+    if (
+        args.operation == "pull"
+        and endpoint
+        and settings.direct_requests
+        and not args.no_head_start
+    ):
         first_page = FirstPage(
             endpoint,
             args.bucket,
