@@ -18,6 +18,12 @@ data = Path(os.environ.get("GPULAB_DATA_DIR", here / "data")).resolve()
 data.mkdir(parents=True, exist_ok=True)
 os.chdir(data)  # hub db, cookie secret and proxy pid live here
 
+# in the hub, gpulab's log lines (a notebook's state changes: logger gpulab.state) go to the
+# hub's own log; the service (which reads this file too) keeps its own
+from gpulab.statelog import follow_hub_log  # noqa: E402
+
+follow_hub_log()
+
 
 def _docker_bridge_gateway() -> str:
     """Notebook containers reach the hub at the bridge gateway (172.17.0.1 by default)."""

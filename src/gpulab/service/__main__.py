@@ -22,6 +22,7 @@ from ..metrics import StateCollector
 from ..notebooks import NotebookRecords
 from ..runtime import make_runtime
 from ..settings import GpulabSettings
+from ..statelog import json_formatter, register_sensitive
 from .app import make_app
 from .config import load_config
 from .hub import HubClient
@@ -60,6 +61,10 @@ async def main(argv: list[str] | None = None) -> None:
         level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s"
     )
     settings = GpulabSettings(config=load_config(args.config))
+    if settings.log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(json_formatter())
+    register_sensitive([os.environ.get("JUPYTERHUB_API_TOKEN")])
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     data_dir = Path(os.environ.get("GPULAB_DATA_DIR", "."))
     supervisor = JobSupervisor(
