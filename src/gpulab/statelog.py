@@ -2,6 +2,9 @@
 made it (``JobRecords.transition``, ``NotebookRecords`` and their creations), once committed.
 
     job j3f2a1b2c3d4e owner=alice QUEUED->INITIALIZING reason=SCHEDULED message="placed on ..."
+    notebook alice/train1 owner=alice -->STARTING reason=SPAWN message="python 3.11 ..."
+
+(``-`` is the state before a record existed; a default server is ``USER/_default``.)
 
 Logger ``gpulab.state``, level INFO. The same facts ride on the record as fields (``extra``:
 ``workload``, ``workload_id``, ``owner``, ``old_state``, ``state``, ``reason``, ``detail``,
