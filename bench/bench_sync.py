@@ -11,12 +11,14 @@ ThreadedMotoServer) runs in its own process so that neither side steals the othe
 with ``--pin-server`` it runs on a CPU of its own and the clients (raw or tools) on the
 others, as a store and its clients would on separate machines.
 
-Everything is measured ``--repeat`` times (default 3), the tools taking turns in each round,
-and the medians are printed (the best for the ceiling): single runs on a small virtual
-machine vary by a factor of two.
+Everything is measured ``--repeat`` times (default 3), the tools taking turns in each round
+(which goes first rotates), and the medians are printed (the best for the ceiling): single
+runs on a small virtual machine vary by a factor of two. ``--tools gpulab,gpulab-boto3``
+compares the engine with its S3 requests sent by gpulab's own transport and by boto3 alone
+(paired by round; see bench/README.md).
 
     .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 32] [--repeat 3]
-                                         [--pin-server]
+                                         [--pin-server] [--tools ...] [--no-ceiling]
 """
 
 from __future__ import annotations
@@ -237,18 +239,16 @@ def measure_listing(endpoint: str, bucket: str) -> float:
     return min(times)
 
 
-def measure_raw_download(
-    endpoint: str, bucket: str, keys: list[str], dest: Path, *, direct: bool
-) -> float:
-    """Raw signed GETs of ``keys`` written to files (nothing hashed), one thread each,
-    through the page cache or with O_DIRECT as gpulab writes large files: the disk's share."""
+def measure_raw_download(endpoint: str, bucket: str, keys: list[str], dest: Path) -> float:
+    """Raw signed GETs of ``keys`` written to files (nothing hashed), one thread each: the
+    disk's share."""
     from gpulab.datasync.s3_direct import receive_file
 
     raw = RawSigned(endpoint, bucket, len(keys))
     dest.mkdir(parents=True, exist_ok=True)
 
     def fetch(key: str) -> None:
-        receive_file(raw.d.get(key), dest / key, lambda piece: None, direct=direct)
+        receive_file(raw.d.get(key), dest / key, lambda piece: None)
 
     elapsed = timed(fetch, keys, len(keys))
     shutil.rmtree(dest)
@@ -317,25 +317,10 @@ class Gpulab(Tool):
 
 class GpulabLibrary(Gpulab):
     """The same engine (planning, manifest, hashing, verification) with every S3 request
-    sent by boto3/s3transfer: no signed urllib3 requests, no first-page head start, no
-    O_DIRECT writes."""
+    sent by boto3/s3transfer instead of gpulab's signed urllib3 requests."""
 
     name = "gpulab boto3"
     transport = "boto3"
-
-
-class GpulabNoHeadStart(Gpulab):
-    """The engine as shipped, without its first-page head start (pulls)."""
-
-    name = "gpulab no-head"
-    extra_args = ("--no-head-start",)
-
-
-class GpulabNoDirectIO(Gpulab):
-    """The engine as shipped, writing large downloads through the page cache."""
-
-    name = "gpulab no-odirect"
-    extra_args = ("--direct-io-min-mib", "0")
 
 
 class AwsCli(Tool):
@@ -418,16 +403,13 @@ def main() -> int:
         "--tools",
         default="gpulab,aws,rclone",
         help="comma-separated tools to run, among gpulab (the engine as shipped), "
-        "gpulab-boto3 (the same engine on boto3/s3transfer only), gpulab-no-head (without "
-        "the first-page head start), gpulab-no-odirect (without O_DIRECT writes), aws, rclone",
+        "gpulab-boto3 (the same engine on boto3/s3transfer only), aws, rclone",
     )
     ap.add_argument("--no-ceiling", action="store_true", help="skip the raw clients' ceiling")
     args = ap.parse_args()
     by_name: dict[str, type[Tool]] = {
         "gpulab": Gpulab,
         "gpulab-boto3": GpulabLibrary,
-        "gpulab-no-head": GpulabNoHeadStart,
-        "gpulab-no-odirect": GpulabNoDirectIO,
         "aws": AwsCli,
         "rclone": Rclone,
     }
@@ -469,7 +451,7 @@ def main() -> int:
         cpu: dict[str, dict[str, list[float]]] = {}
         engine_s: dict[str, list[float]] = {"unchanged push": [], "unchanged pull": []}
         listing_s: list[float] = []
-        raw_to_disk_s: dict[str, list[float]] = {"page cache": [], "O_DIRECT": []}
+        raw_to_disk_s: list[float] = []
         ceiling: Ceiling | None = None
         raw = client(endpoint)
         for rnd in range(1, args.repeat + 1):
@@ -503,16 +485,9 @@ def main() -> int:
                 listing_s.append(measure_listing(endpoint, b_small))
                 if type(tool) is Gpulab and not args.no_ceiling:
                     keys = [f"big{i}.bin" for i in range(4)]
-                    for how, times_s in raw_to_disk_s.items():
-                        times_s.append(
-                            measure_raw_download(
-                                endpoint,
-                                b_large,
-                                keys,
-                                tmp / "raw-to-disk",
-                                direct=how == "O_DIRECT",
-                            )
-                        )
+                    raw_to_disk_s.append(
+                        measure_raw_download(endpoint, b_large, keys, tmp / "raw-to-disk")
+                    )
                 empty_bucket(raw, b_small)
                 empty_bucket(raw, b_large)
                 shutil.rmtree(out_small)
@@ -545,24 +520,25 @@ def main() -> int:
 
         print()
         others = [t for t in results if t != "gpulab-sync"]
+        width = {t: max(14, len(t) + 2) for t in results}
         head = f"{'scenario':<16}{'ceiling':>9}"
         for t in results:
-            head += f"{t:>14}"
+            head += f"{t:>{width[t]}}"
         head += f"{'gpulab share':>14}{'best share':>12}"
-        head += "".join(f"{'x vs ' + t:>18}" for t in others)
+        head += "".join(f"{'x vs ' + t:>{width[t] + 5}}" for t in others)
         print(head)
         for scenario in results["gpulab-sync"]:
             line = f"{scenario:<16}"
             line += f"{ideal[scenario]:>8.2f}s" if scenario in ideal else f"{'-':>9}"
             for t in results:
-                line += f"{results[t][scenario]:>13.2f}s"
+                line += f"{results[t][scenario]:>{width[t] - 1}.2f}s"
             g = results["gpulab-sync"][scenario]
             share = f"{ideal[scenario] / g:.0%}" if scenario in ideal else "-"
             gb = bests["gpulab-sync"][scenario]
             best_share = f"{ideal[scenario] / gb:.0%}" if scenario in ideal else "-"
             line += f"{share:>14}{best_share:>12}"
             for t in others:
-                line += f"{results[t][scenario] / g:>17.2f}x"
+                line += f"{results[t][scenario] / g:>{width[t] + 4}.2f}x"
             print(line)
         print()
         print(
@@ -579,9 +555,8 @@ def main() -> int:
                 continue
             other = times[variant.name]
             print(
-                f"gpulab-sync as shipped against {variant.name}: {variant.name}'s time / "
-                "gpulab-sync's, paired by round (median, then each round; >= 1.3 keeps "
-                "the piece that differs)"
+                f"gpulab-sync against {variant.name}: {variant.name}'s time / "
+                "gpulab-sync's, paired by round (median, then each round)"
             )
             for scenario in hand:
                 per_round = [b / a for a, b in zip(hand[scenario], other[scenario], strict=True)]
@@ -590,15 +565,13 @@ def main() -> int:
                     + " ".join(f"{r:.2f}" for r in per_round)
                 )
         print(
-            "gpulab engine time (from its report, without process start-up; a pull's first "
-            "listing page is asked for during start-up): "
+            "gpulab engine time (from its report, without process start-up): "
             + ", ".join(f"{k} {statistics.median(v):.3f}s" for k, v in engine_s.items())
         )
-        if raw_to_disk_s["page cache"]:
+        if raw_to_disk_s:
             print(
                 "raw signed GETs of the 4 large objects written to files, nothing hashed: "
-                + ", ".join(f"{k} {statistics.median(v):.2f}s" for k, v in raw_to_disk_s.items())
-                + " (the ceiling keeps them in memory)"
+                f"{statistics.median(raw_to_disk_s):.2f}s (the ceiling keeps them in memory)"
             )
         print("client CPU (user + system, median), per object for (a), per GiB for (b):")
         for t, per in cpu.items():
