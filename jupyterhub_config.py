@@ -91,6 +91,10 @@ c.Authenticator.allow_all = True
 # --- notebooks -------------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpulab"
 c.GpulabSettings.database_url = f"sqlite:///{data / 'gpulab.sqlite'}"
+# the sync helper's image: GPULAB_SYNC_IMAGE, as scripts/build-images.sh names it (default
+# gpulab/sync:VERSION)
+if os.environ.get("GPULAB_SYNC_IMAGE"):
+    c.GpulabSettings.sync_image = os.environ["GPULAB_SYNC_IMAGE"]
 # Users' secrets are encrypted at rest with this Fernet key (generated once, mode 0600). Keep a
 # copy apart from the database's backups: without it the secrets cannot be decrypted.
 _key_file = data / "secrets.key"
@@ -140,6 +144,7 @@ c.JupyterHub.services = [
         # needs nothing
         "environment": {
             "GPULAB_DATA_DIR": str(data),
+            **{k: os.environ[k] for k in ("GPULAB_SYNC_IMAGE",) if os.environ.get(k)},
             **{
                 name: os.environ[name]
                 for name in filter(None, os.environ.get("GPULAB_SERVICE_ENV", "").split(","))
