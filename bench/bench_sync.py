@@ -323,14 +323,6 @@ class GpulabLibrary(Gpulab):
     transport = "boto3"
 
 
-class GpulabObstore(Gpulab):
-    """The same engine with its direct requests sent by obstore (experimental; obstore on
-    the PYTHONPATH)."""
-
-    name = "gpulab obstore"
-    transport = "obstore"
-
-
 class AwsCli(Tool):
     name = "aws s3 sync"
 
@@ -411,15 +403,13 @@ def main() -> int:
         "--tools",
         default="gpulab,aws,rclone",
         help="comma-separated tools to run, among gpulab (the engine as shipped), "
-        "gpulab-boto3 (the same engine on boto3/s3transfer only), gpulab-obstore (its direct "
-        "requests sent by obstore instead), aws, rclone",
+        "gpulab-boto3 (the same engine on boto3/s3transfer only), aws, rclone",
     )
     ap.add_argument("--no-ceiling", action="store_true", help="skip the raw clients' ceiling")
     args = ap.parse_args()
     by_name: dict[str, type[Tool]] = {
         "gpulab": Gpulab,
         "gpulab-boto3": GpulabLibrary,
-        "gpulab-obstore": GpulabObstore,
         "aws": AwsCli,
         "rclone": Rclone,
     }

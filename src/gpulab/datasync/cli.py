@@ -99,12 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--transport",
-        choices=("direct", "boto3", "obstore"),
+        choices=("direct", "boto3"),
         default="direct" if defaults.direct_requests else "boto3",
         help="how S3 requests are sent: direct (gpulab's signed urllib3 requests for "
         "listings and single-request objects, the rest through boto3) or boto3 (every "
-        "request through boto3/s3transfer) or obstore (experimental: the direct requests "
-        "sent by obstore, which must be installed)",
+        "request through boto3/s3transfer)",
     )
     p.add_argument("--connect-timeout", type=float, default=5.0)
     p.add_argument("--read-timeout", type=float, default=60.0)
@@ -149,7 +148,6 @@ def _remote(args: argparse.Namespace) -> Remote:
         multipart_threshold=args.multipart_threshold_mib * MiB,
         multipart_chunksize=args.multipart_chunksize_mib * MiB,
         direct_requests=args.transport == "direct",
-        obstore_requests=args.transport == "obstore",
     )
     from .s3 import S3Remote
 

@@ -110,21 +110,7 @@ class S3Remote:
         #: the server answered a PUT with the SHA-256 it verified (see :meth:`digest`)
         self.server_verifies_sha256 = False
         self.direct: DirectS3 | None = None
-        self.obstore: Any = None
-        if endpoint_url and s.obstore_requests and s.addressing_style != "virtual":
-            from .s3_obstore import ObstoreS3
-
-            self.obstore = ObstoreS3(
-                endpoint_url,
-                bucket,
-                region=region,
-                credentials=credentials,
-                max_attempts=s.max_attempts,
-                connect_timeout=s.connect_timeout,
-                read_timeout=s.read_timeout,
-                pool_size=s.max_pool_connections,
-            )
-        elif endpoint_url and s.direct_requests and s.addressing_style != "virtual":
+        if endpoint_url and s.direct_requests and s.addressing_style != "virtual":
             self.direct = DirectS3(
                 endpoint_url,
                 bucket,
@@ -202,10 +188,7 @@ class S3Remote:
 
     def ensure_bucket(self) -> bool:
         with _translated(f"bucket {self.bucket}"):
-            if self.obstore is not None:
-                if self.obstore.bucket_exists():
-                    return False
-            elif self.direct is not None:
+            if self.direct is not None:
                 if self.direct.bucket_exists():
                     return False
             else:
@@ -227,11 +210,6 @@ class S3Remote:
             return True
 
     def list(self, prefix: str, *, markers: bool = False) -> Iterator[RemoteObject]:
-        if self.obstore is not None:
-            for obj in self.obstore.list(prefix):
-                if markers or not obj.key.endswith("/"):
-                    yield obj
-            return
         if self.direct is not None:
             for obj in self.direct.list(prefix, page_size=self.settings.list_page_size):
                 if markers or not obj.key.endswith("/"):
@@ -260,10 +238,6 @@ class S3Remote:
         with _translated(f"get {obj.key}"):
             if obj.size >= self.settings.multipart_threshold:
                 return self._download_ranged(obj.key, dest)
-            if self.obstore is not None:
-                got = self._download_obstore(obj.key, dest, fd)
-                if got is not None:
-                    return got
             if self.direct is not None:
                 got = self._download_direct(obj.key, dest, fd)
                 if got is not None:
@@ -308,28 +282,6 @@ class S3Remote:
             raise IntegrityError(f"truncated: received {digest.size} of {info.size} bytes")
         self._verify_download(digest, info.etag, info.as_response(), streamed=False)
         return Transferred(key, digest.size, info.etag, digest.sha256)
-
-    def _download_obstore(self, key: str, dest: Path, fd: int | None) -> Transferred | None:
-        """One GET through :attr:`obstore`, hashed as it is written; None: use botocore."""
-        answer = self.obstore.get(key)
-        hasher = self._hasher_for(key, answer.etag, answer.as_response(), streamed=False)
-        if hasher is None:
-            return None
-        try:
-            with open_target(dest, fd) as f:
-                for chunk in answer.result.stream(min_chunk_size=_CHUNK):
-                    view = memoryview(chunk)
-                    f.write(view)
-                    hasher.update(view)
-        except OSError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - obstore's errors while streaming
-            raise IntegrityError(f"truncated, response body cut short ({exc})") from exc
-        digest = hasher.digest()
-        if digest.size != answer.size:
-            raise IntegrityError(f"truncated: received {digest.size} of {answer.size} bytes")
-        self._verify_download(digest, answer.etag, answer.as_response(), streamed=False)
-        return Transferred(key, digest.size, answer.etag, digest.sha256)
 
     def _download_single(self, key: str, dest: Path, fd: int | None) -> Transferred:
         """One GET; the body is hashed as it is written (no second pass over the file)."""
@@ -431,10 +383,6 @@ class S3Remote:
         with _translated(f"put {key}"):
             part_size = self.part_size_for(digest.size)
             if part_size is None:
-                if self.obstore is not None:
-                    etag = self.obstore.put(key, src, metadata)
-                    self._verify_upload(src, digest, etag, None)
-                    return Transferred(key, digest.size, etag, digest.sha256)
                 if self.direct is not None:
                     return self._upload_direct(key, src, digest)
                 return self._upload_single(key, src, digest, metadata)

@@ -31,9 +31,6 @@ class S3Settings:
     #: (see :mod:`.s3_direct`); False: every request through boto3/s3transfer. Measured in
     #: bench/README.md: 1.4-2x faster on small, unchanged and large syncs against moto
     direct_requests: bool = True
-    #: experimental, for measurements: the same requests sent by obstore instead (see
-    #: :mod:`.s3_obstore`; obstore must be installed)
-    obstore_requests: bool = False
     #: keys asked for per listing page (direct requests). S3 returns at most 1,000 whatever
     #: is asked; servers that allow more (moto) list a large prefix faster in fewer pages
     #: (5,000 keys on moto: 0.60 s in one page against 0.68 s in five)
