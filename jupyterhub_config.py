@@ -18,6 +18,12 @@ data = Path(os.environ.get("GPULAB_DATA_DIR", here / "data")).resolve()
 data.mkdir(parents=True, exist_ok=True)
 os.chdir(data)  # hub db, cookie secret and proxy pid live here
 
+# in the hub, gpulab's log lines (a notebook's state changes: logger gpulab.state) go to the
+# hub's own log; the service (which reads this file too) keeps its own
+from gpulab.statelog import follow_hub_log  # noqa: E402
+
+follow_hub_log()
+
 
 def _docker_bridge_gateway() -> str:
     """Notebook containers reach the hub at the bridge gateway (172.17.0.1 by default)."""
@@ -90,6 +96,10 @@ c.Authenticator.allow_all = True
 # --- notebooks -------------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpulab"
 c.GpulabSettings.database_url = f"sqlite:///{data / 'gpulab.sqlite'}"
+# the sync helper's image: GPULAB_SYNC_IMAGE, as scripts/build-images.sh names it (default
+# gpulab/sync:VERSION)
+if os.environ.get("GPULAB_SYNC_IMAGE"):
+    c.GpulabSettings.sync_image = os.environ["GPULAB_SYNC_IMAGE"]
 # Users' secrets are encrypted at rest with this Fernet key (generated once, mode 0600). Keep a
 # copy apart from the database's backups: without it the secrets cannot be decrypted.
 _key_file = data / "secrets.key"
@@ -155,6 +165,7 @@ c.JupyterHub.services = [
         # needs nothing
         "environment": {
             "GPULAB_DATA_DIR": str(data),
+            **{k: os.environ[k] for k in ("GPULAB_SYNC_IMAGE",) if os.environ.get(k)},
             **{
                 name: os.environ[name]
                 for name in filter(None, os.environ.get("GPULAB_SERVICE_ENV", "").split(","))

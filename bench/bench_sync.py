@@ -11,12 +11,14 @@ ThreadedMotoServer) runs in its own process so that neither side steals the othe
 with ``--pin-server`` it runs on a CPU of its own and the clients (raw or tools) on the
 others, as a store and its clients would on separate machines.
 
-Everything is measured ``--repeat`` times (default 3), the tools taking turns in each round,
-and the medians are printed (the best for the ceiling): single runs on a small virtual
-machine vary by a factor of two.
+Everything is measured ``--repeat`` times (default 3), the tools taking turns in each round
+(which goes first rotates), and the medians are printed (the best for the ceiling): single
+runs on a small virtual machine vary by a factor of two. ``--tools gpulab,gpulab-boto3``
+compares the engine with its S3 requests sent by gpulab's own transport and by boto3 alone
+(paired by round; see bench/README.md).
 
     .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 32] [--repeat 3]
-                                         [--pin-server]
+                                         [--pin-server] [--tools ...] [--no-ceiling]
 """
 
 from __future__ import annotations
@@ -237,18 +239,16 @@ def measure_listing(endpoint: str, bucket: str) -> float:
     return min(times)
 
 
-def measure_raw_download(
-    endpoint: str, bucket: str, keys: list[str], dest: Path, *, direct: bool
-) -> float:
-    """Raw signed GETs of ``keys`` written to files (nothing hashed), one thread each,
-    through the page cache or with O_DIRECT as gpulab writes large files: the disk's share."""
+def measure_raw_download(endpoint: str, bucket: str, keys: list[str], dest: Path) -> float:
+    """Raw signed GETs of ``keys`` written to files (nothing hashed), one thread each: the
+    disk's share."""
     from gpulab.datasync.s3_direct import receive_file
 
     raw = RawSigned(endpoint, bucket, len(keys))
     dest.mkdir(parents=True, exist_ok=True)
 
     def fetch(key: str) -> None:
-        receive_file(raw.d.get(key), dest / key, lambda piece: None, direct=direct)
+        receive_file(raw.d.get(key), dest / key, lambda piece: None)
 
     elapsed = timed(fetch, keys, len(keys))
     shutil.rmtree(dest)
@@ -293,12 +293,15 @@ class Tool:
 
 class Gpulab(Tool):
     name = "gpulab-sync"
+    transport = "direct"
+    extra_args: tuple[str, ...] = ()
     last_engine_s = 0.0
 
     def _run(self, op: str, local: Path, bucket: str) -> float:
         cmd = [str(BIN / "gpulab-sync"), op, "--store-endpoint", self.endpoint]
         cmd += ["--bucket", bucket, "--local", str(local), "--workers", str(self.workers)]
-        cmd += ["--json-progress", "--mode", "rw"]
+        cmd += ["--json-progress", "--mode", "rw", "--transport", self.transport]
+        cmd += self.extra_args
         elapsed, proc = run(cmd, self.env)
         report = json.loads(proc.stdout.strip().splitlines()[-1])
         assert report["ok"], report
@@ -310,6 +313,14 @@ class Gpulab(Tool):
 
     def pull(self, bucket: str, local: Path) -> float:
         return self._run("pull", local, bucket)
+
+
+class GpulabLibrary(Gpulab):
+    """The same engine (planning, manifest, hashing, verification) with every S3 request
+    sent by boto3/s3transfer instead of gpulab's signed urllib3 requests."""
+
+    name = "gpulab boto3"
+    transport = "boto3"
 
 
 class AwsCli(Tool):
@@ -388,7 +399,23 @@ def main() -> int:
         help="run the server on CPU 0 and the clients on the others, as on separate machines "
         "(default: they share every CPU)",
     )
+    ap.add_argument(
+        "--tools",
+        default="gpulab,aws,rclone",
+        help="comma-separated tools to run, among gpulab (the engine as shipped), "
+        "gpulab-boto3 (the same engine on boto3/s3transfer only), aws, rclone",
+    )
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the raw clients' ceiling")
     args = ap.parse_args()
+    by_name: dict[str, type[Tool]] = {
+        "gpulab": Gpulab,
+        "gpulab-boto3": GpulabLibrary,
+        "aws": AwsCli,
+        "rclone": Rclone,
+    }
+    wanted = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if "gpulab" not in wanted or any(t not in by_name for t in wanted):
+        ap.error(f"--tools: gpulab and any of {sorted(by_name)}")
     cpus = sorted(os.sched_getaffinity(0))
     pin = args.pin_server and len(cpus) >= 2
     server_cpus, client_cpus = ({cpus[0]}, set(cpus[1:])) if pin else (set(cpus), set(cpus))
@@ -416,21 +443,23 @@ def main() -> int:
             f"4 files / {large_bytes / MiB:.0f} MiB",
             flush=True,
         )
-        tools: list[type[Tool]] = [Gpulab, AwsCli]
-        if shutil.which("rclone"):
-            tools.append(Rclone)
-        else:
+        tools: list[type[Tool]] = [by_name[t] for t in wanted]
+        if Rclone in tools and not shutil.which("rclone"):
+            tools.remove(Rclone)
             print("rclone not installed: skipped")
         times: dict[str, dict[str, list[float]]] = {}
         cpu: dict[str, dict[str, list[float]]] = {}
         engine_s: dict[str, list[float]] = {"unchanged push": [], "unchanged pull": []}
         listing_s: list[float] = []
-        raw_to_disk_s: dict[str, list[float]] = {"page cache": [], "O_DIRECT": []}
+        raw_to_disk_s: list[float] = []
         ceiling: Ceiling | None = None
         raw = client(endpoint)
         for rnd in range(1, args.repeat + 1):
-            ceiling = measure_ceiling(endpoint, big_size, args.workers).best(ceiling)
-            for tool_cls in tools:
+            if not args.no_ceiling:
+                ceiling = measure_ceiling(endpoint, big_size, args.workers).best(ceiling)
+            # the tools take turns, and which goes first changes from round to round
+            shift = (rnd - 1) % len(tools)
+            for tool_cls in tools[shift:] + tools[:shift]:
                 tool = tool_cls(endpoint, args.workers, tmp)
                 r = times.setdefault(tool.name, {})
                 b_small = f"bench-{tool_cls.__name__.lower()}-s{rnd}"
@@ -447,25 +476,18 @@ def main() -> int:
                 for scenario, fn, fn_args in runs:
                     r.setdefault(scenario, []).append(fn(*fn_args))
                     cpu.setdefault(tool.name, {}).setdefault(scenario, []).append(last_cpu_s)
-                    if isinstance(tool, Gpulab) and scenario in engine_s:
+                    if type(tool) is Gpulab and scenario in engine_s:
                         engine_s[scenario].append(tool.last_engine_s)
                 n_out = sum(1 for p in out_small.rglob("*.bin"))
                 assert n_out == args.files, (tool.name, n_out)
                 for i in range(4):
                     assert (out_large / f"big{i}.bin").stat().st_size == big_size
                 listing_s.append(measure_listing(endpoint, b_small))
-                if isinstance(tool, Gpulab):
+                if type(tool) is Gpulab and not args.no_ceiling:
                     keys = [f"big{i}.bin" for i in range(4)]
-                    for how, times_s in raw_to_disk_s.items():
-                        times_s.append(
-                            measure_raw_download(
-                                endpoint,
-                                b_large,
-                                keys,
-                                tmp / "raw-to-disk",
-                                direct=how == "O_DIRECT",
-                            )
-                        )
+                    raw_to_disk_s.append(
+                        measure_raw_download(endpoint, b_large, keys, tmp / "raw-to-disk")
+                    )
                 empty_bucket(raw, b_small)
                 empty_bucket(raw, b_large)
                 shutil.rmtree(out_small)
@@ -475,47 +497,48 @@ def main() -> int:
                     + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in r.items()),
                     flush=True,
                 )
-        assert ceiling is not None
-        print(
-            f"ceiling (best of raw boto3 and raw signed urllib3, best of {args.repeat} rounds): "
-            f"{ceiling.put_per_s:.0f} PUT/s, {ceiling.get_per_s:.0f} GET/s (1-64 KiB, "
-            f"{args.workers} in flight); "
-            f"{ceiling.put_mb_s:.0f} MB/s PUT, {ceiling.get_mb_s:.0f} MB/s GET (4 x "
-            f"{big_size // MiB} MiB, as the large scenario); {ceiling.put_mb_s_16mib:.0f} MB/s "
-            f"PUT, {ceiling.get_mb_s_16mib:.0f} MB/s GET (32 x 16 MiB); listing "
-            f"{args.files} keys {min(listing_s):.2f}s",
-            flush=True,
-        )
-        ideal = {
-            "small push": args.files / ceiling.put_per_s,
-            "small pull": args.files / ceiling.get_per_s,
-            "unchanged pull": min(listing_s),
-            "large push": large_bytes / 1e6 / ceiling.put_mb_s,
-            "large pull": large_bytes / 1e6 / ceiling.get_mb_s,
-        }
+        print(f"listing {args.files} keys, best raw client: {min(listing_s):.2f}s", flush=True)
+        ideal: dict[str, float] = {"unchanged pull": min(listing_s)}
+        if ceiling is not None:
+            print(
+                f"ceiling (best of raw boto3 and raw signed urllib3, best of {args.repeat} "
+                f"rounds): {ceiling.put_per_s:.0f} PUT/s, {ceiling.get_per_s:.0f} GET/s (1-64 "
+                f"KiB, {args.workers} in flight); "
+                f"{ceiling.put_mb_s:.0f} MB/s PUT, {ceiling.get_mb_s:.0f} MB/s GET (4 x "
+                f"{big_size // MiB} MiB, as the large scenario); {ceiling.put_mb_s_16mib:.0f} "
+                f"MB/s PUT, {ceiling.get_mb_s_16mib:.0f} MB/s GET (32 x 16 MiB)",
+                flush=True,
+            )
+            ideal |= {
+                "small push": args.files / ceiling.put_per_s,
+                "small pull": args.files / ceiling.get_per_s,
+                "large push": large_bytes / 1e6 / ceiling.put_mb_s,
+                "large pull": large_bytes / 1e6 / ceiling.get_mb_s,
+            }
         results = {t: {k: statistics.median(v) for k, v in r.items()} for t, r in times.items()}
         bests = {t: {k: min(v) for k, v in r.items()} for t, r in times.items()}
 
         print()
         others = [t for t in results if t != "gpulab-sync"]
+        width = {t: max(14, len(t) + 2) for t in results}
         head = f"{'scenario':<16}{'ceiling':>9}"
         for t in results:
-            head += f"{t:>14}"
+            head += f"{t:>{width[t]}}"
         head += f"{'gpulab share':>14}{'best share':>12}"
-        head += "".join(f"{'x vs ' + t.split()[0]:>12}" for t in others)
+        head += "".join(f"{'x vs ' + t:>{width[t] + 5}}" for t in others)
         print(head)
         for scenario in results["gpulab-sync"]:
             line = f"{scenario:<16}"
             line += f"{ideal[scenario]:>8.2f}s" if scenario in ideal else f"{'-':>9}"
             for t in results:
-                line += f"{results[t][scenario]:>13.2f}s"
+                line += f"{results[t][scenario]:>{width[t] - 1}.2f}s"
             g = results["gpulab-sync"][scenario]
             share = f"{ideal[scenario] / g:.0%}" if scenario in ideal else "-"
             gb = bests["gpulab-sync"][scenario]
             best_share = f"{ideal[scenario] / gb:.0%}" if scenario in ideal else "-"
             line += f"{share:>14}{best_share:>12}"
             for t in others:
-                line += f"{results[t][scenario] / g:>11.2f}x"
+                line += f"{results[t][scenario] / g:>{width[t] + 4}.2f}x"
             print(line)
         print()
         print(
@@ -526,16 +549,30 @@ def main() -> int:
             "time / gpulab's (>1: gpulab faster). Times are wall clock of each CLI process "
             "(interpreter start-up included)."
         )
+        hand = times["gpulab-sync"]
+        for variant in tools:
+            if not issubclass(variant, Gpulab) or variant is Gpulab:
+                continue
+            other = times[variant.name]
+            print(
+                f"gpulab-sync against {variant.name}: {variant.name}'s time / "
+                "gpulab-sync's, paired by round (median, then each round)"
+            )
+            for scenario in hand:
+                per_round = [b / a for a, b in zip(hand[scenario], other[scenario], strict=True)]
+                print(
+                    f"  {scenario:<16} {statistics.median(per_round):.2f}x  rounds "
+                    + " ".join(f"{r:.2f}" for r in per_round)
+                )
         print(
-            "gpulab engine time (from its report, without process start-up; a pull's first "
-            "listing page is asked for during start-up): "
+            "gpulab engine time (from its report, without process start-up): "
             + ", ".join(f"{k} {statistics.median(v):.3f}s" for k, v in engine_s.items())
         )
-        print(
-            "raw signed GETs of the 4 large objects written to files, nothing hashed: "
-            + ", ".join(f"{k} {statistics.median(v):.2f}s" for k, v in raw_to_disk_s.items())
-            + " (the ceiling keeps them in memory)"
-        )
+        if raw_to_disk_s:
+            print(
+                "raw signed GETs of the 4 large objects written to files, nothing hashed: "
+                f"{statistics.median(raw_to_disk_s):.2f}s (the ceiling keeps them in memory)"
+            )
         print("client CPU (user + system, median), per object for (a), per GiB for (b):")
         for t, per in cpu.items():
             med = {k: statistics.median(v) for k, v in per.items()}
@@ -546,13 +583,14 @@ def main() -> int:
                 f"large push {med['large push'] / gib:.2f} s, "
                 f"large pull {med['large pull'] / gib:.2f} s"
             )
-        g = results["gpulab-sync"]
-        mb = large_bytes / 1e6
-        print(
-            "large scenario against the 16 MiB-object ceiling instead: push "
-            f"{mb / ceiling.put_mb_s_16mib / g['large push']:.0%}, pull "
-            f"{mb / ceiling.get_mb_s_16mib / g['large pull']:.0%}"
-        )
+        if ceiling is not None:
+            g = results["gpulab-sync"]
+            mb = large_bytes / 1e6
+            print(
+                "large scenario against the 16 MiB-object ceiling instead: push "
+                f"{mb / ceiling.put_mb_s_16mib / g['large push']:.0%}, pull "
+                f"{mb / ceiling.get_mb_s_16mib / g['large pull']:.0%}"
+            )
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -10,6 +10,7 @@ from sqlalchemy.orm import selectinload
 from .db import Database, Notebook, NotebookEvent
 from .lifecycle import InvalidTransition, NotebookState, check_notebook_transition, utcnow
 from .resources import Limits, Resources, format_memory, parse_memory
+from .statelog import state_change
 
 S = NotebookState
 #: notebook states in which a notebook's container may hold CPUs, memory and GPUs
@@ -83,6 +84,13 @@ def notebook_json(nb: Notebook) -> dict:
     }
 
 
+def _logged(user: str, server: str, changes) -> None:
+    """Log committed changes: (old state value or None, new state, reason, message, exit code)."""
+    for old, new, reason, message, exit_code in changes:
+        notebook = f"{user}/{server or '_default'}"
+        state_change("notebook", notebook, user, old, new.value, reason, message, exit_code)
+
+
 class NotebookRecords:
     """Reads and writes notebook states for one gpulab instance."""
 
@@ -122,9 +130,12 @@ class NotebookRecords:
                 old = NotebookState(nb.state) if nb else None
                 if old not in expect:
                     raise InvalidTransition("notebook", old, state)
+            old = nb.state if nb else None
             nb = self._apply(s, nb, user, server, state, reason, message, exit_code, fields)
             s.flush()
-            return notebook_json(nb)
+            result = notebook_json(nb)
+        _logged(user, server, [(old, state, reason, message, exit_code)])
+        return result
 
     def _apply(
         self,
@@ -188,13 +199,16 @@ class NotebookRecords:
             held = sum_resources(o.get("resources") for o in others if o)
             why = exceeds(held, resources, limits)
             nb = self._find(s, user, server, lock=True)
+            changes = [(nb.state if nb else None, S.STARTING, reason, message, None)]
             nb = self._apply(s, nb, user, server, S.STARTING, reason, message, None, fields)
             # a stop asked for an earlier life (and not carried out) is not this one's
             nb.stop_reason, nb.stop_message = "", ""
             if why:
                 self._apply(s, nb, user, server, S.FAILED, "LIMIT_EXCEEDED", why, None, {})
+                changes.append((S.STARTING.value, S.FAILED, "LIMIT_EXCEEDED", why, None))
             s.flush()
             result = notebook_json(nb)
+        _logged(user, server, changes)
         if why:  # raised once the refusal is committed: the history keeps it
             raise LimitExceeded(why)
         return result

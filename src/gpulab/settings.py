@@ -508,6 +508,15 @@ class GpulabSettings(Configurable):
             self.cpu_idle_timeout,
         )
 
+    log_format = Enum(
+        ["text", "json"],
+        "text",
+        help="""How the gpulab service writes its log: 'text' (one readable line per record) or
+        'json' (one JSON object per line; state changes of jobs and notebooks carry their
+        workload, workload_id, owner, old_state, state, reason, detail and exit_code as
+        fields, for a log collector). The hub's own log follows JupyterHub's settings.""",
+    ).tag(config=True)
+
     @cached_property
     def catalog(self) -> Catalog:
         return Catalog.from_config(self.frameworks, self.editors, self.default_framework)

@@ -28,6 +28,7 @@ from .runtime.objects import (
     filesystem_store_dirs,
     sync_helper_config,
 )
+from .statelog import register_sensitive
 from .volumes import ObjectStore, VolumeSpec
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ def store_credentials(store: ObjectStore) -> dict[str, str]:
     if not key or not secret:
         where = src.file or f"${src.access_key_env} / ${src.secret_key_env}"
         raise StorageCredentialsError(f"store {store.name}: no credentials in {where}")
+    register_sensitive([key, secret])  # never in a state change's logged message
     return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}
 
 

@@ -115,7 +115,7 @@ def test_filesystem_store(tmp_path):
         (["--bucket", "good-bucket"], False, "no credentials"),
         (["--bucket", "good-bucket", "--store-endpoint", "http://u:p@h:1"], True, "store-endpoint"),
         (["--bucket", "good-bucket", "--secret", "x"], True, "unrecognized arguments"),
-        (["--bucket", "good-bucket", "--direct-io-min-mib", "-1"], True, "--direct-io-min-mib"),
+        (["--bucket", "good-bucket", "--transport", "crt"], True, "--transport"),
     ],
 )
 def test_bad_usage_exits_2(tmp_path, args, with_creds, message):
@@ -200,9 +200,8 @@ def test_json_lines_are_flushed_as_they_happen(server, bucket, tmp_path):
     assert json_lines(rest)[-1]["completed"] == 5
 
 
-def test_pull_lists_once_with_its_head_start(server, bucket, tmp_path):
-    """gpulab-sync asks for the first listing page before loading the engine; the engine
-    uses that answer: one listing request, and no HEAD of the bucket, per pull."""
+def test_pull_lists_once(server, bucket, tmp_path):
+    """A pull checks the bucket, lists the prefix once, then GETs what changed."""
     files = sample_files(12)
     write_tree(tmp_path / "a", files)
     common = ["--bucket", bucket, "--prefix", "/ws/ann/"]  # normalized as the engine does
@@ -228,13 +227,13 @@ def test_pull_lists_once_with_its_head_start(server, bucket, tmp_path):
             assert json_lines(proc.stdout)[-1]["completed"] == expected
             listings = [r for r in proxy.requests if "list-type=2" in r]
             assert len(listings) == 1 and "prefix=ws%2Fann%2F" in listings[0]
-            assert not [r for r in proxy.requests if r.startswith("HEAD")]
-            assert len(proxy.requests) == 1 + expected  # the listing, then one GET per object
+            assert len([r for r in proxy.requests if r.startswith("HEAD")]) == 1
+            assert len(proxy.requests) == 2 + expected  # HEAD, listing, one GET per object
     assert read_tree(tmp_path / "b") == files
 
 
-def test_pull_of_a_missing_bucket_after_its_head_start(server, bucket, tmp_path):
-    """The head start's 404 is not the engine's answer: the bucket is created and listed."""
+def test_pull_of_a_missing_bucket(server, bucket, tmp_path):
+    """A missing bucket is created, then listed."""
     with FaultyProxy(server.endpoint) as proxy:
         proc = run(
             "pull",
@@ -250,11 +249,11 @@ def test_pull_of_a_missing_bucket_after_its_head_start(server, bucket, tmp_path)
         report = json_lines(proc.stdout)[-1]
         assert report["ok"] and any("created" in n for n in report["notes"])
         methods = [r.split()[0] for r in proxy.requests]
-        assert methods == ["GET", "HEAD", "PUT", "GET"]  # head start, check, create, listing
+        assert methods == ["HEAD", "PUT", "GET"]  # check, create, listing
 
 
 def test_pull_from_an_unreachable_store_exits_1(bucket, tmp_path):
-    """The head start's failure is not the report: the engine's own listing fails and says so."""
+    """The engine's listing fails and says so."""
     proc = run(
         "pull",
         "--store-endpoint",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -257,84 +255,6 @@ def test_large_object_multipart_round_trip(server, bucket, tmp_path):
     assert (tmp_path / "b/model/weights.bin").read_bytes() == big
 
 
-@pytest.fixture
-def block_files(monkeypatch) -> list[bool]:
-    """Whether each file the downloads opened was written with O_DIRECT, in order."""
-    from gpulab.datasync import s3_direct
-
-    opened: list[bool] = []
-
-    class Watched(s3_direct.BlockFile):
-        def __init__(self, path: Path) -> None:
-            super().__init__(path)
-            opened.append(self.direct)
-
-    monkeypatch.setattr(s3_direct, "BlockFile", Watched)
-    return opened
-
-
-# around the 4 KiB alignment and the 4 MiB blocks of the direct writes
-AWKWARD_SIZES = [0, 1, 4095, 4096, 4097, 4 * MiB - 1, 4 * MiB, 4 * MiB + 1, 9 * MiB + 123]
-
-
-def test_large_downloads_are_written_with_o_direct_byte_exact(
-    server, bucket, tmp_path, block_files
-):
-    files = {f"f{size}.bin": os.urandom(size) for size in AWKWARD_SIZES}
-    write_tree(tmp_path / "a", files)
-    remote = remote_for(server.endpoint, bucket, direct_io_min_size=4096)
-    push(tmp_path / "a", remote)
-    rep = pull(remote, tmp_path / "b", options=SyncOptions(workers=3))
-    assert rep.ok and rep.completed == len(files)
-    assert read_tree(tmp_path / "b") == files
-    assert sorted(block_files) == [True] * sum(size >= 4096 for size in AWKWARD_SIZES)
-    again = pull(remote, tmp_path / "b")
-    assert again.completed == 0 and again.skipped == len(files)  # the manifest is right
-
-
-@pytest.mark.parametrize("refused_at", ["open", "write"])
-def test_o_direct_refused_by_the_file_system_falls_back(
-    server, bucket, tmp_path, block_files, monkeypatch, refused_at
-):
-    """A file system that refuses O_DIRECT (tmpfs before Linux 6.6, some FUSE ones) with
-    EINVAL, when the file is opened or at the first write: the downloads go through the page
-    cache, byte-exact. The refusal is injected: no file system here refuses it."""
-    real_open, real_write = os.open, os.write
-
-    def refusing_open(path, flags, *args, **kwargs):
-        if refused_at == "open" and flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *args, **kwargs)
-
-    def refusing_write(fd, data):
-        if refused_at == "write" and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_write(fd, data)
-
-    files = {f"f{size}.bin": os.urandom(size) for size in (4097, 4 * MiB + 1)}
-    write_tree(tmp_path / "a", files)
-    remote = remote_for(server.endpoint, bucket, direct_io_min_size=1)
-    push(tmp_path / "a", remote)
-    monkeypatch.setattr(os, "open", refusing_open)
-    monkeypatch.setattr(os, "write", refusing_write)
-    rep = pull(remote, tmp_path / "b")
-    monkeypatch.undo()
-    assert rep.ok and rep.completed == 2 and read_tree(tmp_path / "b") == files
-    assert block_files == [refused_at == "write"] * 2  # direct at open, then dropped
-
-
-def test_downloads_below_the_o_direct_size_use_the_page_cache(
-    server, bucket, tmp_path, block_files
-):
-    write_tree(tmp_path / "a", {"small.bin": os.urandom(5000), "big.bin": os.urandom(MiB)})
-    remote = remote_for(server.endpoint, bucket, direct_io_min_size=MiB)
-    push(tmp_path / "a", remote)
-    assert pull(remote, tmp_path / "b").completed == 2
-    assert block_files == [True]  # only big.bin
-    assert pull(remote_for(server.endpoint, bucket, direct_io_min_size=None), tmp_path / "c").ok
-    assert block_files == [True]
-
-
 def test_foreign_multipart_object_verified_by_etag(server, bucket, tmp_path):
     """An object uploaded by another tool (no gpulab metadata) in parts is verified by its
     multipart ETag, recomputed from the server's part size."""
@@ -363,12 +283,10 @@ def test_missing_bucket_created_on_pull(server, bucket, tmp_path):
     raw_client(server.endpoint).head_bucket(Bucket=bucket)  # raises if it does not exist
 
 
-@pytest.mark.parametrize("write", ["page cache", "O_DIRECT"])
 @pytest.mark.parametrize("fault", ["flip", "cut", "short"])
 @pytest.mark.parametrize("origin", ["gpulab", "plain", "crc32"])
-def test_damaged_download_detected(server, bucket, tmp_path, fault, origin, write):
-    """A corrupted or truncated body fails the object; the good local copy is kept (written
-    through the page cache or, as large downloads are, with O_DIRECT)."""
+def test_damaged_download_detected(server, bucket, tmp_path, fault, origin):
+    """A corrupted or truncated body fails the object; the good local copy is kept."""
     remote = remote_for(server.endpoint, bucket)
     write_tree(tmp_path / "src", {"data.bin": b"version one " * 1000})
     push(tmp_path / "src", remote)
@@ -387,11 +305,8 @@ def test_damaged_download_detected(server, bucket, tmp_path, fault, origin, writ
     else:  # S3 CRC32 checksum, as boto3 adds by default
         raw_client(server.endpoint).put_object(Bucket=bucket, Key="data.bin", Body=v2)
     with FaultyProxy(server.endpoint, fault) as proxy:
-        direct_io_min_size = 1 if write == "O_DIRECT" else None
         bad = pull(
-            remote_for(
-                proxy.endpoint, bucket, max_attempts=2, direct_io_min_size=direct_io_min_size
-            ),
+            remote_for(proxy.endpoint, bucket, max_attempts=2),
             work,
             options=SyncOptions(attempts=2, backoff_s=0.01),
         )
@@ -720,16 +635,12 @@ def test_pull_keeps_the_stored_bytes_of_a_content_encoded_object(server, bucket,
     assert (tmp_path / "w/data.csv.gz").read_bytes() == stored
 
 
-@pytest.mark.parametrize("head_start", [False, True])
-def test_listing_asks_for_large_pages_and_falls_back_to_1000(head_start):
+def test_listing_asks_for_large_pages_and_falls_back_to_1000():
     """Pages larger than S3's 1,000 are asked for (moto serves 5,000 keys faster in one
     page); a server that refuses that with a 400 is asked again for 1,000 a page, from the
-    same continuation point. The refusal may be the answer to the first page asked for
-    ahead (gpulab-sync's head start): it is not asked twice."""
+    same continuation point."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from urllib.parse import parse_qs, urlsplit
-
-    from gpulab.datasync.first_page import FirstPage
 
     seen: list[dict[str, list[str]]] = []
 
@@ -763,21 +674,7 @@ def test_listing_asks_for_large_pages_and_falls_back_to_1000(head_start):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         endpoint = f"http://127.0.0.1:{srv.server_port}"
-        first = None
-        if head_start:
-            first = FirstPage(
-                endpoint,
-                "strict-bucket",
-                "",
-                region="us-east-1",
-                credentials=CREDS,
-                page_size=S3Settings().list_page_size,
-                connect_timeout=5,
-                read_timeout=10,
-            )
-        remote = S3Remote(
-            "strict-bucket", endpoint_url=endpoint, credentials=CREDS, first_page=first
-        )
+        remote = S3Remote("strict-bucket", endpoint_url=endpoint, credentials=CREDS)
         got = [(o.key, o.size, o.etag) for o in remote.list("")]
     finally:
         srv.shutdown()

@@ -130,7 +130,7 @@ def test_ro_rw_rwd_volumes(hub, s3, docker_client):
     for bucket in ("datasets", "results"):
         c.create_bucket(Bucket=bucket)
     c.put_object(Bucket="datasets", Key="mnist/train.csv", Body=b"1,2,3\n")
-    # 16 MiB and more: written with O_DIRECT by the sync helper, on the Docker volume
+    # a large object, in one GET, on the Docker volume
     big = os.urandom(17 * 1024 * 1024 + 5)
     c.put_object(Bucket="datasets", Key="mnist/big.bin", Body=big)
     c.put_object(Bucket="results", Key="run1/old.txt", Body=b"old")

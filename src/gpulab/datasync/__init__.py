@@ -1,7 +1,7 @@
 """gpulab's sync engine: incremental, verified transfers between object storage and disk.
 
-The names below are loaded on first use, so that ``gpulab-sync`` can send its first request
-before boto3 and botocore are loaded (see :mod:`.first_page`).
+The names below are loaded on first use, so that a ``gpulab-sync`` served by the direct
+requests (see :mod:`.s3_direct`) never loads boto3 or botocore's service model.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class Remote(Protocol):
         ``fd``, when given, is an open, empty, writable descriptor of ``dest``: the engine's
         temporary file, created without following links. Backends write through it (see
         :func:`.hashing.open_target`), and open the name only where they must (a library
-        that takes a name, O_DIRECT): the name resolves to that same file."""
+        that takes a name): the name resolves to that same file."""
         ...
 
     def upload(self, key: str, src: Path, digest: FileDigest) -> Transferred:

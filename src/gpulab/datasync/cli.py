@@ -32,16 +32,14 @@ from urllib.parse import urlsplit
 from gpulab.volumes import VolumeError, validate_bucket_name
 
 from .credentials import Credentials, CredentialsError
-from .first_page import FirstPage
-from .localtree import normalize_prefix
 from .models import SyncProgress, SyncReport
 from .s3_settings import MiB, S3Settings
 
 if TYPE_CHECKING:
     from .backend import Remote
 
-# The engine, boto3 and botocore are imported in main(), once a pull's first listing page is
-# on its way (see .first_page): their 0.15 s of loading then overlaps the store's answer.
+# The engine is imported in main(), boto3 and botocore's service model only where a request
+# needs them: a pull served by the direct requests (see .s3_direct) never loads them.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("gpulab.datasync")
@@ -100,12 +98,12 @@ def _parser() -> argparse.ArgumentParser:
         help=f"part size of those transfers (default {defaults.multipart_chunksize // MiB})",
     )
     p.add_argument(
-        "--direct-io-min-mib",
-        type=int,
-        default=defaults.direct_io_min_size // MiB if defaults.direct_io_min_size else 0,
-        help="downloads this large or larger are written with O_DIRECT, bypassing the page "
-        "cache, where the file system allows; 0: never (default "
-        f"{(defaults.direct_io_min_size or 0) // MiB})",
+        "--transport",
+        choices=("direct", "boto3"),
+        default="direct" if defaults.direct_requests else "boto3",
+        help="how S3 requests are sent: direct (gpulab's signed urllib3 requests for "
+        "listings and single-request objects, the rest through boto3) or boto3 (every "
+        "request through boto3/s3transfer)",
     )
     p.add_argument("--connect-timeout", type=float, default=5.0)
     p.add_argument("--read-timeout", type=float, default=60.0)
@@ -141,8 +139,6 @@ def _remote(args: argparse.Namespace) -> Remote:
         )
     if min(args.multipart_threshold_mib, args.multipart_chunksize_mib) < 5:
         raise UsageError("multipart threshold and chunk size must be at least 5 MiB")
-    if args.direct_io_min_mib < 0:
-        raise UsageError("--direct-io-min-mib must be 0 (never) or more")
     settings = S3Settings(
         retry_mode=args.retry_mode,
         max_attempts=args.max_attempts,
@@ -151,20 +147,8 @@ def _remote(args: argparse.Namespace) -> Remote:
         read_timeout=args.read_timeout,
         multipart_threshold=args.multipart_threshold_mib * MiB,
         multipart_chunksize=args.multipart_chunksize_mib * MiB,
-        direct_io_min_size=args.direct_io_min_mib * MiB or None,
+        direct_requests=args.transport == "direct",
     )
-    first_page = None
-    if args.operation == "pull" and endpoint and settings.direct_requests:
-        first_page = FirstPage(
-            endpoint,
-            args.bucket,
-            normalize_prefix(args.prefix),
-            region=args.region,
-            credentials=creds,
-            page_size=settings.list_page_size,
-            connect_timeout=settings.connect_timeout,
-            read_timeout=settings.read_timeout,
-        )
     from .s3 import S3Remote
 
     return S3Remote(
@@ -173,7 +157,6 @@ def _remote(args: argparse.Namespace) -> Remote:
         region=args.region,
         credentials=creds,
         settings=settings,
-        first_page=first_page,
     )
 
 

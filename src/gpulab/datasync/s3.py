@@ -32,7 +32,6 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
-from .first_page import FirstPage
 from .hashing import FileDigest, StreamHasher, hash_file, open_target
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
 from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, SizedBody, receive_file
@@ -99,11 +98,9 @@ class S3Remote:
         credentials: Credentials | None = None,
         settings: S3Settings | None = None,
         store_name: str | None = None,
-        first_page: FirstPage | None = None,
     ) -> None:
         """``store_name``, when given, names the store in :attr:`identity` instead of the
-        endpoint URL, so that a manifest stays valid if the store's address changes.
-        ``first_page``: a listing page already asked for (see :mod:`.first_page`)."""
+        endpoint URL, so that a manifest stays valid if the store's address changes."""
         self.bucket = bucket
         self.store_name = store_name
         self.endpoint_url = endpoint_url
@@ -123,7 +120,6 @@ class S3Remote:
                 connect_timeout=s.connect_timeout,
                 read_timeout=s.read_timeout,
                 pool_size=s.max_pool_connections,
-                first_page=first_page,
             )
 
     @functools.cached_property
@@ -280,9 +276,7 @@ class S3Remote:
         if hasher is None:
             resp.close()
             return None
-        min_direct = self.settings.direct_io_min_size
-        direct = min_direct is not None and info.size >= min_direct
-        receive_file(resp, dest, hasher.update, direct=direct, fd=fd)
+        receive_file(resp, dest, hasher.update, fd=fd)
         digest = hasher.digest()
         if digest.size != info.size:
             raise IntegrityError(f"truncated: received {digest.size} of {info.size} bytes")

@@ -18,11 +18,8 @@ path-style addressing use it; AWS's own endpoints go through boto3 entirely.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import http.client
 import io
-import mmap
 import os
 import threading
 import xml.etree.ElementTree as ET
@@ -30,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import quote, unquote_plus, urlsplit
+from urllib.parse import quote, unquote_plus, urlencode, urlsplit
 
 import urllib3
 from botocore.exceptions import ClientError
@@ -39,7 +36,6 @@ from urllib3.exceptions import HTTPError, MaxRetryError, ReadTimeoutError
 from urllib3.util import Retry, Timeout
 
 from .credentials import Credentials
-from .first_page import S3_PAGE, FirstPage, bucket_path, encode_query, list_query
 from .hashing import open_target
 from .models import IntegrityError, RemoteObject, RemoteUnavailable
 from .sigv4 import host_header, signer_for
@@ -55,6 +51,29 @@ _CHECKSUM_NAMES = {
     "sha1": "ChecksumSHA1",
     "sha256": "ChecksumSHA256",
 }
+#: the most keys S3 returns in one listing page (and its default)
+S3_PAGE = 1000
+
+
+def list_query(prefix: str, page_size: int, token: str | None = None) -> dict[str, str]:
+    """The query of a ListObjectsV2 page (keys URL-encoded by the server, as boto3 asks too,
+    so that any key survives XML)."""
+    query = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
+    if page_size != S3_PAGE:
+        query["max-keys"] = str(page_size)
+    if token:
+        query["continuation-token"] = token
+    return query
+
+
+def encode_query(query: dict[str, str]) -> str:
+    """``query`` sorted and percent-encoded as SigV4 signs it (``/`` included)."""
+    return urlencode(sorted(query.items()), quote_via=quote)
+
+
+def bucket_path(endpoint_url: str, bucket: str) -> str:
+    """The path of ``bucket`` on a path-style endpoint."""
+    return f"{urlsplit(endpoint_url).path.rstrip('/')}/{quote(bucket, safe='')}"
 
 
 @dataclass(frozen=True)
@@ -165,14 +184,11 @@ class DirectS3:
         connect_timeout: float,
         read_timeout: float,
         pool_size: int,
-        first_page: FirstPage | None = None,
     ) -> None:
-        """``first_page``: the first listing page, if it was asked for already."""
         parts = urlsplit(endpoint_url)
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self.bucket = bucket
         self._bucket_path = bucket_path(endpoint_url, bucket)
-        self._first_page = first_page if first_page and first_page.bucket == bucket else None
         self._host = host_header(endpoint_url)
         self._signer = signer_for(credentials, region)
         self._retry = Retry(
@@ -236,10 +252,6 @@ class DirectS3:
     # -- the four requests ---------------------------------------------------------------
 
     def bucket_exists(self) -> bool:
-        if self._first_page is not None:
-            answer = self._first_page.wait()
-            if answer is not None and answer[0] == 200:  # the bucket was listed
-                return True
         resp = self._request("HEAD", self._path())
         if resp.status == 200:
             return True
@@ -253,17 +265,9 @@ class DirectS3:
         A ``page_size`` above S3's 1,000 is valid S3 (a server returns at most what it
         allows); a server that refuses it with a 400 is asked again for 1,000 a page."""
         token: str | None = None
-        first = self._first_page
         while True:
-            # the head start's answer serves if it is a page or the refusal of its size;
-            # anything else is asked again (retries and error reports are this client's)
-            answer = first.take(self.bucket, prefix, page_size) if first and not token else None
-            if answer is None or answer[0] not in (200, 400):
-                resp = self._request(
-                    "GET", self._path(), query=list_query(prefix, page_size, token)
-                )
-                answer = (resp.status, resp.data)
-            status, data = answer
+            resp = self._request("GET", self._path(), query=list_query(prefix, page_size, token))
+            status, data = resp.status, resp.data
             if status == 400 and page_size > S3_PAGE:
                 page_size = S3_PAGE
                 continue
@@ -307,12 +311,6 @@ class DirectS3:
 
 _BUFFER_SIZE = 1024 * 1024
 _buffers = threading.local()
-
-#: O_DIRECT wants offsets, lengths and buffer addresses in multiples of the device's logical
-#: block size (512 or 4,096 bytes): 4,096 suits both
-_ALIGN = 4096
-#: the unit of O_DIRECT writes: large enough that each write keeps the device busy
-_DIRECT_BLOCK = 4 * 1024 * 1024
 
 
 def _read_into(raw: http.client.HTTPResponse, view: memoryview) -> int:
@@ -373,101 +371,18 @@ def receive_file(
     dest: Path,
     on_piece: Callable[[memoryview], object],
     *,
-    direct: bool,
     fd: int | None = None,
 ) -> int:
-    """Write the body of a streamed response to ``dest`` (created or emptied), passing each
-    piece to ``on_piece`` (the hasher) as it arrives; return the number of bytes received.
-    ``fd``: an empty file's descriptor of ``dest`` to write through (left open) unless
-    ``direct``: ``O_DIRECT`` is an open flag, so direct writes open ``dest`` by name.
+    """Write the body of a streamed response to ``dest`` (created or emptied; through ``fd``,
+    an empty file's descriptor of ``dest``, when given, left open), passing each piece to
+    ``on_piece`` (the hasher) as it arrives; return the number of bytes received."""
+    with open_target(dest, fd) as f:
 
-    With ``direct``, the file is written in aligned 4 MiB blocks with ``O_DIRECT`` where the
-    file system allows it (see :class:`BlockFile`), so that the bytes go to the
-    disk without a copy in the page cache. For large downloads that is cheaper in CPU (no
-    page-cache pages to allocate: on a 2-core VM, 4 x 256 MiB with SHA-256 took 1.1 s of
-    CPU against 3.0 s, and 1.3 s of wall time against 2.3 s) and keeps the workload's own
-    cached files from being evicted; the first read of the file then comes from the disk.
-    """
-    raw = getattr(resp, "_fp", None)
-    if not direct or not isinstance(raw, http.client.HTTPResponse):
-        with open_target(dest, fd) as f:
+        def write(piece: memoryview) -> None:
+            f.write(piece)
+            on_piece(piece)
 
-            def write(piece: memoryview) -> None:
-                f.write(piece)
-                on_piece(piece)
-
-            return stream_body(resp, write)
-    buf = getattr(_buffers, "aligned", None)
-    if buf is None:  # an anonymous mapping is page-aligned, as O_DIRECT needs
-        buf = _buffers.aligned = mmap.mmap(-1, _DIRECT_BLOCK)
-    view = memoryview(buf)
-    total = 0
-    with _releasing(resp, raw), BlockFile(dest) as out:
-        while True:
-            filled = 0
-            while filled < _DIRECT_BLOCK and (n := _read_into(raw, view[filled:])):
-                on_piece(view[filled : filled + n])
-                filled += n
-            total += filled
-            if filled < _DIRECT_BLOCK:  # the end of the body
-                out.write_last(view, filled, total)
-                return total
-            out.write(view)
-
-
-class BlockFile:
-    """A file written in whole aligned blocks, with ``O_DIRECT`` where the file system allows
-    (:attr:`direct` says whether it does); plainly otherwise."""
-
-    def __init__(self, path: Path) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        self.direct = False
-        o_direct = getattr(os, "O_DIRECT", 0)  # Linux only
-        if o_direct:
-            try:
-                self.fd = os.open(path, flags | o_direct, 0o666)
-                self.direct = True
-                return
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:  # EINVAL: this file system refuses O_DIRECT
-                    raise
-        self.fd = os.open(path, flags, 0o666)
-
-    def __enter__(self) -> BlockFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
-
-    def _plain(self) -> None:
-        """Drop O_DIRECT (a file system that accepted it at open but refuses a write)."""
-        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-        self.direct = False
-
-    def write(self, view: memoryview) -> None:
-        """Write all of ``view``: aligned and a multiple of 4,096 bytes while direct."""
-        while view:
-            try:
-                n = os.write(self.fd, view)
-            except OSError as exc:
-                if not (self.direct and exc.errno == errno.EINVAL):
-                    raise
-                self._plain()
-                continue
-            view = view[n:]
-            if view and self.direct and n % _ALIGN:
-                self._plain()  # a short write left the rest unaligned
-
-    def write_last(self, block: memoryview, filled: int, size: int) -> None:
-        """Write the first ``filled`` bytes of ``block``, the end of a file of ``size``
-        bytes. Direct writes are whole blocks: the tail is padded with zeros, then cut."""
-        if not self.direct or filled % _ALIGN == 0:
-            self.write(block[:filled])
-            return
-        padded = -(-filled // _ALIGN) * _ALIGN
-        block[filled:padded] = bytes(padded - filled)
-        self.write(block[:padded])
-        os.ftruncate(self.fd, size)
+        return stream_body(resp, write)
 
 
 def read_body(resp: urllib3.BaseHTTPResponse, chunk: int) -> Iterator[bytes]:

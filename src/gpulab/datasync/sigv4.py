@@ -2,12 +2,12 @@
 
 botocore's ``S3SigV4Auth`` computes the same signature (``tests/unit`` checks the two agree
 header for header), but importing it loads most of botocore: 0.14 s of a ``gpulab-sync``
-run whose whole work, for a prefix with nothing changed, is one listing of under a second.
-Signing with this module lets the first listing page be on its way before that import (see
-:mod:`.first_page`). Requests are signed as botocore signs them for S3 with payload signing
-disabled: every header given is signed, the path and query are used as sent (S3 does not
-normalize paths) and the payload hash is ``UNSIGNED-PAYLOAD`` for bodies, the hash of
-nothing otherwise.
+run whose whole work, for a prefix with nothing changed, is one listing of under a second
+(a pull served by the direct requests loads neither boto3 nor botocore's signer and service
+model). Requests are signed as
+botocore signs them for S3 with payload signing disabled: every header given is signed, the
+path and query are used as sent (S3 does not normalize paths) and the payload hash is
+``UNSIGNED-PAYLOAD`` for bodies, the hash of nothing otherwise.
 """
 
 from __future__ import annotations

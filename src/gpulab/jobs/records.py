@@ -11,6 +11,7 @@ from sqlalchemy.orm import selectinload
 from ..db import Database, Job, JobEvent
 from ..faults import fault_point
 from ..lifecycle import InvalidTransition, JobState, check_job_transition, utcnow
+from ..statelog import state_change
 from .billing import billed_minutes
 from .gang import ranks
 from .spec_extras import job_path
@@ -213,7 +214,9 @@ class JobRecords:
             )
             s.add(job)
             s.flush()
-            return job_json(job, now, history=True)
+            result = job_json(job, now, history=True)
+        state_change("job", job_id, owner, None, result["state"], "SUBMITTED", result["message"])
+        return result
 
     def transition(
         self,
@@ -265,6 +268,8 @@ class JobRecords:
             )
             s.flush()
             result = job_json(job, now, history=True)
+        owner = result["owner"]
+        state_change("job", job_id, owner, old.value, state.value, reason, message, exit_code)
         fault_point(f"transition:{state.value}")
         return result
 

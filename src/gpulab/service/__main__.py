@@ -23,6 +23,7 @@ from ..metrics import StateCollector
 from ..notebooks import NotebookRecords
 from ..runtime import make_runtime
 from ..settings import ConfigError, GpulabSettings
+from ..statelog import json_formatter, register_sensitive
 from .app import make_app
 from .config import load_config
 from .hub import HubClient
@@ -81,6 +82,10 @@ async def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         log.error("invalid configuration: %s", e)
         sys.exit(2)
+    if settings.log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(json_formatter())
+    register_sensitive([os.environ.get("JUPYTERHUB_API_TOKEN")])
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     data_dir = Path(os.environ.get("GPULAB_DATA_DIR", "."))
     supervisor = JobSupervisor(
