@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .cli_client import ENDED
+from .jobs.gang import workers_of
 
 # --- output -------------------------------------------------------------------------------------
 
@@ -86,14 +87,6 @@ def _num(value: Any) -> str:
 
 def _exit(job: dict) -> str:
     return "-" if job.get("exit_code") is None else str(job["exit_code"])
-
-
-def workers_of(job: dict) -> int:
-    """How many workers (containers) the job runs: more than one for a distributed job."""
-    try:
-        return max(1, int((job.get("spec") or {}).get("workers") or 1))
-    except (TypeError, ValueError):
-        return 1
 
 
 def _gpus(job: dict) -> str:

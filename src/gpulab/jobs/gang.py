@@ -51,6 +51,15 @@ class Rank:
     devices: tuple[str, ...]
 
 
+def workers_of(job: dict) -> int:
+    """How many workers (containers) a job (its API JSON) runs: more than one for a
+    distributed job."""
+    try:
+        return max(1, int((job.get("spec") or {}).get("workers") or 1))
+    except (TypeError, ValueError):
+        return 1
+
+
 def rank_name(name: str, rank: int) -> str:
     """The workload name of ``rank`` of the job whose (rank 0) workload is ``name``."""
     return name if rank == 0 else f"{name}-r{rank}"

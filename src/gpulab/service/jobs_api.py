@@ -370,18 +370,10 @@ class JobLogsHandler(JobsBase):
         sup = self.supervisor
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         name = rank_name(sup.container_name(job_id), rank or 0)
-        info = await sup.runtime.state(name)
-        waiting = {J.QUEUED.value, J.INITIALIZING.value, J.PENDING.value}
-        while follow and info is None:
-            # following a job that has not started yet: wait for its container (or its end)
-            if self._client_gone:
-                return None
-            job = await asyncio.to_thread(self.jobs.get, job_id, False)
-            if job is None or job["state"] not in waiting:
-                break
-            await asyncio.sleep(0.5)
-            info = await sup.runtime.state(name)
-        if info is None:
+        started = await self._containers(job_id, [name], follow)
+        if started is None:
+            return None
+        if not started:
             path = sup.log_file(job_id, rank)
             if path.exists():
                 saved = await asyncio.to_thread(path.read_bytes)
@@ -389,24 +381,32 @@ class JobLogsHandler(JobsBase):
             return self.finish()
         await self._stream([("", name)], follow)
 
+    async def _containers(self, job_id: str, names: list[str], follow: bool) -> bool | None:
+        """Whether every one of ``names`` exists; following a job that has not started yet,
+        wait for them (or for its end). None: the client went meanwhile."""
+        sup = self.supervisor
+        waiting = {J.QUEUED.value, J.INITIALIZING.value, J.PENDING.value}
+        while True:
+            found = await asyncio.gather(*(sup.runtime.state(n) for n in names))
+            if all(f is not None for f in found) or not follow:
+                return all(f is not None for f in found)
+            if self._client_gone:
+                return None
+            job = await asyncio.to_thread(self.jobs.get, job_id, False)
+            if job is None or job["state"] not in waiting:
+                return False
+            await asyncio.sleep(0.5)
+
     async def _all_ranks(self, job_id: str, workers: int, follow: bool) -> None:
         """Every rank of a distributed job, each line prefixed ``[rank K]``: in time order
         (what the engine, or the saved logs, hold), then as it comes with ``follow``."""
         sup = self.supervisor
         self.set_header("Content-Type", "text/plain; charset=utf-8")
         names = [rank_name(sup.container_name(job_id), r) for r in range(workers)]
-        found = await asyncio.gather(*(sup.runtime.state(n) for n in names))
-        waiting = {J.QUEUED.value, J.INITIALIZING.value, J.PENDING.value}
-        while follow and any(f is None for f in found):
-            # following a gang that has not started yet: wait for all its workers (or its end)
-            if self._client_gone:
-                return None
-            job = await asyncio.to_thread(self.jobs.get, job_id, False)
-            if job is None or job["state"] not in waiting:
-                break
-            await asyncio.sleep(0.5)
-            found = await asyncio.gather(*(sup.runtime.state(n) for n in names))
-        if any(f is None for f in found):  # gone (or not started): what was saved
+        started = await self._containers(job_id, names, follow)
+        if started is None:
+            return None
+        if not started:  # gone (or not started): what was saved
             path = sup.log_file(job_id)
             if path.exists():
                 self.write(await asyncio.to_thread(path.read_bytes))

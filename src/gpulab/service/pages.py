@@ -23,6 +23,7 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from ..jobs.durations import format_duration
+from ..jobs.gang import workers_of
 from ..jobs.records import ACTIVE, ENDED
 from ..jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY
 from ..jobs.spec_fields import MAX_WORKERS
@@ -98,14 +99,6 @@ def state_class(state: str | None) -> str:
     if state in ("STOPPED", "INTERRUPTED", "DELETED"):
         return "off"
     return "wait"
-
-
-def workers_of(job: dict) -> int:
-    """How many workers (containers) a job runs: more than one for a distributed job."""
-    try:
-        return max(1, int((job.get("spec") or {}).get("workers") or 1))
-    except (TypeError, ValueError):
-        return 1
 
 
 def gpu_total(job: dict) -> str:
