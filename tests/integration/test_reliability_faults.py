@@ -8,7 +8,7 @@ restart costs about a second. ``GPULAB_FAULT_FILE`` names a file holding one poi
 (``transition:RUNNING``, ``engine:start``, ...); the service kills itself with SIGKILL the
 first time it crosses it (``gpulab/jobs/faults.py``).
 
-Invariants (README, "Reliability"): every job ends in a terminal state; its command ran as
+Invariants (docs/reliability.md): every job ends in a terminal state; its command ran as
 many times as its story says (once, or once more per auto-restart or preemption, never more);
 what it wrote is in the object store; no GPU stays booked and no device was booked twice; no
 container, volume or sync helper is left without a record.
