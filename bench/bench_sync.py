@@ -24,7 +24,6 @@ compares the engine with its S3 requests sent by gpulab's own transport and by b
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
@@ -150,12 +149,14 @@ class RawBoto3:
         return sum(len(p.get("Contents", [])) for p in pages)
 
 
-class RawSigned:
-    """Signed urllib3 requests (gpulab's DirectS3 transport, used raw: no files, no hashing)."""
+class RawSigned(RawBoto3):
+    """GETs as gpulab's DirectS3 sends them (signed urllib3 requests, used raw: no files,
+    no hashing); PUTs and listings through boto3, as gpulab sends them."""
 
     name = "signed urllib3"
 
     def __init__(self, endpoint: str, bucket: str, threads: int) -> None:
+        super().__init__(endpoint, bucket, threads)
         from gpulab.datasync import Credentials
         from gpulab.datasync.s3_direct import DirectS3
 
@@ -170,17 +171,11 @@ class RawSigned:
             pool_size=threads,
         )
 
-    def put(self, key: str, data: bytes) -> None:
-        self.d.put(key, io.BytesIO(data), len(data), {})
-
     def get(self, key: str) -> int:
         # into one reused 1 MiB buffer: new bytes objects cost more in page faults than in I/O
         from gpulab.datasync.s3_direct import stream_body
 
         return stream_body(self.d.get(key), lambda piece: None)
-
-    def list(self) -> int:
-        return sum(1 for _ in self.d.list("", page_size=10_000))  # as large as moto allows
 
 
 RAW_CLIENTS = (RawBoto3, RawSigned)

@@ -132,7 +132,7 @@ def test_stream_hasher_crc32():
 
 
 def test_sized_body_stops_at_its_size_and_rewinds(tmp_path):
-    from gpulab.datasync.s3_direct import SizedBody
+    from gpulab.datasync.s3 import SizedBody
 
     data = os.urandom(5000)
     (tmp_path / "f").write_bytes(data + b"grown later")
@@ -147,7 +147,7 @@ def test_sized_body_stops_at_its_size_and_rewinds(tmp_path):
 
 
 def test_sized_body_refuses_a_file_shorter_than_announced(tmp_path):
-    from gpulab.datasync.s3_direct import ChangedWhileSending, SizedBody
+    from gpulab.datasync.s3 import ChangedWhileSending, SizedBody
 
     (tmp_path / "f").write_bytes(b"x" * 100)
     with open(tmp_path / "f", "rb") as f:

@@ -1,33 +1,29 @@
-"""The hot S3 requests (list, head bucket, get, put), signed with SigV4, sent by urllib3.
+"""Single-request GETs (objects below the multipart threshold), signed with SigV4, sent by
+urllib3: the one hand-written S3 request gpulab keeps.
 
-A sync moves thousands of small objects; for each, botocore's generic request pipeline
-(event hooks, endpoint rules, user-agent assembly, response-shape parsing) costs about
-2.5 ms of CPU, against about 1 ms for the same request signed with SigV4 alone and sent over
-a urllib3 connection pool. (The signer is :mod:`.sigv4`, which agrees with botocore's
-``S3SigV4Auth`` header for header and loads without botocore.) On a small host that shares
-its cores with the workloads (or with the object store), that CPU is what limits objects
-per second.
-
-So the four requests a sync repeats per object or per page go this way, with urllib3's
-``Retry`` (exponential backoff; connection errors, 429 and 5xx) as the retry policy.
-Everything else (bucket creation, multipart and ranged transfers, deletes, objects whose
-checksum only botocore can validate) stays with boto3. Only explicit endpoints with
-path-style addressing use it; AWS's own endpoints go through boto3 entirely.
+A pull moves thousands of objects; through botocore's generic request pipeline (event hooks,
+endpoint rules, response-shape parsing) each GET cost about twice the client CPU, and large
+pulls were 1.4-1.8x slower (bench/README.md). So GETs of objects below the multipart threshold
+go this way, with urllib3's ``Retry`` (exponential backoff; connection errors, 429 and 5xx)
+as the retry policy, the body read into one reused buffer per thread. Everything else
+(listings, bucket checks and creation, PUTs, multipart and ranged transfers, deletes, objects
+whose checksum only botocore can validate) goes through boto3: measured, gpulab's own
+listing and PUT were less than 1.3x faster. Only explicit endpoints with path-style addressing
+use it; AWS's own endpoints go through boto3 entirely.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
-import io
 import os
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
-from urllib.parse import quote, unquote_plus, urlencode, urlsplit
+from typing import Any
+from urllib.parse import quote, urlsplit
 
 import urllib3
 from botocore.exceptions import ClientError
@@ -37,7 +33,7 @@ from urllib3.util import Retry, Timeout
 
 from .credentials import Credentials
 from .hashing import open_target
-from .models import IntegrityError, RemoteObject, RemoteUnavailable
+from .models import IntegrityError, RemoteUnavailable
 from .sigv4 import host_header, signer_for
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -51,34 +47,11 @@ _CHECKSUM_NAMES = {
     "sha1": "ChecksumSHA1",
     "sha256": "ChecksumSHA256",
 }
-#: the most keys S3 returns in one listing page (and its default)
-S3_PAGE = 1000
-
-
-def list_query(prefix: str, page_size: int, token: str | None = None) -> dict[str, str]:
-    """The query of a ListObjectsV2 page (keys URL-encoded by the server, as boto3 asks too,
-    so that any key survives XML)."""
-    query = {"list-type": "2", "prefix": prefix, "encoding-type": "url"}
-    if page_size != S3_PAGE:
-        query["max-keys"] = str(page_size)
-    if token:
-        query["continuation-token"] = token
-    return query
-
-
-def encode_query(query: dict[str, str]) -> str:
-    """``query`` sorted and percent-encoded as SigV4 signs it (``/`` included)."""
-    return urlencode(sorted(query.items()), quote_via=quote)
-
-
-def bucket_path(endpoint_url: str, bucket: str) -> str:
-    """The path of ``bucket`` on a path-style endpoint."""
-    return f"{urlsplit(endpoint_url).path.rstrip('/')}/{quote(bucket, safe='')}"
 
 
 @dataclass(frozen=True)
 class ObjectHeaders:
-    """What a GET/PUT response says about the object, in boto3's names (see
+    """What a GET response says about the object, in boto3's names (see
     :meth:`as_response`) so that one verification routine serves both paths."""
 
     size: int
@@ -109,50 +82,6 @@ class ObjectHeaders:
         return {"Metadata": self.metadata, **self.checksums}
 
 
-class ChangedWhileSending(Exception):
-    """The file being uploaded ended before the size announced (it changed meanwhile)."""
-
-
-class SizedBody(io.RawIOBase):
-    """An upload's body: exactly ``size`` bytes of ``f``.
-
-    It stops at ``size`` and raises :class:`ChangedWhileSending` if the file ends before, so
-    that a file cut short fails at once instead of leaving the server waiting for bytes that
-    never come. It rewinds only to the start (as urllib3 does to retry).
-    """
-
-    def __init__(self, f: BinaryIO, size: int) -> None:
-        self._f = f
-        self._size = size
-        self._sent = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._sent
-
-    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
-        if (pos, whence) != (0, io.SEEK_SET):
-            raise io.UnsupportedOperation("only a rewind to the start")
-        self._f.seek(0)
-        self._sent = 0
-        return 0
-
-    def read(self, n: int | None = -1) -> bytes:
-        left = self._size - self._sent
-        if left <= 0:
-            return b""
-        data = self._f.read(left if n is None or n < 0 else min(n, left))
-        if not data:
-            raise ChangedWhileSending(f"the file ended after {self._sent} of {self._size} bytes")
-        self._sent += len(data)
-        return data
-
-
 def _client_error(status: int, body: bytes, operation: str) -> ClientError:
     """The ClientError boto3 would raise for this error response."""
     code = _STATUS_CODES.get(status, str(status))
@@ -166,12 +95,8 @@ def _client_error(status: int, body: bytes, operation: str) -> ClientError:
     return ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
 
 
-def _ns(root: ET.Element) -> str:
-    return root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
-
-
 class DirectS3:
-    """Signed requests to one bucket of an S3 endpoint with path-style addressing."""
+    """Signed GETs from one bucket of an S3 endpoint with path-style addressing."""
 
     def __init__(
         self,
@@ -188,7 +113,7 @@ class DirectS3:
         parts = urlsplit(endpoint_url)
         self.origin = f"{parts.scheme}://{parts.netloc}"
         self.bucket = bucket
-        self._bucket_path = bucket_path(endpoint_url, bucket)
+        self._bucket_path = f"{parts.path.rstrip('/')}/{quote(bucket, safe='')}"
         self._host = host_header(endpoint_url)
         self._signer = signer_for(credentials, region)
         self._retry = Retry(
@@ -196,20 +121,18 @@ class DirectS3:
             backoff_factor=0.25,
             backoff_jitter=0.25,
             status_forcelist=_RETRY_STATUS,
-            allowed_methods=None,  # every request here is idempotent (GET, HEAD, PUT)
+            allowed_methods=None,  # GETs only: idempotent
             raise_on_status=False,
             respect_retry_after_header=True,
         )
         tls: dict[str, Any] = {}
         if parts.scheme == "https":
             tls["ca_certs"] = os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)
-        # a large send block: http.client's default of 8 KiB means 32,768 reads per 256 MiB
         self._pool = urllib3.PoolManager(
             num_pools=4,
             maxsize=pool_size,
             block=False,
             timeout=Timeout(connect=connect_timeout, read=read_timeout),
-            blocksize=1024 * 1024,
             **tls,
         )
 
@@ -222,91 +145,34 @@ class DirectS3:
         return path
 
     def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: dict[str, str] | None = None,
-        headers: dict[str, str] | None = None,
-        body: BinaryIO | None = None,
-        stream: bool = False,
+        self, method: str, path: str, *, headers: dict[str, str]
     ) -> urllib3.BaseHTTPResponse:
-        url = path + ("?" + encode_query(query) if query else "")
-        send = dict(headers or {})
-        if self._signer is not None:  # bodies unsigned: integrity comes from the checksums
-            send = self._signer.sign(method, self._host, url, send, has_body=body is not None)
+        send = dict(headers)
+        if self._signer is not None:
+            send = self._signer.sign(method, self._host, path, send)
         try:
             return self._pool.request(
                 method,
-                self.origin + url,
+                self.origin + path,
                 headers=send,
-                body=body,
                 retries=self._retry,
-                preload_content=not stream,
+                preload_content=False,
                 redirect=False,
             )
         except HTTPError as exc:  # retries spent (MaxRetryError names the last cause)
             cause = exc.reason if isinstance(exc, MaxRetryError) else exc
             raise RemoteUnavailable(f"{method} {path}: {cause}") from exc
 
-    # -- the four requests ---------------------------------------------------------------
-
-    def bucket_exists(self) -> bool:
-        resp = self._request("HEAD", self._path())
-        if resp.status == 200:
-            return True
-        if resp.status == 404:
-            return False
-        raise _client_error(resp.status, b"", "HeadBucket")
-
-    def list(self, prefix: str, *, page_size: int = S3_PAGE) -> Iterator[RemoteObject]:
-        """ListObjectsV2 pages, parsed with ElementTree (keys URL-encoded by the server).
-
-        A ``page_size`` above S3's 1,000 is valid S3 (a server returns at most what it
-        allows); a server that refuses it with a 400 is asked again for 1,000 a page."""
-        token: str | None = None
-        while True:
-            resp = self._request("GET", self._path(), query=list_query(prefix, page_size, token))
-            status, data = resp.status, resp.data
-            if status == 400 and page_size > S3_PAGE:
-                page_size = S3_PAGE
-                continue
-            if status != 200:
-                raise _client_error(status, data, "ListObjectsV2")
-            root = ET.fromstring(data)
-            ns = _ns(root)
-            encoded = (root.findtext(f"{ns}EncodingType") or "").lower() == "url"
-            for item in root.iterfind(f"{ns}Contents"):
-                key = item.findtext(f"{ns}Key") or ""
-                yield RemoteObject(
-                    unquote_plus(key) if encoded else key,
-                    int(item.findtext(f"{ns}Size") or 0),
-                    (item.findtext(f"{ns}ETag") or "").strip('"'),
-                )
-            if (root.findtext(f"{ns}IsTruncated") or "").lower() != "true":
-                return
-            token = root.findtext(f"{ns}NextContinuationToken")
-            if not token:
-                raise IntegrityError("listing truncated without a continuation token")
+    # -- the request -------------------------------------------------------------------
 
     def get(self, key: str) -> urllib3.BaseHTTPResponse:
         """A streamed GET with the object's checksums asked for; raises ClientError."""
-        resp = self._request(
-            "GET", self._path(key), headers={"x-amz-checksum-mode": "ENABLED"}, stream=True
-        )
+        resp = self._request("GET", self._path(key), headers={"x-amz-checksum-mode": "ENABLED"})
         if resp.status != 200:
             data = resp.read()
             resp.release_conn()
             raise _client_error(resp.status, data, "GetObject")
         return resp
-
-    def put(self, key: str, body: BinaryIO, size: int, headers: dict[str, str]) -> ObjectHeaders:
-        """PUT ``size`` bytes read from ``body`` (rewound by urllib3 on a retry)."""
-        all_headers = {"Content-Length": str(size), **headers}
-        resp = self._request("PUT", self._path(key), headers=all_headers, body=body)
-        if resp.status != 200:
-            raise _client_error(resp.status, resp.data, "PutObject")
-        return ObjectHeaders.parse(resp.headers)
 
 
 _BUFFER_SIZE = 1024 * 1024
