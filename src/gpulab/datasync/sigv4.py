@@ -1,10 +1,8 @@
-"""AWS Signature Version 4 for the direct S3 requests (header form), standard library only.
+"""AWS Signature Version 4 for the direct S3 GETs (header form), standard library only.
 
 botocore's ``S3SigV4Auth`` computes the same signature (``tests/unit`` checks the two agree
-header for header), but importing it loads most of botocore: 0.14 s of a ``gpulab-sync``
-run whose whole work, for a prefix with nothing changed, is one listing of under a second
-(a pull served by the direct requests loads neither boto3 nor botocore's signer and service
-model). Requests are signed as
+header for header); this one is a few lines of standard library with no request object to
+build per GET. Requests are signed as
 botocore signs them for S3 with payload signing disabled: every header given is signed, the
 path and query are used as sent (S3 does not normalize paths) and the payload hash is
 ``UNSIGNED-PAYLOAD`` for bodies, the hash of nothing otherwise.
