@@ -571,19 +571,17 @@ AWKWARD = {
 }
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_awkward_key_names_round_trip(server, bucket, tmp_path, direct):
-    """Keys needing URL and XML escaping survive push, listing and pull on both request
-    paths, and the store holds exactly those keys (as boto3 itself lists them)."""
+def test_awkward_key_names_round_trip(server, bucket, tmp_path):
+    """Keys needing URL and XML escaping survive push, listing and pull, and the store holds
+    exactly those keys (as boto3 itself lists them)."""
     write_tree(tmp_path / "a", AWKWARD)
-    remote = remote_for(server.endpoint, bucket, direct_requests=direct)
-    assert (remote.direct is not None) is direct
+    remote = remote_for(server.endpoint, bucket)
     pushed = push(tmp_path / "a", remote, "p", "rw")
     assert (pushed.completed, pushed.failed) == (len(AWKWARD), 0), pushed.failures
     assert remote_tree(server.endpoint, bucket) == {f"p/{k}": v for k, v in AWKWARD.items()}
     listed = {o.key: o.size for o in remote.list("p/")}
     assert listed == {f"p/{k}": len(v) for k, v in AWKWARD.items()}
-    pulled = pull(remote_for(server.endpoint, bucket, direct_requests=direct), tmp_path / "b", "p")
+    pulled = pull(remote_for(server.endpoint, bucket), tmp_path / "b", "p")
     assert (pulled.completed, pulled.failed) == (len(AWKWARD), 0), pulled.failures
     assert read_tree(tmp_path / "b") == AWKWARD
 
@@ -617,7 +615,7 @@ def test_put_of_a_file_that_shrinks_is_refused(server, bucket, tmp_path):
         raw_client(server.endpoint).head_object(Bucket=bucket, Key="f.bin")
 
 
-def test_direct_errors_are_reported_with_the_servers_code(server, tmp_path):
+def test_errors_are_reported_with_the_servers_code(server, tmp_path):
     """A GET of a missing object and a listing of a missing bucket come back as the S3
     error code, not as a crash."""
     missing = f"t-{uuid.uuid4().hex[:16]}"
@@ -633,17 +631,14 @@ def test_direct_errors_are_reported_with_the_servers_code(server, tmp_path):
     assert "NoSuchKey" in str(info.value)
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_uploads_skip_md5_once_the_server_returns_the_sha256_it_verified(
-    server, bucket, tmp_path, direct
-):
+def test_uploads_skip_md5_once_the_server_returns_the_sha256_it_verified(server, bucket, tmp_path):
     """S3 (here: a proxy doing what S3 does) checks the SHA-256 sent with a PUT and returns
     it; after the first such answer the MD5, needed only to check moto's ETag, is skipped."""
     files = sample_files(12)
     write_tree(tmp_path / "a", files)
     probe = tmp_path / "a" / "dir0/sub/file0.bin"
     with FaultyProxy(server.endpoint, verify_sha256=True) as proxy:
-        remote = remote_for(proxy.endpoint, bucket, direct_requests=direct)
+        remote = remote_for(proxy.endpoint, bucket)
         assert remote.digest(probe, probe.stat().st_size).md5 is not None  # nothing known yet
         rep = push(tmp_path / "a", remote, options=SyncOptions(workers=1))
         assert rep.ok and rep.completed == 12 and proxy.bad_digests == 0
@@ -653,7 +648,7 @@ def test_uploads_skip_md5_once_the_server_returns_the_sha256_it_verified(
         assert push(tmp_path / "a", remote).completed == 1
     assert remote_tree(server.endpoint, bucket) == {**files, "late.bin": b"late" * 1000}
     # moto alone returns no checksum: a new remote keeps hashing the MD5
-    plain = remote_for(server.endpoint, bucket, direct_requests=direct)
+    plain = remote_for(server.endpoint, bucket)
     push(tmp_path / "a", plain, options=SyncOptions(workers=1))
     assert not plain.server_verifies_sha256
     assert plain.digest(probe, probe.stat().st_size).md5 is not None
@@ -674,13 +669,10 @@ def test_a_server_refusing_the_sha256_fails_the_object(server, bucket, tmp_path)
     assert "Contents" not in raw_client(server.endpoint).list_objects_v2(Bucket=bucket)
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_upload_without_md5_to_a_server_returning_no_checksum_reads_again(
-    server, bucket, tmp_path, direct
-):
+def test_upload_without_md5_to_a_server_returning_no_checksum_reads_again(server, bucket, tmp_path):
     """A digest without MD5 (the server returned a checksum before, not now): the file is
     read again to check the ETag, and a change since it was hashed fails the object."""
-    remote = remote_for(server.endpoint, bucket, direct_requests=direct)
+    remote = remote_for(server.endpoint, bucket)
     remote.ensure_bucket()
     src = tmp_path / "f.bin"
     src.write_bytes(b"content")

@@ -96,14 +96,6 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.multipart_chunksize // MiB,
         help=f"part size of those transfers (default {defaults.multipart_chunksize // MiB})",
     )
-    p.add_argument(
-        "--transport",
-        choices=("direct", "boto3"),
-        default="direct" if defaults.direct_requests else "boto3",
-        help="how S3 requests are sent: direct (gpulab's signed urllib3 GETs of objects "
-        "below the multipart threshold, the rest through boto3) or boto3 (every request "
-        "through boto3/s3transfer)",
-    )
     p.add_argument("--connect-timeout", type=float, default=5.0)
     p.add_argument("--read-timeout", type=float, default=60.0)
     return p
@@ -146,7 +138,6 @@ def _remote(args: argparse.Namespace) -> Remote:
         read_timeout=args.read_timeout,
         multipart_threshold=args.multipart_threshold_mib * MiB,
         multipart_chunksize=args.multipart_chunksize_mib * MiB,
-        direct_requests=args.transport == "direct",
     )
     from .s3 import S3Remote
 

@@ -36,7 +36,6 @@ from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
 from .hashing import FileDigest, StreamHasher, hash_file, open_target
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
-from .s3_direct import DirectS3, ObjectHeaders, receive_file
 from .s3_settings import S3Settings
 
 META_SHA256 = "gpulab-sha256"
@@ -150,22 +149,10 @@ class S3Remote:
         self.store_name = store_name
         self.endpoint_url = endpoint_url
         self.region = region
-        self.settings = s = settings or S3Settings()
+        self.settings = settings or S3Settings()
         self._credentials = credentials
         #: the server answered a PUT with the SHA-256 it verified (see :meth:`digest`)
         self.server_verifies_sha256 = False
-        self.direct: DirectS3 | None = None
-        if endpoint_url and s.direct_requests and s.addressing_style != "virtual":
-            self.direct = DirectS3(
-                endpoint_url,
-                bucket,
-                region=region,
-                credentials=credentials,
-                max_attempts=s.max_attempts,
-                connect_timeout=s.connect_timeout,
-                read_timeout=s.read_timeout,
-                pool_size=s.max_pool_connections,
-            )
 
     @functools.cached_property
     def transfer_config(self) -> Any:
@@ -182,8 +169,7 @@ class S3Remote:
 
     @functools.cached_property
     def client(self) -> Any:
-        """The boto3 client, made on first use (loading its service model takes ~0.2 s,
-        which a sync served entirely by :attr:`direct` never pays)."""
+        """The boto3 client, made on first use (loading its service model takes ~0.2 s)."""
         import boto3
         import botocore.session
 
@@ -274,10 +260,6 @@ class S3Remote:
         with _translated(f"get {obj.key}"):
             if obj.size >= self.settings.multipart_threshold:
                 return self._download_ranged(obj.key, dest)
-            if self.direct is not None:
-                got = self._download_direct(obj.key, dest, fd)
-                if got is not None:
-                    return got
             return self._download_single(obj.key, dest, fd)
 
     def _hasher_for(
@@ -302,22 +284,6 @@ class S3Remote:
         if _MD5_RE.match(etag):
             return StreamHasher(md5=True)
         return None if not streamed else StreamHasher(md5=True)
-
-    def _download_direct(self, key: str, dest: Path, fd: int | None) -> Transferred | None:
-        """One GET through :attr:`direct`, hashed as it is written; None: use botocore."""
-        assert self.direct is not None
-        resp = self.direct.get(key)
-        info = ObjectHeaders.parse(resp.headers)
-        hasher = self._hasher_for(key, info.etag, info.as_response(), streamed=False)
-        if hasher is None:
-            resp.close()
-            return None
-        receive_file(resp, dest, hasher.update, fd=fd)
-        digest = hasher.digest()
-        if digest.size != info.size:
-            raise IntegrityError(f"truncated: received {digest.size} of {info.size} bytes")
-        self._verify_download(digest, info.etag, info.as_response(), streamed=False)
-        return Transferred(key, digest.size, info.etag, digest.sha256)
 
     def _download_single(self, key: str, dest: Path, fd: int | None) -> Transferred:
         """One GET; the body is hashed as it is written (no second pass over the file)."""

@@ -27,7 +27,3 @@ class S3Settings:
     multipart_chunksize: int = 64 * MiB
     transfer_concurrency: int = 8
     addressing_style: Literal["auto", "path", "virtual"] = "path"
-    #: GET objects below the multipart threshold with signed urllib3 requests (see
-    #: :mod:`.s3_direct`); False: every request through boto3/s3transfer. Measured in
-    #: bench/README.md: large pulls 1.4-1.8x faster, half the client CPU per object
-    direct_requests: bool = True
