@@ -525,7 +525,7 @@ def main() -> int:
         )
         if raw_to_disk_s:
             print(
-                "raw signed GETs of the 4 large objects written to files, nothing hashed: "
+                "raw boto3 GETs of the 4 large objects written to files, nothing hashed: "
                 f"{statistics.median(raw_to_disk_s):.2f}s (the ceiling keeps them in memory)"
             )
         print("client CPU (user + system, median), per object for (a), per GiB for (b):")
