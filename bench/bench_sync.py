@@ -5,17 +5,16 @@ Not part of CI. One run measures, for each tool, on the same endpoint:
   (b) 4 files of 256 MiB (64 MiB with --small): push, then pull;
   (c) (a) again with nothing changed: push and pull;
 plus the endpoint's own ceiling: PUT/s and GET/s for small objects, MB/s for large ones, and
-the time to list the 5,000 keys, each the best of a many-threaded raw boto3 client and a raw
-client of signed urllib3 requests (no files, no hashing, no manifest). The server (a
+the time to list the 5,000 keys, each the best a many-threaded raw boto3 client gets (no
+files, no hashing, no manifest). The server (a
 ThreadedMotoServer) runs in its own process so that neither side steals the other's GIL;
 with ``--pin-server`` it runs on a CPU of its own and the clients (raw or tools) on the
 others, as a store and its clients would on separate machines.
 
 Everything is measured ``--repeat`` times (default 3), the tools taking turns in each round
 (which goes first rotates), and the medians are printed (the best for the ceiling): single
-runs on a small virtual machine vary by a factor of two. ``--tools gpulab,gpulab-boto3``
-compares the engine with its S3 requests sent by gpulab's own transport and by boto3 alone
-(paired by round; see bench/README.md).
+runs on a small virtual machine vary by a factor of two. bench/README.md says how gpulab's
+S3 layer was chosen (engine variants side by side, paired by round).
 
     .venv/bin/python bench/bench_sync.py [--small] [--files 5000] [--workers 32] [--repeat 3]
                                          [--pin-server] [--tools ...] [--no-ceiling]
@@ -24,7 +23,6 @@ compares the engine with its S3 requests sent by gpulab's own transport and by b
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import random
@@ -150,40 +148,7 @@ class RawBoto3:
         return sum(len(p.get("Contents", [])) for p in pages)
 
 
-class RawSigned:
-    """Signed urllib3 requests (gpulab's DirectS3 transport, used raw: no files, no hashing)."""
-
-    name = "signed urllib3"
-
-    def __init__(self, endpoint: str, bucket: str, threads: int) -> None:
-        from gpulab.datasync import Credentials
-        from gpulab.datasync.s3_direct import DirectS3
-
-        self.d = DirectS3(
-            endpoint,
-            bucket,
-            region="us-east-1",
-            credentials=Credentials(KEY, SECRET),
-            max_attempts=3,
-            connect_timeout=5,
-            read_timeout=60,
-            pool_size=threads,
-        )
-
-    def put(self, key: str, data: bytes) -> None:
-        self.d.put(key, io.BytesIO(data), len(data), {})
-
-    def get(self, key: str) -> int:
-        # into one reused 1 MiB buffer: new bytes objects cost more in page faults than in I/O
-        from gpulab.datasync.s3_direct import stream_body
-
-        return stream_body(self.d.get(key), lambda piece: None)
-
-    def list(self) -> int:
-        return sum(1 for _ in self.d.list("", page_size=10_000))  # as large as moto allows
-
-
-RAW_CLIENTS = (RawBoto3, RawSigned)
+RAW_CLIENTS = (RawBoto3,)
 
 
 def timed(fn, items, threads: int) -> float:
@@ -240,15 +205,16 @@ def measure_listing(endpoint: str, bucket: str) -> float:
 
 
 def measure_raw_download(endpoint: str, bucket: str, keys: list[str], dest: Path) -> float:
-    """Raw signed GETs of ``keys`` written to files (nothing hashed), one thread each: the
+    """Raw boto3 GETs of ``keys`` written to files (nothing hashed), one thread each: the
     disk's share."""
-    from gpulab.datasync.s3_direct import receive_file
-
-    raw = RawSigned(endpoint, bucket, len(keys))
+    raw = RawBoto3(endpoint, bucket, len(keys))
     dest.mkdir(parents=True, exist_ok=True)
 
     def fetch(key: str) -> None:
-        receive_file(raw.d.get(key), dest / key, lambda piece: None)
+        body = raw.c.get_object(Bucket=bucket, Key=key)["Body"]
+        with open(dest / key, "wb") as f:
+            for chunk in body.iter_chunks(MiB):
+                f.write(chunk)
 
     elapsed = timed(fetch, keys, len(keys))
     shutil.rmtree(dest)
@@ -293,14 +259,13 @@ class Tool:
 
 class Gpulab(Tool):
     name = "gpulab-sync"
-    transport = "direct"
     extra_args: tuple[str, ...] = ()
     last_engine_s = 0.0
 
     def _run(self, op: str, local: Path, bucket: str) -> float:
         cmd = [str(BIN / "gpulab-sync"), op, "--store-endpoint", self.endpoint]
         cmd += ["--bucket", bucket, "--local", str(local), "--workers", str(self.workers)]
-        cmd += ["--json-progress", "--mode", "rw", "--transport", self.transport]
+        cmd += ["--json-progress", "--mode", "rw"]
         cmd += self.extra_args
         elapsed, proc = run(cmd, self.env)
         report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -313,14 +278,6 @@ class Gpulab(Tool):
 
     def pull(self, bucket: str, local: Path) -> float:
         return self._run("pull", local, bucket)
-
-
-class GpulabLibrary(Gpulab):
-    """The same engine (planning, manifest, hashing, verification) with every S3 request
-    sent by boto3/s3transfer instead of gpulab's signed urllib3 requests."""
-
-    name = "gpulab boto3"
-    transport = "boto3"
 
 
 class AwsCli(Tool):
@@ -402,14 +359,12 @@ def main() -> int:
     ap.add_argument(
         "--tools",
         default="gpulab,aws,rclone",
-        help="comma-separated tools to run, among gpulab (the engine as shipped), "
-        "gpulab-boto3 (the same engine on boto3/s3transfer only), aws, rclone",
+        help="comma-separated tools to run, among gpulab (the engine as shipped), aws, rclone",
     )
     ap.add_argument("--no-ceiling", action="store_true", help="skip the raw clients' ceiling")
     args = ap.parse_args()
     by_name: dict[str, type[Tool]] = {
         "gpulab": Gpulab,
-        "gpulab-boto3": GpulabLibrary,
         "aws": AwsCli,
         "rclone": Rclone,
     }
@@ -501,7 +456,7 @@ def main() -> int:
         ideal: dict[str, float] = {"unchanged pull": min(listing_s)}
         if ceiling is not None:
             print(
-                f"ceiling (best of raw boto3 and raw signed urllib3, best of {args.repeat} "
+                f"ceiling (raw boto3, best of {args.repeat} "
                 f"rounds): {ceiling.put_per_s:.0f} PUT/s, {ceiling.get_per_s:.0f} GET/s (1-64 "
                 f"KiB, {args.workers} in flight); "
                 f"{ceiling.put_mb_s:.0f} MB/s PUT, {ceiling.get_mb_s:.0f} MB/s GET (4 x "
@@ -570,7 +525,7 @@ def main() -> int:
         )
         if raw_to_disk_s:
             print(
-                "raw signed GETs of the 4 large objects written to files, nothing hashed: "
+                "raw boto3 GETs of the 4 large objects written to files, nothing hashed: "
                 f"{statistics.median(raw_to_disk_s):.2f}s (the ceiling keeps them in memory)"
             )
         print("client CPU (user + system, median), per object for (a), per GiB for (b):")

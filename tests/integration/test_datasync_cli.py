@@ -115,7 +115,6 @@ def test_filesystem_store(tmp_path):
         (["--bucket", "good-bucket"], False, "no credentials"),
         (["--bucket", "good-bucket", "--store-endpoint", "http://u:p@h:1"], True, "store-endpoint"),
         (["--bucket", "good-bucket", "--secret", "x"], True, "unrecognized arguments"),
-        (["--bucket", "good-bucket", "--transport", "crt"], True, "--transport"),
     ],
 )
 def test_bad_usage_exits_2(tmp_path, args, with_creds, message):

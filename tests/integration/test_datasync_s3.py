@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 import uuid
 from pathlib import Path
 
@@ -572,53 +571,19 @@ AWKWARD = {
 }
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_awkward_key_names_round_trip(server, bucket, tmp_path, direct):
-    """Keys needing URL and XML escaping survive push, listing and pull on both request
-    paths, and the store holds exactly those keys (as boto3 itself lists them)."""
+def test_awkward_key_names_round_trip(server, bucket, tmp_path):
+    """Keys needing URL and XML escaping survive push, listing and pull, and the store holds
+    exactly those keys (as boto3 itself lists them)."""
     write_tree(tmp_path / "a", AWKWARD)
-    remote = remote_for(server.endpoint, bucket, direct_requests=direct)
-    assert (remote.direct is not None) is direct
+    remote = remote_for(server.endpoint, bucket)
     pushed = push(tmp_path / "a", remote, "p", "rw")
     assert (pushed.completed, pushed.failed) == (len(AWKWARD), 0), pushed.failures
     assert remote_tree(server.endpoint, bucket) == {f"p/{k}": v for k, v in AWKWARD.items()}
     listed = {o.key: o.size for o in remote.list("p/")}
     assert listed == {f"p/{k}": len(v) for k, v in AWKWARD.items()}
-    pulled = pull(remote_for(server.endpoint, bucket, direct_requests=direct), tmp_path / "b", "p")
+    pulled = pull(remote_for(server.endpoint, bucket), tmp_path / "b", "p")
     assert (pulled.completed, pulled.failed) == (len(AWKWARD), 0), pulled.failures
     assert read_tree(tmp_path / "b") == AWKWARD
-
-
-def test_small_object_sync_never_builds_the_boto3_client(server, bucket, tmp_path):
-    """Listing, bucket check, GET and PUT of objects below the multipart threshold all go
-    through the direct requests: the boto3 client (and its 0.2 s model load) is not made."""
-    write_tree(tmp_path / "a", sample_files())
-    remote = remote_for(server.endpoint, bucket)
-    raw_client(server.endpoint).create_bucket(Bucket=bucket)
-    assert push(tmp_path / "a", remote, "", "rw").completed == 20
-    assert pull(remote, tmp_path / "b").completed == 20
-    assert "client" not in vars(remote)
-    # a multipart transfer does use it
-    big = remote_for(server.endpoint, bucket, multipart_threshold=5 * MiB)
-    write_tree(tmp_path / "c", {"big.bin": os.urandom(6 * MiB)})
-    assert push(tmp_path / "c", big, "big", "rw").completed == 1
-    assert "client" in vars(big)
-
-
-def test_direct_pagination_lists_every_key(server, bucket, monkeypatch):
-    keys = [f"k/{i:05d}" for i in range(123)] + ["k/\u00e9 +%"]
-    put_many(server.endpoint, bucket, keys + ["other"])
-    remote = remote_for(server.endpoint, bucket)
-    assert remote.direct is not None
-    requests = []
-    real = remote.direct._request
-    monkeypatch.setattr(
-        remote.direct, "_request", lambda *a, **kw: requests.append(1) or real(*a, **kw)
-    )
-    pages = list(remote.direct.list("k/", page_size=10))
-    assert [o.key for o in pages] == sorted(keys)
-    assert len(requests) == 13  # 124 keys, 10 a page: the continuation tokens were followed
-    assert [o.key for o in remote.list("k/")] == sorted(keys)
 
 
 def test_pull_keeps_the_stored_bytes_of_a_content_encoded_object(server, bucket, tmp_path):
@@ -635,56 +600,7 @@ def test_pull_keeps_the_stored_bytes_of_a_content_encoded_object(server, bucket,
     assert (tmp_path / "w/data.csv.gz").read_bytes() == stored
 
 
-def test_listing_asks_for_large_pages_and_falls_back_to_1000():
-    """Pages larger than S3's 1,000 are asked for (moto serves 5,000 keys faster in one
-    page); a server that refuses that with a 400 is asked again for 1,000 a page, from the
-    same continuation point."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-    from urllib.parse import parse_qs, urlsplit
-
-    seen: list[dict[str, list[str]]] = []
-
-    class StrictS3(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            query = parse_qs(urlsplit(self.path).query)
-            seen.append(query)
-            if int(query.get("max-keys", ["1000"])[0]) > 1000:
-                body = b"<Error><Code>InvalidArgument</Code><Message>max-keys</Message></Error>"
-                status = 400
-            else:
-                page = 2 if "continuation-token" in query else 1
-                more = "<IsTruncated>true</IsTruncated><NextContinuationToken>t2"
-                more += "</NextContinuationToken>"
-                last = "<IsTruncated>false</IsTruncated>"
-                body = (
-                    "<ListBucketResult><EncodingType>url</EncodingType>"
-                    f"<Contents><Key>k{page}</Key><Size>{page}</Size><ETag>&quot;e{page}&quot;"
-                    f"</ETag></Contents>{more if page == 1 else last}</ListBucketResult>"
-                ).encode()
-                status = 200
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), StrictS3)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        endpoint = f"http://127.0.0.1:{srv.server_port}"
-        remote = S3Remote("strict-bucket", endpoint_url=endpoint, credentials=CREDS)
-        got = [(o.key, o.size, o.etag) for o in remote.list("")]
-    finally:
-        srv.shutdown()
-        srv.server_close()
-    assert got == [("k1", 1, "e1"), ("k2", 2, "e2")]
-    assert [q.get("max-keys") for q in seen] == [["10000"], None, None]
-    assert "continuation-token" in seen[2]
-
-
-def test_direct_put_of_a_file_that_shrinks_is_refused(server, bucket, tmp_path):
+def test_put_of_a_file_that_shrinks_is_refused(server, bucket, tmp_path):
     """The size announced is the size hashed: a file cut short meanwhile fails the object
     at once (no request left hanging for the missing bytes)."""
     remote = remote_for(server.endpoint, bucket)
@@ -699,7 +615,7 @@ def test_direct_put_of_a_file_that_shrinks_is_refused(server, bucket, tmp_path):
         raw_client(server.endpoint).head_object(Bucket=bucket, Key="f.bin")
 
 
-def test_direct_errors_are_reported_with_the_servers_code(server, tmp_path):
+def test_errors_are_reported_with_the_servers_code(server, tmp_path):
     """A GET of a missing object and a listing of a missing bucket come back as the S3
     error code, not as a crash."""
     missing = f"t-{uuid.uuid4().hex[:16]}"
@@ -715,17 +631,14 @@ def test_direct_errors_are_reported_with_the_servers_code(server, tmp_path):
     assert "NoSuchKey" in str(info.value)
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_uploads_skip_md5_once_the_server_returns_the_sha256_it_verified(
-    server, bucket, tmp_path, direct
-):
+def test_uploads_skip_md5_once_the_server_returns_the_sha256_it_verified(server, bucket, tmp_path):
     """S3 (here: a proxy doing what S3 does) checks the SHA-256 sent with a PUT and returns
     it; after the first such answer the MD5, needed only to check moto's ETag, is skipped."""
     files = sample_files(12)
     write_tree(tmp_path / "a", files)
     probe = tmp_path / "a" / "dir0/sub/file0.bin"
     with FaultyProxy(server.endpoint, verify_sha256=True) as proxy:
-        remote = remote_for(proxy.endpoint, bucket, direct_requests=direct)
+        remote = remote_for(proxy.endpoint, bucket)
         assert remote.digest(probe, probe.stat().st_size).md5 is not None  # nothing known yet
         rep = push(tmp_path / "a", remote, options=SyncOptions(workers=1))
         assert rep.ok and rep.completed == 12 and proxy.bad_digests == 0
@@ -735,7 +648,7 @@ def test_uploads_skip_md5_once_the_server_returns_the_sha256_it_verified(
         assert push(tmp_path / "a", remote).completed == 1
     assert remote_tree(server.endpoint, bucket) == {**files, "late.bin": b"late" * 1000}
     # moto alone returns no checksum: a new remote keeps hashing the MD5
-    plain = remote_for(server.endpoint, bucket, direct_requests=direct)
+    plain = remote_for(server.endpoint, bucket)
     push(tmp_path / "a", plain, options=SyncOptions(workers=1))
     assert not plain.server_verifies_sha256
     assert plain.digest(probe, probe.stat().st_size).md5 is not None
@@ -756,13 +669,10 @@ def test_a_server_refusing_the_sha256_fails_the_object(server, bucket, tmp_path)
     assert "Contents" not in raw_client(server.endpoint).list_objects_v2(Bucket=bucket)
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_upload_without_md5_to_a_server_returning_no_checksum_reads_again(
-    server, bucket, tmp_path, direct
-):
+def test_upload_without_md5_to_a_server_returning_no_checksum_reads_again(server, bucket, tmp_path):
     """A digest without MD5 (the server returned a checksum before, not now): the file is
     read again to check the ETag, and a change since it was hashed fails the object."""
-    remote = remote_for(server.endpoint, bucket, direct_requests=direct)
+    remote = remote_for(server.endpoint, bucket)
     remote.ensure_bucket()
     src = tmp_path / "f.bin"
     src.write_bytes(b"content")

@@ -132,7 +132,7 @@ def test_stream_hasher_crc32():
 
 
 def test_sized_body_stops_at_its_size_and_rewinds(tmp_path):
-    from gpulab.datasync.s3_direct import SizedBody
+    from gpulab.datasync.s3 import SizedBody
 
     data = os.urandom(5000)
     (tmp_path / "f").write_bytes(data + b"grown later")
@@ -147,7 +147,7 @@ def test_sized_body_stops_at_its_size_and_rewinds(tmp_path):
 
 
 def test_sized_body_refuses_a_file_shorter_than_announced(tmp_path):
-    from gpulab.datasync.s3_direct import ChangedWhileSending, SizedBody
+    from gpulab.datasync.s3 import ChangedWhileSending, SizedBody
 
     (tmp_path / "f").write_bytes(b"x" * 100)
     with open(tmp_path / "f", "rb") as f:
@@ -155,189 +155,6 @@ def test_sized_body_refuses_a_file_shorter_than_announced(tmp_path):
         assert body.read(100) == b"x" * 100
         with pytest.raises(ChangedWhileSending, match="ended after 100 of 1000 bytes"):
             body.read(100)
-
-
-def test_object_headers_in_boto3_names():
-    from gpulab.datasync.s3_direct import ObjectHeaders
-
-    h = ObjectHeaders.parse(
-        {
-            "Content-Length": "12",
-            "ETag": '"abc"',
-            "x-amz-meta-gpulab-sha256": "ff",
-            "X-Amz-Checksum-CRC32": "AAAAAA==",
-            "x-amz-checksum-type": "FULL_OBJECT",
-            "x-amz-checksum-mode": "ENABLED",
-        }
-    )
-    assert (h.size, h.etag) == (12, "abc")
-    assert h.as_response() == {"Metadata": {"gpulab-sha256": "ff"}, "ChecksumCRC32": "AAAAAA=="}
-
-
-@pytest.mark.parametrize(
-    ("status", "body", "code", "message"),
-    [
-        (404, b"<Error><Code>NoSuchKey</Code><Message>gone</Message></Error>", "NoSuchKey", "gone"),
-        (403, b"", "AccessDenied", "HTTP 403"),  # a HEAD has no body
-        (503, b"not xml", "503", "HTTP 503"),
-    ],
-)
-def test_direct_errors_become_client_errors(status, body, code, message):
-    from gpulab.datasync.s3_direct import _client_error
-
-    err = _client_error(status, body, "GetObject").response
-    assert err["Error"] == {"Code": code, "Message": message}
-    assert err["ResponseMetadata"]["HTTPStatusCode"] == status
-
-
-def test_direct_paths_are_quoted_once():
-    from gpulab.datasync.credentials import Credentials
-    from gpulab.datasync.s3_direct import DirectS3
-
-    d = DirectS3(
-        "http://127.0.0.1:9/base/",
-        "bkt",
-        region="us-east-1",
-        credentials=Credentials("AKIAEXAMPLE000000000", "s" * 40),
-        max_attempts=1,
-        connect_timeout=1,
-        read_timeout=1,
-        pool_size=1,
-    )
-    assert d._path() == "/base/bkt"
-    assert d._path("a b/\u00e9+%?#~.txt") == "/base/bkt/a%20b/%C3%A9%2B%25%3F%23~.txt"
-
-
-def test_stream_body_without_an_http_client_response_keeps_stored_bytes() -> None:
-    """The fallback path (urllib3's own reads) also hands over the bytes as stored, never
-    decoded, and counts them."""
-    import gzip
-    import io
-
-    import urllib3
-
-    from gpulab.datasync.s3_direct import stream_body
-
-    stored = gzip.compress(b"x" * 100_000)
-    resp = urllib3.HTTPResponse(
-        body=io.BytesIO(stored), headers={"content-encoding": "gzip"}, preload_content=False
-    )
-    got = bytearray()
-    assert stream_body(resp, got.extend) == len(stored)
-    assert bytes(got) == stored
-
-
-# -- SigV4 (agrees with botocore's S3 signer) --------------------------------------------
-
-SIGV4_REQUESTS = [
-    (
-        "GET",
-        "http://127.0.0.1:5000",
-        "/bkt",
-        {"list-type": "2", "prefix": "", "encoding-type": "url"},
-        {},
-        False,
-    ),
-    (
-        "GET",
-        "http://127.0.0.1:5000",
-        "/bkt",
-        {
-            "list-type": "2",
-            "prefix": "users/ä b+c%/=&",
-            "max-keys": "10000",
-            "continuation-token": "a/b+c==",
-        },
-        {},
-        False,
-    ),
-    ("HEAD", "https://s3.example.com:443", "/bkt", {}, {}, False),
-    (
-        "GET",
-        "http://minio:9000",
-        "/base/bkt/dir/k%20%C3%A9~%2B.bin",
-        {},
-        {"x-amz-checksum-mode": "ENABLED"},
-        False,
-    ),
-    (
-        "PUT",
-        "http://[::1]:9000",
-        "/bkt/a/b.bin",
-        {},
-        {
-            "Content-Length": "12",
-            "x-amz-checksum-sha256": "abc=",
-            "x-amz-meta-gpulab-sha256": "  spaced   value ",
-            "User-Agent": "x",
-        },
-        True,
-    ),
-    (
-        "PUT",
-        "http://example.com:80",
-        "/bkt/k",
-        {},
-        {"Content-Length": "0", "Content-MD5": "1B2M2Y8AsgTpgAmY7PhCfg=="},
-        True,
-    ),
-]
-
-
-@pytest.mark.parametrize("token", [None, "session/token+="])
-@pytest.mark.parametrize("method,origin,path,query,headers,has_body", SIGV4_REQUESTS)
-def test_sigv4_signs_as_botocore_does(method, origin, path, query, headers, has_body, token):
-    import datetime
-    from urllib.parse import quote, urlencode
-
-    from botocore.auth import S3SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.config import Config
-    from botocore.credentials import Credentials as BotoCredentials
-
-    from gpulab.datasync.sigv4 import SigV4Signer, host_header
-
-    url = path + ("?" + urlencode(sorted(query.items()), quote_via=quote) if query else "")
-    req = AWSRequest(method, origin + url, headers=dict(headers))
-    if has_body:
-        req.context["client_config"] = Config(s3={"payload_signing_enabled": False})
-    S3SigV4Auth(
-        BotoCredentials("AKIDEXAMPLE", "wJalr/K7MDENG+bPxRfi", token), "s3", "eu-west-3"
-    ).add_auth(req)
-    now = datetime.datetime.strptime(req.headers["X-Amz-Date"], "%Y%m%dT%H%M%SZ")
-    signer = SigV4Signer("AKIDEXAMPLE", "wJalr/K7MDENG+bPxRfi", token, region="eu-west-3")
-    ours = signer.sign(method, host_header(origin), url, dict(headers), has_body=has_body, now=now)
-    assert ours == dict(req.headers.items())
-    # the day's signing key is cached: a second request signs the same
-    assert (
-        signer.sign(method, host_header(origin), url, dict(headers), has_body=has_body, now=now)
-        == ours
-    )
-
-
-def test_sigv4_signature_changes_with_every_signed_part():
-    import datetime
-
-    from gpulab.datasync.sigv4 import SigV4Signer
-
-    now = datetime.datetime(2026, 11, 22, 12, 0, 0)
-    base = SigV4Signer("AK", "secret", region="us-east-1")
-    ref = base.sign("GET", "h:1", "/b/k?x=1", {"a": "1"}, now=now)["Authorization"]
-    variants = [
-        base.sign("PUT", "h:1", "/b/k?x=1", {"a": "1"}, now=now),
-        base.sign("GET", "h:2", "/b/k?x=1", {"a": "1"}, now=now),
-        base.sign("GET", "h:1", "/b/j?x=1", {"a": "1"}, now=now),
-        base.sign("GET", "h:1", "/b/k?x=2", {"a": "1"}, now=now),
-        base.sign("GET", "h:1", "/b/k?x=1", {"a": "2"}, now=now),
-        base.sign("GET", "h:1", "/b/k?x=1", {"a": "1"}, has_body=True, now=now),
-        base.sign("GET", "h:1", "/b/k?x=1", {"a": "1"}, now=now + datetime.timedelta(days=1)),
-        SigV4Signer("AK", "secreT").sign("GET", "h:1", "/b/k?x=1", {"a": "1"}, now=now),
-        SigV4Signer("AK", "secret", region="eu-west-1").sign(
-            "GET", "h:1", "/b/k?x=1", {"a": "1"}, now=now
-        ),
-    ]
-    sigs = {v["Authorization"].rsplit("=", 1)[1] for v in variants}
-    assert ref.rsplit("=", 1)[1] not in sigs and len(sigs) == len(variants)
 
 
 def test_default_hashers_follow_the_cpus_the_process_may_use():

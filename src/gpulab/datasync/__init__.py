@@ -1,7 +1,7 @@
 """gpulab's sync engine: incremental, verified transfers between object storage and disk.
 
-The names below are loaded on first use, so that a ``gpulab-sync`` served by the direct
-requests (see :mod:`.s3_direct`) never loads boto3 or botocore's service model.
+The names below are loaded on first use (``gpulab-sync --help`` and a bad argument load
+neither the engine nor boto3).
 """
 
 from __future__ import annotations

@@ -38,8 +38,7 @@ from .s3_settings import MiB, S3Settings
 if TYPE_CHECKING:
     from .backend import Remote
 
-# The engine is imported in main(), boto3 and botocore's service model only where a request
-# needs them: a pull served by the direct requests (see .s3_direct) never loads them.
+# The engine (and boto3) are imported in main(), once the arguments are checked.
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 log = logging.getLogger("gpulab.datasync")
@@ -97,14 +96,6 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.multipart_chunksize // MiB,
         help=f"part size of those transfers (default {defaults.multipart_chunksize // MiB})",
     )
-    p.add_argument(
-        "--transport",
-        choices=("direct", "boto3"),
-        default="direct" if defaults.direct_requests else "boto3",
-        help="how S3 requests are sent: direct (gpulab's signed urllib3 requests for "
-        "listings and single-request objects, the rest through boto3) or boto3 (every "
-        "request through boto3/s3transfer)",
-    )
     p.add_argument("--connect-timeout", type=float, default=5.0)
     p.add_argument("--read-timeout", type=float, default=60.0)
     return p
@@ -147,7 +138,6 @@ def _remote(args: argparse.Namespace) -> Remote:
         read_timeout=args.read_timeout,
         multipart_threshold=args.multipart_threshold_mib * MiB,
         multipart_chunksize=args.multipart_chunksize_mib * MiB,
-        direct_requests=args.transport == "direct",
     )
     from .s3 import S3Remote
 

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 from botocore.config import Config
 from botocore.exceptions import (
     ClientError,
     FlexibleChecksumError,
+    HTTPClientError,
     IncompleteReadError,
     ReadTimeoutError,
     ResponseStreamingError,
@@ -34,7 +36,6 @@ from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
 from .hashing import FileDigest, StreamHasher, hash_file, open_target
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
-from .s3_direct import ChangedWhileSending, DirectS3, ObjectHeaders, SizedBody, receive_file
 from .s3_settings import S3Settings
 
 META_SHA256 = "gpulab-sha256"
@@ -45,9 +46,52 @@ _NOT_FOUND = {"404", "NoSuchBucket", "NotFound", "NoSuchKey"}
 _CHUNK = 1024 * 1024
 
 
+class ChangedWhileSending(Exception):
+    """The file being uploaded ended before the size announced (it changed meanwhile)."""
+
+
+class SizedBody(io.RawIOBase):
+    """An upload's body: exactly ``size`` bytes of ``f``.
+
+    It stops at ``size`` and raises :class:`ChangedWhileSending` if the file ends before, so
+    that a file cut short fails at once instead of leaving the server waiting for bytes that
+    never come. It rewinds only to the start (as botocore does to retry).
+    """
+
+    def __init__(self, f: BinaryIO, size: int) -> None:
+        self._f = f
+        self._size = size
+        self._sent = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._sent
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        if (pos, whence) != (0, io.SEEK_SET):
+            raise io.UnsupportedOperation("only a rewind to the start")
+        self._f.seek(0)
+        self._sent = 0
+        return 0
+
+    def read(self, n: int | None = -1) -> bytes:
+        left = self._size - self._sent
+        if left <= 0:
+            return b""
+        data = self._f.read(left if n is None or n < 0 else min(n, left))
+        if not data:
+            raise ChangedWhileSending(f"the file ended after {self._sent} of {self._size} bytes")
+        self._sent += len(data)
+        return data
+
+
 def _retries_exceeded() -> type[Exception]:
-    # boto3 and s3transfer are imported on first need: a sync served by the direct
-    # requests starts ~0.1 s sooner without them (see :attr:`S3Remote.client`)
+    # s3transfer is imported on first need (multipart and ranged transfers only)
     from s3transfer.exceptions import RetriesExceededError
 
     return RetriesExceededError
@@ -105,22 +149,10 @@ class S3Remote:
         self.store_name = store_name
         self.endpoint_url = endpoint_url
         self.region = region
-        self.settings = s = settings or S3Settings()
+        self.settings = settings or S3Settings()
         self._credentials = credentials
         #: the server answered a PUT with the SHA-256 it verified (see :meth:`digest`)
         self.server_verifies_sha256 = False
-        self.direct: DirectS3 | None = None
-        if endpoint_url and s.direct_requests and s.addressing_style != "virtual":
-            self.direct = DirectS3(
-                endpoint_url,
-                bucket,
-                region=region,
-                credentials=credentials,
-                max_attempts=s.max_attempts,
-                connect_timeout=s.connect_timeout,
-                read_timeout=s.read_timeout,
-                pool_size=s.max_pool_connections,
-            )
 
     @functools.cached_property
     def transfer_config(self) -> Any:
@@ -137,8 +169,7 @@ class S3Remote:
 
     @functools.cached_property
     def client(self) -> Any:
-        """The boto3 client, made on first use (loading its service model takes ~0.2 s,
-        which a sync served entirely by :attr:`direct` never pays)."""
+        """The boto3 client, made on first use (loading its service model takes ~0.2 s)."""
         import boto3
         import botocore.session
 
@@ -188,16 +219,12 @@ class S3Remote:
 
     def ensure_bucket(self) -> bool:
         with _translated(f"bucket {self.bucket}"):
-            if self.direct is not None:
-                if self.direct.bucket_exists():
-                    return False
-            else:
-                try:
-                    self.client.head_bucket(Bucket=self.bucket)
-                    return False
-                except ClientError as exc:
-                    if _client_error_code(exc) not in _NOT_FOUND:
-                        raise
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+                return False
+            except ClientError as exc:
+                if _client_error_code(exc) not in _NOT_FOUND:
+                    raise
             kwargs: dict[str, Any] = {"Bucket": self.bucket}
             if self.region and self.region != "us-east-1":
                 kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
@@ -210,11 +237,6 @@ class S3Remote:
             return True
 
     def list(self, prefix: str, *, markers: bool = False) -> Iterator[RemoteObject]:
-        if self.direct is not None:
-            for obj in self.direct.list(prefix, page_size=self.settings.list_page_size):
-                if markers or not obj.key.endswith("/"):
-                    yield obj
-            return
         paginator = self.client.get_paginator("list_objects_v2")
         with _translated(f"listing {self.bucket}/{prefix}"):
             for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
@@ -238,10 +260,6 @@ class S3Remote:
         with _translated(f"get {obj.key}"):
             if obj.size >= self.settings.multipart_threshold:
                 return self._download_ranged(obj.key, dest)
-            if self.direct is not None:
-                got = self._download_direct(obj.key, dest, fd)
-                if got is not None:
-                    return got
             return self._download_single(obj.key, dest, fd)
 
     def _hasher_for(
@@ -266,22 +284,6 @@ class S3Remote:
         if _MD5_RE.match(etag):
             return StreamHasher(md5=True)
         return None if not streamed else StreamHasher(md5=True)
-
-    def _download_direct(self, key: str, dest: Path, fd: int | None) -> Transferred | None:
-        """One GET through :attr:`direct`, hashed as it is written; None: use botocore."""
-        assert self.direct is not None
-        resp = self.direct.get(key)
-        info = ObjectHeaders.parse(resp.headers)
-        hasher = self._hasher_for(key, info.etag, info.as_response(), streamed=False)
-        if hasher is None:
-            resp.close()
-            return None
-        receive_file(resp, dest, hasher.update, fd=fd)
-        digest = hasher.digest()
-        if digest.size != info.size:
-            raise IntegrityError(f"truncated: received {digest.size} of {info.size} bytes")
-        self._verify_download(digest, info.etag, info.as_response(), streamed=False)
-        return Transferred(key, digest.size, info.etag, digest.sha256)
 
     def _download_single(self, key: str, dest: Path, fd: int | None) -> Transferred:
         """One GET; the body is hashed as it is written (no second pass over the file)."""
@@ -383,8 +385,6 @@ class S3Remote:
         with _translated(f"put {key}"):
             part_size = self.part_size_for(digest.size)
             if part_size is None:
-                if self.direct is not None:
-                    return self._upload_direct(key, src, digest)
                 return self._upload_single(key, src, digest, metadata)
             self.client.upload_file(
                 str(src),
@@ -410,16 +410,25 @@ class S3Remote:
     def _upload_single(
         self, key: str, src: Path, digest: FileDigest, metadata: dict[str, str]
     ) -> Transferred:
-        """One PUT of ``src``, whose SHA-256 and MD5 were computed in the same read pass."""
-        with open(src, "rb") as body:
-            resp = self.client.put_object(
-                Bucket=self.bucket,
-                Key=key,
-                Body=body,
-                ContentLength=digest.size,
-                ChecksumSHA256=digest.sha256_b64,
-                Metadata=metadata,
-            )
+        """One PUT of ``src``, whose SHA-256 and MD5 were computed in the same read pass. The
+        server verifies the SHA-256 sent with it (S3 does; then it returns it) or computes the
+        MD5 ETag, which must match: either way a file changed since it was hashed fails, and
+        one cut short fails at once (:class:`SizedBody`)."""
+        with open(src, "rb") as f:
+            try:
+                resp = self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=SizedBody(f, digest.size),
+                    ContentLength=digest.size,
+                    ChecksumSHA256=digest.sha256_b64,
+                    Metadata=metadata,
+                )
+            except (ChangedWhileSending, HTTPClientError) as exc:
+                cause = exc.kwargs.get("error") if isinstance(exc, HTTPClientError) else exc
+                if not isinstance(cause, ChangedWhileSending):
+                    raise
+                raise IntegrityError(f"the file changed during the upload: {cause}") from exc
         etag = resp["ETag"].strip('"')
         self._verify_upload(src, digest, etag, resp.get("ChecksumSHA256"))
         return Transferred(key, digest.size, etag, digest.sha256)
@@ -445,23 +454,6 @@ class S3Remote:
                 "server stored different content (MD5 ETag differs): the file may have "
                 "changed during the upload"
             )
-
-    def _upload_direct(self, key: str, src: Path, digest: FileDigest) -> Transferred:
-        """One PUT of ``src`` (hashed as ``digest``) through :attr:`direct`. The server
-        verifies the SHA-256 sent with it (S3 does; then it returns it) or computes the MD5
-        ETag, which must match: either way a file changed since it was hashed fails."""
-        assert self.direct is not None
-        headers = {
-            "x-amz-checksum-sha256": digest.sha256_b64,
-            f"x-amz-meta-{META_SHA256}": digest.sha256,
-        }
-        with open(src, "rb", buffering=0) as f:
-            try:
-                stored = self.direct.put(key, SizedBody(f, digest.size), digest.size, headers)
-            except ChangedWhileSending as exc:
-                raise IntegrityError(f"the file changed during the upload: {exc}") from exc
-        self._verify_upload(src, digest, stored.etag, stored.checksums.get("ChecksumSHA256"))
-        return Transferred(key, digest.size, stored.etag, digest.sha256)
 
     def delete(self, key: str, expected_etag: str) -> DeleteOutcome:
         with _translated(f"delete {key}"):

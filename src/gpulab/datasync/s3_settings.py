@@ -27,11 +27,3 @@ class S3Settings:
     multipart_chunksize: int = 64 * MiB
     transfer_concurrency: int = 8
     addressing_style: Literal["auto", "path", "virtual"] = "path"
-    #: list, get and put objects below the multipart threshold with signed urllib3 requests
-    #: (see :mod:`.s3_direct`); False: every request through boto3/s3transfer. Measured in
-    #: bench/README.md: 1.4-2x faster on small, unchanged and large syncs against moto
-    direct_requests: bool = True
-    #: keys asked for per listing page (direct requests). S3 returns at most 1,000 whatever
-    #: is asked; servers that allow more (moto) list a large prefix faster in fewer pages
-    #: (5,000 keys on moto: 0.60 s in one page against 0.68 s in five)
-    list_page_size: int = 10_000
