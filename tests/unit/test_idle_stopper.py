@@ -3,7 +3,6 @@ stand-in for the hub's REST API (the real hub: tests/integration/test_notebook_i
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 
 import pytest
@@ -13,6 +12,8 @@ from gpulab.lifecycle import NotebookState, utcnow
 from gpulab.notebooks import NotebookRecords
 from gpulab.resources import Limits, Resources
 from gpulab.service.idle import IdleStopper
+
+from ..conftest import run_async
 
 S = NotebookState
 RES = Resources(cpus=1, memory=1024**3, gpus=1)
@@ -67,7 +68,8 @@ class FakeHub:
 
 
 def check(stopper):
-    return asyncio.run(stopper.check())
+    # a loop of its own: after the browser tests Playwright's loop owns the main thread
+    return run_async(stopper.check())
 
 
 def test_an_idle_notebook_is_stopped_with_reason_idle(records):
