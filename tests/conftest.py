@@ -7,6 +7,7 @@ Tests that need Docker skip on a developer machine without an engine, but FAIL i
 from __future__ import annotations
 
 import os
+import time
 
 import docker
 import pytest
@@ -122,3 +123,15 @@ def run_async(coro):
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def wait_until(predicate, timeout: float = 60, step: float = 0.3, what: str = "condition"):
+    """The predicate's first true value, asked every ``step`` seconds; TimeoutError after
+    ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise TimeoutError(f"{what} not met in {timeout} s")

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import re
-import time
 from pathlib import Path
 
 import pytest
 
-from ..conftest import IN_CI
+from ..conftest import IN_CI, wait_until  # noqa: F401 (the browser tests import it here)
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -130,13 +129,3 @@ def login(page, hub, user: str, admin: bool = False) -> None:
     page.fill("#password_input", pw)
     page.click("#login_submit")
     page.wait_for_url(re.compile(r".*/hub/(home|spawn|spawn-pending|user/).*|.*/user/.*"))
-
-
-def wait_until(predicate, timeout: float = 60, step: float = 0.3, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise TimeoutError(f"{what} not met in {timeout} s")

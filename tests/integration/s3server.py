@@ -19,6 +19,7 @@ import http.client
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -203,3 +204,13 @@ class FaultyProxy:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def credentials_file(directory) -> Path:
+    """A store credentials file (mode 0600) for the test server's key, in ``directory``."""
+    path = Path(directory) / "s3-credentials"
+    path.touch(mode=0o600)
+    path.write_text(
+        f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
+    )
+    return path

@@ -333,7 +333,7 @@ def test_finished_containers_are_removed_after_the_delay_records_and_logs_stay(
 def test_job_data_pulled_from_and_pushed_to_s3(hub_factory, tmp_path, docker_client):
     import boto3
 
-    from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
+    from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
 
     # moto keeps one state per process: buckets of their own keep this test apart from others
     s3 = MotoS3Server().start()
@@ -347,11 +347,7 @@ def test_job_data_pulled_from_and_pushed_to_s3(hub_factory, tmp_path, docker_cli
         )
         client.create_bucket(Bucket="job-inputs")
         client.put_object(Bucket="job-inputs", Key="cifar/labels.txt", Body=b"cat\ndog\n")
-        credentials = tmp_path / "s3-credentials"
-        credentials.touch(mode=0o600)
-        credentials.write_text(
-            f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
-        )
+        credentials = credentials_file(tmp_path)
         hub = hub_factory(
             "c.GpulabSettings.supervisor_interval = 0.2\n"
             f'c.GpulabSettings.object_stores["s3"] = {{"endpoint_url": "{s3.endpoint}", '

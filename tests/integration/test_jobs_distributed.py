@@ -113,6 +113,11 @@ def test_two_workers_all_reduce_over_their_own_network(hub, dora, docker_client)
     one = logs(dora, job["id"], rank=1)
     assert "rank 1 of 2" in one and "rank 0 of 2" not in one and "[rank" not in one, one
     assert dora.call("GET", f"/jobs/{job['id']}/logs", params={"rank": 2}).status_code == 404
+    # another user gets the same 404 as for a missing job, whatever the rank
+    eve = Api(hub, "eve")
+    for rank in (0, 1):
+        got = eve.call("GET", f"/jobs/{job['id']}/logs", params={"rank": rank})
+        assert got.status_code == 404 and "sum" not in got.text, got.text
     # the ranks' placement: one GPU each, different ones, in the record and the containers
     ranks = done["workers"]
     assert [r["rank"] for r in ranks] == [0, 1]

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from ..hubctl import SpawnFailed
-from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
+from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -59,11 +59,7 @@ def hub(tmp_path_factory, images, s3):
     from ..hubctl import Hub
 
     workdir = tmp_path_factory.mktemp("data")
-    credentials = workdir / "s3-credentials"
-    credentials.touch(mode=0o600)
-    credentials.write_text(
-        f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
-    )
+    credentials = credentials_file(workdir)
     hub = Hub(
         workdir=workdir,
         extra_config=CONFIG.format(endpoint=s3.endpoint, credentials=credentials),

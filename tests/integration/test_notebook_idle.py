@@ -22,7 +22,7 @@ from gpulab.gpus.inventory import load_inventory
 from gpulab.gpus.ledger import GpuLedger
 from gpulab.runtime.objects import notebook_workload_id
 
-from ..conftest import run_async
+from ..conftest import run_async, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -86,16 +86,6 @@ def history(hub, user, server) -> list[dict]:
     return r.json()["history"]
 
 
-def wait_for(predicate, timeout: float, what: str, step: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise TimeoutError(f"{what}: not within {timeout} s")
-
-
 def stopped_for(hub, user, server, timeout: float) -> list[dict]:
     """The history once the notebook is STOPPED after a stop it did not ask for."""
 
@@ -103,7 +93,7 @@ def stopped_for(hub, user, server, timeout: float) -> list[dict]:
         h = history(hub, user, server)
         return h if h[-1]["state"] == "STOPPED" else None
 
-    return wait_for(done, timeout, f"{user}/{server} STOPPED")
+    return wait_until(done, timeout, what=f"{user}/{server} STOPPED")
 
 
 def spawn_ready(hub, user, server, options, token):
@@ -253,7 +243,7 @@ def test_idle_gpu_notebook_is_stopped_and_its_gpu_freed_a_running_cell_is_not(hu
 
     # the notebook running a long, silent cell is not stopped: well past its idle time it runs
     # on, its GPU held, and the hub has heard of its activity lately
-    wait_for(lambda: time.monotonic() - started > 2 * IDLE + 10, 120, "time passing", 1)
+    wait_until(lambda: time.monotonic() - started > 2 * IDLE + 10, 120, 1, "time passing")
     assert history(hub, "alice", "busy")[-1]["state"] == "RUNNING"
     assert len(held_by(hub, "alice", "busy")) == 1
     model = hub.server_model("alice", "busy")

@@ -222,8 +222,12 @@ class JobHandler(JobsBase):
         if int(job["spec"].get("workers") or 1) > 1:  # its own network, if still there
             with contextlib.suppress(Exception):
                 await sup.runtime.remove_job_network(sup.s.instance, job_id)
-        for path in sup.saved_logs(job_id):
-            path.unlink(missing_ok=True)
+
+        def unlink() -> None:  # file system work off the event loop
+            for path in sup.saved_logs(job_id):
+                path.unlink(missing_ok=True)
+
+        await asyncio.to_thread(unlink)
         self.set_status(204)
         self.finish()
 
