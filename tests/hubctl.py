@@ -11,7 +11,6 @@ import contextlib
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,18 +21,14 @@ from pathlib import Path
 import docker
 import requests
 
+from .ports import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 CHP_BIN = REPO / ".build" / "node" / "node_modules" / ".bin"
 
 
 class SpawnFailed(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -26,14 +26,10 @@ from urllib.parse import urlsplit
 from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import BaseWSGIServer, make_server
 
+from ..ports import free_port
+
 TEST_ACCESS_KEY = "AKIATESTGPULAB000001"
 TEST_SECRET_KEY = "gpulab-test-secret-7f3a9c1e5b2d4f60"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _TrackingHandler(MotoRequestHandler):
