@@ -23,13 +23,13 @@ class LimitExceeded(Exception):
 
 def sum_resources(items) -> Resources:
     """The sum of notebooks' recorded resources ({cpus, memory, gpus} as in to_json)."""
-    cpus, memory, gpus = 0.0, 0, 0
+    cpus, memory, gpus = 0.0, 0, 0.0
     for r in items:
         if not r:
             continue
         cpus += float(r.get("cpus", 0))
         memory += parse_memory(r["memory"]) if r.get("memory") else 0
-        gpus += int(r.get("gpus", 0))
+        gpus += float(r.get("gpus", 0))
     return Resources(cpus=cpus, memory=memory, gpus=gpus)
 
 
@@ -43,8 +43,8 @@ def exceeds(held: Resources, new: Resources, limits: Limits) -> str:
             f"{format_memory(held.memory)} memory in use + {format_memory(new.memory)} > "
             f"{format_memory(limits.memory)}"
         )
-    if held.gpus + new.gpus > limits.gpus:
-        over.append(f"{held.gpus} GPUs in use + {new.gpus} > {limits.gpus}")
+    if held.gpus + new.gpus > limits.gpus + 1e-9:
+        over.append(f"{held.gpus:g} GPUs in use + {new.gpus:g} > {limits.gpus:g}")
     if not over:
         return ""
     return (

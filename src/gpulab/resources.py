@@ -1,8 +1,11 @@
 """Resource requests, flavors and limits (pure, no I/O).
 
-A notebook asks for a flavor (``cpu-small``, ``gpu-1``...) or explicit cpus/memory/gpus. The
-request is checked against the maximum the admin allows that user (per user, else the most
-generous of their groups, else the default), then turned into container limits.
+A notebook asks for a flavor (``cpu-small``, ``gpu-1``...) or explicit cpus/memory/gpus. A
+notebook's gpus may be a fraction below 1 (part of a shared GPU, see gpulab.gpus.sharing;
+whether the installation offers that fraction is the spawner's check, against the ledger);
+above 1 it is a whole number. The request is checked against the maximum the admin allows
+that user (per user, else the most generous of their groups, else the default), then turned
+into container limits.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ def format_memory(size: int) -> str:
 class Resources:
     cpus: float
     memory: int  # bytes
-    gpus: int = 0
+    gpus: float = 0  # an int, or a fraction below 1 (a notebook's share of a shared GPU)
 
     def to_json(self) -> dict:
         return {"cpus": self.cpus, "memory": format_memory(self.memory), "gpus": self.gpus}
@@ -92,7 +95,7 @@ class Flavor:
             res = Resources(
                 cpus=float(d["cpus"]),
                 memory=parse_memory(d["memory"]),
-                gpus=int(d.get("gpus", 0)),
+                gpus=flavor_gpus(d.get("gpus", 0), str(d.get("id"))),
             )
             idle = d.get("idle_timeout")
             return cls(
@@ -105,6 +108,24 @@ class Flavor:
             )
         except KeyError as e:
             raise ValueError(f"flavor {d!r} lacks {e.args[0]!r}") from None
+
+
+def flavor_gpus(value, flavor: str) -> float:
+    """A flavor's GPU count: a whole number, or a fraction below 1 (a share of a GPU)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"flavor {flavor!r}: gpus must be a number, not {value!r}")
+    if value < 0 or (value > 1 and value != int(value)):
+        raise ValueError(
+            f"flavor {flavor!r}: gpus must be a whole number or a fraction below 1, not {value!r}"
+        )
+    return normalize_gpus(value)
+
+
+def normalize_gpus(gpus: float) -> float:
+    """1.0 -> 1 (so that JSON and messages say 1), 0.50000001 -> 0.5."""
+    if not math.isfinite(gpus):
+        return gpus  # refused by the range check, with the number as given
+    return int(gpus) if gpus == int(gpus) else round(gpus, 4)
 
 
 def check_idle_timeout(value, name: str) -> float:
@@ -200,7 +221,13 @@ def _check_range(res: Resources) -> None:
     if res.gpus < 0:
         raise ResourceError("gpus", f"gpus cannot be negative, got {res.gpus}")
     if res.gpus > MAX_GPUS:
-        raise ResourceError("gpus", f"gpus must be at most {MAX_GPUS}, got {res.gpus}")
+        raise ResourceError("gpus", f"gpus must be at most {MAX_GPUS}, got {res.gpus:g}")
+    if res.gpus > 1 and res.gpus != int(res.gpus):
+        raise ResourceError(
+            "gpus",
+            f"gpus={res.gpus:g}: more than one GPU is a whole number (a fraction is part of one "
+            "shared GPU); ask for 1, 2, ... or a fraction below 1",
+        )
 
 
 def resolve_resources(
@@ -226,7 +253,7 @@ def resolve_resources(
     res = Resources(
         cpus=base.cpus if cpus is None else float(_number(cpus, "cpus", float)),
         memory=base.memory if memory is None else parse_memory(memory),
-        gpus=base.gpus if gpus is None else int(_number(gpus, "gpus", int)),
+        gpus=base.gpus if gpus is None else normalize_gpus(float(_number(gpus, "gpus", float))),
     )
     _check_range(res)
     for name, asked, most in (

@@ -15,6 +15,7 @@ from traitlets.config import Configurable
 from . import __version__
 from .bounds import MAX_REQUEST_BODY
 from .frameworks import Catalog
+from .gpus.sharing import check_sharing, fraction_refusal
 from .idle import idle_timeout_for
 from .jobs.scheduler import Quota, quota_for
 from .resources import Flavor, Limits, Resources, check_idle_timeout, effective_limits
@@ -169,6 +170,35 @@ class GpulabSettings(Configurable):
         help="""How GPUs reach a container: 'device_request' (Docker DeviceRequest, driver nvidia,
         explicit device IDs; needs the NVIDIA container toolkit) or 'env' (NVIDIA_VISIBLE_DEVICES,
         for hosts whose default runtime is nvidia).""",
+    ).tag(config=True)
+
+    gpu_sharing = Dict(
+        default_value={},
+        help="""GPUs that notebooks may share, and into how many slots: {device: slots}, for
+        example {"0": 4} (device 0 in quarters: notebooks may ask for 0.25, 0.5 or 0.75 of a
+        GPU). A device is named by its ID (on every node of a cluster) or as "node/id". Slots
+        are 2 to 16. A shared device is handed out whole only while no share of it is held,
+        and no share of it while a whole-GPU workload holds it; jobs always take whole GPUs.
+        Isolation is gpu_sharing_mode's. Empty (default): whole GPUs only.""",
+    ).tag(config=True)
+
+    gpu_sharing_mode = Enum(
+        ["time-slicing", "mps"],
+        default_value="time-slicing",
+        help="""How the notebooks sharing a GPU share it. 'time-slicing' (default): each
+        sharer is given the device as a whole GPU is; the driver time-slices their kernels and
+        nothing isolates their memory (one sharer can take it all). 'mps': the sharers are
+        NVIDIA MPS clients (the admin runs nvidia-cuda-mps-control on the host): each gets
+        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its share of the compute) and
+        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (its share of the device's memory, from the
+        inventory's memory) and the MPS pipe directory (mps_pipe_directory).""",
+    ).tag(config=True)
+
+    mps_pipe_directory = Unicode(
+        "/tmp/nvidia-mps",
+        help="""With gpu_sharing_mode 'mps': the MPS control daemon's pipe directory on the
+        host (CUDA_MPS_PIPE_DIRECTORY); it is mounted at the same path into the containers
+        that share a GPU, and only into those.""",
     ).tag(config=True)
 
     runtime = Enum(
@@ -464,6 +494,21 @@ class GpulabSettings(Configurable):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self.check_idle()
+        self.check_sharing()
+
+    def check_sharing(self) -> None:
+        """gpu_sharing and the fractional flavors, checked at start-up: a flavor asking for a
+        fraction no shared device gives would fail every spawn."""
+        try:
+            sharing = check_sharing(self.gpu_sharing)
+        except ValueError as e:
+            raise ConfigError(f"c.GpulabSettings.{e}") from None
+        for f in self.flavors:
+            gpus = f.get("gpus", 0) if isinstance(f, dict) else 0
+            if isinstance(gpus, int | float) and 0 < gpus < 1:
+                why = fraction_refusal(gpus, list(sharing.values()))
+                if why:
+                    raise ConfigError(f"flavor {f.get('id')!r}: {why}")
 
     def check_idle(self) -> None:
         """The idle stop's settings, checked when the hub or the service reads them (the

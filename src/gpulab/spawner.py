@@ -22,6 +22,7 @@ from . import __version__
 from .db import Database
 from .gpus.inventory import load_inventory
 from .gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
+from .gpus.sharing import is_fraction, share_container
 from .lifecycle import InvalidTransition, NotebookState
 from .metrics import NOTEBOOK_START
 from .notebook_reconcile import NotebookReconciler
@@ -103,9 +104,9 @@ class NotebookSpawner(
     def ledger(self) -> GpuLedger:
         s = self.settings
         if self.clustered:  # the nodes and devices are read before each reservation
-            return GpuLedger(self.gpulab_db, s.instance, [], s.placement, [])
+            return GpuLedger(self.gpulab_db, s.instance, [], s.placement, [], sharing=s.gpu_sharing)
         devices = load_inventory(s.gpu_devices, s.discover_gpus)
-        return GpuLedger(self.gpulab_db, s.instance, devices)
+        return GpuLedger(self.gpulab_db, s.instance, devices, sharing=s.gpu_sharing)
 
     @cached_property
     def records(self) -> NotebookRecords:
@@ -232,7 +233,7 @@ class NotebookSpawner(
         res = opts.resources
         summary = (
             f"{opts.framework} {opts.version} with {opts.editor}; "
-            f"{res.cpus:g} CPU, {format_memory(res.memory)}, {res.gpus} GPU"
+            f"{res.cpus:g} CPU, {format_memory(res.memory)}, {res.gpus:g} GPU"
         )
         groups = self._user_groups()
         if self.clustered:
@@ -262,7 +263,7 @@ class NotebookSpawner(
         self._progress(5, f"Options validated: {summary}")
 
         # GPUs
-        self._progress(15, f"Reserving {res.gpus} GPU(s)" if res.gpus else "No GPU requested")
+        self._progress(15, f"Reserving {res.gpus:g} GPU(s)" if res.gpus else "No GPU requested")
         try:
             await self.refresh_cluster()
         except EngineError as e:
@@ -284,7 +285,8 @@ class NotebookSpawner(
             await self._fail(S.FAILED, "NO_GPU_AVAILABLE", str(e))
             raise SpawnFailed(409, str(e)) from None
         if self.gpu_ids:
-            self._progress(20, f"GPUs reserved: {', '.join(self.gpu_ids)}")
+            share = f" ({res.gpus:g} of it, shared)" if is_fraction(res.gpus) else ""
+            self._progress(20, f"GPUs reserved: {', '.join(self.gpu_ids)}{share}")
         if self.clustered:
             await self._place()
 
@@ -309,6 +311,12 @@ class NotebookSpawner(
 
         # container
         gpu_host, gpu_env = gpu_request(self.gpu_ids, s.gpu_mode)
+        share_env, share_binds = {}, {}
+        if is_fraction(res.gpus) and self.gpu_ids:
+            dev = next((d for d in self.ledger.devices if d.key == self.gpu_ids[0]), None)
+            share_env, share_binds = share_container(
+                res.gpus, dev.memory if dev else "", s.gpu_sharing_mode, s.mps_pipe_directory
+            )
         limits = container_limits(res, s.pids_limit, s.shm_fraction)
         self.extra_host_config = {
             **hardened_host_config(),
@@ -326,7 +334,13 @@ class NotebookSpawner(
         }
         # how often the notebook server reports its activity to the hub (the idle stop's input)
         activity = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(s.activity_report_interval)}
-        self.environment = {**self.environment, **gpu_env, **activity}
+        # a previous start's share (this spawner may have started with another request)
+        kept = {
+            k: v
+            for k, v in self.environment.items()
+            if k != "GPULAB_GPU_FRACTION" and not k.startswith("CUDA_MPS_")
+        }
+        self.environment = {**kept, **gpu_env, **share_env, **activity}
         if self.clustered:
             self.plan_workload(
                 cpus=res.cpus,
@@ -353,6 +367,7 @@ class NotebookSpawner(
                 for v in vols
                 if v.label != "workspace"
             },
+            **share_binds,
         }
         self.notebook_dir = s.workspace_dir
         try:  # only the user's own network (spawner_network.py, spawner_cluster.py)

@@ -14,6 +14,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from tornado import web
 from traitlets import default
 
+from .gpus.sharing import fraction_refusal, offered_fractions
 from .jobs.durations import format_duration
 from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
 from .resources import format_memory
@@ -66,6 +67,9 @@ class NotebookOptionsMixin(DockerSpawner):
             # "volumes: at most 32 entries (got 4000)", already starts so)
             msg = str(e) if str(e).startswith(f"{e.field}: ") else f"{e.field}: {e}"
             raise web.HTTPError(400, "Invalid notebook options: %s", msg) from None
+        why = fraction_refusal(opts.resources.gpus, list(self.settings.gpu_sharing.values()))
+        if why:
+            raise web.HTTPError(400, "Invalid notebook options: gpus: %s", why)
         if self.ledger.clustered:
             # the cluster's inventory is read at the reservation, which refuses a request no
             # node can hold, naming the biggest node (ledger.NoGpuAvailable)
@@ -76,7 +80,7 @@ class NotebookOptionsMixin(DockerSpawner):
             raise web.HTTPError(
                 400,
                 "Invalid notebook options: gpus: %s",
-                f"gpus={opts.resources.gpus} requested but {where} has {most} GPU(s)",
+                f"gpus={opts.resources.gpus:g} requested but {where} has {most} GPU(s)",
             )
         self.gpulab_options = opts
         self.image = opts.image
@@ -91,9 +95,10 @@ class NotebookOptionsMixin(DockerSpawner):
         )
         try:
             free = await self.runtime.run(self.ledger.free_count)
+            shared = await self.runtime.run(self.ledger.shared_free)
         except Exception:  # the form must render even if the ledger is unreachable
             self.log.exception("cannot read the GPU ledger")
-            free = None
+            free, shared = None, {}
         idle = {f.id: s.idle_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
         return env.get_template("spawn_form.html").render(
             catalog=s.catalog,
@@ -106,6 +111,11 @@ class NotebookOptionsMixin(DockerSpawner):
             limit_memory=format_memory(limits.memory),
             gpus_total=len(self.ledger.devices),
             gpus_free=free,
+            fractions=offered_fractions(list(s.gpu_sharing.values())),
+            shared=shared,
+            # the biggest share one shared GPU has free now (for the form's warning)
+            shared_most_free=max((f / n for f, n in shared.values()), default=0),
+            sharing_mode=s.gpu_sharing_mode,
             stores=s.storage.stores,
             grants=[g for g in s.storage.grants if g.users is None or self.user.name in g.users],
             workspace=s.storage.workspace,

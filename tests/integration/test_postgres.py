@@ -34,6 +34,29 @@ def test_ledger_never_hands_a_device_out_twice_on_postgres(postgres_url):
     assert all("4 of 4 in use" in r for r in results if isinstance(r, str))
 
 
+def test_shares_and_whole_gpus_at_once_on_postgres(postgres_url):
+    """A whole device (share 0) and a slot of it (share k) are different rows to the unique
+    constraint: the ledger's transaction-wide lock is what keeps them apart on PostgreSQL."""
+    from ..unit.test_gpu_sharing import check_ledger_invariants
+
+    sharing = {"0": 4, "1": 2}
+    devices = [GpuDevice(str(i)) for i in range(3)]
+    ledgers = [GpuLedger(Database(postgres_url), "pg", devices, sharing=sharing) for _ in range(4)]
+    asks = [1, 0.5, 0.25, 1, 0.5, 0.75, 1, 0.25, 0.5, 1, 0.25, 0.5, 1, 0.5, 0.25, 1]
+
+    def take(i):
+        try:
+            return asks[i], ledgers[i % 4].reserve(f"w{i}", f"u{i}", "notebook", asks[i])
+        except NoGpuAvailable as e:
+            return asks[i], str(e)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(take, range(len(asks))))
+    rows = check_ledger_invariants(ledgers[0].db, "pg", sharing)
+    assert sum(a for a, r in results if isinstance(r, list)) <= 3, results
+    assert {d for d, _, _ in rows} == {"0", "1", "2"}, rows
+
+
 def test_records_on_postgres(postgres_url):
     db = Database(postgres_url)
     jobs = JobRecords(db, "pg")

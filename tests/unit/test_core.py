@@ -344,7 +344,7 @@ def test_notebook_option_caps(change, field, words):
         ({"gpus": float("inf")}, "gpus", "finite"),
         ({"gpus": "1e400"}, "gpus", "finite"),
         ({"gpus": 10**400}, "gpus", "at most 1024"),
-        ({"gpus": "0.5"}, "gpus", "whole number"),
+        ({"gpus": "1.5"}, "gpus", "whole number"),
         ({"gpus": -1}, "gpus", "cannot be negative"),
     ],
 )

@@ -1,8 +1,9 @@
 """The GPU ledger: which workload holds which device, shared by every gpulab process.
 
 A device is handed out by inserting a row under a uniqueness constraint on (device, share), so
-two processes can never both hold it. The ledger survives restarts and is reconciled with the
-engine's labelled containers at start-up.
+two processes can never both hold it. A whole device is share 0; a shareable device
+(:mod:`gpulab.gpus.sharing`) is booked slot by slot, shares 1..slots. The ledger survives
+restarts and is reconciled with the engine's labelled containers at start-up.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import timedelta
 
 from sqlalchemy import delete, select
@@ -20,6 +21,7 @@ from ..db import Database, GpuAllocation, Job
 from ..jobs.gang import choose_gang, gang_fits, regroup
 from ..lifecycle import utcnow
 from .inventory import GpuDevice
+from .sharing import is_fraction, pick_shared, share_of, slots_of
 
 log = logging.getLogger(__name__)
 RESERVE_ATTEMPTS = 50
@@ -54,14 +56,30 @@ def too_big_message(asked: int, node: str, gpus: int) -> str:
     )
 
 
+class NoGpuShareAvailable(NoGpuAvailable):
+    """No shareable device has the slots a fractional request needs free now."""
+
+    def __init__(self, fraction: float, free: Mapping[str, tuple[int, int]]):
+        self.asked, self.total, self.in_use = fraction, len(free), 0
+        if free:
+            where = "; ".join(f"GPU {k}: {f} of {s} slots free" for k, (f, s) in free.items())
+        else:
+            where = "no GPU is shared here"
+        RuntimeError.__init__(
+            self,
+            f"no shared GPU has {fraction:g} of a GPU free now ({where}); try again later, "
+            "or ask for a smaller share or a whole GPU",
+        )
+
+
 class GpuQuotaExceeded(NoGpuAvailable):
     """The owner's GPUs (notebooks and in-quota jobs together) would exceed their quota."""
 
-    def __init__(self, asked: int, held: int, quota: int):
+    def __init__(self, asked: float, held: float, quota: int):
         self.asked, self.held, self.quota = asked, held, quota
         RuntimeError.__init__(
             self,
-            f"{asked} GPU(s) requested but you already hold {held} of your quota of {quota} "
+            f"{asked:g} GPU(s) requested but you already hold {held:g} of your quota of {quota} "
             "(notebooks and jobs together): stop a notebook or wait for a job to end",
         )
 
@@ -74,6 +92,7 @@ class GpuLedger:
         devices: Sequence[GpuDevice],
         policy: str = "pack",
         nodes: Sequence[str] | None = None,
+        sharing: Mapping[str, int] | None = None,
     ):
         self.db = db
         self.instance = instance
@@ -81,6 +100,16 @@ class GpuLedger:
         self.policy = policy
         #: the cluster's nodes that take workloads (None: one host, no node to choose)
         self.nodes: list[str] | None = list(nodes) if nodes is not None else None
+        #: shareable devices and their slots, as configured (GpulabSettings.gpu_sharing)
+        self.sharing: dict[str, int] = dict(sharing or {})
+
+    def slots(self, device: GpuDevice) -> int:
+        """How many slots ``device`` is shared in (0: whole devices only)."""
+        return slots_of(self.sharing, device) if self.sharing else 0
+
+    def slot_counts(self) -> dict[str, int]:
+        """{device key: slots} of the shareable devices."""
+        return {d.key: n for d in self.devices if (n := self.slots(d))}
 
     @property
     def clustered(self) -> bool:
@@ -106,7 +135,10 @@ class GpuLedger:
 
     def choose(self, free: Sequence[GpuDevice], count: int) -> list[GpuDevice]:
         """Pick ``count`` of the ``free`` devices, all on one node, by the placement policy.
-        Empty when no node has enough (one host: the first free ones)."""
+        Empty when no node has enough (one host: the first free ones). Devices that are not
+        shareable go first, so that whole GPUs leave the shareable ones to fractions."""
+        if self.sharing:
+            free = sorted(free, key=lambda d: self.slots(d) > 0)
         if not self.clustered:
             return list(free[:count]) if len(free) >= count else []
         by_node: dict[str, list[GpuDevice]] = {}
@@ -142,9 +174,11 @@ class GpuLedger:
         return pick(sorted(free), key=lambda n: free[n])
 
     def reserve(
-        self, workload: str, owner: str, kind: str, count: int, quota: int | None = None
+        self, workload: str, owner: str, kind: str, count: float, quota: int | None = None
     ) -> list[str]:
         """Give ``count`` free devices to ``workload`` (the ones it holds if it has some).
+
+        A ``count`` below 1 is a fraction of one shareable device (a list of that one device).
 
         ``quota``: the most GPUs ``owner`` may hold in quota, notebooks and jobs together
         (None: no limit). GPUs lent to the owner's over-quota (preemptible) jobs do not count.
@@ -153,6 +187,8 @@ class GpuLedger:
         """
         if count <= 0:
             return []
+        if is_fraction(count):
+            return self._reserve(workload, owner, kind, count, quota, None)[0]
         ranks = self._reserve(
             workload,
             owner,
@@ -216,43 +252,62 @@ class GpuLedger:
         workload: str,
         owner: str,
         kind: str,
-        count: int,
+        count: float,
         quota: int | None,
-        pick: Callable[[Sequence[GpuDevice]], list[list[str]]],
+        pick: Callable[[Sequence[GpuDevice]], list[list[str]]] | None,
         workers: int = 1,
     ) -> list[list[str]]:
+        """The reservation's one transaction: ``pick`` chooses whole devices among the free
+        ones (per rank); without it, ``count`` is a fraction of one shareable device."""
         for attempt in range(RESERVE_ATTEMPTS):
             try:
                 with self.db.session() as s:
-                    if quota is not None:
+                    if self.sharing:
+                        # a whole device (share 0) and a slot of it (share k) are different
+                        # rows to the unique constraint: with shareable devices every
+                        # reservation of the installation is serialized (PostgreSQL)
+                        self.db.serialize(s, "gpulab-gpus", self.instance)
+                    elif quota is not None:
                         self.db.serialize(s, "gpulab-gpus", self.instance, owner)
                     held = s.execute(
                         select(
-                            GpuAllocation.device, GpuAllocation.workload, GpuAllocation.owner
+                            GpuAllocation.device,
+                            GpuAllocation.workload,
+                            GpuAllocation.owner,
+                            GpuAllocation.share,
                         ).where(GpuAllocation.instance == self.instance)
                     ).all()
-                    mine = [d for d, w, _ in held if w == workload]
+                    mine = sorted({d for d, w, _, _ in held if w == workload})
                     if mine:
                         if workers == 1:
-                            return [sorted(mine)]
-                        return regroup(mine, count // workers, workers)
+                            return [mine]
+                        return regroup(mine, int(count) // workers, workers)
                     if quota is not None:
                         lent = self._lent_workloads(s, owner)
-                        in_quota = sum(1 for _, w, o in held if o == owner and w not in lent)
-                        if in_quota + count > quota:
-                            raise GpuQuotaExceeded(count, in_quota, quota)
-                    busy = {d for d, _, _ in held}
-                    free = [d for d in self.devices if d.key not in busy]
-                    chosen = [ds for ds in pick(free) if ds]
-                    if not chosen:
-                        biggest = self.biggest_node() if self.clustered else None
-                        raise NoGpuAvailable(count, len(self.devices), len(busy), biggest)
-                    for dev in (d for ds in chosen for d in ds):
+                        in_quota = sum(
+                            self._weight(d, sh)
+                            for d, w, o, sh in held
+                            if o == owner and w not in lent
+                        )
+                        if in_quota + count > quota + 1e-9:
+                            raise GpuQuotaExceeded(count, round(in_quota, 4), quota)
+                    if pick is None:
+                        rows = self._pick_share(held, count)
+                        chosen = [[rows[0][0]]]
+                    else:
+                        busy = {d for d, _, _, _ in held}
+                        free = [d for d in self.devices if d.key not in busy]
+                        chosen = [ds for ds in pick(free) if ds]
+                        if not chosen:
+                            biggest = self.biggest_node() if self.clustered else None
+                            raise NoGpuAvailable(int(count), len(self.devices), len(busy), biggest)
+                        rows = [(d, 0) for ds in chosen for d in ds]
+                    for dev, share in rows:
                         s.add(
                             GpuAllocation(
                                 instance=self.instance,
                                 device=dev,
-                                share=0,
+                                share=share,
                                 workload=workload,
                                 kind=kind,
                                 owner=owner,
@@ -265,6 +320,34 @@ class GpuLedger:
                 log.info("GPU reservation for %s raced another; retrying", workload)
                 time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
         raise RuntimeError(f"GPU reservation for {workload} kept racing; try again")
+
+    def _weight(self, key: str, share: int) -> float:
+        """How much of a GPU one ledger row is: 1 for a whole device, 1/slots for a slot."""
+        if share == 0:
+            return 1.0
+        dev = next((d for d in self.devices if d.key == key), None)
+        slots = self.slots(dev) if dev is not None else 0
+        return 1 / slots if slots else 1.0
+
+    def _pick_share(self, held, fraction: float) -> list[tuple[str, int]]:
+        """The rows (device, slot number) that give ``fraction`` of a shareable device, from
+        the ledger's rows ``held`` (device, workload, owner, share); NoGpuShareAvailable when no
+        shareable device has them free."""
+        whole = {d for d, _, _, sh in held if sh == 0}
+        taken: dict[str, set[int]] = {}
+        for d, _, _, sh in held:
+            if sh:
+                taken.setdefault(d, set()).add(sh)
+        counts = self.slot_counts()
+        free = {k: n - len(taken.get(k, ())) for k, n in counts.items() if k not in whole}
+        picked = pick_shared(free, counts, fraction, spread=self.policy == "spread")
+        if picked is None:
+            raise NoGpuShareAvailable(
+                fraction, {k: (free.get(k, 0), n) for k, n in sorted(counts.items())}
+            )
+        key, need = picked
+        numbers = [n for n in range(1, counts[key] + 1) if n not in taken.get(key, set())]
+        return [(key, n) for n in numbers[:need]]
 
     def _lent_workloads(self, s, owner: str) -> set[str]:
         """Workloads of ``owner``'s jobs that run over quota on lent GPUs."""
@@ -289,14 +372,17 @@ class GpuLedger:
                     GpuAllocation.instance == self.instance, GpuAllocation.workload == workload
                 )
             )
-            return list(rows)
+            return sorted(set(rows))
 
     def held_by(self, workload: str) -> list[str]:
         with self.db.read() as s:
             return sorted(
-                s.scalars(
-                    select(GpuAllocation.device).where(
-                        GpuAllocation.instance == self.instance, GpuAllocation.workload == workload
+                set(
+                    s.scalars(
+                        select(GpuAllocation.device).where(
+                            GpuAllocation.instance == self.instance,
+                            GpuAllocation.workload == workload,
+                        )
                     )
                 )
             )
@@ -317,6 +403,40 @@ class GpuLedger:
                 }
                 for r in rows
             ]
+
+    def shares(self) -> dict[str, float]:
+        """{workload: fraction of a GPU} of the workloads that hold slots of shared devices."""
+        out: dict[str, float] = {}
+        counts = self.slot_counts()
+        with self.db.read() as s:
+            rows = s.execute(
+                select(GpuAllocation.device, GpuAllocation.workload).where(
+                    GpuAllocation.instance == self.instance, GpuAllocation.share > 0
+                )
+            ).all()
+        held: dict[str, tuple[str, int]] = {}  # workload -> (device, slots it holds)
+        for d, w in rows:
+            held[w] = (d, held.get(w, (d, 0))[1] + 1)
+        for w, (d, k) in held.items():
+            out[w] = share_of(k, counts.get(d, 0))
+        return out
+
+    def shared_free(self) -> dict[str, tuple[int, int]]:
+        """{device key: (free slots, slots)} of the shareable devices now (a device that a
+        whole-GPU workload holds has none free)."""
+        counts = self.slot_counts()
+        if not counts:
+            return {}
+        with self.db.read() as s:
+            rows = s.execute(
+                select(GpuAllocation.device, GpuAllocation.share).where(
+                    GpuAllocation.instance == self.instance
+                )
+            ).all()
+        used: dict[str, int] = {}
+        for d, sh in rows:
+            used[d] = counts.get(d, 0) if sh == 0 else used.get(d, 0) + 1
+        return {k: (max(0, n - used.get(k, 0)), n) for k, n in counts.items()}
 
     def free_count(self) -> int:
         with self.db.read() as s:
