@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 
 import pytest
+import requests
 
 from ..hubctl import SpawnFailed
 
@@ -95,3 +96,85 @@ def test_device_request_mode_asks_for_explicit_devices(hub_factory, docker_clien
     hub.spawn("dora", "two", {"cpus": 0.5, "memory": "512M", "gpus": 4}, token=token)
     nb = hub.wait_state("dora", "two", "ERROR")
     assert nb["history"][-1]["reason"] == "ENGINE_ERROR"
+
+
+SHARED_GPUS = """
+c.GpulabSettings.gpu_devices = [
+    {"id": "0", "memory": "16384M"}, {"id": "1", "memory": "16384M"}, {"id": "2", "memory": "16384M"}
+]
+c.GpulabSettings.gpu_sharing = {"0": 4}
+c.GpulabSettings.gpu_sharing_mode = "mps"
+c.GpulabSettings.mps_pipe_directory = "%s"
+c.GpulabSettings.max_resources = {"cpus": 1, "memory": "1G", "gpus": 2}
+c.GpulabSettings.gpu_mode = "env"
+"""
+
+
+def _env(container) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
+
+
+def test_fractional_and_whole_gpus_at_once(hub_factory, docker_client, tmp_path):
+    """Two notebooks share device 0 in halves while two others take whole devices, all at
+    once; a share that no longer fits is refused with the slots each shared GPU has free."""
+    pipes = tmp_path / "mps-pipes"
+    pipes.mkdir()
+    hub = hub_factory(SHARED_GPUS % pipes)
+    asks = {"ann": 0.5, "bob": 0.5, "cy": 1, "dee": 1}
+    tokens = {u: hub.create_user(u) for u in [*asks, "eve"]}
+
+    # what the installation does not offer is a 400 naming the field, before anything starts
+    for gpus, words in ((0.3, "choose one of: 0.25, 0.5, 0.75"), (1.5, "whole number")):
+        r = hub.spawn("eve", "x", {"cpus": 0.2, "memory": "256M", "gpus": gpus}, tokens["eve"])
+        assert r.status_code == 400 and words in r.text and "gpus" in r.text, r.text
+
+    def spawn(user):
+        opts = {"cpus": 0.2, "memory": "256M", "gpus": asks[user]}
+        hub.spawn(user, "nb", opts, token=tokens[user])
+        hub.wait_ready(user, "nb", timeout=180)
+        return docker_client.containers.get(hub.notebook(user, "nb").json()["container"])
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        containers = dict(zip(asks, pool.map(spawn, asks), strict=True))
+
+    # the sharers get device 0 the way a whole GPU is given, and their MPS share
+    for u in ("ann", "bob"):
+        env = _env(containers[u])
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "0"
+        assert env["GPULAB_GPU_FRACTION"] == "0.5"
+        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
+        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
+        binds = containers[u].attrs["HostConfig"]["Binds"] or []
+        assert f"{pipes}:{pipes}:rw" in binds, binds
+    # whole GPUs went to the devices that are not shared; no share environment, no host path
+    whole = sorted(_env(containers[u])["NVIDIA_VISIBLE_DEVICES"] for u in ("cy", "dee"))
+    assert whole == ["1", "2"]
+    for u in ("cy", "dee"):
+        env = _env(containers[u])
+        assert "GPULAB_GPU_FRACTION" not in env and "CUDA_MPS_PIPE_DIRECTORY" not in env
+        assert str(pipes) not in str(containers[u].attrs["HostConfig"]["Binds"])
+
+    # device 0 is full (two halves): a quarter is refused, saying what is free
+    hub.spawn("eve", "nb", {"cpus": 0.2, "memory": "256M", "gpus": 0.25}, token=tokens["eve"])
+    nb = hub.wait_state("eve", "nb", "FAILED")
+    assert nb["history"][-1]["reason"] == "NO_GPU_AVAILABLE"
+    assert "GPU 0: 0 of 4 slots free" in nb["history"][-1]["message"], nb["history"][-1]
+
+    # the admin's GPU view shows the shares
+    page = requests.get(
+        f"{hub.url}/services/gpulab/admin",
+        headers={"Authorization": f"token {hub.admin_token}"},  # custom:gpulab:admin
+        timeout=30,
+    )
+    assert page.status_code == 200, page.text[:300]
+    assert page.text.count('<td class="share">0.5 GPU') == 2, page.text
+    assert "(slots 1, 2 of 4)" in page.text and "(slots 3, 4 of 4)" in page.text
+
+    # a stop gives the slots back, and the quarter fits
+    hub.stop_server("ann", "nb")
+    hub.spawn("eve", "nb", {"cpus": 0.2, "memory": "256M", "gpus": 0.25}, token=tokens["eve"])
+    hub.wait_ready("eve", "nb", timeout=120)
+    env = _env(docker_client.containers.get(hub.notebook("eve", "nb").json()["container"]))
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "0" and env["GPULAB_GPU_FRACTION"] == "0.25"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"

@@ -285,7 +285,7 @@ class GpuLedger:
                     if quota is not None:
                         lent = self._lent_workloads(s, owner)
                         in_quota = sum(
-                            self._weight(d, sh)
+                            self.weight(d, sh)
                             for d, w, o, sh in held
                             if o == owner and w not in lent
                         )
@@ -321,7 +321,7 @@ class GpuLedger:
                 time.sleep(random.uniform(0, 0.01 * (attempt + 1)))
         raise RuntimeError(f"GPU reservation for {workload} kept racing; try again")
 
-    def _weight(self, key: str, share: int) -> float:
+    def weight(self, key: str, share: int) -> float:
         """How much of a GPU one ledger row is: 1 for a whole device, 1/slots for a slot."""
         if share == 0:
             return 1.0

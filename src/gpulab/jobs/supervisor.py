@@ -56,7 +56,12 @@ class JobSupervisor(JobLife):
         clustered = runtime.kind != "docker"
         devices = [] if clustered else load_inventory(settings.gpu_devices, settings.discover_gpus)
         self.ledger = GpuLedger(
-            db, settings.instance, devices, settings.placement, [] if clustered else None
+            db,
+            settings.instance,
+            devices,
+            settings.placement,
+            [] if clustered else None,
+            sharing=settings.gpu_sharing,
         )
         self.lease = SupervisorLease(
             db, f"{settings.instance}/supervisor", settings.supervisor_lease_ttl, holder
@@ -262,11 +267,17 @@ class JobSupervisor(JobLife):
             return
         allocations = await self.db(self.ledger.allocations)
         held = {a["device"] for a in allocations}
-        free = [d.key for d in self.ledger.devices if d.key not in held]
-        notebook_gpus: dict[str, int] = {}  # count against the same per-user GPU quota
+        # jobs take whole GPUs: the devices no one holds any share of, unshareable ones first
+        free = [
+            d.key
+            for d in sorted(self.ledger.devices, key=lambda d: self.ledger.slots(d) > 0)
+            if d.key not in held
+        ]
+        notebook_gpus: dict[str, float] = {}  # count against the same per-user GPU quota
         for a in allocations:
             if a["kind"] == "notebook":
-                notebook_gpus[a["owner"]] = notebook_gpus.get(a["owner"], 0) + 1
+                weight = self.ledger.weight(a["device"], a["share"])
+                notebook_gpus[a["owner"]] = notebook_gpus.get(a["owner"], 0) + weight
         p = plan(
             queued,
             active,

@@ -480,6 +480,20 @@ class JobActionPage(PageHandler):
         self.redirect(self.page_url("jobs", target), status=303)
 
 
+def holders(rows: list[dict], slots: int) -> list[dict]:
+    """A device's ledger rows, one entry per workload: a whole device, or the slots of a
+    shared one that the workload holds and the fraction of the GPU they make."""
+    out: dict[str, dict] = {}
+    for a in sorted(rows, key=lambda a: a["share"]):
+        entry = out.setdefault(a["workload"], {**a, "slots": []})
+        if a["share"]:
+            entry["slots"].append(a["share"])
+    for entry in out.values():
+        n = len(entry["slots"])
+        entry["fraction"] = (round(n / slots, 4) if slots else n) if n else None
+    return list(out.values())
+
+
 class AdminPage(PageHandler):
     @authenticated
     async def get(self):
@@ -497,12 +511,19 @@ class AdminPage(PageHandler):
         job_ids = {j["id"] for j in jobs}
         gpus = []
         for dev in ledger.devices:
-            held = sorted(by_device.pop(dev.key, []), key=lambda a: a["share"])
-            gpus.append({"device": dev.to_json(), "held": held, "slices": len(held)})
+            slots = ledger.slots(dev)
+            held = holders(by_device.pop(dev.key, []), slots)
+            used = sum(len(a["slots"]) for a in held) if held and held[0]["slots"] else 0
+            gpus.append({"device": dev.to_json(), "held": held, "slots": slots, "used": used})
         # rows of devices no longer configured (kept so that nothing is hidden)
-        for dev_id, held in sorted(by_device.items()):
+        for dev_id, rows in sorted(by_device.items()):
             gpus.append(
-                {"device": {"id": dev_id, "model": "(not configured)", "memory": ""}, "held": held}
+                {
+                    "device": {"id": dev_id, "model": "(not configured)", "memory": ""},
+                    "held": holders(rows, 0),
+                    "slots": 0,
+                    "used": 0,
+                }
             )
         for g in gpus:
             for a in g["held"]:
@@ -530,7 +551,9 @@ class AdminPage(PageHandler):
         groups_of: dict[str, list[str]] = {}
         for j in jobs:  # newest first: a job remembers its owner's groups when submitted
             groups_of.setdefault(j["owner"], j["groups"])
-        gpus_of = Counter(a["owner"] for a in allocations)
+        gpus_of: Counter = Counter()  # a shared device's slot counts as its fraction
+        for a in allocations:
+            gpus_of[a["owner"]] += self.supervisor.ledger.weight(a["device"], a["share"])
         rows = []
         for name in names:
             groups = groups_of.get(name, [])
@@ -555,7 +578,7 @@ class AdminPage(PageHandler):
                     "jobs": len(mine),
                     "jobs_active": sum(1 for j in mine if j["state"] in ACTIVE_STATES),
                     "jobs_queued": sum(1 for j in mine if j["state"] == JobState.QUEUED.value),
-                    "gpus_held": gpus_of.get(name, 0),
+                    "gpus_held": round(gpus_of.get(name, 0), 4),
                     "jobs_minutes": jobs_minutes,
                     "notebooks_minutes": nb_minutes,
                     "minutes": jobs_minutes + nb_minutes,
