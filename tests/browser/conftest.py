@@ -30,6 +30,13 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 HUB_CONFIG = """
 c.GpulabSettings.gpu_devices = [{"id": "0", "model": "Test GPU", "memory": "16G"}, {"id": "1", "model": "Test GPU", "memory": "16G"}]
 c.GpulabSettings.gpu_mode = "env"
+# GPU 1 is shareable in halves (test_gpu_share.py); jobs and whole GPUs take GPU 0 first
+c.GpulabSettings.gpu_sharing = {"1": 2}
+from gpulab.settings import DEFAULT_FLAVORS
+c.GpulabSettings.flavors = [
+    *DEFAULT_FLAVORS,
+    {"id": "gpu-half", "title": "Half a GPU, 1 CPU, 2 GiB", "cpus": 1, "memory": "2G", "gpus": 0.5},
+]
 c.GpulabSettings.supervisor_interval = 0.2
 c.GpulabSettings.job_container_retention = 3600
 """

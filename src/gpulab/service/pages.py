@@ -213,6 +213,10 @@ class HomePage(PageHandler):
         usage = await asyncio.to_thread(self.jobs.usage, me["name"])
         nb_minutes = await asyncio.to_thread(self.records.billed_minutes, me["name"])
         free, total = await self.gpu_counts()
+        try:
+            shared = await asyncio.to_thread(self.supervisor.ledger.shared_free)
+        except Exception:
+            shared = {}
         self.render_page(
             "home.html",
             notebooks=notebooks,
@@ -226,6 +230,7 @@ class HomePage(PageHandler):
             },
             gpus_free=free,
             gpus_total=total,
+            shared=shared,
             running=NotebookState.RUNNING.value,
         )
 
