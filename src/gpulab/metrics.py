@@ -86,12 +86,13 @@ class StateCollector(Collector):
         yield nbs
         held = GaugeMetricFamily(
             "gpulab_gpus_held",
-            "GPU shares held, per device and by notebooks or jobs",
+            "GPUs held, per device and by notebooks or jobs (shares of a shared GPU as fractions)",
             labels=["device", "kind"],
         )
-        counts: dict[tuple[str, str], int] = {}
+        counts: dict[tuple[str, str], float] = {}
         for a in allocations:
-            counts[(a["device"], a["kind"])] = counts.get((a["device"], a["kind"]), 0) + 1
+            key = (a["device"], a["kind"])
+            counts[key] = counts.get(key, 0) + a.get("gpus", 1)
         for device in devices:
             for kind in ("notebook", "job"):
                 held.add_metric([device, kind], counts.pop((device, kind), 0))

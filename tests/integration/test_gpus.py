@@ -171,6 +171,22 @@ def test_fractional_and_whole_gpus_at_once(hub_factory, docker_client, tmp_path)
     assert page.text.count('<td class="share">0.5 GPU') == 2, page.text
     assert "(slots 1, 2 of 4)" in page.text and "(slots 3, 4 of 4)" in page.text
 
+    # the metrics count the two halves as one GPU held on device 0
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = requests.get(
+        f"{hub.url}/services/gpulab/metrics",
+        headers={"Authorization": f"token {hub.admin_token}"},
+        timeout=30,
+    )
+    held = {
+        (s.labels["device"], s.labels["kind"]): s.value
+        for family in text_string_to_metric_families(metrics.text)
+        for s in family.samples
+        if s.name == "gpulab_gpus_held"
+    }
+    assert held[("0", "notebook")] == 1.0 and held[("1", "notebook")] == 1.0, held
+
     # a stop gives the slots back, and the quarter fits
     hub.stop_server("ann", "nb")
     hub.spawn("eve", "nb", {"cpus": 0.2, "memory": "256M", "gpus": 0.25}, token=tokens["eve"])

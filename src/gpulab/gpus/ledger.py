@@ -396,6 +396,8 @@ class GpuLedger:
                 {
                     "device": r.device,
                     "share": r.share,
+                    # how much of a GPU the row is (1, or 1/slots for a slot of a shared one)
+                    "gpus": self.weight(r.device, r.share),
                     "workload": r.workload,
                     "kind": r.kind,
                     "owner": r.owner,

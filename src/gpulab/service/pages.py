@@ -558,7 +558,7 @@ class AdminPage(PageHandler):
             groups_of.setdefault(j["owner"], j["groups"])
         gpus_of: Counter = Counter()  # a shared device's slot counts as its fraction
         for a in allocations:
-            gpus_of[a["owner"]] += self.supervisor.ledger.weight(a["device"], a["share"])
+            gpus_of[a["owner"]] += a["gpus"]
         rows = []
         for name in names:
             groups = groups_of.get(name, [])
