@@ -27,6 +27,7 @@ from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
 from ..user_secrets import store_for
 from ..workload_data import PushRaced, WorkloadData, notebook_volumes, retry_push
+from .admin_page import AdminPage
 from .app_base import (
     METRICS,
     NB_MANAGE,
@@ -50,7 +51,6 @@ from .jobs_api import (
 )
 from .openapi import document
 from .pages import (
-    AdminPage,
     HomePage,
     JobActionPage,
     JobPage,
