@@ -11,7 +11,6 @@ database and the engine again, and carries on from what they say (``recovery.dec
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -23,15 +22,13 @@ from ..metrics import JOB_START
 from ..runtime.docker import APIError
 from ..runtime.network import NetworkUnavailable
 from ..user_secrets import SecretMissing, SecretsUnavailable
-from ..workload_data import push_verdict
 from .containers import JobContainer
+from .ending import RECOVERABLE, JobEnding
 from .gang import Rank, combine, nodes_of
 from .git_sources import clone_sources
-from .progress import TransferNotes, push_with_notes
-from .records import RequestChanged
-from .recovery import Container, Decision, Step, classify, decide, path
+from .progress import TransferNotes
+from .recovery import Container, Decision, Step, classify, decide
 from .spec import JobSpec
-from .spec_extras import job_path
 
 log = logging.getLogger("gpulab.jobs")
 J = JobState
@@ -48,7 +45,7 @@ def ts(iso: str | None) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-class JobLife(JobContainer):
+class JobLife(JobEnding, JobContainer):
     """Mixin of :class:`~gpulab.jobs.supervisor.JobSupervisor`: what happens to one job."""
 
     # --- a fresh start -------------------------------------------------------------------
@@ -139,7 +136,7 @@ class JobLife(JobContainer):
         if job is None:
             return
         state = JobState(job["state"])
-        if state not in _RECOVERABLE:
+        if state not in RECOVERABLE:
             return
         gang = self.gang(job_id, job)
         began = ts(job["updated"])
@@ -384,185 +381,6 @@ class JobLife(JobContainer):
             message=f"restart {n} of {spec.retries}",
         )
 
-    # --- stopping ------------------------------------------------------------------------
-
-    async def _stop_by_request(
-        self, job_id: str, job: dict, spec: JobSpec, gang: list[Rank]
-    ) -> None:
-        grace = self.s.preemption_grace
-        state = JobState(job["state"])
-        if job["request"] == "preempt":
-            if state is not J.INTERRUPTING:
-                await self.move(
-                    job_id,
-                    J.INTERRUPTING,
-                    expect=state,
-                    reason="PREEMPTED",
-                    message=f"its GPUs are needed by in-quota work: SIGTERM, {grace:g} s "
-                    "to checkpoint",
-                )
-            return await self.finish_preempt(job_id, spec, gang)
-        if state is not J.INTERRUPTING:
-            await self.move(
-                job_id,
-                J.INTERRUPTING,
-                expect=state,
-                reason="USER_INTERRUPT",
-                message=f"SIGTERM sent, {grace:g} s grace",
-            )
-        why = "TIMEOUT" if job["reason"] == "TIMEOUT" else "USER_INTERRUPT"
-        await self.finalize(job_id, J.INTERRUPTED, why, "interrupted by its owner")
-
-    async def lost(
-        self, job_id: str, job: dict, spec: JobSpec, gang: list[Rank], error: str
-    ) -> None:
-        """The engine lost the workload without an exit code: its node went down or was
-        drained (Swarm). Its volumes went with the node. The workload is removed, and once
-        the engine confirms that it is gone the GPUs are released; the job is queued again
-        to run elsewhere while it has restarts left (``retries``), else it FAILS (NODE_LOST).
-        """
-        state = JobState(job["state"])
-        why = f"its node was lost ({error})" if error else "its node was lost"
-        await self.remove_gang(gang)  # every worker: the job restarts whole, elsewhere
-        await self.gang_stopped(gang, 0)
-        await self.release_network(job_id, gang)
-        await self.db(self.ledger.release, self.workload(job_id))
-        n = job["restarts"] + 1
-        if job["restarts"] >= spec.retries:
-            return await self.finalize(job_id, J.FAILED, "NODE_LOST", why, push=False)
-        await self.move(job_id, J.INTERRUPTING, expect=state, reason="NODE_LOST", message=why)
-        await self.move(
-            job_id,
-            J.QUEUED,
-            expect=J.INTERRUPTING,
-            reason="NODE_LOST",
-            message=f"queued again to run on another node: {why}; restart {n} of {spec.retries}",
-            devices="",
-            over_quota=0,
-            container="",
-            restarts=n,
-        )
-
-    async def finish_preempt(self, job_id: str, spec: JobSpec, gang: list[Rank]) -> None:
-        """INTERRUPTING for a preemption: stop, push, remove the container, release the
-        GPUs, then back to the queue, unless an interrupt came meanwhile: then the job ends
-        INTERRUPTED (the user's word wins over the scheduler's)."""
-        await self.gang_stopped(gang, self.s.preemption_grace)
-        await self.save_logs(job_id, gang)
-        vols = self.volumes(job_id, spec, gang[0].node)  # rank 0's node holds the output
-        ok, message = push_verdict(await push_with_notes(self, job_id, J.INTERRUPTING, vols))
-        fault_point("engine:push")
-        await self.remove_gang(gang)
-        await self.gang_stopped(gang, 0)
-        await self.release_network(job_id, gang)
-        await self.db(self.ledger.release, self.workload(job_id))
-        try:
-            await self.move(
-                job_id,
-                J.QUEUED,
-                expect=J.INTERRUPTING,
-                expect_request=frozenset({"preempt"}),
-                reason="PREEMPTED",
-                message="re-queued after preemption; " + message,
-                devices="",
-                over_quota=0,
-                container="",
-            )
-        except RequestChanged:
-            await self.finalize(job_id, J.INTERRUPTED, "USER_INTERRUPT", "interrupted by its owner")
-
-    async def finalize(
-        self,
-        job_id: str,
-        outcome: JobState,
-        reason: str,
-        message: str,
-        exit_code: int | None = None,
-        push: bool = True,
-    ) -> None:
-        """Stop (confirmed by the engine), release the GPUs, keep the logs, push the output
-        (through FINALIZING, where the lifecycle has it), then the outcome. Safe to run again
-        after a crash at any line: each step is idempotent and each move a compare-and-set."""
-        job = await self.db(self.records.get, job_id, False)
-        if job is None:
-            return
-        state = JobState(job["state"])
-        if state not in _RECOVERABLE:
-            return  # ended already
-        gang = self.gang(job_id, job)
-        await self.gang_stopped(gang, self.s.preemption_grace)
-        for port in JobSpec.from_json(job["spec"]).ports:  # a Swarm gateway's routes
-            with contextlib.suppress(Exception):
-                await self.runtime.unreach(f"{job_path(job_id)}/ports/{port.name}/")
-        steps = path(state, outcome, push)
-        if steps[0] is J.FINALIZING and state is not J.FINALIZING:
-            job = await self.move(
-                job_id,
-                J.FINALIZING,
-                expect=state,
-                reason=reason,
-                message=message,
-                exit_code=exit_code,
-                outcome=outcome.value,
-            )
-            state = J.FINALIZING
-        await self.db(self.ledger.release, self.workload(job_id))
-        await self.save_logs(job_id, gang)
-        await self.release_network(job_id, gang)
-        extra = ""
-        if state is J.FINALIZING:
-            spec = JobSpec.from_json(job["spec"])
-            vols = self.volumes(job_id, spec, gang[0].node)  # rank 0's output is the job's
-            ok, pushed = push_verdict(await push_with_notes(self, job_id, J.FINALIZING, vols))
-            fault_point("engine:push")
-            if not ok:
-                await self.move(
-                    job_id,
-                    J.SYNC_FAILED,
-                    expect=J.FINALIZING,
-                    reason="PUSH_FAILED",
-                    message=pushed,
-                    outcome=outcome.value,
-                )
-                return
-            extra = f"; {pushed}" if pushed and pushed != "compute released" else ""
-        await self.move(
-            job_id,
-            outcome,
-            expect=state,
-            reason=reason,
-            message=message + extra,
-            exit_code=exit_code,
-            devices="",
-        )
-        self.fault_streak.pop(job_id, None)
-
-    async def retry_push(self, job_id: str) -> dict:
-        """SYNC_FAILED → FINALIZING (a compare-and-set), then the push runs in the job's own
-        supervised task, like any finalization: a fault or a restart carries it on. The
-        leader waits for it and answers with the outcome (or SYNC_FAILED again); a service
-        in standby answers FINALIZING, and the leader adopts the job within seconds."""
-        job = await self.db(self.records.get, job_id, False)
-        if job is None:
-            raise KeyError(job_id)
-        outcome = JobState(job.get("outcome") or J.DONE.value)
-        await self.move(
-            job_id,
-            J.FINALIZING,
-            expect=J.SYNC_FAILED,
-            reason="PUSH_RETRY",
-            message="push retried",
-            outcome=outcome.value,
-        )
-        self.spawn_task(job_id, attach=True)
-        task = self.tasks.get(job_id)
-        if task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(task)
-        else:
-            self.wake.set()
-        return await self.db(self.records.get, job_id)
-
 
 @dataclass(frozen=True)
 class _Ended:
@@ -576,6 +394,3 @@ class _Ended:
 
 
 _BEFORE_START = (J.INTERRUPTED, "USER_INTERRUPT", "interrupted before it started")
-_RECOVERABLE = frozenset(
-    {J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING, J.INTERRUPTING, J.TIMEOUT, J.FINALIZING}
-)
