@@ -15,21 +15,8 @@ from ..statelog import state_change
 from .billing import billed_minutes
 from .gang import ranks
 from .spec_extras import job_path
-
-ACTIVE = frozenset(
-    {
-        JobState.INITIALIZING,
-        JobState.PENDING,
-        JobState.RUNNING,
-        JobState.RESTARTING,
-        JobState.INTERRUPTING,
-        JobState.TIMEOUT,
-        JobState.FINALIZING,
-    }
-)
-ENDED = frozenset(
-    {JobState.DONE, JobState.INTERRUPTED, JobState.FAILED, JobState.ERROR, JobState.SYNC_FAILED}
-)
+from .states import ACTIVE, ENDED
+from .usage import JobUsage, bills_of
 
 #: what a user or the scheduler may ask of an active job ("" for nothing)
 REQUESTS = frozenset({"", "interrupt", "preempt"})
@@ -139,7 +126,7 @@ def job_json(
     return out
 
 
-class JobRecords:
+class JobRecords(JobUsage):
     def __init__(self, db: Database, instance: str):
         self.db = db
         self.instance = instance
@@ -424,7 +411,7 @@ class JobRecords:
                 select(Job).where(Job.instance == self.instance, Job.id.in_(wanted))
             ).all()
             now = utcnow()
-            bills = _bills(s, [(j.id, j.state, j.updated) for j in rows], now)
+            bills = bills_of(s, [(j.id, j.state, j.updated) for j in rows], now)
             by_id = {j.id: job_json(j, now, billed=bills[j.id]) for j in rows}
             return [by_id[i] for i in wanted if i in by_id], total
 
@@ -487,79 +474,3 @@ class JobRecords:
         """Every job id of this instance (the sweep of orphaned containers compares)."""
         with self.db.read() as s:
             return set(s.scalars(select(Job.id).where(Job.instance == self.instance)))
-
-    def usage(self, owner: str) -> dict:
-        """Billed minutes of the owner's jobs.
-
-        An ended job's bill cannot change until the job changes again, so the sum over the
-        owner's ended jobs is kept per (owner, how many, latest change): any job that ends,
-        is resumed or is deleted changes that key (writes are serialized and stamped with the
-        time they commit; a clock stepped back could reuse a key, for a stale sum until the
-        next job ends). Only unfinished jobs' histories are read
-        on every call (a user with 200 ended jobs costs two small queries, not 1,000 event
-        rows: bench/bench_api.py)."""
-        now = utcnow()
-        ended = [e.value for e in ENDED]
-        mine = (Job.instance == self.instance, Job.owner == owner)
-        with self.db.read() as s:
-            conn = s.connection()  # plain rows: no ORM work per row
-            count, latest = conn.execute(
-                select(func.count(), func.max(Job.updated)).where(*mine, Job.state.in_(ended))
-            ).one()
-            ended_total = _USAGE.get((self.instance, owner, count, latest))
-            if ended_total is None:
-                rows = conn.execute(
-                    select(Job.id, Job.state, Job.updated).where(*mine, Job.state.in_(ended))
-                ).all()
-                ended_total = sum(_bills(conn, rows, now).values())
-                if len(_USAGE) >= _BILLS_MAX:
-                    _USAGE.clear()
-                # keyed by what was summed (a job may have ended between the two queries)
-                latest = max((r.updated for r in rows), default=None)
-                _USAGE[(self.instance, owner, len(rows), latest)] = ended_total
-            live = conn.execute(
-                select(Job.id, Job.state, Job.updated).where(*mine, Job.state.not_in(ended))
-            ).all()
-            live_total = sum(_bills(conn, live, now).values())
-        return {
-            "user": owner,
-            "jobs_billed_minutes": ended_total + live_total,
-            "jobs": count + len(live),
-        }
-
-
-def _bills(s, jobs, now: datetime) -> dict[str, int]:
-    """Billed minutes of (id, state, updated) jobs: ended ones from the per-process cache
-    where they are in it, the others from one query of their transitions."""
-    ended = {e.value for e in ENDED}
-    out: dict[str, int] = {}
-    todo = []
-    for job_id, state, updated in jobs:
-        cached = _BILLS.get((job_id, updated)) if state in ended else None
-        if cached is None:
-            todo.append((job_id, state in ended, updated))
-        else:
-            out[job_id] = cached
-    if not todo:
-        return out
-    per_job: dict[str, list] = {job_id: [] for job_id, _, _ in todo}
-    for row in s.execute(
-        select(JobEvent.job_id, JobEvent.state, JobEvent.at)
-        .where(JobEvent.job_id.in_(list(per_job)), JobEvent.kind == "transition")
-        .order_by(JobEvent.job_id, JobEvent.id)
-    ):
-        per_job[row.job_id].append(row)
-    for job_id, is_ended, updated in todo:
-        out[job_id] = minutes = billed_minutes(per_job[job_id], now)
-        if is_ended:
-            if len(_BILLS) >= _BILLS_MAX:
-                _BILLS.clear()
-            _BILLS[(job_id, updated)] = minutes
-    return out
-
-
-#: bills of ended jobs by (job id, updated): they cannot change while ``updated`` does not
-_BILLS: dict[tuple[str, object], int] = {}
-_BILLS_MAX = 200_000
-#: the sum of an owner's ended jobs' bills by (instance, owner, how many, latest change)
-_USAGE: dict[tuple, int] = {}
