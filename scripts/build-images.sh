@@ -5,6 +5,9 @@
 #   2. gpulab/python:3.11      images/python  (jupyterhub + jupyterlab in /opt/gpulab/venv),
 #   3. gpulab/pytorch:2.13     images/pytorch (+ torch, CPU build, and numpy),
 #   4. gpulab/sync:VERSION     images/sync (the sync helper),
+#   +  gpulab/tensorflow:2.20  images/tensorflow (tensorflow-cpu), gpulab/jax:0.7 images/jax
+#                              (jax + CPU jaxlib): only when named (`make images-frameworks`),
+#                              both on the python image,
 #   5. gpulab/proxy:CHP        images/proxy (configurable-http-proxy, for a Swarm; only when
 #                              named: the single-host hub runs the proxy as a process),
 # with the Python wheels downloaded on the host (cache: .build/wheels/<image>/) and copied into
@@ -13,7 +16,7 @@
 # An image is built only when it is missing, or when its Dockerfile, requirements or base image
 # changed since it was built (label org.gpulab.build-hash); --force rebuilds all selected ones.
 #
-# Usage: scripts/build-images.sh [--force] [--push REGISTRY] [debian|python|pytorch|sync|proxy ...]
+# Usage: scripts/build-images.sh [--force] [--push REGISTRY] [debian|python|pytorch|sync|proxy|tensorflow|jax ...]
 #        (default: debian python pytorch sync)
 # --push REGISTRY (host:port) tags every selected image REGISTRY/NAME:TAG and pushes it, so that
 # every node of a Swarm pulls the same image (c.GpulabSettings.image_registry = "REGISTRY/").
@@ -26,7 +29,11 @@
 #   GPULAB_PY_VERSION     Python version the wheels are chosen for (default: asked from the
 #                         base image, else 3.11.2 = Debian 12's python3)
 #   GPULAB_BUILD_VERBOSE=1  stream docker build output (it always goes to .build/logs/)
+#   GPULAB_TENSORFLOW_IMAGE, GPULAB_JAX_IMAGE  tags (default gpulab/tensorflow:2.20, gpulab/jax:0.7)
 #   GPULAB_ALLOW_CUDA_TORCH=1  accept a non-CPU torch wheel (several GB of CUDA packages)
+#   GPULAB_CUDA=1         GPU hosts: an image with a requirements-cuda.txt (tensorflow, jax) is
+#                         built from it (the CUDA wheels) instead of requirements.txt; use it
+#                         with BASE_IMAGE set to a CUDA base (docs/images.md)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,6 +42,8 @@ LOGS=$BUILD/logs
 DEBIAN_IMAGE=${GPULAB_DEBIAN_IMAGE:-gpulab/debian:bookworm}
 PYTHON_IMAGE=${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11}
 PYTORCH_IMAGE=${GPULAB_PYTORCH_IMAGE:-gpulab/pytorch:2.13}
+TENSORFLOW_IMAGE=${GPULAB_TENSORFLOW_IMAGE:-gpulab/tensorflow:2.20}
+JAX_IMAGE=${GPULAB_JAX_IMAGE:-gpulab/jax:0.7}
 PROXY_IMAGE=${GPULAB_PROXY_IMAGE:-gpulab/proxy:$(sed -n 's/.*"version": "\(.*\)".*/\1/p' "$ROOT/.build/node/node_modules/configurable-http-proxy/package.json" 2>/dev/null | head -1)}
 SYNC_IMAGE=${GPULAB_SYNC_IMAGE:-gpulab/sync:$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$ROOT/src/gpulab/__init__.py")}
 DEBIAN_SUITE=bookworm
@@ -49,7 +58,7 @@ while [ $# -gt 0 ]; do
     case "$arg" in
         --force | -f) FORCE=1 ;;
         --push) PUSH=${1:?--push needs a registry, e.g. --push registry.example.org:5000}; shift ;;
-        debian | python | pytorch | sync | proxy) SELECTED+=("$arg") ;;
+        debian | python | pytorch | sync | proxy | tensorflow | jax) SELECTED+=("$arg") ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "build-images: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
@@ -136,7 +145,8 @@ base_python_version() {
 # download_wheels NAME PYVERSION: wheels for images/NAME/requirements.txt into .build/wheels/NAME,
 # skipped when that directory already holds a download for the same requirements and version.
 download_wheels() {
-    local name=$1 pyver=$2 req=$ROOT/images/$1/requirements.txt dir=$BUILD/wheels/$1
+    local name=$1 pyver=$2 req dir=$BUILD/wheels/$1
+    req=$(requirements_of "$ROOT/images/$1")
     local stamp
     stamp=$( { cat "$req"; echo "$pyver ${PIP_PLATFORM_FLAGS[*]}"; } | sha)
     if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$stamp" ] && ls "$dir"/*.whl >/dev/null 2>&1; then
@@ -162,11 +172,21 @@ download_wheels() {
             die "torch resolved to $whl, not a +cpu build: its CUDA dependencies are several GB. Pin the version whose CPU wheel is in pip's find-links (pip config list), or set GPULAB_ALLOW_CUDA_TORCH=1."
         fi
     fi
-    log "pip download -r images/$name/requirements.txt for cp$pyver manylinux x86_64 -> ${dir#"$ROOT"/} ..."
+    log "pip download -r ${req#"$ROOT"/} for cp$pyver manylinux x86_64 -> ${dir#"$ROOT"/} ..."
     "${pipcmd[@]}" -r "$req" >>"$LOGS/wheels-$name.log" 2>&1 \
         || { grep -v 'is ignored' "$LOGS/wheels-$name.log" | tail -n 30 >&2; rm -rf "$dir"; die "pip download for $name failed (log: $LOGS/wheels-$name.log)"; }
     echo "$stamp" >"$dir/.stamp"
     log "downloaded $(ls "$dir"/*.whl | wc -l) wheels ($(du -sh "$dir" | cut -f1)) in $((SECONDS - t0)) s"
+}
+
+# requirements_of DIR: the requirements file an image is built from (requirements-cuda.txt
+# with GPULAB_CUDA=1 where the image has one)
+requirements_of() {
+    if [ "${GPULAB_CUDA:-0}" = 1 ] && [ -f "$1/requirements-cuda.txt" ]; then
+        echo "$1/requirements-cuda.txt"
+    else
+        echo "$1/requirements.txt"
+    fi
 }
 
 # files_hash DIR: names and contents of DIR/files/ (nothing when there is none, so that the
@@ -180,7 +200,7 @@ files_hash() {
 build_dockerfile() {
     local name=$1 tag=$2 base=$3 src=$ROOT/images/$1
     local hash
-    hash=$( { cat "$src/Dockerfile" "$src/requirements.txt"; files_hash "$src"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"; } | sha)
+    hash=$( { cat "$src/Dockerfile" "$(requirements_of "$src")"; files_hash "$src"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"; } | sha)
     if [ "$FORCE" = 0 ] && image_exists "$tag"; then
         local have
         have=$(image_label "$tag" org.gpulab.build-hash)
@@ -197,7 +217,8 @@ build_dockerfile() {
 
     local ctx=$BUILD/ctx/$name
     rm -rf "$ctx" && mkdir -p "$ctx"
-    cp "$src/Dockerfile" "$src/requirements.txt" "$ctx/"
+    cp "$src/Dockerfile" "$ctx/"
+    cp "$(requirements_of "$src")" "$ctx/requirements.txt"
     # an image's own files (images/NAME/files/, e.g. the notebook server's configuration)
     if [ -d "$src/files" ]; then cp -a "$src/files" "$ctx/files"; fi
     # Hard links: no copy of the (large) wheels when .build is on one filesystem.
@@ -271,6 +292,20 @@ if selected pytorch; then
         || verify "$PYTORCH_IMAGE" 'import numpy, torch; print(torch.__version__)' "2.13.0"
 fi
 
+if selected tensorflow; then
+    before=$(image_id "$TENSORFLOW_IMAGE")
+    build_dockerfile tensorflow "$TENSORFLOW_IMAGE" "$PYTHON_IMAGE"
+    [ "$(image_id "$TENSORFLOW_IMAGE")" = "$before" ] \
+        || verify "$TENSORFLOW_IMAGE" 'import tensorflow as tf; print(tf.__version__)' "2.20"
+fi
+
+if selected jax; then
+    before=$(image_id "$JAX_IMAGE")
+    build_dockerfile jax "$JAX_IMAGE" "$PYTHON_IMAGE"
+    [ "$(image_id "$JAX_IMAGE")" = "$before" ] \
+        || verify "$JAX_IMAGE" 'import jax; print(jax.__version__)' "0.7"
+fi
+
 if selected sync; then
     # gpulab's sync modules (stdlib + boto3 only) are copied in; their content is in the hash.
     # datasync/cli.py imports gpulab.volumes, which imports bounds and errors (stdlib only)
@@ -315,7 +350,7 @@ if selected proxy; then
     rm -rf "$pkg"
 fi
 
-built=$(for s in "${SELECTED[@]}"; do case $s in debian) [ -n "${BASE_IMAGE:-}" ] || printf '%s ' "$DEBIAN_IMAGE" ;; python) printf '%s ' "$PYTHON_IMAGE" ;; pytorch) printf '%s ' "$PYTORCH_IMAGE" ;; sync) printf '%s ' "$SYNC_IMAGE" ;; proxy) printf '%s ' "$PROXY_IMAGE" ;; esac; done)
+built=$(for s in "${SELECTED[@]}"; do case $s in debian) [ -n "${BASE_IMAGE:-}" ] || printf '%s ' "$DEBIAN_IMAGE" ;; python) printf '%s ' "$PYTHON_IMAGE" ;; pytorch) printf '%s ' "$PYTORCH_IMAGE" ;; sync) printf '%s ' "$SYNC_IMAGE" ;; proxy) printf '%s ' "$PROXY_IMAGE" ;; tensorflow) printf '%s ' "$TENSORFLOW_IMAGE" ;; jax) printf '%s ' "$JAX_IMAGE" ;; esac; done)
 log "done: $built"
 
 # --push: the same images under the registry's name, pushed (layers the registry has are skipped)
