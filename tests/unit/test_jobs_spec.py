@@ -918,3 +918,37 @@ def test_validation_of_one_request_takes_milliseconds_at_most(capsys):
     with capsys.disabled():
         print("\njob validation, ms:", {k: round(v, 2) for k, v in timings.items()})
     assert max(timings.values()) < 50, timings
+
+
+def test_a_flavor_with_a_share_of_a_gpu_is_for_notebooks_only():
+    """A flavor may give notebooks half a GPU (gpu_sharing); a job with it must say how many
+    whole GPUs it takes, and the served schema says the same as the parser."""
+    from gpulab.jobs.spec_schema import job_spec_schema
+
+    jsonschema = pytest.importorskip("jsonschema")
+    half = {"id": "gpu-half", "cpus": 1, "memory": "2G", "gpus": 0.5}
+    flavors = {**FLAVORS, "gpu-half": Flavor.from_config(half)}
+    refused(
+        {"command": "x", "flavor": "gpu-half"},
+        "resources.gpus",
+        "only notebooks may share",
+        flavors=flavors,
+    )
+    spec = parse({"command": "x", "flavor": "gpu-half", "resources": {"gpus": 1}}, flavors=flavors)
+    assert spec.resources.gpus == 1 and spec.resources.cpus == 1
+    limits = Limits(cpus=2, memory=parse_memory("16G"), gpus=2)
+    schema = job_spec_schema(
+        catalog=CATALOG,
+        flavors=flavors,
+        limits=limits,
+        allowed_images=[],
+        host_gpus=2,
+        quota_gpus=None,
+        quota_jobs=None,
+        max_timeout=30 * 86400,
+        max_priority=50,
+        volumes=False,
+    )
+    v = jsonschema.Draft202012Validator(schema)
+    assert not v.is_valid({"command": "x", "flavor": "gpu-half"})
+    assert v.is_valid({"command": "x", "flavor": "gpu-half", "resources": {"gpus": 1}})

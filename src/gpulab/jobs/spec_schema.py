@@ -440,7 +440,12 @@ def job_spec_schema(
                 "memory": _memory_schema(memory_max),
                 "gpus": {"type": "integer", "minimum": 0, "maximum": gpus_max},
             }
-            given = [d for d, (low, high, v) in ranges.items() if not _fits(v, low, high)]
+            # a flavor's share of a GPU (notebooks only) does not stand for a job: gpus given
+            given = [
+                d
+                for d, (low, high, v) in ranges.items()
+                if not _fits(v, low, high) or (d == "gpus" and v != int(v))
+            ]
             res: dict[str, Any] = {
                 "type": "object" if given else ["object", "null"],
                 "properties": {
