@@ -56,8 +56,10 @@ from .spec_fields import (
     RESERVED_ENV_PREFIXES,
     RESERVED_LABEL_PREFIXES,
 )
+from .spec_gangs import gang_branches
 from .spec_git import GIT_SCHEMA
 from .spec_git import PATH_PATTERN as GIT_PATH_PATTERN
+from .spec_values import ABSENT_TEXT
 
 __all__ = ["DURATION_FORMAT", "JOB_SPEC_SCHEMA", "SIZE_FORMAT", "job_spec_schema"]
 
@@ -296,7 +298,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
 
 # --- the schema of one deployment, for one caller ---------------------------------------------
 
-_NOTHING = [None, ""]  # what a text field takes for "absent" (the parser's None and "")
+_NOTHING = ABSENT_TEXT
 
 
 def _duration_schema(low: float, exclusive: bool, high: float, what: str) -> dict[str, Any]:
@@ -507,83 +509,7 @@ def job_spec_schema(
     schema["allOf"] = [
         {"anyOf": named},
         {"anyOf": sized},
-        {"anyOf": _gangs(flavors, gpus_any, quota_gpus, quota_jobs, gang_slots or {})},
+        {"anyOf": gang_branches(flavors, gpus_any, quota_gpus, quota_jobs, gang_slots or {})},
     ]
     props["workers"]["maximum"] = max(1, min(MAX_WORKERS, max_workers))
     return schema
-
-
-def _gangs(
-    flavors: Mapping[str, Flavor],
-    gpus_any: int,
-    quota_gpus: int | None,
-    quota_jobs: int | None,
-    slots: Mapping[int, int],
-) -> list[dict[str, Any]]:
-    """How many workers a distributed job may have, by its GPUs per worker ``g`` (given in
-    ``resources.gpus``, else its flavor's, else the default): at most ``slots[g]`` (workers
-    of ``g`` GPUs the nodes hold at once) and, unless preemptible, ``quota_gpus // g``."""
-    one = {"properties": {"workers": {"enum": [1, None]}}}
-    out: list[dict[str, Any]] = [one]
-    for g in range(gpus_any + 1):
-        ways = [
-            {
-                "properties": {
-                    "resources": {
-                        "type": "object",
-                        "properties": {"gpus": {"const": g}},
-                        "required": ["gpus"],
-                    }
-                },
-                "required": ["resources"],
-            }
-        ]
-        absent = {
-            "anyOf": [
-                {"not": {"required": ["resources"]}},
-                {
-                    "properties": {
-                        "resources": {
-                            "anyOf": [
-                                {"type": "null"},
-                                {"properties": {"gpus": {"type": "null"}}},
-                                {"not": {"required": ["gpus"]}},
-                            ]
-                        }
-                    }
-                },
-            ]
-        }
-        named = [f.id for f in flavors.values() if f.resources.gpus == g]
-        if named:
-            ways.append(
-                {
-                    "allOf": [
-                        absent,
-                        {"properties": {"flavor": {"enum": named}}, "required": ["flavor"]},
-                    ]
-                }
-            )
-        if g == DEFAULT_GPUS:
-            ways.append({"allOf": [absent, {"properties": {"flavor": {"enum": _NOTHING}}}]})
-        most = MAX_WORKERS if g == 0 else min(MAX_WORKERS, slots.get(g, 0))
-        in_quota = most if g == 0 or quota_gpus is None else min(most, quota_gpus // g)
-        if quota_jobs == 0:  # nothing runs in quota: only preemptible jobs are accepted
-            in_quota = 0
-        kinds = [({"enum": [False, None]}, in_quota), ({"const": True}, most)]
-        if in_quota == most:
-            kinds = [(None, most)]
-        for preemptible, high in kinds:
-            if high < 2:
-                continue
-            branch: dict[str, Any] = {
-                "properties": {"workers": {"type": "integer", "minimum": 2, "maximum": high}},
-                "required": ["workers"],
-                "anyOf": ways,
-            }
-            if preemptible is not None:
-                branch["properties"]["preemptible"] = preemptible
-                if preemptible.get("const") is True:
-                    branch["required"].append("preemptible")
-            out.append(branch)
-    return out

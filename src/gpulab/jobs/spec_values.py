@@ -16,6 +16,9 @@ from ..bounds import (
 from ..errors import FieldError
 from .durations import DurationError, format_duration, parse_duration
 
+#: what a text field takes for "absent" (None and "", as :func:`_optional_text` reads them)
+ABSENT_TEXT = [None, ""]
+
 
 class JobSpecError(FieldError):
     """An invalid submission; ``field`` names the (dotted) field, the message what is allowed."""
