@@ -45,10 +45,10 @@ from .jobs_api import (
     JobActionHandler,
     JobEventsHandler,
     JobHandler,
-    JobLogsHandler,
     JobsHandler,
     UsageHandler,
 )
+from .logs_api import JobLogsHandler
 from .openapi import document
 from .pages import (
     HomePage,

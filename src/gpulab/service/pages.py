@@ -31,12 +31,12 @@ from ..resources import format_memory
 from .app_base import NB_READ, ApiError, authenticated
 from .jobs_api import (
     MANAGE,
-    MAX_LOG_STREAMS_PER_USER,
     READ,
     JobActionHandler,
     JobsBase,
     JobsHandler,
 )
+from .logs_api import MAX_LOG_STREAMS_PER_USER
 from .pages_extras import EXTRA_FORM_FIELDS, form_extras
 
 TEMPLATES = Path(__file__).parent / "templates"
