@@ -59,8 +59,8 @@ proxy: $(CHP) ## Install configurable-http-proxy (npm) into .build/node
 engine: ## Make sure a Docker engine runs (installs docker.io and starts dockerd if needed)
 	scripts/ensure-docker.sh
 
-images: engine ## Build the notebook images gpulab/{debian:bookworm,python:3.11,pytorch:2.13} when missing or stale (REGISTRY=host:port also pushes them there)
-	scripts/build-images.sh $(if $(FORCE),--force) $(if $(REGISTRY),--push $(REGISTRY) debian python pytorch sync proxy)
+images: engine ## Build the notebook images gpulab/{debian:bookworm,python:3.11,pytorch:2.13,tensorflow:2.20,jax:0.7} when missing or stale (REGISTRY=host:port also pushes them there)
+	scripts/build-images.sh $(if $(FORCE),--force) $(if $(REGISTRY),--push $(REGISTRY) debian python pytorch tensorflow jax sync proxy)
 
 browser: ## Install Debian's chromium for the browser tests when /usr/bin/chromium is missing
 	@test -x /usr/bin/chromium || { \
@@ -107,7 +107,8 @@ swarm-lab-down: engine ## Remove the Swarm test lab; the host engine leaves the 
 	scripts/swarm-lab.sh down
 
 clean-images: ## Remove the gpulab images (and the build contexts in .build/ctx)
-	-docker rmi $${GPULAB_PYTORCH_IMAGE:-gpulab/pytorch:2.13} $${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11} \
+	-docker rmi $${GPULAB_TENSORFLOW_IMAGE:-gpulab/tensorflow:2.20} $${GPULAB_JAX_IMAGE:-gpulab/jax:0.7} \
+		$${GPULAB_PYTORCH_IMAGE:-gpulab/pytorch:2.13} $${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11} \
 		$${GPULAB_DEBIAN_IMAGE:-gpulab/debian:bookworm}
 	rm -rf .build/ctx
 

@@ -6,8 +6,7 @@
 #   3. gpulab/pytorch:2.13     images/pytorch (+ torch, CPU build, and numpy),
 #   4. gpulab/sync:VERSION     images/sync (the sync helper),
 #   +  gpulab/tensorflow:2.20  images/tensorflow (tensorflow-cpu), gpulab/jax:0.7 images/jax
-#                              (jax + CPU jaxlib): only when named (`make images-frameworks`),
-#                              both on the python image,
+#                              (jax + CPU jaxlib), both on the python image,
 #   5. gpulab/proxy:CHP        images/proxy (configurable-http-proxy, for a Swarm; only when
 #                              named: the single-host hub runs the proxy as a process),
 # with the Python wheels downloaded on the host (cache: .build/wheels/<image>/) and copied into
@@ -17,7 +16,7 @@
 # changed since it was built (label org.gpulab.build-hash); --force rebuilds all selected ones.
 #
 # Usage: scripts/build-images.sh [--force] [--push REGISTRY] [debian|python|pytorch|sync|proxy|tensorflow|jax ...]
-#        (default: debian python pytorch sync)
+#        (default: debian python pytorch tensorflow jax sync)
 # --push REGISTRY (host:port) tags every selected image REGISTRY/NAME:TAG and pushes it, so that
 # every node of a Swarm pulls the same image (c.GpulabSettings.image_registry = "REGISTRY/").
 # Environment:
@@ -63,7 +62,7 @@ while [ $# -gt 0 ]; do
         *) echo "build-images: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
 done
-[ ${#SELECTED[@]} -gt 0 ] || SELECTED=(debian python pytorch sync)
+[ ${#SELECTED[@]} -gt 0 ] || SELECTED=(debian python pytorch tensorflow jax sync)
 selected() { [[ " ${SELECTED[*]} " == *" $1 "* ]]; }
 
 T_START=$SECONDS

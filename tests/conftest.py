@@ -17,6 +17,7 @@ from .hubctl import Hub
 IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 BASE_IMAGE = "gpulab/python:3.11"
 PYTORCH_IMAGE = "gpulab/pytorch:2.13"
+FRAMEWORK_IMAGES = ("gpulab/tensorflow:2.20", "gpulab/jax:0.7")
 
 
 def _need(message: str):
@@ -69,6 +70,12 @@ def images(docker_client):
 @pytest.fixture(scope="session")
 def pytorch_image(docker_client):
     return _image(docker_client, PYTORCH_IMAGE)
+
+
+@pytest.fixture(scope="session")
+def framework_images(docker_client):
+    """The TensorFlow and JAX images (built by `make images` too)."""
+    return [_image(docker_client, image) for image in FRAMEWORK_IMAGES]
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,16 @@
 """The framework catalog: framework -> versions -> image, and the editors each offers.
 
-Configured by the admin as plain data (lists of dicts) and validated here. The first version of
-a framework is its default. An editor is a named way to reach the notebook (JupyterLab's
-``/lab``; a second editor such as VS Code is one more entry with its own URL and the images
-that carry it), so adding one needs no redesign.
+Configured by the admin as plain data (lists of dicts) and validated here. Which images the
+engine has is the caller's to find out: the catalog only turns the missing ones into reasons
+(a version whose image is missing is shown unavailable and refused, never failed at spawn).
+The first version of a framework is its default. An editor is a named way to reach the
+notebook (JupyterLab's ``/lab``; a second editor such as VS Code is one more entry with its own
+URL and the images that carry it), so adding one needs no redesign.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import FieldError
@@ -116,3 +118,25 @@ class Catalog:
 
     def images(self) -> set[str]:
         return {v.image for f in self.frameworks.values() for v in f.versions}
+
+    def unavailable(self, missing: Collection[str], where: str) -> dict[str, str]:
+        """{image: why it cannot be chosen} for the catalog's images in ``missing`` (those the
+        engine does not have), each reason naming the framework version, the image and who
+        builds it."""
+        out: dict[str, str] = {}
+        for f in self.frameworks.values():
+            for v in f.versions:
+                if v.image in missing and v.image not in out:
+                    out[v.image] = (
+                        f"{f.title} {v.id} is unavailable: its image {v.image} is missing "
+                        f"{where} (the admin builds it: make images)"
+                    )
+        return out
+
+    def unavailable_frameworks(self, unavailable: Collection[str]) -> set[str]:
+        """The frameworks none of whose versions' images is there."""
+        return {
+            f.id
+            for f in self.frameworks.values()
+            if all(v.image in unavailable for v in f.versions)
+        }

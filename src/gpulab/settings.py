@@ -34,6 +34,20 @@ DEFAULT_FRAMEWORKS = [
         "versions": [{"id": "2.13", "image": "gpulab/pytorch:2.13", "title": "2.13 (CPU build)"}],
         "editors": ["jupyterlab"],
     },
+    {
+        "id": "tensorflow",
+        "title": "TensorFlow",
+        "versions": [
+            {"id": "2.20", "image": "gpulab/tensorflow:2.20", "title": "2.20 (CPU build)"}
+        ],
+        "editors": ["jupyterlab"],
+    },
+    {
+        "id": "jax",
+        "title": "JAX",
+        "versions": [{"id": "0.7", "image": "gpulab/jax:0.7", "title": "0.7 (CPU build)"}],
+        "editors": ["jupyterlab"],
+    },
 ]
 
 DEFAULT_FLAVORS = [

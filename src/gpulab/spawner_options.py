@@ -18,8 +18,13 @@ from .gpus.sharing import fraction_refusal, offered_fractions
 from .jobs.durations import format_duration
 from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
 from .resources import format_memory
+from .runtime.images import ImageCache
 
 TEMPLATES = Path(__file__).parent / "templates"
+#: seconds an answer of the engine about an image (there or not) is trusted
+IMAGE_CHECK_TTL = 30.0
+#: shared by a hub's spawners
+_images = ImageCache(IMAGE_CHECK_TTL)
 
 
 class NotebookOptionsMixin(DockerSpawner):
@@ -58,7 +63,15 @@ class NotebookOptionsMixin(DockerSpawner):
             cpu_idle_timeout=s.cpu_idle_timeout,
         )
 
-    def apply_notebook_options(self, user_options: dict) -> None:
+    async def missing_images(self) -> dict[str, str]:
+        """{image: reason} of the catalog's images the engine does not have (on a Swarm: the
+        registry), each asked at most every IMAGE_CHECK_TTL seconds."""
+        s = self.settings
+        missing = await _images.missing(self.runtime, s.catalog.images(), self.engine_image)
+        where = "in the registry" if self.clustered else "on this host"
+        return s.catalog.unavailable(missing, where)
+
+    async def apply_notebook_options(self, user_options: dict) -> None:
         """Validate options (form and API alike); JupyterHub answers 400 with our message."""
         try:
             opts = self.parse_options(user_options)
@@ -82,6 +95,11 @@ class NotebookOptionsMixin(DockerSpawner):
                 "Invalid notebook options: gpus: %s",
                 f"gpus={opts.resources.gpus:g} requested but {where} has {most} GPU(s)",
             )
+        unavailable = await self.missing_images()
+        if opts.image in unavailable:
+            raise web.HTTPError(
+                400, "Invalid notebook options: version: %s", unavailable[opts.image]
+            )
         self.gpulab_options = opts
         self.image = opts.image
         self.default_url = opts.default_url
@@ -100,8 +118,11 @@ class NotebookOptionsMixin(DockerSpawner):
             self.log.exception("cannot read the GPU ledger")
             free, shared = None, {}
         idle = {f.id: s.idle_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
+        unavailable = await self.missing_images()
         return env.get_template("spawn_form.html").render(
             catalog=s.catalog,
+            unavailable=unavailable,
+            unavailable_frameworks=s.catalog.unavailable_frameworks(unavailable),
             flavors=list(s.flavor_map.values()),
             idle={fid: format_duration(t) for fid, t in idle.items() if t > 0},
             gpu_idle=format_duration(s.gpu_idle_timeout) if s.gpu_idle_timeout > 0 else "",

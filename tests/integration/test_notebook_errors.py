@@ -8,16 +8,19 @@ import tarfile
 import pytest
 
 from ..hubctl import SpawnFailed
+from .test_notebook_form_restart import login
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
 BROKEN_IMAGE = "gpulab-test/broken:1"
+VANISHING_IMAGE = "gpulab-test/vanishing:1"
 
 EXTRA = f"""
 c.GpulabSettings.frameworks = [
     {{"id": "python", "title": "Python", "versions": [{{"id": "3.11", "image": "gpulab/python:3.11"}}]}},
     {{"id": "ghost", "title": "Missing image", "versions": [{{"id": "1", "image": "gpulab-test/nope:404"}}]}},
     {{"id": "broken", "title": "Exits at once", "versions": [{{"id": "1", "image": "{BROKEN_IMAGE}"}}]}},
+    {{"id": "vanishing", "title": "Removed after the check", "versions": [{{"id": "1", "image": "{VANISHING_IMAGE}"}}]}},
 ]
 c.GpulabSettings.gpu_devices = [{{"id": "0"}}, {{"id": "1"}}]
 c.GpulabSettings.gpu_mode = "env"
@@ -89,15 +92,34 @@ def test_group_limit_applies_and_host_size_is_said(hub):
     assert "gpus=5 requested but this host has 2 GPU(s)" in r.json()["message"]
 
 
-def test_missing_image_is_error(hub):
+def test_missing_image_is_a_400_not_a_failed_spawn(hub):
     r = hub.spawn("bob", "ghost", {"framework": "ghost"}, token=hub.token)
-    assert r.status_code >= 400 or hub.server_model("bob", "ghost") is not None
+    assert r.status_code == 400, r.text
+    assert (
+        "version: Missing image 1 is unavailable: its image gpulab-test/nope:404 is missing"
+        in (r.json()["message"])
+    )
+    assert hub.notebook("bob", "ghost").status_code == 404  # nothing was started or recorded
+
+
+def test_image_gone_between_the_check_and_the_start_is_error(hub, docker_client):
+    """The options trust the engine's answer about an image for 30 s: an image removed in
+    between is found missing by the spawn's own check, an ERROR that names it."""
+    docker_client.images.get("gpulab/python:3.11").tag(VANISHING_IMAGE)
+    try:
+        # the form asks the engine for every catalog image: one found there is trusted 30 s
+        page = login(hub, "bob").get(f"{hub.url}/hub/spawn/bob/vanish", timeout=60)
+        assert page.status_code == 200 and 'value="vanishing"' in page.text
+    finally:
+        docker_client.images.remove(VANISHING_IMAGE)
+    r = hub.spawn("bob", "vanish", {"framework": "vanishing"}, token=hub.token)
+    assert r.status_code >= 400 or hub.server_model("bob", "vanish") is not None
     with pytest.raises(SpawnFailed):
-        hub.wait_ready("bob", "ghost", timeout=30)
-    nb = hub.wait_state("bob", "ghost", "ERROR")
+        hub.wait_ready("bob", "vanish", timeout=30)
+    nb = hub.wait_state("bob", "vanish", "ERROR")
     last = nb["history"][-1]
     assert last["reason"] == "IMAGE_MISSING"
-    assert "gpulab-test/nope:404 is missing" in last["message"]
+    assert f"{VANISHING_IMAGE} is missing" in last["message"]
 
 
 def test_process_exiting_at_start_is_failed_with_exit_code(hub):

@@ -172,7 +172,7 @@ def test_images_outside_catalog_only_when_allowed():
 @pytest.mark.parametrize(
     "raw, field",
     [
-        ({"framework": "jax"}, "framework"),
+        ({"framework": "caffe"}, "framework"),
         ({"version": "9"}, "version"),
         ({"editor": "vi"}, "editor"),
         ({"flavor": "huge"}, "flavor"),

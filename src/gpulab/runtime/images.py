@@ -1,0 +1,46 @@
+"""Which images the engine has: the spawn form, the notebook options and the job submissions
+ask for every catalog image, and a busy hub must not ask the engine (or a Swarm's registry) for
+each of them on every request. An image found there is trusted for ``ttl`` seconds (removed
+meanwhile, the start's own check finds it missing); one found missing is asked again next
+time, so that an image the admin has just built is offered at once."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from .base import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class ImageCache:
+    def __init__(self, ttl: float = 30.0):
+        self.ttl = ttl
+        self._seen: dict[str, float] = {}  # engine name -> when it was found there
+
+    async def missing(
+        self, runtime: Runtime, images: Iterable[str], ref: Callable[[str], str]
+    ) -> list[str]:
+        """The ``images`` the engine does not have (``ref``: the name the engine runs an
+        image by). An engine that does not answer hides nothing: unknown is not missing (the
+        start's own check then says what is wrong)."""
+        now = time.monotonic()
+        out = []
+        for image in sorted(set(images)):
+            name = ref(image)
+            seen = self._seen.get(name)
+            if seen is not None and now - seen < self.ttl:
+                continue
+            try:
+                there = await runtime.image_exists(name)
+            except Exception:
+                log.warning("cannot ask the engine for image %s", name, exc_info=True)
+                continue
+            if there:
+                self._seen[name] = now
+            else:
+                self._seen.pop(name, None)
+                out.append(image)
+        return out
