@@ -277,33 +277,23 @@ else
     fi
 fi
 
-if selected python; then
-    before=$(image_id "$PYTHON_IMAGE")
-    build_dockerfile python "$PYTHON_IMAGE" "$BASE"
-    [ "$(image_id "$PYTHON_IMAGE")" = "$before" ] \
-        || verify "$PYTHON_IMAGE" 'import jupyterhub, jupyterlab; print("jupyterhub", jupyterhub.__version__, "jupyterlab", jupyterlab.__version__)' "jupyterhub 6.1.1"
-fi
+# build_verified NAME TAG BASE CODE EXPECTED: build_dockerfile, then (when it built anything)
+# verify that the image runs CODE as uid 1000 in /workspace and prints EXPECTED
+build_verified() {
+    local before
+    before=$(image_id "$2")
+    build_dockerfile "$1" "$2" "$3"
+    [ "$(image_id "$2")" = "$before" ] || verify "$2" "$4" "$5"
+}
 
-if selected pytorch; then
-    before=$(image_id "$PYTORCH_IMAGE")
-    build_dockerfile pytorch "$PYTORCH_IMAGE" "$PYTHON_IMAGE"
-    [ "$(image_id "$PYTORCH_IMAGE")" = "$before" ] \
-        || verify "$PYTORCH_IMAGE" 'import numpy, torch; print(torch.__version__)' "2.13.0"
-fi
-
-if selected tensorflow; then
-    before=$(image_id "$TENSORFLOW_IMAGE")
-    build_dockerfile tensorflow "$TENSORFLOW_IMAGE" "$PYTHON_IMAGE"
-    [ "$(image_id "$TENSORFLOW_IMAGE")" = "$before" ] \
-        || verify "$TENSORFLOW_IMAGE" 'import tensorflow as tf; print(tf.__version__)' "2.20"
-fi
-
-if selected jax; then
-    before=$(image_id "$JAX_IMAGE")
-    build_dockerfile jax "$JAX_IMAGE" "$PYTHON_IMAGE"
-    [ "$(image_id "$JAX_IMAGE")" = "$before" ] \
-        || verify "$JAX_IMAGE" 'import jax; print(jax.__version__)' "0.7"
-fi
+selected python && build_verified python "$PYTHON_IMAGE" "$BASE" \
+    'import jupyterhub, jupyterlab; print("jupyterhub", jupyterhub.__version__, "jupyterlab", jupyterlab.__version__)' "jupyterhub 6.1.1"
+selected pytorch && build_verified pytorch "$PYTORCH_IMAGE" "$PYTHON_IMAGE" \
+    'import numpy, torch; print(torch.__version__)' "2.13.0"
+selected tensorflow && build_verified tensorflow "$TENSORFLOW_IMAGE" "$PYTHON_IMAGE" \
+    'import tensorflow as tf; print(tf.__version__)' "2.20"
+selected jax && build_verified jax "$JAX_IMAGE" "$PYTHON_IMAGE" \
+    'import jax; print(jax.__version__)' "0.7"
 
 if selected sync; then
     # gpulab's sync modules (stdlib + boto3 only) are copied in; their content is in the hash.

@@ -11,7 +11,6 @@ import json
 import re
 import threading
 import time
-import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -22,7 +21,8 @@ from gpulab.gpus.inventory import load_inventory
 from gpulab.gpus.ledger import GpuLedger
 from gpulab.runtime.objects import notebook_workload_id
 
-from ..conftest import run_async, wait_until
+from ..conftest import wait_until
+from ..kernels import start_code
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -102,71 +102,9 @@ def spawn_ready(hub, user, server, options, token):
     hub.wait_ready(user, server)
 
 
-async def _run_cell(url: str, token: str, code: str) -> None:
-    """Send one execute_request on a kernel's websocket, wait until the kernel says busy, and
-    hang up (the kernel runs on; nothing more goes through the proxy)."""
-    from tornado.httpclient import HTTPRequest
-    from tornado.websocket import websocket_connect
-
-    conn = await websocket_connect(
-        HTTPRequest(url, headers={"Authorization": f"token {token}"}, connect_timeout=30)
-    )
-    msg_id = uuid.uuid4().hex
-    conn.write_message(
-        json.dumps(
-            {
-                "header": {
-                    "msg_id": msg_id,
-                    "msg_type": "execute_request",
-                    "username": "test",
-                    "session": uuid.uuid4().hex,
-                    "version": "5.3",
-                    "date": datetime.now(UTC).isoformat(),
-                },
-                "parent_header": {},
-                "metadata": {},
-                "content": {
-                    "code": code,
-                    "silent": False,
-                    "store_history": False,
-                    "user_expressions": {},
-                    "allow_stdin": False,
-                    "stop_on_error": True,
-                },
-                "channel": "shell",
-                "buffers": [],
-            }
-        )
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        raw = await conn.read_message()
-        assert raw is not None, "the kernel's websocket closed"
-        msg = json.loads(raw)
-        if (
-            msg.get("msg_type") == "status"
-            and msg.get("parent_header", {}).get("msg_id") == msg_id
-            and msg["content"]["execution_state"] == "busy"
-        ):
-            conn.close()
-            return
-    raise TimeoutError("the kernel never said busy")
-
-
 def start_long_cell(hub, user: str, server: str, token: str, seconds: int) -> str:
-    base = f"{hub.url}/user/{user}/{server}"
-    r = requests.post(
-        f"{base}/api/kernels",
-        headers={"Authorization": f"token {token}"},
-        json={"name": "python3"},
-        timeout=60,
-    )
-    assert r.status_code == 201, r.text
-    kernel = r.json()["id"]
-    ws = f"ws://127.0.0.1:{hub.port}/user/{user}/{server}/api/kernels/{kernel}/channels"
     # a cell that prints nothing: only its kernel's busy state says it runs
-    run_async(_run_cell(ws, token, f"import time; time.sleep({seconds})"))
-    return kernel
+    return start_code(hub, user, server, token, f"import time; time.sleep({seconds})")
 
 
 def test_idle_gpu_notebook_is_stopped_and_its_gpu_freed_a_running_cell_is_not(hub, docker_client):
