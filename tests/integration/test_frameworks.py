@@ -1,6 +1,6 @@
 """TensorFlow and JAX notebooks run real computations in their kernels; a framework version
-whose image is not built is shown unavailable in the form and refused with a 400 (notebooks
-and jobs), never failed at spawn."""
+whose image is not built is shown unavailable in the form and refused with a 400, never failed
+at spawn (a job naming it is queued: the image may be built before it starts)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import re
 import pytest
 import requests
 
+from ..conftest import wait_until
 from ..kernels import run_code
 from .test_notebook_form_restart import login
 
@@ -95,12 +96,24 @@ def test_a_version_whose_image_is_missing_is_unavailable_not_a_failed_spawn(hub)
     nb = hub.notebook("gus", "g")
     assert nb.status_code == 404 or nb.json()["state"] not in ("ERROR", "FAILED"), nb.text
 
-    # a job naming it: a 400 at submission, not a job that fails at its start
+    # a job naming it is queued as before: a queue may start it after the admin has built the
+    # image; if the image is still missing then, the job ends FAILED (IMAGE_MISSING)
     r = requests.post(
         f"{hub.url}/services/gpulab/api/jobs",
         headers={"Authorization": f"token {token}"},
         json={"command": "true", "framework": "ghost", "resources": {"gpus": 0}},
         timeout=30,
     )
-    assert r.status_code == 400, r.text
-    assert r.json()["field"] == "version" and "gpulab/ghost:1" in r.json()["message"], r.text
+    assert r.status_code == 201, r.text
+    job = r.json()["id"]
+
+    def ended():
+        j = requests.get(
+            f"{hub.url}/services/gpulab/api/jobs/{job}",
+            headers={"Authorization": f"token {token}"},
+            timeout=30,
+        ).json()
+        return j if j["state"] == "FAILED" else None
+
+    failed = wait_until(ended, timeout=60, what=f"job {job} FAILED")
+    assert failed["reason"] == "IMAGE_MISSING" and "gpulab/ghost:1" in failed["message"], failed

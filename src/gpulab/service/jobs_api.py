@@ -18,7 +18,6 @@ from ..jobs.records import ACTIVE, ENDED, QueueFull
 from ..jobs.scheduler import can_ever_fit
 from ..jobs.spec import parse_job_spec
 from ..lifecycle import InvalidTransition, JobState
-from ..runtime.images import ImageCache
 from .app_base import (
     ASCII_SPACE,
     JOBS_MANAGE,
@@ -30,8 +29,6 @@ from .app_base import (
 )
 
 J = JobState
-#: which images the engine has (asked at most every 30 s per image)
-_images = ImageCache(30.0)
 #: a started job can be interrupted until it is FINALIZING (its outcome is decided then)
 INTERRUPTIBLE = frozenset(ACTIVE - {J.FINALIZING})
 READ, MANAGE = JOBS_READ, JOBS_MANAGE
@@ -157,7 +154,6 @@ class JobsHandler(JobsBase):
             why = f"{spec.workers} workers of {spec.resources.gpus} GPU(s) each: {why}"
         if why:
             raise ApiError(400, why, field="workers" if spec.workers > 1 else "resources.gpus")
-        await self.check_image(spec.image)
         try:
             job = await asyncio.to_thread(
                 self.jobs.create,
@@ -171,23 +167,6 @@ class JobsHandler(JobsBase):
             raise ApiError(409, str(e)) from None
         self.supervisor.wake.set()
         return job
-
-    async def check_image(self, image: str) -> None:
-        """A 400 for an image the engine (a Swarm: its registry) does not have, before the job
-        is queued: a catalog version whose image is missing is unavailable, not a job that
-        fails at its start."""
-        sup = self.supervisor
-        runtime = sup.runtime
-        if not await _images.missing(runtime, [image], runtime.image_ref):
-            return
-        s = self.settings["gpulab"]
-        where = "on this host" if runtime.kind == "docker" else "in the registry"
-        reasons = s.catalog.unavailable([image], where)
-        if image in reasons:
-            raise ApiError(400, reasons[image], field="version")
-        raise ApiError(
-            400, f"image {image} is missing {where} (the admin builds or pulls it)", field="image"
-        )
 
 
 class JobHandler(JobsBase):
