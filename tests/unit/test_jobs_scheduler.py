@@ -408,3 +408,56 @@ def test_random_plans_never_double_allocate_or_exceed_quota(seed):
     assert set(p.preempt) <= {j.id for j in active if j.over_quota and j.gpus}
     if p.preempt:  # a plan that takes GPUs back lends none
         assert not any(s.over_quota and s.devices for s in p.start)
+
+
+# --- node shape (a cluster's nodes; distributed jobs' ranks) -------------------------------
+
+
+def node(key: str) -> str:
+    return key.rpartition("/")[0]
+
+
+def test_a_gang_that_fits_in_count_but_not_in_shape_waits_and_holds_nothing():
+    # four nodes with one GPU free each: 4 GPUs, but no node has 2 for a rank
+    free = ["n1/0", "n2/0", "n3/0", "n4/0"]
+    gang = replace(q("gang", gpus=4, t=0), workers=2)
+    p = plan([gang, q("small", gpus=1, t=1)], [], free, node_of=node)
+    # the gang does not start, and the job behind it takes a GPU (backfill), nothing preempted
+    assert started(p) == {"small": ("n1/0",)} and p.preempt == []
+    # one host counted by GPUs alone would have started it on four nodes' devices
+    assert "gang" in started(plan([gang], [], free))
+
+
+def test_a_single_worker_job_needs_its_gpus_on_one_node():
+    free = ["n1/0", "n2/0", "n2/1"]
+    p = plan([q("two", gpus=2), q("three", gpus=3, t=1)], [], free, node_of=node)
+    assert started(p) == {"two": ("n2/0", "n2/1")}
+
+
+def test_a_gang_is_placed_rank_by_rank_on_nodes_that_fit():
+    free = ["n1/0", "n1/1", "n2/0", "n3/0", "n3/1"]
+    gang = replace(q("gang", gpus=4), workers=2)
+    # pack: the fullest nodes that fit; every rank's two GPUs on one node
+    devices = started(plan([gang], [], free, node_of=node))["gang"]
+    assert sorted({node(d) for d in devices}) == ["n1", "n3"] and len(devices) == 4
+    # the devices set aside are gone for the next job in the same plan
+    p = plan([gang, q("next", gpus=2, t=1)], [], free, node_of=node)
+    assert "next" not in started(p) and len(set(all_devices(p))) == len(all_devices(p))
+
+
+def test_spread_puts_ranks_on_the_emptiest_nodes():
+    free = ["a/0", "a/1", "b/0", "b/1"]
+    gang = replace(q("gang", gpus=2), workers=2)
+    packed = started(plan([gang], [], free, node_of=node))["gang"]
+    spread = started(plan([gang], [], free, node_of=node, spread=True))["gang"]
+    assert {node(d) for d in packed} == {"a"}  # both ranks on one node, the other kept whole
+    assert {node(d) for d in spread} == {"a", "b"}
+
+
+def test_over_quota_gangs_need_their_shape_too():
+    free = ["n1/0", "n2/0"]
+    gang = replace(q("gang", gpus=2, preemptible=True), workers=1)
+    p = plan([gang], [], free, default_quota=Quota(gpus=0), node_of=node)
+    assert p.start == []
+    p = plan([gang], [], ["n1/0", "n1/1"], default_quota=Quota(gpus=0), node_of=node)
+    assert p.start == [Placement("gang", ("n1/0", "n1/1"), over_quota=True)]

@@ -33,8 +33,17 @@ Rules
    their owner's quota (GPUs or job count) on the GPUs still free, marked ``over_quota``. So
    idle GPUs are lent out only after all in-quota work had its turn, and a lent GPU is never
    taken back in the plan that lent it. A non-preemptible job never runs over quota.
-6. **Devices.** Each job gets the first free device IDs in the order the caller gave them
+6. **Devices and node shape.** A job of ``workers`` ranks needs ``gpus / workers`` GPUs per
+   rank, each rank's on one node (several ranks may share a node): the free devices are
+   grouped by ``node_of`` (one host: one node) and a job starts only when every rank fits
+   (:func:`~gpulab.jobs.gang.choose_gang`, ``pack`` or ``spread`` as the ledger places them).
+   A job that has enough free GPUs in count but not in shape (2 ranks of 2 GPUs on four nodes
+   with one free each) does not start and holds nothing, so the jobs behind it may use those
+   GPUs (backfill). Within a node the devices are taken in the order the caller gave them
    (list them lowest first); a device is handed out at most once per plan.
+   Preemption counts GPUs, not shape: the victims' GPUs may come free on other nodes than a
+   waiting job needs; it then waits on (holding nothing once they are gone) until a plan finds
+   its shape.
 
 Known trade-off of backfill: a large in-quota job may wait while smaller ones keep starting;
 only over-quota work is ever preempted for it.
@@ -42,8 +51,10 @@ only over-quota work is ever preempted for it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+from .gang import choose_gang
 
 __all__ = [
     "ActiveJob",
@@ -80,6 +91,8 @@ class QueuedJob:
     priority: int
     submitted: float
     preemptible: bool = False
+    #: ranks of a distributed job; ``gpus`` is the total, ``gpus // workers`` each rank's
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -175,8 +188,12 @@ def plan(
     user_quotas: Mapping[str, Quota] | None = None,
     group_quotas: Mapping[str, Quota] | None = None,
     held_outside: Mapping[str, int] | None = None,
+    node_of: Callable[[str], str] | None = None,
+    spread: bool = False,
 ) -> Plan:
-    """Decide what starts now and what is preempted (see the module's rules)."""
+    """Decide what starts now and what is preempted (see the module's rules).
+    ``node_of``: a device's node (None: all on one host); ``spread``: the ledger's placement
+    policy, so that the devices set aside in a plan are the ones the ledger will book."""
     default_quota = default_quota or Quota()
     user_quotas = user_quotas or {}
     group_quotas = group_quotas or {}
@@ -204,14 +221,36 @@ def plan(
         del free[:n]
         return devices
 
+    def place(job: QueuedJob) -> tuple[str, ...] | None:
+        """The devices of every rank of ``job`` from the free ones, taken; None if it does
+        not fit now (in count or in shape)."""
+        if job.gpus > len(free):
+            return None
+        workers = max(1, job.workers)
+        if node_of is None and workers == 1:
+            return take(job.gpus)
+        by_node: dict[str, list[str]] = {}
+        for key in free:
+            by_node.setdefault(node_of(key) if node_of else "", []).append(key)
+        ranks = choose_gang(by_node, job.gpus // workers, workers, spread=spread)
+        if not ranks:
+            return None
+        chosen = [d for ds in ranks for d in ds]
+        for d in chosen:
+            free.remove(d)
+        return tuple(chosen)
+
     for job in sorted(queued, key=_queue_order):
         used_g, used_j = gpus_used.get(job.owner, 0), jobs_used.get(job.owner, 0)
         if not quota(job.owner, job.groups).allows(used_g, used_j, job.gpus):
             if job.preemptible:
                 over_quota.append(job)
             continue
-        if job.gpus <= len(free):
-            result.start.append(Placement(job.id, take(job.gpus)))
+        devices = place(job) if job.gpus > 0 else ()
+        if devices is not None:
+            result.start.append(Placement(job.id, devices))
+        elif job.gpus <= len(free):
+            continue  # enough GPUs, not in the shape it needs: wait, hold nothing
         else:
             missing = job.gpus - len(free)
             arriving = min(incoming, missing)
@@ -233,6 +272,7 @@ def plan(
         jobs_used[job.owner] = used_j + 1
 
     for job in over_quota:
-        if job.gpus <= len(free):
-            result.start.append(Placement(job.id, take(job.gpus), over_quota=True))
+        devices = place(job) if job.gpus > 0 else ()
+        if devices is not None:
+            result.start.append(Placement(job.id, devices, over_quota=True))
     return result

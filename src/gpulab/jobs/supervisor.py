@@ -241,6 +241,7 @@ class JobSupervisor(JobHousekeeping, JobLife):
                         int(spec["priority"]),
                         ts(j["submitted"]),
                         bool(spec["preemptible"]),
+                        workers=n,
                     )
                 )
             elif j["state"] != J.FINALIZING.value:
@@ -283,6 +284,8 @@ class JobSupervisor(JobHousekeeping, JobLife):
             user_quotas={u: _quota(q) for u, q in self.s.user_job_quotas.items()},
             group_quotas={g: _quota(q) for g, q in self.s.group_job_quotas.items()},
             held_outside=notebook_gpus,
+            node_of=node_of if self.ledger.clustered else None,
+            spread=self.ledger.policy == "spread",
         )
         for victim in p.preempt:
             log.info("preempting %s for in-quota work", victim)
