@@ -26,7 +26,7 @@ J = JobState
 # the ``outcome`` column kept there (a FINALIZING job's outcome), and garbage
 PERSISTED_REQUESTS = sorted(REQUESTS | {s.value for s in JobState} | {"bogus"})
 PERSISTED_OUTCOMES = sorted({""} | {s.value for s in JobState} | {"bogus"})
-REASONS = ["", "TIMEOUT", "PREEMPTED", "USER_INTERRUPT", "SCHEDULED", "EXITED"]
+REASONS = ["", "TIMEOUT", "PREEMPTED", "USER_INTERRUPT", "SCHEDULED", "EXITED", "NODE_LOST"]
 
 ALL = list(
     itertools.product(
@@ -60,6 +60,9 @@ def test_every_persisted_combination_has_a_step_the_lifecycle_allows(state):
             assert _allowed(state, J.QUEUED), where
         elif d.step is Step.FINISH_PREEMPT:
             assert state is J.INTERRUPTING and _allowed(state, J.QUEUED), where
+        elif d.step is Step.FINISH_LOST:
+            assert state is J.INTERRUPTING and reason == "NODE_LOST", where
+            assert _allowed(state, J.QUEUED), where
         elif d.step is Step.START:
             assert state is J.RESTARTING and _allowed(state, J.RUNNING), where
         else:
@@ -78,10 +81,12 @@ def test_a_command_that_started_is_never_queued_again():
 
 def test_output_is_pushed_whenever_the_command_may_have_written_it():
     """Nothing written is lost: a job past PENDING whose container started ends through a
-    push (FINALIZING), or is watched / re-queued through a preemption's push."""
+    push (FINALIZING), or is watched / re-queued through a preemption's push. Not a job
+    whose node was lost: its copy of the volumes went with the node, nothing is left to push."""
     for state, request, outcome, found, reason in ALL:
         d = decide(state, request, outcome, found, reason)
-        if d.step is Step.FINALIZE and state not in (J.INITIALIZING, J.PENDING):
+        lost_node = state is J.INTERRUPTING and reason == "NODE_LOST"
+        if d.step is Step.FINALIZE and state not in (J.INITIALIZING, J.PENDING) and not lost_node:
             assert d.push, (state, request, found, d)
             assert path(state, d.outcome, d.push)[0] in (J.FINALIZING, d.outcome)
             if state is not J.FINALIZING:
@@ -157,3 +162,15 @@ def test_classify_tells_this_life_from_an_earlier_one():
     # a run that ended within a second before this life began is still an earlier one's
     assert classify(_info(False, "2027-01-15T07:59:59.5Z"), began) is Container.STALE
     assert classify(WorkloadState(running=False), began) is Container.STALE
+
+
+def test_a_lost_nodes_removal_cut_short_is_finished_and_queued_again():
+    # lost() records INTERRUPTING (NODE_LOST) before it removes the workers: a crash in the
+    # middle is carried on as a re-queue whatever is left of the gang, never as ERROR
+    for found in Container:
+        for request in ("", "preempt"):
+            d = decide(J.INTERRUPTING, request, "", found, "NODE_LOST")
+            assert d.step is Step.FINISH_LOST, (found, request, d)
+        # the owner's interrupt wins, with nothing to push (the node's copy is gone)
+        d = decide(J.INTERRUPTING, "interrupt", "", found, "NODE_LOST")
+        assert (d.step, d.outcome, d.push) == (Step.FINALIZE, J.INTERRUPTED, False)

@@ -66,14 +66,29 @@ class JobEnding:
         """
         state = JobState(job["state"])
         why = f"its node was lost ({error})" if error else "its node was lost"
-        await self.remove_gang(gang)  # every worker: the job restarts whole, elsewhere
+        if job["restarts"] >= spec.retries:
+            await self.remove_gang(gang)
+            await self.gang_stopped(gang, 0)
+            await self.release_network(job_id, gang)
+            await self.db(self.ledger.release, self.workload(job_id))
+            return await self.finalize(job_id, J.FAILED, "NODE_LOST", why, push=False)
+        # INTERRUPTING (NODE_LOST) first: a crash while the workers are removed is carried on
+        # from there by recovery (Step.FINISH_LOST: re-queued), not taken for a lost container
+        await self.move(job_id, J.INTERRUPTING, expect=state, reason="NODE_LOST", message=why)
+        await self.finish_lost(job_id, job, spec, gang, why)
+
+    async def finish_lost(
+        self, job_id: str, job: dict, spec: JobSpec, gang: list[Rank], why: str
+    ) -> None:
+        """INTERRUPTING for a lost node: remove every worker (the job restarts whole,
+        elsewhere), release the GPUs once the engine confirms they are gone, back to the
+        queue."""
+        await self.remove_gang(gang)
+        fault_point("engine:lost-removed")
         await self.gang_stopped(gang, 0)
         await self.release_network(job_id, gang)
         await self.db(self.ledger.release, self.workload(job_id))
         n = job["restarts"] + 1
-        if job["restarts"] >= spec.retries:
-            return await self.finalize(job_id, J.FAILED, "NODE_LOST", why, push=False)
-        await self.move(job_id, J.INTERRUPTING, expect=state, reason="NODE_LOST", message=why)
         await self.move(
             job_id,
             J.QUEUED,

@@ -40,6 +40,9 @@ class Step(enum.StrEnum):
     START = "start"  # a restart was cut short: start the container again, then watch
     REQUEUE = "requeue"  # nothing of its command ran in this life: back to the queue
     FINISH_PREEMPT = "finish-preempt"  # stop, push, remove, release, back to the queue
+    # its node was lost (INTERRUPTING, NODE_LOST): remove every worker, release, back to the
+    # queue (no push: the node's copy of the volumes went with it)
+    FINISH_LOST = "finish-lost"
     FINALIZE = "finalize"  # (stop,) release, push unless told not to, end in ``outcome``
 
 
@@ -104,6 +107,12 @@ def decide(
             return Decision(Step.ATTACH)  # it started: never run it again
         return before_start if interrupt else Decision(Step.REQUEUE)
     if state is J.INTERRUPTING:
+        if reason == "NODE_LOST":  # a lost node's removal cut short: finish it, re-queue
+            if interrupt:
+                return Decision(
+                    Step.FINALIZE, J.INTERRUPTED, "USER_INTERRUPT", "interrupted", push=False
+                )
+            return Decision(Step.FINISH_LOST)
         if request == "preempt" and reason != "TIMEOUT":  # a timed-out job is not re-queued
             return Decision(Step.FINISH_PREEMPT)
         why = reason if reason in ("TIMEOUT", "PREEMPTED") else "USER_INTERRUPT"

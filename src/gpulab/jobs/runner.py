@@ -171,6 +171,8 @@ class JobLife(JobEnding, JobContainer):
             return
         if d.step is Step.FINISH_PREEMPT:
             return await self.finish_preempt(job_id, spec, gang)
+        if d.step is Step.FINISH_LOST:
+            return await self.finish_lost(job_id, job, spec, gang, job["message"])
         if d.step is Step.START:
             if len(gang) > 1:  # a gang restarts whole: no rank may stay in the earlier run
                 await self.gang_stopped(gang, self.s.preemption_grace)
