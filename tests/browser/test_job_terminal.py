@@ -60,3 +60,32 @@ def test_no_terminal_panel_once_the_job_has_ended(hub, new_page):
     page.goto(f"{hub.url}{SERVICE}jobs/{job['id']}")
     page.wait_for_selector("#events")
     assert page.locator("#terminal-card").count() == 0
+
+
+def test_terminal_of_a_distributed_job_opens_in_the_chosen_rank(hub, new_page, shots):
+    api = Api(hub, "rhea")
+    job = api.submit(command=["sleep", "900"], workers=2)
+    try:
+        api.wait(job["id"], {"RUNNING"})
+        page = new_page()
+        login(page, hub, "rhea")
+        page.goto(f"{hub.url}{SERVICE}jobs/{job['id']}")
+        assert page.locator("#terminal-rank option").all_inner_texts() == ["0", "1"]
+        page.select_option("#terminal-rank", "1")
+        page.click("#terminal-open")
+        page.wait_for_selector('#terminal-card[data-connected="true"]')
+        assert "rank 1's container" in page.inner_text("#terminal-status")
+        rows = page.locator("#terminal .xterm-rows")
+        wait_until(lambda: "$" in rows.inner_text(), timeout=30, what="the shell's prompt")
+        page.click("#terminal")
+        page.keyboard.type('echo "on rank=$RANK of $WORLD_SIZE at $(hostname)"')
+        page.keyboard.press("Enter")
+        wait_until(
+            lambda: "on rank=1 of 2 at worker-1" in rows.inner_text(), timeout=30, what="output"
+        )
+        shots(page, "job-terminal-rank-1")
+        events = api.call("GET", f"/jobs/{job['id']}/events").json()["events"]
+        opened = [e["message"] for e in events if e["message"].startswith("shell opened")]
+        assert opened and "rank 1" in opened[-1], opened
+    finally:
+        api.call("POST", f"/jobs/{job['id']}/interrupt")

@@ -3,6 +3,8 @@
 // api/jobs/ID/shell. Binary frames carry the terminal's bytes both ways; the text frame
 // {"resize": [cols, rows]} follows the panel's size; the service ends with {"exit": CODE}.
 // The handshake carries the page's XSRF token: the service refuses a cookie without it.
+// A distributed job's page has a rank chooser (#terminal-rank): the shell opens in that
+// worker (?rank=K).
 (function () {
   "use strict";
   var page = document.getElementById("job-page");
@@ -45,6 +47,13 @@
     if (!term) make(); else term.reset();
     fit.fit();
     var query = new URLSearchParams({ cols: term.cols, rows: term.rows, _xsrf: page.dataset.xsrf });
+    // a distributed job: the chosen rank's worker (the service's default is rank 0)
+    var rankBox = document.getElementById("terminal-rank");
+    var where = "the job's container";
+    if (rankBox) {
+      query.set("rank", rankBox.value);
+      where = "rank " + rankBox.value + "'s container";
+    }
     var scheme = location.protocol === "https:" ? "wss://" : "ws://";
     var exitCode = null, opened = false;
     say("connecting…");
@@ -52,7 +61,7 @@
     ws.binaryType = "arraybuffer";
     ws.onopen = function () {
       opened = true;
-      say("connected: a shell in the job's container, as its user");
+      say("connected: a shell in " + where + ", as its user");
       card.dataset.connected = "true";
       term.focus();
     };
