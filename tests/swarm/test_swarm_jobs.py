@@ -17,9 +17,9 @@ import time
 import docker
 import pytest
 
-from ..conftest import run_async
+from ..conftest import run_async, wait_until
 from ..integration.s3server import TEST_SECRET_KEY
-from ..integration.test_jobs import Api, states
+from ..integration.test_jobs import TERMINAL, Api, states
 from .conftest import start_s3
 
 
@@ -205,7 +205,12 @@ def test_a_crash_while_a_lost_nodes_workers_are_removed_still_requeues(
     fault.write_text("engine:lost-removed")
     swarm_lab.kill_worker(victim)
     try:
-        done = ana.wait(job["id"], timeout=300)
+        # the service is down until the hub notices (its poll) and starts it again: 503s
+        def ended():
+            r = ana.call("GET", f"/jobs/{job['id']}")
+            return r.json() if r.status_code == 200 and r.json()["state"] in TERMINAL else None
+
+        done = wait_until(ended, timeout=300, step=1, what="the job's end")
         assert (tmp_path / "fault.fired").exists(), "the service never reached the fault point"
         assert done["state"] == "DONE", (done["reason"], done["message"], done["node"])
         assert done["node"] != victim and done["restarts"] == 1, done
