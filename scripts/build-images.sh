@@ -2,7 +2,8 @@
 # Build gpulab's notebook images locally, offline: no container registry is reachable here and
 # pip inside `docker build` cannot reach PyPI, so
 #   1. gpulab/debian:bookworm  is made with debootstrap + `docker import` (skipped if BASE_IMAGE),
-#   2. gpulab/python:3.11      images/python  (jupyterhub + jupyterlab in /opt/gpulab/venv),
+#   2. gpulab/python:3.11      images/python  (jupyterhub + jupyterlab in /opt/gpulab/venv, and
+#                              VS Code: code-server from scripts/build-code-server.sh),
 #   3. gpulab/pytorch:2.13     images/pytorch (+ torch, CPU build, and numpy),
 #   4. gpulab/sync:VERSION     images/sync (the sync helper),
 #   +  gpulab/tensorflow:2.20  images/tensorflow (tensorflow-cpu), gpulab/jax:0.7 images/jax
@@ -199,7 +200,8 @@ files_hash() {
 build_dockerfile() {
     local name=$1 tag=$2 base=$3 src=$ROOT/images/$1
     local hash
-    hash=$( { cat "$src/Dockerfile" "$(requirements_of "$src")"; files_hash "$src"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"; } | sha)
+    hash=$( { cat "$src/Dockerfile" "$(requirements_of "$src")"; files_hash "$src"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"
+        if [ "$name" = python ]; then cat "$CODE_SERVER_DIR/.stamp"; fi; } | sha)
     if [ "$FORCE" = 0 ] && image_exists "$tag"; then
         local have
         have=$(image_label "$tag" org.gpulab.build-hash)
@@ -223,6 +225,10 @@ build_dockerfile() {
     # Hard links: no copy of the (large) wheels when .build is on one filesystem.
     cp -al "$BUILD/wheels/$name" "$ctx/wheels" 2>/dev/null || cp -a "$BUILD/wheels/$name" "$ctx/wheels"
     rm -f "$ctx/wheels/.stamp"
+    # the python image carries code-server (VS Code), built on the host: hard links again
+    if [ "$name" = python ]; then
+        cp -al "$CODE_SERVER_DIR" "$ctx/code-server-dist" 2>/dev/null || cp -a "$CODE_SERVER_DIR" "$ctx/code-server-dist"
+    fi
     # extra build context (the sync image's copy of gpulab's sync modules)
     if [ -n "${EXTRA_CONTEXT:-}" ]; then cp -a "$EXTRA_CONTEXT"/. "$ctx/"; fi
 
@@ -286,8 +292,21 @@ build_verified() {
     [ "$(image_id "$2")" = "$before" ] || verify "$2" "$4" "$5"
 }
 
+# code-server (VS Code) for the python image, built on the host once (scripts/build-code-server.sh)
+CODE_SERVER_DIR=$BUILD/code-server
+if selected python; then
+    "$ROOT/scripts/build-code-server.sh" || die "building code-server failed"
+fi
 selected python && build_verified python "$PYTHON_IMAGE" "$BASE" \
-    'import jupyterhub, jupyterlab; print("jupyterhub", jupyterhub.__version__, "jupyterlab", jupyterlab.__version__)' "jupyterhub 6.1.1"
+    'import jupyterhub, jupyterlab, jupyter_server_proxy; print("jupyterhub", jupyterhub.__version__, "jupyterlab", jupyterlab.__version__)' "jupyterhub 6.1.1"
+if selected python; then
+    # VS Code runs in the image as the notebook user
+    cs=$(docker run --rm -e HOME=/tmp "$PYTHON_IMAGE" /opt/code-server/bin/node \
+        /opt/code-server/lib/node_modules/code-server/out/node/entry.js --version 2>&1 | grep -E '^[0-9]' | head -1) \
+        || die "$PYTHON_IMAGE: code-server does not run"
+    [ -n "$cs" ] || die "$PYTHON_IMAGE: code-server --version printed nothing"
+    log "verified $PYTHON_IMAGE: code-server $cs"
+fi
 selected pytorch && build_verified pytorch "$PYTORCH_IMAGE" "$PYTHON_IMAGE" \
     'import numpy, torch; print(torch.__version__)' "2.13.0"
 selected tensorflow && build_verified tensorflow "$TENSORFLOW_IMAGE" "$PYTHON_IMAGE" \

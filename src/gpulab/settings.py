@@ -26,13 +26,13 @@ DEFAULT_FRAMEWORKS = [
         "id": "python",
         "title": "Python 3.11 (JupyterLab)",
         "versions": [{"id": "3.11", "image": "gpulab/python:3.11"}],
-        "editors": ["jupyterlab"],
+        "editors": ["jupyterlab", "vscode"],
     },
     {
         "id": "pytorch",
         "title": "PyTorch",
         "versions": [{"id": "2.13", "image": "gpulab/pytorch:2.13", "title": "2.13 (CPU build)"}],
-        "editors": ["jupyterlab"],
+        "editors": ["jupyterlab", "vscode"],
     },
     {
         "id": "tensorflow",
@@ -40,15 +40,20 @@ DEFAULT_FRAMEWORKS = [
         "versions": [
             {"id": "2.20", "image": "gpulab/tensorflow:2.20", "title": "2.20 (CPU build)"}
         ],
-        "editors": ["jupyterlab"],
+        "editors": ["jupyterlab", "vscode"],
     },
     {
         "id": "jax",
         "title": "JAX",
         "versions": [{"id": "0.7", "image": "gpulab/jax:0.7", "title": "0.7 (CPU build)"}],
-        "editors": ["jupyterlab"],
+        "editors": ["jupyterlab", "vscode"],
     },
 ]
+
+DEFAULT_EDITORS = {
+    "jupyterlab": {"title": "JupyterLab", "default_url": "/lab"},
+    "vscode": {"title": "VS Code", "default_url": "/vscode/"},
+}
 
 DEFAULT_FLAVORS = [
     {"id": "cpu-small", "title": "CPU small: 1 CPU, 2 GiB", "cpus": 1, "memory": "2G"},
@@ -86,10 +91,11 @@ class GpulabSettings(EngineSettings):
     ).tag(config=True)
 
     editors = Dict(
-        default_value={"jupyterlab": {"title": "JupyterLab", "default_url": "/lab"}},
-        help="""Editors by id: {title, default_url}. A second editor (for example VS Code through
-        jupyter-vscode-proxy, default_url /vscode/) is one more entry, offered by the frameworks
-        whose images carry it.""",
+        default_value=DEFAULT_EDITORS,
+        help="""Editors by id: {title, default_url}; default_url is the path inside the notebook
+        server the user is sent to. gpulab's images carry JupyterLab (/lab) and VS Code
+        (code-server behind jupyter-server-proxy, /vscode/); a framework offers the editors its
+        ``editors`` list names, the first being its default.""",
     ).tag(config=True)
 
     default_framework = Unicode(

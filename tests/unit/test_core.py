@@ -24,12 +24,10 @@ from gpulab.resources import (
     resolve_resources,
 )
 from gpulab.runtime.objects import escape_name, gpu_request, notebook_container_name
-from gpulab.settings import DEFAULT_FLAVORS, DEFAULT_FRAMEWORKS
+from gpulab.settings import DEFAULT_EDITORS, DEFAULT_FLAVORS, DEFAULT_FRAMEWORKS
 
 S = NotebookState
-CATALOG = Catalog.from_config(
-    DEFAULT_FRAMEWORKS, {"jupyterlab": {"title": "JupyterLab", "default_url": "/lab"}}
-)
+CATALOG = Catalog.from_config(DEFAULT_FRAMEWORKS, DEFAULT_EDITORS)
 FLAVORS = {f["id"]: Flavor.from_config(f) for f in DEFAULT_FLAVORS}
 LIMITS = Limits(cpus=2, memory=parse_memory("8G"), gpus=1)
 

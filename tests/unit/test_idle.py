@@ -12,7 +12,7 @@ from gpulab.frameworks import Catalog
 from gpulab.idle import idle_notebooks, idle_timeout_for, last_activity, parse_time
 from gpulab.options import OptionsError, parse_notebook_options
 from gpulab.resources import Flavor, Limits, Resources
-from gpulab.settings import DEFAULT_FRAMEWORKS, ConfigError, GpulabSettings
+from gpulab.settings import DEFAULT_EDITORS, DEFAULT_FRAMEWORKS, ConfigError, GpulabSettings
 
 NOW = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)
 GPU = Resources(cpus=2, memory=8 * 1024**3, gpus=1)
@@ -163,7 +163,7 @@ def test_adding_gpus_to_a_flavor_does_not_escape_the_gpu_idle_stop():
     assert idle_timeout_for(flavor(gpus=0, idle=0), GPU, 3600, 0) == 3600
 
 
-CATALOG = Catalog.from_config(DEFAULT_FRAMEWORKS, {"jupyterlab": {"default_url": "/lab"}})
+CATALOG = Catalog.from_config(DEFAULT_FRAMEWORKS, DEFAULT_EDITORS)
 FLAVORS = {
     f.id: f
     for f in [

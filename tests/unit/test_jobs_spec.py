@@ -19,12 +19,10 @@ from gpulab.jobs.spec import (
     parse_job_spec,
 )
 from gpulab.resources import Flavor, Limits, Resources, parse_memory
-from gpulab.settings import DEFAULT_FLAVORS, DEFAULT_FRAMEWORKS
+from gpulab.settings import DEFAULT_EDITORS, DEFAULT_FLAVORS, DEFAULT_FRAMEWORKS
 from gpulab.storage import StorageConfig
 
-CATALOG = Catalog.from_config(
-    DEFAULT_FRAMEWORKS, {"jupyterlab": {"title": "JupyterLab", "default_url": "/lab"}}
-)
+CATALOG = Catalog.from_config(DEFAULT_FRAMEWORKS, DEFAULT_EDITORS)
 FLAVORS = {f["id"]: Flavor.from_config(f) for f in DEFAULT_FLAVORS}
 LIMITS = Limits(cpus=4, memory=parse_memory("16G"), gpus=2)
 STORAGE = StorageConfig.from_config(
