@@ -252,6 +252,23 @@ def test_the_image_makes_no_network_calls_of_its_own(hub, docker_client, pytorch
     assert out.strip() == "1", out
     logs = c.logs().decode(errors="replace")
     assert "gpulab: busy kernels count as activity" in logs, logs[-3000:]
+
+    # VS Code (started by the first visit to /vscode/): no telemetry, update check,
+    # experiments, recommendations or AI features, in its flags and its machine settings
+    r = requests.get(f"{base}/vscode/", headers=auth, timeout=90)
+    assert r.status_code == 200 and "workbench" in r.text, (r.status_code, r.text[:300])
+    cmdlines = c.exec_run(
+        ["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"], user="1000"
+    ).output.decode()
+    assert "--disable-telemetry" in cmdlines and "--disable-update-check" in cmdlines, cmdlines
+    assert "--bind-addr 127.0.0.1:" in cmdlines and "--auth none" in cmdlines, cmdlines
+    res = c.exec_run(
+        ["cat", "/home/jovyan/.local/share/code-server/Machine/settings.json"], user="1000"
+    )
+    settings = json.loads(res.output)
+    assert settings["telemetry.telemetryLevel"] == "off" and settings["update.mode"] == "none"
+    assert settings["extensions.autoCheckUpdates"] is False
+    assert settings["chat.disableAIFeatures"] is True
     hub.stop_server("dave", framework)
 
 
