@@ -440,9 +440,10 @@ def test_a_gang_is_placed_rank_by_rank_on_nodes_that_fit():
     # pack: the fullest nodes that fit; every rank's two GPUs on one node
     devices = started(plan([gang], [], free, node_of=node))["gang"]
     assert sorted({node(d) for d in devices}) == ["n1", "n3"] and len(devices) == 4
-    # the devices set aside are gone for the next job in the same plan
-    p = plan([gang, q("next", gpus=2, t=1)], [], free, node_of=node)
-    assert "next" not in started(p) and len(set(all_devices(p))) == len(all_devices(p))
+    # the devices set aside are gone for the next job in the same plan: it gets the one left
+    p = plan([gang, q("next", gpus=1, t=1)], [], free, node_of=node)
+    assert started(p)["next"] == ("n2/0",)
+    assert len(set(all_devices(p))) == len(all_devices(p)) == 5
 
 
 def test_spread_puts_ranks_on_the_emptiest_nodes():
@@ -461,3 +462,72 @@ def test_over_quota_gangs_need_their_shape_too():
     assert p.start == []
     p = plan([gang], [], ["n1/0", "n1/1"], default_quota=Quota(gpus=0), node_of=node)
     assert p.start == [Placement("gang", ("n1/0", "n1/1"), over_quota=True)]
+
+
+def lent(id, devices, started=0.0):
+    """An over-quota preemptible job of bob's holding ``devices``."""
+    return replace(a(id, gpus=len(devices), over=True, started=started), devices=tuple(devices))
+
+
+def test_no_preemption_for_a_gang_the_freed_gpus_would_not_shape():
+    # A0 and B0 held by notebooks, A1 lent to bob's over-quota job: 3 free, the gang needs 4,
+    # and even with A1 back no two nodes have two free: bob's job is left alone
+    gang = replace(q("gang", gpus=4), workers=2)
+    p = plan([gang], [lent("bobs", ["A/1"])], ["B/1", "C/0", "C/1"], node_of=node)
+    assert p.preempt == [] and p.start == []
+    # counted by GPUs alone it would have been preempted, for nothing
+    assert plan([gang], [lent("bobs", ["A/1"])], ["B/1", "C/0", "C/1"]).preempt == ["bobs"]
+
+
+def test_preemption_gives_a_gang_its_shape():
+    gang = replace(q("gang", gpus=4), workers=2)
+    # short in count: bob's two GPUs on B make the second rank's node
+    p = plan([gang], [lent("bobs", ["B/0", "B/1"])], ["C/0", "C/1"], node_of=node)
+    assert p.preempt == ["bobs"] and p.start == []
+    # enough in count, not in shape: bob's A0 completes node A
+    p = plan(
+        [gang, q("small", gpus=1, t=1)],
+        [lent("bobs", ["A/0"])],
+        ["A/1", "B/1", "C/0", "C/1"],
+        node_of=node,
+    )
+    assert p.preempt == ["bobs"]
+    assert p.start == []  # the free GPUs are held for the gang, not given to the job behind it
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_cluster_plans_give_each_rank_one_node_and_never_double_allocate(seed):
+    rng = random.Random(seed)
+    devices = [f"n{i // 2}/{i % 2}" for i in range(8)]  # four nodes of two GPUs
+    rng.shuffle(devices)
+    free = devices[: rng.randint(0, 8)]
+    held = [d for d in devices if d not in free]
+    queue = []
+    for i in range(10):
+        workers = rng.choice([1, 1, 2, 3])
+        each = rng.randint(0, 2)
+        queue.append(
+            replace(
+                q(f"q{i}", gpus=each * workers, t=rng.random(), owner=rng.choice(["ann", "cat"])),
+                workers=workers,
+                preemptible=rng.random() < 0.4,
+            )
+        )
+    active = []
+    for i in range(3):  # bob's over-quota jobs on some of the held devices
+        mine, held = held[: rng.randint(0, 2)], held[2:]
+        active.append(lent(f"a{i}", mine, started=i))
+    p = plan(queue, active, free, default_quota=Quota(gpus=4, jobs=3), node_of=node)
+    used = all_devices(p)
+    assert len(used) == len(set(used)) and set(used) <= set(free)
+    by_id = {j.id: j for j in queue}
+    for s in p.start:
+        job = by_id[s.job_id]
+        assert len(s.devices) == job.gpus
+        if job.gpus:  # every node's share holds whole ranks
+            each = job.gpus // job.workers
+            per_node: dict[str, int] = {}
+            for d in s.devices:
+                per_node[node(d)] = per_node.get(node(d), 0) + 1
+            assert all(n % each == 0 for n in per_node.values()), (job, s.devices)
+    assert set(p.preempt) <= {j.id for j in active if j.gpus}

@@ -60,20 +60,12 @@ class JobEnding:
         self, job_id: str, job: dict, spec: JobSpec, gang: list[Rank], error: str
     ) -> None:
         """The engine lost the workload without an exit code: its node went down or was
-        drained (Swarm). Its volumes went with the node. The workload is removed, and once
-        the engine confirms that it is gone the GPUs are released; the job is queued again
-        to run elsewhere while it has restarts left (``retries``), else it FAILS (NODE_LOST).
-        """
+        drained (Swarm). Its volumes went with the node. Recorded INTERRUPTING (NODE_LOST),
+        then :meth:`finish_lost` removes every worker and re-queues the job (or fails it)."""
         state = JobState(job["state"])
         why = f"its node was lost ({error})" if error else "its node was lost"
-        if job["restarts"] >= spec.retries:
-            await self.remove_gang(gang)
-            await self.gang_stopped(gang, 0)
-            await self.release_network(job_id, gang)
-            await self.db(self.ledger.release, self.workload(job_id))
-            return await self.finalize(job_id, J.FAILED, "NODE_LOST", why, push=False)
         # INTERRUPTING (NODE_LOST) first: a crash while the workers are removed is carried on
-        # from there by recovery (Step.FINISH_LOST: re-queued), not taken for a lost container
+        # from there by recovery (Step.FINISH_LOST), not taken for a lost container (ERROR)
         await self.move(job_id, J.INTERRUPTING, expect=state, reason="NODE_LOST", message=why)
         await self.finish_lost(job_id, job, spec, gang, why)
 
@@ -81,25 +73,36 @@ class JobEnding:
         self, job_id: str, job: dict, spec: JobSpec, gang: list[Rank], why: str
     ) -> None:
         """INTERRUPTING for a lost node: remove every worker (the job restarts whole,
-        elsewhere), release the GPUs once the engine confirms they are gone, back to the
-        queue."""
+        elsewhere), release the GPUs once the engine confirms they are gone, then back to the
+        queue while it has restarts left, else FAILED (NODE_LOST). An interrupt meanwhile
+        wins: INTERRUPTED. Nothing is pushed: the node's copy of the volumes went with it."""
         await self.remove_gang(gang)
         fault_point("engine:lost-removed")
         await self.gang_stopped(gang, 0)
         await self.release_network(job_id, gang)
         await self.db(self.ledger.release, self.workload(job_id))
+        owner_says = (J.INTERRUPTED, "USER_INTERRUPT", "interrupted by its owner")
+        if job["restarts"] >= spec.retries:
+            if await self._requested(job_id) == "interrupt":
+                return await self.finalize(job_id, *owner_says, push=False)
+            return await self.finalize(job_id, J.FAILED, "NODE_LOST", why, push=False)
         n = job["restarts"] + 1
-        await self.move(
-            job_id,
-            J.QUEUED,
-            expect=J.INTERRUPTING,
-            reason="NODE_LOST",
-            message=f"queued again to run on another node: {why}; restart {n} of {spec.retries}",
-            devices="",
-            over_quota=0,
-            container="",
-            restarts=n,
-        )
+        again = f"queued again to run on another node: {why}; restart {n} of {spec.retries}"
+        try:
+            await self.move(
+                job_id,
+                J.QUEUED,
+                expect=J.INTERRUPTING,
+                expect_request=frozenset({"", "preempt"}),  # a preemption is moot now
+                reason="NODE_LOST",
+                message=again,
+                devices="",
+                over_quota=0,
+                container="",
+                restarts=n,
+            )
+        except RequestChanged:  # the owner's interrupt came meanwhile: it wins
+            await self.finalize(job_id, *owner_says, push=False)
 
     async def finish_preempt(self, job_id: str, spec: JobSpec, gang: list[Rank]) -> None:
         """INTERRUPTING for a preemption: stop, push, remove the container, release the

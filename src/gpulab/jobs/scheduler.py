@@ -39,11 +39,13 @@ Rules
    (:func:`~gpulab.jobs.gang.choose_gang`, ``pack`` or ``spread`` as the ledger places them).
    A job that has enough free GPUs in count but not in shape (2 ranks of 2 GPUs on four nodes
    with one free each) does not start and holds nothing, so the jobs behind it may use those
-   GPUs (backfill). Within a node the devices are taken in the order the caller gave them
+   GPUs (backfill), unless preempting over-quota jobs would give it its shape (rule 4).
+   Within a node the devices are taken in the order the caller gave them
    (list them lowest first); a device is handed out at most once per plan.
-   Preemption counts GPUs, not shape: the victims' GPUs may come free on other nodes than a
-   waiting job needs; it then waits on (holding nothing once they are gone) until a plan finds
-   its shape.
+   With ``node_of`` given, preemption checks the shape too: victims are chosen (in the order
+   of rule 4) until the free GPUs, those of the jobs already releasing and the victims' would
+   hold the waiting job's ranks; if even all of them would not, nothing is preempted (no
+   job is preempted again and again for a gang that still would not fit).
 
 Known trade-off of backfill: a large in-quota job may wait while smaller ones keep starting;
 only over-quota work is ever preempted for it.
@@ -109,6 +111,8 @@ class ActiveJob:
     started: float
     over_quota: bool = False
     releasing: bool = False
+    #: the device keys it holds (what a preemption would free, for the node-shape check)
+    devices: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +209,7 @@ def plan(
     gpus_used: dict[str, int] = dict(held_outside or {})
     jobs_used: dict[str, int] = {}
     incoming = sum(a.gpus for a in active if a.releasing)  # GPUs about to be free
+    arriving_devices = [d for a in active if a.releasing for d in a.devices]
     for a in active:
         if not a.over_quota and not a.releasing:
             gpus_used[a.owner] = gpus_used.get(a.owner, 0) + a.gpus
@@ -220,6 +225,23 @@ def plan(
         devices = tuple(free[:n])
         del free[:n]
         return devices
+
+    def fits(job: QueuedJob, devices: Sequence[str]) -> bool:
+        """Whether every rank of ``job`` would fit on ``devices`` (node shape)."""
+        by_node: dict[str, list[str]] = {}
+        for key in dict.fromkeys(devices):
+            by_node.setdefault(node_of(key) if node_of else "", []).append(key)
+        workers = max(1, job.workers)
+        return bool(choose_gang(by_node, job.gpus // workers, workers))
+
+    def enough(job: QueuedJob, missing: int, victims: list[ActiveJob]) -> bool:
+        """Whether the free GPUs, those arriving and the ``victims``' would start ``job``:
+        ``missing`` GPUs short in count, and (on a cluster) in the shape its ranks need."""
+        if missing > 0:
+            return False
+        if node_of is None:
+            return True  # one host: a count is a shape
+        return fits(job, [*free, *arriving_devices, *(d for v in victims for d in v.devices)])
 
     def place(job: QueuedJob) -> tuple[str, ...] | None:
         """The devices of every rank of ``job`` from the free ones, taken; None if it does
@@ -249,20 +271,21 @@ def plan(
         devices = place(job) if job.gpus > 0 else ()
         if devices is not None:
             result.start.append(Placement(job.id, devices))
-        elif job.gpus <= len(free):
-            continue  # enough GPUs, not in the shape it needs: wait, hold nothing
         else:
-            missing = job.gpus - len(free)
+            # short in count, or (on a cluster) enough GPUs but not in the shape it needs
+            missing = max(0, job.gpus - len(free))
             arriving = min(incoming, missing)
             missing -= arriving
             chosen: list[ActiveJob] = []
             for victim in victims_left:
-                if missing <= 0:
+                if enough(job, missing, chosen):
                     break
                 chosen.append(victim)
                 missing -= victim.gpus
-            if missing > 0:
+            if not enough(job, missing, chosen):
                 continue  # preempting all borrowed GPUs would not be enough: wait, hold nothing
+            if not chosen and not arriving and not any(a.releasing for a in active):
+                continue  # nothing will come free for it: wait, hold nothing
             incoming -= arriving
             for victim in chosen:
                 victims_left.remove(victim)

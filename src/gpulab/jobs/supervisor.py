@@ -26,7 +26,7 @@ from ..runtime.base import Runtime
 from ..runtime.objects import job_container_name, job_workload_id
 from ..user_secrets import store_for
 from ..workload_data import VolumeSync, WorkloadData, volume_name
-from .gang import choose_gang, encode_devices
+from .gang import choose_gang, decode_devices, encode_devices
 from .housekeeping import JobHousekeeping
 from .lease import SupervisorLease
 from .records import JobRecords
@@ -259,6 +259,11 @@ class JobSupervisor(JobHousekeeping, JobLife):
                         ts(j["running_since"] or j["updated"]),
                         over_quota=j["over_quota"],
                         releasing=releasing,
+                        devices=tuple(
+                            d
+                            for ds in decode_devices(j["devices"], int(spec.get("workers") or 1))
+                            for d in ds
+                        ),
                     )
                 )
         if not queued:
