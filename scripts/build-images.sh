@@ -201,7 +201,7 @@ build_dockerfile() {
     local name=$1 tag=$2 base=$3 src=$ROOT/images/$1
     local hash
     hash=$( { cat "$src/Dockerfile" "$(requirements_of "$src")"; files_hash "$src"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"
-        if [ "$name" = python ]; then cat "$CODE_SERVER_DIR/.stamp"; fi; } | sha)
+        if [ "$name" = python ]; then code_server_listing; fi; } | sha)
     if [ "$FORCE" = 0 ] && image_exists "$tag"; then
         local have
         have=$(image_label "$tag" org.gpulab.build-hash)
@@ -294,6 +294,12 @@ build_verified() {
 
 # code-server (VS Code) for the python image, built on the host once (scripts/build-code-server.sh)
 CODE_SERVER_DIR=$BUILD/code-server
+# what the python image's hash knows of it: its versions and every file's name, size and mode
+# (a rebuild that changes a file changes the image; hashing 700 MB of content would cost more)
+code_server_listing() {
+    cat "$CODE_SERVER_DIR/.stamp"
+    (cd "$CODE_SERVER_DIR" && find . -type f -printf '%P %s %m\n' | LC_ALL=C sort)
+}
 if selected python; then
     "$ROOT/scripts/build-code-server.sh" || die "building code-server failed"
 fi

@@ -125,7 +125,12 @@ def test_vscode_from_the_form_file_survives_restart_and_terminal(
     # the integrated terminal runs a command (its output lands in the workspace)
     run_command(page, "Terminal: Create New Terminal")
     page.wait_for_selector(".terminal-wrapper .xterm", timeout=30_000)
-    page.wait_for_timeout(1500)  # the shell's prompt
+    # keys go to the terminal once it has the focus (a shell not yet ready buffers them)
+    page.wait_for_function(
+        "() => document.activeElement && "
+        "document.activeElement.classList.contains('xterm-helper-textarea')",
+        timeout=30_000,
+    )
     page.keyboard.type("echo $((6 * 7)) $(whoami) $(pwd) | tee /workspace/term.txt")
     page.keyboard.press("Enter")
 
@@ -143,22 +148,36 @@ def test_vscode_from_the_form_file_survives_restart_and_terminal(
     assert resp.status == 403, resp.status
     assert other.locator(WORKBENCH).count() == 0
 
-    # a websocket from another site's page is refused, even with the owner's cookies
+    # a websocket from another site's page is refused, even with the owner's cookies; the
+    # same handshake from the hub's own origin is accepted (VS Code's own connection URL)
     cookies = {c["name"]: c["value"] for c in page.context.cookies()}
-    r = requests.get(
-        f"{hub.url}/user/vera/code/vscode/stable-x",
-        headers={
-            "Connection": "Upgrade",
-            "Upgrade": "websocket",
-            "Sec-WebSocket-Version": "13",
-            "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
-            "Origin": "https://attacker.example",
-        },
-        cookies=cookies,
-        timeout=30,
-        allow_redirects=False,
-    )
+
+    def handshake(origin: str) -> requests.Response:
+        return requests.get(
+            f"{hub.url}/user/vera/code/vscode/",
+            params={
+                "reconnectionToken": "t1",
+                "reconnection": "false",
+                "skipWebSocketFrames": "false",
+            },
+            headers={
+                "Connection": "Upgrade",
+                "Upgrade": "websocket",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "Origin": origin,
+            },
+            cookies=cookies,
+            timeout=30,
+            allow_redirects=False,
+            stream=True,
+        )
+
+    r = handshake("https://attacker.example")
     assert r.status_code == 403, (r.status_code, r.text[:300])
+    r = handshake(hub.url)
+    assert r.status_code == 101, (r.status_code, r.headers)
+    r.close()
 
     # stop: the workspace is pushed; the local volume goes (a new host); start again
     hub.stop_server("vera", "code")

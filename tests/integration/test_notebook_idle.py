@@ -269,6 +269,8 @@ def test_the_image_makes_no_network_calls_of_its_own(hub, docker_client, pytorch
     assert settings["telemetry.telemetryLevel"] == "off" and settings["update.mode"] == "none"
     assert settings["extensions.autoCheckUpdates"] is False
     assert settings["chat.disableAIFeatures"] is True
+    # workspace trust off (docs/notebooks.md: what that means for shared volumes)
+    assert "--disable-workspace-trust" in cmdlines
     hub.stop_server("dave", framework)
 
 
