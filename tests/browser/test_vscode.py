@@ -10,26 +10,14 @@ from __future__ import annotations
 
 import re
 
-import boto3
 import pytest
 import requests
 
-from ..integration.s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
+from ..integration.s3server import MotoS3Server, credentials_file, workspace_store_config
 from .conftest import login, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
-CONFIG = """
-c.GpulabSettings.object_stores = {{
-    "s3": {{
-        "endpoint_url": "{endpoint}",
-        "region": "us-east-1",
-        "credentials": {{"file": "{credentials}"}},
-    }},
-}}
-c.GpulabSettings.workspace_store = "s3"
-c.GpulabSettings.workspace_bucket = "workspaces-vscode"
-"""
 WORKBENCH = ".monaco-workbench"
 TEXT = "written in VS Code"
 
@@ -37,13 +25,7 @@ TEXT = "written in VS Code"
 @pytest.fixture(scope="module")
 def s3():
     server = MotoS3Server().start()
-    server.client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=TEST_ACCESS_KEY,
-        aws_secret_access_key=TEST_SECRET_KEY,
-    )
+    server.client = server.boto_client()
     yield server
     server.stop()
 
@@ -55,7 +37,7 @@ def hub(tmp_path_factory, images, s3):
     workdir = tmp_path_factory.mktemp("vscode")
     hub = Hub(
         workdir=workdir,
-        extra_config=CONFIG.format(endpoint=s3.endpoint, credentials=credentials_file(workdir)),
+        extra_config=workspace_store_config(s3, credentials_file(workdir), "workspaces-vscode"),
     ).start()
     yield hub
     hub.stop()

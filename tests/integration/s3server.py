@@ -60,6 +60,18 @@ class MotoS3Server:
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def boto_client(self):
+        """A boto3 S3 client of this server, with the test credentials."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=TEST_ACCESS_KEY,
+            aws_secret_access_key=TEST_SECRET_KEY,
+        )
+
     def start(self) -> MotoS3Server:
         app = DomainDispatcherApplication(create_backend_app)
         server = make_server(self.host, self.port, app, True, request_handler=_TrackingHandler)
@@ -210,3 +222,18 @@ def credentials_file(directory) -> Path:
         f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
     )
     return path
+
+
+def workspace_store_config(server: MotoS3Server, credentials: Path, bucket: str) -> str:
+    """Hub configuration lines: the object store "s3" at ``server``, workspaces in ``bucket``."""
+    return f"""
+c.GpulabSettings.object_stores = {{
+    "s3": {{
+        "endpoint_url": "{server.endpoint}",
+        "region": "us-east-1",
+        "credentials": {{"file": "{credentials}"}},
+    }},
+}}
+c.GpulabSettings.workspace_store = "s3"
+c.GpulabSettings.workspace_bucket = "{bucket}"
+"""

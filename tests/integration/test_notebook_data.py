@@ -13,7 +13,6 @@ import os
 import threading
 import time
 
-import boto3
 import pytest
 import requests
 
@@ -42,14 +41,7 @@ c.GpulabSettings.volume_grants = [
 @pytest.fixture(scope="module")
 def s3():
     server = MotoS3Server().start()
-    client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=TEST_ACCESS_KEY,
-        aws_secret_access_key=TEST_SECRET_KEY,
-    )
-    server.client = client
+    server.client = server.boto_client()
     yield server
     server.stop()
 

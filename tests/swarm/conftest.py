@@ -278,18 +278,10 @@ def start_s3(lab: SwarmLab, buckets: tuple[str, ...], credentials: str):
     """moto's S3 server on this host's lab address (the nodes' sync helpers reach it there),
     with ``buckets``, a boto3 ``client`` and a ``credentials`` file (mode 0600) for the hub.
     The caller stops it."""
-    import boto3
-
     from ..integration.s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
 
     server = MotoS3Server(host=lab.gateway).start()
-    server.client = boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=TEST_ACCESS_KEY,
-        aws_secret_access_key=TEST_SECRET_KEY,
-    )
+    server.client = server.boto_client()
     for bucket in buckets:
         server.client.create_bucket(Bucket=bucket)
     server.credentials = lab.workdir / credentials

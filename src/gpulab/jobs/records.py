@@ -444,6 +444,7 @@ class JobRecords(JobUsage):
                     "submitted": _iso(j.submitted),
                     "updated": _iso(j.updated),
                     "running_since": _iso(j.running_since),
+                    "devices": j.devices or "",  # as stored: each rank's, ";"-separated
                 }
                 for j in s.scalars(q.order_by(Job.submitted))
             ]
