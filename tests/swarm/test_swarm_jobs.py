@@ -188,39 +188,6 @@ def test_a_worker_killed_mid_job_the_job_finishes_on_the_other(hub, ana, swarm_l
         swarm_lab.restart_worker(victim)
 
 
-def test_a_crash_while_a_lost_nodes_workers_are_removed_still_requeues(
-    hub, ana, swarm_lab, tmp_path
-):
-    """The service is SIGKILLed right after it removed a lost node's workers (a fault point):
-    the hub starts it again, and it finishes the re-queue from INTERRUPTING (NODE_LOST)
-    instead of taking the job for one whose container disappeared (ERROR)."""
-    fault = tmp_path / "fault"
-    hub.env.update(GPULAB_FAULT_FILE=str(fault), GPULAB_SERVICE_ENV="GPULAB_FAULT_FILE")
-    hub.kill()
-    time.sleep(1)
-    hub.start()
-    job = _gpu_job(ana, 25, retries=1)
-    running = ana.wait(job["id"], {"RUNNING"}, timeout=120)
-    victim = running["node"]
-    fault.write_text("engine:lost-removed")
-    swarm_lab.kill_worker(victim)
-    try:
-        # the service is down until the hub notices (its poll) and starts it again: 503s
-        def ended():
-            r = ana.call("GET", f"/jobs/{job['id']}")
-            return r.json() if r.status_code == 200 and r.json()["state"] in TERMINAL else None
-
-        done = wait_until(ended, timeout=300, step=1, what="the job's end")
-        assert (tmp_path / "fault.fired").exists(), "the service never reached the fault point"
-        assert done["state"] == "DONE", (done["reason"], done["message"], done["node"])
-        assert done["node"] != victim and done["restarts"] == 1, done
-        reasons = [e["reason"] for e in done["history"]]
-        assert "NODE_LOST" in reasons and "CONTAINER_LOST" not in reasons, reasons
-        assert states(done).count("QUEUED") == 2, states(done)  # submitted, then re-queued
-    finally:
-        swarm_lab.restart_worker(victim)
-
-
 def test_a_jobs_port_on_a_worker_opens_through_the_hub(hub, ana):
     """The port of a job on a worker node's overlay answers at its URL under the hub (the
     service reaches it through the notebook gateway), HTTP and websockets; others get 404."""
@@ -373,3 +340,38 @@ def test_a_distributed_job_spans_two_nodes(hub, ana, swarm_lab):
         ran = [t for t in client.tasks(filters={"service": w["container"]}) if t.get("NodeID")]
         node = client.inspect_node(max(ran, key=lambda t: t["CreatedAt"])["NodeID"])
         assert node["Description"]["Hostname"] == w["node"]
+
+
+def test_a_crash_while_a_lost_nodes_workers_are_removed_still_requeues(
+    hub, ana, swarm_lab, tmp_path
+):
+    """The service is SIGKILLed right after it removed a lost node's workers (a fault point):
+    the hub starts it again, and it finishes the re-queue from INTERRUPTING (NODE_LOST)
+    instead of taking the job for one whose container disappeared (ERROR). Last in the module:
+    a second killed worker so soon after the first left the manager's gateway unable to reach a
+    job's port on that worker for over a minute (seen once in a full run)."""
+    fault = tmp_path / "fault"
+    hub.env.update(GPULAB_FAULT_FILE=str(fault), GPULAB_SERVICE_ENV="GPULAB_FAULT_FILE")
+    hub.kill()
+    time.sleep(1)
+    hub.start()
+    job = _gpu_job(ana, 25, retries=1)
+    running = ana.wait(job["id"], {"RUNNING"}, timeout=120)
+    victim = running["node"]
+    fault.write_text("engine:lost-removed")
+    swarm_lab.kill_worker(victim)
+    try:
+        # the service is down until the hub notices (its poll) and starts it again: 503s
+        def ended():
+            r = ana.call("GET", f"/jobs/{job['id']}")
+            return r.json() if r.status_code == 200 and r.json()["state"] in TERMINAL else None
+
+        done = wait_until(ended, timeout=300, step=1, what="the job's end")
+        assert (tmp_path / "fault.fired").exists(), "the service never reached the fault point"
+        assert done["state"] == "DONE", (done["reason"], done["message"], done["node"])
+        assert done["node"] != victim and done["restarts"] == 1, done
+        reasons = [e["reason"] for e in done["history"]]
+        assert "NODE_LOST" in reasons and "CONTAINER_LOST" not in reasons, reasons
+        assert states(done).count("QUEUED") == 2, states(done)  # submitted, then re-queued
+    finally:
+        swarm_lab.restart_worker(victim)
