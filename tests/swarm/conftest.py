@@ -14,6 +14,7 @@ When the lab cannot be built the tests skip, and FAIL under CI=true.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -290,3 +291,12 @@ def start_s3(lab: SwarmLab, buckets: tuple[str, ...], credentials: str):
         f"AWS_ACCESS_KEY_ID={TEST_ACCESS_KEY}\nAWS_SECRET_ACCESS_KEY={TEST_SECRET_KEY}\n"
     )
     return server
+
+
+def remove_gateway(instance: str) -> None:
+    """Remove a test hub's notebook gateway (a container on the manager that binds
+    127.0.0.1:8002-8003): one left behind keeps the next run's gateway from starting."""
+    import docker
+
+    with contextlib.suppress(docker.errors.NotFound):
+        docker.from_env().containers.get(f"{instance}-gateway").remove(force=True)

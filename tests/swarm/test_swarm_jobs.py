@@ -20,7 +20,7 @@ import pytest
 from ..conftest import run_async, wait_until
 from ..integration.s3server import TEST_SECRET_KEY
 from ..integration.test_jobs import TERMINAL, Api, states
-from .conftest import start_s3
+from .conftest import remove_gateway, start_s3
 
 
 def _config(lab, s3) -> str:
@@ -57,6 +57,7 @@ def hub(swarm_lab, s3, tmp_path_factory, images):
     yield hub
     hub.stop()
     _remove_services(hub.instance)
+    remove_gateway(hub.instance)
 
 
 def _remove_services(instance: str) -> None:

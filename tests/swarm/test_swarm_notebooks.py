@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from ..hubctl import Hub, free_port
-from .conftest import start_s3
+from .conftest import remove_gateway, start_s3
 
 BUCKET = "ws-swarm"
 CPU = {"cpus": 0.5, "memory": "512M", "gpus": 0}
@@ -71,6 +71,7 @@ def hub(swarm_lab, s3, tmp_path_factory, images):
     hub.tokens = {u: hub.create_user(u) for u in ("ana", "bob")}
     yield hub
     hub.stop()
+    remove_gateway(hub.instance)
     client = docker.APIClient(version="auto")
     for svc in client.services(filters={"label": f"org.gpulab.instance={hub.instance}"}):
         with contextlib.suppress(docker.errors.NotFound):
