@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from ..integration.s3server import MotoS3Server, credentials_file, workspace_store_config
+from ..integration.test_notebook_data import sh
 from .conftest import login, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
@@ -42,11 +43,6 @@ def hub(tmp_path_factory, images, s3):
     yield hub
     hub.stop()
     hub.remove_workloads()
-
-
-def sh(docker_client, container: str, command: str) -> tuple[int, str]:
-    res = docker_client.containers.get(container).exec_run(["sh", "-c", command], user="1000")
-    return res.exit_code, res.output.decode()
 
 
 def spawn_vscode_from_form(page, hub, user: str, server: str) -> None:
