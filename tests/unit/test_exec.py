@@ -1,13 +1,16 @@
 """Exec and shell, the parts without an engine: request parsing, what events show, the
-shell's control messages and origin check, the exec stream's framing, the nodes' engine URLs."""
+shell's control messages and origin check, the exec stream's framing, the shell's bounded input
+queue, the nodes' engine URLs."""
 
 from __future__ import annotations
 
 import struct
+import threading
+import time
 
 import pytest
 
-from gpulab.runtime.execution import _Collector
+from gpulab.runtime.execution import MAX_PENDING_INPUT, InputQueue, _Collector
 from gpulab.runtime.swarm_nodes import NodeEngines, check_template, node_tls
 from gpulab.service.app_base import ApiError
 from gpulab.service.exec_api import (
@@ -108,3 +111,66 @@ def test_node_tls(tmp_path):
     tls = node_tls(str(ca), str(cert), str(key))
     assert tls.verify is True and tls.ca_cert == str(ca) and tls.cert == (str(cert), str(key))
     assert node_tls("", str(cert), str(key)).ca_cert is None  # verified by the system CAs
+
+
+def _writer(queue: InputQueue, data: bytes) -> tuple[threading.Thread, list[bool]]:
+    """A thread putting ``data`` into ``queue`` (as the shell's WebSocket handler does);
+    the list gets put's answer once it returns."""
+    done: list[bool] = []
+    thread = threading.Thread(target=lambda: done.append(queue.put(data)), daemon=True)
+    thread.start()
+    return thread, done
+
+
+def _drain(queue: InputQueue, most: int) -> bytes:
+    """Take up to ``most`` bytes off the queue, as the session's reader sends them."""
+    out = b""
+    while len(out) < most and (head := queue.head()) is not None:
+        n = min(len(head), most - len(out))
+        out += head[:n]
+        queue.sent(n)
+    return out
+
+
+def test_the_shell_input_is_bounded_and_its_writer_waits_for_room():
+    assert 64 * 1024 <= MAX_PENDING_INPUT <= 1024 * 1024  # the documented bound
+    queue = InputQueue(cap=1000, piece=100)
+    assert queue.put(b"a" * 1000) and len(queue) == 1000  # room for all of it: no wait
+    writer, done = _writer(queue, b"b" * 250)
+    writer.join(0.5)
+    assert writer.is_alive() and not done and len(queue) == 1000  # full: it waits, drops nothing
+    assert _drain(queue, 150) == b"a" * 150  # a piece and a half went: room for one piece
+    time.sleep(0.2)
+    assert writer.is_alive() and len(queue) == 950  # one piece of b in, the rest waits
+    assert _drain(queue, 1000) == b"a" * 850 + b"b" * 100
+    writer.join(5)
+    assert done == [True] and _drain(queue, 1000) == b"b" * 150 and len(queue) == 0
+
+
+def test_a_message_larger_than_the_queue_goes_through_in_order_within_the_bound():
+    queue = InputQueue(cap=4096, piece=1000)
+    data = bytes(range(256)) * 100  # 25,600 bytes: six times the queue
+    writer, done = _writer(queue, data)
+    got, most = b"", 0
+    deadline = time.monotonic() + 10
+    while len(got) < len(data) and time.monotonic() < deadline:
+        most = max(most, len(queue))
+        got += _drain(queue, 700)  # a slow reader: less than a piece at a time
+        time.sleep(0.001)
+    writer.join(5)
+    assert got == data and done == [True]
+    assert 0 < most <= 4096
+
+
+def test_closing_wakes_a_waiting_writer():
+    queue = InputQueue(cap=1000, piece=100)
+    queue.put(b"x" * 1000)
+    writers = [_writer(queue, b"y" * 500) for _ in range(3)]
+    time.sleep(0.2)
+    assert all(w.is_alive() for w, _ in writers)
+    queue.close()
+    for w, done in writers:
+        w.join(5)
+        assert not w.is_alive() and done == [False]  # woken, told its input went nowhere
+    assert queue.head() is None and len(queue) == 0
+    assert queue.put(b"late") is False  # a closed session takes nothing, without waiting

@@ -142,8 +142,9 @@ class ExecSession:
     """An interactive terminal in a running workload: a TTY exec, as a blocking byte stream.
 
     Used from worker threads, never from the event loop: one thread loops on :meth:`read`
-    (which also sends what :meth:`write` queued); any thread may call :meth:`write`,
-    :meth:`resize` and :meth:`close`."""
+    (which also sends what :meth:`write` queued); any other thread may call :meth:`write`,
+    :meth:`resize` and :meth:`close`. Input is bounded: :meth:`write` waits while the
+    terminal has not taken what was queued before (back-pressure), and :meth:`close` wakes it."""
 
     def read(self) -> bytes:
         """The terminal's next output; b"" once the session has ended (the shell exited, or
@@ -151,7 +152,10 @@ class ExecSession:
         raise NotImplementedError
 
     def write(self, data: bytes) -> None:
-        """Queue keystrokes for the terminal (never blocks)."""
+        """Queue keystrokes for the terminal. Blocks while the session's bounded input queue
+        is full, until :meth:`read`'s thread has sent enough of it or the session ends (then
+        the rest goes nowhere, as typing into a closed terminal does): never drops input of
+        an open session, never grows without bound."""
         raise NotImplementedError
 
     def resize(self, cols: int, rows: int) -> None:

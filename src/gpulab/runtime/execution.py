@@ -23,6 +23,7 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 import docker
 from docker.errors import APIError, NotFound
@@ -54,6 +55,13 @@ DETACH_KEYS = "ctrl-],ctrl-^,ctrl-]"
 #: seconds the engine may take to report an exec's exit code after its output ended
 _EXIT_GRACE = 5.0
 _CHUNK = 65536
+#: bytes of a shell's input that may wait to be sent to the engine: past it, :meth:`write
+#: <EngineExecSession.write>` waits (back-pressure onto its caller) instead of growing the
+#: service's memory while the shell does not take its input (nobody reads its output)
+MAX_PENDING_INPUT = 256 * 1024
+#: the most one send to the engine's connection takes (a TLS record); input is queued in
+#: pieces of this size, so that a refused non-blocking send is retried with the very same bytes
+_SEND_PIECE = 16384
 
 
 def _not_running(name: str, e: APIError) -> WorkloadGone:
@@ -195,13 +203,80 @@ def run_command(
     return code, bytes(found.out), found.truncated
 
 
+class InputQueue:
+    """A terminal's input on its way to the engine: at most ``cap`` bytes wait, in pieces of
+    at most ``piece`` bytes. :meth:`put` waits for room (any thread); the sender takes
+    :meth:`head` and reports what went with :meth:`sent`; :meth:`close` wakes every waiter."""
+
+    def __init__(self, cap: int = MAX_PENDING_INPUT, piece: int = _SEND_PIECE):
+        if piece > cap:
+            raise ValueError("a piece must fit in the queue")
+        self.cap, self.piece = cap, piece
+        self._pieces: deque[bytes] = deque()
+        self._size = 0
+        self._room = threading.Condition()  # notified as the queue shrinks, and on close
+        self.closed = False
+
+    def put(self, data: bytes, queued: Callable[[], None] | None = None) -> bool:
+        """Queue ``data`` piece by piece, each once there is room for it (calling ``queued``
+        after each). False when the queue was closed before all of it was queued (the rest
+        is dropped: it has nowhere to go)."""
+        view = memoryview(data)
+        for start in range(0, len(view), self.piece):
+            piece = bytes(view[start : start + self.piece])
+            with self._room:
+                while not self.closed and self._size + len(piece) > self.cap:
+                    self._room.wait()
+                if self.closed:
+                    return False
+                self._pieces.append(piece)
+                self._size += len(piece)
+            if queued is not None:
+                queued()
+        return True
+
+    def head(self) -> bytes | None:
+        """The first piece waiting (None: nothing waits, or the queue is closed). The sender
+        sends it, or sends it again whole if the connection refused it (as TLS wants)."""
+        with self._room:
+            return self._pieces[0] if self._pieces and not self.closed else None
+
+    def sent(self, n: int) -> None:
+        """The first ``n`` bytes of :meth:`head` went: make room for the writers."""
+        with self._room:
+            if not self._pieces:
+                return
+            head = self._pieces[0]
+            if n < len(head):
+                self._pieces[0] = head[n:]
+            else:
+                self._pieces.popleft()
+            self._size -= min(n, len(head))
+            self._room.notify_all()
+
+    def __len__(self) -> int:
+        """Bytes waiting."""
+        with self._room:
+            return self._size
+
+    def close(self) -> None:
+        with self._room:
+            self.closed = True
+            self._pieces.clear()
+            self._size = 0
+            self._room.notify_all()
+
+
 class EngineExecSession(ExecSession):
     """An interactive TTY exec running :data:`SHELL` (see :class:`~.base.ExecSession`).
 
     All socket I/O happens in :meth:`read`'s thread, writes included (queued by
     :meth:`write` from any thread, which wakes the reader): one thread per connection is
-    what a TLS socket allows. A session closed while its shell runs hangs the shell up
-    (SIGHUP, as a closed terminal does): what it started under ``nohup`` runs on."""
+    what a TLS socket allows. The reader sends queued input only as fast as the connection
+    takes it (non-blocking, so that a shell busy writing output is still read), and at most
+    :data:`MAX_PENDING_INPUT` bytes wait: :meth:`write` waits for room. A session closed while
+    its shell runs hangs the shell up (SIGHUP, as a closed terminal does): what it started
+    under ``nohup`` runs on."""
 
     def __init__(self, client: docker.APIClient, container: str, cols: int, rows: int):
         self._client, self._container = client, container
@@ -222,8 +297,7 @@ class EngineExecSession(ExecSession):
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._pending: deque[bytes] = deque()
-        self._lock = threading.Lock()
+        self._input = InputQueue()
         self._closed = False
         self._released = False
         self._pid = self._read_pid()
@@ -261,10 +335,10 @@ class EngineExecSession(ExecSession):
             return data
         raw = self._raw
         while not self._closed:
-            self._flush()
+            sending = self._flush()
             ready = isinstance(raw, ssl.SSLSocket) and raw.pending() > 0
             if not ready:
-                readable, _, _ = select.select([raw, self._wake_r], [], [])
+                readable, _, _ = select.select([raw, self._wake_r], [raw] if sending else [], [])
                 if self._wake_r in readable:
                     with contextlib.suppress(BlockingIOError):
                         self._wake_r.recv(_CHUNK)
@@ -283,34 +357,45 @@ class EngineExecSession(ExecSession):
         self._release()
         return b""
 
-    def _flush(self) -> None:
-        while True:
-            with self._lock:
-                if not self._pending:
-                    return
-                data = self._pending.popleft()
+    def _flush(self) -> bool:
+        """Send queued input as far as the connection takes it without blocking; True when
+        some is left (the reader then waits for the connection to be writable, too). Input
+        the engine cannot take must not stop the reader: a shell echoing a long paste blocks
+        on its output until it is read."""
+        while (piece := self._input.head()) is not None:
             try:
-                self._raw.settimeout(30)
-                self._raw.sendall(data)
+                sent = self._raw.send(piece)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError):
+                return True
+            except ssl.SSLWantReadError:
+                return False  # the TLS layer must read first: the reader's select sees to it
             except OSError:
-                self._closed = True
-                return
-            finally:
-                with contextlib.suppress(OSError):
-                    self._raw.setblocking(False)
+                self._set_closed()
+                return False
+            self._input.sent(sent)
+        return False
 
     def write(self, data: bytes) -> None:
-        with self._lock:
-            self._pending.append(bytes(data))
-        with contextlib.suppress(OSError):
+        """Queue ``data`` for the terminal, waiting while :data:`MAX_PENDING_INPUT` bytes are
+        already queued, until the reader has sent some or the session ends (see
+        :meth:`.ExecSession.write`)."""
+        self._input.put(data, self._wake)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):  # a full wake-up pipe: the reader is awake anyway
             self._wake_w.send(b"w")
+
+    def _set_closed(self) -> None:
+        """Mark the session ended and wake the writers waiting for room."""
+        self._closed = True
+        self._input.close()
 
     def resize(self, cols: int, rows: int) -> None:
         with contextlib.suppress(APIError):  # not started yet, or ended: nothing to resize
             self._client.exec_resize(self._id, height=rows, width=cols)
 
     def close(self) -> None:
-        self._closed = True
+        self._set_closed()
         with contextlib.suppress(OSError):
             self._raw.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
@@ -321,7 +406,7 @@ class EngineExecSession(ExecSession):
         if self._released:
             return
         self._released = True
-        self._closed = True
+        self._set_closed()
         for s in (self._raw, self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 s.close()

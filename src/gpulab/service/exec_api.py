@@ -47,7 +47,9 @@ MAX_EXEC_OUTPUT = 1 * MiB
 #: thread for its whole length)
 MAX_EXECS_PER_USER, MAX_EXECS = 4, 32
 MAX_SHELLS_PER_USER, MAX_SHELLS = 4, 32
-#: the largest terminal, and the largest WebSocket message (a paste) a shell takes
+#: the largest terminal, and the largest WebSocket message (a paste) a shell takes: with the
+#: session's bounded input queue (runtime.execution.MAX_PENDING_INPUT), what one shell's input
+#: may hold in the service's memory
 MAX_TERMINAL_SIZE = 1000
 MAX_SHELL_MESSAGE = 1 * MiB
 #: characters of a command kept in the job's event
@@ -92,11 +94,12 @@ _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
 def _shell_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads that read the shells' terminals (one per open shell) and resize them."""
+    """The threads of the shells: per open shell, one reads its terminal and one writes its
+    input (which waits while the shell's input is full) or resizes it."""
     global _pool
     if _pool is None:
         _pool = concurrent.futures.ThreadPoolExecutor(
-            MAX_SHELLS + 8, thread_name_prefix="gpulab-shell"
+            2 * MAX_SHELLS + 8, thread_name_prefix="gpulab-shell"
         )
     return _pool
 
@@ -364,11 +367,14 @@ class JobShellHandler(ExecBase, websocket.WebSocketHandler):
         self.close(1000, "the shell exited")
 
     async def on_message(self, message: str | bytes) -> None:
+        """Tornado reads the client's next message only once this returns: while the shell's
+        input is full, its write waits on a thread and this client's socket is left unread
+        (back-pressure up to the client, never a growing queue in the service)."""
         session = self.session
         if session is None:
             return
         if isinstance(message, bytes):
-            session.write(message)
+            await asyncio.get_running_loop().run_in_executor(_shell_pool(), session.write, message)
             return
         size = _resize(message)
         if size is None:
