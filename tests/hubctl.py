@@ -144,6 +144,23 @@ class Hub:
                 todo.append(child)
         return out
 
+    def service_pid(self) -> int:
+        """The gpulab service's process (started by the hub)."""
+        for pid in self.descendants():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"gpulab.service" in argv:
+                return pid
+        raise RuntimeError(f"no gpulab service process below the hub:\n{self.tail()}")
+
+    def service_rss(self) -> int:
+        """The gpulab service's resident memory, in bytes (its VmRSS)."""
+        status = Path(f"/proc/{self.service_pid()}/status").read_text()
+        kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))
+        return int(kib) * 1024
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Kill the hub and every process it started, as a service manager's cgroup kill would."""
         if self.proc and self.proc.poll() is None:

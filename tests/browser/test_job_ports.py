@@ -111,3 +111,137 @@ def test_secrets_page_and_the_submit_forms_extra_fields(hub, new_page, shots):
     page.click("#submit-job")
     page.wait_for_selector("#error-ports")
     assert "must be a number" in page.inner_text("#error-ports")
+
+
+#: an attacker's app (tornado is in the python image): it records every request and websocket
+#: handshake it gets, headers and query included, in its output (which its owner reads); its
+#: page sets a cookie for the whole origin and opens a websocket back to the app
+RECORDER = r"""
+import json, tornado.web, tornado.websocket, tornado.ioloop
+def record(kind, request):
+    print("SEEN " + json.dumps({"kind": kind, "uri": request.uri,
+                                "headers": dict(request.headers)}), flush=True)
+class Ws(tornado.websocket.WebSocketHandler):
+    def check_origin(self, origin): return True
+    def open(self):
+        record("ws", self.request)
+        self.write_message("ws:ok")
+PAGE = '''<html><body><p id=status>loaded</p><script>
+const ws = new WebSocket(location.href.replace(/^http/, "ws").replace(/[^/]*$/, "") + "ws");
+ws.onmessage = (e) => { document.getElementById("status").textContent = e.data; };
+</script></body></html>'''
+class Page(tornado.web.RequestHandler):
+    def get(self):
+        record("http", self.request)
+        self.set_header("Set-Cookie", "appsession=owner-app-cookie; Path=/; HttpOnly")
+        self.write(PAGE)
+tornado.web.Application([(r".*/ws", Ws), (r".*", Page)]).listen(8080)
+tornado.ioloop.IOLoop.current().start()
+"""
+
+
+def _seen(api: str, headers: dict, job_id: str) -> list[dict]:
+    import json
+
+    text = requests.get(f"{api}/jobs/{job_id}/logs", headers=headers, timeout=30).text
+    return [json.loads(line.split("SEEN ", 1)[1]) for line in text.splitlines() if "SEEN " in line]
+
+
+def test_a_shared_port_never_hands_its_viewers_login_to_the_app(hub, new_page):
+    """The account takeover of issue 26: an app on a shared port logs what it is sent while a
+    victim (and an admin) follow a link to it. The app must see no credential of theirs: no
+    cookie of the hub or of gpulab, no token. Its owner still gets the app's own cookie back."""
+    import asyncio
+    import json
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    from ..conftest import run_async
+
+    attacker = hub.create_user("mal")
+    api = f"{hub.url}{SERVICE}/api"
+    mal = {"Authorization": f"token {attacker}"}
+    r = requests.post(
+        f"{api}/jobs",
+        headers=mal,
+        timeout=30,
+        json={
+            "name": "bait",
+            "framework": "python",
+            "command": ["python", "-c", RECORDER],
+            "resources": {"gpus": 0, "cpus": 0.5, "memory": "512M"},
+            "ports": [{"port": 8080, "name": "web", "users": ["vic"]}],
+        },
+    )
+    assert r.status_code == 201, r.text
+    job = r.json()
+    url = hub.url + job["ports"][0]["url"]
+    wait_until(
+        lambda: requests.get(url + "probe", headers=mal, timeout=30).status_code == 200,
+        timeout=120,
+        what="the attacker's app answering on its port",
+    )
+
+    def visit(user: str, admin: bool = False) -> tuple[list[dict], list[str]]:
+        """``user`` logs in and follows the link; then a websocket to the app with the same
+        browser's cookies. What the app saw of it, and the browser's cookie values."""
+        page = new_page()
+        login(page, hub, user, admin=admin)
+        before = len(_seen(api, mal, job["id"]))
+        answer = page.goto(url)
+        assert answer is not None and answer.status == 200, user
+        assert page.inner_text("#status") in ("loaded", "ws:ok")
+        cookies = page.context.cookies()
+        # the browser holds gpulab's login cookie for the port's path: it went with the request
+        service = [c for c in cookies if c["path"].startswith(SERVICE)]
+        assert service, f"{user}'s browser has no gpulab cookie: the test proves nothing"
+        jar = "; ".join(f"{c['name']}={c['value']}" for c in cookies)
+
+        async def websocket():
+            req = HTTPRequest(
+                url.replace("http", "ws", 1) + "ws?token=" + tokens[user],
+                headers={"Cookie": jar, "Origin": hub.url},
+            )
+            conn = await websocket_connect(req)
+            assert await asyncio.wait_for(conn.read_message(), 10) == "ws:ok"
+            conn.close()
+
+        run_async(websocket())
+        seen = wait_until(
+            lambda: (got := _seen(api, mal, job["id"])[before:]) and len(got) >= 2 and got,
+            timeout=30,
+            what=f"the app's record of {user}'s visit",
+        )
+        return seen, [c["value"] for c in cookies if len(c["value"]) >= 16]
+
+    tokens = {"vic": hub.create_user("vic"), "admin": hub.create_user("admin")}
+    for user, admin in (("vic", False), ("admin", True)):
+        seen, secrets = visit(user, admin)
+        assert {s["kind"] for s in seen} == {"http", "ws"}, seen
+        for s in seen:
+            text = json.dumps(s)
+            assert "Cookie" not in s["headers"], (user, s)
+            assert "Authorization" not in s["headers"], (user, s)
+            assert "token=" not in s["uri"], (user, s)
+            assert tokens[user] not in text
+            for secret in secrets:
+                assert secret not in text, (user, secret)
+
+    # the owner's browser gets the app's cookie (in the port's own namespace) and the app gets
+    # it back under its own name, and nothing else; the websocket opens from the page itself
+    page = new_page()
+    login(page, hub, "mal")
+    before = len(_seen(api, mal, job["id"]))
+    page.goto(url)
+    page.wait_for_selector("text=ws:ok", timeout=30_000)
+    planted = [c for c in page.context.cookies() if "appsession" in c["name"]]
+    assert [(c["name"], c["path"]) for c in planted] == [
+        (f"gpulab.{job['id']}.web.appsession", job["ports"][0]["url"])
+    ]
+    page.reload()
+    page.wait_for_selector("text=ws:ok", timeout=30_000)
+    seen = _seen(api, mal, job["id"])[before:]
+    again = [s for s in seen if s["headers"].get("Cookie")]
+    assert again and all(s["headers"]["Cookie"] == "appsession=owner-app-cookie" for s in again)
+    requests.post(f"{api}/jobs/{job['id']}/interrupt", headers=mal, timeout=30)

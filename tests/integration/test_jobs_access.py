@@ -5,9 +5,12 @@ system. A real hub, the gpulab service it starts, the Docker engine."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import http.client
 import json
+import os
+import socket
 import time
 
 import pytest
@@ -40,7 +43,21 @@ class Seen(tornado.web.RequestHandler):
         self.write(json.dumps({"uri": self.request.uri, "headers": dict(self.request.headers),
                                "body": self.request.body.decode()}))
     get = post = seen
-tornado.web.Application([(r".*/ws", Echo), (r".*", Seen)]).listen(8765)
+class Flood(tornado.websocket.WebSocketHandler):  # 4 MiB messages, as fast as they go
+    def check_origin(self, origin): return True
+    async def open(self):
+        tornado.ioloop.IOLoop.current().spawn_callback(self.flood)
+    async def flood(self):
+        while True:
+            await self.write_message(b"x" * (4 << 20), binary=True)
+class Stream(tornado.web.RequestHandler):  # an endless answer, 1 MiB at a time
+    async def get(self):
+        while True:
+            self.write(b"y" * (1 << 20))
+            await self.flush()
+tornado.web.Application(
+    [(r".*/ws", Echo), (r".*/flood", Flood), (r".*/stream", Stream), (r".*", Seen)]
+).listen(8765)
 print("listening", flush=True)
 tornado.ioloop.IOLoop.current().start()
 """
@@ -103,7 +120,17 @@ def test_a_port_opens_for_its_owner_and_no_hub_credential_reaches_the_app(users,
     assert seen["uri"] == f"/services/gpulab/jobs/{job['id']}/ports/app/x?keep=1"
     assert "Authorization" not in seen["headers"]
     assert owner.token not in json.dumps(seen)
-    assert r.headers.get("Set-Cookie") == "planted=1; Path=/"  # the owner's own app
+    # the owner's own app: its cookie in the port's namespace, on the port's path only
+    assert r.headers.get("Set-Cookie") == (
+        f"gpulab.{job['id']}.app.planted=1; Path=/services/gpulab/jobs/{job['id']}/ports/app/"
+    )
+    # the hub's and the service's cookies never reach it, whatever their names; its own do
+    jar = {"service-gpulab": "stolen", "jupyterhub-session-id": "s", "_xsrf": "x",
+           f"gpulab.{job['id']}.app.planted": "1", f"gpulab.{job['id']}.other.planted": "2"}  # fmt: skip
+    cookie = "; ".join(f"{k}={v}" for k, v in jar.items())
+    seen = get(url + "?access_token=" + owner.token, owner.token, headers={"Cookie": cookie}).json()
+    assert seen["headers"]["Cookie"] == "planted=1"
+    assert seen["uri"].endswith("/ports/app/") and owner.token not in json.dumps(seen)
     assert "Content-Security-Policy" not in r.headers
     # the job was told where it lives
     env = owner.call("GET", f"/jobs/{job['id']}").json()["spec"]
@@ -165,6 +192,82 @@ def test_a_websocket_echoes_through_the_port(users, app_job):
     with pytest.raises(Exception) as refused:
         run_async(talk(users["stranger"].token))
     assert "404" in str(refused.value)
+
+
+def _unread(hub, path: str, token: str, websocket: bool) -> socket.socket:
+    """A client that asks for ``path`` on the hub (HTTP, or a websocket handshake), reads the
+    answer's head and then nothing more."""
+    conn = socket.create_connection(("127.0.0.1", hub.port), timeout=30)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    upgrade = (
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Key: {base64.b64encode(os.urandom(16)).decode()}\r\n"
+        if websocket
+        else ""
+    )
+    conn.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{hub.port}\r\n"
+        f"Authorization: token {token}\r\n{upgrade}\r\n".encode()
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += conn.recv(1)
+    status = int(head.split()[1])
+    assert status == (101 if websocket else 200), head
+    return conn
+
+
+def test_relays_are_bounded_and_nobody_reading_costs_no_memory(hub, users, app_job):
+    """Websockets count against the per-user limit as requests do (the 33rd of one user's is
+    refused, and closing them gives the places back), and a relay whose client reads nothing
+    of an app that writes as fast as it can holds the service's memory flat."""
+    from gpulab.service.ports_proxy import MAX_PER_USER
+
+    job, url = app_job
+    owner = users["owner"].token
+    path = url.split(users["owner"].hub.url, 1)[1]
+    ws_url = url.replace("http://", "ws://") + "ws"
+
+    async def many(count: int) -> list:
+        opened = []
+        for _ in range(count):
+            req = HTTPRequest(ws_url, headers={"Authorization": f"token {owner}"})
+            opened.append(await websocket_connect(req))
+        return opened
+
+    async def over_the_limit() -> str:
+        held = await many(MAX_PER_USER)
+        try:
+            with pytest.raises(Exception) as refused:
+                await many(1)
+            # a plain request counts too
+            assert get(url, owner).status_code == 429
+            return str(refused.value)
+        finally:
+            for conn in held:
+                conn.close()
+
+    assert "429" in run_async(over_the_limit())
+    # the places come back once they are closed (the friend, meanwhile, was never limited)
+    time.sleep(1)
+    assert len(run_async(many(1))) == 1
+    assert get(url, users["friend"].token).status_code == 200
+
+    before = hub.service_rss()
+    clients = [
+        _unread(hub, path + "flood", owner, True),
+        _unread(hub, path + "stream", owner, False),
+    ]
+    samples = []
+    for _ in range(10):  # 10 s of an app writing 4 MiB messages and 1 MiB chunks, unread
+        time.sleep(1)
+        samples.append(hub.service_rss())
+    grew = (max(samples) - before) / 2**20
+    print(f"service RSS {before / 2**20:.0f} MiB, +{grew:.1f} MiB at most over 10 s unread")
+    for conn in clients:
+        conn.close()
+    # a few messages in flight per relay (MAX_WS_MESSAGE = 4 MiB), never the app's output
+    assert grew < 48, samples
 
 
 def test_a_port_closes_with_its_job(users, app_job):

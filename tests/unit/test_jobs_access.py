@@ -281,3 +281,51 @@ def test_a_port_path_that_could_leave_its_port_is_refused(path, unsafe):
     from gpulab.service.ports_proxy import unsafe_path
 
     assert unsafe_path(path) is unsafe
+
+
+NS = "gpulab.j1.web."
+PREFIX = "/services/gpulab/jobs/j1/ports/web/"
+
+
+@pytest.mark.parametrize(
+    "header, forwarded",
+    [
+        # the hub's, the service's (whatever their names) and the XSRF cookie stay behind
+        ("jupyterhub-session-id=abc; service-gpulab=tok; _xsrf=x", ""),
+        ("service-any-name=tok; __Host-jupyterhub-hub-login=z", ""),
+        # the app's own cookies come back under the names it gave them
+        (f"service-gpulab=tok; {NS}sid=1; {NS}theme=dark", "sid=1; theme=dark"),
+        # another port's or another job's namespace is not this one's
+        ("gpulab.j1.webx.sid=1; gpulab.j10.web.sid=2; gpulab.j1.sid=3", ""),
+        # a malformed jar cannot carry anything along
+        (f'bad"cookie; {NS}=empty-name; {NS}ok=1;;', "ok=1"),
+        (f"x=1;{NS}a=b=c", "a=b=c"),
+    ],
+)
+def test_an_app_gets_only_its_own_cookies(header, forwarded):
+    from gpulab.service.ports_proxy import app_cookies
+
+    assert app_cookies(header, NS) == forwarded
+
+
+@pytest.mark.parametrize(
+    "header, browser_gets",
+    [
+        ("sid=1", f"{NS}sid=1; Path={PREFIX}"),
+        ("sid=1; Path=/; HttpOnly", f"{NS}sid=1; HttpOnly; Path={PREFIX}"),
+        # a cookie named like the hub's cannot shadow it: it lands in the namespace too
+        ("service-gpulab=evil; Path=/services/gpulab/", f"{NS}service-gpulab=evil; Path={PREFIX}"),
+        (
+            "a=b; Domain=example.org; Secure; SameSite=Strict; Max-Age=60",
+            f"{NS}a=b; Secure; SameSite=Strict; Max-Age=60; Path={PREFIX}",
+        ),  # fmt: skip
+        (f"a=b; Path={PREFIX}deeper/", f"{NS}a=b; Path={PREFIX}deeper/"),
+        ("a=b; Path=/services/gpulab/jobs/j1/ports/other/", f"{NS}a=b; Path={PREFIX}"),
+        ("no-value-at-all", None),
+        ("=nameless", None),
+    ],
+)
+def test_an_apps_cookie_is_confined_to_its_port(header, browser_gets):
+    from gpulab.service.ports_proxy import app_set_cookie
+
+    assert app_set_cookie(header, NS, PREFIX) == browser_gets

@@ -10,22 +10,33 @@ The path is forwarded whole (the app is told its prefix in ``GPULAB_PORT_<NAME>_
 hub's proxy does for notebooks). On a Swarm the job's overlay address is reached through the
 notebook gateway (``Runtime.reach``), on one engine through its bridge address.
 
-What an app may not have, because it shares the hub's origin:
-- the hub's credentials: the hub's and the service's cookies, the ``_xsrf`` cookie, and a hub
-  token that authenticated the request (header or ``?token=``) are removed before forwarding;
-- for anyone but its owner (a user it is shared with, an admin), the viewer's session: its
+An app behind a port shares the hub's origin (SECURITY.md says why), so what it may see and do
+is narrowed here, for every viewer, its owner included:
+- no credential of the viewer: cookies are forwarded by allow-list, not by deny-list. An app's
+  ``Set-Cookie`` reaches the browser renamed into the port's own namespace
+  (``gpulab.<job>.<port>.<name>``) with its ``Path`` confined to the port's prefix and no
+  ``Domain``; a request carries to the app only the cookies of that namespace, under the names
+  the app gave them. The hub's, the service's (whatever their names) and every other cookie
+  stay behind. No ``Authorization`` header and no ``?token=`` / ``?access_token=`` either.
+- for anyone but its owner (a user it is shared with, an admin), not the viewer's session: its
   pages are served with ``Content-Security-Policy: sandbox`` without ``allow-same-origin``, so
   that their scripts run in an opaque origin and cannot call the hub or the service as the
   viewer, and its ``Set-Cookie`` headers are dropped (no cookie planted on the hub's origin).
 - a write from another site: a cookie-authenticated request other than GET/HEAD/OPTIONS must
   come from the same origin (``Sec-Fetch-Site`` or ``Origin``), else 403.
+
+Every relay, HTTP or websocket, counts against a per-user and a total limit, and every byte
+goes through with back-pressure: an answer is read from the app no faster than the viewer
+reads it, a websocket message is read from one side only once the previous one was written to
+the other, so a relay that nobody reads holds at most a few messages
+(:data:`MAX_WS_MESSAGE` each) and the service's memory stays flat.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
 from tornado import httpclient, httputil, web, websocket
@@ -49,27 +60,29 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-#: cookies of the hub and its services (and their XSRF token): never shown to an app
-HUB_COOKIE_PREFIXES = ("jupyterhub", "__Host-jupyterhub", "_xsrf")
+#: query arguments that carry a hub token: never forwarded
+TOKEN_ARGS = frozenset({"token", "access_token"})
+#: request headers never forwarded: the viewer's credentials (cookies are filtered on their own)
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-xsrftoken", "x-csrftoken"})
 #: what a page served to someone other than its owner may do: everything but its own origin
 SANDBOX = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
 #: seconds a job port's address is remembered (one engine look-up per miss)
 TARGET_TTL = 10.0
 #: how long an app may take to answer (long polls included), and to connect
 REQUEST_TIMEOUT, CONNECT_TIMEOUT = 3600.0, 10.0
-#: the largest websocket message relayed either way
-MAX_WS_MESSAGE = 64 * 1024 * 1024
+#: the largest websocket message relayed either way (a larger one closes the relay, 1009)
+MAX_WS_MESSAGE = 4 * 1024 * 1024
 _targets: dict[tuple[str, str], tuple[float, str, int]] = {}
 #: response headers no app may send through the hub's origin (they act on the whole origin:
 #: a service worker over the hub, its cookies cleared, HSTS for the hub and its subdomains)
 ORIGIN_WIDE = frozenset({"service-worker-allowed", "clear-site-data", "strict-transport-security"})
 #: and those only its owner may get (others: no cookie planted, no redirect off its prefix)
 OWNER_ONLY = frozenset({"set-cookie", "refresh"})
-#: requests relayed at once: in all (the service's own HTTP client) and per user
+#: relays open at once, HTTP requests and websockets together: in all, and per user (the
+#: HTTP client's own pool is as large as the total, so one user never takes it all)
 MAX_CLIENTS, MAX_PER_USER = 256, 32
-#: the largest answer streamed (a model file, a dataset) and websocket messages in flight
+#: the largest answer streamed (a model file, a dataset)
 MAX_BODY = 64 * 1024**3
-MAX_WS_BACKLOG = 64
 _client: httpclient.AsyncHTTPClient | None = None
 _in_flight: dict[str, int] = {}
 
@@ -101,15 +114,63 @@ def port_prefix(service_prefix: str, job_id: str, name: str) -> str:
     return f"{service_prefix.rstrip('/')}/jobs/{job_id}/ports/{name}/"
 
 
-def _without_hub_cookies(header: str) -> str:
-    jar = SimpleCookie()
-    try:
-        jar.load(header)
-    except CookieError:
-        return ""  # not parseable: forward none rather than a hub cookie by mistake
-    return "; ".join(
-        f"{k}={m.coded_value}" for k, m in jar.items() if not k.startswith(HUB_COOKIE_PREFIXES)
-    )
+def cookie_namespace(job_id: str, name: str) -> str:
+    """The prefix of a port's cookies in the browser: job ids and port names have no dot, so
+    no namespace is the start of another one."""
+    return f"gpulab.{job_id}.{name}."
+
+
+def app_cookies(header: str, namespace: str) -> str:
+    """The ``Cookie`` header an app gets: only its own cookies (those in ``namespace``), under
+    the names it gave them. Split as browsers write it (``; ``), not parsed strictly: a cookie
+    the parser would refuse cannot make others slip through."""
+    kept = []
+    for part in header.split(";"):
+        name, eq, value = part.strip().partition("=")
+        if eq and name.startswith(namespace) and len(name) > len(namespace):
+            kept.append(f"{name[len(namespace) :]}={value}")
+    return "; ".join(kept)
+
+
+def app_set_cookie(header: str, namespace: str, prefix: str) -> str | None:
+    """An app's ``Set-Cookie`` as the browser gets it: renamed into ``namespace``, its
+    ``Path`` confined to the port's ``prefix`` (kept where it is below it), without
+    ``Domain``. None for a header with no ``name=``."""
+    first, _, attributes = header.partition(";")
+    name, eq, value = first.strip().partition("=")
+    name = name.strip()
+    if not eq or not name:
+        return None
+    out = [f"{namespace}{name}={value.strip()}"]
+    path = prefix
+    for attribute in attributes.split(";"):
+        key, _, val = attribute.strip().partition("=")
+        low = key.strip().lower()
+        if not low or low == "domain":
+            continue
+        if low == "path":
+            wanted = val.strip()
+            if wanted.startswith(prefix):
+                path = wanted
+            continue
+        out.append(attribute.strip())
+    out.append(f"Path={path}")
+    return "; ".join(out)
+
+
+def _take(user: str) -> None:
+    """Count one relay of ``user``'s (a 429 past the per-user or the total limit)."""
+    if _in_flight.get(user, 0) >= MAX_PER_USER:
+        raise ApiError(429, f"at most {MAX_PER_USER} requests and websockets to job ports at once")
+    if sum(_in_flight.values()) >= MAX_CLIENTS:
+        raise ApiError(429, "too many requests to job ports at once: try again shortly")
+    _in_flight[user] = _in_flight.get(user, 0) + 1
+
+
+def _give(user: str) -> None:
+    _in_flight[user] -= 1
+    if not _in_flight[user]:
+        del _in_flight[user]
 
 
 class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
@@ -144,6 +205,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         if unsafe_path(self.request.path):
             raise ApiError(400, "a port's path may not contain '.' or '..' segments")
         self._prefix = port_prefix(self._service_prefix(), job_id, name)
+        self._port_key = (job_id, name)
         me = self.current_user
         if me is None:
             browser = "text/html" in self.request.headers.get("Accept", "")
@@ -216,18 +278,21 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
 
     def _upstream_headers(self) -> httputil.HTTPHeaders:
         out = httputil.HTTPHeaders()
-        token_auth = getattr(self, "_token_authenticated", False)
+        namespace = cookie_namespace(*self._port_key)
+        cookies = []
         for k, v in self.request.headers.get_all():
             low = k.lower()
             if low in HOP_BY_HOP or low.startswith("sec-websocket-") or low == "content-length":
                 continue
-            if low == "authorization" and token_auth:
-                continue  # the hub token that let the caller in
-            if low == "cookie":
-                v = _without_hub_cookies(v)
-                if not v:
-                    continue
+            if low in CREDENTIAL_HEADERS:
+                continue
+            if low == "cookie":  # (HTTP/2 may split them over several headers)
+                if mine := app_cookies(v, namespace):
+                    cookies.append(mine)
+                continue
             out.add(k, v)
+        if cookies:
+            out["Cookie"] = "; ".join(cookies)
         out["X-Forwarded-Host"] = self.request.host
         out["X-Forwarded-Proto"] = self.request.protocol
         out["X-Forwarded-For"] = self.request.remote_ip or ""
@@ -236,7 +301,9 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
     def _upstream_uri(self) -> str:
         path, _, query = self.request.uri.partition("?")
         if query:
-            kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "token"]
+            kept = [
+                (k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in TOKEN_ARGS
+            ]
             path += "?" + urlencode(kept) if kept else ""
         return path
 
@@ -248,7 +315,15 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
                 _, self._host, self._port, _owner = await self._resolve(job_id, name)
             except _Redirected:
                 return
-            return await websocket.WebSocketHandler.get(self, job_id, name, rest)
+            user = self.current_user["name"]
+            _take(user)  # given back when the relay closes (or never opened)
+            self._counted = user
+            try:
+                await websocket.WebSocketHandler.get(self, job_id, name, rest)
+            finally:
+                if self.ws_connection is None:  # refused in the handshake: no on_close
+                    self._release()
+            return
         await self._proxy(job_id, name, rest)
 
     async def head(self, job_id, name, rest=None):
@@ -280,15 +355,11 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         if self.request.headers.get("Service-Worker") == "script":
             raise ApiError(403, "a job's app may not install a service worker on the hub")
         user = self.current_user["name"]
-        if _in_flight.get(user, 0) >= MAX_PER_USER:
-            raise ApiError(429, f"at most {MAX_PER_USER} requests to job ports at once")
-        _in_flight[user] = _in_flight.get(user, 0) + 1
+        _take(user)
         try:
             await self._relay(job_id, name, host, port, owner)
         finally:
-            _in_flight[user] -= 1
-            if not _in_flight[user]:
-                del _in_flight[user]
+            _give(user)
 
     async def _relay(self, job_id: str, name: str, host: str, port: int, owner: bool) -> None:
         method = self.request.method
@@ -318,6 +389,10 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
                 return
             if low == "location" and not owner and not self._under(v.strip()):
                 return  # no redirect off the port for a viewer (an open redirect on the hub)
+            if low == "set-cookie":  # (the owner's only) into the port's own namespace
+                v = app_set_cookie(v, cookie_namespace(job_id, name), self._prefix) or ""
+                if not v:
+                    return
             self._headers.add(k.strip(), v.strip())
 
         def on_chunk(chunk: bytes):
@@ -358,6 +433,10 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         self._subprotocols = subprotocols
         return subprotocols[0] if subprotocols else None
 
+    @property
+    def max_message_size(self) -> int:
+        return MAX_WS_MESSAGE
+
     async def open(self, job_id: str, name: str, rest: str | None = None):
         url = f"ws://{self._host}:{self._port}{self._upstream_uri()}"
         headers = self._upstream_headers()
@@ -366,9 +445,10 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         headers["Origin"] = f"{self.request.protocol}://{self.request.host}"
         req = httpclient.HTTPRequest(url, headers=headers, connect_timeout=CONNECT_TIMEOUT)
         try:
+            # no callback: messages are read one at a time (below), so the app is read no
+            # faster than the viewer takes them
             self._upstream = await websocket.websocket_connect(
                 req,
-                on_message_callback=self._from_upstream,
                 max_message_size=MAX_WS_MESSAGE,
                 subprotocols=getattr(self, "_subprotocols", None) or None,
             )
@@ -376,34 +456,46 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             _targets.pop((job_id, name), None)
             log.info("job %s port %s websocket: %s", job_id, name, e)
             self.close(1011, "nothing answers on that port")
-
-    def _from_upstream(self, message: str | bytes | None) -> None:
-        if message is None:  # the app closed it
-            self.close()
             return
         if self.ws_connection is None or self.ws_connection.is_closing():
+            self._upstream.close()  # the viewer left while it connected
             return
-        pending = getattr(self, "_pending", 0)
-        if pending >= MAX_WS_BACKLOG:  # the viewer reads slower than the app writes
-            self.close(1013, "the app sends faster than this client reads")
-            return
-        self._pending = pending + 1
-        sent = self.write_message(message, binary=isinstance(message, bytes))
-        sent.add_done_callback(self._sent)
+        asyncio.ensure_future(self._from_upstream(self._upstream))
 
-    def _sent(self, future) -> None:
-        self._pending -= 1
-        future.exception()  # (retrieved: a closed connection is no error here)
+    async def _from_upstream(self, upstream: websocket.WebSocketClientConnection) -> None:
+        """The app's messages to the viewer, each written before the next is read."""
+        try:
+            while (message := await upstream.read_message()) is not None:
+                if self.ws_connection is None or self.ws_connection.is_closing():
+                    break
+                await self.write_message(message, binary=isinstance(message, bytes))
+        except websocket.WebSocketClosedError:
+            pass  # the viewer went away
+        finally:
+            upstream.close()
+            self.close()
 
     async def on_message(self, message: str | bytes) -> None:
+        """The viewer's message to the app; tornado reads the next one only after this (the
+        viewer is read no faster than the app takes its messages)."""
         upstream = getattr(self, "_upstream", None)
         if upstream is not None:
-            await upstream.write_message(message, binary=isinstance(message, bytes))
+            try:
+                await upstream.write_message(message, binary=isinstance(message, bytes))
+            except websocket.WebSocketClosedError:
+                self.close()
 
     def on_close(self) -> None:
         upstream = getattr(self, "_upstream", None)
         if upstream is not None:
             upstream.close()
+        self._release()
+
+    def _release(self) -> None:
+        user = getattr(self, "_counted", None)
+        if user is not None:
+            self._counted = None
+            _give(user)
 
 
 class _Redirected(Exception):
