@@ -3,10 +3,13 @@ engine; the CLI driven as a user would, its shell through a pseudo-terminal (pex
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pexpect
@@ -241,3 +244,74 @@ def test_cli_shell_through_a_pseudo_terminal(hub, alice, job):
     assert shell.exitstatus == 3, shell.before
     events = alice.call("GET", f"/jobs/{job['id']}/events").json()["events"]
     assert "shell opened by alice" in [e["message"] for e in events if e["kind"] == "shell"]
+
+
+#: frames a flooding client sends at most, and for how long (the old unbounded queue took all
+#: of them: +315 MiB for one shell, issue 26), and how long the unread shell is then held
+FLOOD_FRAMES, FLOOD_SECONDS, HOLD_SECONDS = 256, 20.0, 8.0
+#: how much the service may grow for one shell whose client sends 1 MiB frames and reads
+#: nothing: the frame tornado is reading, the one being queued and the bounded input queue
+#: (runtime.execution.MAX_PENDING_INPUT), with room for the allocator's slack
+SHELL_RSS_BOUND = 32 * 2**20
+
+
+def test_an_unread_shell_holds_its_input_back_without_growing_the_service(hub, alice, job):
+    """``cat`` echoes the input back; the client sends 1 MiB frames and reads none of the
+    output: once the pipes are full the service stops reading the client (back-pressure)
+    instead of queueing its frames. Then every byte sent comes back, in order."""
+    url = f"ws://127.0.0.1:{hub.port}/services/gpulab/api/jobs/{job['id']}/shell"
+    auth = {"Authorization": f"token {alice.token}"}
+    letters = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+    def frame(i: int) -> bytes:  # 1 MiB of letters (no terminal control key), each its own
+        return (letters[i % 61 :] + letters[: i % 61]) * (2**20 // 62) + b"%06d" % i + b"\n" * 2
+
+    async def flood() -> tuple[int, int, str, list[int], bytes]:
+        conn = await websocket_connect(HTTPRequest(url, headers=auth))
+        try:
+            # a raw terminal (no echo, no line editing): cat's output is exactly its input
+            await conn.write_message(b"stty raw -echo; echo RE''ADY; exec cat\r", binary=True)
+            seen = b""
+            while b"READY\n" not in seen:
+                seen += await asyncio.wait_for(conn.read_message(), 30)
+            assert seen.endswith(b"READY\n"), seen
+            before = hub.service_rss()
+            samples, sent, stalled = [], 0, None
+            deadline = time.monotonic() + FLOOD_SECONDS
+            while sent < FLOOD_FRAMES and time.monotonic() < deadline:
+                pending = conn.write_message(frame(sent), binary=True)
+                done, _ = await asyncio.wait([pending], timeout=3)
+                samples.append(hub.service_rss())
+                sent += 1
+                if not done:  # the service no longer reads this client
+                    stalled = pending
+                    break
+            if stalled is None:  # all of it was taken: no back-pressure (checked below)
+                return before, sent, "", samples, b""
+            for _ in range(int(HOLD_SECONDS / 0.5)):  # held unread: the service stays flat
+                await asyncio.sleep(0.5)
+                samples.append(hub.service_rss())
+            assert not stalled.done(), "the service read on while the shell's input was full"
+            # read now: everything sent comes back, in order (no input was dropped)
+            want = b"".join(frame(i) for i in range(sent))
+            got = bytearray()
+            end = time.monotonic() + 60
+            while len(got) < len(want) and time.monotonic() < end:
+                message = await asyncio.wait_for(conn.read_message(), 30)
+                if not isinstance(message, bytes):
+                    break  # closed, or the shell ended
+                got += message
+            await stalled
+            return before, sent, hashlib.sha256(want).hexdigest(), samples, bytes(got)
+        finally:
+            conn.close()
+
+    before, sent, want_hash, samples, got = run_async(flood())
+    grew = max(samples) - before
+    print(
+        f"service RSS {before / 2**20:.0f} MiB before; {sent} frames of 1 MiB taken (the "
+        f"rest held back); +{grew / 2**20:.1f} MiB at most over {len(samples)} samples"
+    )
+    assert grew < SHELL_RSS_BOUND, [s // 2**20 for s in samples]
+    assert want_hash, f"all {sent} frames were taken: no back-pressure"
+    assert hashlib.sha256(got).hexdigest() == want_hash, f"{len(got)} bytes came back"
