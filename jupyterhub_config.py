@@ -23,6 +23,12 @@ os.chdir(data)  # hub db, cookie secret and proxy pid live here
 from gpulab.statelog import follow_hub_log  # noqa: E402
 
 follow_hub_log()
+# no token in the hub's log: JupyterHub scrubs ?token= from its access log only, not from
+# tornado's other lines about a request (an HTTPError's warning, an uncaught exception's
+# error) nor from its own logger's lines (gpulab.logscrub)
+from gpulab import logscrub  # noqa: E402
+
+logscrub.install(loggers=(*logscrub.TORNADO_LOGGERS, "JupyterHub"))
 
 
 def _docker_bridge_gateway() -> str:

@@ -1,5 +1,6 @@
 """Every state change of a job and of a notebook is logged once, with its id, owner, states
-and reason, and no secret reaches the logs: a real hub, the gpulab service it starts, the
+and reason, and no secret reaches the logs (users' secrets, stores' keys, tokens in URLs and
+headers of refused requests and writes): a real hub, the gpulab service it starts, the
 Docker engine and an S3-speaking server (moto) whose keys the sync helpers get.
 
 The hub's and the service's output both go to ``hub.log`` (the service is the hub's child):
@@ -10,12 +11,17 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from pathlib import Path
 
 import boto3
 import pytest
+import requests
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
 
+from ..conftest import run_async, wait_until
 from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
 from .test_jobs import Api
 
@@ -190,3 +196,110 @@ def test_each_state_change_is_logged_once_and_no_secret_is(hub, s3):
     text = hub.log_file.read_text(errors="replace")
     for secret in (SECRET_VALUE, TEST_SECRET_KEY, service_token(hub), alice.token):
         assert secret not in text
+
+
+def _handshake(url: str, headers: dict[str, str]) -> int:
+    """A WebSocket handshake as a browser makes it (``Sec-Fetch-Mode: websocket``: JupyterHub
+    takes ``?token=`` on those): its HTTP status (101 if it opened)."""
+
+    async def connect() -> int:
+        request = HTTPRequest(url, headers={"Sec-Fetch-Mode": "websocket", **headers})
+        try:
+            conn = await websocket_connect(request)
+        except HTTPClientError as e:
+            return e.code
+        conn.close()
+        return 101
+
+    return run_async(connect())
+
+
+def test_no_token_reaches_the_logs(hub):
+    """Tokens in ``?token=`` (refused shell and port WebSockets, reads and writes), in
+    ``Authorization`` headers of refused requests and writes, an OAuth code and state, an XSRF
+    token: not one of them is in any line the hub, its proxy or the service writes."""
+    owner, intruder, other = Api(hub, "lena"), Api(hub, "mallory"), Api(hub, "oscar")
+    fake = secrets.token_hex(16)  # shaped like a hub token, known to nobody
+    code, state, xsrf = (secrets.token_urlsafe(24) for _ in range(3))
+    used = {
+        "lena's token": owner.token,
+        "mallory's token": intruder.token,
+        "oscar's token": other.token,
+        "an unknown token": fake,
+        "the OAuth code": code,
+        "the XSRF token": xsrf,
+    }
+    job = owner.submit(command=["sleep", "600"], ports=[{"port": 8765, "name": "app"}])
+    api = f"{hub.url}/services/gpulab/api"
+    ws_api = api.replace("http://", "ws://")
+    ws_job = f"{ws_api}/jobs/{job['id']}"
+    ws_port = f"{hub.url.replace('http://', 'ws://')}/services/gpulab/jobs/{job['id']}/ports/app"
+
+    # refused WebSocket handshakes, the token in the query as browsers must send it
+    refused = {
+        f"{ws_job}/shell?token={intruder.token}": 404,  # someone else's job
+        f"{ws_api}/jobs/j000000000000/shell?token={intruder.token}": 404,  # no such job
+        f"{ws_port}/ws?token={intruder.token}": 404,  # someone else's port
+        f"{ws_job}/shell?token={fake}": 401,  # an unknown token
+        f"{ws_job}/shell?%74oken={other.token}": 404,  # "token", percent-encoded
+        f"{ws_job}/shell?cols=80&access_token={fake}&_xsrf={xsrf}": 401,
+    }
+    for url, status in refused.items():
+        assert _handshake(url, {}) == status, url
+    foreign = {"Origin": "http://evil.example"}
+    assert _handshake(f"{ws_job}/shell?token={owner.token}", foreign) == 403
+    # the owner's port, whose app does not listen (or whose job is not running yet)
+    assert _handshake(f"{ws_port}/ws?token={owner.token}", {}) in (409, 502, 503)
+
+    # plain requests: refused ones and writes, the token in the header and in the query
+    def call(method: str, path: str, token: str | None, **kw) -> int:
+        headers = {"Authorization": f"token {token}"} if token else {}
+        return requests.request(method, api + path, headers=headers, timeout=60, **kw).status_code
+
+    assert call("GET", "/jobs/j000000000000", owner.token) == 404
+    assert call("GET", f"/jobs/{job['id']}", intruder.token) == 404
+    assert call("GET", "/jobs", fake) == 401
+    assert call("POST", "/jobs", owner.token, json={"command": []}) == 400
+    assert call("POST", f"/jobs?token={owner.token}", None, json={"command": ["true"]}) in (
+        401,
+        403,
+    )
+    assert call("DELETE", f"/jobs/j000000000000?token={intruder.token}", intruder.token) == 404
+    assert call(
+        "PUT", f"/secrets/wandb?token={owner.token}", owner.token, json={"value": "v" * 9}
+    ) in (
+        200,
+        201,
+    )
+    assert call("GET", f"/jobs?token={other.token}&limit=0", other.token) == 400
+    # the hub's own API and the service's OAuth callback, with what they must not log
+    r = requests.get(f"{hub.api}/users/lena?token={intruder.token}", timeout=30)
+    assert r.status_code in (403, 404), r.text
+    r = requests.get(
+        f"{hub.url}/services/gpulab/oauth_callback?code={code}&state={state}",
+        timeout=30,
+        allow_redirects=False,
+    )
+    assert 400 <= r.status_code < 500, r.text
+
+    # every refused request was logged (so the check below has lines to look at)...
+    paths = [f"/api/jobs/{job['id']}/shell", "/api/jobs/j000000000000/shell", "/ports/app/ws"]
+    paths += ["/api/jobs/j000000000000", "/api/secrets/wandb", "/oauth_callback"]
+
+    def all_logged() -> str:
+        text = hub.log_file.read_text(errors="replace")
+        return text if all(p in text for p in paths) else ""
+
+    text = wait_until(all_logged, timeout=10, what="the requests' log lines")
+    # ...and no line holds any of the secrets used
+    leaked = {
+        what: [line for line in text.splitlines() if value in line][:3]
+        for what, value in used.items()
+        if value in text
+    }
+    assert not leaked, leaked
+    # the OAuth state is a nonce, not a credential: out of the URLs, but JupyterHub's HubOAuth
+    # itself names a mismatched one ("oauth state argument '...' != cookie ...=...")
+    assert [
+        line for line in text.splitlines() if state in line and "state argument" not in line
+    ] == []

@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 from prometheus_client import REGISTRY
 
-from .. import __version__
+from .. import __version__, logscrub
 from ..bounds import body_backstop
 from ..db import Database
 from ..jobs.supervisor import JobSupervisor
@@ -85,6 +85,8 @@ async def main(argv: list[str] | None = None) -> None:
     if settings.log_format == "json":
         for handler in logging.getLogger().handlers:
             handler.setFormatter(json_formatter())
+    # no token, Authorization or cookie value in any line, whoever writes it (logscrub.py)
+    logscrub.install(logging.getLogger().handlers)
     register_sensitive([os.environ.get("JUPYTERHUB_API_TOKEN")])
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     data_dir = Path(os.environ.get("GPULAB_DATA_DIR", "."))

@@ -20,6 +20,7 @@ from ..db import Database
 from ..jobs.spec_fields import MAX_PRIORITY
 from ..jobs.spec_schema import job_spec_schema
 from ..lifecycle import NotebookState
+from ..logscrub import request_summary
 from ..metrics import API_REQUESTS
 from ..notebooks import NotebookRecords
 from ..runtime.docker import DockerRuntime
@@ -36,6 +37,7 @@ from .app_base import (
     BaseHandler,
     HealthHandler,
     NotFoundHandler,
+    ScrubbedLogs,
     authenticated,
     read,
 )
@@ -227,13 +229,18 @@ PAGE_ROUTES: list[tuple[str, str, type]] = [
 ]
 
 
+class OAuthCallbackHandler(ScrubbedLogs, HubOAuthCallbackHandler):
+    """JupyterHub's, whose refusals (a stale ``state``) are logged without the URI's ``code``
+    and ``state``."""
+
+
 def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
     db = supervisor.records.db if supervisor else Database(settings.database_url)
     records = NotebookRecords(db, settings.instance)
     handlers = [
         (prefix.rstrip("/"), web.RedirectHandler, {"url": prefix}),
-        (url_path_join(prefix, "oauth_callback"), HubOAuthCallbackHandler),
+        (url_path_join(prefix, "oauth_callback"), OAuthCallbackHandler),
     ]
     handlers += [(url_path_join(prefix, pattern), handler) for _, pattern, handler in ROUTES]
     handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in PAGE_ROUTES]
@@ -276,4 +283,6 @@ def log_request(handler: web.RequestHandler) -> None:
     API_REQUESTS.labels(method, type(handler).__name__, str(status)).observe(seconds)
     access = logging.getLogger("tornado.access")
     if access.isEnabledFor(level):
-        access.log(level, "%d %s %.2fms", status, handler._request_summary(), 1000.0 * seconds)
+        # scrubbed whatever the handler's class (JupyterHub's OAuth callback's holds a code)
+        summary = request_summary(handler)
+        access.log(level, "%d %s %.2fms", status, summary, 1000.0 * seconds)

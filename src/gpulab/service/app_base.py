@@ -11,8 +11,10 @@ from urllib.parse import urlencode
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import web
+from tornado.log import app_log
 
 from ..bounds import body_too_large, shown
+from ..logscrub import request_summary
 from ..notebooks import NotebookRecords
 from .bodylimit import request_cap
 
@@ -98,7 +100,23 @@ def authenticated(method):
     return wrapper
 
 
-class JsonErrors(web.RequestHandler):
+class ScrubbedLogs(web.RequestHandler):
+    """Tornado's log lines about a request (the access log, an HTTPError's warning, an
+    uncaught exception's error) with no credential of its URI: JupyterHub takes ``?token=`` on
+    WebSocket handshakes, so a refused one would put a live token in the log."""
+
+    def _request_summary(self) -> str:
+        return request_summary(self)
+
+    def log_exception(self, typ, value, tb) -> None:
+        if isinstance(value, web.HTTPError):
+            super().log_exception(typ, value, tb)  # its line uses _request_summary
+            return
+        # tornado's own adds repr(self.request): the raw URI
+        app_log.error("Uncaught exception %s", self._request_summary(), exc_info=(typ, value, tb))
+
+
+class JsonErrors(ScrubbedLogs):
     """Errors answered as JSON ``{status, message, field?}`` (the OpenAPI document's Error),
     never tornado's HTML page: a 405 names the methods its path serves in ``Allow``, a 401 the
     credentials it wants in ``WWW-Authenticate``."""
