@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     DateTime,
     ForeignKey,
     Integer,
@@ -124,6 +125,26 @@ class GpuAllocation(Base):
     workload: Mapped[str] = mapped_column(String(255), index=True)
     kind: Mapped[str] = mapped_column(String(32))
     owner: Mapped[str] = mapped_column(String(255))
+    since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class DiskBooking(Base):
+    """Bytes one workload's Docker volume holds on a node, against its owner's disk quota
+    (gpulab/disk_ledger.py): one row per (volume, node), from before the pull until the
+    volume is removed."""
+
+    __tablename__ = "disk_bookings"
+    __table_args__ = (UniqueConstraint("instance", "node", "volume"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    workload: Mapped[str] = mapped_column(String(255), index=True)
+    volume: Mapped[str] = mapped_column(String(255))
+    node: Mapped[str] = mapped_column(String(255), default="")
+    # "pull" (a volume pulled from a store) or "git" (a clone; while it runs, its bound)
+    kind: Mapped[str] = mapped_column(String(16), default="pull")
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -9,10 +9,22 @@ from __future__ import annotations
 import math
 from functools import cached_property
 
-from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, validate
+from traitlets import (
+    Bool,
+    Dict,
+    Enum,
+    Float,
+    Integer,
+    List,
+    TraitError,
+    Unicode,
+    Union,
+    validate,
+)
 
 from . import __version__
 from .bounds import MAX_REQUEST_BODY
+from .disk_quota import DEFAULT_DISK_QUOTA, DEFAULT_GIT_MAX_BYTES, disk_quota_for, parse_size
 from .frameworks import Catalog
 from .gpus.sharing import check_sharing, fraction_refusal
 from .idle import idle_timeout_for
@@ -216,6 +228,60 @@ class GpulabSettings(EngineSettings):
         help="Per-group quotas {group: {gpus, jobs}} (see job_quota); a member gets the most "
         "generous of their groups'.",
     ).tag(config=True)
+
+    disk_quota = Union(
+        [Integer(), Unicode()],
+        default_value=DEFAULT_DISK_QUOTA,
+        allow_none=True,
+        help="""Default disk quota of a user on what their workloads pull onto a node: a size
+        ("200G", "512M") or bytes; None means unlimited. What counts: every volume pulled from an
+        object store (jobs' and notebooks' volumes, read-only or writable, and notebooks'
+        workspaces: the total size of the objects under the volume's prefix) and every git
+        clone of a job (the pack received and the files checked out), from before the pull
+        until the volume is removed (a job's after job_container_retention, a notebook's when
+        it is deleted). What a running workload writes into its volumes is not counted. A pull
+        that does not fit is refused before anything is fetched (reason DISK_QUOTA).""",
+    ).tag(config=True)
+
+    user_disk_quotas = Dict(
+        default_value={},
+        help="Per-user disk quotas {user: size or None} (see disk_quota); they win over groups.",
+    ).tag(config=True)
+
+    group_disk_quotas = Dict(
+        default_value={},
+        help="Per-group disk quotas {group: size or None} (see disk_quota); a member gets the "
+        "most generous of their groups'.",
+    ).tag(config=True)
+
+    git_max_bytes = Union(
+        [Integer(), Unicode()],
+        default_value=DEFAULT_GIT_MAX_BYTES,
+        help="""Cap of one git repository of a job ("10G", or bytes): on the pack received
+        and, separately, on the files checked out, enforced while they arrive. A repository
+        over it fails the job (GIT_FAILED) and its clone volume is emptied. While a clone
+        runs it books up to twice this (or what the owner's disk_quota leaves, if less); once
+        done, what it took.""",
+    ).tag(config=True)
+
+    @validate("disk_quota", "git_max_bytes")
+    def _check_disk_size(self, proposal):
+        name = proposal["trait"].name
+        try:
+            parse_size(proposal["value"], name)
+        except ValueError as e:
+            raise TraitError(f"c.GpulabSettings.{name}: {e}") from None
+        return proposal["value"]
+
+    @validate("user_disk_quotas", "group_disk_quotas")
+    def _check_disk_quotas(self, proposal):
+        name = proposal["trait"].name
+        for who, value in proposal["value"].items():
+            try:
+                parse_size(value, f"{name}[{who!r}]")
+            except ValueError as e:
+                raise TraitError(f"c.GpulabSettings.{e}") from None
+        return proposal["value"]
 
     max_user_priority = Integer(
         50,
@@ -491,6 +557,21 @@ class GpulabSettings(EngineSettings):
 
     def gpu_quota_for(self, user: str, groups) -> int | None:
         return self.quota_for(user, groups).gpus
+
+    def disk_quota_for(self, user: str, groups) -> int | None:
+        """Bytes the user's workloads may pull onto nodes (None: unlimited): their own quota,
+        else the most generous of their groups', else disk_quota."""
+        return disk_quota_for(
+            user,
+            groups,
+            parse_size(self.disk_quota, "disk_quota"),
+            {u: parse_size(v, "user_disk_quotas") for u, v in self.user_disk_quotas.items()},
+            {g: parse_size(v, "group_disk_quotas") for g, v in self.group_disk_quotas.items()},
+        )
+
+    @property
+    def git_max_bytes_value(self) -> int:
+        return parse_size(self.git_max_bytes, "git_max_bytes") or 0
 
     def limits_for(self, user: str, groups) -> Limits:
         return effective_limits(

@@ -14,9 +14,16 @@ from functools import cached_property
 
 from tornado import web
 
+from .disk_ledger import DiskLedger
 from .lifecycle import NotebookState
 from .runtime.docker import EngineError
-from .workload_data import VolumeSync, WorkloadData, notebook_volumes, progress_message
+from .workload_data import (
+    DiskAccount,
+    VolumeSync,
+    WorkloadData,
+    notebook_volumes,
+    progress_message,
+)
 
 S = NotebookState
 
@@ -34,10 +41,15 @@ class NotebookDataMixin:
     """Workspace and volumes of one notebook."""
 
     @cached_property
+    def disk_ledger(self) -> DiskLedger:
+        return DiskLedger(self.gpulab_db, self.settings.instance)
+
+    @cached_property
     def data(self) -> WorkloadData:
         s = self.settings
+        disk = DiskAccount(self.disk_ledger, lambda: self._disk_owner_quota)
         return WorkloadData(
-            self.runtime, s.storage.stores, s.sync_image, s.instance, self.workload_id
+            self.runtime, s.storage.stores, s.sync_image, s.instance, self.workload_id, disk
         )
 
     def data_volumes(self, specs: list[str]) -> list[VolumeSync]:
@@ -65,6 +77,9 @@ class NotebookDataMixin:
             msg = f"sync helper image {s.sync_image} is missing (the admin builds it: make images)"
             await self._fail(S.ERROR, "IMAGE_MISSING", msg)
             raise SpawnFailed(503, msg)
+        # the owner's disk quota, read here (the hub's user object is not read off its loop)
+        name = self.user.name
+        self._disk_owner_quota = (name, s.disk_quota_for(name, self._user_groups()))
         for vol in vols:
             store = vol.spec.store
             # the image's /workspace (uid 1000) populates a new workspace volume; on a cluster
@@ -81,6 +96,10 @@ class NotebookDataMixin:
                 self._progress(45, progress_message("Pulling", label, p))
 
             outcome = await self.data.run("pull", vol, on_progress)
+            if outcome.refused:  # the disk quota: nothing was fetched, nothing to push
+                self._skip_push = True
+                await self._fail(S.FAILED, "PULL_FAILED", outcome.reason)
+                raise SpawnFailed(403, outcome.reason)
             if not outcome.ok:
                 self._skip_push = True  # nothing to push from a half-pulled start
                 msg = f"pull of volume {vol.label} failed: {outcome.reason}"
@@ -107,6 +126,7 @@ class NotebookDataMixin:
             for name in {self.volume_name, *(v.docker_volume for v in vols)}:
                 await self.runtime.remove_volume(name, self.node)
             await self.runtime.run(self.ledger.release, self.workload_id)
+            await self.runtime.run(self.disk_ledger.release_workload, self.workload_id)
         except EngineError as e:
             await self._record(S.ERROR, reason="DELETE_FAILED", message=str(e))
             raise

@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .metrics import observe_sync
 from .runtime.base import Runtime
@@ -30,6 +31,9 @@ from .runtime.objects import (
 )
 from .statelog import register_sensitive
 from .volumes import ObjectStore, VolumeSpec
+
+if TYPE_CHECKING:
+    from .disk_ledger import DiskLedger
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +170,9 @@ class SyncOutcome:
     ok: bool
     report: dict = field(default_factory=dict)
     reason: str = ""
+    #: the pull was refused before it began (the owner's disk quota): ``reason`` is the whole
+    #: sentence, naming the volume
+    refused: bool = False
 
     def summary(self) -> str:
         r = self.report
@@ -176,6 +183,17 @@ class SyncOutcome:
             f"{self.volume.label}: {moved} transferred, {r.get('skipped', 0)} unchanged, "
             f"{r.get('deleted', 0)} deleted, {_size(r.get('bytes_transferred', 0))}"
         )
+
+
+@dataclass(frozen=True)
+class DiskAccount:
+    """The disk bounds of one workload's pulls and clones: the ledger its volumes are booked
+    in, its owner and their disk quota (``owner_and_quota``, blocking: called in a thread,
+    when a booking is made), and the cap of one git repository (jobs)."""
+
+    ledger: DiskLedger
+    owner_and_quota: Callable[[], tuple[str, int | None]]
+    git_max_bytes: int | None = None
 
 
 def _size(n: int) -> str:
@@ -203,12 +221,15 @@ class WorkloadData:
         image: str,
         instance: str,
         workload: str,
+        disk: DiskAccount | None = None,
     ):
         self.runtime = runtime
         self.stores = stores
         self.image = image
         self.instance = instance
         self.workload = workload
+        #: None: pulls are not booked against any quota (tests of the sync alone)
+        self.disk = disk
 
     def _remote_empty(self, vol: VolumeSync) -> bool:
         """True only when the store certainly holds nothing under the volume's prefix.
@@ -254,16 +275,93 @@ class WorkloadData:
             return False
         return await self.runtime.run(self._remote_empty, vol)
 
+    def listed_size(self, vol: VolumeSync) -> int:
+        """Bytes of the objects a pull of ``vol`` would bring (their total size under the
+        volume's prefix, as the sync engine lists them); 0 for a bucket that does not exist.
+        Blocking. Raises on any other failure to list."""
+        from .datasync.localtree import normalize_prefix
+
+        spec, store = vol.spec, self.stores[vol.spec.store]
+        prefix = normalize_prefix(spec.prefix)
+        if store.kind == "filesystem":
+            from .datasync.filesystem import FilesystemRemote
+
+            remote = FilesystemRemote(store.root or "/nonexistent", spec.bucket)
+            return sum(o.size for o in remote.list(prefix))
+        from botocore.exceptions import ClientError
+
+        from .datasync.credentials import Credentials
+        from .datasync.s3 import S3Remote
+        from .datasync.s3_settings import S3Settings
+
+        env = store_credentials(store)
+        remote = S3Remote(
+            spec.bucket,
+            endpoint_url=store.endpoint_url,
+            region=store.region,
+            credentials=Credentials(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]),
+            settings=S3Settings(max_attempts=3, connect_timeout=5.0, read_timeout=30.0),
+        )
+        try:
+            return sum(o.size for o in remote.list(prefix))
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") in ("NoSuchBucket", "404"):
+                return 0
+            raise
+
+    async def book_pull(self, vol: VolumeSync) -> SyncOutcome | int:
+        """Book what a pull of ``vol`` brings against the owner's disk quota, checked in the
+        same transaction: the bytes booked (the helper's ``--max-bytes``), or the outcome of
+        a pull refused before it began."""
+        from .disk_ledger import DiskQuotaExceeded
+        from .disk_quota import pull_refusal
+
+        disk = self.disk
+        assert disk is not None
+        try:
+            size = await asyncio.to_thread(self.listed_size, vol)
+        except StorageCredentialsError as e:
+            return SyncOutcome(vol, False, reason=str(e))
+        except Exception as e:
+            return SyncOutcome(
+                vol,
+                False,
+                reason=f"cannot list {vol.spec.bucket}/{vol.spec.prefix} to check your disk "
+                f"quota ({type(e).__name__}: {str(e)[:200]})",
+            )
+        owner, quota = await asyncio.to_thread(disk.owner_and_quota)
+        try:
+            await asyncio.to_thread(
+                disk.ledger.book, owner, self.workload, vol.docker_volume, vol.node, size, quota
+            )
+        except DiskQuotaExceeded as e:
+            why = pull_refusal(vol.label, size, e.quota, e.check.held)
+            return SyncOutcome(vol, False, reason=why, refused=True)
+        return size
+
     async def run(
         self, operation: str, vol: VolumeSync, on_progress: Progress | None = None
     ) -> SyncOutcome:
-        """Run one ``gpulab-sync`` operation (pull, push, purge) for one volume."""
-        outcome = await self._run(operation, vol, on_progress)
+        """Run one ``gpulab-sync`` operation (pull, push, purge) for one volume. With a
+        :class:`DiskAccount`, a pull is first booked against the owner's disk quota (and
+        refused, fetching nothing, when it does not fit)."""
+        max_bytes = None
+        if operation == "pull" and self.disk is not None:
+            booked = await self.book_pull(vol)
+            if isinstance(booked, SyncOutcome):
+                observe_sync(operation, False, {})
+                return booked
+            max_bytes = booked
+        outcome = await self._run(operation, vol, on_progress, max_bytes)
         observe_sync(operation, outcome.ok, outcome.report)
         return outcome
 
     async def _run(
-        self, operation: str, vol: VolumeSync, on_progress: Progress | None
+        self,
+        operation: str,
+        vol: VolumeSync,
+        on_progress: Progress | None,
+        max_bytes: int | None = None,
     ) -> SyncOutcome:
         store = self.stores[vol.spec.store]
 
@@ -294,6 +392,7 @@ class WorkloadData:
             environment=env,
             # on a cluster a node's copy may be older than the store: pull deletions too
             mirror=bool(vol.node) and vol.spec.mode == "rwd",
+            max_bytes=max_bytes,
         )
         final: dict = {}
         errors: list[str] = []

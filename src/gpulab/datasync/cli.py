@@ -78,6 +78,13 @@ def _parser() -> argparse.ArgumentParser:
         help="pull: remove local files whose remote object was deleted since the last sync",
     )
     p.add_argument("--credentials-file", type=Path, help="AWS credentials file or KEY=VALUE file")
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=None,
+        help="pull: refuse (before downloading anything) when the objects under the prefix "
+        "weigh more than this many bytes together (a disk quota's booking)",
+    )
     p.add_argument("--json-progress", action="store_true", help="print JSON lines on stdout")
     p.add_argument("--workers", type=int, default=16, help="objects in flight (default 16)")
     p.add_argument("--retry-mode", choices=("standard", "adaptive"), default="standard")
@@ -187,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         validate_bucket_name(args.bucket)
         if args.workers < 1 or args.max_attempts < 1:
             raise UsageError("--workers and --max-attempts must be at least 1")
+        if args.max_bytes is not None and args.max_bytes < 0:
+            raise UsageError("--max-bytes must not be negative")
         if args.operation == "purge":
             if not args.prefix.strip("/"):
                 raise UsageError(
@@ -215,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 delete=args.delete,
                 progress=on_progress,
                 options=options,
+                max_bytes=args.max_bytes,
             )
         else:
             report = push(

@@ -286,11 +286,16 @@ def pull(
     delete: bool = False,
     progress: ProgressCallback | None = None,
     options: SyncOptions | None = None,
+    max_bytes: int | None = None,
 ) -> SyncReport:
     """Bring ``local_dir`` up to date with ``remote``'s objects under ``prefix``.
 
     The bucket is created if missing. With ``delete``, local files whose remote object was
     deleted since the last sync (and that were not changed locally) are removed.
+
+    ``max_bytes``: the most the objects under the prefix may weigh together (what the owner's
+    disk quota booked for this volume); more is refused from the listing, before anything is
+    downloaded, with one failure that says how much is there.
     """
     opts = options or SyncOptions()
     prefix = normalize_prefix(prefix)
@@ -309,6 +314,15 @@ def pull(
                 listing = {obj.key: obj for obj in remote.list(prefix)}
             except Exception as exc:
                 run.fail("", f"cannot list {remote.bucket}/{prefix}: {_reason(exc)}")
+                return run.finish()
+            total = sum(obj.size for obj in listing.values())
+            if max_bytes is not None and total > max_bytes:
+                run.fail(
+                    "",
+                    f"{remote.bucket}/{prefix} holds {_human(total)} in {len(listing)} objects, "
+                    f"more than the {_human(max_bytes)} booked for this pull (--max-bytes): "
+                    "nothing was pulled",
+                )
                 return run.finish()
             gone = [k for k in manifest.entries if k not in listing] if delete else []
             report.objects_total = len(listing) + len(gone)
@@ -340,6 +354,14 @@ def pull(
         finally:
             manifest.save()
     return run.finish()
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
 
 
 def _delete_local(run: _Run, manifest: Manifest, root: LocalRoot, prefix: str, key: str) -> None:

@@ -1,7 +1,7 @@
 """``gpulab-sync git-clone``: clone one git repository into a directory, in the sync helper.
 
     gpulab-sync git-clone --url URL [--branch B | --revision R] --dest DIR [--replace]
-                          [--timeout SECONDS] [--max-bytes BYTES]
+                          [--timeout SECONDS] [--max-bytes BYTES] [--quota-bytes BYTES]
 
 The job supervisor runs this in a short-lived helper container (the sync image, never the
 user's image) that mounts one job volume at ``--dest``; the job's container mounts the same
@@ -21,15 +21,18 @@ HTTP through dulwich (pure Python, no ``git`` binary, no hooks, no filters, no s
   path whose leading directory is a symbolic link (git's own rule, CVE-2021-21300), so nothing
   is written outside ``--dest``; links themselves are created as links, as git does.
 - Caps: ``--max-bytes`` on the pack received and, separately, on the files checked out;
-  ``--timeout`` on the whole clone. A repository over a cap fails with the cap in the reason.
+  ``--quota-bytes`` on the two together (what the owner's disk quota booked for this clone);
+  ``--timeout`` on the whole clone. All are enforced while the data arrives. A repository over
+  a cap fails with the cap in the reason (and ``"limit": "cap"`` or ``"quota"``).
 - ``--dest`` must be empty, unless ``--replace`` says it is the clone's own volume: a volume
   that already holds a finished clone of the same URL and revision (a job started again on the
   same node) is then kept as it is, with whatever the job changed there, and anything else in
   it (a clone cut short) is removed first. A failed clone leaves ``--dest`` empty.
 
 Output: one JSON line, ``{"event": "git", "ok": true, "url": ..., "ref": ..., "commit": ...,
-"files": N, "bytes": N, "shallow": bool, "kept": bool}`` or ``{"event": "git", "ok": false,
-"url": ..., "ref": ..., "reason": ...}``. Exit codes: 0 cloned, 1 failed, 2 bad usage.
+"files": N, "bytes": N, "disk_bytes": N, "shallow": bool, "kept": bool}`` (``disk_bytes``: the
+pack received and the files checked out) or ``{"event": "git", "ok": false, "url": ..., "ref":
+..., "reason": ..., "limit": "cap" | "quota" | null}``. Exit codes: 0 cloned, 1 failed, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -63,7 +66,31 @@ _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]*@")
 
 
 class CloneFailed(Exception):
-    """The clone cannot be done; the message says why, for the user (never the credential)."""
+    """The clone cannot be done; the message says why, for the user (never the credential).
+    ``limit``: "cap" or "quota" when the repository was over ``--max-bytes`` or
+    ``--quota-bytes``."""
+
+    def __init__(self, message: str, limit: str | None = None):
+        super().__init__(message)
+        self.limit = limit
+
+
+class _Usage:
+    """Bytes the clone has put on disk so far: the pack of the current fetch and the files
+    checked out; over ``quota`` (pack and files together) it stops."""
+
+    def __init__(self, quota: int | None):
+        self.quota = quota
+        self.pack = 0
+        self.files = 0
+
+    def check(self) -> None:
+        if self.quota is not None and self.pack + self.files > self.quota:
+            raise CloneFailed(
+                f"the repository is larger than the {_size(self.quota)} your disk quota "
+                "left for it",
+                limit="quota",
+            )
 
 
 class _TimedOut(BaseException):
@@ -232,18 +259,25 @@ def _pick(refs: dict, symrefs: dict, branch: str | None, revision: str | None):
     )
 
 
-def _capped_fetch_pack(client, max_bytes: int) -> None:
-    """Make ``client`` refuse a pack over ``max_bytes`` while it arrives (not after)."""
+def _capped_fetch_pack(client, max_bytes: int, usage: _Usage | None = None) -> None:
+    """Make ``client`` refuse a pack over ``max_bytes`` (or over what ``usage`` leaves) while
+    it arrives (not after)."""
     original = client.fetch_pack
+    usage = usage or _Usage(None)
 
     def fetch_pack(path, determine_wants, graph_walker, pack_data, *args, **kwargs):
         received = 0
+        usage.pack = 0  # a fetch after a failed shallow one starts from an empty directory
 
         def write(data: bytes):
             nonlocal received
             received += len(data)
+            usage.pack = received
             if received > max_bytes:
-                raise CloneFailed(f"the repository is larger than the limit of {_size(max_bytes)}")
+                raise CloneFailed(
+                    f"the repository is larger than the limit of {_size(max_bytes)}", limit="cap"
+                )
+            usage.check()
             return pack_data(data)
 
         return original(path, determine_wants, graph_walker, write, *args, **kwargs)
@@ -254,8 +288,9 @@ def _capped_fetch_pack(client, max_bytes: int) -> None:
 class _CheckoutCap:
     """A dulwich blob normalizer that only counts: the checkout stops at ``max_bytes``."""
 
-    def __init__(self, max_bytes: int):
+    def __init__(self, max_bytes: int, usage: _Usage | None = None):
         self.max_bytes = max_bytes
+        self.usage = usage or _Usage(None)
         self.files = 0
         self.bytes = 0
 
@@ -264,8 +299,11 @@ class _CheckoutCap:
         self.bytes += blob.raw_length()
         if self.bytes > self.max_bytes:
             raise CloneFailed(
-                f"the checked-out files are larger than the limit of {_size(self.max_bytes)}"
+                f"the checked-out files are larger than the limit of {_size(self.max_bytes)}",
+                limit="cap",
             )
+        self.usage.files = self.bytes
+        self.usage.check()
         return blob
 
     def checkin_normalize(self, blob, path):  # pragma: no cover - never checks in
@@ -281,6 +319,7 @@ def clone(
     password: str | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
     replace: bool = False,
+    quota_bytes: int | None = None,
 ) -> dict:
     """Clone ``url`` into the directory ``dest``, which must exist and be empty, unless
     ``replace`` says that it is the clone's own volume, whose content may go; the result's
@@ -306,7 +345,8 @@ def clone(
         password=password or None,
         timeout=HTTP_TIMEOUT,
     )
-    _capped_fetch_pack(client, max_bytes)
+    usage = _Usage(quota_bytes)
+    _capped_fetch_pack(client, max_bytes, usage)
     path = parts.path or "/"
 
     # a finished clone of the same source (the job started again on this node) stays as the
@@ -314,7 +354,7 @@ def clone(
     wanted = {"url": url, "branch": branch, "revision": revision}
     found = _read_marker(dest)
     if found and {k: found.get(k) for k in wanted} == wanted and found.get("commit"):
-        return {"commit": found["commit"], "kept": True}
+        return {"commit": found["commit"], "kept": True, "disk_bytes": found.get("disk_bytes", 0)}
     if any(os.scandir(dest)):
         if not replace:
             raise CloneFailed(f"{dest} is not empty (--replace if it is the clone's own volume)")
@@ -373,7 +413,7 @@ def clone(
             repo.refs[b"HEAD"] = commit
         config.write_to_path()
 
-        cap = _CheckoutCap(max_bytes)
+        cap = _CheckoutCap(max_bytes, usage)
         build_index_from_tree(
             repo.path,
             repo.index_path(),
@@ -390,10 +430,12 @@ def clone(
         "commit": commit.decode(),
         "files": cap.files,
         "bytes": cap.bytes,
+        "disk_bytes": usage.pack + usage.files,
         "shallow": shallow,
         "kept": False,
     }
-    (dest / ".git" / MARKER).write_text(json.dumps({**wanted, "commit": result["commit"]}))
+    marker = {**wanted, "commit": result["commit"], "disk_bytes": result["disk_bytes"]}
+    (dest / ".git" / MARKER).write_text(json.dumps(marker))
     return result
 
 
@@ -421,6 +463,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="cap on the pack and the files"
     )
+    p.add_argument(
+        "--quota-bytes",
+        type=int,
+        default=None,
+        help="cap on the pack and the files together (what the disk quota booked for it)",
+    )
     return p
 
 
@@ -445,10 +493,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.revision
         else "the default branch"
     )
-    if not args.dest.is_dir() or args.timeout <= 0 or args.max_bytes <= 0:
+    quota_ok = args.quota_bytes is None or args.quota_bytes > 0
+    if not args.dest.is_dir() or args.timeout <= 0 or args.max_bytes <= 0 or not quota_ok:
         print(
-            "gpulab-sync git-clone: error: --dest must be an existing directory, --timeout and "
-            "--max-bytes positive",
+            "gpulab-sync git-clone: error: --dest must be an existing directory, --timeout, "
+            "--max-bytes and --quota-bytes positive",
             file=sys.stderr,
         )
         return EXIT_USAGE
@@ -476,13 +525,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             password,
             args.max_bytes,
             args.replace,
+            args.quota_bytes,
         )
     except _TimedOut:
         reason = f"timed out after {args.timeout:g} s"
+        limit = None
     except BaseException as exc:  # every failure is reported, none with a traceback
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
         reason = _reason(exc, host, bool(password))
+        limit = exc.limit if isinstance(exc, CloneFailed) else None
     else:
         signal.setitimer(signal.ITIMER_REAL, 0)
         _print(
@@ -502,7 +554,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             _empty(args.dest)  # half a clone is no input: the next run starts clean
     _print(
-        {"event": "git", "ok": False, "url": url, "ref": words, "reason": scrub(reason, secrets)}
+        {
+            "event": "git",
+            "ok": False,
+            "url": url,
+            "ref": words,
+            "reason": scrub(reason, secrets),
+            "limit": limit,
+        }
     )
     return EXIT_FAILED
 

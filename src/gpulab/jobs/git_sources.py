@@ -37,6 +37,8 @@ from ..datasync.gitclone import (
     ENV_USERNAME,
     scrub,
 )
+from ..disk_ledger import DiskQuotaExceeded
+from ..disk_quota import GIT_DISK_FACTOR, clone_over, clone_refusal
 from ..runtime.base import Mount
 from ..runtime.objects import L_INSTANCE, L_KIND, L_WORKLOAD, hardened_host_config
 from .spec_git import GitSource
@@ -107,6 +109,7 @@ def clone_helper_config(
     timeout: float = DEFAULT_TIMEOUT,
     max_bytes: int = DEFAULT_MAX_BYTES,
     user: str = "1000:100",
+    quota_bytes: int | None = None,
 ) -> dict:
     """Keyword arguments for ``create_container`` of one clone helper (pure; the same shape as
     :func:`gpulab.runtime.objects.sync_helper_config`, so that every backend's ``run_helper``
@@ -120,6 +123,8 @@ def clone_helper_config(
         f"--timeout={timeout:g}",
         f"--max-bytes={max_bytes}",
     ]
+    if quota_bytes is not None:  # what the owner's disk quota booked for it
+        command.append(f"--quota-bytes={quota_bytes}")
     if source.branch:
         command.append(f"--branch={source.branch}")
     elif source.revision:
@@ -174,15 +179,38 @@ async def clone_source(
                 f"({type(e).__name__})"
             )
     secrets = [v for k, v in environment.items() if k == ENV_PASSWORD]
+    volume = git_volume_name(job_container_name, index)
+    disk = data.disk
+    quota_bytes, quota, held = None, None, 0
+    if disk is not None:  # a clone's size is known only once it arrived: book its bound
+        max_bytes = disk.git_max_bytes or max_bytes
+        owner, quota = await asyncio.to_thread(disk.owner_and_quota)
+        try:
+            check = await asyncio.to_thread(
+                disk.ledger.book,
+                owner,
+                data.workload,
+                volume,
+                node,
+                GIT_DISK_FACTOR * max_bytes,
+                quota,
+                kind="git",
+                up_to=True,
+            )
+        except DiskQuotaExceeded as e:
+            return False, clone_refusal(what, e.quota, e.check.held)
+        held = check.held
+        quota_bytes = check.granted if quota is not None else None
     config = clone_helper_config(
         image=data.image,
         source=source,
-        volume=git_volume_name(job_container_name, index),
+        volume=volume,
         labels={L_INSTANCE: data.instance, L_KIND: "sync-helper", L_WORKLOAD: data.workload},
         environment=environment,
         network_mode=network_mode,
         timeout=timeout,
         max_bytes=max_bytes,
+        quota_bytes=quota_bytes,
     )
     result: dict = {}
     other: list[str] = []
@@ -200,14 +228,22 @@ async def clone_source(
     try:
         done = await data.runtime.run_helper(config, on_line, node)
     except Exception as e:  # the engine refused or lost the helper
+        if disk is not None:
+            await asyncio.to_thread(disk.ledger.release, volume, node)
         return (
             False,
             f"clone of {what} failed: the clone helper did not run: {scrub(str(e), secrets)}",
         )
-    if done.exit_code == 0 and result.get("ok"):
+    ok = done.exit_code == 0 and bool(result.get("ok"))
+    if disk is not None:  # what it took; a failed clone left its volume empty
+        taken = int(result.get("disk_bytes") or 0) if ok else 0
+        await asyncio.to_thread(disk.ledger.settle, volume, node, taken)
+    if ok:
         commit = str(result.get("commit", ""))[:12]
         kept = " (kept from an earlier start of this job)" if result.get("kept") else ""
         return True, f"cloned {what} at {commit} into {source.path}{kept}"
+    if result.get("limit") == "quota" and quota is not None and quota_bytes is not None:
+        return False, clone_over(what, quota_bytes, quota, held)
     if result.get("reason"):
         reason = str(result["reason"])
     elif done.exit_code == 137:

@@ -11,7 +11,7 @@ from ..lifecycle import JobState, utcnow
 from ..runtime.docker import EngineError
 from ..runtime.objects import L_WORKLOAD
 from .gang import rank_name
-from .git_sources import git_volume_prefix
+from .git_sources import git_volume_names, git_volume_prefix
 from .records import ACTIVE
 from .spec import JobSpec
 
@@ -51,14 +51,32 @@ class JobHousekeeping:
             await self.remove_orphan_containers()
 
     async def remove_from_engine(self, job_id: str, spec: dict, node: str) -> None:
-        """Remove an ended job's containers (every worker's) and its data volumes (on each
-        node it ran on); the record and saved logs stay."""
+        """Remove an ended job's containers (every worker's) and its volumes (on each node it
+        ran on); the record and saved logs stay."""
         name = self.container_name(job_id)
         for rank in range(int(spec.get("workers") or 1)):
             await self.runtime.remove(rank_name(name, rank))
+        await self.remove_volumes(job_id, JobSpec.from_json(spec), node)
+
+    async def remove_volumes(self, job_id: str, spec: JobSpec, node: str) -> None:
+        """Remove the job's data volumes and git clones on each node it was placed on
+        (``node``: comma-separated), then give their bytes back to its owner's disk quota."""
+        name = self.container_name(job_id)
         for where in dict.fromkeys((node or "").split(",")):
-            for vol in self.volumes(job_id, JobSpec.from_json(spec), where):
+            for vol in self.volumes(job_id, spec, where):
                 await self.runtime.remove_volume(vol.docker_volume, vol.node)
+            for volume in git_volume_names(name, spec.git):
+                await self.runtime.remove_volume(volume, where)
+        await self.db(self.disk.release_workload, self.workload(job_id))
+
+    async def discard_volumes(self, job_id: str, spec: JobSpec, node: str) -> None:
+        """A job that fails before its command ran keeps nothing: its volumes (a half-pulled
+        one, emptied clones) go at once, not after the retention delay; if the engine
+        refuses now, the cleanup after the delay removes them."""
+        try:
+            await self.remove_volumes(job_id, spec, node)
+        except EngineError as e:
+            log.warning("job %s: volumes not removed yet: %s", job_id, e)
 
     def saved_logs(self, job_id: str) -> list[Path]:
         """Every saved log file of the job (a distributed job's ranks too)."""
@@ -79,6 +97,9 @@ class JobHousekeeping:
             self.spawn_task(j["id"], attach=True)
         live = [self.workload(j["id"]) for j in active]
         await self.db(self.ledger.reconcile, live, "job", 0)
+        # disk bookings of jobs whose volumes are gone (a removal cut short by the restart)
+        keep = {self.workload(i) for i in await self.db(self.records.with_volumes)}
+        await self.db(self.disk.release_all_but, keep, self.workload(""))
         await self.remove_orphan_containers()
         await self.prune_networks()
 
@@ -116,6 +137,7 @@ class JobHousekeeping:
         for prefix in (f"{name}-v-", git_volume_prefix(name)):  # data volumes and checkouts
             for vol, node in await self.runtime.volumes_named(prefix):
                 await self.runtime.remove_volume(vol, node)
+        await self.db(self.disk.release_workload, self.workload(job_id))
 
     async def prune_networks(self) -> None:
         """Best effort: remove users' networks that no container uses any more (notebooks'

@@ -471,6 +471,16 @@ class JobRecords(JobUsage):
             s.delete(job)
             return out
 
+    def with_volumes(self) -> set[str]:
+        """Ids of the jobs whose volumes may still be on a node: every job but the ended ones
+        whose container and volumes were removed (``forget_container``)."""
+        with self.db.read() as s:
+            rows = s.execute(
+                select(Job.id, Job.state, Job.container).where(Job.instance == self.instance)
+            ).all()
+        ended = {e.value for e in ENDED}
+        return {i for i, state, container in rows if container or state not in ended}
+
     def ids(self) -> set[str]:
         """Every job id of this instance (the sweep of orphaned containers compares)."""
         with self.db.read() as s:

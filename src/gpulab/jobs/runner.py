@@ -74,11 +74,16 @@ class JobLife(JobEnding, JobContainer):
             fault_point("engine:pull")
             await notes.end(outcome)
             if not outcome.ok:
-                msg = f"pull of volume {vol.label} failed: {outcome.reason}"
+                msg = outcome.reason  # refused by the disk quota: a sentence naming the volume
+                if not outcome.refused:
+                    msg = f"pull of volume {vol.label} failed: {outcome.reason}"
+                # a job that never ran keeps nothing: no half-pulled volume holds the disk
+                await self.discard_volumes(job_id, spec, ",".join(nodes_of(gang)))
                 return await self.finalize(job_id, J.FAILED, "PULL_FAILED", msg, push=False)
         for node in nodes_of(gang) if spec.git else ():  # by a helper, never the job's image
             ok, msg = await self._clone(job_id, job, spec, name, node)
             if not ok:
+                await self.discard_volumes(job_id, spec, ",".join(nodes_of(gang)))
                 return await self.finalize(job_id, J.FAILED, "GIT_FAILED", msg, push=False)
         if not await self.runtime.image_exists(self.runtime.image_ref(spec.image)):
             where = "on this host" if self.runtime.kind == "docker" else "in the registry"

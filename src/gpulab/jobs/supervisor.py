@@ -18,6 +18,7 @@ import logging
 import time
 from pathlib import Path
 
+from ..disk_ledger import DiskLedger
 from ..gpus.inventory import from_nodes, load_inventory, node_of
 from ..gpus.ledger import GpuLedger, NoGpuAvailable
 from ..lifecycle import InvalidTransition, JobState
@@ -25,7 +26,7 @@ from ..metrics import JOB_QUEUE_WAIT
 from ..runtime.base import Runtime
 from ..runtime.objects import job_container_name, job_workload_id
 from ..user_secrets import store_for
-from ..workload_data import VolumeSync, WorkloadData, volume_name
+from ..workload_data import DiskAccount, VolumeSync, WorkloadData, volume_name
 from .gang import choose_gang, decode_devices, encode_devices
 from .housekeeping import JobHousekeeping
 from .lease import SupervisorLease
@@ -60,6 +61,7 @@ class JobSupervisor(JobHousekeeping, JobLife):
             [] if clustered else None,
             sharing=settings.gpu_sharing,
         )
+        self.disk = DiskLedger(db, settings.instance)
         self.lease = SupervisorLease(
             db, f"{settings.instance}/supervisor", settings.supervisor_lease_ttl, holder
         )
@@ -96,9 +98,17 @@ class JobSupervisor(JobHousekeeping, JobLife):
 
     def data(self, job_id: str) -> WorkloadData:
         s = self.s
+        disk = DiskAccount(self.disk, lambda: self.disk_quota_of(job_id), s.git_max_bytes_value)
         return WorkloadData(
-            self.runtime, s.storage.stores, s.sync_image, s.instance, self.workload(job_id)
+            self.runtime, s.storage.stores, s.sync_image, s.instance, self.workload(job_id), disk
         )
+
+    def disk_quota_of(self, job_id: str) -> tuple[str, int | None]:
+        """The job's owner and their disk quota (with the groups they had at submission)."""
+        job = self.records.get(job_id, False)
+        if job is None:
+            raise KeyError(job_id)
+        return job["owner"], self.s.disk_quota_for(job["owner"], job["groups"])
 
     def log_file(self, job_id: str, rank: int | None = None) -> Path:
         """The saved output: of the job (a distributed job's: every rank, prefixed), or of

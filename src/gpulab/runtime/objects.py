@@ -140,8 +140,12 @@ def sync_helper_config(
     environment: dict[str, str],
     user: str = "1000:100",
     mirror: bool = False,
+    max_bytes: int | None = None,
 ) -> dict:
     """Keyword arguments for ``create_container`` of a short-lived ``gpulab-sync`` helper.
+
+    ``max_bytes``: a pull refuses a prefix whose objects weigh more than this together (what
+    the owner's disk quota booked for the volume: :mod:`gpulab.disk_ledger`).
 
     ``mirror``: a pull also removes local files whose object was deleted since the volume's
     last sync (``--delete``; files changed locally are kept), for a volume that may be an older
@@ -164,6 +168,8 @@ def sync_helper_config(
         command += ["--local", "/data", "--mode", mode]
         if mirror and operation == "pull":
             command.append("--delete")
+        if max_bytes is not None and operation == "pull":
+            command += ["--max-bytes", str(int(max_bytes))]
         if docker_volume is None:
             raise ValueError("pull and push need a volume")
         binds[docker_volume] = {"bind": "/data", "mode": "rw"}
