@@ -5,7 +5,7 @@
 #     lab bridge network (gpulab-lab, 10.213.0.0/24, the host is 10.213.0.1);
 #   - N workers are Docker-in-Docker containers gpulab-lab-worker-1..N (image gpulab-lab/dind:1,
 #     built here from images/dind), each with its own volume at /var/lib/docker, its own dockerd
-#     (also on tcp://<its lab IP>:2375, no TLS: reachable from this host only) and a fake GPU
+#     (also on tcp://<its lab IP>:2376, TLS client certificates only) and a fake GPU
 #     inventory as the node label org.gpulab.gpus=0,1;
 #   - a registry (Debian's docker-registry, distribution 2.8) on 127.0.0.1:5000 holds the local
 #     gpulab images under the same names everywhere: 127.0.0.1:5000/gpulab/python:3.11 works on
@@ -61,6 +61,11 @@ REGISTRY=127.0.0.1:$PORT
 WORKER_BIP_PREFIX=10.216
 WORKER_LOCAL_POOL=10.217.0.0/16
 STATE=$LAB_DIR/state
+# The workers' engines take TLS with client certificates only (dockerd --tlsverify), as gpulab
+# requires of a node's engine: a test CA, one server certificate for every worker address and
+# a client certificate, made once here.
+TLS_DIR=$LAB_DIR/tls
+ENGINE_PORT=2376
 
 T_START=$SECONDS
 log() { printf '[swarm-lab %4ds] %s\n' "$((SECONDS - T_START))" "$*" >&2; }
@@ -273,12 +278,46 @@ ensure_swarm() {
 worker_exec() { timeout "${EXEC_TIMEOUT:-120}" docker exec "$@"; }
 inner_swarm() { worker_exec "$1" docker info --format '{{.Swarm.LocalNodeState}} {{.Swarm.NodeID}}' 2>/dev/null || true; }
 
+ensure_tls() {
+    [ -s "$TLS_DIR/client-key.pem" ] && return
+    command -v openssl >/dev/null || die "openssl is missing (apt-get install openssl)"
+    log "making the lab's TLS CA and the workers' engine certificates in $TLS_DIR ..."
+    rm -rf "$TLS_DIR.new" && mkdir -p "$TLS_DIR.new" && (
+        cd "$TLS_DIR.new"
+        local sans="IP:127.0.0.1" i
+        for i in $(seq 1 99); do sans="$sans,IP:$(worker_ip "$i")"; done
+        openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=gpulab-lab CA" \
+            -keyout ca-key.pem -out ca.pem 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=gpulab-lab worker" \
+            -keyout server-key.pem -out server.csr 2>/dev/null
+        printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth\n' "$sans" >server.ext
+        openssl x509 -req -in server.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 3650 \
+            -extfile server.ext -out server-cert.pem 2>/dev/null
+        openssl req -newkey rsa:2048 -nodes -subj "/CN=gpulab-lab client" \
+            -keyout client-key.pem -out client.csr 2>/dev/null
+        printf 'extendedKeyUsage=clientAuth\n' >client.ext
+        openssl x509 -req -in client.csr -CA ca.pem -CAkey ca-key.pem -CAcreateserial -days 3650 \
+            -extfile client.ext -out client-cert.pem 2>/dev/null
+        rm -f ./*.csr ./*.ext ./*.srl
+        chmod 0644 ca.pem server-cert.pem client-cert.pem
+        chmod 0600 ca-key.pem client-key.pem
+        chmod 0644 server-key.pem  # read by the workers' dockerd (root in their container)
+    ) || die "openssl could not make the lab's certificates"
+    rm -rf "$TLS_DIR" && mv "$TLS_DIR.new" "$TLS_DIR"
+}
+
 start_worker() {
     local i=$1 name ip dind_id cid running
     name=$(worker_name "$i")
     ip=$(worker_ip "$i")
     dind_id=$(docker image inspect --format '{{.Id}}' "$DIND_IMAGE")
     cid=$(docker inspect --format '{{.Image}}' "$name" 2>/dev/null || true)
+    if [ -n "$cid" ] && ! docker inspect --format '{{json .Args}}' "$name" | grep -q -- --tlsverify; then
+        log "$name's engine takes plain TCP: replacing it with one that takes TLS only"
+        docker rm -f -v "$name" >/dev/null
+        docker volume rm -f "$name" >/dev/null
+        cid=
+    fi
     if [ -n "$cid" ] && [ "$cid" != "$dind_id" ]; then
         log "$name runs an older $DIND_IMAGE: replacing it (and its volume)"
         docker rm -f -v "$name" >/dev/null
@@ -289,8 +328,10 @@ start_worker() {
         docker volume create --label "$LAB_LABEL=worker" "$name" >/dev/null
         docker run -d --name "$name" --hostname "$name" --label "$LAB_LABEL=worker" \
             --network "$NETWORK" --ip "$ip" -v "$name:/var/lib/docker" "${WORKER_FLAGS[@]}" \
-            -e "LAB_FORWARD=$PORT:$GATEWAY:$PORT" \
-            "$DIND_IMAGE" --host unix:///var/run/docker.sock --host "tcp://$ip:2375" --tls=false \
+            -v "$TLS_DIR:/etc/gpulab-lab-tls:ro" -e "LAB_FORWARD=$PORT:$GATEWAY:$PORT" \
+            "$DIND_IMAGE" --host unix:///var/run/docker.sock --host "tcp://$ip:$ENGINE_PORT" \
+            --tlsverify --tlscacert /etc/gpulab-lab-tls/ca.pem \
+            --tlscert /etc/gpulab-lab-tls/server-cert.pem --tlskey /etc/gpulab-lab-tls/server-key.pem \
             --bip "$WORKER_BIP_PREFIX.$i.1/24" --default-address-pool "base=$WORKER_LOCAL_POOL,size=24" \
             >/dev/null
         return
@@ -351,6 +392,7 @@ ensure_workers() {
             docker volume rm -f "$name" >/dev/null 2>&1 || true
         fi
     done
+    ensure_tls
     for i in $(seq "$n"); do start_worker "$i"; done
     for i in $(seq "$n"); do wait_dockerd "$(worker_name "$i")"; done
     local tj=$SECONDS
@@ -514,6 +556,7 @@ facts() {
         GATEWAY=$GATEWAY HEARTBEAT=$HEARTBEAT ADDR_POOL=$ADDR_POOL REGISTRY=$REGISTRY PORT=$PORT \
         NETWORK=$NETWORK SUBNET=$SUBNET GPUS_PER_NODE=$GPUS_PER_NODE IMAGES=$IMAGES \
         TIMINGS=${TIMINGS:-} MGR_DOCKER_HOST=${DOCKER_HOST:-unix:///var/run/docker.sock} \
+        ENGINE_PORT=$ENGINE_PORT TLS_DIR=$TLS_DIR \
         "$PY" - "$FACTS" <<'EOF'
 import json, os, sys
 
@@ -529,6 +572,9 @@ facts = {
                  "upstream": f"{e['GATEWAY']}:{e['PORT']}"},
     "network": {"name": e["NETWORK"], "subnet": e["SUBNET"], "gateway": e["GATEWAY"]},
     "gpus_per_node": int(e["GPUS_PER_NODE"]),
+    # the workers' engines take TLS client certificates only (docker_url with these files)
+    "engine_tls": {"ca": e["TLS_DIR"] + "/ca.pem", "cert": e["TLS_DIR"] + "/client-cert.pem",
+                   "key": e["TLS_DIR"] + "/client-key.pem"},
     "images": [e["REGISTRY"] + "/" + i for i in e["IMAGES"].split()],
     "workers": [],
     "timings_s": {k: int(v) for k, v in (kv.split("=") for kv in e["TIMINGS"].split())},
@@ -539,7 +585,7 @@ for line in e["WORKERS"].splitlines():
     name, node_id, hostname, addr, state, availability, gpus = line.split("|")
     facts["workers"].append({
         "container": name, "node_id": node_id, "hostname": hostname, "addr": addr,
-        "docker_url": f"tcp://{addr}:2375" if addr else "", "state": state,
+        "docker_url": f"tcp://{addr}:{e['ENGINE_PORT']}" if addr else "", "state": state,
         "availability": availability, "gpus": gpus,
     })
 text = json.dumps(facts, indent=2)

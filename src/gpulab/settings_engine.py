@@ -134,6 +134,25 @@ class EngineSettings(Configurable):
         "", help="On a Swarm: the key (PEM file, mode 0600) of swarm_node_tls_cert."
     ).tag(config=True)
 
+    swarm_node_engine_plain = Bool(
+        False,
+        help="""On a Swarm: allow swarm_node_engine over TCP without a TLS client certificate.
+        Off by default, and the service refuses to start without one: a node's engine port is
+        root on that node for whoever reaches it, and every container on the node can reach
+        the node's addresses. Turn it on in a lab only (the swarm lab does).""",
+    ).tag(config=True)
+
+    swarm_overlay_encryption = Bool(
+        True,
+        help="""On a Swarm: users' and distributed jobs' overlay networks encrypt their traffic
+        between nodes (IPsec ESP, Docker's ``--opt encrypted``), so that nobody on the nodes'
+        network reads or injects it. Needs the nodes' kernels' IPsec support (the xfrm and esp
+        modules) and IP protocol 50 (ESP) open between nodes; turn it off where that is not
+        available (a lab in containers). Applies to overlays made from then on: an existing
+        overlay keeps what it was made with until it is removed (when its user's or job's last
+        workload is gone).""",
+    ).tag(config=True)
+
     discover_gpus = Bool(True, help="Discover GPUs with NVML when gpu_devices is empty.").tag(
         config=True
     )

@@ -69,7 +69,7 @@ class LabWorker:
     node_id: str  # its swarm node ID
     hostname: str  # the node's hostname (= container name)
     addr: str  # its IP on the lab network (10.213.0.10+N)
-    docker_url: str  # its own engine, tcp://ADDR:2375 (no TLS; reachable from this host)
+    docker_url: str  # its own engine, tcp://ADDR:2376 (TLS client certificates only: engine_tls)
     gpus: tuple[str, ...]  # the fake GPU inventory, node label org.gpulab.gpus
 
 
@@ -106,11 +106,39 @@ class SwarmLab:
                 return w
         raise KeyError(f"no lab worker {which!r}: {[w.hostname for w in self.workers]}")
 
+    def engine_tls(self):
+        """The client TLS configuration the workers' engines take (the lab's CA and client)."""
+        from docker.tls import TLSConfig
+
+        t = self.facts["engine_tls"]
+        return TLSConfig(client_cert=(t["cert"], t["key"]), ca_cert=t["ca"], verify=True)
+
+    def node_engine_config(self) -> str:
+        """The hub configuration lines for the service to reach the workers' engines."""
+        t = self.facts["engine_tls"]
+        return (
+            'c.GpulabSettings.swarm_node_engine = "tcp://{address}:2376"\n'
+            f"c.GpulabSettings.swarm_node_tls_ca = {t['ca']!r}\n"
+            f"c.GpulabSettings.swarm_node_tls_cert = {t['cert']!r}\n"
+            f"c.GpulabSettings.swarm_node_tls_key = {t['key']!r}\n"
+        )
+
+    #: the lab's nodes are containers: Docker makes the IPsec policy of an encrypted overlay
+    #: there but no security association (``ip xfrm state`` is empty on the workers), so its
+    #: traffic between nodes times out (seen here); the lab uses the documented opt-out
+    NO_ENCRYPTION = "c.GpulabSettings.swarm_overlay_encryption = False\n"
+
     def worker_client(self, which: str | LabWorker, timeout: int = 60):
-        """A docker.DockerClient on one worker's own engine."""
+        """A docker.DockerClient on one worker's own engine (over TLS, as the service)."""
         import docker
 
-        return docker.DockerClient(base_url=self.worker(which).docker_url, timeout=timeout)
+        from gpulab.runtime.swarm_nodes import NodeClient
+
+        client = docker.DockerClient.__new__(docker.DockerClient)
+        client.api = NodeClient(  # (the machine's REQUESTS_CA_BUNDLE would replace the lab's CA)
+            base_url=self.worker(which).docker_url, timeout=timeout, tls=self.engine_tls()
+        )
+        return client
 
     def node_state(self, which: str | LabWorker) -> str:
         """The manager's view of a worker node: 'ready', 'down', 'unknown', 'disconnected'."""

@@ -30,9 +30,10 @@ def _config(lab, s3) -> str:
         'c.GpulabSettings.placement = "pack"\n'
         "c.GpulabSettings.supervisor_interval = 0.3\n"
         "c.GpulabSettings.job_container_retention = 3600\n"
-        # execs go to the node's own engine (the lab's dockerds listen without TLS)
-        'c.GpulabSettings.swarm_node_engine = "tcp://{address}:2375"\n'
-        'c.GpulabSettings.job_quota = {"gpus": 8, "jobs": 10}\n'
+        # execs go to the node's own engine (over TLS with the lab's client certificate)
+        + lab.node_engine_config()
+        + lab.NO_ENCRYPTION
+        + 'c.GpulabSettings.job_quota = {"gpus": 8, "jobs": 10}\n'
         f'c.GpulabSettings.object_stores["s3"] = {{"endpoint_url": "{s3.endpoint}", '
         f'"credentials": {{"file": "{lab.workdir}/s3-credentials"}}}}\n'
         'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "swarm-in", '
@@ -376,3 +377,151 @@ def test_a_crash_while_a_lost_nodes_workers_are_removed_still_requeues(
         assert states(done).count("QUEUED") == 2, states(done)  # submitted, then re-queued
     finally:
         swarm_lab.restart_worker(victim)
+
+
+#: what a job on a worker tries against the nodes' Docker engines: plain HTTP on the TLS
+#: port, TLS without a client certificate, and the plain port a lab used to open
+PROBE = r"""
+import socket, ssl, sys, urllib.request
+for addr in sys.argv[1:]:
+    for port in (2375, 2376):
+        try:
+            body = urllib.request.urlopen(f"http://{addr}:{port}/version", timeout=5).read()
+            print("PROBE", addr, port, "http", body[:300], flush=True)
+        except Exception as e:
+            print("PROBE", addr, port, "http", type(e).__name__, str(e)[:120], flush=True)
+        try:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+            with socket.create_connection((addr, port), timeout=5) as raw:
+                with ctx.wrap_socket(raw) as s:
+                    s.sendall(b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    print("PROBE", addr, port, "tls", s.recv(300), flush=True)
+        except Exception as e:
+            print("PROBE", addr, port, "tls", type(e).__name__, str(e)[:120], flush=True)
+"""
+
+
+def test_a_job_cannot_use_any_nodes_engine(hub, ana, swarm_lab):
+    """The node-engine probe (issue 26): a job on a worker knocks on every node's engine port,
+    plain and TLS: nothing answers it as Docker's API. The service itself, with the client
+    certificate, does (a job's exec goes there), and a plain template is refused."""
+    from gpulab.runtime.swarm_nodes import NodeEngines
+
+    addrs = [w.addr for w in swarm_lab.workers]
+    job = ana.submit(
+        framework="python",
+        command=["python", "-c", PROBE, *addrs],
+        resources={"gpus": 0, "cpus": 0.2, "memory": "256M"},
+    )
+    done = ana.wait(job["id"], timeout=180)
+    assert done["state"] == "DONE", done
+    logs = ana.call("GET", f"/jobs/{job['id']}/logs").text
+    probes = [line for line in logs.splitlines() if line.startswith("PROBE")]
+    assert len(probes) == 4 * len(addrs), logs
+    print("\n".join(probes))
+    assert "ApiVersion" not in logs and "Engine" not in logs, logs
+    # the TLS port answers plain HTTP with no API, and TLS without a certificate not at all
+    assert any("2376 http HTTPError" in p for p in probes), probes
+    assert all(" 2375 " not in p or "Error" in p for p in probes), probes
+    # positive control: the same ports, with the lab's client certificate, are the engine
+    for w in swarm_lab.workers:
+        assert swarm_lab.worker_client(w).version()["ApiVersion"]
+    with pytest.raises(ValueError, match="swarm_node_engine_plain"):
+        NodeEngines("tcp://{address}:2375")
+
+
+def test_a_git_source_reaches_only_what_its_job_could(hub, ana, swarm_lab):
+    """The git-URL attack (issue 26): a clone is a request to wherever its URL points, made
+    by a helper on the job's node. The helper runs on its owner's overlay, not on the node's
+    default bridge, where the notebook gateway leads to every user's ports (shown: a container
+    there gets another user's app through it); and another user's app hears nothing of it."""
+    import socket
+    import threading
+
+    import requests
+
+    from gpulab.runtime.network import user_network_name
+    from gpulab.runtime.objects import gateway_container_name
+
+    from ..browser.test_job_ports import RECORDER
+
+    victim = ana
+    job = victim.submit(
+        framework="python",
+        command=["python", "-c", RECORDER],
+        resources={"gpus": 0, "cpus": 0.3, "memory": "512M"},
+        ports=[{"port": 8080, "name": "web"}],
+    )
+    running = victim.wait(job["id"], {"RUNNING", *TERMINAL}, timeout=120)
+    assert running["state"] == "RUNNING", running
+    path = running["ports"][0]["url"]
+    headers = {"Authorization": f"token {victim.token}"}
+    wait_until(
+        lambda: requests.get(hub.url + path, headers=headers, timeout=30).ok,
+        timeout=60,
+        what="the victim's app behind the gateway",
+    )
+
+    def heard() -> int:
+        logs = victim.call("GET", f"/jobs/{job['id']}/logs").text
+        return sum(1 for line in logs.splitlines() if "SEEN " in line)
+
+    host = docker.from_env()
+    gw = host.containers.get(gateway_container_name(hub.instance))
+    gw_ip = gw.attrs["NetworkSettings"]["Networks"]["bridge"]["IPAddress"]
+    gw_port = next(e.split("=", 1)[1] for e in gw.attrs["Config"]["Env"] if "GATEWAY_PORT=" in e)
+    target = f"http://{gw_ip}:{gw_port}{path}info/refs"
+    # the hazard: anything on the manager's default bridge reaches the victim's app unasked
+    before = heard()
+    host.containers.run(
+        swarm_lab.image("gpulab/python:3.11"),
+        ["python3", "-c", f"import urllib.request; urllib.request.urlopen({target!r})"],
+        remove=True,
+    )
+    assert wait_until(lambda: heard() > before, timeout=30, what="the control request")
+
+    # the attacker's clone, held open by a server that never answers: where does it run?
+    listener = socket.create_server(("0.0.0.0", 0))
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    mallory = Api(hub, "mallory")
+    probe = mallory.submit(
+        command=["true"],
+        resources={"gpus": 0, "cpus": 0.2, "memory": "128M"},
+        git=[{"url": f"http://{swarm_lab.gateway}:{port}/held.git"}],
+    )
+    api = swarm_lab.api()
+
+    def helper():
+        found = api.services(filters={"label": "org.gpulab.helper=git-clone"})
+        return [s for s in found if s["Spec"]["Labels"].get("org.gpulab.instance") == hub.instance]
+
+    services = wait_until(helper, timeout=120, what="the clone helper's service")
+    networks = services[0]["Spec"]["TaskTemplate"].get("Networks") or []
+    overlay = api.inspect_network(user_network_name(hub.instance, "mallory", "overlay"))
+    assert [n["Target"] for n in networks] == [overlay["Id"]], networks
+    wait_until(lambda: held, timeout=60, what="the helper's connection")
+    held[0].close()
+    listener.close()
+    assert mallory.wait(probe["id"], timeout=120)["state"] == "FAILED"
+
+    # from there, neither the gateway (its bridge address, or the manager's address) nor the
+    # victim's app is reachable: the clones fail, and the app heard nothing of them
+    before = heard()
+    attacks = [target, f"http://{swarm_lab.gateway}:{gw_port}{path}info/refs"]
+    jobs = [
+        mallory.submit(
+            command=["true"],
+            resources={"gpus": 0, "cpus": 0.2, "memory": "128M"},
+            git=[{"url": url}],
+        )
+        for url in attacks
+    ]
+    for j in jobs:
+        failed = mallory.wait(j["id"], timeout=300)
+        assert failed["state"] == "FAILED" and failed["reason"] == "GIT_FAILED", failed
+        print(failed["message"])
+    assert heard() == before
+    victim.call("POST", f"/jobs/{job['id']}/interrupt")

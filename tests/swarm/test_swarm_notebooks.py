@@ -38,17 +38,22 @@ def _storage(endpoint: str, credentials) -> str:
 
 
 def _swarm_config(lab, endpoint: str, credentials, gateway_port: int) -> str:
-    return _storage(endpoint, credentials) + (
-        'c.GpulabSettings.runtime = "swarm"\n'
-        f"c.GpulabSettings.image_registry = {lab.registry!r}\n"
-        'c.GpulabSettings.placement = "pack"\n'
-        f"c.GpulabSettings.swarm_gateway_port = {gateway_port}\n"
-        f"c.GpulabSettings.swarm_gateway_api_port = {free_port()}\n"
-        "c.GpulabSettings.notebook_reconcile_interval = 1\n"
-        # the nodes reach the hub API at this host's address on their network
-        f'c.JupyterHub.hub_ip = "{lab.gateway}"\n'
-        f'c.JupyterHub.hub_connect_ip = "{lab.gateway}"\n'
-        "c.Spawner.poll_interval = 2\n"
+    return (
+        _storage(endpoint, credentials)
+        + (
+            'c.GpulabSettings.runtime = "swarm"\n'
+            f"c.GpulabSettings.image_registry = {lab.registry!r}\n"
+            'c.GpulabSettings.placement = "pack"\n'
+            f"c.GpulabSettings.swarm_gateway_port = {gateway_port}\n"
+            f"c.GpulabSettings.swarm_gateway_api_port = {free_port()}\n"
+            "c.GpulabSettings.notebook_reconcile_interval = 1\n"
+            # the nodes reach the hub API at this host's address on their network
+            f'c.JupyterHub.hub_ip = "{lab.gateway}"\n'
+            f'c.JupyterHub.hub_connect_ip = "{lab.gateway}"\n'
+            "c.Spawner.poll_interval = 2\n"
+        )
+        + lab.node_engine_config()
+        + lab.NO_ENCRYPTION
     )
 
 

@@ -85,7 +85,7 @@ def test_the_collector_takes_the_pid_line_out_and_caps_the_output():
 
 
 def test_node_engine_urls():
-    engines = NodeEngines("tcp://{address}:2375")
+    engines = NodeEngines("tcp://{address}:2375", plain=True)
     node = {"ID": "n1", "Status": {"Addr": "10.0.0.5"}, "Description": {"Hostname": "gpu-a"}}
     assert engines.url(node) == "tcp://10.0.0.5:2375"
     manager = {
@@ -174,3 +174,21 @@ def test_closing_wakes_a_waiting_writer():
         assert not w.is_alive() and done == [False]  # woken, told its input went nowhere
     assert queue.head() is None and len(queue) == 0
     assert queue.put(b"late") is False  # a closed session takes nothing, without waiting
+
+
+def test_a_node_engine_without_a_client_certificate_is_refused_unless_allowed(tmp_path):
+    from docker.tls import TLSConfig
+
+    for template in ("tcp://{address}:2376", "http://{address}:2375", "https://{hostname}:2376"):
+        with pytest.raises(ValueError, match="swarm_node_engine_plain = True") as refused:
+            NodeEngines(template)
+        assert "swarm_node_tls_cert" in str(refused.value)
+        # a CA alone verifies the node, but the node cannot know who calls: refused too
+        with pytest.raises(ValueError, match="without a TLS client certificate"):
+            NodeEngines(template, TLSConfig(ca_cert=__file__, verify=True))
+        NodeEngines(template, plain=True)  # the lab's explicit choice
+    cert = TLSConfig(client_cert=(__file__, __file__), ca_cert=__file__, verify=True)
+    assert NodeEngines("tcp://{address}:2376", cert).tls is cert
+    # a socket or ssh carries its own access control
+    NodeEngines("unix:///var/run/docker.sock")
+    NodeEngines("ssh://admin@{hostname}")

@@ -262,6 +262,9 @@ def test_a_clone_helper_on_a_swarm_gets_the_bridge_and_its_limits():
     assert git["Resources"] == {"Limits": {"MemoryBytes": 4096, "Pids": 256}}
     sync = helper_service_spec({**base, "host_config": {"network_mode": "host"}}, "worker-1")
     assert sync["TaskTemplate"]["Networks"] == [{"Target": "host"}]
+    # on its owner's overlay (what the supervisor passes when networks are per user)
+    own = helper_service_spec({**base, "host_config": {"network_mode": "ovl-id"}}, "worker-1")
+    assert own["TaskTemplate"]["Networks"] == [{"Target": "ovl-id"}]
 
 
 @pytest.mark.parametrize(

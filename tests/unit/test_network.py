@@ -45,6 +45,33 @@ def test_config_is_a_labelled_non_internal_bridge():
     assert labels["org.gpulab.user"] == "alice"
 
 
+def test_overlays_are_attachable_and_encrypted_when_asked():
+    from gpulab.runtime.network import job_network_config
+
+    bridge = user_network_config("gpulab", "alice", "bridge", encrypted=True)
+    assert "options" not in bridge and "attachable" not in bridge  # nothing to encrypt
+    for make in (
+        lambda e: user_network_config("gpulab", "alice", "overlay", e),
+        lambda e: job_network_config("gpulab", "alice", "j1", "overlay", e),
+    ):
+        assert make(True)["options"] == {"encrypted": ""} and make(True)["attachable"]
+        assert "options" not in make(False) and make(False)["attachable"]
+
+
+def test_a_swarm_encrypts_its_overlays_unless_told_not_to():
+    from gpulab.runtime import make_runtime
+    from gpulab.settings import GpulabSettings
+
+    settings = GpulabSettings(runtime="swarm", swarm_node_engine_plain=True)
+    assert make_runtime(settings).encrypted is True
+    settings.swarm_overlay_encryption = False
+    assert make_runtime(settings).encrypted is False
+    # and a node engine without a client certificate stops the service at start-up
+    settings.swarm_node_engine_plain = False
+    with pytest.raises(ValueError, match="swarm_node_engine_plain"):
+        make_runtime(settings)
+
+
 def test_mode_chooses_the_network():
     assert network_for("user", "gpulab", "alice") == "gpulab-net-alice"
     assert network_for("none", "gpulab", "alice") is None

@@ -15,16 +15,20 @@ environment only: not its command line, not the job's container, not any message
 holding ``user:password`` is sent as those; any other value is a token, sent as the password
 of user ``x-access-token`` (what GitHub and GitLab accept for tokens).
 
-Network: on one engine the helper joins ``network_mode`` (Docker's default bridge unless the
-caller passes the owner's network): it reaches what the job itself could reach (the internet,
-the host's published addresses), not the host's loopback services, since the URL is the
-user's. On a Swarm the helper runs as a one-task service on the job's node
-(:func:`gpulab.runtime.swarm_specs.helper_service_spec`), on that node's default bridge and
-with the same memory and process limits.
+Network: the helper joins ``network_mode``, which the supervisor sets to the owner's own
+network (their bridge on one engine, their overlay on a Swarm) when networks are per user: it
+reaches what the job itself will reach (the internet, the owner's own workloads), not another
+user's workloads, not the host's loopback services, and on a Swarm not the notebook gateway,
+which listens on the manager's default bridge and leads to every user's notebooks and job
+ports (the URL is the user's: a clone is a request to wherever it points). On a Swarm the
+helper runs as a one-task service on the job's node
+(:func:`gpulab.runtime.swarm_specs.helper_service_spec`) with the same memory and process
+limits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence

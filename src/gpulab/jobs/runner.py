@@ -129,7 +129,14 @@ class JobLife(JobEnding, JobContainer):
         async def reveal(secret: str) -> str:
             return await self.db(self.secrets.reveal, job["owner"], secret)
 
-        ok, msg = await clone_sources(self.data(job_id), name, node, spec.git, reveal, noted)
+        # the helper reaches what the job itself will (its owner's network), never the
+        # default bridge, where the Swarm's notebook gateway leads to every user's ports
+        network = "bridge"
+        if spec.git and self.s.network_isolation == "user":
+            network = await self.runtime.ensure_user_network(self.s.instance, job["owner"])
+        ok, msg = await clone_sources(
+            self.data(job_id), name, node, spec.git, reveal, noted, network_mode=network
+        )
         fault_point("engine:clone")
         return ok, msg
 

@@ -37,6 +37,8 @@ def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
                 settings.swarm_node_tls_cert,
                 settings.swarm_node_tls_key,
             ),
+            node_engine_plain=settings.swarm_node_engine_plain,
+            encrypted=settings.swarm_overlay_encryption,
         )
         runtime.helper_image = settings.sync_image
         return runtime

@@ -61,10 +61,21 @@ def network_labels(instance: str, user: str, driver: str = "bridge") -> dict[str
     return {L_INSTANCE: instance, L_KIND: kind, L_USER: user, L_VERSION: __version__}
 
 
-def user_network_config(instance: str, user: str, driver: str = "bridge") -> dict:
+def _overlay(driver: str, encrypted: bool) -> dict:
+    """What an overlay adds: attachable (the notebook gateway and helpers join it), and its
+    VXLAN traffic between nodes encrypted (IPsec) unless the operator turned that off."""
+    if driver != "overlay":
+        return {}
+    return {"attachable": True, **({"options": {"encrypted": ""}} if encrypted else {})}
+
+
+def user_network_config(
+    instance: str, user: str, driver: str = "bridge", encrypted: bool = False
+) -> dict:
     """Keyword arguments for ``APIClient.create_network`` of a user's network: a bridge on one
-    engine, an overlay across a Swarm (attachable, so that the hub's proxy can join it)."""
-    overlay = {"attachable": True} if driver == "overlay" else {}
+    engine, an overlay across a Swarm (attachable, so that the hub's proxy can join it;
+    ``encrypted``: its traffic between nodes is)."""
+    overlay = _overlay(driver, encrypted)
     return {
         "name": user_network_name(instance, user, driver),
         "driver": driver,
@@ -87,11 +98,13 @@ def job_network_name(instance: str, job_id: str, driver: str = "bridge") -> str:
     return f"{escape_name(instance)}-{middle}-{escape_name(job_id)}"
 
 
-def job_network_config(instance: str, owner: str, job_id: str, driver: str = "bridge") -> dict:
+def job_network_config(
+    instance: str, owner: str, job_id: str, driver: str = "bridge", encrypted: bool = False
+) -> dict:
     """A distributed job's network: its workers reach each other there by rank name, and no
     other job's or user's workload is on it. Not internal (workers may reach the outside, as
     any job); on a Swarm an attachable overlay (the gateway joins it for the job's ports)."""
-    overlay = {"attachable": True} if driver == "overlay" else {}
+    overlay = _overlay(driver, encrypted)
     return {
         "name": job_network_name(instance, job_id, driver),
         "driver": driver,
@@ -109,10 +122,10 @@ def job_network_config(instance: str, owner: str, job_id: str, driver: str = "br
 
 
 def ensure_job_network(
-    client, instance: str, owner: str, job_id: str, driver: str = "bridge"
+    client, instance: str, owner: str, job_id: str, driver: str = "bridge", encrypted: bool = False
 ) -> str:
     """Create-or-get a distributed job's network (blocking); the ID of the one to join."""
-    config = job_network_config(instance, owner, job_id, driver)
+    config = job_network_config(instance, owner, job_id, driver, encrypted)
     with _lock_for(config["name"]):
         return _ensure(client, instance, config)
 
@@ -203,7 +216,9 @@ def _lock_for(name: str) -> threading.Lock:
         return _locks.setdefault(name, threading.Lock())
 
 
-def ensure_user_network(client, instance: str, user: str, driver: str = "bridge") -> str:
+def ensure_user_network(
+    client, instance: str, user: str, driver: str = "bridge", encrypted: bool = False
+) -> str:
     """Create-or-get the user's network (blocking); returns the ID of the one to join.
 
     Safe against other threads and processes doing the same at the same time, and against a
@@ -211,7 +226,7 @@ def ensure_user_network(client, instance: str, user: str, driver: str = "bridge"
     Containers join by ID, not by name: while a duplicate made by a racing process still
     exists (or is kept because a container joined it), the name is ambiguous to the engine.
     """
-    config = user_network_config(instance, user, driver)
+    config = user_network_config(instance, user, driver, encrypted)
     with _lock_for(config["name"]):  # threads of one process: one create; others: below
         return _ensure(client, instance, config)
 

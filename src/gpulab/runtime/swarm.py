@@ -82,11 +82,15 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         gateway: Gateway | None = None,
         node_engine: str = "tcp://{address}:2376",
         node_tls: TLSConfig | None = None,
+        node_engine_plain: bool = False,
+        encrypted: bool = True,
     ):
         super().__init__(workers, registry)
         self._client = client
         #: the nodes' own engines, for execs (runtime/swarm_nodes.py)
-        self.node_engines = NodeEngines(node_engine, node_tls)
+        self.node_engines = NodeEngines(node_engine, node_tls, plain=node_engine_plain)
+        #: users' and distributed jobs' overlays carry their traffic between nodes in IPsec
+        self.encrypted = encrypted
         #: how the hub reaches notebooks on the overlays (None: jobs only, no notebooks)
         self.gateway = gateway
         self.gpu_label = gpu_label
@@ -164,10 +168,12 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         if spec.network_job:  # a distributed job's own overlay (its rank's alias on it)
             owner = spec.labels.get(L_USER, "")
             network_id = net.ensure_job_network(
-                client, instance, owner, spec.network_job, "overlay"
+                client, instance, owner, spec.network_job, "overlay", self.encrypted
             )
         elif spec.network_owner:
-            network_id = net.ensure_user_network(client, instance, spec.network_owner, "overlay")
+            network_id = net.ensure_user_network(
+                client, instance, spec.network_owner, "overlay", self.encrypted
+            )
         if network_id and L_NETWORK in spec.labels:
             # the overlay it really joins (made again if a concurrent stop removed the one the
             # caller saw): the gateway is attached to this one

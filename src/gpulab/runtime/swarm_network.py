@@ -118,11 +118,13 @@ class SwarmNetworking:
     # --- networks: overlays, in use while a service of the user exists ------------------------
 
     async def ensure_user_network(self, instance: str, user: str) -> str:
-        return await self.run(net.ensure_user_network, self.client, instance, user, "overlay")
+        return await self.run(
+            net.ensure_user_network, self.client, instance, user, "overlay", self.encrypted
+        )
 
     async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
         return await self.run(
-            net.ensure_job_network, self.client, instance, owner, job_id, "overlay"
+            net.ensure_job_network, self.client, instance, owner, job_id, "overlay", self.encrypted
         )
 
     async def remove_job_network(self, instance: str, job_id: str) -> None:

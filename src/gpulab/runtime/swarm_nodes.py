@@ -52,23 +52,60 @@ def check_template(template: str) -> None:
         raise ValueError(f"swarm_node_engine {template!r} must be a URL such as tcp://...")
 
 
+class NodeClient(docker.APIClient):
+    """A client of one node's engine that verifies it against the configured CA only.
+
+    requests (under the Docker SDK) lets ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE`` in the
+    environment replace a session's CA for every request (``Session.merge_environment_settings``):
+    on a host that sets one (many do; this development machine does), the node's certificate
+    would be checked against the system's CAs and refused. Nothing from the environment
+    applies here (no proxy either: the nodes' network)."""
+
+    def _retrieve_server_version(self):  # the first request, made by __init__
+        self.trust_env = False
+        return super()._retrieve_server_version()
+
+
+def check_transport(template: str, tls: TLSConfig | None, plain: bool) -> None:
+    """Refuse nodes' engines over TCP without TLS client certificates, unless the operator
+    said so (``swarm_node_engine_plain``): whoever reaches such a port is root on the node,
+    and every container on the node can reach its addresses."""
+    scheme = urlsplit(template.format(**dict.fromkeys(TEMPLATE_FIELDS, "node"))).scheme
+    if scheme not in ("tcp", "http", "https"):
+        return  # unix:// (one machine) or ssh:// (ssh's own authentication)
+    if tls is not None and tls.cert:
+        return
+    if plain:
+        log.warning(
+            "swarm_node_engine %s without TLS client certificates (swarm_node_engine_plain "
+            "= True): anyone who reaches a node's engine port, any container on that node "
+            "included, is root on it; use this only in a lab",
+            template,
+        )
+        return
+    raise ValueError(
+        f"swarm_node_engine {template!r} without a TLS client certificate: a node's engine "
+        "port is root on that node for whoever reaches it, any container on the node "
+        "included. Run the nodes' dockerd with --tlsverify and set swarm_node_tls_ca, "
+        "swarm_node_tls_cert and swarm_node_tls_key, or, in a lab only, "
+        "swarm_node_engine_plain = True"
+    )
+
+
 class NodeEngines:
     """Clients of the nodes' engines (one per address, kept), and where a service's task
     runs."""
 
-    def __init__(self, template: str, tls: TLSConfig | None = None, timeout: int = 60):
+    def __init__(
+        self, template: str, tls: TLSConfig | None = None, timeout: int = 60, plain: bool = False
+    ):
         check_template(template)
+        check_transport(template, tls, plain)
         self.template = template
         self.tls = tls
         self.timeout = timeout
         self._clients: dict[str, docker.APIClient] = {}
         self._lock = threading.Lock()
-        if tls is None and template.startswith("tcp://"):
-            log.warning(
-                "swarm_node_engine %s without TLS: anyone who reaches a node's engine port "
-                "is root on that node; configure swarm_node_tls_* in production",
-                template,
-            )
 
     def url(self, node: dict) -> str:
         """The engine URL of a node (as the manager's API describes it)."""
@@ -83,7 +120,7 @@ class NodeEngines:
         with self._lock:
             found = self._clients.get(url)
         if found is None:  # made outside the lock: version="auto" asks the engine
-            found = docker.APIClient(
+            found = NodeClient(
                 base_url=url, version="auto", timeout=self.timeout, tls=self.tls or False
             )
             with self._lock:

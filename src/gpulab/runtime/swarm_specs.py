@@ -140,10 +140,14 @@ def helper_service_spec(config: dict, node: str) -> dict:
         "Placement": {"Constraints": [f"node.hostname=={node}"] if node else []},
     }
     # the sync helper: the node's own network, as on one host (the store endpoint is the
-    # node's to reach). A helper that asks for the default bridge (a git clone, whose URL is
-    # the user's) gets the node's default bridge: a task with no network is put there
-    if host.get("network_mode", "host") == "host":
+    # operator's, the helper runs no user code). A helper on a network (a git clone, whose
+    # URL is the user's: their overlay) joins it; one that asks for the default bridge gets
+    # the node's default bridge, where a task with no network is put
+    network = host.get("network_mode", "host")
+    if network == "host":
         task["Networks"] = [{"Target": "host"}]
+    elif network not in ("bridge", "default"):
+        task["Networks"] = [{"Target": network}]
     limits = {
         k: int(host[h])
         for k, h in (("MemoryBytes", "mem_limit"), ("Pids", "pids_limit"))
