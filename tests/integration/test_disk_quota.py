@@ -197,3 +197,37 @@ def test_a_repository_over_its_cap_or_the_quota_fails_and_leaves_nothing(
     assert full["state"] == "FAILED", full
     # 64 KiB less 40 KiB less the clone's pack and files (about a KiB): 2x KiB left
     assert "was not pulled: it holds 40.0 KiB, more than the 2" in full["message"], full
+
+
+def test_notebooks_count_against_the_same_quota_until_they_are_deleted(hub, docker_client):
+    from ..hubctl import SpawnFailed
+
+    token = hub.create_user("nina")
+    api = Api(hub, "nina")
+    # a notebook's volume that does not fit: the spawn fails (a 403 with the reason when it
+    # fails within the hub's wait, as it does: nothing is fetched), nothing pulled
+    r = hub.spawn("nina", "toobig", {"volumes": [vol("big")]}, token=token)
+    if r.status_code == 403:
+        assert "was not pulled: it holds 100.0 KiB" in r.json()["message"], r.text
+    else:
+        assert r.status_code in (201, 202), r.text
+        with pytest.raises(SpawnFailed):
+            hub.wait_ready("nina", "toobig", timeout=120)
+    failed = hub.wait_state("nina", "toobig", "FAILED")["history"][-1]
+    assert failed["reason"] == "PULL_FAILED", failed
+    assert failed["message"].startswith(
+        f"volume {vol('big')}:ro was not pulled: it holds 100.0 KiB, more than the 64.0 KiB left"
+    ), failed
+    # one that fits holds its bytes while it runs, and stopped: a job of the same user's is
+    # refused what is left
+    r = hub.spawn("nina", "nb", {"volumes": [vol("forty-a")]}, token=token)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("nina", "nb", timeout=120)
+    hub.stop_server("nina", "nb")
+    job = api.wait(api.submit(command=["true"], volumes=[vol("forty-b")])["id"], timeout=120)
+    assert job["state"] == "FAILED" and "24.0 KiB left" in job["message"], job
+    # deleted, the notebook's volumes and bytes are gone
+    hub.stop_server("nina", "nb", remove=True)
+    hub.wait_state("nina", "nb", "DELETED")
+    job = api.wait(api.submit(command=["true"], volumes=[vol("forty-b")])["id"], timeout=120)
+    assert job["state"] == "DONE", job
