@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import requests
 
 from ..conftest import _need
 from .gitserver import GitServer, git, git_backend_available
@@ -149,6 +150,15 @@ def test_two_jobs_of_one_user_share_the_quota_and_bytes_come_back_with_the_volum
     assert len(volumes_of(docker_client, done)) == 1
     again = api.wait(api.submit(command=["true"], volumes=[vol("forty-b")])["id"], timeout=120)
     assert again["state"] == "FAILED" and "24.0 KiB left" in again["message"], again
+    # the admin sees what each user holds, of which quota
+    page = requests.get(
+        f"{hub.url}/services/gpulab/admin",
+        headers={"Authorization": f"token {hub.admin_token}"},  # custom:gpulab:admin
+        timeout=30,
+    )
+    assert page.status_code == 200, page.text[:300]
+    row = page.text.split('<tr data-user="cleo">', 1)[1].split("</tr>", 1)[0]
+    assert ">40.0 KiB / 64.0 KiB</td>" in row, row
     # another user is not affected
     other = Api(hub, "dora")
     theirs = other.wait(other.submit(command=["true"], volumes=[vol("forty-b")])["id"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, defaultdict
 
+from ..disk_quota import human
 from ..lifecycle import JobState, NotebookState
 from ..resources import format_memory
 from .app_base import authenticated
@@ -64,6 +65,13 @@ class AdminPage(PageHandler):
                 a["notebook"] = "/".join(parts[-2:]) if a["kind"] == "notebook" else None
 
         users = await asyncio.to_thread(self.user_table, s, notebooks, jobs, allocations)
+        disk_of: Counter = Counter()  # bytes each user's volumes and clones hold on nodes
+        for b in await asyncio.to_thread(self.supervisor.disk.bookings):
+            disk_of[b["owner"]] += b["bytes"]
+        for u in users:
+            u["disk_held"] = human(disk_of.get(u["name"], 0))
+            quota = s.disk_quota_for(u["name"], u["groups"])
+            u["disk_quota"] = human(quota) if quota is not None else "∞"
         self.render_page(
             "admin.html",
             gpus=gpus,
