@@ -34,6 +34,27 @@ def test_ledger_never_hands_a_device_out_twice_on_postgres(postgres_url):
     assert all("4 of 4 in use" in r for r in results if isinstance(r, str))
 
 
+def test_disk_quota_never_overshoots_on_postgres(postgres_url):
+    """Sixteen volumes of one user booked at once through four connection pools: 3 GiB each
+    of a 10 GiB quota (sizes past 2**31: the column is a BIGINT), so exactly three fit."""
+    from gpulab.disk_ledger import DiskLedger, DiskQuotaExceeded
+
+    GiB = 1024**3
+    ledgers = [DiskLedger(Database(postgres_url), "pg") for _ in range(4)]
+
+    def take(i):
+        try:
+            return ledgers[i % 4].book("u", f"w{i}", f"vol-{i}", "", 3 * GiB, 10 * GiB).granted
+        except DiskQuotaExceeded as e:
+            return e
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(take, range(16)))
+    assert [r for r in results if isinstance(r, int)] == [3 * GiB] * 3, results
+    assert ledgers[0].held("u") == 9 * GiB
+    assert ledgers[1].book("other", "w", "vol-x", "", 10 * GiB, 10 * GiB).granted == 10 * GiB
+
+
 def test_shares_and_whole_gpus_at_once_on_postgres(postgres_url):
     """A whole device (share 0) and a slot of it (share k) are different rows to the unique
     constraint: the ledger's transaction-wide lock is what keeps them apart on PostgreSQL."""
