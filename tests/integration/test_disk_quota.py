@@ -121,7 +121,8 @@ def test_a_volume_larger_than_the_quota_is_not_pulled(hub, docker_client):
     ), done["message"]
     # refused before any helper ran: nothing of it on the node's disk
     assert volumes_of(docker_client, done) == []
-    assert not any(e["reason"] == "PULLING" for e in done["history"]), done["history"]
+    notes = [e["message"] for e in done["history"] if e["reason"] == "SYNC"]
+    assert notes == [f"pulling {vol('big')}:ro", done["message"]], notes
     # the user with a larger quota of their own pulls the same volume
     roomy = Api(hub, "roomy")
     ok = roomy.wait(roomy.submit(command=["ls", "/data"], volumes=[vol("big")])["id"])

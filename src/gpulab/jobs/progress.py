@@ -52,6 +52,8 @@ class TransferNotes:
         text = (
             f"{done} {outcome.summary()}"
             if outcome.ok
+            else outcome.reason  # refused by the disk quota: the sentence names the volume
+            if outcome.refused
             else f"{self.verb} failed: " + (outcome.summary())
         )
         await self.sv.db(self.sv.records.note, self.job_id, "progress", "SYNC", text)
