@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from .disk_ledger import DiskLedger
 from .lifecycle import InvalidTransition, NotebookState, utcnow
 from .runtime.docker import EngineError
 from .runtime.objects import L_ROUTE, L_WORKLOAD, notebook_workload_id
@@ -192,6 +193,15 @@ class NotebookReconciler:
         )
         if gone:
             log.warning("released GPUs of notebooks that run no container: %s", ", ".join(gone))
+        # disk bookings of notebooks deleted (or forgotten) whose release was cut short; read
+        # now: a record is written before its first booking
+        keep = {
+            notebook_workload_id(instance, nb["user"], nb["server"])
+            for nb in await asyncio.to_thread(self.records.list, None)
+            if nb["state"] != NotebookState.DELETED.value
+        } | set(self.busy)
+        disk = DiskLedger(self.ledger.db, instance)
+        await asyncio.to_thread(disk.release_all_but, keep, notebook_prefix)
         return {"records": fixed, "helpers": removed, "gpus": gone}
 
     async def _settle_lost(self, records: list[dict], containers) -> set[str]:

@@ -10,6 +10,7 @@ volumes exist and go with them, and that another user is not affected.
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import requests
@@ -85,6 +86,7 @@ def hub(tmp_path_factory, images, sync_image, s3):  # noqa: F811 - the fixture a
     config = f"""
 c.GpulabSettings.supervisor_interval = 0.2
 c.GpulabSettings.job_container_retention = 3600
+c.GpulabSettings.notebook_reconcile_interval = 1
 c.GpulabSettings.disk_quota = "64K"
 c.GpulabSettings.user_disk_quotas = {{"roomy": "1M"}}
 c.GpulabSettings.git_max_bytes = "256K"
@@ -242,3 +244,18 @@ def test_notebooks_count_against_the_same_quota_until_they_are_deleted(hub, dock
     hub.wait_state("nina", "nb", "DELETED")
     job = api.wait(api.submit(command=["true"], volumes=[vol("forty-b")])["id"], timeout=120)
     assert job["state"] == "DONE", job
+    # a delete cut short between the volumes' removal and their release (a hub killed): the
+    # hub's reconciler gives the deleted notebook's bytes back on its next pass
+    from gpulab.db import Database
+    from gpulab.disk_ledger import DiskLedger
+
+    ledger = DiskLedger(
+        Database(f"sqlite:///{hub.workdir / 'data' / 'gpulab.sqlite'}"), hub.instance
+    )
+    ledger.book("nina", f"{hub.instance}/notebook/nina/nb", "left-behind", "", 10 * KiB, None)
+    assert ledger.held("nina") == 50 * KiB
+    deadline = time.monotonic() + 30
+    while ledger.held("nina") != 40 * KiB and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ledger.held("nina") == 40 * KiB  # what the job's volume holds, and nothing else
+    assert {b["workload"] for b in ledger.bookings("nina")} == {f"{hub.instance}/job/{job['id']}"}
