@@ -345,15 +345,22 @@ class WorkloadData:
         """Run one ``gpulab-sync`` operation (pull, push, purge) for one volume. With a
         :class:`DiskAccount`, a pull is first booked against the owner's disk quota (and
         refused, fetching nothing, when it does not fit)."""
-        max_bytes = None
-        if operation == "pull" and self.disk is not None:
+        if operation != "pull" or self.disk is None:
+            outcome = await self._run(operation, vol, on_progress)
+            observe_sync(operation, outcome.ok, outcome.report)
+            return outcome
+        for attempt in range(2):
             booked = await self.book_pull(vol)
             if isinstance(booked, SyncOutcome):
                 observe_sync(operation, False, {})
                 return booked
-            max_bytes = booked
-        outcome = await self._run(operation, vol, on_progress, max_bytes)
-        observe_sync(operation, outcome.ok, outcome.report)
+            outcome = await self._run(operation, vol, on_progress, booked)
+            observe_sync(operation, outcome.ok, outcome.report)
+            # the prefix grew between the listing and the helper's own (a dataset being
+            # written): the helper fetched nothing; list and book once more
+            if outcome.ok or not _over_booking(outcome.report) or attempt:
+                return outcome
+            log.info("%s: %s grew since it was listed; booking it again", self.workload, vol.label)
         return outcome
 
     async def _run(
@@ -421,6 +428,17 @@ class WorkloadData:
             return SyncOutcome(vol, True, final)
         reason = _failure_reason(final, errors, result.exit_code)
         return SyncOutcome(vol, False, final, reason)
+
+
+def _over_booking(report: dict) -> bool:
+    """The helper refused the pull from its listing: more there than was booked for it."""
+    failures = report.get("failures") or []
+    return (
+        len(failures) == 1
+        and not failures[0].get("key")
+        and "(--max-bytes)" in str(failures[0].get("reason", ""))
+        and not report.get("completed")
+    )
 
 
 def _remove_empty_dirs(store_root: str, spec: VolumeSpec) -> None:

@@ -15,7 +15,7 @@ import time
 import pytest
 import requests
 
-from ..conftest import _need
+from ..conftest import _need, run_async
 from .gitserver import GitServer, git, git_backend_available
 from .test_git_sources import sync_image  # noqa: F401 - the fixture (built up to date)
 from .test_jobs import Api
@@ -259,3 +259,52 @@ def test_notebooks_count_against_the_same_quota_until_they_are_deleted(hub, dock
         time.sleep(0.5)
     assert ledger.held("nina") == 40 * KiB  # what the job's volume holds, and nothing else
     assert {b["workload"] for b in ledger.bookings("nina")} == {f"{hub.instance}/job/{job['id']}"}
+
+
+def test_a_prefix_that_grows_after_its_listing_is_booked_again(
+    sync_image,  # noqa: F811 - the fixture imported above
+    tmp_path,
+    docker_client,
+):
+    """The sync helper (real, on the filesystem store) refuses a prefix that weighs more than
+    was booked for it; the pull then lists and books once more, and pulls it all."""
+    import uuid
+
+    from gpulab.db import Database
+    from gpulab.disk_ledger import DiskLedger
+    from gpulab.runtime.docker import DockerRuntime
+    from gpulab.volumes import ObjectStore, parse_volume
+    from gpulab.workload_data import DiskAccount, VolumeSync, WorkloadData
+
+    root = tmp_path / "store"
+    (root / "growing" / "set").mkdir(parents=True)
+    (root / "growing" / "set" / "a.bin").write_bytes(b"a" * 1000)
+    os.chmod(tmp_path, 0o755)
+    stores = {"fs": ObjectStore("fs", kind="filesystem", root=str(root))}
+    ledger = DiskLedger(Database(f"sqlite:///{tmp_path / 'db.sqlite'}"), "tq")
+    calls = []
+
+    def owner_and_quota():
+        if not calls:  # between the service's listing and the helper's: a new object
+            (root / "growing" / "set" / "b.bin").write_bytes(b"b" * 500)
+        calls.append(1)
+        return "ann", 10 * KiB
+
+    name = f"gpulab-tq-{uuid.uuid4().hex[:10]}"
+    data = WorkloadData(
+        DockerRuntime(),
+        stores,
+        sync_image,
+        "tq",
+        f"tq/job/{name}",
+        DiskAccount(ledger, owner_and_quota),
+    )
+    spec = parse_volume("growing@fs/set:/data", stores)
+    vol = VolumeSync(spec, f"{name}-v-0", str(spec))
+    try:
+        outcome = run_async(data.run("pull", vol))
+        assert outcome.ok, outcome
+        assert outcome.report["completed"] == 2 and outcome.report["bytes_transferred"] == 1500
+        assert len(calls) == 2 and ledger.held("ann") == 1500
+    finally:
+        docker_client.volumes.get(vol.docker_volume).remove(force=True)
