@@ -210,6 +210,13 @@ def test_a_repository_over_its_cap_or_the_quota_fails_and_leaves_nothing(
     assert full["state"] == "FAILED", full
     # 64 KiB less 40 KiB less the clone's pack and files (about a KiB): 2x KiB left
     assert "was not pulled: it holds 40.0 KiB, more than the 2" in full["message"], full
+    # the clone's job deleted: its clone volume goes with it (and its bytes): 40 KiB fit again
+    assert volumes_of(docker_client, done) == [f"{done['container']}-git-0"]
+    assert api.call("DELETE", f"/jobs/{done['id']}").status_code == 204
+    assert [v for v in docker_client.volumes.list() if v.name.startswith(done["container"])] == []
+    again = api.wait(api.submit(command=["true"], volumes=[vol("forty-b")])["id"], timeout=120)
+    assert again["state"] == "FAILED", again  # the 40 KiB volume still holds its bytes
+    assert "more than the 24.0 KiB left" in again["message"], again
 
 
 def test_notebooks_count_against_the_same_quota_until_they_are_deleted(hub, docker_client):
