@@ -247,6 +247,16 @@ def test_relays_are_bounded_and_nobody_reading_costs_no_memory(hub, users, app_j
             for conn in held:
                 conn.close()
 
+    # handshakes tornado refuses (no key: a 400 with no on_close) give their places back
+    for _ in range(MAX_PER_USER + 1):
+        conn = socket.create_connection(("127.0.0.1", hub.port), timeout=30)
+        conn.sendall(
+            f"GET {path}ws HTTP/1.1\r\nHost: 127.0.0.1:{hub.port}\r\n"
+            f"Authorization: token {owner}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        assert conn.recv(12).split()[1] == b"400"
+        conn.close()
     assert "429" in run_async(over_the_limit())
     # the places come back once they are closed (the friend, meanwhile, was never limited)
     time.sleep(1)

@@ -70,6 +70,11 @@ def test_a_swarm_encrypts_its_overlays_unless_told_not_to():
     settings.swarm_node_engine_plain = False
     with pytest.raises(ValueError, match="swarm_node_engine_plain"):
         make_runtime(settings)
+    # and every user's workloads (and git clones) on their own overlay: no shared bridge
+    settings = GpulabSettings(runtime="swarm", swarm_node_engine_plain=True)
+    settings.network_isolation = "none"
+    with pytest.raises(ValueError, match="network_isolation = 'user'"):
+        make_runtime(settings)
 
 
 def test_mode_chooses_the_network():
@@ -108,3 +113,26 @@ def test_job_joins_only_its_owners_network(owner):
         assert "network_mode" not in host  # the engine's default bridge, as before
     assert cfg["command"][:2] == ["/bin/sh", "/opt/gpulab/run.sh"]
     assert host["binds"]["/r.sh"] == {"bind": "/opt/gpulab/run.sh", "mode": "ro"}
+
+
+def test_an_overlay_made_without_encryption_is_named_in_a_warning(caplog):
+    """An overlay's options cannot change: one made before encryption was on is reused (its
+    workloads are on it) and the operator is told it stays in clear until it is made again."""
+    from gpulab.runtime.network import ensure_user_network, user_network_name
+
+    name = user_network_name("gpulab", "olda", "overlay")
+
+    class Engine:
+        def networks(self, names):
+            labels = {"org.gpulab.instance": "gpulab"}
+            return [{"Name": name, "Id": "n1", "Labels": labels, "Options": {}}]
+
+    with caplog.at_level("WARNING", logger="gpulab.runtime.network"):
+        assert ensure_user_network(Engine(), "gpulab", "olda", "overlay", encrypted=True) == "n1"
+        ensure_user_network(Engine(), "gpulab", "olda", "overlay", encrypted=True)
+    warned = [r.getMessage() for r in caplog.records if "without encryption" in r.getMessage()]
+    assert warned == [warned[0]] and name in warned[0]  # once
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="gpulab.runtime.network"):
+        ensure_user_network(Engine(), "gpulab", "olda", "overlay", encrypted=False)
+    assert not caplog.records

@@ -16,6 +16,13 @@ def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
     """The backend the settings name. ``client``: a docker.APIClient to reuse (the spawner's);
     ``gpus``: this host's GPU IDs (one engine; a Swarm reads each node's from its labels)."""
     if settings.runtime == "swarm":
+        if settings.network_isolation != "user":
+            # on the nodes' default bridges the notebook gateway leads to every user's
+            # notebooks and job ports: every workload and clone must be on its owner's overlay
+            raise ValueError(
+                "runtime = 'swarm' needs network_isolation = 'user' (each user's workloads "
+                "on an overlay of their own), not " + repr(settings.network_isolation)
+            )
         from .gateway import Gateway
         from .swarm import SwarmRuntime
         from .swarm_nodes import node_tls

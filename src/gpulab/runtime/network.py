@@ -231,6 +231,10 @@ def ensure_user_network(
         return _ensure(client, instance, config)
 
 
+#: overlays found unencrypted where encryption is wanted (warned about once per process)
+_plain_seen: set[str] = set()
+
+
 def _ensure(client, instance: str, config: dict) -> str:
     name = config["name"]
     for _ in range(3):
@@ -259,6 +263,15 @@ def _ensure(client, instance: str, config: dict) -> str:
                 client.remove_network(n["Id"])
         if extra:
             log.info("network %s was created %d times at once", name, len(found))
+        wanted = (config.get("options") or {}).get("encrypted") is not None
+        if wanted and "encrypted" not in (keep.get("Options") or {}) and name not in _plain_seen:
+            _plain_seen.add(name)  # (an overlay's options cannot change: it goes when unused)
+            log.warning(
+                "overlay %s was made without encryption (before swarm_overlay_encryption): "
+                "its traffic between nodes stays in clear until its last workload is gone and "
+                "it is made again",
+                name,
+            )
         return keep["Id"]
     raise NetworkUnavailable(f"the network {name} kept disappearing while it was being created")
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import unquote_plus
 
 from tornado import httpclient, httputil, web, websocket
 
@@ -72,6 +72,8 @@ TARGET_TTL = 10.0
 REQUEST_TIMEOUT, CONNECT_TIMEOUT = 3600.0, 10.0
 #: the largest websocket message relayed either way (a larger one closes the relay, 1009)
 MAX_WS_MESSAGE = 4 * 1024 * 1024
+#: a viewer's websocket is pinged this often, and closed when no pong came this long after
+WS_PING_INTERVAL, WS_PING_TIMEOUT = 30.0, 30.0
 _targets: dict[tuple[str, str], tuple[float, str, int]] = {}
 #: response headers no app may send through the hub's origin (they act on the whole origin:
 #: a service worker over the hub, its cookies cleared, HSTS for the hub and its subdomains)
@@ -156,6 +158,18 @@ def app_set_cookie(header: str, namespace: str, prefix: str) -> str | None:
         out.append(attribute.strip())
     out.append(f"Path={path}")
     return "; ".join(out)
+
+
+def without_tokens(uri: str) -> str:
+    """``uri`` without the query arguments that carry a hub token (the others as they came,
+    in their order and their own encoding)."""
+    path, mark, query = uri.partition("?")
+    if not mark:
+        return uri
+    kept = [
+        pair for pair in query.split("&") if unquote_plus(pair.partition("=")[0]) not in TOKEN_ARGS
+    ]
+    return path + ("?" + "&".join(kept) if kept else "")
 
 
 def _take(user: str) -> None:
@@ -290,6 +304,8 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
                 if mine := app_cookies(v, namespace):
                     cookies.append(mine)
                 continue
+            if low == "referer":  # the page the viewer came from: its query may hold a token
+                v = without_tokens(v)
             out.add(k, v)
         if cookies:
             out["Cookie"] = "; ".join(cookies)
@@ -299,13 +315,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         return out
 
     def _upstream_uri(self) -> str:
-        path, _, query = self.request.uri.partition("?")
-        if query:
-            kept = [
-                (k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k not in TOKEN_ARGS
-            ]
-            path += "?" + urlencode(kept) if kept else ""
-        return path
+        return without_tokens(self.request.uri)
 
     # --- HTTP ---------------------------------------------------------------------------------
 
@@ -321,7 +331,9 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             try:
                 await websocket.WebSocketHandler.get(self, job_id, name, rest)
             finally:
-                if self.ws_connection is None:  # refused in the handshake: no on_close
+                # refused in the handshake (a 400, 403, 426): tornado calls no on_close, and
+                # may have set ws_connection already (a 400 for a missing key)
+                if self.get_status() != 101:
                     self._release()
             return
         await self._proxy(job_id, name, rest)
@@ -436,6 +448,16 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
     @property
     def max_message_size(self) -> int:
         return MAX_WS_MESSAGE
+
+    @property
+    def ping_interval(self) -> float:
+        """A viewer that reads nothing answers no ping: its relay closes (and gives its place
+        back) after WS_PING_INTERVAL + WS_PING_TIMEOUT seconds at most."""
+        return WS_PING_INTERVAL
+
+    @property
+    def ping_timeout(self) -> float:
+        return WS_PING_TIMEOUT
 
     async def open(self, job_id: str, name: str, rest: str | None = None):
         url = f"ws://{self._host}:{self._port}{self._upstream_uri()}"
