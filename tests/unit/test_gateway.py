@@ -25,3 +25,25 @@ def test_the_config_label_follows_the_configuration_not_the_token():
     c = gateway_config("t1", "gpulab/proxy:5.3.0", 9002, 8003, "one")
     assert a["labels"][L_CONFIG] == b["labels"][L_CONFIG]  # a kept gateway keeps its token
     assert a["labels"][L_CONFIG] != c["labels"][L_CONFIG]  # a new port: a new gateway
+
+
+def test_joining_an_overlay_someone_joined_meanwhile_is_fine():
+    """A spawn and the reconciler's pass may attach the gateway at once: the engine's refusal
+    of the second (Engine 20.10's wording, seen in a full run) is not an error; others are."""
+    import pytest
+    from docker.errors import APIError
+
+    from gpulab.runtime.gateway import Gateway
+
+    class Engine:
+        def __init__(self, why: str):
+            self.why = why
+
+        def connect_container_to_network(self, name, network_id):
+            raise APIError("403", explanation=self.why)
+
+    gw = Gateway("t1", "gpulab/proxy:5.3.0", 8002, 8003)
+    gw._attach(Engine("endpoint with name t1-gateway already exists in network ovl"), "n1")
+    gw._attach(Engine("t1-gateway is already attached to network t1-ovl-ana"), "n1")
+    with pytest.raises(APIError):
+        gw._attach(Engine("network n1 not found"), "n1")

@@ -24,6 +24,8 @@ from gpulab.logscrub import (
 from gpulab.service.app import log_request
 from gpulab.service.app_base import ApiError, JsonErrors
 
+from ..conftest import run_async
+
 TOKEN = "0123456789abcdef0123456789abcdef"
 
 
@@ -153,23 +155,28 @@ class _Refuses(JsonErrors):
         raise RuntimeError("boom")
 
 
-async def test_the_service_handlers_log_no_token_without_any_filter(caplog):
+def test_the_service_handlers_log_no_token_without_any_filter(caplog):
     """The service's own handlers, in a real tornado server, with gpulab's access log: their
-    lines name the request with its token scrubbed (no log filter installed here)."""
-    app = web.Application([(r"/(missing|broken)", _Refuses)], log_function=log_request)
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
-    client = AsyncHTTPClient()
-    try:
-        with caplog.at_level(logging.INFO):
+    lines name the request with its token scrubbed (no log filter installed here). On a loop
+    of its own (run_async): in a full run Playwright's loop owns the main thread."""
+
+    async def requests() -> None:
+        app = web.Application([(r"/(missing|broken)", _Refuses)], log_function=log_request)
+        sock, port = bind_unused_port()
+        server = HTTPServer(app)
+        server.add_sockets([sock])
+        client = AsyncHTTPClient()
+        try:
             for path in ("missing", "broken"):
                 r = await client.fetch(
                     f"http://127.0.0.1:{port}/{path}?cols=80&token={TOKEN}", raise_error=False
                 )
                 assert r.code == (404 if path == "missing" else 500)
-    finally:
-        server.stop()
+        finally:
+            server.stop()
+
+    with caplog.at_level(logging.INFO):
+        run_async(requests())
     lines = [(r.name, r.getMessage()) for r in caplog.records]
     assert TOKEN not in repr(lines), lines
     summary = "/{}?cols=80&token=[secret] (127.0.0.1)"

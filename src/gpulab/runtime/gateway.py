@@ -205,7 +205,10 @@ class Gateway:
         try:
             client.connect_container_to_network(self.name, network_id)
         except APIError as e:
-            if "already exists" not in str(e.explanation or e):
+            # joined meanwhile (a spawn and the reconciler's pass at once): Engine 20.10 says
+            # "... is already attached to network ...", others "... already exists ..."
+            text = str(e.explanation or e)
+            if "already exists" not in text and "already attached" not in text:
                 raise
 
     def attached(self, client) -> set[str]:
