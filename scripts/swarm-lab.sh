@@ -117,6 +117,7 @@ ensure_packages() {
     command -v docker-registry >/dev/null || missing+=(docker-registry)
     command -v socat >/dev/null || missing+=(socat)
     command -v curl >/dev/null || missing+=(curl)
+    command -v openssl >/dev/null || missing+=(openssl)  # the workers' engine certificates
     [ ${#missing[@]} = 0 ] && return
     [ "$(id -u)" = 0 ] || die "missing ${missing[*]}; installing needs root"
     log "installing Debian's ${missing[*]} (apt-get) ..."
