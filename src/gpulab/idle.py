@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from .jobs.durations import format_duration
+from .durations import format_duration
 from .resources import Flavor, Resources
 
 #: the reason recorded in a notebook's history when it is stopped for being idle

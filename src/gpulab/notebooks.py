@@ -7,6 +7,7 @@ from datetime import timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 
+from .billing import billed_minutes
 from .db import Database, Notebook, NotebookEvent
 from .lifecycle import InvalidTransition, NotebookState, check_notebook_transition, utcnow
 from .resources import Limits, Resources, format_memory, parse_memory
@@ -311,8 +312,6 @@ class NotebookRecords:
 
     def billed_minutes(self, user: str) -> int:
         """RUNNING time of the user's notebooks, per commenced minute (per notebook)."""
-        from .jobs.billing import billed_minutes
-
         with self.db.read() as s:
             rows = (
                 s.connection()

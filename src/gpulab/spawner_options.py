@@ -14,8 +14,8 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from tornado import web
 from traitlets import default
 
+from .durations import format_duration
 from .gpus.sharing import fraction_refusal, offered_fractions
-from .jobs.durations import format_duration
 from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
 from .resources import format_memory
 from .runtime.images import ImageCache

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from gpulab.durations import DurationError, parse_duration
 from gpulab.frameworks import Catalog
-from gpulab.jobs.durations import DurationError, parse_duration
 from gpulab.jobs.spec import (
     HANG_RESTART_FIELDS,
     JOB_SPEC_FIELDS,

@@ -3,8 +3,8 @@
 No I/O here: the service and the CLI build on these. See DOMAIN.md, "Training jobs".
 """
 
-from .billing import billed_minutes, billed_time
-from .durations import DurationError, format_duration, parse_duration
+from ..billing import billed_minutes, billed_time
+from ..durations import DurationError, format_duration, parse_duration
 from .scheduler import (
     ActiveJob,
     Placement,

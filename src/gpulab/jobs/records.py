@@ -8,11 +8,11 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import selectinload
 
+from ..billing import billed_minutes
 from ..db import Database, Job, JobEvent
 from ..faults import fault_point
 from ..lifecycle import InvalidTransition, JobState, check_job_transition, utcnow
 from ..statelog import state_change
-from .billing import billed_minutes
 from .gang import ranks
 from .spec_extras import job_path
 from .states import ACTIVE, ENDED

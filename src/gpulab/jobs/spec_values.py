@@ -13,8 +13,8 @@ from ..bounds import (
     check_chars,
     shown,
 )
+from ..durations import DurationError, format_duration, parse_duration
 from ..errors import FieldError
-from .durations import DurationError, format_duration, parse_duration
 
 #: what a text field takes for "absent" (None and "", as :func:`_optional_text` reads them)
 ABSENT_TEXT = [None, ""]

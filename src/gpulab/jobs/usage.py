@@ -1,6 +1,6 @@
 """Billed minutes of a user's jobs, read from the job records with caches that keep the
 usage page and API cheap for users with many ended jobs (the rules of what is billed are
-:mod:`gpulab.jobs.billing`'s)."""
+:mod:`gpulab.billing`'s)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from datetime import datetime
 
 from sqlalchemy import func, select
 
+from ..billing import billed_minutes
 from ..db import Job, JobEvent
 from ..lifecycle import utcnow
-from .billing import billed_minutes
 from .states import ENDED
 
 

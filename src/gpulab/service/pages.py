@@ -21,7 +21,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from ..jobs.durations import format_duration
+from ..durations import format_duration
 from ..jobs.gang import workers_of
 from ..jobs.records import ACTIVE, ENDED
 from ..jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpulab.jobs.billing import billed_minutes, billed_time
+from gpulab.billing import billed_minutes, billed_time
 from gpulab.lifecycle import HistoryEvent, JobState
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

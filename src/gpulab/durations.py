@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import re
 
-from ..bounds import shown
-from ..errors import FieldError
+from .bounds import shown
+from .errors import FieldError
 
 __all__ = ["DurationError", "format_duration", "parse_duration"]
 

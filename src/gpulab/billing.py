@@ -1,4 +1,7 @@
-"""Billed time of a job, from its history (pure).
+"""Billed time of a notebook or a job, from its history (pure).
+
+Below both domains: the notebooks' usage and the jobs' records and usage share this rule.
+A notebook is billed like a job: its RUNNING state has the same string value as the job's.
 
 Billing runs from each entry into RUNNING until the job leaves the running family of states
 (RUNNING, RESTARTING, TIMEOUT, INTERRUPTING): the start of FINALIZING, or the job's end
@@ -14,7 +17,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from ..lifecycle import JobState
+from .lifecycle import JobState
 
 __all__ = ["BILLED_STATES", "billed_minutes", "billed_time"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.jobs.durations import DurationError, format_duration, parse_duration
+from gpulab.durations import DurationError, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(
