@@ -1,0 +1,550 @@
+"""An in-memory :class:`~gpulab.runtime.base.Runtime` for unit tests: no engine, no threads.
+
+It keeps workloads, volumes, networks and images in dicts, records every call in
+:attr:`FakeRuntime.calls`, and lets a test script what the engine does next::
+
+    rt = FakeRuntime(images={"gpulab/python:3.11"})
+    rt.fail("create_and_start", name="job-1")      # the engine refuses that workload once
+    rt.exits("job-2", 3)                           # job-2 ends with exit code 3 (now or on start)
+    rt.vanish("job-3")                             # job-3 disappears behind gpulab's back
+    rt.forget_image("gpulab/python:3.11")          # the image is gone
+
+and then reads back what happened: ``rt.names("create_and_start")``, ``rt.workloads[name]``,
+``await rt.state(name)``.
+
+Keep it simple and additive: tests of the notebook life and of the job supervisor build on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpulab.runtime.base import (
+    ExecSession,
+    HelperResult,
+    Labelled,
+    LogStream,
+    Node,
+    Runtime,
+    WorkloadGone,
+    WorkloadSpec,
+    WorkloadState,
+)
+from gpulab.runtime.objects import L_INSTANCE, L_KIND, L_USER
+
+try:  # gpulab's own engine error, where the runtime package defines one
+    from gpulab.runtime.base import EngineError  # type: ignore[attr-defined]
+except ImportError:  # today: the Docker SDK's base exception, re-exported by the backend
+    from gpulab.runtime.docker import EngineError
+
+__all__ = ["Call", "EngineError", "FakeExecSession", "FakeRuntime", "FakeWorkload"]
+
+#: exit codes of a process ended by SIGTERM / SIGKILL, as an engine reports them
+SIGTERM_EXIT = 143
+SIGKILL_EXIT = 137
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of a runtime method: its name and arguments (``name`` as given)."""
+
+    method: str
+    args: tuple
+    kwargs: dict
+
+    @property
+    def target(self) -> Any:
+        """The first argument (a workload's name for most methods, the spec for a create)."""
+        if not self.args:
+            return None
+        first = self.args[0]
+        return first.name if isinstance(first, WorkloadSpec) else first
+
+
+@dataclass
+class FakeWorkload:
+    """A workload the fake engine holds: its spec and its present state."""
+
+    spec: WorkloadSpec
+    running: bool = True
+    exit_code: int | None = None
+    oom: bool = False
+    started_at: float | None = None
+    error: str = ""
+    lost: bool = False
+    #: how often it was started (create, start_again) and restarted in place
+    starts: int = 1
+    restarts: int = 0
+    logs: bytes = b""
+    cpu_ns: int = 0
+    #: keeps running on SIGTERM (a stop then kills it, a terminate leaves it running)
+    ignores_term: bool = False
+    #: the address it has on each network it joined (network ID -> IP)
+    addresses: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.spec.labels
+
+    def end(self, code: int | None, oom: bool = False, error: str = "", lost: bool = False):
+        self.running = False
+        self.exit_code = code
+        self.oom = oom
+        self.error = error
+        self.lost = lost
+
+    def state(self) -> WorkloadState:
+        return WorkloadState(
+            running=self.running,
+            exit_code=None if self.running else self.exit_code,
+            oom=self.oom,
+            started_at=self.started_at,
+            node=self.spec.node,
+            error=self.error,
+            lost=self.lost,
+        )
+
+
+@dataclass
+class _Failure:
+    method: str
+    error: BaseException
+    name: Any
+    times: int
+
+
+class FakeExecSession(ExecSession):
+    """A terminal that echoes what is written to it; :meth:`finish` ends it with a code."""
+
+    def __init__(self, output: bytes = b""):
+        self._out: queue.Queue[bytes] = queue.Queue()
+        if output:
+            self._out.put(output)
+        self.written: list[bytes] = []
+        self.sizes: list[tuple[int, int]] = []
+        self.closed = False
+        self._code: int | None = None
+
+    def read(self) -> bytes:
+        if self.closed and self._out.empty():
+            return b""
+        return self._out.get()
+
+    def write(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.written.append(data)
+        self._out.put(data)
+
+    def resize(self, cols: int, rows: int) -> None:
+        self.sizes.append((cols, rows))
+
+    def finish(self, code: int = 0) -> None:
+        """The shell exits with ``code``."""
+        self._code = code
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._out.put(b"")
+
+    def exit_code(self) -> int | None:
+        return self._code
+
+
+class FakeRuntime(Runtime):
+    """The whole :class:`Runtime` interface in memory. See the module's docstring."""
+
+    kind = "fake"
+
+    def __init__(
+        self,
+        nodes: Iterable[Node] | None = None,
+        images: Iterable[str] | None = None,
+        gpus: tuple[str, ...] = (),
+        registry: str = "",
+        clock: Callable[[], float] = time.time,
+    ):
+        super().__init__(workers=4, registry=registry)
+        self.node_list: list[Node] = (
+            list(nodes)
+            if nodes is not None
+            else [Node(id="", hostname="", ready=True, active=True, gpus=tuple(gpus))]
+        )
+        #: the images the engine has (None: it has every image)
+        self.images: set[str] | None = set(images) if images is not None else None
+        self.clock = clock
+        self.calls: list[Call] = []
+        self.workloads: dict[str, FakeWorkload] = {}
+        #: (volume, node) pairs that exist
+        self.volumes: set[tuple[str, str]] = set()
+        #: network ID -> (instance, owner user or "", job ID or "")
+        self.networks: dict[str, tuple[str, str, str]] = {}
+        #: helper runs: the configs given, and the results scripted for the next runs
+        self.helper_configs: list[dict] = []
+        self._helper_results: list[tuple[int, list[str]]] = []
+        #: exec_run results scripted per workload: (exit code, output, cut)
+        self._exec_results: dict[str, list[tuple[int | None, bytes, bool]]] = {}
+        self.sessions: list[FakeExecSession] = []
+        self._failures: list[_Failure] = []
+        #: exits scripted for workloads not started yet: name -> (code, oom)
+        self._pending_exits: dict[str, tuple[int, bool]] = {}
+        self._ips = itertools.count(2)
+        self._lock = threading.Lock()
+
+    # --- what a test scripts ---------------------------------------------------------------
+
+    def fail(
+        self,
+        method: str,
+        error: BaseException | str | None = None,
+        name: Any = None,
+        times: int = 1,
+    ) -> None:
+        """The next ``times`` calls of ``method`` (for workload/volume ``name`` only, when
+        given) raise ``error`` (default: an engine error) instead of doing anything.
+        ``times=0``: every call from now on."""
+        if not callable(getattr(Runtime, method, None)):
+            raise AttributeError(f"Runtime has no method {method!r}")
+        if error is None or isinstance(error, str):
+            error = EngineError(error or f"fake engine error in {method}")
+        self._failures.append(_Failure(method, error, name, times))
+
+    def exits(self, name: str, code: int, oom: bool = False) -> None:
+        """The workload ends with ``code`` now if it runs; else as soon as it is started."""
+        w = self.workloads.get(name)
+        if w is not None and w.running:
+            w.end(code, oom=oom)
+        else:
+            self._pending_exits[name] = (code, oom)
+
+    def lose(self, name: str, error: str = "node down") -> None:
+        """The workload's node is lost: it ends without an exit code."""
+        self.workloads[name].end(None, error=error, lost=True)
+
+    def vanish(self, name: str) -> None:
+        """The workload disappears (removed behind gpulab's back)."""
+        self.workloads.pop(name, None)
+
+    def forget_image(self, image: str) -> None:
+        """The engine no longer has ``image`` (create_and_start then fails)."""
+        if self.images is None:
+            self.images = set()
+        self.images.discard(image)
+
+    def add_image(self, image: str) -> None:
+        if self.images is not None:
+            self.images.add(image)
+
+    def add_volume(self, name: str, node: str = "") -> None:
+        self.volumes.add((name, node))
+
+    def script_helper(self, exit_code: int = 0, lines: Iterable[str] = ()) -> None:
+        """The next helper run (the sync) prints ``lines`` and ends with ``exit_code``."""
+        self._helper_results.append((exit_code, list(lines)))
+
+    def script_exec(
+        self, name: str, exit_code: int | None = 0, output: bytes = b"", cut: bool = False
+    ) -> None:
+        """The next exec_run in ``name`` returns this (exit code None: it timed out)."""
+        self._exec_results.setdefault(name, []).append((exit_code, output, cut))
+
+    # --- what a test reads back ---------------------------------------------------------------
+
+    def called(self, method: str) -> list[Call]:
+        return [c for c in self.calls if c.method == method]
+
+    def names(self, method: str) -> list[Any]:
+        """The targets (workload names, mostly) of every call of ``method``, in order."""
+        return [c.target for c in self.called(method)]
+
+    def running(self) -> list[str]:
+        return [n for n, w in self.workloads.items() if w.running]
+
+    # --- plumbing -------------------------------------------------------------------------------
+
+    def _enter(self, method: str, *args, **kwargs) -> None:
+        """Record the call, then raise what a test scripted for it."""
+        call = Call(method, args, kwargs)
+        with self._lock:
+            self.calls.append(call)
+            for f in self._failures:
+                if f.method == method and (f.name is None or f.name == call.target):
+                    if f.times == 1:
+                        self._failures.remove(f)
+                    elif f.times > 1:
+                        f.times -= 1
+                    raise f.error
+
+    def _get(self, name: str) -> FakeWorkload:
+        w = self.workloads.get(name)
+        if w is None:
+            raise EngineError(f"No such container: {name}")
+        return w
+
+    def _start(self, w: FakeWorkload) -> None:
+        w.running, w.exit_code, w.oom, w.error, w.lost = True, None, False, "", False
+        w.started_at = self.clock()
+        pending = self._pending_exits.pop(w.name, None)
+        if pending is not None:
+            w.end(pending[0], oom=pending[1])
+
+    def _network_of(self, spec: WorkloadSpec) -> str:
+        instance = spec.labels.get(L_INSTANCE, "")
+        if spec.network_job:
+            return self._job_network(instance, spec.labels.get(L_USER, ""), spec.network_job)
+        if spec.network_owner:
+            return self._user_network(instance, spec.network_owner)
+        return "bridge"
+
+    def _user_network(self, instance: str, user: str) -> str:
+        nid = f"net-{instance}-{user}"
+        self.networks.setdefault(nid, (instance, user, ""))
+        return nid
+
+    def _job_network(self, instance: str, owner: str, job_id: str) -> str:
+        nid = f"jobnet-{instance}-{job_id}"
+        self.networks.setdefault(nid, (instance, owner, job_id))
+        return nid
+
+    def _in_use(self, network_id: str) -> bool:
+        return any(network_id in w.addresses for w in self.workloads.values())
+
+    # --- the cluster --------------------------------------------------------------------------
+
+    async def nodes(self) -> list[Node]:
+        self._enter("nodes")
+        return list(self.node_list)
+
+    async def image_exists(self, image: str) -> bool:
+        self._enter("image_exists", image)
+        return self.images is None or image in self.images
+
+    # --- workloads ----------------------------------------------------------------------------
+
+    async def create_and_start(self, spec: WorkloadSpec) -> None:
+        self._enter("create_and_start", spec)
+        old = self.workloads.get(spec.name)
+        if old is not None and old.running:
+            raise EngineError(f"Conflict: the container name {spec.name!r} is in use")
+        if self.images is not None and spec.image not in self.images:
+            raise EngineError(f"No such image: {spec.image}")
+        w = FakeWorkload(spec=spec)
+        network = self._network_of(spec)
+        w.addresses[network] = f"10.0.0.{next(self._ips)}"
+        for m in spec.mounts:
+            self.volumes.add((m.volume, spec.node))
+        self.workloads[spec.name] = w
+        self._start(w)
+
+    async def state(self, name: str) -> WorkloadState | None:
+        self._enter("state", name)
+        w = self.workloads.get(name)
+        return None if w is None else w.state()
+
+    async def start_again(self, name: str) -> None:
+        self._enter("start_again", name)
+        w = self._get(name)
+        if not w.running:
+            w.starts += 1
+            self._start(w)
+
+    async def stop(self, name: str, grace: float) -> None:
+        self._enter("stop", name, grace)
+        w = self.workloads.get(name)
+        if w is not None and w.running:
+            w.end(SIGKILL_EXIT if w.ignores_term else SIGTERM_EXIT)
+
+    async def terminate(self, name: str, grace: float) -> None:
+        self._enter("terminate", name, grace)
+        w = self.workloads.get(name)
+        if w is not None and w.running and not w.ignores_term:
+            w.end(SIGTERM_EXIT)
+
+    async def kill(self, name: str) -> None:
+        self._enter("kill", name)
+        w = self.workloads.get(name)
+        if w is not None and w.running:
+            w.end(SIGKILL_EXIT)
+
+    async def remove(self, name: str) -> bool:
+        self._enter("remove", name)
+        return self.workloads.pop(name, None) is not None
+
+    async def restart_in_place(self, name: str) -> None:
+        self._enter("restart_in_place", name)
+        w = self._get(name)
+        if not w.running:
+            raise EngineError(f"Container {name} is not running")
+        w.restarts += 1
+        w.started_at = self.clock()
+
+    async def logs(
+        self,
+        name: str,
+        since: float | None = None,
+        until: float | None = None,
+        tail: int | None = None,
+    ) -> bytes:
+        self._enter("logs", name, since=since, until=until, tail=tail)
+        w = self.workloads.get(name)
+        if w is None:
+            return b""
+        if tail is not None:
+            lines = w.logs.splitlines(keepends=True)
+            return b"".join(lines[-tail:] if tail else [])
+        return w.logs
+
+    def log_stream(
+        self, name: str, follow: bool, tail: int | None = None, timestamps: bool = False
+    ) -> LogStream:
+        self._enter("log_stream", name, follow=follow, tail=tail, timestamps=timestamps)
+        w = self.workloads.get(name)
+        if w is None:
+            raise WorkloadGone(name)
+        lines = w.logs.splitlines(keepends=True)
+        if tail is not None:
+            lines = lines[-tail:] if tail else []
+        closed = threading.Event()
+
+        def chunks():
+            for line in lines:
+                if closed.is_set():
+                    return
+                yield line
+
+        return LogStream(chunks(), closed.set)
+
+    async def exec_run(
+        self, name: str, command: list[str], timeout: float, max_output: int
+    ) -> tuple[int | None, bytes, bool]:
+        self._enter("exec_run", name, command, timeout=timeout, max_output=max_output)
+        w = self.workloads.get(name)
+        if w is None or not w.running:
+            raise WorkloadGone(name)
+        scripted = self._exec_results.get(name)
+        code, output, cut = scripted.pop(0) if scripted else (0, b"", False)
+        if len(output) > max_output:
+            output, cut = output[:max_output], True
+        return code, output, cut
+
+    async def exec_session(self, name: str, cols: int = 80, rows: int = 24) -> ExecSession:
+        self._enter("exec_session", name, cols=cols, rows=rows)
+        w = self.workloads.get(name)
+        if w is None or not w.running:
+            raise WorkloadGone(name)
+        session = FakeExecSession()
+        session.resize(cols, rows)
+        self.sessions.append(session)
+        return session
+
+    async def cpu_time(self, name: str) -> int | None:
+        self._enter("cpu_time", name)
+        return self._get(name).cpu_ns
+
+    async def labelled(self, instance: str, kind: str) -> list[Labelled]:
+        self._enter("labelled", instance, kind)
+        return [
+            Labelled(
+                id="id-" + w.name,
+                name=w.name,
+                labels=dict(w.labels),
+                running=w.running,
+                node=w.spec.node,
+            )
+            for w in self.workloads.values()
+            if w.labels.get(L_INSTANCE) == instance and w.labels.get(L_KIND) == kind
+        ]
+
+    async def address(self, name: str, network_id: str) -> str:
+        self._enter("address", name, network_id)
+        w = self.workloads.get(name)
+        if w is None or not w.running or network_id not in w.addresses:
+            raise WorkloadGone(f"{name} has no address on network {network_id}")
+        return w.addresses[network_id]
+
+    # --- volumes and helpers --------------------------------------------------------------------
+
+    async def volume_exists(self, name: str, node: str = "") -> bool:
+        self._enter("volume_exists", name, node=node)
+        return (name, node) in self.volumes
+
+    async def remove_volume(self, name: str, node: str = "") -> bool:
+        self._enter("remove_volume", name, node=node)
+        if (name, node) not in self.volumes:
+            return False
+        for w in self.workloads.values():
+            if w.spec.node == node and any(m.volume == name for m in w.spec.mounts):
+                raise EngineError(f"volume is in use: {name} by {w.name}")
+        self.volumes.discard((name, node))
+        return True
+
+    async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
+        self._enter("volumes_named", prefix)
+        return sorted(v for v in self.volumes if v[0].startswith(prefix))
+
+    async def run_helper(self, config: dict, on_line, node: str = "") -> HelperResult:
+        self._enter("run_helper", config, node=node)
+        self.helper_configs.append(config)
+        code, lines = self._helper_results.pop(0) if self._helper_results else (0, [])
+        for line in lines:
+            on_line(line)
+        return HelperResult(code, list(lines))
+
+    # --- networks -------------------------------------------------------------------------------
+
+    async def ensure_user_network(self, instance: str, user: str) -> str:
+        self._enter("ensure_user_network", instance, user)
+        return self._user_network(instance, user)
+
+    async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
+        self._enter("ensure_job_network", instance, owner, job_id)
+        return self._job_network(instance, owner, job_id)
+
+    async def remove_job_network(self, instance: str, job_id: str) -> None:
+        self._enter("remove_job_network", instance, job_id)
+        nid = f"jobnet-{instance}-{job_id}"
+        if nid in self.networks and not self._in_use(nid):
+            del self.networks[nid]
+
+    async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
+        self._enter("remove_user_network_if_unused", instance, user)
+        nid = f"net-{instance}-{user}"
+        if nid not in self.networks or self._in_use(nid):
+            return False
+        del self.networks[nid]
+        return True
+
+    async def prune_user_networks(self, instance: str) -> list[str]:
+        self._enter("prune_user_networks", instance)
+        gone = []
+        for nid, (inst, user, job) in list(self.networks.items()):
+            if inst == instance and not self._in_use(nid):
+                del self.networks[nid]
+                gone.append(f"job {job}" if job else user)
+        return gone
+
+    async def reach(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
+        self._enter("reach", name, network_id, path, port)
+        w = self.workloads.get(name)
+        if w is None or not w.running or network_id not in w.addresses:
+            raise WorkloadGone(f"{name} has no address on network {network_id}")
+        return w.addresses[network_id], port
+
+    async def unreach(self, path: str) -> None:
+        self._enter("unreach", path)
+
+    async def restore_routes(self, instance: str) -> list[str]:
+        self._enter("restore_routes", instance)
+        return []

@@ -1,0 +1,205 @@
+"""The fake Runtime honours the Runtime interface's contract (what unit tests rely on)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from gpulab.runtime.base import Mount, Runtime, WorkloadGone, WorkloadSpec, WorkloadState
+from gpulab.runtime.objects import L_INSTANCE, L_KIND, L_USER
+
+from ..conftest import run_async
+from ..support.fake_runtime import SIGKILL_EXIT, SIGTERM_EXIT, EngineError, FakeRuntime
+
+IMAGE = "gpulab/python:3.11"
+
+
+def spec(name: str = "w1", kind: str = "job", user: str = "alice", **kw) -> WorkloadSpec:
+    labels = {L_INSTANCE: "test", L_KIND: kind, L_USER: user}
+    return WorkloadSpec(name=name, image=IMAGE, command=["true"], labels=labels, **kw)
+
+
+def interface_methods() -> list[str]:
+    return [
+        n
+        for n, f in vars(Runtime).items()
+        if not n.startswith("_")
+        and inspect.isfunction(f)
+        and n not in ("image_ref", "run", "run_exec")
+    ]
+
+
+def test_every_method_of_the_interface_is_implemented():
+    rt = FakeRuntime()
+    assert isinstance(rt, Runtime)
+    for name in interface_methods():
+        assert getattr(FakeRuntime, name) is not getattr(Runtime, name), name
+        assert inspect.iscoroutinefunction(getattr(FakeRuntime, name)) == (
+            inspect.iscoroutinefunction(getattr(Runtime, name))
+        ), name
+
+
+def test_a_created_workload_runs_is_listed_with_its_labels_and_is_recorded():
+    rt = FakeRuntime(images={IMAGE})
+
+    async def go():
+        await rt.create_and_start(spec("w1"))
+        await rt.create_and_start(spec("n1", kind="notebook"))
+        return await rt.state("w1"), await rt.labelled("test", "job")
+
+    state, found = run_async(go())
+    assert state.running and state.exit_code is None and state.started_at
+    assert [(x.name, x.labels[L_USER], x.running) for x in found] == [("w1", "alice", True)]
+    assert rt.names("create_and_start") == ["w1", "n1"]
+    assert rt.names("state") == ["w1"]
+
+
+def test_remove_then_its_state_is_gone_and_a_second_remove_says_so():
+    rt = FakeRuntime()
+
+    async def go():
+        await rt.create_and_start(spec())
+        first = await rt.remove("w1")
+        return first, await rt.state("w1"), await rt.remove("w1"), await rt.logs("w1")
+
+    assert run_async(go()) == (True, None, False, b"")
+
+
+def test_a_scripted_engine_error_hits_the_named_call_once():
+    rt = FakeRuntime()
+    rt.fail("create_and_start", name="w2")
+
+    async def go():
+        await rt.create_and_start(spec("w1"))
+        with pytest.raises(EngineError):
+            await rt.create_and_start(spec("w2"))
+        assert await rt.state("w2") is None
+        await rt.create_and_start(spec("w2"))  # only once
+        return await rt.state("w2")
+
+    assert run_async(go()).running
+    with pytest.raises(AttributeError):
+        rt.fail("no_such_method")
+
+
+def test_exit_codes_now_or_on_start_and_oom():
+    rt = FakeRuntime()
+    rt.exits("w2", 3)
+
+    async def go():
+        await rt.create_and_start(spec("w1"))
+        rt.exits("w1", 0, oom=True)
+        await rt.create_and_start(spec("w2"))
+        return await rt.state("w1"), await rt.state("w2")
+
+    w1, w2 = run_async(go())
+    assert w1 == WorkloadState(running=False, exit_code=0, oom=True, started_at=w1.started_at)
+    assert (w2.running, w2.exit_code) == (False, 3)
+
+
+def test_stop_terminate_kill_start_again():
+    rt = FakeRuntime()
+
+    async def go():
+        await rt.create_and_start(spec("a"))
+        await rt.create_and_start(spec("b"))
+        await rt.create_and_start(spec("c"))
+        rt.workloads["b"].ignores_term = True
+        await rt.stop("a", 1)
+        await rt.terminate("b", 1)
+        still = (await rt.state("b")).running
+        await rt.kill("b")
+        await rt.terminate("c", 1)
+        codes = [(await rt.state(n)).exit_code for n in "abc"]
+        await rt.start_again("a")
+        with pytest.raises(EngineError):
+            await rt.start_again("gone")
+        return still, codes, await rt.state("a")
+
+    still, codes, again = run_async(go())
+    assert still and codes == [SIGTERM_EXIT, SIGKILL_EXIT, SIGTERM_EXIT]
+    assert again.running and rt.workloads["a"].starts == 2
+
+
+def test_a_vanished_or_lost_workload():
+    rt = FakeRuntime()
+
+    async def go():
+        await rt.create_and_start(spec("a"))
+        await rt.create_and_start(spec("b", node="n2"))
+        rt.vanish("a")
+        rt.lose("b")
+        return await rt.state("a"), await rt.state("b")
+
+    a, b = run_async(go())
+    assert a is None
+    assert (b.running, b.exit_code, b.lost, b.node) == (False, None, True, "n2")
+
+
+def test_a_missing_image_refuses_the_create():
+    rt = FakeRuntime(images={IMAGE})
+    rt.forget_image(IMAGE)
+
+    async def go():
+        assert not await rt.image_exists(IMAGE)
+        with pytest.raises(EngineError, match="No such image"):
+            await rt.create_and_start(spec())
+        return await rt.state("w1")
+
+    assert run_async(go()) is None
+
+
+def test_exec_logs_and_sessions():
+    rt = FakeRuntime()
+    rt.script_exec("w1", 2, b"x" * 10)
+
+    async def go():
+        with pytest.raises(WorkloadGone):
+            await rt.exec_run("w1", ["ls"], 5, 100)
+        await rt.create_and_start(spec())
+        rt.workloads["w1"].logs = b"one\ntwo\n"
+        cut = await rt.exec_run("w1", ["ls"], 5, 4)
+        default = await rt.exec_run("w1", ["ls"], 5, 4)
+        session = await rt.exec_session("w1")
+        return cut, default, await rt.logs("w1", tail=1), session
+
+    cut, default, tail, session = run_async(go())
+    assert cut == (2, b"xxxx", True) and default == (0, b"", False)
+    assert tail == b"two\n"
+    assert list(rt.log_stream("w1", follow=False)) == [b"one\n", b"two\n"]
+    with pytest.raises(WorkloadGone):
+        rt.log_stream("nope", follow=True)
+    session.write(b"ls\n")
+    assert session.read() == b"ls\n"
+    session.finish(0)
+    assert session.read() == b"" and session.exit_code() == 0
+
+
+def test_volumes_helpers_and_networks():
+    rt = FakeRuntime()
+    rt.script_helper(1, ["pulling", "failed"])
+    seen: list[str] = []
+
+    async def go():
+        net = await rt.ensure_user_network("test", "alice")
+        await rt.create_and_start(
+            spec(network_owner="alice", mounts=[Mount("data-alice", "/data")])
+        )
+        addr = await rt.address("w1", net)
+        with pytest.raises(WorkloadGone):
+            await rt.address("w1", "other")
+        in_use = await rt.remove_user_network_if_unused("test", "alice")
+        with pytest.raises(EngineError):
+            await rt.remove_volume("data-alice")
+        vols = await rt.volumes_named("data-")
+        helper = await rt.run_helper({"image": "sync"}, seen.append)
+        await rt.remove("w1")
+        gone = await rt.remove_user_network_if_unused("test", "alice")
+        return addr, in_use, vols, helper, gone, await rt.remove_volume("data-alice")
+
+    addr, in_use, vols, helper, gone, removed = run_async(go())
+    assert addr.startswith("10.0.0.") and not in_use and gone and removed
+    assert vols == [("data-alice", "")]
+    assert (helper.exit_code, helper.lines, seen) == (1, ["pulling", "failed"], helper.lines)
+    assert rt.helper_configs == [{"image": "sync"}]
