@@ -1,8 +1,8 @@
 """NotebookSpawner: JupyterHub's Spawner API for gpulab notebooks, on top of DockerSpawner.
 
-The spawner is a thin adapter: options are validated by :mod:`gpulab.options`, GPUs come from
-the shared :class:`~gpulab.gpus.ledger.GpuLedger`, states are kept by
-:class:`~gpulab.notebooks.NotebookRecords`, and what is sent to the engine is built by
+The spawner is a thin adapter: options are validated by :mod:`gpulab.notebooks.options`, GPUs
+come from the shared :class:`~gpulab.gpus.ledger.GpuLedger`, states are kept by
+:class:`~gpulab.notebooks.records.NotebookRecords`, and what is sent to the engine is built by
 :mod:`gpulab.runtime.objects`.
 """
 
@@ -14,6 +14,7 @@ import time
 from functools import cached_property
 
 from dockerspawner import DockerSpawner
+from jupyterhub.utils import maybe_future
 from tornado import web
 from traitlets import Float, Unicode, default
 
@@ -24,9 +25,9 @@ from .gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from .gpus.sharing import is_fraction
 from .lifecycle import InvalidTransition, NotebookState
 from .metrics import NOTEBOOK_START
-from .notebook_reconcile import NotebookReconciler
-from .notebooks import LimitExceeded, NotebookRecords
-from .options import NotebookOptions
+from .notebooks.options import NotebookOptions
+from .notebooks.reconcile import NotebookReconciler
+from .notebooks.records import LimitExceeded, NotebookRecords
 from .resources import format_memory
 from .runtime import make_runtime
 from .runtime.base import Runtime
@@ -195,7 +196,7 @@ class NotebookSpawner(
 
     @property
     def reconciler(self) -> NotebookReconciler:
-        """The hub process's periodic reconciliation (notebook_reconcile.py), one per instance."""
+        """The hub process's periodic reconciliation (notebooks/reconcile.py), one per instance."""
         key = f"{self.settings.instance}|{self.settings.database_url}"
         if key not in self._reconcilers:
             self._reconcilers[key] = NotebookReconciler(
@@ -399,7 +400,7 @@ class NotebookSpawner(
                 await self.runtime.kill(self.object_name)
         # GPUs go back only once the engine confirms that the container runs nothing; if it
         # does not, the record stays STOPPING with its GPUs, and the reconciler stops the
-        # container and settles the record once the engine answers (notebook_reconcile.py)
+        # container and settles the record once the engine answers (notebooks/reconcile.py)
         found = await self.runtime.state(self.object_name)
         if found is not None and found.running:
             raise SpawnFailed(503, f"notebook container {self.object_name} still runs")
@@ -424,7 +425,8 @@ class NotebookSpawner(
         with self._in_transit():
             done = await self._delete_forever()
         if done:
-            await super().delete_forever()
+            # Spawner.delete_forever "can be async": DockerSpawner's is a plain method
+            await maybe_future(super().delete_forever())
 
     async def check_allowed(self, image):
         # the image was validated against the catalog in apply_notebook_options

@@ -16,7 +16,12 @@ from traitlets import default
 
 from .durations import format_duration
 from .gpus.sharing import fraction_refusal, offered_fractions
-from .options import NotebookOptions, OptionsError, form_to_options, parse_notebook_options
+from .notebooks.options import (
+    NotebookOptions,
+    OptionsError,
+    form_to_options,
+    parse_notebook_options,
+)
 from .resources import format_memory
 from .runtime.images import ImageCache
 

@@ -13,7 +13,7 @@ from gpulab.gpus.inventory import GpuDevice
 from gpulab.gpus.ledger import GpuLedger, NoGpuAvailable
 from gpulab.jobs.records import JobRecords
 from gpulab.lifecycle import JobState, NotebookState
-from gpulab.notebooks import NotebookRecords
+from gpulab.notebooks.records import NotebookRecords
 
 
 def test_ledger_never_hands_a_device_out_twice_on_postgres(postgres_url):

@@ -12,7 +12,7 @@ from gpulab.lifecycle import (
     check_job_transition,
     check_notebook_transition,
 )
-from gpulab.options import OptionsError, form_to_options, parse_notebook_options
+from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
 from gpulab.resources import (
     Flavor,
     Limits,

@@ -10,7 +10,7 @@ from traitlets.config import Config
 
 from gpulab.frameworks import Catalog
 from gpulab.idle import idle_notebooks, idle_timeout_for, last_activity, parse_time
-from gpulab.options import OptionsError, parse_notebook_options
+from gpulab.notebooks.options import OptionsError, parse_notebook_options
 from gpulab.resources import Flavor, Limits, Resources
 from gpulab.settings import DEFAULT_EDITORS, DEFAULT_FRAMEWORKS, ConfigError, GpulabSettings
 

@@ -9,7 +9,7 @@ import pytest
 
 from gpulab.db import Database
 from gpulab.lifecycle import NotebookState, utcnow
-from gpulab.notebooks import NotebookRecords
+from gpulab.notebooks.records import NotebookRecords
 from gpulab.resources import Limits, Resources
 from gpulab.service.idle import IdleStopper
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpulab.lifecycle import NOTEBOOK_TRANSITIONS, NotebookState
-from gpulab.notebook_reconcile import PUSH_RETRY_STALE_AFTER, repairs
+from gpulab.notebooks.reconcile import PUSH_RETRY_STALE_AFTER, repairs
 from gpulab.runtime.objects import notebook_workload_id
 
 S = NotebookState

@@ -135,7 +135,7 @@ def test_job_records_log_each_committed_transition_once(tmp_path, caplog):
 def test_notebook_records_log_each_committed_transition_once(tmp_path, caplog):
     from gpulab.db import Database
     from gpulab.lifecycle import InvalidTransition, NotebookState
-    from gpulab.notebooks import LimitExceeded, NotebookRecords
+    from gpulab.notebooks.records import LimitExceeded, NotebookRecords
     from gpulab.resources import Limits, Resources
 
     caplog.set_level(logging.INFO, logger="gpulab.state")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.options import OptionsError, form_to_options, parse_notebook_options
+from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
 from gpulab.runtime.objects import sync_helper_config
 from gpulab.storage import StorageConfig
 from gpulab.workload_data import (

@@ -4,8 +4,8 @@ The body of ``POST /jobs`` (or what the CLI builds from its arguments) goes thro
 :func:`parse_job_spec`, which returns a frozen :class:`JobSpec` or raises :class:`JobSpecError`
 naming the field at fault (dotted for nested fields: ``resources.gpus``, ``env.FOO``,
 ``hang_restart.period``) with a message that says what is allowed. It mirrors the notebook
-options (:mod:`gpulab.options`): the same catalog, flavors, per-user limits, allowed images and
-volume grants, so the jobs API cannot reach what the notebook form would refuse.
+options (:mod:`gpulab.notebooks.options`): the same catalog, flavors, per-user limits, allowed
+images and volume grants, so the jobs API cannot reach what the notebook form would refuse.
 
 :data:`JOB_SPEC_SCHEMA` describes the same body as a JSON Schema (draft 2020-12) for the
 service's OpenAPI document; a unit test keeps its fields and the parser's in step.

@@ -20,7 +20,7 @@ from ..bounds import body_backstop
 from ..db import Database
 from ..jobs.supervisor import JobSupervisor
 from ..metrics import StateCollector
-from ..notebooks import NotebookRecords
+from ..notebooks.records import NotebookRecords
 from ..runtime import make_runtime
 from ..settings import ConfigError, GpulabSettings
 from ..statelog import json_formatter, register_sensitive

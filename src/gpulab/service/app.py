@@ -22,7 +22,7 @@ from ..jobs.spec_schema import job_spec_schema
 from ..lifecycle import NotebookState
 from ..logscrub import request_summary
 from ..metrics import API_REQUESTS
-from ..notebooks import NotebookRecords
+from ..notebooks.records import NotebookRecords
 from ..runtime.docker import DockerRuntime
 from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings

@@ -15,7 +15,7 @@ from tornado.log import app_log
 
 from ..bounds import body_too_large, shown
 from ..logscrub import request_summary
-from ..notebooks import NotebookRecords
+from ..notebooks.records import NotebookRecords
 from .bodylimit import request_cap
 
 # JupyterHub custom scopes (declared in jupyterhub_config.py). Each handler requires the one

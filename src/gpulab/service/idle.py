@@ -26,7 +26,7 @@ from tornado.httpclient import HTTPClientError
 
 from ..idle import REASON, IdleStop, idle_notebooks
 from ..lifecycle import utcnow
-from ..notebooks import NotebookRecords
+from ..notebooks.records import NotebookRecords
 from .hub import HubClient
 
 log = logging.getLogger(__name__)

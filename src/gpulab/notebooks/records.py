@@ -7,11 +7,11 @@ from datetime import timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import selectinload
 
-from .billing import billed_minutes
-from .db import Database, Notebook, NotebookEvent
-from .lifecycle import InvalidTransition, NotebookState, check_notebook_transition, utcnow
-from .resources import Limits, Resources, format_memory, parse_memory
-from .statelog import state_change
+from ..billing import billed_minutes
+from ..db import Database, Notebook, NotebookEvent
+from ..lifecycle import InvalidTransition, NotebookState, check_notebook_transition, utcnow
+from ..resources import Limits, Resources, format_memory, parse_memory
+from ..statelog import state_change
 
 S = NotebookState
 #: notebook states in which a notebook's container may hold CPUs, memory and GPUs

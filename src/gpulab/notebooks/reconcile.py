@@ -31,10 +31,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from .disk_ledger import DiskLedger
-from .lifecycle import InvalidTransition, NotebookState, utcnow
-from .runtime.docker import EngineError
-from .runtime.objects import L_ROUTE, L_WORKLOAD, notebook_workload_id
+from ..disk_ledger import DiskLedger
+from ..lifecycle import InvalidTransition, NotebookState, utcnow
+from ..runtime.docker import EngineError
+from ..runtime.objects import L_ROUTE, L_WORKLOAD, notebook_workload_id
 
 log = logging.getLogger("gpulab.notebooks")
 S = NotebookState

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .bounds import (
+from ..bounds import (
     MAX_ID_CHARS,
     MAX_IMAGE_CHARS,
     MAX_NUMBER_CHARS,
@@ -23,12 +23,12 @@ from .bounds import (
     check_count,
     shown,
 )
-from .errors import FieldError
-from .frameworks import Catalog, CatalogError
-from .idle import idle_timeout_for
-from .resources import Flavor, Limits, ResourceError, Resources, resolve_resources
-from .storage import StorageConfig
-from .volumes import VolumeError, VolumeSpec
+from ..errors import FieldError
+from ..frameworks import Catalog, CatalogError
+from ..idle import idle_timeout_for
+from ..resources import Flavor, Limits, ResourceError, Resources, resolve_resources
+from ..storage import StorageConfig
+from ..volumes import VolumeError, VolumeSpec
 
 KNOWN_OPTIONS = (
     "framework",
