@@ -10,20 +10,17 @@ import pytest
 from gpulab.db import Database
 from gpulab.gpus.inventory import GpuDevice
 from gpulab.gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
+from gpulab.gpus.placement import choose_gang, gang_fits, regroup
 from gpulab.jobs.gang import (
-    choose_gang,
-    combine,
     decode_devices,
     distributed_env,
     encode_devices,
-    gang_fits,
-    merge_logs,
     rank_name,
     ranks,
-    regroup,
-    strip_stamps,
 )
+from gpulab.jobs.logs import merge_logs, strip_stamps
 from gpulab.jobs.recovery import Container as C
+from gpulab.jobs.recovery import combine
 from gpulab.jobs.spec import JobSpec, JobSpecError
 from gpulab.resources import Limits
 

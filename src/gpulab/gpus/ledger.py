@@ -18,8 +18,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
 from ..db import Database, GpuAllocation, Job
-from ..jobs.gang import choose_gang, gang_fits, regroup
 from ..lifecycle import utcnow
+from . import placement
 from .inventory import GpuDevice
 from .sharing import is_fraction, pick_shared, share_of, slots_of
 
@@ -119,12 +119,7 @@ class GpuLedger:
         """(node, GPUs) of the node with the most GPUs ("this host" on one host)."""
         if not self.clustered:
             return "this host", len(self.devices)
-        counts = {n: 0 for n in self.nodes or []}
-        for d in self.devices:
-            counts[d.node] = counts.get(d.node, 0) + 1
-        if not counts:
-            return "none", 0
-        return max(counts.items(), key=lambda kv: (kv[1], kv[0]))
+        return placement.biggest_node(self.devices, self.nodes or [])
 
     def gpu_home(self) -> tuple[int, str]:
         """(the most GPUs one workload can have, what has them): for refusal messages."""
@@ -137,21 +132,8 @@ class GpuLedger:
         """Pick ``count`` of the ``free`` devices, all on one node, by the placement policy.
         Empty when no node has enough (one host: the first free ones). Devices that are not
         shareable go first, so that whole GPUs leave the shareable ones to fractions."""
-        if self.sharing:
-            free = sorted(free, key=lambda d: self.slots(d) > 0)
-        if not self.clustered:
-            return list(free[:count]) if len(free) >= count else []
-        by_node: dict[str, list[GpuDevice]] = {}
-        for d in free:
-            by_node.setdefault(d.node, []).append(d)
-        fits = [(n, ds) for n, ds in by_node.items() if len(ds) >= count]
-        if not fits:
-            return []
-        if self.policy == "spread":
-            node, ds = max(fits, key=lambda f: (len(f[1]), f[0]))
-        else:  # pack: the fullest node that still fits keeps whole nodes free for big work
-            node, ds = min(fits, key=lambda f: (len(f[1]), f[0]))
-        return ds[:count]
+        shared = (lambda d: self.slots(d) > 0) if self.sharing else None
+        return placement.choose_devices(free, count, self.policy, self.clustered, shared)
 
     def node_for_cpu(self) -> str:
         """The node for a workload without GPUs: where GPUs are fewest free (pack; keeps the
@@ -170,8 +152,7 @@ class GpuLedger:
         for d in self.devices:
             if d.key not in busy and d.node in free:
                 free[d.node] += 1
-        pick = max if self.policy == "spread" else min
-        return pick(sorted(free), key=lambda n: free[n])
+        return placement.node_for_cpu(free, self.policy)
 
     def reserve(
         self, workload: str, owner: str, kind: str, count: float, quota: int | None = None
@@ -218,27 +199,23 @@ class GpuLedger:
             by_node: dict[str, list[str]] = {}
             for d in free:
                 by_node.setdefault(d.node, []).append(d.key)
-            return choose_gang(by_node, per_worker, workers, spread=self.policy == "spread")
+            return placement.choose_gang(
+                by_node, per_worker, workers, spread=self.policy == "spread"
+            )
 
         return self._reserve(workload, owner, kind, per_worker * workers, quota, pick, workers)
 
     def gang_slots(self) -> dict[int, int]:
         """Workers of g GPUs (g from 1 to the biggest node's) the nodes hold at once."""
-        capacity: dict[str, int] = {}
-        for d in self.devices:
-            capacity[d.node] = capacity.get(d.node, 0) + 1
-        most = max(capacity.values(), default=0)
-        return {g: sum(c // g for c in capacity.values()) for g in range(1, most + 1)}
+        return placement.gang_slots(placement.capacity(self.devices))
 
     def gang_refusal(self, per_worker: int, workers: int) -> str | None:
         """Why ``workers`` ranks of ``per_worker`` GPUs can never be placed (all nodes
         empty), or None: checked at submission."""
         if workers <= 1 or per_worker <= 0:
             return None
-        capacity: dict[str, int] = {}
-        for d in self.devices:
-            capacity[d.node] = capacity.get(d.node, 0) + 1
-        if gang_fits(capacity, per_worker, workers):
+        capacity = placement.capacity(self.devices)
+        if placement.gang_fits(capacity, per_worker, workers):
             return None
         slots = sum(c // per_worker for c in capacity.values())
         where = "this host" if not self.clustered else f"the cluster's {len(capacity)} node(s)"
@@ -281,7 +258,7 @@ class GpuLedger:
                     if mine:
                         if workers == 1:
                             return [mine]
-                        return regroup(mine, int(count) // workers, workers)
+                        return placement.regroup(mine, int(count) // workers, workers)
                     if quota is not None:
                         lent = self._lent_workloads(s, owner)
                         in_quota = sum(

@@ -17,8 +17,9 @@ from ..gpus.inventory import device_id
 from ..resources import container_limits
 from ..runtime.base import Mount, WorkloadGone, WorkloadSpec
 from ..runtime.objects import workload_labels
-from .gang import Rank, distributed_env, merge_logs, rank_alias, rank_name
+from .gang import Rank, distributed_env, rank_alias, rank_name
 from .git_sources import git_mounts
+from .logs import merge_logs
 from .spec import JobSpec
 from .spec_extras import job_path, port_env
 

@@ -13,13 +13,10 @@ each rank's devices, ranks separated by ``;`` (``"0,1;2,3"``; one rank: ``"0,1"`
 
 from __future__ import annotations
 
-import heapq
-import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..gpus.inventory import node_of
-from .recovery import Container
 
 #: the port rank 0 listens on for the rendezvous (torch.distributed's usual default)
 MASTER_PORT = 29500
@@ -121,109 +118,3 @@ def distributed_env(rank: int, workers: int) -> dict[str, str]:
         "PET_MASTER_ADDR": master,
         "PET_MASTER_PORT": str(MASTER_PORT),
     }
-
-
-def combine(found: Sequence[Container]) -> Container:
-    """One view of a gang's containers for :func:`~gpulab.jobs.recovery.decide`.
-
-    A rank missing means the gang is not whole (ABSENT: a start cut short, or lost). A gang
-    is RUNNING or ENDED (in this life) only when every rank is one of those; a mix with a
-    rank left from an earlier life (a whole-gang restart cut short) is STALE, so that the
-    restart is finished (only the ranks not running are started again)."""
-    if not found:
-        return Container.ABSENT
-    if any(c is Container.ABSENT for c in found):
-        return Container.ABSENT
-    if any(c is Container.STALE for c in found):
-        return Container.STALE
-    if any(c is Container.RUNNING for c in found):
-        return Container.RUNNING
-    return Container.ENDED
-
-
-def choose_gang(
-    free_by_node: dict[str, list[str]], per_worker: int, workers: int, spread: bool = False
-) -> list[list[str]]:
-    """Each rank's ``per_worker`` devices from the free ones (node -> free device keys, in
-    order), every rank's on one node; several ranks may share a node. Empty when the whole
-    gang does not fit now: nothing is half-placed.
-
-    ``pack`` fills the fullest nodes that fit first (keeping whole nodes free for big work);
-    ``spread`` puts each next rank on the node with the most devices still free."""
-    if per_worker <= 0 or workers <= 0:
-        return []
-    pools = {n: list(ds) for n, ds in free_by_node.items() if len(ds) >= per_worker}
-    if sum(len(ds) // per_worker for ds in pools.values()) < workers:
-        return []
-    out: list[list[str]] = []
-    if spread:
-        mine: dict[str, int] = {}  # ties go to the node with fewer of this gang's ranks
-        for _ in range(workers):
-            fit = [n for n in pools if len(pools[n]) >= per_worker]
-            node = max(fit, key=lambda n: (len(pools[n]), -mine.get(n, 0), n))
-            mine[node] = mine.get(node, 0) + 1
-            out.append(pools[node][:per_worker])
-            del pools[node][:per_worker]
-        return out
-    for node in sorted(pools, key=lambda n: (len(pools[n]), n)):
-        while len(out) < workers and len(pools[node]) >= per_worker:
-            out.append(pools[node][:per_worker])
-            del pools[node][:per_worker]
-    return out
-
-
-def gang_fits(capacity: dict[str, int], per_worker: int, workers: int) -> bool:
-    """Whether ``workers`` ranks of ``per_worker`` GPUs fit the nodes' ``capacity`` at all
-    (every node empty): what decides a refusal at submission."""
-    if per_worker <= 0:
-        return True
-    return sum(c // per_worker for c in capacity.values()) >= workers
-
-
-def regroup(held: Sequence[str], per_worker: int, workers: int) -> list[list[str]]:
-    """Each rank's devices again from what a gang's workload holds (a placement retried
-    after a crash between the booking and its record): node by node, ``per_worker`` each.
-    Every rank's devices were booked on one node, so chunks never straddle two."""
-    by_node: dict[str, list[str]] = {}
-    for key in sorted(held):
-        by_node.setdefault(node_of(key), []).append(key)
-    out = []
-    for ds in by_node.values():
-        out += [ds[i : i + per_worker] for i in range(0, len(ds), per_worker)]
-    return out[:workers] if len(out) >= workers else []
-
-
-_STAMP = re.compile(rb"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z ")
-
-
-def strip_stamps(log: bytes) -> bytes:
-    """A timestamped log (``timestamps=True``) as its command printed it."""
-    return b"".join(
-        line.partition(b" ")[2] if _STAMP.match(line) else line
-        for line in log.splitlines(keepends=True)
-    )
-
-
-def _lines(rank: int, log: bytes) -> Iterator[tuple[bytes, int, int, bytes]]:
-    """(stamp key, rank, line number, prefixed line) of one rank's log, in its order; a line
-    without a stamp (cut, or not from the engine) keeps the key of the line before it."""
-    key = b""
-    prefix = b"[rank %d] " % rank
-    lines = log.split(b"\n")
-    if lines and not lines[-1]:
-        lines.pop()
-    for i, line in enumerate(lines):
-        # "2026-11-23T10:00:00.123Z text": byte checks, no regex (hundreds of thousands)
-        sp = line.find(b" ", 19, 32)
-        if sp > 0 and line[sp - 1] == 90 and line[10] == 84:  # 'Z', 'T'
-            whole, _, frac = line[: sp - 1].partition(b".")
-            key, line = whole + b"." + frac.ljust(9, b"0"), line[sp + 1 :]
-        yield key, rank, i, prefix + line + b"\n"
-
-
-def merge_logs(per_rank: Sequence[bytes]) -> bytes:
-    """All ranks' timestamped logs as one, in time order (rank order for equal times), each
-    line prefixed ``[rank K] `` and without its stamp. Each rank's log is already in time
-    order: a k-way merge (linear; the caller bounds each rank's bytes)."""
-    merged = heapq.merge(*(_lines(rank, log) for rank, log in enumerate(per_rank)))
-    return b"".join(x[3] for x in merged)

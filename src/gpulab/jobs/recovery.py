@@ -11,6 +11,7 @@ runs twice, nothing ends while its container may still run, no output is dropped
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..lifecycle import JOB_TRANSITIONS, JobState
@@ -146,3 +147,21 @@ def path(state: JobState, outcome: JobState, push: bool) -> list[JobState]:
     if outcome in JOB_TRANSITIONS[state]:
         return [outcome]
     return [J.FINALIZING, outcome]
+
+
+def combine(found: Sequence[Container]) -> Container:
+    """One view of a gang's containers for :func:`decide`.
+
+    A rank missing means the gang is not whole (ABSENT: a start cut short, or lost). A gang
+    is RUNNING or ENDED (in this life) only when every rank is one of those; a mix with a
+    rank left from an earlier life (a whole-gang restart cut short) is STALE, so that the
+    restart is finished (only the ranks not running are started again)."""
+    if not found:
+        return Container.ABSENT
+    if any(c is Container.ABSENT for c in found):
+        return Container.ABSENT
+    if any(c is Container.STALE for c in found):
+        return Container.STALE
+    if any(c is Container.RUNNING for c in found):
+        return Container.RUNNING
+    return Container.ENDED

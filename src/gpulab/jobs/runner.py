@@ -24,10 +24,10 @@ from ..runtime.network import NetworkUnavailable
 from ..user_secrets import SecretMissing, SecretsUnavailable
 from .containers import JobContainer
 from .ending import RECOVERABLE, JobEnding
-from .gang import Rank, combine, nodes_of
+from .gang import Rank, nodes_of
 from .git_sources import clone_sources
 from .progress import TransferNotes
-from .recovery import Container, Decision, Step, classify, decide
+from .recovery import Container, Decision, Step, classify, combine, decide
 from .spec import JobSpec
 
 log = logging.getLogger("gpulab.jobs")

@@ -36,7 +36,7 @@ Rules
 6. **Devices and node shape.** A job of ``workers`` ranks needs ``gpus / workers`` GPUs per
    rank, each rank's on one node (several ranks may share a node): the free devices are
    grouped by ``node_of`` (one host: one node) and a job starts only when every rank fits
-   (:func:`~gpulab.jobs.gang.choose_gang`, ``pack`` or ``spread`` as the ledger places them).
+   (:func:`~gpulab.gpus.placement.choose_gang`, ``pack`` or ``spread`` as the ledger places them).
    A job that has enough free GPUs in count but not in shape (2 ranks of 2 GPUs on four nodes
    with one free each) does not start and holds nothing, so the jobs behind it may use those
    GPUs (backfill), unless preempting over-quota jobs would give it its shape (rule 4).
@@ -56,7 +56,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from .gang import choose_gang
+from ..gpus.placement import choose_gang
 
 __all__ = [
     "ActiveJob",

@@ -21,13 +21,14 @@ from pathlib import Path
 from ..disk_ledger import DiskLedger
 from ..gpus.inventory import from_nodes, load_inventory, node_of
 from ..gpus.ledger import GpuLedger, NoGpuAvailable
+from ..gpus.placement import choose_gang
 from ..lifecycle import InvalidTransition, JobState
 from ..metrics import JOB_QUEUE_WAIT
 from ..runtime.base import Runtime
 from ..runtime.objects import job_container_name, job_workload_id
 from ..user_secrets import store_for
 from ..workload_data import DiskAccount, VolumeSync, WorkloadData, volume_name
-from .gang import choose_gang, decode_devices, encode_devices
+from .gang import decode_devices, encode_devices
 from .housekeeping import JobHousekeeping
 from .lease import SupervisorLease
 from .records import JobRecords

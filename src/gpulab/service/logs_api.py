@@ -15,7 +15,8 @@ import threading
 from tornado.iostream import StreamClosedError
 
 from ..jobs.containers import rank_log_share, read_tail
-from ..jobs.gang import merge_logs, rank_name, strip_stamps
+from ..jobs.gang import rank_name
+from ..jobs.logs import merge_logs, strip_stamps
 from ..lifecycle import JobState
 from ..runtime.base import WorkloadGone
 from .app_base import ApiError, authenticated
