@@ -30,7 +30,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.hubctl import Hub  # noqa: E402
+from tests.support.hub import Hub  # noqa: E402
 
 
 def pct(values: list[float], p: float) -> float:

@@ -22,7 +22,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.hubctl import Hub  # noqa: E402
+from tests.support.hub import Hub  # noqa: E402
 
 SMALL = {"gpus": 0, "cpus": 0.25, "memory": "256M"}
 

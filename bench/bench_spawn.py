@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.hubctl import Hub  # noqa: E402
+from tests.support.hub import Hub  # noqa: E402
 
 IMAGE = "gpulab/python:3.11"
 PLAIN = f"""

@@ -7,17 +7,23 @@ Tests that need Docker skip on a developer machine without an engine, but FAIL i
 from __future__ import annotations
 
 import os
+import subprocess
 import time
+from pathlib import Path
 
 import docker
 import pytest
 
-from .hubctl import Hub
+from gpulab import __version__
+
+from .support.hub import Hub
 
 IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 BASE_IMAGE = "gpulab/python:3.11"
 PYTORCH_IMAGE = "gpulab/pytorch:2.13"
 FRAMEWORK_IMAGES = ("gpulab/tensorflow:2.20", "gpulab/jax:0.7")
+SYNC_IMAGE = f"gpulab/sync:{__version__}"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _need(message: str):
@@ -76,6 +82,26 @@ def pytorch_image(docker_client):
 def framework_images(docker_client):
     """The TensorFlow and JAX images (built by `make images` too)."""
     return [_image(docker_client, image) for image in FRAMEWORK_IMAGES]
+
+
+@pytest.fixture(scope="module")
+def sync_image(docker_client):
+    """The sync image with dulwich and this tree's gitclone module: built (or found up to
+    date, in a second) by scripts/build-images.sh, as `make images` does."""
+    run = subprocess.run(
+        [str(ROOT / "scripts" / "build-images.sh"), "sync"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if run.returncode != 0:
+        _need(f"scripts/build-images.sh sync failed:\n{run.stderr[-3000:]}")
+    out = docker_client.containers.run(
+        SYNC_IMAGE, ["git-clone", "--help"], remove=True, stdout=True, stderr=True
+    )
+    assert b"git-clone" in out
+    return SYNC_IMAGE
 
 
 @pytest.fixture(scope="session")

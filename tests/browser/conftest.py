@@ -65,7 +65,7 @@ def browser():
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("browser"), extra_config=HUB_CONFIG).start()
     yield hub

@@ -7,6 +7,7 @@ import time
 
 import requests
 
+from ..support.programs import RECORDER
 from .conftest import login, wait_until
 
 SERVICE = "/services/gpulab"
@@ -111,33 +112,6 @@ def test_secrets_page_and_the_submit_forms_extra_fields(hub, new_page, shots):
     page.click("#submit-job")
     page.wait_for_selector("#error-ports")
     assert "must be a number" in page.inner_text("#error-ports")
-
-
-#: an attacker's app (tornado is in the python image): it records every request and websocket
-#: handshake it gets, headers and query included, in its output (which its owner reads); its
-#: page sets a cookie for the whole origin and opens a websocket back to the app
-RECORDER = r"""
-import json, tornado.web, tornado.websocket, tornado.ioloop
-def record(kind, request):
-    print("SEEN " + json.dumps({"kind": kind, "uri": request.uri,
-                                "headers": dict(request.headers)}), flush=True)
-class Ws(tornado.websocket.WebSocketHandler):
-    def check_origin(self, origin): return True
-    def open(self):
-        record("ws", self.request)
-        self.write_message("ws:ok")
-PAGE = '''<html><body><p id=status>loaded</p><script>
-const ws = new WebSocket(location.href.replace(/^http/, "ws").replace(/[^/]*$/, "") + "ws");
-ws.onmessage = (e) => { document.getElementById("status").textContent = e.data; };
-</script></body></html>'''
-class Page(tornado.web.RequestHandler):
-    def get(self):
-        record("http", self.request)
-        self.set_header("Set-Cookie", "appsession=owner-app-cookie; Path=/; HttpOnly")
-        self.write(PAGE)
-tornado.web.Application([(r".*/ws", Ws), (r".*", Page)]).listen(8080)
-tornado.ioloop.IOLoop.current().start()
-"""
 
 
 def _seen(api: str, headers: dict, job_id: str) -> list[dict]:

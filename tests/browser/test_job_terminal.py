@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..integration.test_jobs import Api
+from ..support.api import Api
 from .conftest import login, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]

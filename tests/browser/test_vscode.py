@@ -13,8 +13,8 @@ import re
 import pytest
 import requests
 
-from ..integration.s3server import MotoS3Server, credentials_file, workspace_store_config
-from ..integration.test_notebook_data import sh
+from ..support.containers import sh
+from ..support.s3 import MotoS3Server, credentials_file, workspace_store_config
 from .conftest import login, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
@@ -33,7 +33,7 @@ def s3():
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images, s3):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     workdir = tmp_path_factory.mktemp("vscode")
     hub = Hub(

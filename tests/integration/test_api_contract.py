@@ -71,7 +71,7 @@ ALL_CHECKS = CHECKS.get_all()
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("contract"), extra_config=CONFIG).start()
     yield hub

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from ..hubctl import Hub
+from ..support.hub import Hub
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -357,7 +357,8 @@ def test_distributed_job_workers_ranks_and_their_logs(alice, pytorch_image, dock
     """``--workers 2``: a gloo all_reduce over two containers (the sum, 3, proves both took
     part), followed to DONE; its logs merged (each line once, prefixed) or one rank's; its
     workers in ``job get``; its GPUs in all in ``job list``."""
-    from .test_jobs_distributed import ALL_REDUCE, gpus_of
+    from ..support.containers import gpus_of
+    from ..support.programs import ALL_REDUCE
 
     r = cli(
         "job", "run", "--framework", "pytorch", "--workers", "2", "--gpu", "1", "--cpu", "0.5",

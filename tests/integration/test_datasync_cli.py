@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, FaultyProxy, MotoS3Server, free_port
-from .test_datasync_s3 import read_tree, remote_tree, sample_files, write_tree
+from ..support.ports import free_port
+from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, FaultyProxy, MotoS3Server
+from ..support.trees import read_tree, remote_tree, sample_files, write_tree
 
 CLI = str(Path(sys.executable).parent / "gpulab-sync")
 

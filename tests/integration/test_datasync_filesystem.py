@@ -12,7 +12,7 @@ import pytest
 
 from gpulab.datasync import FilesystemRemote, SyncOptions, pull, purge, push
 
-from .test_datasync_s3 import manifest_keys, read_tree, sample_files, write_tree
+from ..support.trees import manifest_keys, read_tree, sample_files, write_tree
 
 
 def store_tree(root: Path, bucket: str) -> dict[str, bytes]:

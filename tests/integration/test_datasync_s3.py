@@ -9,9 +9,7 @@ import os
 import uuid
 from pathlib import Path
 
-import boto3
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from gpulab.datasync import (
@@ -28,7 +26,8 @@ from gpulab.datasync.hashing import hash_file
 from gpulab.datasync.manifest import MANIFEST_NAME
 from gpulab.datasync.models import IntegrityError
 
-from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, FaultyProxy, MotoS3Server
+from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, FaultyProxy, MotoS3Server, raw_client
+from ..support.trees import manifest_keys, read_tree, remote_tree, sample_files, write_tree
 
 MiB = 1024 * 1024
 CREDS = Credentials(TEST_ACCESS_KEY, TEST_SECRET_KEY)
@@ -54,49 +53,6 @@ def remote_for(endpoint: str, bucket: str, **settings) -> S3Remote:
         settings=S3Settings(**settings),
         store_name="test",
     )
-
-
-def raw_client(endpoint: str, **config):
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=TEST_ACCESS_KEY,
-        aws_secret_access_key=TEST_SECRET_KEY,
-        config=Config(s3={"addressing_style": "path"}, **config),
-    )
-
-
-def write_tree(root: Path, files: dict[str, bytes]) -> None:
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-
-
-def read_tree(root: Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(root).as_posix(): p.read_bytes()
-        for p in root.rglob("*")
-        if p.is_file() and not p.name.startswith(".gpulab-sync")
-    }
-
-
-def remote_tree(endpoint: str, bucket: str, prefix: str = "") -> dict[str, bytes]:
-    c = raw_client(endpoint)
-    out = {}
-    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for item in page.get("Contents", []):
-            out[item["Key"]] = c.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
-    return out
-
-
-def manifest_keys(root: Path) -> set[str]:
-    return set(json.loads((root / MANIFEST_NAME).read_text())["objects"])
-
-
-def sample_files(n: int = 20) -> dict[str, bytes]:
-    return {f"dir{i % 4}/sub/file{i}.bin": os.urandom(100 + 37 * i) for i in range(n)}
 
 
 def test_push_then_pull_round_trip(server, bucket, tmp_path):

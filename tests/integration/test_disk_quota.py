@@ -16,9 +16,8 @@ import pytest
 import requests
 
 from ..conftest import _need, run_async
-from .gitserver import GitServer, git, git_backend_available
-from .test_git_sources import sync_image  # noqa: F401 - the fixture (built up to date)
-from .test_jobs import Api
+from ..support.api import Api
+from ..support.git import GitServer, git, git_backend_available
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -30,7 +29,7 @@ BUCKET = "quota-data"
 def s3(tmp_path_factory):
     import boto3
 
-    from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
+    from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
 
     server = MotoS3Server().start()
     client = boto3.client(
@@ -80,8 +79,8 @@ def gitsrv(tmp_path_factory, docker_client):
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images, sync_image, s3):  # noqa: F811 - the fixture above
-    from ..hubctl import Hub
+def hub(tmp_path_factory, images, sync_image, s3):
+    from ..support.hub import Hub
 
     config = f"""
 c.GpulabSettings.supervisor_interval = 0.2
@@ -220,7 +219,7 @@ def test_a_repository_over_its_cap_or_the_quota_fails_and_leaves_nothing(
 
 
 def test_notebooks_count_against_the_same_quota_until_they_are_deleted(hub, docker_client):
-    from ..hubctl import SpawnFailed
+    from ..support.hub import SpawnFailed
 
     token = hub.create_user("nina")
     api = Api(hub, "nina")
@@ -269,7 +268,7 @@ def test_notebooks_count_against_the_same_quota_until_they_are_deleted(hub, dock
 
 
 def test_a_prefix_that_grows_after_its_listing_is_booked_again(
-    sync_image,  # noqa: F811 - the fixture imported above
+    sync_image,
     tmp_path,
     docker_client,
 ):

@@ -10,8 +10,8 @@ import pytest
 import requests
 
 from ..conftest import wait_until
-from ..kernels import run_code
-from .test_notebook_form_restart import login
+from ..support.hub import login
+from ..support.kernels import run_code
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -33,7 +33,7 @@ SMALL = {"flavor": "cpu-small"}
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images, framework_images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("frameworks"), extra_config=CONFIG).start()
     yield hub

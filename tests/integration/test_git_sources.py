@@ -16,42 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from gpulab import __version__
 from gpulab.jobs.git_sources import clone_sources, git_mounts, git_volume_names
 from gpulab.jobs.spec_git import GitSource
 from gpulab.runtime.docker import DockerRuntime
 from gpulab.workload_data import WorkloadData
 
-from ..conftest import IN_CI, _need, run_async
-from .gitserver import GitServer, git, git_backend_available
+from ..conftest import IN_CI, SYNC_IMAGE, _need, run_async
+from ..support.git import GitServer, git, git_backend_available
 
 pytestmark = [pytest.mark.docker]
 
-ROOT = Path(__file__).resolve().parents[2]
-SYNC_IMAGE = f"gpulab/sync:{__version__}"
 INSTANCE = "gpulab-test-git"
 USER, PASSWORD = "alice", "pw-" + uuid.uuid4().hex
 SECRETS = {"right": f"{USER}:{PASSWORD}", "wrong": f"{USER}:not-{PASSWORD}", "token": PASSWORD}
-
-
-@pytest.fixture(scope="module")
-def sync_image(docker_client):
-    """The sync image with dulwich and this tree's gitclone module: built (or found up to
-    date, in a second) by scripts/build-images.sh, as `make images` does."""
-    run = subprocess.run(
-        [str(ROOT / "scripts" / "build-images.sh"), "sync"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    if run.returncode != 0:
-        _need(f"scripts/build-images.sh sync failed:\n{run.stderr[-3000:]}")
-    out = docker_client.containers.run(
-        SYNC_IMAGE, ["git-clone", "--help"], remove=True, stdout=True, stderr=True
-    )
-    assert b"git-clone" in out
-    return SYNC_IMAGE
 
 
 @pytest.fixture(scope="module")
@@ -336,7 +313,7 @@ def test_ci_has_git_http_backend():
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images, sync_image):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     config = 'c.GpulabSettings.gpu_devices = [{"id": "0"}]\nc.GpulabSettings.gpu_mode = "env"\n'
     config += "c.GpulabSettings.supervisor_interval = 0.2\n"
@@ -347,7 +324,7 @@ def hub(tmp_path_factory, images, sync_image):
 
 
 def test_a_job_runs_on_its_clones_and_a_bad_revision_fails_it(hub, server, repos):
-    from .test_jobs import Api
+    from ..support.api import Api
 
     api = Api(hub, "alice")
     r = api.call("PUT", "/secrets/gitcred", json={"value": f"{USER}:{PASSWORD}"})

@@ -12,7 +12,7 @@ import concurrent.futures
 import pytest
 import requests
 
-from ..hubctl import SpawnFailed
+from ..support.hub import SpawnFailed
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 

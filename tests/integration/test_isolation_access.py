@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from .test_jobs import TERMINAL, Api
+from ..support.api import TERMINAL, Api
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -35,7 +35,7 @@ SMALL = {"gpus": 0, "cpus": 0.2, "memory": "256M"}
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("access"), extra_config=CONFIG).start()
     yield hub

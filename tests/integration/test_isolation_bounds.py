@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from .test_jobs import Api
+from ..support.api import Api
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -29,7 +29,7 @@ FAST = 1.0
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("bounds"), extra_config=CONFIG).start()
     yield hub

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from ..hubctl import SpawnFailed
-from .test_jobs import Api
+from ..support.api import Api
+from ..support.hub import SpawnFailed
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -43,7 +43,7 @@ MALLORY = (
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("isolation"), extra_config=CONFIG).start()
     yield hub

@@ -42,7 +42,7 @@ TERMINAL = {"DONE", "FAILED", "ERROR", "INTERRUPTED", "SYNC_FAILED"}
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("netiso")).start()
     yield hub

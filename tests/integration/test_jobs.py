@@ -7,6 +7,8 @@ import time
 import pytest
 import requests
 
+from ..support.api import TERMINAL, Api, states
+
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
 CONFIG = """
@@ -18,47 +20,11 @@ c.GpulabSettings.job_container_retention = 3600
 c.GpulabSettings.user_job_quotas = {"qa": {"gpus": 1}, "pre": {"gpus": 0}}
 c.GpulabSettings.max_resources = {"cpus": 2, "memory": "4G", "gpus": 2}
 """
-TERMINAL = {"DONE", "FAILED", "ERROR", "INTERRUPTED", "SYNC_FAILED"}
-
-
-class Api:
-    def __init__(self, hub, user: str):
-        self.hub, self.user = hub, user
-        self.token = hub.create_user(user)
-        self.base = f"{hub.url}/services/gpulab/api"
-
-    def call(self, method: str, path: str, **kw) -> requests.Response:
-        headers = {"Authorization": f"token {self.token}"}
-        return requests.request(method, self.base + path, headers=headers, timeout=60, **kw)
-
-    def submit(self, **body) -> dict:
-        body.setdefault("resources", {"gpus": 0, "cpus": 0.5, "memory": "512M"})
-        r = self.call("POST", "/jobs", json=body)
-        assert r.status_code == 201, r.text
-        return r.json()
-
-    def job(self, job_id: str) -> dict:
-        r = self.call("GET", f"/jobs/{job_id}")
-        assert r.status_code == 200, r.text
-        return r.json()
-
-    def wait(self, job_id: str, states=TERMINAL, timeout: float = 90) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            job = self.job(job_id)
-            if job["state"] in states:
-                return job
-            time.sleep(0.2)
-        raise TimeoutError(f"{job_id} not in {states}: {job['state']}\n{self.hub.tail(40)}")
-
-
-def states(job: dict) -> list[str]:
-    return [e["state"] for e in job["history"] if e["kind"] == "transition"]
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("jobs"), extra_config=CONFIG).start()
     yield hub
@@ -333,7 +299,7 @@ def test_finished_containers_are_removed_after_the_delay_records_and_logs_stay(
 def test_job_data_pulled_from_and_pushed_to_s3(hub_factory, tmp_path, docker_client):
     import boto3
 
-    from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
+    from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
 
     # moto keeps one state per process: buckets of their own keep this test apart from others
     s3 = MotoS3Server().start()

@@ -19,7 +19,8 @@ from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
 from ..conftest import run_async
-from .test_jobs import TERMINAL, Api
+from ..support.api import TERMINAL, Api
+from ..support.programs import APP
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -31,42 +32,12 @@ c.GpulabSettings.job_container_retention = 3600
 """
 #: a small app on port 8765 (tornado is in the python image): what it was sent, and an echo
 #: websocket; it sets a cookie on the whole origin, which only its owner's browser may get
-APP = r"""
-import json, tornado.web, tornado.websocket, tornado.ioloop
-class Echo(tornado.websocket.WebSocketHandler):
-    def check_origin(self, origin): return True
-    def on_message(self, m): self.write_message("echo:" + m)
-class Seen(tornado.web.RequestHandler):
-    def check_xsrf_cookie(self): pass
-    def seen(self):
-        self.set_header("Set-Cookie", "planted=1; Path=/")
-        self.write(json.dumps({"uri": self.request.uri, "headers": dict(self.request.headers),
-                               "body": self.request.body.decode()}))
-    get = post = seen
-class Flood(tornado.websocket.WebSocketHandler):  # 4 MiB messages, as fast as they go
-    def check_origin(self, origin): return True
-    async def open(self):
-        tornado.ioloop.IOLoop.current().spawn_callback(self.flood)
-    async def flood(self):
-        while True:
-            await self.write_message(b"x" * (4 << 20), binary=True)
-class Stream(tornado.web.RequestHandler):  # an endless answer, 1 MiB at a time
-    async def get(self):
-        while True:
-            self.write(b"y" * (1 << 20))
-            await self.flush()
-tornado.web.Application(
-    [(r".*/ws", Echo), (r".*/flood", Flood), (r".*/stream", Stream), (r".*", Seen)]
-).listen(8765)
-print("listening", flush=True)
-tornado.ioloop.IOLoop.current().start()
-"""
 SECRET_VALUE = "wandb-k3y-" + "x7" * 20
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("access"), extra_config=CONFIG).start()
     yield hub

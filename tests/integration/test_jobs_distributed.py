@@ -10,7 +10,9 @@ import time
 import docker
 import pytest
 
-from .test_jobs import Api, states
+from ..support.api import Api, states
+from ..support.containers import gpus_of
+from ..support.programs import ALL_REDUCE
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -30,27 +32,11 @@ ONE_GPU = {"gpus": 1, "cpus": 0.5, "memory": "1G"}
 #: every rank adds rank+1: the sum is N(N+1)/2 only if all N took part. A marker in the
 #: container's own /tmp (kept across a restart of the same container) tells the first run,
 #: which then waits to be killed, from the second, which ends.
-ALL_REDUCE = r"""
-import os, socket, sys, time
-from datetime import timedelta
-import torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=90))
-rank, world = dist.get_rank(), dist.get_world_size()
-t = torch.tensor([float(rank + 1)])
-dist.all_reduce(t)
-first = not os.path.exists("/tmp/ran")
-print(f"rank {rank} of {world} on {socket.gethostname()} gpus "
-      f"{os.environ.get('NVIDIA_VISIBLE_DEVICES')} sum {t.item():g}", flush=True)
-dist.destroy_process_group()
-if first and os.environ.get("WAIT_FIRST"):
-    open("/tmp/ran", "w").close()
-    time.sleep(600)
-"""
 
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images, pytorch_image):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("dist"), extra_config=CONFIG).start()
     yield hub
@@ -67,15 +53,6 @@ def gang(api: Api, workers: int, **body) -> dict:
     body.setdefault("command", ["python3", "-c", ALL_REDUCE])
     body.setdefault("resources", ONE_GPU)
     return api.submit(framework="pytorch", workers=workers, **body)
-
-
-def gpus_of(docker_client, job: dict) -> list[str]:
-    """The GPUs each worker's container was given (gpu_mode "env")."""
-    out = []
-    for r in job["workers"]:
-        env = docker_client.containers.get(r["container"]).attrs["Config"]["Env"]
-        out += [e.split("=", 1)[1] for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
-    return out
 
 
 def held_devices(hub) -> dict[str, int]:

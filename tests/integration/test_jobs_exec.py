@@ -19,7 +19,7 @@ from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from ..conftest import run_async
-from .test_jobs import Api
+from ..support.api import Api
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -39,7 +39,7 @@ PROCESSES = (
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("exec"), extra_config=CONFIG).start()
     yield hub

@@ -16,8 +16,9 @@ import time
 import pytest
 import requests
 
-from ..hubctl import SpawnFailed
-from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
+from ..support.containers import sh
+from ..support.hub import SpawnFailed
+from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -48,7 +49,7 @@ def s3():
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images, s3):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     workdir = tmp_path_factory.mktemp("data")
     credentials = credentials_file(workdir)
@@ -65,11 +66,6 @@ def hub(tmp_path_factory, images, s3):
 def keys(s3, bucket: str, prefix: str = "") -> set[str]:
     pages = s3.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
     return {o["Key"] for page in pages for o in page.get("Contents", [])}
-
-
-def sh(docker_client, container: str, command: str) -> tuple[int, str]:
-    res = docker_client.containers.get(container).exec_run(["sh", "-c", command], user="1000")
-    return res.exit_code, res.output.decode()
 
 
 def start(hub, server: str, options: dict) -> dict:
@@ -312,7 +308,7 @@ def test_job_links_never_upload_the_helpers_secrets_or_touch_others(hub, s3):
     holds links to the sync helper's own environment (its store credentials), to /etc and to
     the sync's own files. Nothing they point at is uploaded; bob's object stays byte-identical;
     no object in the bucket carries the store's secret key."""
-    from .test_jobs import Api
+    from ..support.api import Api
 
     with contextlib.suppress(s3.client.exceptions.BucketAlreadyOwnedByYou):
         s3.client.create_bucket(Bucket="results")

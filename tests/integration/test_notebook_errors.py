@@ -7,8 +7,7 @@ import tarfile
 
 import pytest
 
-from ..hubctl import SpawnFailed
-from .test_notebook_form_restart import login
+from ..support.hub import SpawnFailed, login
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -46,7 +45,7 @@ def broken_image(docker_client, images):
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images, broken_image):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("errors"), extra_config=EXTRA).start()
     hub.token = hub.create_user("bob")

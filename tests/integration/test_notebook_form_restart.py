@@ -8,23 +8,9 @@ import time
 import pytest
 import requests
 
+from ..support.hub import login
+
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
-
-
-def login(hub, user: str) -> requests.Session:
-    """Log in through the hub's login form with the generated shared password."""
-    passwords = dict(
-        line.split("=", 1) for line in (hub.workdir / "data" / "passwords.txt").read_text().split()
-    )
-    s = requests.Session()
-    s.get(f"{hub.url}/hub/login", timeout=30).raise_for_status()
-    r = s.post(
-        f"{hub.url}/hub/login",
-        data={"username": user, "password": passwords["user"], "_xsrf": s.cookies["_xsrf"]},
-        timeout=30,
-    )
-    assert r.ok and "jupyterhub-session-id" in s.cookies, r.text[-500:]
-    return s
 
 
 def test_form_spawn_and_form_errors(hub_factory):

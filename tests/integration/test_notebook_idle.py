@@ -22,7 +22,7 @@ from gpulab.gpus.ledger import GpuLedger
 from gpulab.runtime.objects import notebook_workload_id
 
 from ..conftest import wait_until
-from ..kernels import start_code
+from ..support.kernels import start_code
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -60,7 +60,7 @@ c.JupyterHub.load_roles.append({{
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("idle"), extra_config=CONFIG + CULLER).start()
     yield hub
@@ -297,7 +297,7 @@ def test_the_idle_stop_survives_a_hub_restart(hub_factory, docker_client):
 
 
 def test_the_form_says_when_a_flavor_stops(hub):
-    from .test_notebook_form_restart import login
+    from ..support.hub import login
 
     s = login(hub, "frank")
     page = s.get(f"{hub.url}/hub/spawn/frank/f", timeout=30)

@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("lifecycle")).start()
     yield hub

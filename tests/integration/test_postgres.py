@@ -58,7 +58,7 @@ def test_disk_quota_never_overshoots_on_postgres(postgres_url):
 def test_shares_and_whole_gpus_at_once_on_postgres(postgres_url):
     """A whole device (share 0) and a slot of it (share k) are different rows to the unique
     constraint: the ledger's transaction-wide lock is what keeps them apart on PostgreSQL."""
-    from ..unit.test_gpu_sharing import check_ledger_invariants
+    from ..support.ledger import check_ledger_invariants
 
     sharing = {"0": 4, "1": 2}
     devices = [GpuDevice(str(i)) for i in range(3)]

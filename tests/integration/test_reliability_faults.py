@@ -111,7 +111,7 @@ class Service:
 
 
 def _free_port() -> int:
-    from ..hubctl import free_port
+    from ..support.ports import free_port
 
     return free_port()
 

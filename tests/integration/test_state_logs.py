@@ -22,8 +22,8 @@ from tornado.httpclient import HTTPClientError, HTTPRequest
 from tornado.websocket import websocket_connect
 
 from ..conftest import run_async, wait_until
-from .s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
-from .test_jobs import Api
+from ..support.api import Api
+from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -67,7 +67,7 @@ def s3():
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, images, s3):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     workdir = tmp_path_factory.mktemp("statelogs")
     credentials = credentials_file(workdir)

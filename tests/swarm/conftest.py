@@ -307,7 +307,7 @@ def start_s3(lab: SwarmLab, buckets: tuple[str, ...], credentials: str):
     """moto's S3 server on this host's lab address (the nodes' sync helpers reach it there),
     with ``buckets``, a boto3 ``client`` and a ``credentials`` file (mode 0600) for the hub.
     The caller stops it."""
-    from ..integration.s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
+    from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server
 
     server = MotoS3Server(host=lab.gateway).start()
     server.client = server.boto_client()

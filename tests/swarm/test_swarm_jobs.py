@@ -18,8 +18,8 @@ import docker
 import pytest
 
 from ..conftest import run_async, wait_until
-from ..integration.s3server import TEST_SECRET_KEY
-from ..integration.test_jobs import TERMINAL, Api, states
+from ..support.api import TERMINAL, Api, states
+from ..support.s3 import TEST_SECRET_KEY
 from .conftest import remove_gateway, start_s3
 
 
@@ -51,7 +51,7 @@ def s3(swarm_lab):
 
 @pytest.fixture(scope="module")
 def hub(swarm_lab, s3, tmp_path_factory, images):
-    from ..hubctl import Hub
+    from ..support.hub import Hub
 
     hub = Hub(workdir=tmp_path_factory.mktemp("swarm"), extra_config=_config(swarm_lab, s3[0]))
     hub.start()
@@ -199,7 +199,7 @@ def test_a_jobs_port_on_a_worker_opens_through_the_hub(hub, ana):
     from tornado.httpclient import HTTPRequest
     from tornado.websocket import websocket_connect
 
-    from ..integration.test_jobs_access import APP
+    from ..support.programs import APP
 
     job = ana.submit(
         framework="python",
@@ -444,7 +444,7 @@ def test_a_git_source_reaches_only_what_its_job_could(hub, ana, swarm_lab):
     from gpulab.runtime.network import user_network_name
     from gpulab.runtime.objects import gateway_container_name
 
-    from ..browser.test_job_ports import RECORDER
+    from ..support.programs import RECORDER
 
     victim = ana
     job = victim.submit(

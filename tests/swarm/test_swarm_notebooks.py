@@ -20,7 +20,8 @@ import docker
 import pytest
 import requests
 
-from ..hubctl import Hub, free_port
+from ..support.hub import Hub
+from ..support.ports import free_port
 from .conftest import remove_gateway, start_s3
 
 BUCKET = "ws-swarm"

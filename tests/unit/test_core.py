@@ -15,7 +15,6 @@ from gpulab.lifecycle import (
 from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
 from gpulab.resources import (
     Flavor,
-    Limits,
     ResourceError,
     container_limits,
     effective_limits,
@@ -24,12 +23,10 @@ from gpulab.resources import (
     resolve_resources,
 )
 from gpulab.runtime.objects import escape_name, gpu_request, notebook_container_name
-from gpulab.settings import DEFAULT_EDITORS, DEFAULT_FLAVORS, DEFAULT_FRAMEWORKS
+
+from ..support.options import CATALOG, FLAVORS, LIMITS
 
 S = NotebookState
-CATALOG = Catalog.from_config(DEFAULT_FRAMEWORKS, DEFAULT_EDITORS)
-FLAVORS = {f["id"]: Flavor.from_config(f) for f in DEFAULT_FLAVORS}
-LIMITS = Limits(cpus=2, memory=parse_memory("8G"), gpus=1)
 
 
 def parse(raw, **kw):

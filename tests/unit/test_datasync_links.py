@@ -371,7 +371,7 @@ MiB = 1024 * 1024
 
 @pytest.fixture(scope="module")
 def s3():
-    from ..integration.s3server import MotoS3Server
+    from ..support.s3 import MotoS3Server
 
     with MotoS3Server() as srv:
         yield srv
@@ -385,7 +385,7 @@ def test_s3_multipart_and_ranged_transfers_work_through_descriptor_paths(
     the ``/proc/self/fd`` paths the engine hands it; planted links still change nothing."""
     from gpulab.datasync import Credentials, S3Remote, S3Settings
 
-    from ..integration.s3server import TEST_ACCESS_KEY, TEST_SECRET_KEY
+    from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY
 
     remote = S3Remote(
         "links-mp",

@@ -23,7 +23,7 @@ from gpulab.user_secrets import (
     load_keys,
 )
 
-from .test_jobs_spec import parse, refused
+from ..support.jobspecs import parse, refused
 
 CMD = {"command": ["python", "train.py"]}
 

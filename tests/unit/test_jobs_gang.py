@@ -107,7 +107,7 @@ def test_merged_logs_in_time_order_with_their_rank():
 
 
 def _spec(raw: dict) -> JobSpec:
-    from .test_jobs_spec import parse
+    from ..support.jobspecs import parse
 
     return parse(raw, limits=Limits(cpus=8, memory=64 * 1024**3, gpus=8), host_gpus=8)
 

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from gpulab.durations import DurationError, parse_duration
-from gpulab.frameworks import Catalog
 from gpulab.jobs.spec import (
     HANG_RESTART_FIELDS,
     JOB_SPEC_FIELDS,
@@ -16,47 +15,12 @@ from gpulab.jobs.spec import (
     HangRestart,
     JobSpec,
     JobSpecError,
-    parse_job_spec,
 )
 from gpulab.resources import Flavor, Limits, Resources, parse_memory
-from gpulab.settings import DEFAULT_EDITORS, DEFAULT_FLAVORS, DEFAULT_FRAMEWORKS
-from gpulab.storage import StorageConfig
 
-CATALOG = Catalog.from_config(DEFAULT_FRAMEWORKS, DEFAULT_EDITORS)
-FLAVORS = {f["id"]: Flavor.from_config(f) for f in DEFAULT_FLAVORS}
-LIMITS = Limits(cpus=4, memory=parse_memory("16G"), gpus=2)
-STORAGE = StorageConfig.from_config(
-    {
-        "s3": {"endpoint_url": "http://127.0.0.1:9000"},
-        "local": {"kind": "filesystem", "root": "/srv/objects"},
-    },
-    [
-        {"store": "s3", "bucket": "datasets", "modes": ["ro"]},
-        {"store": "s3", "bucket": "team", "prefix": "vision", "users": ["ann"]},
-    ],
-    "local",
-)
+from ..support.jobspecs import CATALOG, FLAVORS, parse, refused
+
 G = 1024**3
-
-
-def parse(raw, **kw):
-    args = {
-        "catalog": CATALOG,
-        "flavors": FLAVORS,
-        "limits": LIMITS,
-        "host_gpus": 4,
-        "storage": STORAGE,
-        "user": "ann",
-    } | kw
-    return parse_job_spec(raw, **args)
-
-
-def refused(raw, field, words="", **kw):
-    with pytest.raises(JobSpecError) as e:
-        parse(raw, **kw)
-    assert e.value.field == field, str(e.value)
-    assert words in str(e.value)
-    return str(e.value)
 
 
 # --- defaults and the happy path ---------------------------------------------------------------

@@ -16,7 +16,7 @@ from gpulab.workload_data import (
     store_credentials,
 )
 
-from .test_core import CATALOG, FLAVORS, LIMITS
+from ..support.options import CATALOG, FLAVORS, LIMITS
 
 STORAGE = StorageConfig.from_config(
     {

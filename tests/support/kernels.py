@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import requests
 
-from .conftest import run_async
+from ..conftest import run_async
 
 
 def _execute_request(code: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ import requests
 
 from .ports import free_port
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CHP_BIN = REPO / ".build" / "node" / "node_modules" / ".bin"
 
 
@@ -276,3 +276,19 @@ class Hub:
             headers={"Authorization": f"token {token or self.admin_token}"},
             timeout=30,
         )
+
+
+def login(hub, user: str) -> requests.Session:
+    """Log in through the hub's login form with the generated shared password."""
+    passwords = dict(
+        line.split("=", 1) for line in (hub.workdir / "data" / "passwords.txt").read_text().split()
+    )
+    s = requests.Session()
+    s.get(f"{hub.url}/hub/login", timeout=30).raise_for_status()
+    r = s.post(
+        f"{hub.url}/hub/login",
+        data={"username": user, "password": passwords["user"], "_xsrf": s.cookies["_xsrf"]},
+        timeout=30,
+    )
+    assert r.ok and "jupyterhub-session-id" in s.cookies, r.text[-500:]
+    return s

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+import boto3
+from botocore.config import Config
 from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from werkzeug.serving import BaseWSGIServer, make_server
 
-from ..ports import free_port
+from .ports import free_port
 
 TEST_ACCESS_KEY = "AKIATESTGPULAB000001"
 TEST_SECRET_KEY = "gpulab-test-secret-7f3a9c1e5b2d4f60"
@@ -237,3 +239,15 @@ c.GpulabSettings.object_stores = {{
 c.GpulabSettings.workspace_store = "s3"
 c.GpulabSettings.workspace_bucket = "{bucket}"
 """
+
+
+def raw_client(endpoint: str, **config):
+    """A plain boto3 client of the test server, with the test credentials."""
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=TEST_ACCESS_KEY,
+        aws_secret_access_key=TEST_SECRET_KEY,
+        config=Config(s3={"addressing_style": "path"}, **config),
+    )
