@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .resources import ResourceError, parse_memory
+from .resources import ResourceError, most_generous, own_else_groups, parse_memory
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 #: the default quota of a user (``c.GpulabSettings.disk_quota``)
@@ -41,16 +41,6 @@ def parse_size(value, name: str) -> int | None:
         raise ValueError(str(e)) from None
 
 
-def most_generous(values: Iterable[int | None]) -> int | None:
-    """The largest of several quotas (None, unlimited, beats all)."""
-    best = 0
-    for v in values:
-        if v is None:
-            return None
-        best = max(best, v)
-    return best
-
-
 def disk_quota_for(
     user: str,
     groups: Iterable[str],
@@ -59,10 +49,7 @@ def disk_quota_for(
     per_group: Mapping[str, int | None],
 ) -> int | None:
     """The user's own quota wins; else the most generous of their groups'; else the default."""
-    if user in per_user:
-        return per_user[user]
-    found = [per_group[g] for g in sorted(set(groups)) if g in per_group]
-    return most_generous(found) if found else default
+    return own_else_groups(user, groups, default, per_user, per_group, most_generous)
 
 
 def human(n: int | float) -> str:

@@ -6,14 +6,18 @@ whether the installation offers that fraction is the spawner's check, against th
 above 1 it is a whole number. The request is checked against the maximum the admin allows
 that user (per user, else the most generous of their groups, else the default), then turned
 into container limits.
+
+Quotas (GPUs and active jobs per user, notebooks and jobs together) follow the same one rule,
+:func:`own_else_groups`, as the disk quota (:mod:`gpulab.disk_quota`) does.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .bounds import (
     CPU_PERIOD,
@@ -155,6 +159,36 @@ class Limits:
         return f"cpus ≤ {self.cpus:g}, memory ≤ {format_memory(self.memory)}, gpus ≤ {self.gpus}"
 
 
+T = TypeVar("T")
+G = TypeVar("G")
+
+
+def own_else_groups(
+    user: str,
+    groups: Iterable[str],
+    default: T,
+    per_user: Mapping[str, T],
+    per_group: Mapping[str, G],
+    most: Callable[[Sequence[G]], T],
+) -> T:
+    """The one rule of every per-user limit and quota: the user's own wins; else the most
+    generous of their groups' entries (``most`` of them, field by field); else the default."""
+    if user in per_user:
+        return per_user[user]
+    found = [per_group[g] for g in sorted(set(groups)) if g in per_group]
+    return most(found) if found else default
+
+
+def most_generous(values: Iterable[int | None]) -> int | None:
+    """The largest of several limits (None, unlimited, beats all)."""
+    best = 0
+    for v in values:
+        if v is None:
+            return None
+        best = max(best, v)
+    return best
+
+
 def effective_limits(
     user: str,
     groups: Iterable[str],
@@ -162,19 +196,84 @@ def effective_limits(
     per_user: Mapping[str, Mapping],
     per_group: Mapping[str, Mapping],
 ) -> Limits:
-    """A user's own limit wins; otherwise the most generous of their groups; else default."""
-    if user in per_user:
-        return Limits.from_config({**default, **per_user[user]})
-    group_limits = [
-        Limits.from_config({**default, **per_group[g]}) for g in groups if g in per_group
-    ]
-    if not group_limits:
-        return Limits.from_config(default)
-    return Limits(
-        cpus=max(g.cpus for g in group_limits),
-        memory=max(g.memory for g in group_limits),
-        gpus=max(g.gpus for g in group_limits),
+    """A user's own limit wins; otherwise the most generous of their groups; else default.
+    A user's or group's entry overrides the default field by field."""
+
+    def limits(d: Mapping) -> Limits:
+        return Limits.from_config({**default, **d})
+
+    def most(found: Sequence[Mapping]) -> Limits:
+        each = [limits(d) for d in found]
+        return Limits(
+            cpus=max(g.cpus for g in each),
+            memory=max(g.memory for g in each),
+            gpus=max(g.gpus for g in each),
+        )
+
+    own = {user: limits(per_user[user])} if user in per_user else {}
+    chosen = own_else_groups(user, groups, None, own, per_group, most)
+    return chosen if chosen is not None else Limits.from_config(default)
+
+
+@dataclass(frozen=True)
+class Quota:
+    """Most GPUs and most active jobs a user may hold in quota; None means unlimited."""
+
+    gpus: int | None = None
+    jobs: int | None = None
+
+    @classmethod
+    def from_config(cls, d: Mapping) -> Quota:
+        """A quota as the operator writes it (``{"gpus": 4, "jobs": 2}``; a missing field is
+        unlimited)."""
+        return cls(gpus=d.get("gpus"), jobs=d.get("jobs"))
+
+    def allows(self, gpus_used: int, jobs_used: int, gpus: int) -> bool:
+        """True if one more job of ``gpus`` GPUs stays within this quota."""
+        return (self.gpus is None or gpus_used + gpus <= self.gpus) and (
+            self.jobs is None or jobs_used + 1 <= self.jobs
+        )
+
+
+def _most_quota(found: Sequence[Quota]) -> Quota:
+    return Quota(
+        gpus=most_generous(q.gpus for q in found), jobs=most_generous(q.jobs for q in found)
     )
+
+
+def quota_for(
+    user: str,
+    groups: Iterable[str],
+    default: Quota,
+    per_user: Mapping[str, Quota],
+    per_group: Mapping[str, Quota],
+) -> Quota:
+    """The user's own quota wins; else the most generous of their groups' (per field); else
+    the default."""
+    return own_else_groups(user, groups, default, per_user, per_group, _most_quota)
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """The installation's quotas (``job_quota``, ``user_job_quotas``, ``group_job_quotas``)
+    read once from the configuration: what the scheduler plans with and admission checks."""
+
+    default: Quota
+    per_user: Mapping[str, Quota]
+    per_group: Mapping[str, Quota]
+
+    @classmethod
+    def from_config(
+        cls, default: Mapping, per_user: Mapping[str, Mapping], per_group: Mapping[str, Mapping]
+    ) -> Quotas:
+        return cls(
+            Quota.from_config(default),
+            {u: Quota.from_config(d) for u, d in per_user.items()},
+            {g: Quota.from_config(d) for g, d in per_group.items()},
+        )
+
+    def of(self, user: str, groups: Iterable[str]) -> Quota:
+        return quota_for(user, groups, self.default, self.per_user, self.per_group)
 
 
 def _number(value, field: str, kind: type) -> float | int:

@@ -28,8 +28,15 @@ from .disk_quota import DEFAULT_DISK_QUOTA, DEFAULT_GIT_MAX_BYTES, disk_quota_fo
 from .frameworks import Catalog
 from .gpus.sharing import check_sharing, fraction_refusal
 from .idle import idle_timeout_for
-from .jobs.scheduler import Quota, quota_for
-from .resources import Flavor, Limits, Resources, check_idle_timeout, effective_limits
+from .resources import (
+    Flavor,
+    Limits,
+    Quota,
+    Quotas,
+    Resources,
+    check_idle_timeout,
+    effective_limits,
+)
 from .settings_engine import EngineSettings
 from .storage import StorageConfig
 
@@ -540,20 +547,14 @@ class GpulabSettings(EngineSettings):
     def flavor_map(self) -> dict[str, Flavor]:
         return {f["id"]: Flavor.from_config(f) for f in self.flavors}
 
+    def quotas(self) -> Quotas:
+        """The configured quotas (``job_quota``, ``user_job_quotas``, ``group_job_quotas``)."""
+        return Quotas.from_config(self.job_quota, self.user_job_quotas, self.group_job_quotas)
+
     def quota_for(self, user: str, groups) -> Quota:
         """The user's quota (their own, else the most generous of their groups', else the
         default): GPUs of notebooks and in-quota jobs together, and active jobs."""
-
-        def q(d) -> Quota:
-            return Quota(gpus=d.get("gpus"), jobs=d.get("jobs"))
-
-        return quota_for(
-            user,
-            groups,
-            q(self.job_quota),
-            {u: q(d) for u, d in self.user_job_quotas.items()},
-            {g: q(d) for g, d in self.group_job_quotas.items()},
-        )
+        return self.quotas().of(user, groups)
 
     def gpu_quota_for(self, user: str, groups) -> int | None:
         return self.quota_for(user, groups).gpus

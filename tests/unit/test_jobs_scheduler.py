@@ -11,11 +11,10 @@ from gpulab.jobs.scheduler import (
     ActiveJob,
     Placement,
     QueuedJob,
-    Quota,
     can_ever_fit,
     plan,
-    quota_for,
 )
+from gpulab.resources import Quota, quota_for
 
 GPUS = ("0", "1", "2", "3")
 

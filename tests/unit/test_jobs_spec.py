@@ -569,8 +569,9 @@ DEPLOYMENT_BODIES = [
 def test_the_deployments_schema_agrees_with_the_parser(quota):
     """The schema the service serves (its catalog, flavors, GPUs, the caller's limits and
     quota) accepts exactly what the parser and the scheduler's submission check accept."""
-    from gpulab.jobs.scheduler import Quota, can_ever_fit
+    from gpulab.jobs.scheduler import can_ever_fit
     from gpulab.jobs.spec_schema import job_spec_schema
+    from gpulab.resources import Quota
 
     jsonschema = pytest.importorskip("jsonschema")
     limits = Limits(cpus=2, memory=parse_memory("16G"), gpus=2)

@@ -5,15 +5,14 @@ No I/O here: the service and the CLI build on these. See DOMAIN.md, "Training jo
 
 from ..billing import billed_minutes, billed_time
 from ..durations import DurationError, format_duration, parse_duration
+from ..resources import Quota, quota_for
 from .scheduler import (
     ActiveJob,
     Placement,
     Plan,
     QueuedJob,
-    Quota,
     can_ever_fit,
     plan,
-    quota_for,
 )
 from .spec import JOB_SPEC_SCHEMA, HangRestart, JobSpec, JobSpecError, parse_job_spec
 

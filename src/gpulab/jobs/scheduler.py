@@ -10,11 +10,11 @@ Rules
 -----
 1. **Order.** Queued jobs are considered by priority (highest first), then submission time
    (oldest first: FIFO within a priority), then id (for determinism).
-2. **Quota.** A user's quota (:func:`quota_for`: their own, else the most generous of their
-   groups field by field, else the default; ``None`` means unlimited) caps the GPUs and the
-   number of their *in-quota* active jobs (INITIALIZING, PENDING, RUNNING). The GPUs their
-   notebooks hold (``held_outside``) count against the same GPU quota. Over-quota jobs do
-   not count. A zero-GPU job needs no device but counts as one job.
+2. **Quota.** A user's quota (:func:`~gpulab.resources.quota_for`: their own, else the most
+   generous of their groups field by field, else the default; ``None`` means unlimited) caps
+   the GPUs and the number of their *in-quota* active jobs (INITIALIZING, PENDING, RUNNING).
+   The GPUs their notebooks hold (``held_outside``) count against the same GPU quota.
+   Over-quota jobs do not count. A zero-GPU job needs no device but counts as one job.
 3. **In-quota first.** A first pass starts the jobs that fit within their owner's quota, in
    order, on free GPUs. A job that does not fit does not block lower ones that do (backfill).
 4. **Preemption.** When an in-quota job (preemptible or not) lacks free GPUs and over-quota
@@ -53,35 +53,20 @@ only over-quota work is ever preempted for it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..gpus.placement import choose_gang
+from ..resources import Quota, quota_for
 
 __all__ = [
     "ActiveJob",
     "Placement",
     "Plan",
     "QueuedJob",
-    "Quota",
     "can_ever_fit",
     "plan",
-    "quota_for",
 ]
-
-
-@dataclass(frozen=True)
-class Quota:
-    """Most GPUs and most active jobs a user may hold in quota; None means unlimited."""
-
-    gpus: int | None = None
-    jobs: int | None = None
-
-    def allows(self, gpus_used: int, jobs_used: int, gpus: int) -> bool:
-        """True if one more job of ``gpus`` GPUs stays within this quota."""
-        return (self.gpus is None or gpus_used + gpus <= self.gpus) and (
-            self.jobs is None or jobs_used + 1 <= self.jobs
-        )
 
 
 @dataclass(frozen=True)
@@ -126,33 +111,6 @@ class Placement:
 class Plan:
     start: list[Placement] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
-
-
-def _most(values: Iterable[int | None]) -> int | None:
-    """The most generous of several limits (None = unlimited wins)."""
-    best: int | None = 0
-    for v in values:
-        if v is None:
-            return None
-        best = max(best or 0, v)
-    return best
-
-
-def quota_for(
-    user: str,
-    groups: Iterable[str],
-    default: Quota,
-    per_user: Mapping[str, Quota],
-    per_group: Mapping[str, Quota],
-) -> Quota:
-    """The user's own quota wins; else the most generous of their groups' (per field); else
-    the default."""
-    if user in per_user:
-        return per_user[user]
-    found = [per_group[g] for g in sorted(set(groups)) if g in per_group]
-    if not found:
-        return default
-    return Quota(gpus=_most(q.gpus for q in found), jobs=_most(q.jobs for q in found))
 
 
 def can_ever_fit(

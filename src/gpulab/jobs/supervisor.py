@@ -33,7 +33,7 @@ from .housekeeping import JobHousekeeping
 from .lease import SupervisorLease
 from .records import JobRecords
 from .runner import JobLife, ts
-from .scheduler import ActiveJob, QueuedJob, Quota, plan
+from .scheduler import ActiveJob, QueuedJob, plan
 from .spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,6 @@ J = JobState
 ADOPT_EVERY = 5.0
 #: states in which the scheduler may ask a job to give its GPUs back
 PREEMPTIBLE = frozenset({J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING})
-
-
-def _quota(d) -> Quota:
-    return Quota(gpus=d.get("gpus"), jobs=d.get("jobs"))
 
 
 class JobSupervisor(JobHousekeeping, JobLife):
@@ -292,13 +288,14 @@ class JobSupervisor(JobHousekeeping, JobLife):
             if a["kind"] == "notebook":
                 weight = self.ledger.weight(a["device"], a["share"])
                 notebook_gpus[a["owner"]] = notebook_gpus.get(a["owner"], 0) + weight
+        quotas = self.s.quotas()
         p = plan(
             queued,
             active,
             free,
-            default_quota=_quota(self.s.job_quota),
-            user_quotas={u: _quota(q) for u, q in self.s.user_job_quotas.items()},
-            group_quotas={g: _quota(q) for g, q in self.s.group_job_quotas.items()},
+            default_quota=quotas.default,
+            user_quotas=quotas.per_user,
+            group_quotas=quotas.per_group,
             held_outside=notebook_gpus,
             node_of=node_of if self.ledger.clustered else None,
             spread=self.ledger.policy == "spread",
