@@ -25,6 +25,7 @@ from .gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from .gpus.sharing import is_fraction
 from .lifecycle import InvalidTransition, NotebookState
 from .metrics import NOTEBOOK_START
+from .names import notebook_container_name, notebook_volume_name, notebook_workload_id
 from .notebooks.options import NotebookOptions
 from .notebooks.reconcile import NotebookReconciler
 from .notebooks.records import LimitExceeded, NotebookRecords
@@ -33,11 +34,6 @@ from .runtime import make_runtime
 from .runtime.base import Runtime
 from .runtime.docker import APIError, DockerRuntime, EngineError
 from .runtime.network import NetworkUnavailable
-from .runtime.objects import (
-    notebook_container_name,
-    notebook_volume_name,
-    notebook_workload_id,
-)
 from .settings import ConfigError, GpulabSettings
 from .spawner_cluster import ClusterMixin
 from .spawner_container import ContainerMixin

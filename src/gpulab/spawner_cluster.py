@@ -24,8 +24,8 @@ from dockerspawner import DockerSpawner
 
 from .gpus.inventory import device_id, from_nodes, node_of
 from .lifecycle import NotebookState
+from .names import L_NETWORK, L_PORT, L_ROUTE
 from .runtime.base import Mount, WorkloadSpec
-from .runtime.objects import L_NETWORK, L_PORT, L_ROUTE
 from .spawner_data import SpawnFailed
 from .workload_data import PushRaced, retry_push
 

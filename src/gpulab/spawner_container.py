@@ -11,13 +11,9 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from .gpus.sharing import is_fraction, share_container
 from .lifecycle import NotebookState
+from .names import workload_labels
 from .resources import container_limits, format_memory
-from .runtime.objects import (
-    gpu_request,
-    hardened_host_config,
-    log_options,
-    workload_labels,
-)
+from .runtime.objects import gpu_request, hardened_host_config, log_options
 from .spawner_data import SpawnFailed
 
 S = NotebookState

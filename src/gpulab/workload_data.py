@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hashlib
 import json
 import logging
 import os
@@ -21,14 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .metrics import observe_sync
+from .names import L_INSTANCE, L_KIND, L_WORKLOAD, volume_name
 from .runtime.base import Runtime
-from .runtime.objects import (
-    L_INSTANCE,
-    L_KIND,
-    L_WORKLOAD,
-    filesystem_store_dirs,
-    sync_helper_config,
-)
+from .runtime.objects import filesystem_store_dirs, sync_helper_config
 from .statelog import register_sensitive
 from .volumes import ObjectStore, VolumeSpec
 
@@ -156,12 +150,6 @@ class VolumeSync:
 
     def to_json(self) -> dict:
         return {"label": self.label, "spec": str(self.spec), "docker_volume": self.docker_volume}
-
-
-def volume_name(container: str, spec: VolumeSpec, workspace: bool = False) -> str:
-    if workspace:
-        return f"{container}-workspace"
-    return f"{container}-v-{hashlib.sha256(spec.mount.encode()).hexdigest()[:10]}"
 
 
 @dataclass

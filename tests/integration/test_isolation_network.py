@@ -196,11 +196,11 @@ def test_racing_processes_end_with_one_network_removed_after_the_last_container(
 
     import docker
 
+    from gpulab.names import user_network_name
     from gpulab.runtime.network import (
         ensure_user_network,
         prune_user_networks,
         remove_user_network_if_unused,
-        user_network_name,
     )
 
     instance, user = "t" + secrets.token_hex(4), "Race User"

@@ -19,7 +19,7 @@ import requests
 from gpulab.db import Database
 from gpulab.gpus.inventory import load_inventory
 from gpulab.gpus.ledger import GpuLedger
-from gpulab.runtime.objects import notebook_workload_id
+from gpulab.names import notebook_workload_id
 
 from ..conftest import wait_until
 from ..support.kernels import start_code

@@ -16,8 +16,8 @@ from gpulab.db import Database
 from gpulab.gpus.inventory import load_inventory
 from gpulab.gpus.ledger import GpuLedger
 from gpulab.lifecycle import NotebookState
+from gpulab.names import notebook_workload_id
 from gpulab.notebooks.records import NotebookRecords
-from gpulab.runtime.objects import notebook_workload_id
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 S = NotebookState

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab.names import L_INSTANCE, L_KIND, L_USER
 from gpulab.runtime.base import (
     ExecSession,
     HelperResult,
@@ -36,7 +37,6 @@ from gpulab.runtime.base import (
     WorkloadSpec,
     WorkloadState,
 )
-from gpulab.runtime.objects import L_INSTANCE, L_KIND, L_USER
 
 try:  # gpulab's own engine error, where the runtime package defines one
     from gpulab.runtime.base import EngineError  # type: ignore[attr-defined]

@@ -441,8 +441,7 @@ def test_a_git_source_reaches_only_what_its_job_could(hub, ana, swarm_lab):
 
     import requests
 
-    from gpulab.runtime.network import user_network_name
-    from gpulab.runtime.objects import gateway_container_name
+    from gpulab.names import gateway_container_name, user_network_name
 
     from ..support.programs import RECORDER
 

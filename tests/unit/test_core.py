@@ -12,6 +12,7 @@ from gpulab.lifecycle import (
     check_job_transition,
     check_notebook_transition,
 )
+from gpulab.names import escape_name, notebook_container_name
 from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
 from gpulab.resources import (
     Flavor,
@@ -22,7 +23,7 @@ from gpulab.resources import (
     parse_memory,
     resolve_resources,
 )
-from gpulab.runtime.objects import escape_name, gpu_request, notebook_container_name
+from gpulab.runtime.objects import gpu_request
 
 from ..support.options import CATALOG, FLAVORS, LIMITS
 

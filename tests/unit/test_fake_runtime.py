@@ -6,8 +6,8 @@ import inspect
 
 import pytest
 
+from gpulab.names import L_INSTANCE, L_KIND, L_USER
 from gpulab.runtime.base import Mount, Runtime, WorkloadGone, WorkloadSpec, WorkloadState
-from gpulab.runtime.objects import L_INSTANCE, L_KIND, L_USER
 
 from ..conftest import run_async
 from ..support.fake_runtime import SIGKILL_EXIT, SIGTERM_EXIT, EngineError, FakeRuntime

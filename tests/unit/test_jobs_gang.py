@@ -11,17 +11,12 @@ from gpulab.db import Database
 from gpulab.gpus.inventory import GpuDevice
 from gpulab.gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from gpulab.gpus.placement import choose_gang, gang_fits, regroup
-from gpulab.jobs.gang import (
-    decode_devices,
-    distributed_env,
-    encode_devices,
-    rank_name,
-    ranks,
-)
+from gpulab.jobs.gang import decode_devices, distributed_env, encode_devices, ranks
 from gpulab.jobs.logs import merge_logs, strip_stamps
 from gpulab.jobs.recovery import Container as C
 from gpulab.jobs.recovery import combine
 from gpulab.jobs.spec import JobSpec, JobSpecError
+from gpulab.names import rank_name
 from gpulab.resources import Limits
 
 

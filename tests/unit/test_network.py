@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from docker.errors import APIError
 
+from gpulab.names import user_network_name
 from gpulab.runtime.base import WorkloadSpec
 from gpulab.runtime.network import (
     explain_create_error,
     is_missing_network,
     network_for,
     user_network_config,
-    user_network_name,
 )
 from gpulab.runtime.objects import workload_container_config
 
@@ -118,7 +118,8 @@ def test_job_joins_only_its_owners_network(owner):
 def test_an_overlay_made_without_encryption_is_named_in_a_warning(caplog):
     """An overlay's options cannot change: one made before encryption was on is reused (its
     workloads are on it) and the operator is told it stays in clear until it is made again."""
-    from gpulab.runtime.network import ensure_user_network, user_network_name
+    from gpulab.names import user_network_name
+    from gpulab.runtime.network import ensure_user_network
 
     name = user_network_name("gpulab", "olda", "overlay")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from gpulab.lifecycle import NOTEBOOK_TRANSITIONS, NotebookState
+from gpulab.names import notebook_workload_id
 from gpulab.notebooks.reconcile import PUSH_RETRY_STALE_AFTER, repairs
-from gpulab.runtime.objects import notebook_workload_id
 
 S = NotebookState
 NOW = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)

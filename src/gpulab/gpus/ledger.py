@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..db import Database, GpuAllocation, Job
 from ..lifecycle import utcnow
+from ..names import job_workload_id
 from . import placement
 from .inventory import GpuDevice
 from .sharing import is_fraction, pick_shared, share_of, slots_of
@@ -328,8 +329,6 @@ class GpuLedger:
 
     def _lent_workloads(self, s, owner: str) -> set[str]:
         """Workloads of ``owner``'s jobs that run over quota on lent GPUs."""
-        from ..runtime.objects import job_workload_id
-
         ids = s.scalars(
             select(Job.id).where(
                 Job.instance == self.instance, Job.owner == owner, Job.over_quota == 1

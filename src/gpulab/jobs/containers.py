@@ -14,10 +14,10 @@ import logging
 
 from ..faults import fault_point
 from ..gpus.inventory import device_id
+from ..names import rank_alias, rank_name, workload_labels
 from ..resources import container_limits
 from ..runtime.base import Mount, WorkloadGone, WorkloadSpec
-from ..runtime.objects import workload_labels
-from .gang import Rank, distributed_env, rank_alias, rank_name
+from .gang import Rank, distributed_env
 from .git_sources import git_mounts
 from .logs import merge_logs
 from .spec import JobSpec

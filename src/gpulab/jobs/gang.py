@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..gpus.inventory import node_of
+from ..names import rank_alias, rank_name
 
 #: the port rank 0 listens on for the rendezvous (torch.distributed's usual default)
 MASTER_PORT = 29500
@@ -55,16 +56,6 @@ def workers_of(job: dict) -> int:
         return max(1, int((job.get("spec") or {}).get("workers") or 1))
     except (TypeError, ValueError):
         return 1
-
-
-def rank_name(name: str, rank: int) -> str:
-    """The workload name of ``rank`` of the job whose (rank 0) workload is ``name``."""
-    return name if rank == 0 else f"{name}-r{rank}"
-
-
-def rank_alias(rank: int) -> str:
-    """The name the other workers resolve ``rank`` by, on the job's own network."""
-    return f"worker-{rank}"
 
 
 def encode_devices(per_rank: Sequence[Sequence[str]]) -> str:

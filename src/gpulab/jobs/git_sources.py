@@ -43,8 +43,9 @@ from ..datasync.gitclone import (
 )
 from ..disk_ledger import DiskQuotaExceeded
 from ..disk_quota import GIT_DISK_FACTOR, clone_over, clone_refusal
+from ..names import L_INSTANCE, L_KIND, L_WORKLOAD
 from ..runtime.base import Mount
-from ..runtime.objects import L_INSTANCE, L_KIND, L_WORKLOAD, hardened_host_config
+from ..runtime.objects import hardened_host_config
 from .spec_git import GitSource
 
 if TYPE_CHECKING:

@@ -8,9 +8,8 @@ import logging
 from pathlib import Path
 
 from ..lifecycle import JobState, utcnow
+from ..names import L_WORKLOAD, rank_name
 from ..runtime.docker import EngineError
-from ..runtime.objects import L_WORKLOAD
-from .gang import rank_name
 from .git_sources import git_volume_names, git_volume_prefix
 from .records import ACTIVE
 from .spec import JobSpec

@@ -33,8 +33,8 @@ from ..bounds import (
     size_text,
 )
 from ..frameworks import Catalog, CatalogError
+from ..names import LABEL_PREFIX
 from ..resources import Flavor, Limits, ResourceError, Resources, resolve_resources
-from ..runtime.objects import LABEL_PREFIX
 from ..storage import StorageConfig
 from ..volumes import VolumeError, VolumeSpec
 from .spec_values import (

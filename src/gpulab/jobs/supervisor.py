@@ -24,10 +24,10 @@ from ..gpus.ledger import GpuLedger, NoGpuAvailable
 from ..gpus.placement import choose_gang
 from ..lifecycle import InvalidTransition, JobState
 from ..metrics import JOB_QUEUE_WAIT
+from ..names import job_container_name, job_workload_id, volume_name
 from ..runtime.base import Runtime
-from ..runtime.objects import job_container_name, job_workload_id
 from ..user_secrets import store_for
-from ..workload_data import DiskAccount, VolumeSync, WorkloadData, volume_name
+from ..workload_data import DiskAccount, VolumeSync, WorkloadData
 from .gang import decode_devices, encode_devices
 from .housekeeping import JobHousekeeping
 from .lease import SupervisorLease

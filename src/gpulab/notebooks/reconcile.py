@@ -33,8 +33,8 @@ from datetime import datetime
 
 from ..disk_ledger import DiskLedger
 from ..lifecycle import InvalidTransition, NotebookState, utcnow
+from ..names import L_ROUTE, L_WORKLOAD, notebook_workload_id
 from ..runtime.docker import EngineError
-from ..runtime.objects import L_ROUTE, L_WORKLOAD, notebook_workload_id
 
 log = logging.getLogger("gpulab.notebooks")
 S = NotebookState

@@ -15,6 +15,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from ..faults import fault_point
+from ..names import L_INSTANCE, L_KIND, L_USER
 from . import network as net
 from .base import (
     ExecSession,
@@ -28,7 +29,7 @@ from .base import (
     WorkloadState,
 )
 from .execution import EngineExecSession, run_command
-from .objects import L_INSTANCE, L_KIND, L_USER, docker_epoch, workload_container_config
+from .objects import docker_epoch, workload_container_config
 
 log = logging.getLogger(__name__)
 

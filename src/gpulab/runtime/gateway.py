@@ -45,8 +45,9 @@ import requests
 from docker.errors import APIError, NotFound
 
 from .. import __version__
+from ..names import L_INSTANCE, L_KIND, L_VERSION, gateway_container_name
 from .network import OVERLAY_KIND
-from .objects import L_INSTANCE, L_KIND, L_VERSION, gateway_container_name, hardened_host_config
+from .objects import hardened_host_config
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,15 @@ import threading
 from docker.errors import APIError, NotFound
 
 from .. import __version__
-from .objects import L_INSTANCE, L_KIND, L_USER, L_VERSION, escape_name
+from ..names import (
+    L_INSTANCE,
+    L_JOB,
+    L_KIND,
+    L_USER,
+    L_VERSION,
+    job_network_name,
+    user_network_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +57,6 @@ class NetworkUnavailable(Exception):
 #: a user's overlay on a Swarm is named and labelled apart from their bridge on the manager's
 #: own engine (notebooks there): neither is mistaken for a duplicate of the other
 OVERLAY_KIND = "overlay-network"
-
-
-def user_network_name(instance: str, user: str, driver: str = "bridge") -> str:
-    middle = "ovl" if driver == "overlay" else "net"
-    return f"{escape_name(instance)}-{middle}-{escape_name(user)}"
 
 
 def network_labels(instance: str, user: str, driver: str = "bridge") -> dict[str, str]:
@@ -90,12 +93,6 @@ def user_network_config(
 
 #: a distributed job's own network (its workers only): kind and name apart from users'
 JOB_NETWORK_KIND = "job-network"
-L_JOB = "org.gpulab.job"
-
-
-def job_network_name(instance: str, job_id: str, driver: str = "bridge") -> str:
-    middle = "jobovl" if driver == "overlay" else "job"
-    return f"{escape_name(instance)}-{middle}-{escape_name(job_id)}"
 
 
 def job_network_config(

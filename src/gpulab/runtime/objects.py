@@ -6,60 +6,11 @@ a restart: who owns it, what kind of workload it is, which workload, which GPUs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from .. import __version__
 from ..datasync.filesystem import META_DIR
 from ..resources import CPU_PERIOD, MIN_CPU_QUOTA, ContainerLimits
 from .base import RUNNER_PATH, WorkloadSpec
-
-LABEL_PREFIX = "org.gpulab."
-L_INSTANCE = LABEL_PREFIX + "instance"
-L_KIND = LABEL_PREFIX + "kind"
-L_USER = LABEL_PREFIX + "user"
-L_SERVER = LABEL_PREFIX + "server"
-L_WORKLOAD = LABEL_PREFIX + "workload"
-L_GPUS = LABEL_PREFIX + "gpus"
-L_VERSION = LABEL_PREFIX + "version"
-#: on a notebook's workload on a cluster: its gateway route, overlay and port (runtime/gateway.py)
-L_ROUTE = LABEL_PREFIX + "route"
-L_NETWORK = LABEL_PREFIX + "network"
-L_PORT = LABEL_PREFIX + "port"
-
-_UNSAFE = re.compile(r"[^a-z0-9]")
-
-
-def escape_name(text: str) -> str:
-    """Docker-safe, collision-free escaping: a-z0-9 kept, everything else as -XX hex."""
-    return _UNSAFE.sub(lambda m: "".join(f"-{b:02x}" for b in m.group().encode()), text)
-
-
-def notebook_workload_id(instance: str, user: str, server: str) -> str:
-    return f"{instance}/notebook/{user}/{server}"
-
-
-def notebook_container_name(instance: str, user: str, server: str) -> str:
-    name = f"{escape_name(instance)}-nb-{escape_name(user)}"
-    return f"{name}--{escape_name(server)}" if server else name
-
-
-def notebook_volume_name(instance: str, user: str, server: str) -> str:
-    return notebook_container_name(instance, user, server) + "-workspace"
-
-
-def workload_labels(
-    instance: str, kind: str, user: str, workload: str, gpus: Sequence[str], server: str = ""
-) -> dict[str, str]:
-    return {
-        L_INSTANCE: instance,
-        L_KIND: kind,
-        L_USER: user,
-        L_SERVER: server,
-        L_WORKLOAD: workload,
-        L_GPUS: ",".join(gpus),
-        L_VERSION: __version__,
-    }
 
 
 def gpu_request(gpu_ids: Sequence[str], mode: str) -> tuple[dict, dict[str, str]]:
@@ -200,14 +151,6 @@ def sync_helper_config(
     }
 
 
-def job_container_name(instance: str, job_id: str) -> str:
-    return f"{escape_name(instance)}-job-{job_id}"
-
-
-def job_workload_id(instance: str, job_id: str) -> str:
-    return f"{instance}/job/{job_id}"
-
-
 def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) -> dict:
     """Keyword arguments for ``create_container`` of a workload on one Docker engine.
 
@@ -268,9 +211,3 @@ def docker_epoch(stamp: str) -> float | None:
     except ValueError:
         return None
     return base + (float("0." + frac[:6]) if frac.isdigit() else 0.0)
-
-
-def gateway_container_name(instance: str) -> str:
-    """The container on a Swarm manager through which the hub reaches notebooks on overlays
-    (:mod:`gpulab.runtime.gateway`)."""
-    return f"{escape_name(instance)}-gateway"

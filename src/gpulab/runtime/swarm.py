@@ -31,6 +31,7 @@ from docker.tls import TLSConfig
 from docker.types.daemon import CancellableStream
 
 from ..faults import fault_point
+from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
 from . import network as net
 from .base import (
     ExecSession,
@@ -46,12 +47,6 @@ from .base import (
 from .docker import EngineClient
 from .execution import EngineExecSession, run_command
 from .gateway import Gateway
-from .objects import (
-    L_INSTANCE,
-    L_KIND,
-    L_NETWORK,
-    L_USER,
-)
 from .swarm_network import SwarmNetworking
 from .swarm_nodes import NodeEngines
 from .swarm_specs import (

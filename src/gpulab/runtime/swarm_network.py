@@ -10,17 +10,10 @@ import logging
 
 from docker.errors import APIError
 
+from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_PORT, L_ROUTE, L_USER
 from . import network as net
 from .base import WorkloadGone
 from .gateway import GatewayError
-from .objects import (
-    L_INSTANCE,
-    L_KIND,
-    L_NETWORK,
-    L_PORT,
-    L_ROUTE,
-    L_USER,
-)
 from .swarm_specs import L_STOPPED
 
 log = logging.getLogger("gpulab.runtime.swarm")

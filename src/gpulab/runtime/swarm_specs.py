@@ -4,8 +4,9 @@ by :class:`~gpulab.runtime.swarm.SwarmRuntime` and tested on their own."""
 
 from __future__ import annotations
 
+from ..names import LABEL_PREFIX
 from .base import RUNNER_PATH, WorkloadSpec, WorkloadState
-from .objects import LABEL_PREFIX, docker_epoch
+from .objects import docker_epoch
 
 L_NODE = LABEL_PREFIX + "node"
 #: on a stopped service: its task was told to stop and none may run until it is started again

@@ -22,9 +22,9 @@ from ..jobs.spec_schema import job_spec_schema
 from ..lifecycle import NotebookState
 from ..logscrub import request_summary
 from ..metrics import API_REQUESTS
+from ..names import notebook_workload_id
 from ..notebooks.records import NotebookRecords
 from ..runtime.docker import DockerRuntime
-from ..runtime.objects import notebook_workload_id
 from ..settings import GpulabSettings
 from ..user_secrets import store_for
 from ..workload_data import PushRaced, WorkloadData, notebook_volumes, retry_push

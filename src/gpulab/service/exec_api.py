@@ -29,10 +29,10 @@ from urllib.parse import urlsplit
 from tornado import websocket
 
 from ..bounds import MiB, shown, size_text
-from ..jobs.gang import rank_name
 from ..jobs.spec_fields import JobSpecError, parse_command
 from ..jobs.spec_schema import JOB_SPEC_SCHEMA
 from ..lifecycle import JobState
+from ..names import rank_name
 from ..runtime.base import ExecSession, WorkloadGone
 from .app_base import ApiError, authenticated
 from .jobs_api import MANAGE, JobsBase, parse_rank

@@ -15,9 +15,9 @@ import threading
 from tornado.iostream import StreamClosedError
 
 from ..jobs.containers import rank_log_share, read_tail
-from ..jobs.gang import rank_name
 from ..jobs.logs import merge_logs, strip_stamps
 from ..lifecycle import JobState
+from ..names import rank_name
 from ..runtime.base import WorkloadGone
 from .app_base import ApiError, authenticated
 from .jobs_api import JobsBase, parse_rank
