@@ -322,7 +322,7 @@ class JobEvent(Base):
 
 
 class UserSecret(Base):
-    """A user's named secret, as a Fernet token (gpulab/user_secrets.py): never in clear."""
+    """A user's named secret, as a Fernet token (gpulab/secrets.py): never in clear."""
 
     __tablename__ = "user_secrets"
     __table_args__ = (UniqueConstraint("instance", "owner", "name"),)

@@ -361,9 +361,9 @@ class GpulabSettings(EngineSettings):
     secrets_keys = List(
         Unicode(),
         default_value=[],
-        help="""Fernet keys that encrypt users' secrets at rest (gpulab/user_secrets.py), the
+        help="""Fernet keys that encrypt users' secrets at rest (gpulab/secrets.py), the
         encrypting one first; the others only decrypt, so a key is rotated by putting a new one
-        first and running `python -m gpulab.user_secrets rotate --config jupyterhub_config.py`
+        first and running `python -m gpulab.service rotate-secrets --config jupyterhub_config.py`
         (re-encrypts every secret with it), then dropping the old one. Make one with
         `python -c 'from cryptography.fernet import Fernet;
         print(Fernet.generate_key().decode())'`. Prefer secrets_key_file (mode 0600) to writing a

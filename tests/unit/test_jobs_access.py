@@ -14,7 +14,7 @@ from gpulab.jobs.spec_extras import Port, port_env
 from gpulab.runtime.base import WorkloadSpec
 from gpulab.runtime.objects import workload_container_config
 from gpulab.runtime.swarm_specs import service_spec
-from gpulab.user_secrets import (
+from gpulab.secrets import (
     MAX_SECRETS,
     SecretError,
     SecretMissing,

@@ -21,7 +21,7 @@ from ..lifecycle import JobState, utcnow
 from ..metrics import JOB_START
 from ..runtime.docker import APIError
 from ..runtime.network import NetworkUnavailable
-from ..user_secrets import SecretMissing, SecretsUnavailable
+from ..secrets import SecretMissing, SecretsUnavailable
 from .containers import JobContainer
 from .ending import RECOVERABLE, JobEnding
 from .gang import Rank, nodes_of

@@ -139,7 +139,7 @@ def parse_ports(raw: Mapping) -> tuple[Port, ...]:
 def secret_reference(value: Mapping, key: str) -> str:
     """``{"secret": "wandb"}`` -> ``"wandb"`` (the name's syntax checked here; whether the
     owner has it, by the caller that knows)."""
-    from ..user_secrets import SecretError, check_name
+    from ..secrets import SecretError, check_name
 
     unknown = next((k for k in value if k != "secret"), None)
     if unknown is not None:

@@ -81,7 +81,7 @@ _SYSTEM_ALTERNATION = "|".join(re.escape(d[1:]) for d in SYSTEM_DIRS)
 PATH_PATTERN = rf"^(?!/({_SYSTEM_ALTERNATION})(/|$))(/(?!\.\.?(/|$))[^/\x00]+)+$"
 #: a repository name that can be a directory name as it is (the default path's last part)
 _REPO_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-#: a secret's name (gpulab.user_secrets.NAME_RE), for the schema
+#: a secret's name (gpulab.secrets.NAME_RE), for the schema
 _SECRET_PATTERN = "^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
@@ -232,7 +232,7 @@ def _secret(entry: Mapping, key: str, secret_names: frozenset[str] | None) -> st
     value = entry.get("secret")
     if value is None or value == "":
         return None
-    from ..user_secrets import SecretError, check_name
+    from ..secrets import SecretError, check_name
 
     try:
         name = check_name(value, field)

@@ -26,7 +26,7 @@ from ..lifecycle import InvalidTransition, JobState
 from ..metrics import JOB_QUEUE_WAIT
 from ..names import job_container_name, job_workload_id, volume_name
 from ..runtime.base import Runtime
-from ..user_secrets import store_for
+from ..secrets import store_for
 from ..workload_data import DiskAccount, VolumeSync, WorkloadData
 from .gang import decode_devices, encode_devices
 from .housekeeping import JobHousekeeping

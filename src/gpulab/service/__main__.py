@@ -1,6 +1,10 @@
 """Run the gpulab service: `python -m gpulab.service --config jupyterhub_config.py`.
 
 The hub starts it as a managed service and passes its URL, prefix and token in the environment.
+
+`python -m gpulab.service rotate-secrets --config jupyterhub_config.py` re-encrypts every
+user's secret with the first configured key (after putting a new key first), so that the old
+one can be dropped, and exits.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ..jobs.supervisor import JobSupervisor
 from ..metrics import StateCollector
 from ..notebooks.records import NotebookRecords
 from ..runtime import make_runtime
+from ..secrets import store_for
 from ..settings import ConfigError, GpulabSettings
 from ..statelog import json_formatter, register_sensitive
 from .app import make_app
@@ -70,10 +75,25 @@ async def follow_parent() -> None:
     os._exit(0)
 
 
+def rotate_secrets(config: str | None) -> None:
+    """Re-encrypt every secret of the installation with the first key (SecretStore.rotate)."""
+    if not config:
+        raise SystemExit("rotate-secrets needs --config (the hub's jupyterhub_config.py)")
+    settings = GpulabSettings(config=load_config(config))
+    count = store_for(settings, Database(settings.database_url)).rotate()
+    print(f"re-encrypted {count} secrets with the first key")
+
+
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpulab-service", description=__doc__)
+    parser.add_argument(
+        "action", nargs="?", choices=["run", "rotate-secrets"], default="run", help="(run)"
+    )
     parser.add_argument("--config", help="the hub's jupyterhub_config.py")
     args = parser.parse_args(argv)
+    if args.action == "rotate-secrets":
+        rotate_secrets(args.config)
+        return
     logging.basicConfig(
         level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s"
     )

@@ -25,8 +25,8 @@ from ..metrics import API_REQUESTS
 from ..names import notebook_workload_id
 from ..notebooks.records import NotebookRecords
 from ..runtime.docker import DockerRuntime
+from ..secrets import store_for
 from ..settings import GpulabSettings
-from ..user_secrets import store_for
 from ..workload_data import PushRaced, WorkloadData, notebook_volumes, retry_push
 from .admin_page import AdminPage
 from .app_base import (

@@ -39,7 +39,7 @@ ERROR_TEXT = {
 }
 
 
-#: a secret's name (gpulab/user_secrets.py)
+#: a secret's name (gpulab/secrets.py)
 SECRET_NAME = {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,62}$", "maxLength": 63}
 SECRET_PARAMS = [{"name": "name", "in": "path", "required": True, "schema": SECRET_NAME}]
 

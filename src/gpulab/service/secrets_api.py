@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ..user_secrets import SecretError, SecretStore, SecretsUnavailable, check_name
+from ..secrets import SecretError, SecretStore, SecretsUnavailable, check_name
 from .app_base import JOBS_MANAGE, JOBS_READ, ApiError, BaseHandler, authenticated, read
 from .pages import PageHandler
 

@@ -236,25 +236,3 @@ def store_for(settings, db: Database) -> SecretStore:
     return SecretStore(
         db, settings.instance, load_keys(list(settings.secrets_keys), settings.secrets_key_file)
     )
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m gpulab.user_secrets rotate --config FILE``: re-encrypt every secret with
-    the first configured key (after putting a new key first), so the old one can be dropped."""
-    import argparse
-
-    from .service.config import load_config
-    from .settings import GpulabSettings
-
-    parser = argparse.ArgumentParser(prog="python -m gpulab.user_secrets")
-    parser.add_argument("action", choices=["rotate"])
-    parser.add_argument("--config", required=True, help="the hub's jupyterhub_config.py")
-    args = parser.parse_args(argv)
-    settings = GpulabSettings(config=load_config(args.config))
-    count = store_for(settings, Database(settings.database_url)).rotate()
-    print(f"re-encrypted {count} secrets with the first key")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
