@@ -3,14 +3,18 @@ output formatting and its errors (no hub needed)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from gpulab import cli
-from gpulab.cli_commands import cmd_job_logs
-from gpulab.cli_output import job_details, job_table
+from gpulab.cli.commands import cmd_job_logs
+from gpulab.cli.output import job_details, job_table
 
 
 def parse(*argv: str):
@@ -293,7 +297,7 @@ def test_job_get_lists_each_worker(capsys):
 def test_following_every_rank_shows_each_line_once(monkeypatch, capsysbinary):
     """The live stream interleaves the ranks as they come; the read after the end (the saved
     log, in time order) interleaves them otherwise: only lines not yet shown are added."""
-    from gpulab import cli_commands
+    from gpulab.cli import commands as cli_commands
 
     monkeypatch.setattr(cli_commands, "POLL", 0)
     states = iter(["RUNNING", "DONE"])
@@ -322,7 +326,7 @@ def test_following_every_rank_shows_each_line_once(monkeypatch, capsysbinary):
 
 
 def test_exec_and_shell_take_a_rank():
-    from gpulab import cli_exec
+    from gpulab.cli import exec as cli_exec
 
     asked = []
 
@@ -348,3 +352,65 @@ def test_exec_and_shell_take_a_rank():
     assert "rank" not in cli_exec._ws_url(FakeClient(), "j1abc", 80, 24)
     with pytest.raises(SystemExit):
         parse("job", "shell", "--rank", "64", "j1abc")
+
+
+# --- the CLI speaks the REST API and nothing else of gpulab -------------------------------------
+
+
+def _loaded_gpulab_modules(code: str) -> list[str]:
+    """The gpulab modules a fresh interpreter has loaded after running ``code``."""
+    probe = code + "\nimport sys\nprint(*sorted(m for m in sys.modules if m.startswith('gpulab')))"
+    run = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    return run.stdout.split()
+
+
+def _outside_the_cli(modules: list[str]) -> list[str]:
+    # "gpulab" itself: the parent package, loaded first; it holds only __version__
+    return [
+        m
+        for m in modules
+        if m != "gpulab" and m != "gpulab.cli" and not m.startswith("gpulab.cli.")
+    ]
+
+
+def test_importing_the_cli_loads_nothing_of_gpulab_outside_it():
+    modules = _loaded_gpulab_modules("import gpulab.cli")
+    assert "gpulab.cli.commands" in modules  # the probe sees the CLI's own modules
+    assert _outside_the_cli(modules) == []
+
+
+def test_running_the_cli_loads_nothing_of_gpulab_outside_it():
+    modules = _loaded_gpulab_modules(
+        "import contextlib, io\n"
+        "from gpulab.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['--help']) == 0 and main(['job', 'run', '--help']) == 0\n"
+    )
+    assert "gpulab.cli.parser" in modules
+    assert _outside_the_cli(modules) == []
+
+
+def test_no_cli_module_imports_gpulab_outside_the_cli():
+    """Every import in src/gpulab/cli/, those inside functions too, stays in the package."""
+    package = Path(cli.__file__).parent
+    found = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level > 1:  # from .. import x: out of the package
+                    found.append((path.name, node.lineno, "." * node.level + (node.module or "")))
+                    continue
+                names = [] if node.level else [node.module or ""]
+            else:
+                continue
+            for name in names:
+                if (name == "gpulab" or name.startswith("gpulab.")) and not (
+                    name == "gpulab.cli" or name.startswith("gpulab.cli.")
+                ):
+                    found.append((path.name, node.lineno, name))
+    assert len(list(package.glob("*.py"))) >= 7  # the walk saw the package's modules
+    assert found == []

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from .cli_client import (
+from .client import (
     ENDED,
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -27,7 +27,7 @@ from .cli_client import (
     normalize_url,
     write_config,
 )
-from .cli_output import (
+from .output import (
     events_table,
     job_details,
     job_table,
@@ -38,7 +38,7 @@ from .cli_output import (
     when,
     workers_of,
 )
-from .cli_secrets import add_run_fields
+from .secrets import add_run_fields
 
 # --- commands -----------------------------------------------------------------------------------
 

@@ -14,8 +14,8 @@ import getpass
 import sys
 from typing import Any
 
-from .cli_client import EXIT_OK, EXIT_USAGE, Client, CliError
-from .cli_output import print_json, table
+from .client import EXIT_OK, EXIT_USAGE, Client, CliError
+from .output import print_json, table
 
 GIT_KEYS = ("url", "branch", "revision", "path", "secret")
 

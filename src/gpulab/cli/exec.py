@@ -18,8 +18,8 @@ import signal
 import sys
 from urllib.parse import urlencode
 
-from .cli_client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, SERVICE_PATH, Client, CliError
-from .cli_output import note, print_json
+from .client import EXIT_FAILED, EXIT_OK, EXIT_USAGE, SERVICE_PATH, Client, CliError
+from .output import note, print_json
 
 #: the exit code of a command killed at its time-out (coreutils' timeout says the same)
 EXIT_TIMED_OUT = 124
@@ -198,7 +198,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def add_exec_commands(with_id, rank_type=None) -> None:
-    """The ``exec`` and ``shell`` sub-commands of ``gpulab job`` (``with_id``: cli.py's;
+    """The ``exec`` and ``shell`` sub-commands of ``gpulab job`` (``with_id``: parser.py's;
     ``rank_type``: how ``--rank`` is parsed)."""
     ex = with_id(
         "exec",

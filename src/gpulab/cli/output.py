@@ -11,8 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from .cli_client import ENDED
-from .jobs.gang import workers_of
+from .client import ENDED
 
 # --- output -------------------------------------------------------------------------------------
 
@@ -79,6 +78,15 @@ def runtime(job: dict) -> str:
     if start is None:
         return "-"
     return duration(((end or datetime.now(UTC)) - start).total_seconds())
+
+
+def workers_of(job: dict) -> int:
+    """How many workers (containers) a job runs, from its API JSON: ``spec.workers`` (the
+    submission's field, absent or 1 for a one-container job; more for a distributed job)."""
+    try:
+        return max(1, int((job.get("spec") or {}).get("workers") or 1))
+    except (TypeError, ValueError):
+        return 1
 
 
 def _num(value: Any) -> str:

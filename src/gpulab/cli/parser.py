@@ -1,54 +1,14 @@
-"""``gpulab``: the command line of gpulab's users, talking to the gpulab service's REST API.
-
-    gpulab login --url URL [--token TOKEN]        save the hub URL and an API token (mode 0600)
-    gpulab job run [options] -- CMD [ARGS...]     submit a training job; --follow streams its logs
-                                                  (--workers N: a distributed job of N containers)
-    gpulab job list [--state A,B] [-l k=v]... [--all | --user NAME]
-    gpulab job get|logs [-f] [--rank K]|events|stop [--wait]|resume|rerun|push|delete ID
-    gpulab job exec [--timeout S] [--rank K] ID -- CMD [ARGS...]   run a command in a RUNNING job
-    gpulab job shell [--rank K] ID                an interactive terminal in a RUNNING job
-    gpulab secret set NAME | list | delete NAME   secrets a job's env refers to (--secret-env)
-    gpulab usage [--user NAME]
-    gpulab notebook list [--all | --user NAME]
-
-Every command prints a human table by default and the API's JSON with ``-o json``.
-
-Where the hub is and who you are: ``GPULAB_URL`` (or ``JUPYTERHUB_URL``) and ``GPULAB_TOKEN``
-(or ``JUPYTERHUB_API_TOKEN``, which notebooks already have), else the config file
-``$GPULAB_CONFIG`` or ``~/.config/gpulab/config.json`` (``{"url": ..., "token": ...}``) that
-``gpulab login`` writes. The token is never printed.
-
-``job exec`` prints the command's output and exits with its exit code (124: it ran past its
-time-out and was killed); ``job shell`` puts this terminal in raw mode until the remote shell
-exits, and exits with its exit code. Both are for the job's owner and admins, run as the job's
-user, and are recorded in the job's events.
-
-Exit codes: 0 success (for ``job run --follow`` and ``job logs -f``: the job ended DONE),
-1 an API error (its message, and the field at fault, on stderr) or a followed job that ended
-otherwise, 2 bad usage or missing configuration, 130 interrupted (Ctrl-C stops following, not
-the job).
+"""The ``gpulab`` command line's parser: every command, its options and its function (see
+:mod:`gpulab.cli`).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
-from collections.abc import Sequence
 
-from .cli_client import (
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    Client,
-    CliError,
-    normalize_url,
-    settings,
-    write_config,
-)
-from .cli_commands import (
-    build_submission,
+from .client import EXIT_USAGE
+from .commands import (
     cmd_job_delete,
     cmd_job_events,
     cmd_job_get,
@@ -61,33 +21,12 @@ from .cli_commands import (
     cmd_notebook_list,
     cmd_usage,
 )
-from .cli_exec import add_exec_commands
-from .cli_output import (
-    duration,
-    note,
-    runtime,
-    table,
-)
-from .cli_secrets import add_run_options, add_secret_commands
+from .exec import add_exec_commands
+from .secrets import add_run_options, add_secret_commands
 
 #: the most workers (containers) of one distributed job: the API's limit
 #: (``gpulab.jobs.spec_fields.MAX_WORKERS``, not imported: the CLI stays light)
 MAX_WORKERS = 64
-
-#: what `gpulab.cli` offers besides main() (its tests and other callers use these names)
-__all__ = [
-    "CliError",
-    "build_parser",
-    "build_submission",
-    "duration",
-    "main",
-    "normalize_url",
-    "runtime",
-    "settings",
-    "table",
-    "write_config",
-]
-
 
 # --- the parser ---------------------------------------------------------------------------------
 
@@ -275,32 +214,3 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--user", help="this user's notebooks (admins)")
     nb_ls.set_defaults(func=cmd_notebook_list)
     return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help (0) or a usage error (2)
-        return int(e.code or 0)
-    if not hasattr(args, "output"):  # -o is SUPPRESSed so that `gpulab -o json job list` works
-        args.output = "table"
-    try:
-        if not getattr(args, "needs_client", True):
-            return args.func(args)
-        url, token = settings(args)
-        return args.func(args, Client(url, token))
-    except CliError as e:
-        note(f"gpulab: error: {e}")
-        return e.code
-    except KeyboardInterrupt:
-        note("gpulab: interrupted")
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:  # e.g. | head
-        with contextlib.suppress(OSError):
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (no flush error at exit)
-        return EXIT_OK
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""``gpulab``: the command line of gpulab's users, talking to the gpulab service's REST API.
+
+    gpulab login --url URL [--token TOKEN]        save the hub URL and an API token (mode 0600)
+    gpulab job run [options] -- CMD [ARGS...]     submit a training job; --follow streams its logs
+                                                  (--workers N: a distributed job of N containers)
+    gpulab job list [--state A,B] [-l k=v]... [--all | --user NAME]
+    gpulab job get|logs [-f] [--rank K]|events|stop [--wait]|resume|rerun|push|delete ID
+    gpulab job exec [--timeout S] [--rank K] ID -- CMD [ARGS...]   run a command in a RUNNING job
+    gpulab job shell [--rank K] ID                an interactive terminal in a RUNNING job
+    gpulab secret set NAME | list | delete NAME   secrets a job's env refers to (--secret-env)
+    gpulab usage [--user NAME]
+    gpulab notebook list [--all | --user NAME]
+
+Every command prints a human table by default and the API's JSON with ``-o json``.
+
+Where the hub is and who you are: ``GPULAB_URL`` (or ``JUPYTERHUB_URL``) and ``GPULAB_TOKEN``
+(or ``JUPYTERHUB_API_TOKEN``, which notebooks already have), else the config file
+``$GPULAB_CONFIG`` or ``~/.config/gpulab/config.json`` (``{"url": ..., "token": ...}``) that
+``gpulab login`` writes. The token is never printed.
+
+``job exec`` prints the command's output and exits with its exit code (124: it ran past its
+time-out and was killed); ``job shell`` puts this terminal in raw mode until the remote shell
+exits, and exits with its exit code. Both are for the job's owner and admins, run as the job's
+user, and are recorded in the job's events.
+
+Exit codes: 0 success (for ``job run --follow`` and ``job logs -f``: the job ended DONE),
+1 an API error (its message, and the field at fault, on stderr) or a followed job that ended
+otherwise, 2 bad usage or missing configuration, 130 interrupted (Ctrl-C stops following, not
+the job).
+
+The package speaks the REST API and nothing else: it imports nothing of gpulab outside itself
+(``client`` the connection, ``output`` the tables, ``commands``, ``exec`` and ``secrets`` the
+commands, ``parser`` the command tree; tests/unit/test_cli.py checks it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+
+from .client import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    Client,
+    CliError,
+    normalize_url,
+    settings,
+    write_config,
+)
+from .commands import build_submission
+from .output import duration, note, runtime, table
+from .parser import MAX_WORKERS, build_parser
+
+#: what `gpulab.cli` offers besides main() (its tests and other callers use these names)
+__all__ = [
+    "MAX_WORKERS",
+    "CliError",
+    "build_parser",
+    "build_submission",
+    "duration",
+    "main",
+    "normalize_url",
+    "runtime",
+    "settings",
+    "table",
+    "write_config",
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2)
+        return int(e.code or 0)
+    if not hasattr(args, "output"):  # -o is SUPPRESSed so that `gpulab -o json job list` works
+        args.output = "table"
+    try:
+        if not getattr(args, "needs_client", True):
+            return args.func(args)
+        url, token = settings(args)
+        return args.func(args, Client(url, token))
+    except CliError as e:
+        note(f"gpulab: error: {e}")
+        return e.code
+    except KeyboardInterrupt:
+        note("gpulab: interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # e.g. | head
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (no flush error at exit)
+        return EXIT_OK
