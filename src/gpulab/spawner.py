@@ -19,6 +19,10 @@ from tornado import web
 from traitlets import Float, Unicode, default
 
 from . import __version__
+from .data.sync import (
+    push_all,
+    push_verdict,
+)
 from .db import Database
 from .gpus.inventory import load_inventory
 from .gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
@@ -40,10 +44,6 @@ from .spawner_container import ContainerMixin
 from .spawner_data import NotebookDataMixin, SpawnFailed
 from .spawner_network import UserNetworkMixin
 from .spawner_options import NotebookOptionsMixin
-from .workload_data import (
-    push_all,
-    push_verdict,
-)
 
 S = NotebookState
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from dockerspawner import DockerSpawner
 
+from .data.sync import PushRaced, retry_push
 from .gpus.inventory import device_id, from_nodes, node_of
 from .lifecycle import NotebookState
 from .names import L_NETWORK, L_PORT, L_ROUTE
 from .runtime.base import Mount, WorkloadSpec
 from .spawner_data import SpawnFailed
-from .workload_data import PushRaced, retry_push
 
 S = NotebookState
 

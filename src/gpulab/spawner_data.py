@@ -3,7 +3,7 @@ start, pushed back at the stop, and purged when the notebook is deleted for good
 
 A mixin of :class:`~gpulab.spawner.NotebookSpawner` (it needs ``settings``, ``runtime``,
 ``records``, ``ledger``, ``node``, ``_progress``, ``_fail`` and ``_record`` from it): the
-transfers themselves are :mod:`gpulab.workload_data`'s sync helper runs, on the node that holds
+transfers themselves are :mod:`gpulab.data.sync`'s sync helper runs, on the node that holds
 the volumes.
 """
 
@@ -14,16 +14,16 @@ from functools import cached_property
 
 from tornado import web
 
-from .disk_ledger import DiskLedger
-from .lifecycle import NotebookState
-from .runtime.docker import EngineError
-from .workload_data import (
+from .data.sync import (
     DiskAccount,
     VolumeSync,
     WorkloadData,
     notebook_volumes,
     progress_message,
 )
+from .disk_ledger import DiskLedger
+from .lifecycle import NotebookState
+from .runtime.docker import EngineError
 
 S = NotebookState
 

@@ -276,11 +276,11 @@ def test_a_prefix_that_grows_after_its_listing_is_booked_again(
     was booked for it; the pull then lists and books once more, and pulls it all."""
     import uuid
 
+    from gpulab.data.sync import DiskAccount, VolumeSync, WorkloadData
     from gpulab.db import Database
     from gpulab.disk_ledger import DiskLedger
     from gpulab.runtime.docker import DockerRuntime
     from gpulab.volumes import ObjectStore, parse_volume
-    from gpulab.workload_data import DiskAccount, VolumeSync, WorkloadData
 
     root = tmp_path / "store"
     (root / "growing" / "set").mkdir(parents=True)

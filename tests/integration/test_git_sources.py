@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from gpulab.data.sync import WorkloadData
 from gpulab.jobs.git_sources import clone_sources, git_mounts, git_volume_names
 from gpulab.jobs.spec_git import GitSource
 from gpulab.runtime.docker import DockerRuntime
-from gpulab.workload_data import WorkloadData
 
 from ..conftest import IN_CI, SYNC_IMAGE, _need, run_async
 from ..support.git import GitServer, git, git_backend_available

@@ -270,7 +270,7 @@ def test_local_root_walks_without_following(tmp_path):
 
 
 def helper(operation: str, prefix: str = "ws/alice/nb", mode: str = "rwd") -> dict:
-    from gpulab.runtime.objects import sync_helper_config
+    from gpulab.data.helper import sync_helper_config
 
     return sync_helper_config(
         image="gpulab/sync:1",
@@ -335,7 +335,7 @@ def spec(prefix: str, bucket: str = "bkt"):
 
 
 def test_prepare_store_dirs_makes_both_directories(tmp_path):
-    from gpulab.workload_data import prepare_store_dirs
+    from gpulab.data.sync import prepare_store_dirs
 
     root = tmp_path / "objects"
     assert prepare_store_dirs(fs_store(root), spec("ws/alice/nb")) == str(root)
@@ -354,7 +354,7 @@ def test_prepare_store_dirs_makes_both_directories(tmp_path):
 def test_prepare_store_dirs_refuses_a_link_on_the_path(tmp_path, victim, where):
     """A link anywhere on a volume's path in the store (on the host) would make Docker bind
     whatever it points to: the sync fails clearly instead, nothing is made through it."""
-    from gpulab.workload_data import StoreLayoutError, prepare_store_dirs
+    from gpulab.data.sync import StoreLayoutError, prepare_store_dirs
 
     root = tmp_path / "objects"
     (root / where).parent.mkdir(parents=True)

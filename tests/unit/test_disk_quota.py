@@ -11,6 +11,8 @@ import json
 import pytest
 from traitlets import TraitError
 
+from gpulab.data.helper import sync_helper_config
+from gpulab.data.sync import VolumeSync, WorkloadData
 from gpulab.datasync.cli import main as sync_main
 from gpulab.datasync.engine import pull
 from gpulab.datasync.filesystem import FilesystemRemote
@@ -30,10 +32,8 @@ from gpulab.disk_quota import (
 )
 from gpulab.jobs.git_sources import clone_helper_config
 from gpulab.jobs.spec_git import GitSource
-from gpulab.runtime.objects import sync_helper_config
 from gpulab.settings import GpulabSettings
 from gpulab.volumes import ObjectStore, parse_volume
-from gpulab.workload_data import VolumeSync, WorkloadData
 
 # --- the rules ------------------------------------------------------------------------------
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
-from gpulab.runtime.objects import sync_helper_config
-from gpulab.storage import StorageConfig
-from gpulab.workload_data import (
+from gpulab.data.helper import sync_helper_config
+from gpulab.data.sync import (
     StorageCredentialsError,
     SyncOutcome,
     VolumeSync,
@@ -15,6 +13,8 @@ from gpulab.workload_data import (
     push_verdict,
     store_credentials,
 )
+from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
+from gpulab.storage import StorageConfig
 
 from ..support.options import CATALOG, FLAVORS, LIMITS
 

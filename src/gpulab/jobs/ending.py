@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from ..data.sync import push_verdict
 from ..faults import fault_point
 from ..lifecycle import JobState
-from ..workload_data import push_verdict
 from .gang import Rank
 from .progress import push_with_notes
 from .records import RequestChanged

@@ -49,7 +49,7 @@ from ..runtime.objects import hardened_host_config
 from .spec_git import GitSource
 
 if TYPE_CHECKING:
-    from ..workload_data import WorkloadData
+    from ..data.sync import WorkloadData
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def clone_helper_config(
     quota_bytes: int | None = None,
 ) -> dict:
     """Keyword arguments for ``create_container`` of one clone helper (pure; the same shape as
-    :func:`gpulab.runtime.objects.sync_helper_config`, so that every backend's ``run_helper``
+    :func:`gpulab.data.helper.sync_helper_config`, so that every backend's ``run_helper``
     takes it). Every user value travels as one ``--name=value`` argument: none can be read as
     another option."""
     command = [

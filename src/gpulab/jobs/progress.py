@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+from ..data.sync import SyncOutcome, VolumeSync, progress_message
 from ..lifecycle import JobState
-from ..workload_data import SyncOutcome, VolumeSync, progress_message
 
 #: seconds between two writes of a job's progress message
 EVERY = 1.0

@@ -18,6 +18,7 @@ import logging
 import time
 from pathlib import Path
 
+from ..data.sync import DiskAccount, VolumeSync, WorkloadData
 from ..disk_ledger import DiskLedger
 from ..gpus.inventory import from_nodes, load_inventory, node_of
 from ..gpus.ledger import GpuLedger, NoGpuAvailable
@@ -27,7 +28,6 @@ from ..metrics import JOB_QUEUE_WAIT
 from ..names import job_container_name, job_workload_id, volume_name
 from ..runtime.base import Runtime
 from ..secrets import store_for
-from ..workload_data import DiskAccount, VolumeSync, WorkloadData
 from .gang import decode_devices, encode_devices
 from .housekeeping import JobHousekeeping
 from .lease import SupervisorLease

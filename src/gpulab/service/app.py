@@ -16,6 +16,7 @@ from jupyterhub.utils import url_path_join
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from tornado import web
 
+from ..data.sync import PushRaced, WorkloadData, notebook_volumes, retry_push
 from ..db import Database
 from ..jobs.spec_fields import MAX_PRIORITY
 from ..jobs.spec_schema import job_spec_schema
@@ -27,7 +28,6 @@ from ..notebooks.records import NotebookRecords
 from ..runtime.docker import DockerRuntime
 from ..secrets import store_for
 from ..settings import GpulabSettings
-from ..workload_data import PushRaced, WorkloadData, notebook_volumes, retry_push
 from .admin_page import AdminPage
 from .app_base import (
     METRICS,

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .metrics import observe_sync
-from .names import L_INSTANCE, L_KIND, L_WORKLOAD, volume_name
-from .runtime.base import Runtime
-from .runtime.objects import filesystem_store_dirs, sync_helper_config
-from .statelog import register_sensitive
-from .volumes import ObjectStore, VolumeSpec
+from ..metrics import observe_sync
+from ..names import L_INSTANCE, L_KIND, L_WORKLOAD, volume_name
+from ..runtime.base import Runtime
+from ..statelog import register_sensitive
+from ..volumes import ObjectStore, VolumeSpec
+from .helper import filesystem_store_dirs, sync_helper_config
 
 if TYPE_CHECKING:
-    from .disk_ledger import DiskLedger
+    from ..disk_ledger import DiskLedger
 
 log = logging.getLogger(__name__)
 
@@ -267,20 +267,20 @@ class WorkloadData:
         """Bytes of the objects a pull of ``vol`` would bring (their total size under the
         volume's prefix, as the sync engine lists them); 0 for a bucket that does not exist.
         Blocking. Raises on any other failure to list."""
-        from .datasync.localtree import normalize_prefix
+        from ..datasync.localtree import normalize_prefix
 
         spec, store = vol.spec, self.stores[vol.spec.store]
         prefix = normalize_prefix(spec.prefix)
         if store.kind == "filesystem":
-            from .datasync.filesystem import FilesystemRemote
+            from ..datasync.filesystem import FilesystemRemote
 
             remote = FilesystemRemote(store.root or "/nonexistent", spec.bucket)
             return sum(o.size for o in remote.list(prefix))
         from botocore.exceptions import ClientError
 
-        from .datasync.credentials import Credentials
-        from .datasync.s3 import S3Remote
-        from .datasync.s3_settings import S3Settings
+        from ..datasync.credentials import Credentials
+        from ..datasync.s3 import S3Remote
+        from ..datasync.s3_settings import S3Settings
 
         env = store_credentials(store)
         remote = S3Remote(
@@ -301,8 +301,8 @@ class WorkloadData:
         """Book what a pull of ``vol`` brings against the owner's disk quota, checked in the
         same transaction: the bytes booked (the helper's ``--max-bytes``), or the outcome of
         a pull refused before it began."""
-        from .disk_ledger import DiskQuotaExceeded
-        from .disk_quota import pull_refusal
+        from ..disk_ledger import DiskQuotaExceeded
+        from ..disk_quota import pull_refusal
 
         disk = self.disk
         assert disk is not None
@@ -462,7 +462,7 @@ def notebook_volumes(
 ) -> list[VolumeSync]:
     """The workspace (when a workspace store is configured) and the user's volumes, on
     ``node`` (where the notebook runs; "" on one host)."""
-    from .volumes import parse_volume
+    from ..volumes import parse_volume
 
     out = []
     ws = storage.workspace_spec(user, server, workspace_dir)
@@ -507,7 +507,7 @@ async def retry_push(
     """Push a SYNC_FAILED notebook's volumes again: SYNC_FAILED -> STOPPING (PUSH_RETRY), the
     push, then STOPPED or SYNC_FAILED, each a compare-and-set. Returns (ok, verdict, record);
     raises PushRaced when the notebook changed meanwhile (of two retries, one pushes)."""
-    from .lifecycle import InvalidTransition, NotebookState
+    from ..lifecycle import InvalidTransition, NotebookState
 
     S = NotebookState
     try:

@@ -1,0 +1,104 @@
+"""What the sync helper is told (pure): its command line, its mounts, the store's directories.
+
+The helper is a short-lived container of the ``gpulab-sync`` image (:mod:`gpulab.datasync`)
+that pulls or pushes one volume of a workload; :mod:`gpulab.data.sync` runs it through the
+``Runtime``. Its container config is built here, from plain values, and tested as data.
+"""
+
+from __future__ import annotations
+
+from ..datasync.filesystem import META_DIR
+from ..runtime.objects import hardened_host_config
+
+
+def filesystem_store_dirs(bucket: str, prefix: str) -> tuple[str, str]:
+    """The two directories of a filesystem store (relative to its root) that a volume on
+    ``bucket``/``prefix`` may touch: its objects and their sidecar metadata. An empty prefix
+    (a grant on the whole bucket) gives the bucket's directories."""
+    trimmed = prefix.strip("/")
+    parts = trimmed.split("/") if trimmed else []
+    if (
+        not bucket
+        or "/" in bucket
+        or bucket.startswith(".")
+        or any(p in ("", ".", "..") or "\x00" in p for p in [bucket, *parts])
+    ):
+        raise ValueError(f"unsafe store location {bucket!r}/{prefix!r}")
+    rel = "/".join([bucket, *parts])
+    return rel, f"{META_DIR}/{rel}"
+
+
+def sync_helper_config(
+    *,
+    image: str,
+    operation: str,
+    bucket: str,
+    prefix: str,
+    mode: str,
+    docker_volume: str | None,
+    store_kind: str,
+    store_root: str | None,
+    endpoint_url: str | None,
+    region: str,
+    labels: dict[str, str],
+    environment: dict[str, str],
+    user: str = "1000:100",
+    mirror: bool = False,
+    max_bytes: int | None = None,
+) -> dict:
+    """Keyword arguments for ``create_container`` of a short-lived ``gpulab-sync`` helper.
+
+    ``max_bytes``: a pull refuses a prefix whose objects weigh more than this together (what
+    the owner's disk quota booked for the volume: :mod:`gpulab.disk_ledger`).
+
+    ``mirror``: a pull also removes local files whose object was deleted since the volume's
+    last sync (``--delete``; files changed locally are kept), for a volume that may be an older
+    copy (a cluster node the workload left and came back to).
+
+    The helper mounts the workload's volume at /data. For the embedded filesystem store it
+    sees only what that volume may touch, never the store root: the volume's own directory
+    ``<store_root>/<bucket>/<prefix>`` and its metadata directory
+    ``<store_root>/.gpulab-meta/<bucket>/<prefix>`` (:func:`filesystem_store_dirs`), each
+    bound at the same path under /store so that ``file:///store`` works unchanged. They are
+    read-only unless the operation writes the store (a push of an rw/rwd volume, a purge).
+    ``store_root`` must be the canonical path whose directories the caller has checked (see
+    :func:`gpulab.data.sync.prepare_store_dirs`). The helper uses the host's
+    network so that it reaches the same endpoints as the hub (a loopback endpoint included).
+    It never runs user code.
+    """
+    command = [operation, "--bucket", bucket, "--prefix", prefix, "--json-progress"]
+    binds: dict[str, dict] = {}
+    if operation != "purge":
+        command += ["--local", "/data", "--mode", mode]
+        if mirror and operation == "pull":
+            command.append("--delete")
+        if max_bytes is not None and operation == "pull":
+            command += ["--max-bytes", str(int(max_bytes))]
+        if docker_volume is None:
+            raise ValueError("pull and push need a volume")
+        binds[docker_volume] = {"bind": "/data", "mode": "rw"}
+    if store_kind == "filesystem":
+        if not store_root:
+            raise ValueError("a filesystem store needs its root")
+        command += ["--store-endpoint", "file:///store"]
+        writes = operation == "purge" or (operation == "push" and mode in ("rw", "rwd"))
+        for rel in filesystem_store_dirs(bucket, prefix):
+            host = f"{store_root.rstrip('/')}/{rel}"
+            binds[host] = {"bind": f"/store/{rel}", "mode": "rw" if writes else "ro"}
+    else:
+        if endpoint_url:
+            command += ["--store-endpoint", endpoint_url]
+        command += ["--region", region]
+    return {
+        "image": image,
+        "command": command,
+        "labels": labels,
+        "environment": environment,
+        "user": user,
+        "host_config": {
+            "binds": binds,
+            "network_mode": "host",
+            "auto_remove": False,
+            **hardened_host_config(),
+        },
+    }
