@@ -229,10 +229,6 @@ def test_the_domains_never_import_each_other():
                 assert bad == [], module
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="helper 'cli' is moving the CLI into a package that speaks only the REST API",
-)
 def test_the_cli_imports_nothing_of_gpulab_outside_itself():
     found = [m for m in graph() if _is_cli(m)]
     assert found
