@@ -4,10 +4,15 @@ output formatting and its errors (no hub needed)."""
 from __future__ import annotations
 
 import ast
+import http.server
 import json
+import os
+import signal
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -414,3 +419,108 @@ def test_no_cli_module_imports_gpulab_outside_the_cli():
                     found.append((path.name, node.lineno, name))
     assert len(list(package.glob("*.py"))) >= 7  # the walk saw the package's modules
     assert found == []
+
+
+# --- Ctrl-C while following ---------------------------------------------------------------------
+
+
+class _StalledService(http.server.BaseHTTPRequestHandler):
+    """A gpulab service whose job RUNS and whose log stream, once asked for, sends its headers
+    and then nothing (a job quiet for hours, or a stalled proxy)."""
+
+    protocol_version = "HTTP/1.1"
+    asked_logs: threading.Event
+    release: threading.Event
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _json(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self._json(201, {"id": "j1abc", "name": "sleeper", "state": "QUEUED"})
+
+    def do_GET(self) -> None:  # noqa: N802
+        if self.path.startswith("/services/gpulab/api/jobs/j1abc/logs"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            self.asked_logs.set()
+            self.release.wait(60)
+        else:
+            self._json(200, {"id": "j1abc", "name": "sleeper", "state": "RUNNING", "spec": {}})
+
+
+@pytest.fixture
+def stalled_service():
+    handler = type(
+        "Handler",
+        (_StalledService,),
+        {"asked_logs": threading.Event(), "release": threading.Event()},
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", handler
+    finally:
+        handler.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+#: starts the CLI (same process, exec) with SIGINT as a non-interactive shell leaves it for a
+#: command it runs in the background (`gpulab job run --follow ... &` in a script, a CI job):
+#: ignored, a disposition that exec keeps
+_IGNORING_SIGINT = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+    "os.execv(sys.executable, [sys.executable, '-m', 'gpulab.cli', *sys.argv[1:]])"
+)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_stops_following_a_silent_stream_at_once(stalled_service, tmp_path, inherited):
+    """Ctrl-C during `job run --follow` on a log stream that sends nothing: the prompt is back
+    within a few seconds (exit 130, the job left running), whatever SIGINT disposition the CLI
+    inherited. It once hung in CI: Python installs its KeyboardInterrupt handler only where
+    SIGINT was not ignored at start-up, and the CLI, run by a pytest that had inherited SIGINT
+    ignored, sat in the stream's read."""
+    url, service = stalled_service
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("GPULAB_", "JUPYTERHUB_"))},
+        "GPULAB_URL": url,
+        "GPULAB_TOKEN": "t0ken",
+        "GPULAB_CONFIG": str(tmp_path / "none.json"),
+    }
+    start = ["-c", _IGNORING_SIGINT] if inherited == "ignored" else ["-m", "gpulab.cli"]
+    proc = subprocess.Popen(
+        [sys.executable, *start, "job", "run", "--gpu", "0", "--follow", "--", "sleep", "600"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert service.asked_logs.wait(30), "the CLI never asked for the log stream"
+        time.sleep(0.2)  # into the stream's read
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=5)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 130, err
+    assert took < 5
+    assert out == ""
+    assert "stopped following job j1abc, which keeps running" in err
