@@ -34,7 +34,7 @@ from datetime import datetime
 from ..disk_ledger import DiskLedger
 from ..lifecycle import InvalidTransition, NotebookState, utcnow
 from ..names import L_ROUTE, L_WORKLOAD, notebook_workload_id
-from ..runtime.docker import EngineError
+from ..runtime import EngineError
 
 log = logging.getLogger("gpulab.notebooks")
 S = NotebookState
@@ -207,7 +207,7 @@ class NotebookReconciler:
     async def _settle_lost(self, records: list[dict], containers) -> set[str]:
         """Running notebooks whose node is lost (a cluster only): ERROR NODE_LOST, their
         workload removed, then their GPUs released. Returns their workload ids."""
-        if self.runtime.kind == "docker":
+        if not self.ledger.clustered:  # one host: its node is never lost
             return set()
         try:
             nodes = {n.hostname: n for n in await self.runtime.nodes()}

@@ -12,6 +12,17 @@ from .base import Runtime
 RUNNER = str(Path(__file__).resolve().parent / "job_runner.sh")
 
 
+def __getattr__(name: str):
+    # EngineError: what any backend raises when the engine refuses or does not answer. Both
+    # backends speak the Docker Engine API, so it is the Docker SDK's base exception; read
+    # lazily, so that importing runtime.base loads no SDK.
+    if name == "EngineError":
+        from docker.errors import DockerException
+
+        return DockerException
+    raise AttributeError(name)
+
+
 def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
     """The backend the settings name. ``client``: a docker.APIClient to reuse (the spawner's);
     ``gpus``: this host's GPU IDs (one engine; a Swarm reads each node's from its labels)."""

@@ -33,6 +33,16 @@ class Mount:
     read_only: bool = False
 
 
+@dataclass(frozen=True)
+class HostBind:
+    """A path of the node's file system, mounted at ``target`` (the MPS daemon's pipes of a
+    shared GPU: the one host path a workload may get)."""
+
+    path: str
+    target: str
+    read_only: bool = False
+
+
 @dataclass
 class WorkloadSpec:
     """What to run, for any backend. Built by the supervisor (jobs) from a JobSpec."""
@@ -70,6 +80,11 @@ class WorkloadSpec:
     #: the image's file system read-only; /tmp is then a tmpfs of ``tmp_size`` bytes
     read_only: bool = False
     tmp_size: int = 256 * 1024**2
+    #: host paths it mounts (see HostBind)
+    host_binds: Sequence[HostBind] = ()
+    #: ports it serves (a notebook's server): published on the host's loopback when it joins
+    #: no network of its own, so that the hub reaches it there (see Runtime.reach)
+    ports: Sequence[int] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +149,10 @@ class LogStream:
         self._close()
 
 
+class NetworkUnavailable(Exception):
+    """The user's network cannot be had; the message says why and who can fix it."""
+
+
 class WorkloadGone(LookupError):
     """The engine has no workload of that name."""
 
@@ -176,6 +195,8 @@ class Runtime:
 
     #: 'docker' or 'swarm': what the settings call it
     kind = "abstract"
+    #: where a missing image is missing, in a user's words ("on this host", "in the registry")
+    images_at = "on this host"
     _executor: ThreadPoolExecutor | None = None
 
     def __init__(self, workers: int = 32, registry: str = ""):
@@ -349,7 +370,8 @@ class Runtime:
     async def reach(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
         """(host, port) at which the hub and its proxy reach the workload's ``port`` for URLs
         under ``path``. One engine: its address on the user's bridge (the host reaches every
-        bridge). A Swarm: its notebook gateway (runtime/gateway.py)."""
+        bridge), or with no ``network_id`` the host port that ``port`` is published on. A
+        Swarm: its notebook gateway (runtime/gateway.py)."""
         return await self.address(name, network_id), port
 
     async def unreach(self, path: str) -> None:

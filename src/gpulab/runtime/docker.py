@@ -254,6 +254,18 @@ class DockerRuntime(EngineClient, Runtime):
             filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={kind}"]},
         )
 
+    async def reach(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
+        if network_id:
+            return await self.address(name, network_id), port
+        try:  # on the default bridge: the host port it is published on
+            found = await self.run(self.client.port, name, port)
+        except NotFound:
+            raise WorkloadGone(name) from None
+        if not found:
+            raise WorkloadGone(f"{name} publishes no port {port}")
+        ip = found[0]["HostIp"]
+        return ("127.0.0.1" if ip in ("0.0.0.0", "") else ip), int(found[0]["HostPort"])
+
     async def address(self, name: str, network_id: str) -> str:
         try:
             found = await self.run(self.client.inspect_container, name)

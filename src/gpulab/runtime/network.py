@@ -43,15 +43,12 @@ from ..names import (
     job_network_name,
     user_network_name,
 )
+from .base import NetworkUnavailable
 
 log = logging.getLogger(__name__)
 
 NETWORK_KIND = "network"
 MODES = ("user", "none")
-
-
-class NetworkUnavailable(Exception):
-    """The user's network cannot be had; the message says why and who can fix it."""
 
 
 #: a user's overlay on a Swarm is named and labelled apart from their bridge on the manager's

@@ -76,11 +76,18 @@ def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) ->
     binds = {
         m.volume: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts
     }
+    for b in spec.host_binds:
+        binds[b.path] = {"bind": b.target, "mode": "ro" if b.read_only else "rw"}
     command = list(spec.command)
     if spec.runner:
         binds[runner] = {"bind": RUNNER_PATH, "mode": "ro"}
         command = ["/bin/sh", RUNNER_PATH, *command]
     extra_host = {"network_mode": spec.network_owner} if spec.network_owner else {}
+    ports = {}
+    if spec.ports:
+        ports = {"ports": list(spec.ports)}
+        if not (spec.network_owner or spec.network_job):  # on the default bridge
+            extra_host["port_bindings"] = {p: ("127.0.0.1",) for p in spec.ports}
     if spec.read_only:  # the runner and most tools need a writable /tmp
         tmp = f"rw,nosuid,nodev,size={spec.tmp_size},mode=1777"
         extra_host = {**extra_host, "read_only": True, "tmpfs": {"/tmp": tmp}}
@@ -93,6 +100,7 @@ def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) ->
         "user": spec.user,
         **({"working_dir": spec.working_dir} if spec.working_dir else {}),
         **({"hostname": spec.hostname} if spec.hostname else {}),
+        **ports,
         "host_config": {
             "binds": binds,
             "auto_remove": False,

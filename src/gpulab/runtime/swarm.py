@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
     kind = "swarm"
+    images_at = "in the registry"
 
     def __init__(
         self,

@@ -16,7 +16,6 @@ from jupyterhub.utils import url_path_join
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from tornado import web
 
-from ..data.sync import PushRaced, WorkloadData, notebook_volumes, retry_push
 from ..db import Database
 from ..jobs.spec_fields import MAX_PRIORITY
 from ..jobs.spec_schema import job_spec_schema
@@ -24,6 +23,7 @@ from ..lifecycle import NotebookState
 from ..logscrub import request_summary
 from ..metrics import API_REQUESTS
 from ..names import notebook_workload_id
+from ..notebooks.data import NotebookData, PushRaced, retry_push
 from ..notebooks.records import NotebookRecords
 from ..runtime.docker import DockerRuntime
 from ..secrets import store_for
@@ -99,26 +99,11 @@ class NotebookPushHandler(BaseHandler):
                 409, f"only a SYNC_FAILED notebook's push can be retried; this one is {nb['state']}"
             )
         gpulab: GpulabSettings = self.settings["gpulab"]
-        vols = notebook_volumes(
-            gpulab.storage,
-            nb["container"],
-            user,
-            server,
-            gpulab.workspace_dir,
-            list((nb.get("options") or {}).get("volumes") or []),
-            nb.get("node") or "",
-        )
         workload = notebook_workload_id(gpulab.instance, user, server)
-        data = WorkloadData(
-            self.settings["runtime"],
-            gpulab.storage.stores,
-            gpulab.sync_image,
-            gpulab.instance,
-            workload,
-        )
+        data = NotebookData.of_record(gpulab, self.settings["runtime"], nb, workload)
         try:  # compare-and-set: of two retries at once, one pushes, the other is a 409
             ok, _, result = await retry_push(
-                self.records, data, vols, user, server, f"push retried by {me['name']}"
+                self.records, data, user, server, f"push retried by {me['name']}"
             )
         except PushRaced as e:
             if e.during:

@@ -1,0 +1,124 @@
+"""The notebook's container, as one :class:`~gpulab.runtime.base.WorkloadSpec` (pure).
+
+Built once per start from the notebook's options, its placement (GPUs, node, network) and
+what the hub tells its single-user server (environment, command, URL path, port); the
+:class:`~gpulab.runtime.base.Runtime` runs it, on one host and on a Swarm alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..gpus.inventory import device_id
+from ..gpus.sharing import is_fraction, share_container
+from ..names import L_NETWORK, L_PORT, L_ROUTE, workload_labels
+from ..resources import Resources, container_limits
+from ..runtime.base import HostBind, Mount, WorkloadSpec
+
+#: environment keys a GPU share sets (a previous start's share must not leak into the next)
+SHARE_ENV_PREFIXES = ("GPULAB_GPU_FRACTION", "CUDA_MPS_")
+
+
+@dataclass(frozen=True)
+class ContainerPolicy:
+    """What the configuration says of every notebook container (GpulabSettings)."""
+
+    instance: str
+    workspace_dir: str
+    pids_limit: int
+    shm_fraction: float
+    activity_report_interval: float
+    log_max_size: str
+    log_max_files: int
+    gpu_sharing_mode: str
+    mps_pipe_directory: str
+    #: each user's notebooks join a network of their own (network_isolation "user")
+    isolated: bool
+
+
+@dataclass(frozen=True)
+class HubSide:
+    """What JupyterHub gives the single-user server: environment, command, URL path, port."""
+
+    env: Mapping[str, str]
+    command: Sequence[str]
+    base_url: str
+    port: int
+    user: str  # the uid (or uid:gid) it runs as
+
+
+def notebook_mounts(
+    volume_name: str, workspace_dir: str, data_mounts: Sequence[tuple[str, str, bool]]
+) -> list[Mount]:
+    """The workspace volume and the user's data volumes ((volume, mount, read-only))."""
+    return [
+        Mount(volume_name, workspace_dir, False),
+        *(Mount(v, target, ro) for v, target, ro in data_mounts),
+    ]
+
+
+def notebook_spec(
+    *,
+    policy: ContainerPolicy,
+    hub: HubSide,
+    name: str,
+    image: str,
+    user: str,
+    server: str,
+    workload_id: str,
+    resources: Resources,
+    gpu_ids: Sequence[str],
+    gpu_memory: str,
+    mounts: Sequence[Mount],
+    network_id: str,
+    node: str,
+) -> WorkloadSpec:
+    """The notebook's workload: the hardened limits, the GPUs (whole, or a share of a shared
+    one), labels (with what a gateway needs to put its route back), environment and volumes.
+
+    ``gpu_memory``: the memory of the shared device it gets a share of ("" when unknown)."""
+    share_env: dict[str, str] = {}
+    share_binds: dict[str, dict] = {}
+    if is_fraction(resources.gpus) and gpu_ids:
+        share_env, share_binds = share_container(
+            resources.gpus, gpu_memory, policy.gpu_sharing_mode, policy.mps_pipe_directory
+        )
+    limits = container_limits(resources, policy.pids_limit, policy.shm_fraction)
+    kept = {k: v for k, v in hub.env.items() if not k.startswith(SHARE_ENV_PREFIXES)}
+    env = {
+        **kept,
+        **share_env,
+        # how often the notebook server reports its activity to the hub (the idle stop's input)
+        "JUPYTERHUB_ACTIVITY_INTERVAL": str(policy.activity_report_interval),
+    }
+    labels = {
+        **workload_labels(policy.instance, "notebook", user, workload_id, gpu_ids, server=server),
+        # what a gateway needs to put the route back (SwarmRuntime.restore_routes)
+        L_ROUTE: hub.base_url,
+        L_NETWORK: network_id,
+        L_PORT: str(hub.port),
+    }
+    return WorkloadSpec(
+        name=name,
+        image=image,
+        command=list(hub.command),
+        env=env,
+        labels=labels,
+        user=hub.user,
+        cpus=resources.cpus,
+        memory=limits.mem_limit,
+        pids_limit=limits.pids_limit,
+        shm_size=limits.shm_size,
+        gpu_ids=[device_id(g) for g in gpu_ids],
+        mounts=list(mounts),
+        host_binds=[
+            HostBind(path, b["bind"], b.get("mode") == "ro") for path, b in share_binds.items()
+        ],
+        network_owner=user if policy.isolated else None,
+        node=node,
+        log_max_size=policy.log_max_size,
+        log_max_files=policy.log_max_files,
+        runner=False,
+        ports=(hub.port,),
+    )

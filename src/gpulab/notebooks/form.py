@@ -1,0 +1,124 @@
+"""The spawn form, and what the hub checks of a notebook's options before anything starts
+(the form's and the REST API's alike): the catalog, flavors, free GPUs, missing images."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from ..durations import format_duration
+from ..gpus.ledger import GpuLedger
+from ..gpus.sharing import fraction_refusal, offered_fractions
+from ..resources import format_memory
+from ..runtime.base import Runtime
+from ..runtime.images import ImageCache
+from .options import NotebookOptions, OptionsError, parse_notebook_options
+
+log = logging.getLogger("gpulab.notebooks")
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+#: seconds an answer of the engine about an image (there or not) is trusted
+IMAGE_CHECK_TTL = 30.0
+#: shared by a hub's spawners
+_images = ImageCache(IMAGE_CHECK_TTL)
+
+
+class OptionsRefused(ValueError):
+    """Options the hub answers 400 to; the message starts with the field at fault."""
+
+
+def parse_options(settings, user: str, groups: list[str], user_options: dict) -> NotebookOptions:
+    s = settings
+    return parse_notebook_options(
+        user_options or {},
+        s.catalog,
+        s.flavor_map,
+        s.limits_for(user, groups),
+        s.default_flavor or None,
+        frozenset(s.allowed_images),
+        storage=s.storage,
+        user=user,
+        workspace_dir=s.workspace_dir,
+        gpu_idle_timeout=s.gpu_idle_timeout,
+        cpu_idle_timeout=s.cpu_idle_timeout,
+    )
+
+
+async def missing_images(settings, runtime: Runtime) -> dict[str, str]:
+    """{image: reason} of the catalog's images the engine does not have (on a Swarm: the
+    registry), each asked at most every IMAGE_CHECK_TTL seconds."""
+    s = settings
+    missing = await _images.missing(runtime, s.catalog.images(), runtime.image_ref)
+    return s.catalog.unavailable(missing, runtime.images_at)
+
+
+async def check_options(
+    settings, runtime: Runtime, ledger: GpuLedger, user: str, groups: list[str], user_options
+) -> NotebookOptions:
+    """Validate options (form and API alike); raises OptionsRefused with the message."""
+    try:
+        opts = parse_options(settings, user, groups, user_options)
+    except OptionsError as e:
+        # "FIELD: message": the form shows it next to that field (a cap's message, such as
+        # "volumes: at most 32 entries (got 4000)", already starts so)
+        msg = str(e) if str(e).startswith(f"{e.field}: ") else f"{e.field}: {e}"
+        raise OptionsRefused(msg) from None
+    why = fraction_refusal(opts.resources.gpus, list(settings.gpu_sharing.values()))
+    if why:
+        raise OptionsRefused(f"gpus: {why}")
+    if ledger.clustered:
+        # the cluster's inventory is read at the reservation, which refuses a request no
+        # node can hold, naming the biggest node (ledger.NoGpuAvailable)
+        most, where = ledger.gpu_home() if ledger.devices else (None, "")
+    else:
+        most, where = len(ledger.devices), "this host"
+    if most is not None and opts.resources.gpus > most:
+        raise OptionsRefused(
+            f"gpus: gpus={opts.resources.gpus:g} requested but {where} has {most} GPU(s)"
+        )
+    unavailable = await missing_images(settings, runtime)
+    if opts.image in unavailable:
+        raise OptionsRefused(f"version: {unavailable[opts.image]}")
+    return opts
+
+
+async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, groups) -> str:
+    s = settings
+    limits = s.limits_for(user, groups)
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
+    try:
+        free = await asyncio.to_thread(ledger.free_count)
+        shared = await asyncio.to_thread(ledger.shared_free)
+    except Exception:  # the form must render even if the ledger is unreachable
+        log.exception("cannot read the GPU ledger")
+        free, shared = None, {}
+    idle = {f.id: s.idle_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
+    unavailable = await missing_images(s, runtime)
+    return env.get_template("spawn_form.html").render(
+        catalog=s.catalog,
+        unavailable=unavailable,
+        unavailable_frameworks=s.catalog.unavailable_frameworks(unavailable),
+        flavors=list(s.flavor_map.values()),
+        idle={fid: format_duration(t) for fid, t in idle.items() if t > 0},
+        gpu_idle=format_duration(s.gpu_idle_timeout) if s.gpu_idle_timeout > 0 else "",
+        cpu_idle=format_duration(s.cpu_idle_timeout) if s.cpu_idle_timeout > 0 else "",
+        default_flavor=s.default_flavor,
+        limits=limits,
+        limit_memory=format_memory(limits.memory),
+        gpus_total=len(ledger.devices),
+        gpus_free=free,
+        fractions=offered_fractions(list(s.gpu_sharing.values())),
+        shared=shared,
+        # the biggest share one shared GPU has free now (for the form's warning)
+        shared_most_free=max((f / n for f, n in shared.values()), default=0),
+        sharing_mode=s.gpu_sharing_mode,
+        stores=s.storage.stores,
+        grants=[g for g in s.storage.grants if g.users is None or user in g.users],
+        workspace=s.storage.workspace,
+        workspace_dir=s.workspace_dir,
+        gpu_idle_timeout=s.gpu_idle_timeout,
+        cpu_idle_timeout=s.cpu_idle_timeout,
+    )

@@ -1,0 +1,540 @@
+"""A notebook's life, step by step: start (limits and record, GPUs, node, image, data,
+container, editor), stop (stop, GPUs, push), delete (purge, container, volumes, GPUs).
+
+The spawner's hooks hand off here with a :class:`Notebook`: everything one notebook needs
+(its names, the configuration, the records, the ledger, the :class:`~gpulab.runtime.base.Runtime`)
+and what it holds between calls (:class:`Held`: its GPUs, node, network, whether it ran).
+A refusal is a :class:`NotebookRefused` whose message is what the user sees; the record says
+the same (FAILED, ERROR, or nothing when the start was refused before it began).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError
+
+from ..data.sync import DiskAccount, progress_message
+from ..disk_ledger import DiskLedger
+from ..gpus.inventory import from_nodes, node_of
+from ..gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
+from ..gpus.sharing import is_fraction
+from ..lifecycle import InvalidTransition, NotebookState
+from ..resources import format_memory
+from ..runtime import EngineError
+from ..runtime.base import NetworkUnavailable, Runtime, WorkloadGone
+from .container import ContainerPolicy, HubSide, notebook_mounts, notebook_spec
+from .data import NotebookData, PushRaced, recorded_volume_specs, retry_push
+from .options import NotebookOptions
+from .records import LimitExceeded, NotebookRecords
+
+S = NotebookState
+log = logging.getLogger("gpulab.notebooks")
+
+#: the database's thread pool (its calls block): the engine's calls have the Runtime's own
+_db_pool = ThreadPoolExecutor(16, thread_name_prefix="gpulab-notebook-db")
+
+
+class NotebookRefused(Exception):
+    """A start, stop or delete that cannot go on: ``status`` (HTTP) and the user's message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Held:
+    """What a notebook holds between the spawner's calls (kept in the hub's spawner state)."""
+
+    gpu_ids: list[str] = field(default_factory=list)
+    node: str = ""  # "" on one host
+    network: str = ""  # the network ID it joined ("": the engine's default)
+    #: a container was created for it (it may have written data)
+    ran: bool = False
+    #: nothing to push at the stop (a pull failed or was refused)
+    skip_push: bool = False
+
+
+@dataclass
+class Notebook:
+    """One notebook, and everything its life is handed."""
+
+    settings: Any  # GpulabSettings
+    runtime: Runtime
+    records: NotebookRecords
+    ledger: GpuLedger
+    disk_ledger: DiskLedger
+    user: str
+    server: str
+    groups: list[str]
+    workload_id: str
+    container: str
+    volume: str
+    #: the URL path its server answers under (the hub's proxy routes it there)
+    url_path: str
+    held: Held
+    #: progress(percent, message): what the spawn page shows
+    progress: Callable[[int, str], None] = lambda percent, message: None
+    options: NotebookOptions | None = None
+    #: seconds the editor has to answer, and between two checks
+    http_timeout: float = 30.0
+    editor_wait_interval: float = 0.05
+
+    async def db(self, fn, *args, **kwargs):
+        """A blocking database call, off the event loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_db_pool, partial(fn, *args, **kwargs))
+
+    def image(self, image: str) -> str:
+        """The name the engine runs ``image`` by (a Swarm's nodes pull it from the registry)."""
+        return self.runtime.image_ref(image)
+
+    def data(self, specs: list[str]) -> NotebookData:
+        s = self.settings
+        disk = DiskAccount(
+            self.disk_ledger, lambda: (self.user, s.disk_quota_for(self.user, self.groups))
+        )
+        return NotebookData.of(
+            s,
+            self.runtime,
+            self.container,
+            self.user,
+            self.server,
+            self.workload_id,
+            specs,
+            self.held.node,
+            disk,
+        )
+
+    @property
+    def isolated(self) -> bool:
+        return self.settings.network_isolation == "user"
+
+    async def record(self, state: NotebookState, **kw) -> None:
+        """Record a transition; a refused one is logged, never allowed to break a spawn."""
+        try:
+            await self.db(self.records.transition, self.user, self.server, state, **kw)
+        except InvalidTransition as e:
+            log.warning("%s/%s: not recorded: %s", self.user, self.server, e)
+
+    async def fail(self, state, reason: str, message: str, status: int, exit_code=None):
+        """Record the failure, show it, and refuse."""
+        log.error("%s/%s: %s: %s", self.user, self.server, reason, message)
+        self.progress(100, f"{state.value}: {message}")
+        await self.record(state, reason=reason, message=message, exit_code=exit_code)
+        return NotebookRefused(status, message)
+
+    def refuse(self, status: int, message: str) -> NotebookRefused:
+        """Refused before anything was recorded."""
+        self.progress(100, f"FAILED: {message}")
+        return NotebookRefused(status, message)
+
+
+def policy_of(s) -> ContainerPolicy:
+    return ContainerPolicy(
+        instance=s.instance,
+        workspace_dir=s.workspace_dir,
+        pids_limit=s.pids_limit,
+        shm_fraction=s.shm_fraction,
+        activity_report_interval=s.activity_report_interval,
+        log_max_size=s.container_log_max_size,
+        log_max_files=s.container_log_max_files,
+        gpu_sharing_mode=s.gpu_sharing_mode,
+        mps_pipe_directory=s.mps_pipe_directory,
+        isolated=s.network_isolation == "user",
+    )
+
+
+# --- start --------------------------------------------------------------------------------
+
+
+async def start(nb: Notebook, opts: NotebookOptions, hub: HubSide, user_options: dict):
+    """Start the notebook; returns (ip, port) at which the hub reaches its server."""
+    nb.options = opts
+    res = opts.resources
+    summary = (
+        f"{opts.framework} {opts.version} with {opts.editor}; "
+        f"{res.cpus:g} CPU, {format_memory(res.memory)}, {res.gpus:g} GPU"
+    )
+    await _push_left_on_node(nb)
+    await _open_record(nb, opts, summary, user_options)
+    nb.progress(5, f"Options validated: {summary}")
+    await _reserve_gpus(nb, res)
+    await _check_image(nb, opts.image)
+    data = nb.data([str(v) for v in opts.volumes])
+    await _pull(nb, data)
+    ip, port = await _run_container(nb, opts, hub, data)
+    nb.progress(80, f"Waiting for {opts.editor} to answer")
+    await _wait_for_editor(nb, ip, port, hub.base_url)
+    await nb.record(S.RUNNING, reason="READY", message=f"{opts.editor} answers")
+    nb.progress(100, f"{opts.editor} is ready")
+    return ip, port
+
+
+async def _push_left_on_node(nb: Notebook) -> None:
+    """A notebook whose last push failed on a cluster keeps that data in its volume on the
+    node it ran on. It is pushed from there first (as a push retry), so that the start,
+    wherever it is placed, pulls it; if the push still fails, the start is refused and the
+    record stays SYNC_FAILED. (On one host the volume is where the next start runs.)"""
+    record = await nb.db(nb.records.get, nb.user, nb.server) or {}
+    if record.get("state") != S.SYNC_FAILED.value or not record.get("node"):
+        return
+    nb.held.node = record["node"]
+    nb.progress(3, f"Pushing what its last stop left on node {nb.held.node}")
+    data = nb.data(recorded_volume_specs(record))
+    try:
+        why = "pushed before a start, which may run on another node"
+        ok, message, _ = await retry_push(nb.records, data, nb.user, nb.server, why)
+    except PushRaced:
+        msg = "this notebook is busy (a push retry); try again once it has stopped"
+        raise NotebookRefused(409, msg) from None
+    if not ok:
+        msg = f"its last push failed, and fails again from node {nb.held.node}: {message}"
+        raise nb.refuse(409, msg)
+
+
+async def _open_record(nb: Notebook, opts, summary: str, user_options: dict) -> None:
+    """The limits (with what the user already runs) and the record, in one transaction."""
+    s = nb.settings
+    try:
+        await nb.db(
+            nb.records.start,
+            nb.user,
+            nb.server,
+            opts.resources,
+            s.limits_for(nb.user, nb.groups),
+            reason="SPAWN",
+            message=summary,
+            options=opts.to_json(),
+            user_options=dict(user_options or {}),
+            container=nb.container,
+        )
+    except LimitExceeded as e:
+        raise nb.refuse(409, str(e)) from None
+    except InvalidTransition as e:
+        # the record is busy elsewhere (a push retry is STOPPING it): starting now would
+        # skip the limits and race that push
+        msg = f"this notebook is busy ({e}); try again once it has stopped"
+        raise nb.refuse(409, msg) from None
+
+
+async def _reserve_gpus(nb: Notebook, res) -> None:
+    """GPUs from the ledger (with the user's quota), then the node: where the GPUs are; for a
+    CPU notebook on a cluster, the one the placement policy picks."""
+    s = nb.settings
+    nb.progress(15, f"Reserving {res.gpus:g} GPU(s)" if res.gpus else "No GPU requested")
+    try:
+        if nb.ledger.clustered:  # the nodes and devices as the cluster reports them now
+            nb.ledger.devices, nb.ledger.nodes = from_nodes(await nb.runtime.nodes())
+    except EngineError as e:
+        msg = f"the container engine did not answer: {e}"
+        err = await nb.fail(S.ERROR, "ENGINE_UNREACHABLE", f"container engine error: {e}", 503)
+        raise NotebookRefused(err.status, msg) from None
+    try:
+        nb.held.gpu_ids = await nb.db(
+            nb.ledger.reserve,
+            nb.workload_id,
+            nb.user,
+            "notebook",
+            res.gpus,
+            quota=s.gpu_quota_for(nb.user, nb.groups),
+        )
+    except GpuQuotaExceeded as e:
+        raise await nb.fail(S.FAILED, "GPU_QUOTA_EXCEEDED", str(e), 409) from None
+    except NoGpuAvailable as e:
+        raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", str(e), 409) from None
+    if nb.held.gpu_ids:
+        share = f" ({res.gpus:g} of it, shared)" if is_fraction(res.gpus) else ""
+        nb.progress(20, f"GPUs reserved: {', '.join(nb.held.gpu_ids)}{share}")
+    if nb.ledger.clustered:
+        await _place(nb)
+
+
+async def _place(nb: Notebook) -> None:
+    """On a cluster: the node it runs on, recorded with the notebook, since its volumes live
+    there."""
+    s = nb.settings
+    ws = s.storage.workspace
+    if ws is None or s.storage.stores[ws.store].kind != "s3":
+        msg = (
+            "on a Swarm the workspace must live in an S3 store (the admin sets "
+            "c.GpulabSettings.workspace_store), so that it follows the notebook between nodes"
+        )
+        raise await nb.fail(S.ERROR, "CONFIG", msg, 503)
+    if not nb.ledger.nodes:
+        msg = "no node of the cluster takes workloads now (all down or drained)"
+        raise await nb.fail(S.ERROR, "NO_NODE", msg, 503)
+    if nb.held.gpu_ids:
+        nb.held.node = node_of(nb.held.gpu_ids[0])
+    else:
+        nb.held.node = await nb.db(nb.ledger.node_for_cpu)
+    await nb.db(nb.records.set_node, nb.user, nb.server, nb.held.node)
+    nb.progress(25, f"Placed on node {nb.held.node}")
+
+
+async def _check_image(nb: Notebook, image: str) -> None:
+    nb.progress(30, f"Preparing image {image}")
+    try:
+        present = await nb.runtime.image_exists(nb.image(image))
+    except EngineError as e:
+        msg = f"the container engine did not answer: {e}"
+        err = await nb.fail(S.ERROR, "ENGINE_UNREACHABLE", f"container engine error: {e}", 503)
+        raise NotebookRefused(err.status, msg) from None
+    if not present:
+        where = nb.runtime.images_at
+        msg = f"image {nb.image(image)} is missing {where} (the admin builds it: make images)"
+        raise await nb.fail(S.ERROR, "IMAGE_MISSING", msg, 503)
+
+
+async def _pull(nb: Notebook, data: NotebookData) -> None:
+    """Pull the workspace and the volumes from object storage."""
+    s = nb.settings
+    nb.held.skip_push = False
+    if not data.volumes:
+        nb.progress(45, f"Workspace {s.workspace_dir} is a local volume (no object store)")
+        return
+    if not await nb.runtime.image_exists(nb.image(s.sync_image)):
+        msg = f"sync helper image {s.sync_image} is missing (the admin builds it: make images)"
+        raise await nb.fail(S.ERROR, "IMAGE_MISSING", msg, 503)
+    for vol in data.volumes:
+        store = vol.spec.store
+        # the image's /workspace (uid 1000) populates a new workspace volume; on a cluster
+        # the pull always runs: the node may hold an older copy (volume_exists cannot tell)
+        skip = not vol.node and await data.sync.nothing_to_pull(
+            vol, image_provides_mount=vol.label == "workspace"
+        )
+        if skip:
+            nb.progress(45, f"{vol.label}: nothing stored yet in object store {store}")
+            continue
+        nb.progress(40, f"Pulling {vol.label} from object store {store}")
+
+        def on_progress(p: dict, label=vol.label) -> None:
+            nb.progress(45, progress_message("Pulling", label, p))
+
+        outcome = await data.sync.run("pull", vol, on_progress)
+        if outcome.refused:  # the disk quota: nothing was fetched, nothing to push
+            nb.held.skip_push = True
+            raise await nb.fail(S.FAILED, "PULL_FAILED", outcome.reason, 403)
+        if not outcome.ok:
+            nb.held.skip_push = True  # nothing to push from a half-pulled start
+            msg = f"pull of volume {vol.label} failed: {outcome.reason}"
+            raise await nb.fail(S.FAILED, "PULL_FAILED", msg, 500)
+        nb.progress(50, "Pulled " + outcome.summary())
+
+
+async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
+    """Create and start the container on the user's network (only theirs); (ip, port) at
+    which the hub reaches it. A process that dies at once is the notebook's FAILED (with
+    its exit code), an engine that refuses it a platform ERROR."""
+    s = nb.settings
+    try:
+        nb.held.network = (
+            await nb.runtime.ensure_user_network(s.instance, nb.user) if nb.isolated else ""
+        )
+    except (NetworkUnavailable, EngineError) as e:
+        raise await nb.fail(S.ERROR, "NETWORK_UNAVAILABLE", str(e), 503) from None
+    dev = next((d for d in nb.ledger.devices if d.key == (nb.held.gpu_ids or [""])[0]), None)
+    spec = notebook_spec(
+        policy=policy_of(s),
+        hub=hub,
+        name=nb.container,
+        image=nb.image(opts.image),
+        user=nb.user,
+        server=nb.server,
+        workload_id=nb.workload_id,
+        resources=opts.resources,
+        gpu_ids=nb.held.gpu_ids,
+        gpu_memory=dev.memory if dev else "",
+        mounts=notebook_mounts(
+            nb.volume,
+            s.workspace_dir,
+            [
+                (v.docker_volume, v.spec.mount, v.spec.mode == "ro")
+                for v in data.volumes
+                if v.label != "workspace"
+            ],
+        ),
+        network_id=nb.held.network,
+        node=nb.held.node,
+    )
+    nb.progress(60, "Starting the container")
+    try:
+        await nb.runtime.create_and_start(spec)
+    except (NetworkUnavailable, EngineError) as e:
+        # created but not started (e.g. "could not select device driver"): it is kept, for
+        # its configuration, until the stop
+        nb.held.ran = await _exists(nb)
+        why = getattr(e, "explanation", None) or str(e)
+        msg = f"the engine could not start the container: {why}"
+        raise await nb.fail(S.ERROR, "ENGINE_ERROR", msg, 503) from None
+    nb.held.ran = True
+    try:
+        return await nb.runtime.reach(nb.container, nb.held.network, hub.base_url, hub.port)
+    except (WorkloadGone, EngineError) as e:
+        exited = await exit_status(nb)
+        if exited is not None and exited[0] != -1:
+            raise await nb.fail(S.FAILED, "EXITED", exited[1], 500, exit_code=exited[0]) from None
+        msg = f"the engine could not start the container: {e}"
+        raise await nb.fail(S.ERROR, "ENGINE_ERROR", msg, 503) from None
+
+
+async def _exists(nb: Notebook) -> bool:
+    try:
+        return await nb.runtime.state(nb.container) is not None
+    except EngineError:
+        return False
+
+
+async def _wait_for_editor(nb: Notebook, ip: str, port: int, base_url: str) -> None:
+    url = f"http://{ip}:{port}{base_url}api"
+    client = AsyncHTTPClient()
+    deadline = time.monotonic() + nb.http_timeout
+    last_check = 0.0
+    while time.monotonic() < deadline:
+        try:
+            await client.fetch(url, request_timeout=2, connect_timeout=1)
+            return
+        except HTTPClientError as e:
+            if e.code < 500 and e.code != 599:
+                return  # any HTTP answer below 500 means the server is up
+        except OSError:
+            pass
+        if time.monotonic() - last_check > 0.5:
+            last_check = time.monotonic()
+            exited = await exit_status(nb)
+            if exited is not None:
+                code, msg = exited
+                raise await nb.fail(S.FAILED, "EXITED", msg, 500, exit_code=code)
+        await asyncio.sleep(nb.editor_wait_interval)
+    msg = f"the editor did not answer within {nb.http_timeout:g} s"
+    raise await nb.fail(S.FAILED, "READY_TIMEOUT", msg, 500)
+
+
+async def exit_status(nb: Notebook) -> tuple[int, str] | None:
+    """(exit code, explanation) if the container has stopped, else None."""
+    found = await nb.runtime.state(nb.container)
+    if found is None:
+        return (-1, "the notebook container vanished")
+    if found.running:
+        return None
+    code = -1 if found.exit_code is None else found.exit_code
+    if found.oom:
+        limit = nb.options.resources.memory if nb.options else 0
+        why = f"killed: out of memory (limit {format_memory(limit)})"
+    else:
+        why = found.error or "the notebook process exited"
+    return (code, f"{why} (exit code {code})")
+
+
+async def ended(nb: Notebook) -> None:
+    """The hub found the container stopped: a RUNNING notebook whose process exited with an
+    error is FAILED, with its exit code."""
+    if await nb.db(nb.records.state, nb.user, nb.server) is S.RUNNING:
+        exited = await exit_status(nb)
+        if exited and exited[0] != 0:
+            await nb.record(S.FAILED, reason="EXITED", message=exited[1], exit_code=exited[0])
+
+
+# --- stop ---------------------------------------------------------------------------------
+
+
+async def stop(nb: Notebook) -> None:
+    """Stop the container; GPUs go back once the engine confirms it runs nothing; then the
+    push (a failure keeps every local byte: SYNC_FAILED)."""
+    record = await nb.db(nb.records.get, nb.user, nb.server) or {}
+    current = S(record["state"]) if record.get("state") else None
+    ran = nb.held.ran  # a notebook container existed: it may have written data
+    # a start refused before any container (limits, a push that still fails) leaves an
+    # ended record as it was: a SYNC_FAILED one keeps saying that its data waits
+    is_ended = current in (S.FAILED, S.ERROR) or (current in (S.SYNC_FAILED, S.STOPPED) and not ran)
+    last = ((record.get("history") or [{}])[-1]).get("reason", "")
+    nb.held.node = record.get("node") or nb.held.node  # a cluster: where its volumes are
+    if last == "NODE_LOST":
+        # its volumes went with the node: nothing can be pushed (the reconciler said so)
+        ran = False
+    if not is_ended:
+        reason, message = await nb.db(nb.records.take_stop_reason, nb.user, nb.server)
+        await nb.record(S.STOPPING, reason=reason, message=message)
+    try:
+        await nb.runtime.stop(nb.container, 10)
+        if not (is_ended and nb.held.ran):
+            # a failed container is kept (stopped) for its logs and configuration; the next
+            # start or a delete removes it
+            await nb.runtime.remove(nb.container)
+            await nb.runtime.unreach(nb.url_path)
+    except EngineError as e:
+        log.error("%s/%s: could not stop: %s; killing it", nb.user, nb.server, e)
+        with contextlib.suppress(Exception):  # the check below decides
+            await nb.runtime.kill(nb.container)
+    nb.held.ran = False
+    # GPUs go back only once the engine confirms that the container runs nothing; if it
+    # does not, the record stays STOPPING with its GPUs, and the reconciler stops the
+    # container and settles the record once the engine answers (notebooks/reconcile.py)
+    found = await nb.runtime.state(nb.container)
+    if found is not None and found.running:
+        raise NotebookRefused(503, f"notebook container {nb.container} still runs")
+    released = await nb.db(nb.ledger.release, nb.workload_id)
+    if released:
+        log.info("%s/%s released GPUs %s", nb.user, nb.server, ", ".join(released))
+    nb.held.gpu_ids = []
+
+    # push the workspace and writable volumes; a failure keeps every local byte
+    ok, message = True, "compute released"
+    if ran and not nb.held.skip_push:
+        ok, message = await nb.data(recorded_volume_specs(record)).push()
+    if not ok:
+        await nb.record(S.SYNC_FAILED, reason="PUSH_FAILED", message=message)
+    elif not is_ended:
+        await nb.record(S.STOPPED, reason="STOPPED", message=message)
+    await release_network(nb)  # after the outcome is recorded (about 0.2 s)
+
+
+async def release_network(nb: Notebook) -> None:
+    """Best effort: the user's network goes with their last container (address pools)."""
+    if not nb.isolated:
+        return
+    try:
+        await nb.runtime.remove_user_network_if_unused(nb.settings.instance, nb.user)
+    except EngineError as e:
+        log.warning("%s/%s: network not removed: %s", nb.user, nb.server, e)
+
+
+# --- delete -------------------------------------------------------------------------------
+
+
+async def delete(nb: Notebook) -> bool:
+    """Deleted for good: its remote workspace, container, volumes, GPUs and disk bookings.
+    False: the remote workspace could not be purged (the record says ERROR, the local copy
+    stays)."""
+    await nb.record(S.DELETING, reason="DELETE", message="notebook deleted by its owner")
+    record = await nb.db(nb.records.get, nb.user, nb.server) or {}
+    nb.held.node = record.get("node") or nb.held.node  # a cluster: where its volumes are
+    data = nb.data(recorded_volume_specs(record))
+    outcome = await data.purge_workspace()
+    if outcome is not None and not outcome.ok:
+        msg = f"could not delete the remote workspace: {outcome.reason}; local copy kept"
+        await nb.record(S.ERROR, reason="DELETE_FAILED", message=msg)
+        return False
+    try:
+        await nb.runtime.remove(nb.container)
+        await nb.runtime.unreach(nb.url_path)
+        for name in {nb.volume, *(v.docker_volume for v in data.volumes)}:
+            await nb.runtime.remove_volume(name, nb.held.node)
+        await nb.db(nb.ledger.release, nb.workload_id)
+        await nb.db(nb.disk_ledger.release_workload, nb.workload_id)
+    except EngineError as e:
+        await nb.record(S.ERROR, reason="DELETE_FAILED", message=str(e))
+        raise
+    await release_network(nb)
+    await nb.record(S.DELETED, reason="DELETED", message="workspace and volumes removed")
+    return True

@@ -1,0 +1,349 @@
+"""NotebookSpawner: JupyterHub's Spawner API for gpulab notebooks.
+
+A thin adapter on DockerSpawner (its traits, its state, its poll): each hook hands off once,
+to :mod:`gpulab.notebooks.life` (start, stop, delete), :mod:`gpulab.notebooks.form` (the
+form and the options' checks) or the :class:`~gpulab.runtime.base.Runtime` (what the engine
+says of the container). The engine is the Runtime that :func:`gpulab.runtime.make_runtime`
+chose, on one host and on a Swarm alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from functools import cached_property
+
+from dockerspawner import DockerSpawner
+from jupyterhub.utils import maybe_future
+from tornado import web
+from traitlets import Float, Unicode, default
+
+from .. import __version__
+from ..db import Database
+from ..disk_ledger import DiskLedger
+from ..gpus.inventory import load_inventory
+from ..gpus.ledger import GpuLedger
+from ..metrics import NOTEBOOK_START
+from ..names import notebook_container_name, notebook_volume_name, notebook_workload_id
+from ..runtime import make_runtime
+from ..runtime.base import Runtime
+from ..settings import ConfigError, GpulabSettings
+from . import form, life
+from .container import HubSide
+from .life import Held, Notebook, NotebookRefused
+from .options import NotebookOptions, form_to_options
+from .reconcile import NotebookReconciler
+from .records import NotebookRecords
+
+
+class SpawnFailed(web.HTTPError):
+    """A spawn that cannot go on; the message is what the user sees on the progress page."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(status, "%s", message)
+        self.message = message
+        self.jupyterhub_message = message
+
+
+class NotebookSpawner(DockerSpawner):
+    """GPU notebooks from a framework catalog, with flavors, limits and lifecycle states."""
+
+    _databases: dict[str, Database] = {}
+    _reconcilers: dict[str, NotebookReconciler] = {}
+    _runtimes: dict[str, Runtime] = {}
+
+    notebook_user = Unicode(
+        "1000",
+        help="""User (uid or uid:gid) that notebook containers run as, whatever the image says.
+        Never root: JupyterHub's single-user server refuses it and it must not own the host.""",
+    ).tag(config=True)
+
+    editor_wait_interval = Float(
+        0.05, help="Seconds between checks that a starting notebook's editor answers."
+    ).tag(config=True)
+
+    @default("remove")
+    def _default_remove(self):
+        # the container goes; the workspace (a named volume, then object storage) stays
+        return True
+
+    @default("pull_policy")
+    def _default_pull_policy(self):
+        # images are built locally; a missing one is an ERROR, not a pull from who-knows-where
+        return "never"
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        return lambda spawner, user_options: spawner.apply_notebook_options(user_options)
+
+    @default("options_form")
+    def _default_options_form(self):
+        return lambda spawner: spawner.render_options_form()
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return lambda formdata: form_to_options(formdata)
+
+    gpulab_options: NotebookOptions | None = None
+
+    # --- what it is handed --------------------------------------------------------------------
+
+    @cached_property
+    def settings(self) -> GpulabSettings:
+        try:
+            return GpulabSettings(config=self.config)
+        except ConfigError as e:  # the service stops at start-up with the same message
+            self.log.error("invalid configuration: %s", e)
+            raise web.HTTPError(500, f"gpulab's configuration is invalid: {e}") from None
+
+    @property
+    def gpulab_db(self) -> Database:
+        url = self.settings.database_url
+        if url not in self._databases:
+            self._databases[url] = Database(url)
+        return self._databases[url]
+
+    @cached_property
+    def ledger(self) -> GpuLedger:
+        s = self.settings
+        if s.runtime != "docker":  # a cluster's nodes and devices are read at each reservation
+            return GpuLedger(self.gpulab_db, s.instance, [], s.placement, [], sharing=s.gpu_sharing)
+        devices = load_inventory(s.gpu_devices, s.discover_gpus)
+        return GpuLedger(self.gpulab_db, s.instance, devices, sharing=s.gpu_sharing)
+
+    @cached_property
+    def records(self) -> NotebookRecords:
+        return NotebookRecords(self.gpulab_db, self.settings.instance)
+
+    @property
+    def runtime(self) -> Runtime:
+        """The hub's one Runtime per instance (the backend make_runtime chose)."""
+        key = f"{self.settings.instance}|{self.settings.runtime}"
+        if key not in self._runtimes:
+            # DockerSpawner's engine client (its DOCKER_HOST and TLS settings), shared
+            self._runtimes[key] = make_runtime(self.settings, self.client)
+        return self._runtimes[key]
+
+    @property
+    def workload_id(self) -> str:
+        return notebook_workload_id(self.settings.instance, self.user.name, self.name)
+
+    def _object_name_default(self):
+        return notebook_container_name(self.settings.instance, self.user.name, self.name)
+
+    @property
+    def volume_name(self) -> str:
+        return notebook_volume_name(self.settings.instance, self.user.name, self.name)
+
+    def _user_groups(self) -> list[str]:
+        return [g.name for g in getattr(self.user, "groups", [])]
+
+    @cached_property
+    def held(self) -> Held:
+        return Held()
+
+    def notebook(self) -> Notebook:
+        """This notebook, as its life is handed it."""
+        s = self.settings
+        nb = Notebook(
+            settings=s,
+            runtime=self.runtime,
+            records=self.records,
+            ledger=self.ledger,
+            disk_ledger=DiskLedger(self.gpulab_db, s.instance),
+            user=self.user.name,
+            server=self.name,
+            groups=self._user_groups(),
+            workload_id=self.workload_id,
+            container=self.object_name,
+            volume=self.volume_name,
+            url_path=self.server.base_url if self.server else "",
+            held=self.held,
+            progress=self._progress,
+            options=self.gpulab_options,
+            http_timeout=self.http_timeout,
+            editor_wait_interval=self.editor_wait_interval,
+        )
+        self.held.ran = bool(self.object_id)
+        return nb
+
+    # --- state --------------------------------------------------------------------------------
+
+    def get_state(self):
+        state = super().get_state()
+        if self.held.gpu_ids:
+            state["gpulab_gpus"] = list(self.held.gpu_ids)
+        if self.gpulab_options:
+            state["gpulab_image"] = self.gpulab_options.image
+        if self.held.node:
+            state["gpulab_node"] = self.held.node
+        if self.held.network:
+            state["gpulab_network"] = self.held.network
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.held.gpu_ids = list(state.get("gpulab_gpus", []))
+        self.held.node = state.get("gpulab_node", "") or self.held.node
+        self.held.network = state.get("gpulab_network", "") or self.held.network
+
+    def clear_state(self):
+        super().clear_state()
+        self.held.gpu_ids = []
+
+    # --- options and the form -----------------------------------------------------------------
+
+    async def apply_notebook_options(self, user_options: dict) -> None:
+        """Validate options (form and API alike); JupyterHub answers 400 with our message."""
+        try:
+            opts = await form.check_options(
+                self.settings,
+                self.runtime,
+                self.ledger,
+                self.user.name,
+                self._user_groups(),
+                user_options,
+            )
+        except form.OptionsRefused as e:
+            raise web.HTTPError(400, "Invalid notebook options: %s", str(e)) from None
+        self.gpulab_options = opts
+        self.image = opts.image
+        self.default_url = opts.default_url
+
+    async def render_options_form(self) -> str:
+        """JupyterHub awaits an async options_form: the ledger is read off the event loop."""
+        return await form.render_form(
+            self.settings, self.runtime, self.ledger, self.user.name, self._user_groups()
+        )
+
+    async def check_allowed(self, image):
+        # the image was validated against the catalog in apply_notebook_options
+        if self.gpulab_options and image == self.gpulab_options.image:
+            return image
+        raise web.HTTPError(400, f"image {image!r} is not in the catalog")
+
+    # --- progress -----------------------------------------------------------------------------
+
+    def _progress(self, percent: int, message: str) -> None:
+        if not hasattr(self, "_progress_signal"):
+            return  # not starting: nobody reads the spawn page's events
+        self._progress_events.append({"progress": percent, "message": message})
+        self._progress_signal.set()
+
+    async def progress(self):
+        seen = 0
+        while True:
+            while seen < len(self._progress_events):
+                yield self._progress_events[seen]
+                seen += 1
+            if self._progress_done:
+                return
+            self._progress_signal.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._progress_signal.wait(), timeout=1)
+
+    # --- the life -----------------------------------------------------------------------------
+
+    @property
+    def reconciler(self) -> NotebookReconciler:
+        """The hub process's periodic reconciliation (notebooks/reconcile.py), one per
+        instance."""
+        key = f"{self.settings.instance}|{self.settings.database_url}"
+        if key not in self._reconcilers:
+            self._reconcilers[key] = NotebookReconciler(
+                self.settings, self.records, self.ledger, self.runtime
+            )
+        return self._reconcilers[key]
+
+    @contextlib.contextmanager
+    def _in_transit(self):
+        """While this spawner starts or stops its notebook, the reconciler leaves it alone."""
+        busy = self.reconciler.busy
+        busy.add(self.workload_id)
+        try:
+            yield
+        finally:
+            busy.discard(self.workload_id)
+
+    async def start(self):
+        self._progress_events: list[dict] = []
+        self._progress_signal = asyncio.Event()
+        self._progress_done = False
+        self.reconciler.ensure_running()
+        started_at = time.monotonic()
+        try:
+            with self._in_transit():
+                if self.gpulab_options is None:
+                    self.gpulab_options = form.parse_options(
+                        self.settings, self.user.name, self._user_groups(), self.user_options
+                    )
+                nb = self.notebook()
+                hub = HubSide(
+                    env=self.get_env(),
+                    command=[*(self.cmd or ["jupyterhub-singleuser"]), *self.get_args()],
+                    base_url=self.server.base_url,
+                    port=self.port,
+                    user=self.notebook_user,
+                )
+                try:
+                    ip, port = await life.start(
+                        nb, self.gpulab_options, hub, dict(self.user_options or {})
+                    )
+                finally:
+                    self.object_id = self.object_name if self.held.ran else ""
+        except NotebookRefused as e:
+            raise SpawnFailed(e.status, e.message) from None
+        finally:
+            self._progress_done = True
+            self._progress_signal.set()
+        NOTEBOOK_START.observe(time.monotonic() - started_at)  # in the hub's /hub/metrics
+        return ip, port
+
+    async def get_object(self):
+        """What the engine says of the container, as DockerSpawner's poll reads it."""
+        found = await self.runtime.state(self.object_name)
+        if found is None:
+            self.object_id = ""
+            return None
+        self.object_id = self.object_name
+        return {
+            "Id": self.object_name,
+            "Config": {"Env": []},
+            "State": {
+                # a task on a lost node is the reconciler's to settle (NODE_LOST): until then
+                # the hub keeps the server
+                "Running": found.running or found.lost,
+                "ExitCode": -1 if found.exit_code is None else found.exit_code,
+                "Error": found.error,
+                "FinishedAt": "",
+            },
+        }
+
+    async def poll(self):
+        self.reconciler.ensure_running()
+        status = await super().poll()
+        if status is not None:
+            await life.ended(self.notebook())
+        return status
+
+    async def stop(self, now=False):
+        try:
+            with self._in_transit():
+                await life.stop(self.notebook())
+        except NotebookRefused as e:
+            raise SpawnFailed(e.status, e.message) from None
+        finally:
+            self.object_id = ""
+            self.clear_state()
+
+    async def delete_forever(self):
+        """A named server deleted for good: its remote workspace, container, volumes and GPUs."""
+        with self._in_transit():
+            done = await life.delete(self.notebook())
+        if done:
+            # Spawner.delete_forever "can be async": DockerSpawner's is a plain method
+            await maybe_future(super().delete_forever())
+
+
+__all__ = ["NotebookSpawner", "SpawnFailed", "__version__"]
