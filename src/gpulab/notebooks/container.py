@@ -42,7 +42,9 @@ class HubSide:
     """What JupyterHub gives the single-user server: environment, command, URL path, port."""
 
     env: Mapping[str, str]
+    #: the server's command and its arguments (the command: the image's own when empty)
     command: Sequence[str]
+    args: Sequence[str]
     base_url: str
     port: int
     user: str  # the uid (or uid:gid) it runs as
@@ -73,11 +75,14 @@ def notebook_spec(
     mounts: Sequence[Mount],
     network_id: str,
     node: str,
+    image_command: Sequence[str] | None = None,
 ) -> WorkloadSpec:
     """The notebook's workload: the hardened limits, the GPUs (whole, or a share of a shared
     one), labels (with what a gateway needs to put its route back), environment and volumes.
 
-    ``gpu_memory``: the memory of the shared device it gets a share of ("" when unknown)."""
+    ``gpu_memory``: the memory of the shared device it gets a share of ("" when unknown);
+    ``image_command``: the image's own command, run when the hub names none (None: unknown,
+    then JupyterHub's ``jupyterhub-singleuser``)."""
     share_env: dict[str, str] = {}
     share_binds: dict[str, dict] = {}
     if is_fraction(resources.gpus) and gpu_ids:
@@ -102,7 +107,7 @@ def notebook_spec(
     return WorkloadSpec(
         name=name,
         image=image,
-        command=list(hub.command),
+        command=[*(hub.command or image_command or ["jupyterhub-singleuser"]), *hub.args],
         env=env,
         labels=labels,
         user=hub.user,

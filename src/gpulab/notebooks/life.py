@@ -343,12 +343,19 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
         )
     except (NetworkUnavailable, EngineError) as e:
         raise await nb.fail(S.ERROR, "NETWORK_UNAVAILABLE", str(e), 503) from None
+    image = nb.image(opts.image)
+    try:
+        image_command = None if hub.command else await nb.runtime.image_command(image)
+    except EngineError as e:
+        msg = f"the engine could not start the container: {e}"
+        raise await nb.fail(S.ERROR, "ENGINE_ERROR", msg, 503) from None
     dev = next((d for d in nb.ledger.devices if d.key == (nb.held.gpu_ids or [""])[0]), None)
     spec = notebook_spec(
         policy=policy_of(s),
         hub=hub,
         name=nb.container,
-        image=nb.image(opts.image),
+        image=image,
+        image_command=image_command,
         user=nb.user,
         server=nb.server,
         workload_id=nb.workload_id,

@@ -281,7 +281,8 @@ class NotebookSpawner(DockerSpawner):
                 nb = self.notebook()
                 hub = HubSide(
                     env=self.get_env(),
-                    command=[*(self.cmd or ["jupyterhub-singleuser"]), *self.get_args()],
+                    command=list(self.cmd or []),
+                    args=self.get_args(),
                     base_url=self.server.base_url,
                     port=self.port,
                     user=self.notebook_user,

@@ -249,6 +249,10 @@ class Runtime:
     async def image_exists(self, image: str) -> bool:
         raise NotImplementedError
 
+    async def image_command(self, image: str) -> list[str] | None:
+        """The command ``image`` runs by default (None: the engine cannot tell here)."""
+        return None
+
     # --- workloads ----------------------------------------------------------------------------
 
     async def create_and_start(self, spec: WorkloadSpec) -> None:

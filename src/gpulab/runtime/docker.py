@@ -88,6 +88,13 @@ class DockerRuntime(EngineClient, Runtime):
         except (ImageNotFound, NotFound):
             return False
 
+    async def image_command(self, image: str) -> list[str] | None:
+        try:
+            info = await self.run(self.client.inspect_image, image)
+        except (ImageNotFound, NotFound):
+            return None
+        return list((info.get("Config") or {}).get("Cmd") or []) or None
+
     # --- workloads --------------------------------------------------------------------------
 
     async def inspect_container(self, name: str) -> dict | None:
