@@ -402,20 +402,24 @@ async def _exists(nb: Notebook) -> bool:
         return False
 
 
+async def editor_answers(url: str) -> bool:
+    """The notebook's server answers at ``url``: any HTTP answer below 500 means it is up."""
+    try:
+        await AsyncHTTPClient().fetch(url, request_timeout=2, connect_timeout=1)
+        return True
+    except HTTPClientError as e:
+        return e.code < 500 and e.code != 599
+    except OSError:
+        return False
+
+
 async def _wait_for_editor(nb: Notebook, ip: str, port: int, base_url: str) -> None:
     url = f"http://{ip}:{port}{base_url}api"
-    client = AsyncHTTPClient()
     deadline = time.monotonic() + nb.http_timeout
     last_check = 0.0
     while time.monotonic() < deadline:
-        try:
-            await client.fetch(url, request_timeout=2, connect_timeout=1)
+        if await editor_answers(url):
             return
-        except HTTPClientError as e:
-            if e.code < 500 and e.code != 599:
-                return  # any HTTP answer below 500 means the server is up
-        except OSError:
-            pass
         if time.monotonic() - last_check > 0.5:
             last_check = time.monotonic()
             exited = await exit_status(nb)
