@@ -63,16 +63,6 @@ class NotebookSpawner(DockerSpawner):
         0.05, help="Seconds between checks that a starting notebook's editor answers."
     ).tag(config=True)
 
-    @default("remove")
-    def _default_remove(self):
-        # the container goes; the workspace (a named volume, then object storage) stays
-        return True
-
-    @default("pull_policy")
-    def _default_pull_policy(self):
-        # images are built locally; a missing one is an ERROR, not a pull from who-knows-where
-        return "never"
-
     @default("apply_user_options")
     def _default_apply_user_options(self):
         return lambda spawner, user_options: spawner.apply_notebook_options(user_options)
@@ -216,12 +206,6 @@ class NotebookSpawner(DockerSpawner):
         return await form.render_form(
             self.settings, self.runtime, self.ledger, self.user.name, self._user_groups()
         )
-
-    async def check_allowed(self, image):
-        # the image was validated against the catalog in apply_notebook_options
-        if self.gpulab_options and image == self.gpulab_options.image:
-            return image
-        raise web.HTTPError(400, f"image {image!r} is not in the catalog")
 
     # --- progress -----------------------------------------------------------------------------
 
