@@ -12,16 +12,16 @@ from gpulab.db import Database
 from gpulab.disk_ledger import DiskLedger
 from gpulab.gpus.inventory import GpuDevice
 from gpulab.gpus.ledger import GpuLedger
+from gpulab.names import (
+    notebook_container_name,
+    notebook_volume_name,
+    notebook_workload_id,
+)
 from gpulab.notebooks import life
 from gpulab.notebooks.container import HubSide
 from gpulab.notebooks.form import parse_options
 from gpulab.notebooks.life import Held, Notebook, NotebookRefused
 from gpulab.notebooks.records import NotebookRecords
-from gpulab.runtime.objects import (
-    notebook_container_name,
-    notebook_volume_name,
-    notebook_workload_id,
-)
 from gpulab.settings import GpulabSettings
 
 from ..conftest import run_async
