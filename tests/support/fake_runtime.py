@@ -185,6 +185,8 @@ class FakeRuntime(Runtime):
         #: the images the engine has (None: it has every image)
         self.images: set[str] | None = set(images) if images is not None else None
         self.clock = clock
+        #: the default command of an image (none here: the engine cannot tell)
+        self.image_commands: dict[str, list[str]] = {}
         self.calls: list[Call] = []
         self.workloads: dict[str, FakeWorkload] = {}
         #: (volume, node) pairs that exist
@@ -330,6 +332,12 @@ class FakeRuntime(Runtime):
     async def image_exists(self, image: str) -> bool:
         self._enter("image_exists", image)
         return self.images is None or image in self.images
+
+    async def image_command(self, image: str) -> list[str] | None:
+        self._enter("image_command", image)
+        if self.images is not None and image not in self.images:
+            return None
+        return list(self.image_commands.get(image) or []) or None
 
     # --- workloads ----------------------------------------------------------------------------
 

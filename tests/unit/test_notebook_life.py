@@ -146,6 +146,13 @@ def test_start_runs_one_workload_and_records_running(tmp_path, answers):
     assert w.events[-1][0] == 100
 
 
+def test_the_image_s_own_command_runs_when_the_hub_names_none(tmp_path, answers):
+    w = World(tmp_path)
+    w.rt.image_commands[IMAGE] = ["sh", "-c", "serve"]
+    w.start()
+    assert w.rt.workloads[w.nb.container].spec.command == ["sh", "-c", "serve", "--port=8888"]
+
+
 def test_limits_refuse_before_anything_runs(tmp_path, answers):
     w = World(tmp_path)
     w.start(gpus="1", cpus="2")
