@@ -28,6 +28,7 @@ from ..gpus.inventory import from_nodes, node_of
 from ..gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from ..gpus.sharing import is_fraction
 from ..lifecycle import InvalidTransition, NotebookState
+from ..names import L_NETWORK
 from ..resources import format_memory
 from ..runtime import EngineError
 from ..runtime.base import NetworkUnavailable, Runtime, WorkloadGone
@@ -385,6 +386,7 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
         msg = f"the engine could not start the container: {why}"
         raise await nb.fail(S.ERROR, "ENGINE_ERROR", msg, 503) from None
     nb.held.ran = True
+    nb.held.network = spec.labels.get(L_NETWORK, "") or nb.held.network
     try:
         return await nb.runtime.reach(nb.container, nb.held.network, hub.base_url, hub.port)
     except (WorkloadGone, EngineError) as e:

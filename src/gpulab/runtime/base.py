@@ -257,7 +257,8 @@ class Runtime:
 
     async def create_and_start(self, spec: WorkloadSpec) -> None:
         """Create ``spec.name`` on ``spec.node`` (replacing a stopped one of that name) and
-        start it. Raises the engine's error when it refuses."""
+        start it. Raises the engine's error when it refuses. A spec labelled with a network
+        (``org.gpulab.network``) has that label set to the owner's network it really joined."""
         raise NotImplementedError
 
     async def state(self, name: str) -> WorkloadState | None:

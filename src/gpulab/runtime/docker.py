@@ -15,7 +15,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from ..faults import fault_point
-from ..names import L_INSTANCE, L_KIND, L_USER
+from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
 from . import network as net
 from .base import (
     ExecSession,
@@ -126,6 +126,11 @@ class DockerRuntime(EngineClient, Runtime):
                     host["network_mode"] = net.ensure_user_network(
                         client, instance, spec.network_owner
                     )
+                    if L_NETWORK in spec.labels:
+                        # the network it really joins (made again if a concurrent stop removed
+                        # the one the caller saw): where the caller reaches it (Runtime.reach)
+                        spec.labels = {**spec.labels, L_NETWORK: host["network_mode"]}
+                        config["labels"] = spec.labels
                 try:
                     client.create_container(
                         host_config=client.create_host_config(**host), **config, **extra
