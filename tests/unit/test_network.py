@@ -115,6 +115,31 @@ def test_job_joins_only_its_owners_network(owner):
     assert host["binds"]["/r.sh"] == {"bind": "/opt/gpulab/run.sh", "mode": "ro"}
 
 
+@pytest.mark.parametrize("owner", ["alice", None])
+def test_a_notebook_s_port_is_published_only_off_its_owners_network(owner):
+    """A notebook on its owner's bridge is reached at its address there; on the default
+    bridge (network_isolation 'none') its port is published on the host's loopback only."""
+    from gpulab.runtime.base import HostBind
+
+    spec = WorkloadSpec(
+        name="nb",
+        image="img",
+        command=["jupyterhub-singleuser"],
+        network_owner=owner,
+        runner=False,
+        ports=(8888,),
+        host_binds=[HostBind("/run/mps", "/run/mps")],
+    )
+    cfg = workload_container_config(spec, "device_request", "/r.sh")
+    host = cfg["host_config"]
+    assert cfg["ports"] == [8888] and cfg["command"] == ["jupyterhub-singleuser"]
+    assert host["binds"] == {"/run/mps": {"bind": "/run/mps", "mode": "rw"}}
+    if owner:
+        assert "port_bindings" not in host
+    else:
+        assert host["port_bindings"] == {8888: ("127.0.0.1",)}
+
+
 def test_an_overlay_made_without_encryption_is_named_in_a_warning(caplog):
     """An overlay's options cannot change: one made before encryption was on is reused (its
     workloads are on it) and the operator is told it stays in clear until it is made again."""
