@@ -7,7 +7,9 @@ Tests that need Docker skip on a developer machine without an engine, but FAIL i
 from __future__ import annotations
 
 import os
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import pytest
 
 from gpulab import __version__
 
-from .support.hub import Hub
+from .support.hub import Hub, HubPool
 
 IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 BASE_IMAGE = "gpulab/python:3.11"
@@ -131,20 +133,108 @@ def postgres_url(postgres_server):
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-@pytest.fixture
-def hub_factory(tmp_path_factory, images):
-    """Start hubs with extra config; all are stopped and their containers removed afterwards."""
-    hubs: list[Hub] = []
+# --- hubs: hub_with(config), the one way to start one ------------------------------------------
 
-    def make(extra_config: str = "", start: bool = True) -> Hub:
-        hub = Hub(workdir=tmp_path_factory.mktemp("hub"), extra_config=extra_config)
-        hubs.append(hub)
-        return hub.start() if start else hub
+#: the test module that runs now (set before its fixtures), for the hub pool
+_running: dict[str, object] = {"module": None, "pool": None}
+_HUB_WITH = re.compile(r"hub_with\(\s*([A-Za-z_][A-Za-z0-9_]*)?\s*[,)]")
 
-    yield make
-    for hub in hubs:
-        hub.stop()
-        hub.remove_workloads()
+
+def _hub_configs(module) -> list[str]:
+    """The configurations a test module (or its package's conftest) asks hub_with to share:
+    read from their source, ``hub_with(NAME)`` with NAME a string of the module's."""
+    found = []
+    sources = [module]
+    conftest = sys.modules.get(module.__name__.rpartition(".")[0] + ".conftest")
+    if conftest is not None and "\ndef hub(" not in Path(module.__file__).read_text():
+        sources.append(conftest)  # its hub fixture, unless the module has its own
+    for source in sources:
+        try:
+            text = Path(source.__file__).read_text()
+        except (OSError, TypeError):
+            continue
+        for line in text.splitlines():
+            if "fresh=" in line or "start=False" in line:
+                continue
+            for name in _HUB_WITH.findall(line):
+                value = getattr(module, name, None) or getattr(source, name, None) if name else ""
+                if isinstance(value, str):
+                    found.append(value)
+    return found
+
+
+def pytest_collection_modifyitems(session, config, items):
+    order: dict[str, int] = {}
+    wanted: dict[str, list[int]] = {}
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None or module.__name__ in order:
+            continue
+        order[module.__name__] = len(order)
+        for text in _hub_configs(module):
+            wanted.setdefault(text, []).append(order[module.__name__])
+    config.stash[_HUB_PLAN] = (order, wanted)
+
+
+_HUB_PLAN = pytest.StashKey[tuple]()
+
+
+@pytest.fixture(scope="session")
+def hub_with(request, tmp_path_factory, images):
+    """``hub_with(extra_config="", fresh=False, start=True)``: a running hub with this extra
+    configuration. Shared with every test module that asks for the same text, reset between
+    them (servers stopped, jobs interrupted) and stopped after the last; ``fresh=True`` (a
+    test that stops, kills or restarts its hub) or ``start=False`` gives a hub of the caller's
+    own, stopped at the end of the test (or, asked for by a fixture, of the module). Every hub
+    stopped has its log checked for tracebacks (tests/support/hub.py)."""
+    order, wanted = request.config.stash.get(_HUB_PLAN, ({}, {}))
+    pool = HubPool(tmp_path_factory.mktemp, lambda: _running["module"], wanted, order)
+    _running["pool"] = pool
+    yield pool.get
+    _running["pool"] = None
+    pool.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    module = getattr(item, "module", None)
+    _running["module"] = module.__name__ if module else None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    pool = _running["pool"]
+    if pool is not None:
+        pool.in_test = True
+    try:
+        return (yield)
+    finally:
+        if pool is not None:
+            pool.in_test = False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Hubs go before the fixtures they were configured with (a database, an S3 server): a
+    test's fresh hubs before its fixtures' teardown, a module's hubs before its module's."""
+    pool, error = _running["pool"], None
+    if pool is not None:
+        module = getattr(item, "module", None)
+        try:
+            pool.end_test()
+            if module is not None and getattr(nextitem, "module", None) is not module:
+                pool.end_module(module.__name__)
+        except Exception as e:  # noqa: BLE001 - raised once the fixtures are torn down
+            error = e
+    result = yield
+    if error is not None:
+        raise error
+    return result
+
+
+def pytest_terminal_summary(terminalreporter):
+    if Hub.started:
+        terminalreporter.write_line(f"gpulab: {Hub.started} hub process(es) started")
 
 
 def run_async(coro):

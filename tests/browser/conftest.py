@@ -64,13 +64,8 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("browser"), extra_config=HUB_CONFIG).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with):
+    return hub_with(HUB_CONFIG)
 
 
 def passwords(hub) -> dict[str, str]:

@@ -21,12 +21,12 @@ OPENS = """path => new Promise(done => {
 
 
 def test_terminal_panel_runs_a_command_and_shows_its_output(hub, new_page, shots):
-    api = Api(hub, "tess")
+    api = Api(hub, "tara")
     job = api.submit(command=["sleep", "900"])
     try:
         api.wait(job["id"], {"RUNNING"})
         page = new_page()
-        login(page, hub, "tess")
+        login(page, hub, "tara")
         page.goto(f"{hub.url}{SERVICE}jobs/{job['id']}")
         page.click("#terminal-open")
         page.wait_for_selector('#terminal-card[data-connected="true"]')
@@ -42,7 +42,7 @@ def test_terminal_panel_runs_a_command_and_shows_its_output(hub, new_page, shots
         page.wait_for_selector('#terminal-card[data-connected="false"]')
         assert "exit code 4" in rows.inner_text()
         events = api.call("GET", f"/jobs/{job['id']}/events").json()["events"]
-        assert "shell opened by tess" in [e["message"] for e in events]
+        assert "shell opened by tara" in [e["message"] for e in events]
         # the cookie alone does not open a shell: the page's XSRF token must come with it
         assert page.evaluate(OPENS, f"{SERVICE}api/jobs/{job['id']}/shell") is False
         xsrf = page.get_attribute("#job-page", "data-xsrf")

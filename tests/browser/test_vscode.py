@@ -32,17 +32,9 @@ def s3():
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images, s3):
-    from ..support.hub import Hub
-
-    workdir = tmp_path_factory.mktemp("vscode")
-    hub = Hub(
-        workdir=workdir,
-        extra_config=workspace_store_config(s3, credentials_file(workdir), "workspaces-vscode"),
-    ).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with, tmp_path_factory, s3):
+    credentials = credentials_file(tmp_path_factory.mktemp("vscode"))
+    return hub_with(workspace_store_config(s3, credentials, "workspaces-vscode"))
 
 
 def spawn_vscode_from_form(page, hub, user: str, server: str) -> None:

@@ -20,23 +20,18 @@ import time
 
 import pytest
 
-from ..support.hub import Hub
-
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
+
+CONFIG = (
+    "c.GpulabSettings.supervisor_interval = 0.2\n"
+    'c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]\n'
+    'c.GpulabSettings.gpu_mode = "env"\n'
+)
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    h = Hub(
-        workdir=tmp_path_factory.mktemp("clihub"),
-        extra_config="c.GpulabSettings.supervisor_interval = 0.2\n"
-        'c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]\n'
-        'c.GpulabSettings.gpu_mode = "env"\n',
-    )
-    h.start()
-    yield h
-    h.stop()
-    h.remove_workloads()
+def hub(hub_with):
+    return hub_with(CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -79,9 +79,7 @@ def gitsrv(tmp_path_factory, docker_client):
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images, sync_image, s3):
-    from ..support.hub import Hub
-
+def hub(hub_with, sync_image, s3):
     config = f"""
 c.GpulabSettings.supervisor_interval = 0.2
 c.GpulabSettings.job_container_retention = 3600
@@ -93,10 +91,7 @@ c.GpulabSettings.object_stores["s3"] = {{"endpoint_url": "{s3.endpoint}",
     "credentials": {{"file": "{s3.credentials}"}}}}
 c.GpulabSettings.volume_grants.append({{"store": "s3", "bucket": "{BUCKET}"}})
 """
-    hub = Hub(workdir=tmp_path_factory.mktemp("diskquota"), extra_config=config).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+    return hub_with(config)
 
 
 def volumes_of(docker_client, job: dict) -> list[str]:

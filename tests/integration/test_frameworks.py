@@ -32,13 +32,8 @@ SMALL = {"flavor": "cpu-small"}
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images, framework_images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("frameworks"), extra_config=CONFIG).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with, framework_images):
+    return hub_with(CONFIG)
 
 
 @pytest.mark.parametrize(

@@ -312,15 +312,10 @@ def test_ci_has_git_http_backend():
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images, sync_image):
-    from ..support.hub import Hub
-
+def hub(hub_with, sync_image):
     config = 'c.GpulabSettings.gpu_devices = [{"id": "0"}]\nc.GpulabSettings.gpu_mode = "env"\n'
     config += "c.GpulabSettings.supervisor_interval = 0.2\n"
-    hub = Hub(workdir=tmp_path_factory.mktemp("gitjobs"), extra_config=config).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+    return hub_with(config)
 
 
 def test_a_job_runs_on_its_clones_and_a_bad_revision_fails_it(hub, server, repos):

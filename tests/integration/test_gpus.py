@@ -28,8 +28,8 @@ def _visible_devices(container) -> str:
     return env.get("NVIDIA_VISIBLE_DEVICES", "")
 
 
-def test_eight_concurrent_spawns_on_four_gpus(hub_factory, docker_client):
-    hub = hub_factory(FOUR_GPUS % "env")
+def test_eight_concurrent_spawns_on_four_gpus(hub_with, docker_client):
+    hub = hub_with(FOUR_GPUS % "env", fresh=True)
     users = [f"u{i}" for i in range(8)]
     tokens = {u: hub.create_user(u) for u in users}
     options = {"cpus": 0.2, "memory": "512M", "gpus": 1}
@@ -71,8 +71,8 @@ def test_eight_concurrent_spawns_on_four_gpus(hub_factory, docker_client):
     assert _visible_devices(docker_client.containers.get(nb["container"])) == devices[0]
 
 
-def test_device_request_mode_asks_for_explicit_devices(hub_factory, docker_client):
-    hub = hub_factory(FOUR_GPUS % "device_request")
+def test_device_request_mode_asks_for_explicit_devices(hub_with, docker_client):
+    hub = hub_with(FOUR_GPUS % "device_request", fresh=True)
     token = hub.create_user("dora")
     hub.spawn("dora", "two", {"cpus": 0.5, "memory": "512M", "gpus": 2}, token=token)
     # no NVIDIA toolkit here: the engine refuses to start it, which is an ERROR of the platform
@@ -114,12 +114,12 @@ def _env(container) -> dict[str, str]:
     return dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
 
 
-def test_fractional_and_whole_gpus_at_once(hub_factory, docker_client, tmp_path):
+def test_fractional_and_whole_gpus_at_once(hub_with, docker_client, tmp_path):
     """Two notebooks share device 0 in halves while two others take whole devices, all at
     once; a share that no longer fits is refused with the slots each shared GPU has free."""
     pipes = tmp_path / "mps-pipes"
     pipes.mkdir()
-    hub = hub_factory(SHARED_GPUS % pipes)
+    hub = hub_with(SHARED_GPUS % pipes, fresh=True)
     asks = {"ann": 0.5, "bob": 0.5, "cy": 1, "dee": 1}
     tokens = {u: hub.create_user(u) for u in [*asks, "eve"]}
 

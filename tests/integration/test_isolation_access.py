@@ -34,13 +34,8 @@ SMALL = {"gpus": 0, "cpus": 0.2, "memory": "256M"}
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("access"), extra_config=CONFIG).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with):
+    return hub_with(CONFIG)
 
 
 def _token(hub, user: str, scopes: list[str]) -> str:

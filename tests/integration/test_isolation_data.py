@@ -42,13 +42,8 @@ MALLORY = (
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("isolation"), extra_config=CONFIG).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with):
+    return hub_with(CONFIG)
 
 
 @pytest.fixture(scope="module")

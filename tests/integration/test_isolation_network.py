@@ -41,13 +41,8 @@ TERMINAL = {"DONE", "FAILED", "ERROR", "INTERRUPTED", "SYNC_FAILED"}
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("netiso")).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with):
+    return hub_with()
 
 
 def labelled(docker_client, hub, user: str, kind: str):

@@ -23,13 +23,8 @@ c.GpulabSettings.max_resources = {"cpus": 2, "memory": "4G", "gpus": 2}
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("jobs"), extra_config=CONFIG).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with):
+    return hub_with(CONFIG, fresh=True)
 
 
 @pytest.fixture(scope="module")
@@ -275,10 +270,11 @@ def test_api_errors_are_json_for_api_clients(hub):
 
 
 def test_finished_containers_are_removed_after_the_delay_records_and_logs_stay(
-    hub_factory, docker_client
+    hub_with, docker_client
 ):
-    hub = hub_factory(
-        "c.GpulabSettings.supervisor_interval = 0.2\nc.GpulabSettings.job_container_retention = 2\n"
+    hub = hub_with(
+        "c.GpulabSettings.supervisor_interval = 0.2\nc.GpulabSettings.job_container_retention = 2\n",
+        fresh=True,
     )
     api = Api(hub, "carl")
     job = api.submit(command=["sh", "-c", "echo kept-output"])
@@ -296,7 +292,7 @@ def test_finished_containers_are_removed_after_the_delay_records_and_logs_stay(
     assert api.call("GET", f"/jobs/{job['id']}/logs").text == "kept-output\n"
 
 
-def test_job_data_pulled_from_and_pushed_to_s3(hub_factory, tmp_path, docker_client):
+def test_job_data_pulled_from_and_pushed_to_s3(hub_with, tmp_path, docker_client):
     import boto3
 
     from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
@@ -314,13 +310,14 @@ def test_job_data_pulled_from_and_pushed_to_s3(hub_factory, tmp_path, docker_cli
         client.create_bucket(Bucket="job-inputs")
         client.put_object(Bucket="job-inputs", Key="cifar/labels.txt", Body=b"cat\ndog\n")
         credentials = credentials_file(tmp_path)
-        hub = hub_factory(
+        hub = hub_with(
             "c.GpulabSettings.supervisor_interval = 0.2\n"
             f'c.GpulabSettings.object_stores["s3"] = {{"endpoint_url": "{s3.endpoint}", '
             f'"credentials": {{"file": "{credentials}"}}}}\n'
             'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "job-inputs", '
             '"modes": ["ro"]})\n'
-            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "job-outputs"})\n'
+            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "job-outputs"})\n',
+            fresh=True,
         )
         api = Api(hub, "sam")
         job = api.submit(

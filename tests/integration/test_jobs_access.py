@@ -36,13 +36,8 @@ SECRET_VALUE = "wandb-k3y-" + "x7" * 20
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("access"), extra_config=CONFIG).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with):
+    return hub_with(CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,8 @@ ONE_GPU = {"gpus": 1, "cpus": 0.5, "memory": "1G"}
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images, pytorch_image):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("dist"), extra_config=CONFIG).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with, pytorch_image):
+    return hub_with(CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -38,13 +38,8 @@ PROCESSES = (
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("exec"), extra_config=CONFIG).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with):
+    return hub_with(CONFIG)
 
 
 @pytest.fixture(scope="module")

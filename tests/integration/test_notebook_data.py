@@ -48,19 +48,11 @@ def s3():
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images, s3):
-    from ..support.hub import Hub
-
-    workdir = tmp_path_factory.mktemp("data")
-    credentials = credentials_file(workdir)
-    hub = Hub(
-        workdir=workdir,
-        extra_config=CONFIG.format(endpoint=s3.endpoint, credentials=credentials),
-    ).start()
+def hub(hub_with, tmp_path_factory, s3):
+    credentials = credentials_file(tmp_path_factory.mktemp("data"))
+    hub = hub_with(CONFIG.format(endpoint=s3.endpoint, credentials=credentials))
     hub.token = hub.create_user("alice")
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+    return hub
 
 
 def keys(s3, bucket: str, prefix: str = "") -> set[str]:

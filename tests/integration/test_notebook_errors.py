@@ -44,14 +44,10 @@ def broken_image(docker_client, images):
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images, broken_image):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("errors"), extra_config=EXTRA).start()
+def hub(hub_with, broken_image):
+    hub = hub_with(EXTRA)
     hub.token = hub.create_user("bob")
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+    return hub
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,10 @@ from ..support.hub import login
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
 
-def test_form_spawn_and_form_errors(hub_factory):
-    hub = hub_factory(
-        'c.GpulabSettings.gpu_devices = [{"id": "0"}]\nc.GpulabSettings.gpu_mode = "env"'
+def test_form_spawn_and_form_errors(hub_with):
+    hub = hub_with(
+        'c.GpulabSettings.gpu_devices = [{"id": "0"}]\nc.GpulabSettings.gpu_mode = "env"',
+        fresh=True,
     )
     s = login(hub, "erin")
     page = s.get(f"{hub.url}/hub/spawn/erin/viaform", timeout=30)
@@ -69,7 +70,7 @@ def test_form_spawn_and_form_errors(hub_factory):
     assert events.status_code == 200
 
 
-def test_hub_killed_and_restarted(hub_factory, docker_client):
+def test_hub_killed_and_restarted(hub_with, docker_client):
     extra = (
         'c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]\n'
         'c.GpulabSettings.gpu_mode = "env"\n'
@@ -78,7 +79,7 @@ def test_hub_killed_and_restarted(hub_factory, docker_client):
         'c.GpulabSettings.max_resources = {"cpus": 8, "memory": "16G", "gpus": 4}\n'
         'c.GpulabSettings.job_quota = {"gpus": 4, "jobs": 4}\n'
     )
-    hub = hub_factory(extra)
+    hub = hub_with(extra, fresh=True)
     token = hub.create_user("fred")
     one_gpu = {"cpus": 0.5, "memory": "512M", "gpus": 1}
     for server, options in (("keep", one_gpu), ("gone", one_gpu), ("later", {})):
@@ -120,8 +121,8 @@ def test_hub_killed_and_restarted(hub_factory, docker_client):
     assert states == ["STARTING", "RUNNING", "STOPPING", "STOPPED"]
 
 
-def test_pytorch_notebook_imports_torch(hub_factory, pytorch_image, docker_client):
-    hub = hub_factory()
+def test_pytorch_notebook_imports_torch(hub_with, pytorch_image, docker_client):
+    hub = hub_with()
     token = hub.create_user("gina")
     hub.spawn("gina", "torch", {"framework": "pytorch"}, token=token)
     hub.wait_ready("gina", "torch", timeout=180)
@@ -140,8 +141,10 @@ def test_pytorch_notebook_imports_torch(hub_factory, pytorch_image, docker_clien
     assert version.startswith("2.13.0") and uid == "1000" and float(total) == 2.0
 
 
-def test_max_run_time_stops_and_auto_restarts(hub_factory):
-    hub = hub_factory("c.GpulabSettings.max_run_time = 4\nc.GpulabSettings.watchdog_interval = 1\n")
+def test_max_run_time_stops_and_auto_restarts(hub_with):
+    hub = hub_with(
+        "c.GpulabSettings.max_run_time = 4\nc.GpulabSettings.watchdog_interval = 1\n", fresh=True
+    )
     token = hub.create_user("hank")
     hub.spawn("hank", "once", {}, token=token)
     hub.spawn("hank", "again", {"auto_restart": True}, token=token)

@@ -59,13 +59,8 @@ c.JupyterHub.load_roles.append({{
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("idle"), extra_config=CONFIG + CULLER).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with):
+    return hub_with(CONFIG + CULLER)
 
 
 def ledger(hub) -> GpuLedger:
@@ -274,11 +269,11 @@ def test_the_image_makes_no_network_calls_of_its_own(hub, docker_client, pytorch
     hub.stop_server("dave", framework)
 
 
-def test_the_idle_stop_survives_a_hub_restart(hub_factory, docker_client):
+def test_the_idle_stop_survives_a_hub_restart(hub_with, docker_client):
     """Judged by the activity the hub recorded, not by a timer: a notebook idle before the hub
     and its service are killed is stopped on its time after the restart, not an idle time after
     the restart."""
-    hub = hub_factory(CONFIG + "\nc.GpulabSettings.supervisor_lease_ttl = 3\n")
+    hub = hub_with(CONFIG + "\nc.GpulabSettings.supervisor_lease_ttl = 3\n", fresh=True)
     token = hub.create_user("erin")
     spawn_ready(hub, "erin", "gpu", {"framework": "python", "flavor": "gpu"}, token)
     ready_at = datetime.now(UTC)

@@ -9,13 +9,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("lifecycle")).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with):
+    return hub_with()
 
 
 def states(hub, user, server):

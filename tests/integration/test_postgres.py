@@ -140,10 +140,11 @@ def test_compare_and_set_queue_cap_and_lease_hold_on_postgres(postgres_url):
 
 @pytest.mark.docker
 @pytest.mark.hub
-def test_hub_and_service_on_postgres(hub_factory, postgres_url):
-    hub = hub_factory(
+def test_hub_and_service_on_postgres(hub_with, postgres_url):
+    hub = hub_with(
         f'c.GpulabSettings.database_url = "{postgres_url}"\n'
-        "c.GpulabSettings.supervisor_interval = 0.2\n"
+        "c.GpulabSettings.supervisor_interval = 0.2\n",
+        fresh=True,
     )
     token = hub.create_user("pat")
     hub.spawn("pat", "pg", {}, token=token)

@@ -46,8 +46,8 @@ def _helper(docker_client, instance: str, workload: str):
     )
 
 
-def test_a_new_hub_settles_records_helpers_and_gpus_left_by_the_last(hub_factory, docker_client):
-    hub = hub_factory(CONFIG, start=False)
+def test_a_new_hub_settles_records_helpers_and_gpus_left_by_the_last(hub_with, docker_client):
+    hub = hub_with(CONFIG, start=False)
     hub.write_config()
     data = hub.workdir / "data"
     data.mkdir(parents=True, exist_ok=True)

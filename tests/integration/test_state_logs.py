@@ -66,17 +66,9 @@ def s3():
 
 
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory, images, s3):
-    from ..support.hub import Hub
-
-    workdir = tmp_path_factory.mktemp("statelogs")
-    credentials = credentials_file(workdir)
-    hub = Hub(
-        workdir=workdir, extra_config=CONFIG.format(endpoint=s3.endpoint, credentials=credentials)
-    ).start()
-    yield hub
-    hub.stop()
-    hub.remove_workloads()
+def hub(hub_with, tmp_path_factory, s3):
+    credentials = credentials_file(tmp_path_factory.mktemp("statelogs"))
+    return hub_with(CONFIG.format(endpoint=s3.endpoint, credentials=credentials))
 
 
 def service_token(hub) -> str:

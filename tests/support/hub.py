@@ -1,5 +1,10 @@
 """Start and drive a real JupyterHub process (with its proxy and the gpulab service) for tests.
 
+Tests get hubs from the ``hub_with(config)`` fixture (tests/conftest.py), which keeps them in
+a :class:`HubPool`: one running hub per configuration, shared by the modules that ask for it.
+Whenever the pool stops a hub it reads the hub's log (the gpulab service writes to the same
+file) and fails on any traceback there that :data:`ALLOWED_TRACEBACKS` does not excuse.
+
 The hub loads the repository's own jupyterhub_config.py, then the test's overrides: its own
 ports, data directory and gpulab instance name, so that tests never touch each other's (or a
 developer's) containers.
@@ -9,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +36,48 @@ CHP_BIN = REPO / ".build" / "node" / "node_modules" / ".bin"
 
 class SpawnFailed(RuntimeError):
     pass
+
+
+#: what marks an unexpected error in a hub's or the gpulab service's log
+ERROR_MARKERS = (
+    "Traceback (most recent call last)",
+    "Unhandled error",
+    "can't be used in 'await' expression",
+)
+
+#: tracebacks a test provokes on purpose: (a regular expression found in the log block, why
+#: it is expected). Keep it short: every other traceback fails the test run.
+ALLOWED_TRACEBACKS: list[tuple[str, str]] = []
+
+
+#: a job's states once it ended
+ENDED = ("DONE", "FAILED", "ERROR", "INTERRUPTED", "SYNC_FAILED")
+
+
+class HubLogErrors(AssertionError):
+    """A hub's log holds tracebacks that no test provoked on purpose."""
+
+
+def log_problems(text: str, allowed=ALLOWED_TRACEBACKS) -> list[str]:
+    """The blocks of ``text`` (a hub's log) that show an unexpected error: each marker line
+    with the log record it belongs to and the traceback lines after it, less the allowed."""
+    lines = text.splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        if not any(m in lines[i] for m in ERROR_MARKERS):
+            i += 1
+            continue
+        start = i
+        while start > 0 and not lines[start].startswith("[") and i - start < 5:
+            start -= 1  # the record's header line ([E 2026-... JupyterHub ...])
+        end = i + 1
+        while end < len(lines) and not lines[end].startswith("[") and end - i < 80:
+            end += 1
+        block = "\n".join(lines[start:end])
+        if not any(re.search(pattern, block) for pattern, _ in allowed):
+            blocks.append(block)
+        i = end
+    return blocks
 
 
 @dataclass
@@ -81,7 +130,11 @@ class Hub:
             + textwrap.dedent(self.extra_config)
         )
 
+    #: every hub started by this test process (Hub.start calls), for the run's summary
+    started: typing.ClassVar[int] = 0
+
     def start(self, timeout: float = 60) -> Hub:
+        Hub.started += 1
         self.write_config()
         env = {
             **os.environ,
@@ -194,6 +247,61 @@ class Hub:
             with contextlib.suppress(docker.errors.APIError):
                 n.remove()
 
+    def log_problems(self) -> list[str]:
+        """Unexpected tracebacks in this hub's log (the hub's and the gpulab service's)."""
+        try:
+            return log_problems(self.log_file.read_text(errors="replace"))
+        except OSError:
+            return []
+
+    def check_log(self) -> None:
+        """Fail with the offending lines when the log holds an unexpected traceback."""
+        problems = self.log_problems()
+        if problems:
+            raise HubLogErrors(
+                f"{len(problems)} unexpected error(s) in {self.log_file} (add a test's "
+                "deliberate one to ALLOWED_TRACEBACKS in tests/support/hub.py, with why):\n\n"
+                + "\n\n".join(problems)
+            )
+
+    def reset(self, timeout: float = 120) -> None:
+        """Stop every user's servers and interrupt their unfinished jobs (between two test
+        modules that share this hub): the next module starts with free GPUs and no workload."""
+        r = self.request("GET", "/users")
+        r.raise_for_status()
+        service = f"{self.url}/services/gpulab/api"
+        headers = {"Authorization": f"token {self.admin_token}"}
+        unfinished: list[str] = []
+        for user in r.json():
+            for server, model in (user.get("servers") or {}).items():
+                if model.get("ready") or model.get("pending"):
+                    self.stop_server(user["name"], server)
+            jobs = requests.get(
+                f"{service}/jobs", params={"user": user["name"]}, headers=headers, timeout=60
+            )
+            if jobs.status_code != 200:
+                continue
+            for job in jobs.json().get("jobs", []):
+                if job["state"] not in ENDED:
+                    requests.post(
+                        f"{service}/jobs/{job['id']}/interrupt", headers=headers, timeout=60
+                    )
+                    unfinished.append(job["id"])
+        deadline = time.monotonic() + timeout
+        for job_id in unfinished:  # ended: its GPUs are back in the ledger
+            while time.monotonic() < deadline:
+                r = requests.get(f"{service}/jobs/{job_id}", headers=headers, timeout=60)
+                if r.status_code != 200 or r.json()["state"] in ENDED:
+                    break
+                time.sleep(0.3)
+        client = docker.from_env()
+        label = f"org.gpulab.instance={self.instance}"
+        while time.monotonic() < deadline:
+            if not client.containers.list(filters={"label": label, "status": "running"}):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"workloads of {self.instance} still running after a reset")
+
     def tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
@@ -292,3 +400,78 @@ def login(hub, user: str) -> requests.Session:
     )
     assert r.ok and "jupyterhub-session-id" in s.cookies, r.text[-500:]
     return s
+
+
+class HubPool:
+    """The running hubs of a test session, for the ``hub_with`` fixture.
+
+    A shared hub serves every module that asks for its configuration (the extra config's
+    text). When a module ends, each shared hub it used is reset (its servers stopped, its jobs
+    interrupted) if a later module will ask for that configuration (``wanted``: config text ->
+    the run-order positions of the modules that ask for it, read at collection), and retired
+    otherwise. A fresh hub (``fresh=True``, or ``start=False``) is the caller's alone: retired
+    at the end of the test that made it, or of its module when a fixture made it. Retiring a
+    hub stops it, removes its workloads and checks its log (:meth:`Hub.check_log`)."""
+
+    def __init__(self, workdir, module, wanted: dict[str, list[int]], order: dict[str, int]):
+        self._workdir = workdir  # name -> a new directory
+        self._module = module  # () -> the running test module's name
+        self._wanted = wanted
+        self._order = order
+        self.shared: dict[str, Hub] = {}
+        self._users: dict[str, set[str]] = {}
+        self._fresh: list[tuple[Hub, str | None]] = []  # (hub, the test's module or None)
+        self.in_test = False
+
+    def get(self, extra_config: str = "", fresh: bool = False, start: bool = True) -> Hub:
+        module = self._module()
+        if fresh or not start:
+            hub = Hub(workdir=self._workdir("hub"), extra_config=extra_config)
+            self._fresh.append((hub, "test" if self.in_test else module))
+            return hub.start() if start else hub
+        hub = self.shared.get(extra_config)
+        if hub is not None and (hub.proc is None or hub.proc.poll() is not None):
+            self._retire([self.shared.pop(extra_config)])  # stopped by a test: a new one
+            hub = None
+        if hub is None:
+            hub = Hub(workdir=self._workdir("shared"), extra_config=extra_config).start()
+            self.shared[extra_config] = hub
+            self._users[extra_config] = set()
+        self._users[extra_config].add(module)
+        return hub
+
+    def end_test(self) -> None:
+        done = [h for h, owner in self._fresh if owner == "test"]
+        self._fresh = [(h, owner) for h, owner in self._fresh if owner != "test"]
+        self._retire(done)
+
+    def end_module(self, module: str) -> None:
+        done = [h for h, owner in self._fresh if owner in (module, "test")]
+        self._fresh = [(h, owner) for h, owner in self._fresh if owner not in (module, "test")]
+        here = self._order.get(module, -1)
+        for config, hub in list(self.shared.items()):
+            if module not in self._users[config]:
+                continue
+            if any(i > here for i in self._wanted.get(config, ())):
+                hub.reset()
+            else:
+                done.append(self.shared.pop(config))
+        self._retire(done)
+
+    def close(self) -> None:
+        done = [h for h, _ in self._fresh] + list(self.shared.values())
+        self._fresh, self.shared = [], {}
+        self._retire(done)
+
+    @staticmethod
+    def _retire(hubs: list[Hub]) -> None:
+        problems = []
+        for hub in hubs:
+            hub.stop()
+            hub.remove_workloads()
+            try:
+                hub.check_log()
+            except HubLogErrors as e:
+                problems.append(str(e))
+        if problems:
+            raise HubLogErrors("\n\n".join(problems))
