@@ -18,7 +18,7 @@ import pytest
 
 from gpulab import __version__
 
-from .support.hub import Hub, HubPool
+from .support.hub import Hub, HubLogErrors, HubPool
 
 IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 BASE_IMAGE = "gpulab/python:3.11"
@@ -232,9 +232,26 @@ def pytest_runtest_teardown(item, nextitem):
     return result
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The logs of the hubs a test started without hub_with (the Swarm lab's) are checked
+    here, at the end: an unexpected traceback fails the run."""
+    problems = []
+    for hub in [h for h in Hub.instances if not h.checked]:
+        try:
+            hub.check_log()
+        except HubLogErrors as e:
+            problems.append(str(e))
+    _running["log_problems"] = problems
+    if problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def pytest_terminal_summary(terminalreporter):
     if Hub.started:
         terminalreporter.write_line(f"gpulab: {Hub.started} hub process(es) started")
+    if _running.get("log_problems"):
+        terminalreporter.write_sep("=", "unexpected errors in hub logs", red=True)
+        terminalreporter.write_line("\n\n".join(_running["log_problems"]))
 
 
 def run_async(coro):

@@ -130,11 +130,17 @@ class Hub:
             + textwrap.dedent(self.extra_config)
         )
 
-    #: every hub started by this test process (Hub.start calls), for the run's summary
+    #: Hub.start calls in this test process, for the run's summary
     started: typing.ClassVar[int] = 0
+    #: every hub started, for the check of the logs of those no pool retired (at the end)
+    instances: typing.ClassVar[list[Hub]] = []
+    #: its log was checked when it was retired
+    checked: bool = field(default=False, init=False)
 
     def start(self, timeout: float = 60) -> Hub:
         Hub.started += 1
+        if self not in Hub.instances:
+            Hub.instances.append(self)
         self.write_config()
         env = {
             **os.environ,
@@ -256,6 +262,7 @@ class Hub:
 
     def check_log(self) -> None:
         """Fail with the offending lines when the log holds an unexpected traceback."""
+        self.checked = True
         problems = self.log_problems()
         if problems:
             raise HubLogErrors(
