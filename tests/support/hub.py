@@ -47,7 +47,19 @@ ERROR_MARKERS = (
 
 #: tracebacks a test provokes on purpose: (a regular expression found in the log block, why
 #: it is expected). Keep it short: every other traceback fails the test run.
-ALLOWED_TRACEBACKS: list[tuple[str, str]] = []
+ALLOWED_TRACEBACKS: list[tuple[str, str]] = [
+    (
+        r"HTTPError: HTTP 400: .*\(Invalid notebook options: ",
+        "a spawn form or request with invalid options (tests/browser/test_pages.py and others "
+        "assert the 400 and its message): JupyterHub logs the refusal with its traceback",
+    ),
+    (
+        r"tornado\.(iostream\.StreamClosedError: Stream is closed"
+        r"|simple_httpclient\.HTTPStreamClosedError: Connection closed)",
+        "a client that stops reading a job port's endless stream is cut off on purpose "
+        "(tests/integration/test_jobs_access.py); the ports proxy logs the closed stream",
+    ),
+]
 
 
 #: a job's states once it ended

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -141,4 +142,6 @@ async def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    # the hub stops its managed services with SIGINT: an ordinary end, not an error to log
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
