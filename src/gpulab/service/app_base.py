@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import json
 import re
@@ -14,6 +15,7 @@ from tornado import web
 from tornado.log import app_log
 
 from ..bounds import body_too_large, shown
+from ..jobs.actions import JobRefused
 from ..logscrub import request_summary
 from ..notebooks.records import NotebookRecords
 from .bodylimit import request_cap
@@ -62,6 +64,15 @@ class ApiError(web.HTTPError):
         super().__init__(status, "%s", message)
         self.message = message
         self.field = field
+
+
+@contextlib.contextmanager
+def answer_refusals():
+    """A refusal of a job action (:mod:`gpulab.jobs.actions`) answered as its JSON error."""
+    try:
+        yield
+    except JobRefused as e:
+        raise ApiError(e.status, e.message, field=e.field) from None
 
 
 def authenticated(method):

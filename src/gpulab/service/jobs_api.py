@@ -9,28 +9,21 @@ not revealed.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 
-from ..errors import FieldError
-from ..jobs.records import ACTIVE, ENDED, QueueFull
-from ..jobs.scheduler import can_ever_fit
-from ..jobs.spec import parse_job_spec
-from ..lifecycle import InvalidTransition, JobState
+from ..jobs import actions
+from ..lifecycle import JobState
 from .app_base import (
     ASCII_SPACE,
     JOBS_MANAGE,
     JOBS_READ,
     ApiError,
     BaseHandler,
+    answer_refusals,
     authenticated,
     read,
 )
 
-J = JobState
-#: a started job can be interrupted until it is FINALIZING (its outcome is decided then)
-INTERRUPTIBLE = frozenset(ACTIVE - {J.FINALIZING})
 READ, MANAGE = JOBS_READ, JOBS_MANAGE
 
 
@@ -101,72 +94,17 @@ class JobsHandler(JobsBase):
         """Submit a job; 201 with the job, or 400 naming the field and the reason."""
         me = self.require(MANAGE)
         raw = self.body()
-        job = await self.submit(me, raw)
+        with answer_refusals():
+            job = await actions.submit(
+                self.supervisor,
+                self.settings["gpulab"],
+                raw,
+                owner=me["name"],
+                groups=list(me.get("groups") or []),
+                admin=self.is_admin(me),
+            )
         self.set_header("Location", self.request.path.rstrip("/") + "/" + job["id"])
         self.write_json(job, 201)
-
-    async def submit(self, me: dict, raw: dict) -> dict:
-        s = self.settings["gpulab"]
-        user, groups = me["name"], list(me.get("groups") or [])
-        host_gpus, gpu_home = self.supervisor.ledger.gpu_home()
-        store = self.supervisor.secrets
-        secret_names = (
-            frozenset(i.name for i in await read(store.names, user)) if store.available else None
-        )
-        try:
-            spec = parse_job_spec(
-                raw,
-                catalog=s.catalog,
-                flavors=s.flavor_map,
-                limits=s.limits_for(user, groups),
-                default_flavor=None,
-                allowed_images=frozenset(s.allowed_images),
-                storage=s.storage,
-                user=user,
-                host_gpus=host_gpus,
-                max_timeout=s.job_max_timeout,
-                gpu_home=gpu_home,
-                secret_names=secret_names,
-                git_allowed=s.job_git_sources,
-            )
-        except FieldError as e:
-            raise ApiError(400, str(e), field=e.field) from None
-        if spec.priority > s.max_user_priority and not self.is_admin(self.current_user):
-            raise ApiError(
-                403,
-                f"priority {spec.priority} is above {s.max_user_priority}, the highest a user "
-                "may ask for (higher ones need the custom:gpulab:admin scope)",
-                field="priority",
-            )
-        quota = s.quota_for(user, groups)
-        # a gang's size is checked against every node by the ledger; its sum against the quota
-        fits_on = host_gpus if spec.workers == 1 else spec.total_gpus
-        if spec.workers > s.max_job_workers:
-            raise ApiError(
-                400,
-                f"{spec.workers} workers requested but one user's jobs may have at most "
-                f"{s.max_job_workers} together",
-                field="workers",
-            )
-        why = self.supervisor.ledger.gang_refusal(spec.resources.gpus, spec.workers)
-        why = why or can_ever_fit(spec.total_gpus, fits_on, quota, spec.preemptible, gpu_home)
-        if why and spec.workers > 1 and not why.startswith(f"{spec.workers} workers"):
-            why = f"{spec.workers} workers of {spec.resources.gpus} GPU(s) each: {why}"
-        if why:
-            raise ApiError(400, why, field="workers" if spec.workers > 1 else "resources.gpus")
-        try:
-            job = await asyncio.to_thread(
-                self.jobs.create,
-                user,
-                spec.to_json(),
-                spec.name,
-                groups,
-                max_unfinished=s.max_queued_jobs,
-            )
-        except QueueFull as e:
-            raise ApiError(409, str(e)) from None
-        self.supervisor.wake.set()
-        return job
 
 
 class JobHandler(JobsBase):
@@ -178,28 +116,8 @@ class JobHandler(JobsBase):
     async def delete(self, job_id: str):
         """Delete an ended job: its record, saved logs, container and volumes."""
         job = await self.own_job(job_id, MANAGE)
-        if JobState(job["state"]) not in ENDED:
-            raise ApiError(409, f"job {job_id} is {job['state']}: interrupt it first")
-        sup = self.supervisor
-        # the record goes first, in one compare-and-set on its ended state: a resume racing
-        # this delete either wins (409 here) or finds no job (404 there); what the engine
-        # still holds is removed below, or by the supervisor's sweep of orphaned containers
-        try:
-            await asyncio.to_thread(self.jobs.delete, job_id)
-        except KeyError:
-            raise ApiError(404, f"no job {job_id}") from None
-        except InvalidTransition as e:
-            raise ApiError(409, f"job {job_id} changed meanwhile: {e}") from None
-        await sup.remove_from_engine(job_id, job["spec"], job.get("node") or "")
-        if int(job["spec"].get("workers") or 1) > 1:  # its own network, if still there
-            with contextlib.suppress(Exception):
-                await sup.runtime.remove_job_network(sup.s.instance, job_id)
-
-        def unlink() -> None:  # file system work off the event loop
-            for path in sup.saved_logs(job_id):
-                path.unlink(missing_ok=True)
-
-        await asyncio.to_thread(unlink)
+        with answer_refusals():
+            await actions.delete(self.supervisor, job)
         self.set_status(204)
         self.finish()
 
@@ -215,75 +133,23 @@ class JobActionHandler(JobsBase):
     @authenticated
     async def post(self, job_id: str, action: str):
         job = await self.own_job(job_id, MANAGE)
-        state = JobState(job["state"])
-        jobs = self.jobs
-        try:
+        sup = self.supervisor
+        with answer_refusals():
             if action == "interrupt":
-                if state is J.QUEUED:
-                    try:
-                        result = await asyncio.to_thread(
-                            jobs.transition,
-                            job_id,
-                            J.INTERRUPTED,
-                            reason="USER_INTERRUPT",
-                            message="interrupted while queued",
-                            expect=frozenset({J.QUEUED}),
-                        )
-                        return self.write_json(result)
-                    except InvalidTransition:
-                        # the scheduler placed it meanwhile: interrupt it as a started job
-                        current = await asyncio.to_thread(jobs.get, job_id, False)
-                        state = JobState(current["state"]) if current else state
-                try:  # compare-and-set: only while the job can still be stopped
-                    result = await asyncio.to_thread(
-                        jobs.ask, job_id, "interrupt", states=INTERRUPTIBLE
-                    )
-                except InvalidTransition as e:
-                    now = e.old.value if e.old else state.value
-                    raise ApiError(409, f"job {job_id} is {now}: nothing to interrupt") from None
-                self.supervisor.wake.set()
-                return self.write_json(result, 202)
-            elif action == "resume":
-                if state is not J.INTERRUPTED:
-                    raise ApiError(
-                        409,
-                        f"only an INTERRUPTED job can be resumed; this one is "
-                        f"{state.value} (rerun makes a copy of any job)",
-                    )
-                result = await asyncio.to_thread(
-                    jobs.transition,
-                    job_id,
-                    J.QUEUED,
-                    reason="RESUMED",
-                    message="resumed by its owner",
-                    restarts=0,
-                    hang_restarts=0,
-                    exit_code=None,
-                    expect=frozenset({J.INTERRUPTED}),
-                )
-                self.supervisor.wake.set()
-            elif action == "rerun":
-                # the copy belongs to the job's owner, also when an admin asks for it
-                owner = {"name": job["owner"], "groups": job["groups"]}
-                result = await JobsHandler.submit(self, owner, job["spec"])
+                result, at_once = await actions.interrupt(sup, job)
+                return self.write_json(result, 200 if at_once else 202)
+            if action == "resume":
+                return self.write_json(await actions.resume(sup, job))
+            if action == "rerun":
+                admin = self.is_admin(self.current_user)
+                result = await actions.rerun(sup, self.settings["gpulab"], job, admin=admin)
                 jobs_path = self.request.path.rsplit("/", 2)[0]
                 self.set_header("Location", f"{jobs_path}/{result['id']}")
                 return self.write_json(result, 201)
-            elif action == "push":
-                if state is not J.SYNC_FAILED:
-                    raise ApiError(
-                        409,
-                        f"only a SYNC_FAILED job's push can be retried; this one is {state.value}",
-                    )
-                result = await self.supervisor.retry_push(job_id)
+            if action == "push":
+                result = await actions.retry_push(sup, job)
                 return self.write_json(result, 200 if result["state"] != "SYNC_FAILED" else 502)
-            else:
-                raise ApiError(404, f"no action {action}")
-        except InvalidTransition as e:
-            raise ApiError(409, str(e)) from None
-        except KeyError:  # deleted meanwhile (a concurrent DELETE): as if it never existed
-            raise ApiError(404, f"no job {job_id}") from None
-        self.write_json(result)
+        raise ApiError(404, f"no action {action}")
 
 
 def parse_rank(text: str, job_id: str, workers: int) -> int:

@@ -1,11 +1,11 @@
 """The gpulab web pages (HTML from Jinja templates) served by the service beside its JSON API.
 
-Pages reuse the API's logic: the same records, the same job submission
-(:meth:`JobsHandler.submit`) and the same job actions (:class:`JobActionHandler`), so a page can
-never accept what the API refuses. Identity is the hub's OAuth cookie; JupyterHub's
-``HubOAuthenticated`` ignores that cookie on a POST (or a script's fetch) whose ``_xsrf`` token
-is missing or wrong, so every form carries ``xsrf_form_html()`` and scripts send ``X-XSRFToken``.
-API clients with ``Authorization: token`` are not affected.
+Pages call what the API calls: the same records, the same job submission and job actions
+(:mod:`gpulab.jobs.actions`), so a page can never accept what the API refuses. Identity is the
+hub's OAuth cookie; JupyterHub's ``HubOAuthenticated`` ignores that cookie on a POST (or a
+script's fetch) whose ``_xsrf`` token is missing or wrong, so every form carries
+``xsrf_form_html()`` and scripts send ``X-XSRFToken``. API clients with ``Authorization:
+token`` are not affected.
 """
 
 from __future__ import annotations
@@ -22,20 +22,16 @@ from jupyterhub.utils import url_path_join
 from tornado import web
 
 from ..durations import format_duration
+from ..jobs import actions
+from ..jobs.actions import JobRefused
 from ..jobs.gang import workers_of
 from ..jobs.records import ACTIVE, ENDED
 from ..jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY
 from ..jobs.spec_fields import MAX_WORKERS
 from ..lifecycle import JobState, NotebookState
 from ..resources import format_memory
-from .app_base import NB_READ, ApiError, authenticated
-from .jobs_api import (
-    MANAGE,
-    READ,
-    JobActionHandler,
-    JobsBase,
-    JobsHandler,
-)
+from .app_base import NB_READ, ApiError, answer_refusals, authenticated
+from .jobs_api import MANAGE, READ, JobsBase
 from .logs_api import MAX_LOG_STREAMS_PER_USER
 from .pages_extras import EXTRA_FORM_FIELDS, form_extras
 
@@ -404,10 +400,17 @@ class SubmitJobPage(PageHandler):
         if errors:
             return await self.show_form(form, errors, status=400)
         try:
-            job = await JobsHandler.submit(self, me, raw)
-        except ApiError as e:
+            job = await actions.submit(
+                self.supervisor,
+                self.settings["gpulab"],
+                raw,
+                owner=me["name"],
+                groups=list(me.get("groups") or []),
+                admin=self.is_admin(me),
+            )
+        except JobRefused as e:
             errors = {form_field(e.field): e.message}
-            return await self.show_form(form, errors, status=e.status_code)
+            return await self.show_form(form, errors, status=e.status)
         self.redirect(self.page_url("jobs", job["id"]), status=303)
 
     async def show_form(self, form: dict, errors: dict, status: int = 200) -> None:
@@ -465,22 +468,27 @@ class JobPage(PageHandler):
 
 
 class JobActionPage(PageHandler):
-    """The detail page's buttons: the API's own action handler, answered with a redirect."""
-
-    _result: tuple[dict, int] | None = None
-
-    def write_json(self, obj, status: int = 200) -> None:  # JobActionHandler's answer
-        self._result = (obj, status)
+    """The detail page's buttons: the job actions the API takes, answered with a redirect to
+    the job's page (a rerun's: the copy's)."""
 
     @authenticated
     async def post(self, job_id: str, action: str):
-        await JobActionHandler.post(self, job_id, action)
-        if self._finished:
-            return
-        obj, status = self._result or ({}, 500)
-        target = obj.get("id", job_id) if isinstance(obj, dict) else job_id
-        if status >= 400:
-            raise ApiError(status, obj.get("message", f"{action} failed") if obj else action)
+        job = await self.own_job(job_id, MANAGE)
+        sup, target = self.supervisor, job_id
+        with answer_refusals():
+            if action == "interrupt":
+                await actions.interrupt(sup, job)
+            elif action == "resume":
+                await actions.resume(sup, job)
+            elif action == "rerun":
+                admin = self.is_admin(self.current_user)
+                target = (await actions.rerun(sup, self.settings["gpulab"], job, admin=admin))["id"]
+            elif action == "push":
+                result = await actions.retry_push(sup, job)
+                if result["state"] == "SYNC_FAILED":
+                    raise ApiError(502, result.get("message", f"{action} failed"))
+            else:
+                raise ApiError(404, f"no action {action}")
         self.redirect(self.page_url("jobs", target), status=303)
 
 

@@ -1,0 +1,282 @@
+"""What a user may ask of gpulab's jobs: submit one (admission), interrupt, resume, rerun,
+retry a push, delete. The rules (who may ask for what, how many, what fits) live here, once:
+the REST API, the pages and "rerun" all call these functions, so they cannot disagree.
+
+Each function acts on what it is handed (the settings, and the supervisor that holds the
+jobs' records, the GPU ledger, the secrets and the scheduler's wake-up) and returns the job's
+record, or raises a :class:`JobRefused` whose kind the adapters answer (``status``: 400 an
+invalid request, 403 one the caller may not make, 404 a job that is not there, 409 one that
+the job's state forbids). Who the caller is, and that someone else's job is a 404, the
+adapters decide before they call (``service/base.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from ..errors import FieldError
+from ..lifecycle import InvalidTransition, JobState
+from ..resources import Quota
+from .records import ACTIVE, ENDED, QueueFull
+from .scheduler import can_ever_fit
+from .spec import JobSpec, parse_job_spec
+
+if TYPE_CHECKING:
+    from ..settings import GpulabSettings
+    from .supervisor import JobSupervisor
+
+J = JobState
+#: a started job can be interrupted until it is FINALIZING (its outcome is decided then)
+INTERRUPTIBLE = frozenset(ACTIVE - {J.FINALIZING})
+
+
+class JobRefused(Exception):
+    """A request gpulab refuses: ``message`` says why, ``field`` names the bad input (if one
+    is to blame); ``status`` is the HTTP status the adapters answer it with."""
+
+    status = 400
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class Invalid(JobRefused):
+    """The request itself is wrong, or can never be met (400)."""
+
+    status = 400
+
+
+class NotAllowed(JobRefused):
+    """The caller may not ask for this (403)."""
+
+    status = 403
+
+
+class NotFound(JobRefused):
+    """No such job (404): also one that went meanwhile."""
+
+    status = 404
+
+
+class Conflict(JobRefused):
+    """The job's state, or the owner's queue, forbids it now (409)."""
+
+    status = 409
+
+
+def admission_refusal(
+    spec: JobSpec,
+    *,
+    quota: Quota,
+    max_workers: int,
+    max_priority: int | None,
+    host_gpus: int,
+    gpu_home: str,
+    gang_refusal: Callable[[int, int], str | None],
+) -> JobRefused | None:
+    """Why a parsed job is not admitted, or None: its priority against ``max_priority`` (None:
+    the caller is an admin, who may ask for any), its workers against ``max_workers`` (one
+    user's jobs together), its gang's shape against the nodes (``gang_refusal(gpus per
+    worker, workers)``, the ledger's), its GPUs against the biggest node (``host_gpus``, on
+    ``gpu_home``) and against the owner's ``quota`` (a preemptible job may go beyond it)."""
+    if max_priority is not None and spec.priority > max_priority:
+        return NotAllowed(
+            f"priority {spec.priority} is above {max_priority}, the highest a user "
+            "may ask for (higher ones need the custom:gpulab:admin scope)",
+            field="priority",
+        )
+    if spec.workers > max_workers:
+        return Invalid(
+            f"{spec.workers} workers requested but one user's jobs may have at most "
+            f"{max_workers} together",
+            field="workers",
+        )
+    # a gang's size is checked against every node by the ledger; its sum against the quota
+    fits_on = host_gpus if spec.workers == 1 else spec.total_gpus
+    why = gang_refusal(spec.resources.gpus, spec.workers)
+    why = why or can_ever_fit(spec.total_gpus, fits_on, quota, spec.preemptible, gpu_home)
+    if why and spec.workers > 1 and not why.startswith(f"{spec.workers} workers"):
+        why = f"{spec.workers} workers of {spec.resources.gpus} GPU(s) each: {why}"
+    if why:
+        return Invalid(why, field="workers" if spec.workers > 1 else "resources.gpus")
+    return None
+
+
+async def submit(
+    sup: JobSupervisor,
+    settings: GpulabSettings,
+    raw: dict,
+    *,
+    owner: str,
+    groups: list[str],
+    admin: bool,
+) -> dict:
+    """Parse ``raw`` (a job's JSON body) for ``owner``, admit it, record it QUEUED and wake
+    the scheduler; the new job's record. ``admin``: whether the caller (the owner, or an admin
+    rerunning someone's job) may ask for any priority."""
+    s = settings
+    host_gpus, gpu_home = sup.ledger.gpu_home()
+    store = sup.secrets
+    secret_names = (
+        frozenset(i.name for i in await asyncio.to_thread(store.names, owner))
+        if store.available
+        else None
+    )
+    try:
+        spec = parse_job_spec(
+            raw,
+            catalog=s.catalog,
+            flavors=s.flavor_map,
+            limits=s.limits_for(owner, groups),
+            default_flavor=None,
+            allowed_images=frozenset(s.allowed_images),
+            storage=s.storage,
+            user=owner,
+            host_gpus=host_gpus,
+            max_timeout=s.job_max_timeout,
+            gpu_home=gpu_home,
+            secret_names=secret_names,
+            git_allowed=s.job_git_sources,
+        )
+    except FieldError as e:
+        raise Invalid(str(e), field=e.field) from None
+    refused = admission_refusal(
+        spec,
+        quota=s.quota_for(owner, groups),
+        max_workers=s.max_job_workers,
+        max_priority=None if admin else s.max_user_priority,
+        host_gpus=host_gpus,
+        gpu_home=gpu_home,
+        gang_refusal=sup.ledger.gang_refusal,
+    )
+    if refused:
+        raise refused
+    try:
+        job = await asyncio.to_thread(
+            sup.records.create,
+            owner,
+            spec.to_json(),
+            spec.name,
+            groups,
+            max_unfinished=s.max_queued_jobs,
+        )
+    except QueueFull as e:
+        raise Conflict(str(e)) from None
+    sup.wake.set()
+    return job
+
+
+async def rerun(sup: JobSupervisor, settings: GpulabSettings, job: dict, *, admin: bool) -> dict:
+    """A copy of ``job`` submitted anew: it belongs to the job's owner (also when an admin
+    asks for it), and is admitted as any submission is."""
+    groups = list(job.get("groups") or [])
+    return await submit(sup, settings, job["spec"], owner=job["owner"], groups=groups, admin=admin)
+
+
+@contextlib.contextmanager
+def _changed_meanwhile(job_id: str) -> Iterator[None]:
+    """A compare-and-set that lost (409), or a job deleted meanwhile (404: as if it never
+    existed)."""
+    try:
+        yield
+    except InvalidTransition as e:
+        raise Conflict(str(e)) from None
+    except KeyError:
+        raise NotFound(f"no job {job_id}") from None
+
+
+async def interrupt(sup: JobSupervisor, job: dict) -> tuple[dict, bool]:
+    """Stop ``job``: a queued one at once (INTERRUPTED), a started one by asking the
+    supervisor (it stops it, then INTERRUPTED). The job's record, and whether it was stopped
+    at once (False: asked, the supervisor is on it)."""
+    job_id, state, records = job["id"], JobState(job["state"]), sup.records
+    with _changed_meanwhile(job_id):
+        if state is J.QUEUED:
+            try:
+                result = await asyncio.to_thread(
+                    records.transition,
+                    job_id,
+                    J.INTERRUPTED,
+                    reason="USER_INTERRUPT",
+                    message="interrupted while queued",
+                    expect=frozenset({J.QUEUED}),
+                )
+                return result, True
+            except InvalidTransition:
+                # the scheduler placed it meanwhile: interrupt it as a started job
+                current = await asyncio.to_thread(records.get, job_id, False)
+                state = JobState(current["state"]) if current else state
+        try:  # compare-and-set: only while the job can still be stopped
+            result = await asyncio.to_thread(records.ask, job_id, "interrupt", states=INTERRUPTIBLE)
+        except InvalidTransition as e:
+            now = e.old.value if e.old else state.value
+            raise Conflict(f"job {job_id} is {now}: nothing to interrupt") from None
+    sup.wake.set()
+    return result, False
+
+
+async def resume(sup: JobSupervisor, job: dict) -> dict:
+    """Queue an INTERRUPTED job again, its restart counts and exit code cleared."""
+    job_id, state = job["id"], JobState(job["state"])
+    if state is not J.INTERRUPTED:
+        raise Conflict(
+            f"only an INTERRUPTED job can be resumed; this one is "
+            f"{state.value} (rerun makes a copy of any job)",
+        )
+    with _changed_meanwhile(job_id):
+        result = await asyncio.to_thread(
+            sup.records.transition,
+            job_id,
+            J.QUEUED,
+            reason="RESUMED",
+            message="resumed by its owner",
+            restarts=0,
+            hang_restarts=0,
+            exit_code=None,
+            expect=frozenset({J.INTERRUPTED}),
+        )
+    sup.wake.set()
+    return result
+
+
+async def retry_push(sup: JobSupervisor, job: dict) -> dict:
+    """Push a SYNC_FAILED job's volumes again; the job's record after the push (SYNC_FAILED
+    again if it failed again; FINALIZING on a service in standby, whose leader carries it)."""
+    job_id, state = job["id"], JobState(job["state"])
+    if state is not J.SYNC_FAILED:
+        raise Conflict(
+            f"only a SYNC_FAILED job's push can be retried; this one is {state.value}",
+        )
+    with _changed_meanwhile(job_id):
+        return await sup.retry_push(job_id)
+
+
+async def delete(sup: JobSupervisor, job: dict) -> None:
+    """Delete an ended job: its record, saved logs, containers, volumes and network."""
+    job_id = job["id"]
+    if JobState(job["state"]) not in ENDED:
+        raise Conflict(f"job {job_id} is {job['state']}: interrupt it first")
+    # the record goes first, in one compare-and-set on its ended state: a resume racing
+    # this delete either wins (409 here) or finds no job (404 there); what the engine
+    # still holds is removed below, or by the supervisor's sweep of orphaned containers
+    try:
+        await asyncio.to_thread(sup.records.delete, job_id)
+    except KeyError:
+        raise NotFound(f"no job {job_id}") from None
+    except InvalidTransition as e:
+        raise Conflict(f"job {job_id} changed meanwhile: {e}") from None
+    await sup.remove_from_engine(job_id, job["spec"], job.get("node") or "")
+    if int(job["spec"].get("workers") or 1) > 1:  # its own network, if still there
+        with contextlib.suppress(Exception):
+            await sup.runtime.remove_job_network(sup.s.instance, job_id)
+
+    def unlink() -> None:  # file system work off the event loop
+        for path in sup.saved_logs(job_id):
+            path.unlink(missing_ok=True)
+
+    await asyncio.to_thread(unlink)
