@@ -17,7 +17,6 @@ user's row by someone with write access to the database does not decrypt there.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -25,14 +24,12 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from sqlalchemy import delete, select
 
-from .bounds import MAX_ENV_VALUE_BYTES, shown
+from .bounds import MAX_ENV_VALUE_BYTES
+from .checks import secret_name
 from .db import Database, UserSecret
 from .errors import FieldError
 from .lifecycle import utcnow
 
-#: a secret's name: what a job's env refers to (``{"secret": "wandb"}``)
-NAME_RE = re.compile(r"[a-z0-9]([a-z0-9._-]{0,62})")
-MAX_NAME_CHARS = 63
 #: a value goes into an environment variable: the same cap as a job's env values
 MAX_VALUE_BYTES = MAX_ENV_VALUE_BYTES
 #: how many secrets one user may keep
@@ -66,13 +63,8 @@ class SecretInfo:
 
 
 def check_name(name: object, field: str = "name") -> str:
-    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS or not NAME_RE.fullmatch(name):
-        raise SecretError(
-            field,
-            f"a secret's name is 1 to {MAX_NAME_CHARS} lowercase letters, digits, '.', '_' or "
-            f"'-', starting with a letter or digit, not {shown(name)}",
-        )
-    return name
+    """A secret's name (:func:`gpulab.checks.secret_name`), refused with a SecretError."""
+    return secret_name(SecretError, field, name)
 
 
 def check_value(value: object) -> str:

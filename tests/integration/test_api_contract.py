@@ -19,7 +19,7 @@ from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi import checks as openapi_checks
 
-from gpulab.jobs.spec_schema import DURATION_FORMAT, SIZE_FORMAT
+from gpulab.jobs.spec.schema import DURATION_FORMAT, SIZE_FORMAT
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 

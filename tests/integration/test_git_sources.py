@@ -18,7 +18,7 @@ import pytest
 
 from gpulab.data.sync import WorkloadData
 from gpulab.jobs.git_sources import clone_sources, git_mounts, git_volume_names
-from gpulab.jobs.spec_git import GitSource
+from gpulab.jobs.spec import GitSource
 from gpulab.runtime.docker import DockerRuntime
 
 from ..conftest import IN_CI, SYNC_IMAGE, _need, run_async

@@ -220,7 +220,7 @@ def test_workers_go_to_the_submission_only_when_given():
 
 
 def test_the_cli_knows_the_apis_worker_limit():
-    from gpulab.jobs.spec_fields import MAX_WORKERS
+    from gpulab.jobs.spec import MAX_WORKERS
 
     assert cli.MAX_WORKERS == MAX_WORKERS
 

@@ -31,7 +31,7 @@ from gpulab.disk_quota import (
     pull_refusal,
 )
 from gpulab.jobs.git_sources import clone_helper_config
-from gpulab.jobs.spec_git import GitSource
+from gpulab.jobs.spec import GitSource
 from gpulab.settings import GpulabSettings
 from gpulab.volumes import ObjectStore, parse_volume
 

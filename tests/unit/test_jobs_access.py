@@ -9,8 +9,8 @@ import pytest
 from cryptography.fernet import Fernet
 
 from gpulab.db import Database, UserSecret
-from gpulab.jobs.spec import JobSpec
-from gpulab.jobs.spec_extras import Port, port_env
+from gpulab.jobs.spec import JobSpec, Port
+from gpulab.jobs.spec.ports import port_env
 from gpulab.runtime.base import WorkloadSpec
 from gpulab.runtime.objects import workload_container_config
 from gpulab.runtime.swarm_specs import service_spec

@@ -16,14 +16,9 @@ from gpulab.jobs.git_sources import (
     git_volume_names,
     git_volume_prefix,
 )
-from gpulab.jobs.spec_fields import JobSpecError
-from gpulab.jobs.spec_git import (
-    GIT_SCHEMA,
-    GitSource,
-    check_git_mounts,
-    default_path,
-    parse_git,
-)
+from gpulab.jobs.spec import GitSource, JobSpecError
+from gpulab.jobs.spec.git import check_git_mounts, default_path, parse_git
+from gpulab.jobs.spec.schema import GIT_SCHEMA
 from gpulab.runtime.base import Mount
 
 URL = "https://git.example.org/org/repo.git"

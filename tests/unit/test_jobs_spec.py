@@ -15,6 +15,7 @@ from gpulab.jobs.spec import (
     HangRestart,
     JobSpec,
     JobSpecError,
+    job_spec_schema,
 )
 from gpulab.resources import Flavor, Limits, Resources, parse_memory
 
@@ -570,7 +571,6 @@ def test_the_deployments_schema_agrees_with_the_parser(quota):
     """The schema the service serves (its catalog, flavors, GPUs, the caller's limits and
     quota) accepts exactly what the parser and the scheduler's submission check accept."""
     from gpulab.jobs.scheduler import can_ever_fit
-    from gpulab.jobs.spec_schema import job_spec_schema
     from gpulab.resources import Quota
 
     jsonschema = pytest.importorskip("jsonschema")
@@ -886,8 +886,6 @@ def test_validation_of_one_request_takes_milliseconds_at_most(capsys):
 def test_a_flavor_with_a_share_of_a_gpu_is_for_notebooks_only():
     """A flavor may give notebooks half a GPU (gpu_sharing); a job with it must say how many
     whole GPUs it takes, and the served schema says the same as the parser."""
-    from gpulab.jobs.spec_schema import job_spec_schema
-
     jsonschema = pytest.importorskip("jsonschema")
     half = {"id": "gpu-half", "cpus": 1, "memory": "2G", "gpus": 0.5}
     flavors = {**FLAVORS, "gpu-half": Flavor.from_config(half)}

@@ -178,10 +178,6 @@ def test_the_graph_sees_every_kind_of_import():
 # --- the rules ---------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="helper 'spec' is breaking the jobs/spec_* circle (spec_fields, spec_extras, spec_git)",
-)
 def test_no_import_circle_between_modules():
     edges = {m: _internal(t) for m, t in graph().items()}
     assert _cycles(edges) == []

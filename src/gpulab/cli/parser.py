@@ -25,7 +25,7 @@ from .exec import add_exec_commands
 from .secrets import add_run_options, add_secret_commands
 
 #: the most workers (containers) of one distributed job: the API's limit
-#: (``gpulab.jobs.spec_fields.MAX_WORKERS``, not imported: the CLI stays light)
+#: (``gpulab.jobs.spec.MAX_WORKERS``, not imported: the CLI stays light)
 MAX_WORKERS = 64
 
 # --- the parser ---------------------------------------------------------------------------------

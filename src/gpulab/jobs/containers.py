@@ -21,7 +21,7 @@ from .gang import Rank, distributed_env
 from .git_sources import git_mounts
 from .logs import merge_logs
 from .spec import JobSpec
-from .spec_extras import job_path, port_env
+from .spec.ports import job_path, port_env
 
 log = logging.getLogger(__name__)
 LOG_KEEP_BYTES = 10 * 1024 * 1024

@@ -15,7 +15,7 @@ from .progress import push_with_notes
 from .records import RequestChanged
 from .recovery import path
 from .spec import JobSpec
-from .spec_extras import job_path
+from .spec.ports import job_path
 
 J = JobState
 #: the states a job's task carries on from after a fault or a restart of the service

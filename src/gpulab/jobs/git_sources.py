@@ -46,7 +46,7 @@ from ..disk_quota import GIT_DISK_FACTOR, clone_over, clone_refusal
 from ..names import L_INSTANCE, L_KIND, L_WORKLOAD
 from ..runtime.base import Mount
 from ..runtime.objects import hardened_host_config
-from .spec_git import GitSource
+from .spec import GitSource
 
 if TYPE_CHECKING:
     from ..data.sync import WorkloadData

@@ -14,7 +14,7 @@ from ..faults import fault_point
 from ..lifecycle import InvalidTransition, JobState, check_job_transition, utcnow
 from ..statelog import state_change
 from .gang import ranks
-from .spec_extras import job_path
+from .spec.ports import job_path
 from .states import ACTIVE, ENDED
 from .usage import JobUsage, bills_of
 

@@ -17,8 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from tornado import web
 
 from ..db import Database
-from ..jobs.spec_fields import MAX_PRIORITY
-from ..jobs.spec_schema import job_spec_schema
+from ..jobs.spec import MAX_PRIORITY, job_spec_schema
 from ..lifecycle import NotebookState
 from ..logscrub import request_summary
 from ..metrics import API_REQUESTS

@@ -29,8 +29,7 @@ from urllib.parse import urlsplit
 from tornado import websocket
 
 from ..bounds import MiB, shown, size_text
-from ..jobs.spec_fields import JobSpecError, parse_command
-from ..jobs.spec_schema import JOB_SPEC_SCHEMA
+from ..jobs.spec import JOB_SPEC_SCHEMA, JobSpecError, parse_command
 from ..lifecycle import JobState
 from ..names import rank_name
 from ..runtime.base import ExecSession, WorkloadGone

@@ -3,7 +3,7 @@ the error body, the job and page shapes, and the parameters several paths share.
 
 from __future__ import annotations
 
-from ..jobs.spec_fields import MAX_WORKERS
+from ..jobs.spec import MAX_WORKERS
 from ..lifecycle import JobState
 from .app_base import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
 

@@ -26,8 +26,7 @@ from ..jobs import actions
 from ..jobs.actions import JobRefused
 from ..jobs.gang import workers_of
 from ..jobs.records import ACTIVE, ENDED
-from ..jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY
-from ..jobs.spec_fields import MAX_WORKERS
+from ..jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from ..lifecycle import JobState, NotebookState
 from ..resources import format_memory
 from .app_base import NB_READ, ApiError, answer_refusals, authenticated

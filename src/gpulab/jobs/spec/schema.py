@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..bounds import (
+from ...bounds import (
     MAX_COMMAND_BYTES,
     MAX_COMMAND_ITEMS,
     MAX_CPUS,
@@ -19,6 +19,9 @@ from ..bounds import (
     MAX_ENV_BYTES,
     MAX_ENV_NAME_CHARS,
     MAX_ENV_VALUE_BYTES,
+    MAX_GIT_REF_CHARS,
+    MAX_GIT_SOURCES,
+    MAX_GIT_URL_CHARS,
     MAX_GPUS,
     MAX_ID_CHARS,
     MAX_IMAGE_CHARS,
@@ -34,32 +37,33 @@ from ..bounds import (
     MIN_MEMORY,
     size_text,
 )
-from ..frameworks import Catalog
-from ..resources import Flavor, Limits, Resources, format_memory, parse_memory
-from .spec_extras import MAX_PATH_CHARS, PORTS_SCHEMA, SECRET_REF_SCHEMA
-from .spec_fields import (
-    _DURATION_PATTERN,
-    _ENV_NAME_RE,
-    _LABEL_KEY_RE,
-    _MEMORY_PATTERN,
+from ...frameworks import Catalog
+from ...resources import Flavor, Limits, Resources, format_memory, parse_memory
+from .base import (
+    ABSENT_TEXT,
     BLANK_CLASS,
     DEFAULT_CPUS,
     DEFAULT_GPUS,
     DEFAULT_HANG_PERIOD,
     DEFAULT_MEMORY,
     DEFAULT_PRIORITY,
+    DURATION_PATTERN,
+    ENV_NAME_RE,
+    LABEL_KEY_RE,
+    MAX_PATH_CHARS,
     MAX_PRIORITY,
     MAX_RETRIES,
     MAX_WORKERS,
+    MEMORY_PATTERN,
     MIN_HANG_PERIOD,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     RESERVED_LABEL_PREFIXES,
+    SECRET_PATTERN,
 )
-from .spec_gangs import gang_branches
-from .spec_git import GIT_SCHEMA
-from .spec_git import PATH_PATTERN as GIT_PATH_PATTERN
-from .spec_values import ABSENT_TEXT
+from .git import PATH_PATTERN as GIT_PATH_PATTERN
+from .git import REF_PATTERN, URL_PATTERN
+from .ports import MAX_PORTS, MAX_PRINCIPAL_CHARS, MAX_SHARE_NAMES, PORT_NAME_RE
 
 __all__ = ["DURATION_FORMAT", "JOB_SPEC_SCHEMA", "SIZE_FORMAT", "job_spec_schema"]
 
@@ -72,6 +76,111 @@ _NOT_BLANK = rf"^[^\x00]*[^\x00{BLANK_CLASS}][^\x00]*$"
 #: ``sh``, ``-c`` and the string's NUL: what running a string command adds to its bytes
 _SHELL_BYTES = len("sh\0-c\0") + 1
 
+#: JSON Schema of one ``{"secret": NAME}`` reference (an env value)
+SECRET_REF_SCHEMA: dict = {
+    "type": "object",
+    "required": ["secret"],
+    "additionalProperties": False,
+    "properties": {
+        "secret": {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,62}$", "maxLength": 63}
+    },
+    "description": "The value of one of your secrets (gpulab secret set NAME).",
+}
+
+_SHARE_NAMES = {
+    "type": ["array", "null"],
+    "maxItems": MAX_SHARE_NAMES,
+    "items": {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_PRINCIPAL_CHARS,
+        "pattern": "^[^\\x00]*$",
+    },
+}
+
+#: JSON Schema of the ``ports`` field
+PORTS_SCHEMA: dict = {
+    "type": ["array", "null"],
+    "maxItems": MAX_PORTS,
+    "items": {
+        "type": "object",
+        "required": ["port", "name"],
+        "additionalProperties": False,
+        "properties": {
+            "port": {"type": "integer", "minimum": 1024, "maximum": 65535},
+            "name": {"type": "string", "pattern": f"^{PORT_NAME_RE.pattern}$", "maxLength": 32},
+            "users": {**_SHARE_NAMES, "description": "Hub users who may open it too."},
+            "groups": {**_SHARE_NAMES, "description": "Hub groups whose members may open it."},
+        },
+    },
+    "description": "Ports of the job's container opened under the hub at "
+    "/services/gpulab/jobs/ID/ports/NAME/ for its owner, admins and the users and groups "
+    "named (behind the hub's login; HTTP and websockets). The job is told each one's path in "
+    "GPULAB_PORT_<NAME>_PATH (for TensorBoard: --path_prefix $GPULAB_PORT_TENSORBOARD_PATH).",
+}
+
+
+_OPTIONAL_TEXT = ["string", "null"]
+
+#: JSON Schema (draft 2020-12) of the ``git`` field, for the OpenAPI document
+GIT_SCHEMA: dict[str, Any] = {
+    "type": ["array", "null"],
+    "maxItems": MAX_GIT_SOURCES,
+    "items": {
+        "type": "object",
+        "required": ["url"],
+        "additionalProperties": False,
+        "not": {
+            "required": ["branch", "revision"],
+            "properties": {
+                "branch": {"type": "string", "minLength": 1},
+                "revision": {"type": "string", "minLength": 1},
+            },
+        },
+        "properties": {
+            "url": {
+                "type": "string",
+                "maxLength": MAX_GIT_URL_CHARS,
+                "pattern": URL_PATTERN,
+                "description": "The repository's https:// (or http://) URL, without a user "
+                "name or password (give `secret` instead).",
+                "examples": ["https://github.com/org/repo.git"],
+            },
+            "branch": {
+                "type": _OPTIONAL_TEXT,
+                "maxLength": MAX_GIT_REF_CHARS,
+                "pattern": f"^$|{REF_PATTERN}",
+                "description": "The branch to check out (default: the remote's default branch).",
+            },
+            "revision": {
+                "type": _OPTIONAL_TEXT,
+                "maxLength": MAX_GIT_REF_CHARS,
+                "pattern": f"^$|{REF_PATTERN}",
+                "description": "A tag, a commit (full or abbreviated hash) or a full ref name "
+                "(refs/...) to check out, detached; exclusive with `branch`.",
+            },
+            "path": {
+                "type": _OPTIONAL_TEXT,
+                "maxLength": MAX_PATH_CHARS,
+                "pattern": f"^$|{GIT_PATH_PATTERN}",
+                "description": "Where the job sees the clone (absolute; default "
+                "/workspace/<repository name>). Not a system directory; one per repository.",
+            },
+            "secret": {
+                "type": _OPTIONAL_TEXT,
+                "maxLength": 63,
+                "pattern": f"^$|{SECRET_PATTERN}",
+                "description": "The name of one of your secrets holding the HTTP credential: "
+                "`user:password`, or a token (sent as user x-access-token, the GitHub and "
+                "GitLab convention).",
+            },
+        },
+    },
+    "description": "Git repositories cloned before the job starts, each into a volume of its "
+    "own mounted read-write at its path. Clones are inputs: they are not pushed to any store.",
+}
+
+
 _DURATION_SCHEMA: dict[str, Any] = {
     "oneOf": [
         {"type": "number", "exclusiveMinimum": 0, "description": "seconds"},
@@ -80,7 +189,7 @@ _DURATION_SCHEMA: dict[str, Any] = {
             "format": DURATION_FORMAT,
             "minLength": 1,
             "maxLength": MAX_NUMBER_CHARS,
-            "pattern": _DURATION_PATTERN,
+            "pattern": DURATION_PATTERN,
             "examples": ["90s", "30m", "1h30m", "7d"],
         },
         {"type": "null"},
@@ -149,7 +258,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "type": ["object", "null"],
             "maxProperties": MAX_ENV,
             "propertyNames": {
-                "pattern": _ENV_NAME_RE.pattern,
+                "pattern": ENV_NAME_RE.pattern,
                 "maxLength": MAX_ENV_NAME_CHARS,
                 "not": {
                     "anyOf": [{"pattern": f"^{p}"} for p in RESERVED_ENV_PREFIXES]
@@ -173,7 +282,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "type": ["object", "null"],
             "maxProperties": MAX_LABELS,
             "propertyNames": {
-                "pattern": _LABEL_KEY_RE.pattern,
+                "pattern": LABEL_KEY_RE.pattern,
                 "maxLength": MAX_LABEL_KEY_CHARS,
                 "not": {
                     "anyOf": [{"pattern": "^" + re.escape(p)} for p in RESERVED_LABEL_PREFIXES]
@@ -202,7 +311,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
                             "type": "string",
                             "format": SIZE_FORMAT,
                             "maxLength": MAX_NUMBER_CHARS,
-                            "pattern": _MEMORY_PATTERN,
+                            "pattern": MEMORY_PATTERN,
                             "examples": ["512M", "4G", "1.5GiB"],
                         },
                         {
@@ -343,6 +452,82 @@ def _memory_schema(high: int) -> dict[str, Any]:
 
 def _fits(value: float, low: float, high: float) -> bool:
     return low <= value <= high
+
+
+def _gang_branches(
+    flavors: Mapping[str, Flavor],
+    gpus_any: int,
+    quota_gpus: int | None,
+    quota_jobs: int | None,
+    slots: Mapping[int, int],
+) -> list[dict[str, Any]]:
+    """How many workers a distributed job may have, by its GPUs per worker ``g`` (given in
+    ``resources.gpus``, else its flavor's, else the default): at most ``slots[g]`` (workers
+    of ``g`` GPUs the nodes hold at once) and, unless preemptible, ``quota_gpus // g``."""
+    one = {"properties": {"workers": {"enum": [1, None]}}}
+    out: list[dict[str, Any]] = [one]
+    for g in range(gpus_any + 1):
+        ways = [
+            {
+                "properties": {
+                    "resources": {
+                        "type": "object",
+                        "properties": {"gpus": {"const": g}},
+                        "required": ["gpus"],
+                    }
+                },
+                "required": ["resources"],
+            }
+        ]
+        absent = {
+            "anyOf": [
+                {"not": {"required": ["resources"]}},
+                {
+                    "properties": {
+                        "resources": {
+                            "anyOf": [
+                                {"type": "null"},
+                                {"properties": {"gpus": {"type": "null"}}},
+                                {"not": {"required": ["gpus"]}},
+                            ]
+                        }
+                    }
+                },
+            ]
+        }
+        named = [f.id for f in flavors.values() if f.resources.gpus == g]
+        if named:
+            ways.append(
+                {
+                    "allOf": [
+                        absent,
+                        {"properties": {"flavor": {"enum": named}}, "required": ["flavor"]},
+                    ]
+                }
+            )
+        if g == DEFAULT_GPUS:
+            ways.append({"allOf": [absent, {"properties": {"flavor": {"enum": ABSENT_TEXT}}}]})
+        most = MAX_WORKERS if g == 0 else min(MAX_WORKERS, slots.get(g, 0))
+        in_quota = most if g == 0 or quota_gpus is None else min(most, quota_gpus // g)
+        if quota_jobs == 0:  # nothing runs in quota: only preemptible jobs are accepted
+            in_quota = 0
+        kinds = [({"enum": [False, None]}, in_quota), ({"const": True}, most)]
+        if in_quota == most:
+            kinds = [(None, most)]
+        for preemptible, high in kinds:
+            if high < 2:
+                continue
+            branch: dict[str, Any] = {
+                "properties": {"workers": {"type": "integer", "minimum": 2, "maximum": high}},
+                "required": ["workers"],
+                "anyOf": ways,
+            }
+            if preemptible is not None:
+                branch["properties"]["preemptible"] = preemptible
+                if preemptible.get("const") is True:
+                    branch["required"].append("preemptible")
+            out.append(branch)
+    return out
 
 
 def job_spec_schema(
@@ -509,7 +694,7 @@ def job_spec_schema(
     schema["allOf"] = [
         {"anyOf": named},
         {"anyOf": sized},
-        {"anyOf": gang_branches(flavors, gpus_any, quota_gpus, quota_jobs, gang_slots or {})},
+        {"anyOf": _gang_branches(flavors, gpus_any, quota_gpus, quota_jobs, gang_slots or {})},
     ]
     props["workers"]["maximum"] = max(1, min(MAX_WORKERS, max_workers))
     return schema

@@ -1,4 +1,6 @@
-"""The rules of a job submission, one parser per field (used by :mod:`gpulab.jobs.spec`).
+"""The fields of a job submission, one parser per field, and the value checks they share
+(pure). :mod:`gpulab.jobs.spec.submission` puts them together with the ports
+(:mod:`~gpulab.jobs.spec.ports`) and the git repositories (:mod:`~gpulab.jobs.spec.git`).
 
 Each parser checks its caps (:mod:`gpulab.bounds`) before any work that grows with its input
 (parsing each volume, comparing mounts, resolving resources), and echoes refused values
@@ -8,117 +10,159 @@ through :func:`~gpulab.bounds.shown`: a refused 1 MiB value is not sent back.
 from __future__ import annotations
 
 import math
+import posixpath
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..bounds import (
+from ...bounds import (
     MAX_COMMAND_BYTES,
     MAX_COMMAND_ITEMS,
     MAX_ENV,
     MAX_ENV_BYTES,
     MAX_ENV_NAME_CHARS,
     MAX_ENV_VALUE_BYTES,
+    MAX_ID_CHARS,
     MAX_IMAGE_CHARS,
     MAX_LABEL_KEY_CHARS,
     MAX_LABEL_VALUE_CHARS,
     MAX_LABELS,
     MAX_NAME_CHARS,
+    MAX_NUMBER_CHARS,
     MAX_VOLUME_SPEC_CHARS,
     MAX_VOLUMES,
+    check_chars,
     check_count,
     shown,
     size_text,
 )
-from ..frameworks import Catalog, CatalogError
-from ..names import LABEL_PREFIX
-from ..resources import Flavor, Limits, ResourceError, Resources, resolve_resources
-from ..storage import StorageConfig
-from ..volumes import VolumeError, VolumeSpec
-from .spec_values import (
+from ...durations import DurationError, format_duration, parse_duration
+from ...frameworks import Catalog, CatalogError
+from ...resources import Flavor, Limits, ResourceError, Resources, resolve_resources
+from ...storage import StorageConfig
+from ...volumes import VolumeError, VolumeSpec
+from .base import (
+    BLANK_CLASS,
+    DEFAULT_CPUS,
+    DEFAULT_GPUS,
+    DEFAULT_HANG_PERIOD,
+    DEFAULT_MEMORY,
+    DEFAULT_PRIORITY,
+    DEFAULT_TIMEOUT,
+    ENV_NAME_RE,
+    HANG_RESTART_FIELDS,
+    JOB_SPEC_FIELDS,
+    LABEL_KEY_RE,
+    MAX_PATH_CHARS,
+    MAX_PRIORITY,
+    MAX_RETRIES,
+    MAX_WORKERS,
+    MIN_HANG_PERIOD,
+    NAME_RE,
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    RESERVED_LABEL_PREFIXES,
+    RESOURCE_FIELDS,
+    SYSTEM_DIRS,
+    WORKSPACE_DIR,
     JobSpecError,
-    _boolean,
-    _duration,
-    _first_unknown,
-    _integer,
-    _key_text,
-    _optional_text,
-    _strings,
-    _type_name,
-    _whole,
+    secret_name,
 )
 
-DEFAULT_TIMEOUT = 7 * 86400.0
-MAX_TIMEOUT = 30 * 86400.0
-DEFAULT_HANG_PERIOD = 1800.0
-MIN_HANG_PERIOD = 10.0
-MAX_RETRIES = 128
-#: workers of one distributed job (containers, each with ``resources``)
-MAX_WORKERS = 64
-DEFAULT_PRIORITY = 50
-MAX_PRIORITY = 100
-DEFAULT_CPUS = 1.0
-DEFAULT_MEMORY = "4G"
-DEFAULT_GPUS = 1
-# the caps on lists and strings live in gpulab.bounds (docs/limits.md); these names stay
-MAX_LABEL_VALUE = MAX_LABEL_VALUE_CHARS
-MAX_NAME = MAX_NAME_CHARS
-WORKSPACE_DIR = "/workspace"
-
-#: environment variable names a job may not set: the platform's own and its credentials
-RESERVED_ENV_PREFIXES = ("JUPYTERHUB_", "GPULAB_", "AWS_")
-RESERVED_ENV_NAMES = frozenset({"NVIDIA_VISIBLE_DEVICES"})
-#: label namespaces a job may not use: gpulab's own (ownership!) and Docker's reserved ones
-RESERVED_LABEL_PREFIXES = (LABEL_PREFIX, "com.docker.", "io.docker.", "org.dockerproject.")
-
-# ^...$ for the JSON Schema's (ECMA) patterns; the parser uses re.fullmatch, since Python's "$"
-# also matches before a trailing newline ("train\n" is not a name)
-_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_LABEL_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
-#: white space, as a regex character class body: what Python's str.isspace() and
-#: ECMAScript's \s call white space, together. A command of nothing else is blank; the JSON
-#: Schema's patterns use the same class, so the schema and the parser agree on every character
-BLANK_CLASS = r"\t\n\v\f\r \x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 _BLANK_RE = re.compile(f"[{BLANK_CLASS}]*")
-#: a memory size as :func:`gpulab.resources.parse_memory` reads it (the schema's pattern)
-_MEMORY_PATTERN = r"^\s*[0-9]+(\.[0-9]+)?\s*[KMGTkmgt]?([Ii]?[Bb])?\s*$"
-_DURATION_PATTERN = (
-    r"^(?=.*\d)\s*(\d+(\.\d+)?|(\d+(\.\d+)?[dD])?\s*(\d+(\.\d+)?[hH])?\s*"
-    r"(\d+(\.\d+)?[mM])?\s*(\d+(\.\d+)?[sS])?)\s*$"
-)
-
-#: the top-level fields of a submission, in the order of :meth:`JobSpec.to_json`
-JOB_SPEC_FIELDS = (
-    "name",
-    "framework",
-    "version",
-    "image",
-    "command",
-    "args",
-    "env",
-    "labels",
-    "flavor",
-    "resources",
-    "workers",
-    "volumes",
-    "timeout",
-    "retries",
-    "hang_restart",
-    "preemptible",
-    "priority",
-    "ports",
-    "git",
-    "working_dir",
-    "read_only_rootfs",
-)
-RESOURCE_FIELDS = ("cpus", "memory", "gpus")
-HANG_RESTART_FIELDS = ("enabled", "period")
 _JOB_SPEC_FIELD_SET = frozenset(JOB_SPEC_FIELDS)
 _RESOURCE_FIELD_SET = frozenset(RESOURCE_FIELDS)
 _HANG_RESTART_FIELD_SET = frozenset(HANG_RESTART_FIELDS)
+
+
+def _type_name(value: object) -> str:
+    return type(value).__name__ if value is not None else "null"
+
+
+def _key_text(key: object) -> str:
+    """An unknown or invalid key as it appears in ``field``: cut to 64 characters."""
+    text = str(key)
+    return text if len(text) <= 64 else text[:64] + "..."
+
+
+def _first_unknown(value: Mapping, known: frozenset[str]) -> object | None:
+    """The first key (in the body's order) that is not ``known``; stops there, whatever the
+    number of keys (no set difference or sort of a huge object)."""
+    return next((k for k in value if k not in known), None)
+
+
+def _optional_text(raw: Mapping, key: str, cap: int = MAX_ID_CHARS) -> str | None:
+    """None and "" mean absent; anything else must be a string of at most ``cap`` characters."""
+    value = raw.get(key)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise JobSpecError(key, f"{key} must be a string, not {_type_name(value)} {shown(value)}")
+    check_chars(JobSpecError, key, value, cap)
+    return value
+
+
+def _whole(value: object) -> object:
+    """A float with a whole value (``45.0``) as the integer it is: JSON (and JSON Schema's
+    ``integer``) does not tell ``45.0`` from ``45``. Anything else as it came."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _integer(value: object, key: str, low: int, high: int) -> int:
+    value = _whole(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise JobSpecError(
+            key, f"{key} must be a whole number from {low} to {high}, not {shown(value)}"
+        )
+    if not low <= value <= high:
+        raise JobSpecError(key, f"{key} must be from {low} to {high}, got {shown(value)}")
+    return value
+
+
+def _boolean(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise JobSpecError(key, f"{key} must be true or false, not {shown(value)}")
+    return value
+
+
+def _duration(value: object, key: str, low: float, high: float) -> float:
+    if isinstance(value, str):
+        check_chars(JobSpecError, key, value, MAX_NUMBER_CHARS)
+    try:
+        seconds = parse_duration(value, key)  # type: ignore[arg-type]
+    except DurationError as e:
+        raise JobSpecError(e.field, str(e)) from None
+    if seconds < low:
+        raise JobSpecError(
+            key, f"{key} must be at least {format_duration(low)}, got {shown(value)}"
+        )
+    if seconds > high:
+        raise JobSpecError(
+            key, f"{key} must be at most {format_duration(high)}, got {shown(value)}"
+        )
+    return seconds
+
+
+def _strings(value: object, key: str, room: int) -> tuple[str, ...]:
+    """A list of at most ``room`` strings without NUL characters."""
+    if not isinstance(value, list | tuple):
+        raise JobSpecError(key, f"{key} must be a list of strings, not {shown(value)}")
+    if len(value) > room:
+        raise JobSpecError(
+            key,
+            f"{key}: at most {MAX_COMMAND_ITEMS} entries in command and args together "
+            f"(got {MAX_COMMAND_ITEMS - room + len(value)})",
+        )
+    for s in value:
+        if not isinstance(s, str):
+            raise JobSpecError(key, f"{key} must be a list of strings, not {shown(value)}")
+        if "\0" in s:
+            raise JobSpecError(key, f"{key} must not contain NUL characters")
+    return tuple(value)
 
 
 @dataclass(frozen=True)
@@ -139,7 +183,7 @@ def _name(raw: Mapping) -> str | None:
     if not isinstance(name, str):
         raise JobSpecError("name", f"name must be a string, not {_type_name(name)} {shown(name)}")
     # the length first, then the pattern matched in full: "train\n" is not a name
-    if len(name) > MAX_NAME_CHARS or not _NAME_RE.fullmatch(name):
+    if len(name) > MAX_NAME_CHARS or not NAME_RE.fullmatch(name):
         raise JobSpecError(
             "name",
             f"name must be 1 to {MAX_NAME_CHARS} lowercase letters, digits or '-', starting with "
@@ -193,10 +237,47 @@ def parse_command(value: object) -> list[str]:
     return list(_command({"command": value})[0])
 
 
+def env_entries(value: object) -> object:
+    """The environment as an object: the list form ``[{"name": N, "value": V}`` or ``{"name":
+    N, "secret": S}]`` (Kubernetes' and Run:ai's shape) becomes ``{N: V, N: {"secret": S}}``;
+    an object comes back as it is (the caller checks it)."""
+    if not isinstance(value, list):
+        return value
+    out: dict = {}
+    for i, entry in enumerate(value[:1024]):
+        key = f"env[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise JobSpecError(
+                key,
+                f'{key} must be {{"name": NAME, "value": TEXT}} or {{"name": NAME, '
+                '"secret": SECRET}}',
+            )
+        extra = next((k for k in entry if k not in ("name", "value", "secret")), None)
+        if extra is not None or ("value" in entry) == ("secret" in entry):
+            raise JobSpecError(key, f"{key} takes name and one of value or secret")
+        name = entry["name"]
+        if name in out:
+            raise JobSpecError(key, f"environment variable {shown(name)} is given twice")
+        out[name] = entry["value"] if "value" in entry else {"secret": entry["secret"]}
+    if len(value) > 1024:
+        out["\0too many"] = ""  # over any cap: _env's count check refuses it
+    return out
+
+
+def secret_reference(value: Mapping, key: str) -> str:
+    """``{"secret": "wandb"}`` -> ``"wandb"`` (the name's syntax checked here; whether the
+    owner has it, by the caller that knows)."""
+    unknown = next((k for k in value if k != "secret"), None)
+    if unknown is not None:
+        raise JobSpecError(
+            key,
+            f'{key} must be a string or {{"secret": NAME}}; unknown field {shown(unknown)}',
+        )
+    return secret_name(key, value.get("secret"))
+
+
 def _env(raw: Mapping) -> tuple[dict[str, str], dict[str, str]]:
     """(plain variables, variables filled from the owner's secrets: NAME -> secret name)."""
-    from .spec_extras import env_entries, secret_reference  # (spec_extras imports this module)
-
     value = env_entries(raw.get("env"))
     if value is None:
         return {}, {}
@@ -216,7 +297,7 @@ def _env(raw: Mapping) -> tuple[dict[str, str], dict[str, str]]:
                 "env", f"env: names are at most {MAX_ENV_NAME_CHARS} characters, not {shown(name)}"
             )
         key = f"env.{name}"
-        if not _ENV_NAME_RE.fullmatch(name):
+        if not ENV_NAME_RE.fullmatch(name):
             raise JobSpecError(
                 key,
                 f"environment variable name {shown(name)} must be letters, digits and '_', "
@@ -274,7 +355,7 @@ def _labels(raw: Mapping) -> dict[str, str]:
         if (
             not isinstance(name, str)
             or len(name) > MAX_LABEL_KEY_CHARS
-            or not _LABEL_KEY_RE.fullmatch(name)
+            or not LABEL_KEY_RE.fullmatch(name)
         ):
             raise JobSpecError(
                 key,
@@ -444,6 +525,42 @@ def _hang_restart(raw: Mapping, max_timeout: float) -> HangRestart:
         if period is None
         else _duration(period, "hang_restart.period", MIN_HANG_PERIOD, max_timeout),
     )
+
+
+def parse_working_dir(raw: Mapping) -> str | None:
+    """An absolute, normalized path outside the system's trees (the same rule as a git
+    checkout's path: :data:`~gpulab.jobs.spec.base.SYSTEM_DIRS`)."""
+
+    value = raw.get("working_dir")
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or len(value) > MAX_PATH_CHARS or "\0" in value:
+        raise JobSpecError(
+            "working_dir",
+            f"working_dir must be an absolute path of at most {MAX_PATH_CHARS} characters",
+        )
+    if not value.startswith("/") or posixpath.normpath(value) != value or "//" in value:
+        raise JobSpecError(
+            "working_dir",
+            f"working_dir must be an absolute, normalized path such as /workspace/src, not "
+            f"{shown(value)}",
+        )
+    if value == "/" or any(value == d or value.startswith(d + "/") for d in SYSTEM_DIRS):
+        raise JobSpecError(
+            "working_dir", f"working_dir {value!r} is a system directory: use /workspace/..."
+        )
+    return value
+
+
+def parse_read_only(raw: Mapping) -> bool:
+    value = raw.get("read_only_rootfs")
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise JobSpecError(
+            "read_only_rootfs", f"read_only_rootfs must be true or false, not {shown(value)}"
+        )
+    return value
 
 
 def parse_fields(

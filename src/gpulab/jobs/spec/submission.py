@@ -7,8 +7,9 @@ naming the field at fault (dotted for nested fields: ``resources.gpus``, ``env.F
 options (:mod:`gpulab.notebooks.options`): the same catalog, flavors, per-user limits, allowed
 images and volume grants, so the jobs API cannot reach what the notebook form would refuse.
 
-:data:`JOB_SPEC_SCHEMA` describes the same body as a JSON Schema (draft 2020-12) for the
-service's OpenAPI document; a unit test keeps its fields and the parser's in step.
+:data:`~gpulab.jobs.spec.schema.JOB_SPEC_SCHEMA` describes the same body as a JSON Schema
+(draft 2020-12) for the service's OpenAPI document; a unit test keeps its fields and the
+parser's in step.
 
 Rules beyond the obvious:
 
@@ -29,46 +30,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..frameworks import Catalog
-from ..resources import Flavor, Limits, Resources, parse_memory
-from ..storage import StorageConfig
-from ..volumes import VolumeSpec, parse_volume
-from .gang import DISTRIBUTED_ENV
-from .spec_extras import Port, parse_ports, parse_read_only, parse_working_dir
-from .spec_fields import (
+from ...frameworks import Catalog
+from ...resources import Flavor, Limits, Resources, parse_memory
+from ...storage import StorageConfig
+from ...volumes import VolumeSpec, parse_volume
+from ..gang import DISTRIBUTED_ENV
+from .base import (
     DEFAULT_CPUS,
     DEFAULT_GPUS,
     DEFAULT_HANG_PERIOD,
     DEFAULT_MEMORY,
     DEFAULT_PRIORITY,
     DEFAULT_TIMEOUT,
-    HANG_RESTART_FIELDS,
-    JOB_SPEC_FIELDS,
     MAX_TIMEOUT,
-    RESOURCE_FIELDS,
     WORKSPACE_DIR,
-    HangRestart,
     JobSpecError,
-    parse_fields,
+    check_secret,
 )
-from .spec_git import GitSource, check_git_mounts, check_secret, parse_git
-from .spec_schema import JOB_SPEC_SCHEMA
+from .fields import HangRestart, parse_fields, parse_read_only, parse_working_dir
+from .git import GitSource, check_git_mounts, parse_git
+from .ports import Port, parse_ports
 
-__all__ = [
-    "DEFAULT_CPUS",
-    "DEFAULT_GPUS",
-    "DEFAULT_MEMORY",
-    "DEFAULT_TIMEOUT",
-    "HANG_RESTART_FIELDS",
-    "JOB_SPEC_FIELDS",
-    "JOB_SPEC_SCHEMA",
-    "MAX_TIMEOUT",
-    "RESOURCE_FIELDS",
-    "HangRestart",
-    "JobSpec",
-    "JobSpecError",
-    "parse_job_spec",
-]
+__all__ = ["JobSpec", "parse_job_spec"]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Each entry is cloned at INITIALIZING by a helper container (the sync image, neve
 image), into a Docker volume of its own that the job's container mounts read-write at ``path``
 (:mod:`gpulab.jobs.git_sources` runs the helper, :mod:`gpulab.datasync.gitclone` is what runs
 in it). This module only checks the submission, in the style of
-:mod:`gpulab.jobs.spec_fields`: caps first (:mod:`gpulab.bounds`), then each entry, naming the
+:mod:`gpulab.jobs.spec.fields`: caps first (:mod:`gpulab.bounds`), then each entry, naming the
 dotted field at fault (``git[0].url``).
 
 Rules, and why:
@@ -33,32 +33,20 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..bounds import MAX_GIT_REF_CHARS, MAX_GIT_SOURCES, MAX_GIT_URL_CHARS, check_count, shown
-from .spec_extras import MAX_PATH_CHARS
-from .spec_fields import WORKSPACE_DIR, JobSpecError
+from ...bounds import MAX_GIT_REF_CHARS, MAX_GIT_SOURCES, MAX_GIT_URL_CHARS, check_count, shown
+from .base import (
+    MAX_PATH_CHARS,
+    SYSTEM_DIRS,
+    WORKSPACE_DIR,
+    JobSpecError,
+    check_secret,
+    secret_name,
+)
 
-__all__ = ["GIT_FIELDS", "GIT_SCHEMA", "GitSource", "check_git_mounts", "parse_git"]
+__all__ = ["GIT_FIELDS", "GitSource", "check_git_mounts", "parse_git"]
 
 GIT_FIELDS = ("url", "branch", "revision", "path", "secret")
 _GIT_FIELD_SET = frozenset(GIT_FIELDS)
-
-#: where a repository may not be mounted: the system's trees and gpulab's own files
-SYSTEM_DIRS = (
-    "/proc",
-    "/sys",
-    "/dev",
-    "/etc",
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/boot",
-    "/run",
-    "/opt/gpulab",
-)
 
 #: git's ref-name rules (``git check-ref-format``), as one pattern the parser (fullmatch) and
 #: the JSON Schema share: no control characters, space or ``~^:?*[\``; no ``..``, ``@{``,
@@ -81,8 +69,6 @@ _SYSTEM_ALTERNATION = "|".join(re.escape(d[1:]) for d in SYSTEM_DIRS)
 PATH_PATTERN = rf"^(?!/({_SYSTEM_ALTERNATION})(/|$))(/(?!\.\.?(/|$))[^/\x00]+)+$"
 #: a repository name that can be a directory name as it is (the default path's last part)
 _REPO_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-#: a secret's name (gpulab.secrets.NAME_RE), for the schema
-_SECRET_PATTERN = "^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
 @dataclass(frozen=True)
@@ -232,26 +218,9 @@ def _secret(entry: Mapping, key: str, secret_names: frozenset[str] | None) -> st
     value = entry.get("secret")
     if value is None or value == "":
         return None
-    from ..secrets import SecretError, check_name
-
-    try:
-        name = check_name(value, field)
-    except SecretError as e:
-        raise JobSpecError(field, f"{field}: {e}") from None
+    name = secret_name(field, value)
     check_secret(field, name, secret_names)
     return name
-
-
-def check_secret(field: str, name: str, secret_names: frozenset[str] | None) -> None:
-    """Refuse a reference to a secret the owner does not have (or any, with secrets off)."""
-    if secret_names is None:
-        raise JobSpecError(
-            field, "secrets are not enabled on this platform (the admin has configured no key)"
-        )
-    if name not in secret_names:
-        raise JobSpecError(
-            field, f"you have no secret {name!r}: create it with `gpulab secret set {name}`"
-        )
 
 
 def _nested(inner: str, outer: str) -> bool:
@@ -260,7 +229,7 @@ def _nested(inner: str, outer: str) -> bool:
 
 def parse_git(raw_value: object, secret_names: frozenset[str] | None) -> tuple[GitSource, ...]:
     """The ``git`` field of a submission (None or [] for none) as :class:`GitSource` entries,
-    or :class:`~gpulab.jobs.spec_fields.JobSpecError` naming the entry and field at fault.
+    or :class:`~gpulab.jobs.spec.base.JobSpecError` naming the entry and field at fault.
 
     ``secret_names``: the names of the owner's secrets (None: secrets are not enabled, so an
     entry that names one is refused)."""
@@ -316,64 +285,3 @@ def check_git_mounts(sources: Iterable[GitSource], mounts: Iterable[str]) -> Non
                 f"git[{i}].path {src.path!r} is also a volume's mount: give the repository "
                 "another directory",
             )
-
-
-_OPTIONAL_TEXT = ["string", "null"]
-
-#: JSON Schema (draft 2020-12) of the ``git`` field, for the OpenAPI document
-GIT_SCHEMA: dict[str, Any] = {
-    "type": ["array", "null"],
-    "maxItems": MAX_GIT_SOURCES,
-    "items": {
-        "type": "object",
-        "required": ["url"],
-        "additionalProperties": False,
-        "not": {
-            "required": ["branch", "revision"],
-            "properties": {
-                "branch": {"type": "string", "minLength": 1},
-                "revision": {"type": "string", "minLength": 1},
-            },
-        },
-        "properties": {
-            "url": {
-                "type": "string",
-                "maxLength": MAX_GIT_URL_CHARS,
-                "pattern": URL_PATTERN,
-                "description": "The repository's https:// (or http://) URL, without a user "
-                "name or password (give `secret` instead).",
-                "examples": ["https://github.com/org/repo.git"],
-            },
-            "branch": {
-                "type": _OPTIONAL_TEXT,
-                "maxLength": MAX_GIT_REF_CHARS,
-                "pattern": f"^$|{REF_PATTERN}",
-                "description": "The branch to check out (default: the remote's default branch).",
-            },
-            "revision": {
-                "type": _OPTIONAL_TEXT,
-                "maxLength": MAX_GIT_REF_CHARS,
-                "pattern": f"^$|{REF_PATTERN}",
-                "description": "A tag, a commit (full or abbreviated hash) or a full ref name "
-                "(refs/...) to check out, detached; exclusive with `branch`.",
-            },
-            "path": {
-                "type": _OPTIONAL_TEXT,
-                "maxLength": MAX_PATH_CHARS,
-                "pattern": f"^$|{PATH_PATTERN}",
-                "description": "Where the job sees the clone (absolute; default "
-                "/workspace/<repository name>). Not a system directory; one per repository.",
-            },
-            "secret": {
-                "type": _OPTIONAL_TEXT,
-                "maxLength": 63,
-                "pattern": f"^$|{_SECRET_PATTERN}",
-                "description": "The name of one of your secrets holding the HTTP credential: "
-                "`user:password`, or a token (sent as user x-access-token, the GitHub and "
-                "GitLab convention).",
-            },
-        },
-    },
-    "description": "Git repositories cloned before the job starts, each into a volume of its "
-    "own mounted read-write at its path. Clones are inputs: they are not pushed to any store.",
-}
