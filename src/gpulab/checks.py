@@ -1,23 +1,174 @@
-"""Field checks both doors share (pure): the notebook options (:mod:`gpulab.options`) and the
-job spec (:mod:`gpulab.jobs.spec`) refuse the same faults with the same messages.
+"""Field checks both doors share (pure): the notebook options
+(:mod:`gpulab.notebooks.options`) and the job spec (:mod:`gpulab.jobs.spec`) refuse the same
+faults with the same messages, written once here.
 
-Each check takes the error class of its door (a :class:`~gpulab.errors.FieldError`) and the
-field's name, and raises ``error(field, message)``.
+Each check takes the error class of its door (a :class:`~gpulab.errors.FieldError`: the
+options' ``OptionsError``, the spec's ``JobSpecError``) and the field's name, and raises
+``error(field, message)``. Where the two doors differ (the spawn form posts text where the API
+posts numbers and booleans), a parameter names the difference; each door keeps its messages.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
 
-from .bounds import shown
+from .bounds import MAX_VOLUME_SPEC_CHARS, MAX_VOLUMES, check_chars, check_count, shown
 from .errors import FieldError
+from .frameworks import Catalog, CatalogError, Editor, Framework, FrameworkVersion
+from .resources import Flavor, Limits, ResourceError, Resources, resolve_resources
+from .storage import StorageConfig
+from .volumes import VolumeError, VolumeSpec
 
 #: a secret's name: what a job's env or git entry refers to (``{"secret": "wandb"}``)
 SECRET_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9._-]{0,62})")
 MAX_SECRET_NAME_CHARS = 63
+#: how long an unknown or invalid key may be where it names the field at fault
+MAX_KEY_TEXT = 64
+
+Error = type[FieldError]
 
 
-def secret_name(error: type[FieldError], field: str, name: object) -> str:
+def type_name(value: object) -> str:
+    """``str``, ``int``, ``list``... and ``null`` for None: the JSON door's refusals say it."""
+    return type(value).__name__ if value is not None else "null"
+
+
+def key_text(key: object) -> str:
+    """An unknown or invalid key as it appears in ``field``: cut to 64 characters."""
+    text = str(key)
+    return text if len(text) <= MAX_KEY_TEXT else text[:MAX_KEY_TEXT] + "..."
+
+
+def first_unknown(value: Mapping, known: Collection[str]) -> object | None:
+    """The first key (in the body's order) that is not ``known``; stops there, whatever the
+    number of keys (no set difference or sort of a huge object)."""
+    return next((k for k in value if k not in known), None)
+
+
+def optional_text(
+    error: Error, field: str, value: object, cap: int, *, form: bool = False
+) -> str | None:
+    """None and "" mean absent; anything else must be a string of at most ``cap`` characters.
+
+    ``form``: the notebook options' door, where a number stands for its text (the spawn form
+    and ``user_options`` alike) and a refusal does not name the value's type."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        check_chars(error, field, value, cap)
+        return value
+    if form and isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    if form:
+        raise error(field, f"{field} must be a string, not {shown(value)}")
+    raise error(field, f"{field} must be a string, not {type_name(value)} {shown(value)}")
+
+
+def flag(error: Error, field: str, value: object, *, words: bool = False) -> bool:
+    """True or false. ``words``: the spawn form's text too (``on``, ``yes``, ``1``, ``true``;
+    ``off``, ``no``, ``0``, ``false``, empty)."""
+    if isinstance(value, bool):
+        return value
+    if words and isinstance(value, str) and value.lower() in ("true", "on", "1", "yes"):
+        return True
+    if words and isinstance(value, str) and value.lower() in ("false", "off", "0", "no", ""):
+        return False
+    raise error(field, f"{field} must be true or false, not {shown(value)}")
+
+
+def catalog_version(
+    error: Error, catalog: Catalog, framework: str | None, version: str | None
+) -> tuple[Framework, FrameworkVersion]:
+    """The catalog's framework and version (its defaults for None), refused as the catalog
+    words it."""
+    try:
+        fw = catalog.framework(framework)
+        return fw, fw.version(version)
+    except CatalogError as e:
+        raise error(e.field, str(e)) from None
+
+
+def catalog_editor(error: Error, catalog: Catalog, fw: Framework, editor: str | None) -> Editor:
+    """One of the editors ``fw`` offers (its first for None)."""
+    try:
+        return catalog.editor(fw, editor)
+    except CatalogError as e:
+        raise error(e.field, str(e)) from None
+
+
+def image_choice(
+    error: Error,
+    image: str,
+    catalog: Catalog,
+    allowed_images: Iterable[str],
+    *,
+    echo: Callable[[object], str] = repr,
+) -> str:
+    """An image named outright: one of the catalog's or one the admin allowed (an image
+    outside both would let a user run anything on the host's engine). ``echo`` shows the
+    refused name (the notebook options cut it short with :func:`~gpulab.bounds.shown`)."""
+    allowed = frozenset(allowed_images)
+    if image not in allowed and image not in catalog.images():
+        raise error(
+            "image",
+            f"image {echo(image)} is not in the catalog; choose a framework and version"
+            + (f", or one of: {', '.join(sorted(allowed))}" if allowed else ""),
+        )
+    return image
+
+
+def resources(
+    error: Error,
+    flavors: Mapping[str, Flavor],
+    limits: Limits,
+    flavor: str | None,
+    request: Mapping[str, Any],
+    *,
+    prefix: str = "",
+) -> Resources:
+    """CPUs, memory and GPUs from a flavor and explicit values, within ``limits`` and the sane
+    ranges of :mod:`gpulab.bounds`. ``prefix`` is put before a refused value's field
+    (``resources.``), never before ``flavor``."""
+    try:
+        return resolve_resources(flavors, limits, flavor, **request)
+    except ResourceError as e:
+        raise error(e.field if e.field == "flavor" else prefix + e.field, str(e)) from None
+
+
+def volume_list(
+    error: Error,
+    value: object,
+    storage: StorageConfig | None,
+    user: str,
+    workspace_dir: str,
+    *,
+    example: str,
+) -> list[VolumeSpec]:
+    """A list of volume specs the user may mount, capped before each is parsed and checked
+    against the grants. ``example``: the spec shown when the list is malformed."""
+    help_ = f"volumes must be a list of strings such as {example!r}"
+    if not isinstance(value, list):
+        raise error("volumes", help_)
+    check_count(error, "volumes", len(value), MAX_VOLUMES)
+    for v in value:
+        if not isinstance(v, str):
+            raise error("volumes", help_)
+        if len(v) > MAX_VOLUME_SPEC_CHARS:
+            raise error(
+                "volumes",
+                f"volumes: at most {MAX_VOLUME_SPEC_CHARS} characters per volume (got {len(v)})",
+            )
+    if storage is None or not storage.stores:
+        raise error("volumes", "no object store is configured on this platform")
+    try:
+        return storage.user_volumes(user, value, workspace_dir)
+    except VolumeError as e:
+        raise error("volumes", str(e)) from None
+
+
+def secret_name(error: Error, field: str, name: object) -> str:
     """A secret's name, as the secrets API and the job spec take it."""
     if (
         not isinstance(name, str)

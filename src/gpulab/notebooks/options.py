@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .. import checks
 from ..bounds import (
     MAX_ID_CHARS,
     MAX_IMAGE_CHARS,
@@ -24,11 +25,11 @@ from ..bounds import (
     shown,
 )
 from ..errors import FieldError
-from ..frameworks import Catalog, CatalogError
+from ..frameworks import Catalog
 from ..idle import idle_timeout_for
-from ..resources import Flavor, Limits, ResourceError, Resources, resolve_resources
+from ..resources import Flavor, Limits, Resources
 from ..storage import StorageConfig
-from ..volumes import VolumeError, VolumeSpec
+from ..volumes import VolumeSpec
 
 KNOWN_OPTIONS = (
     "framework",
@@ -92,23 +93,8 @@ class NotebookOptions:
         }
 
 
-def _flag(value, field: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "on", "1", "yes"):
-        return True
-    if isinstance(value, str) and value.lower() in ("false", "off", "0", "no", ""):
-        return False
-    raise OptionsError(field, f"{field} must be true or false, not {shown(value)}")
-
-
 def _text(raw: Mapping, key: str) -> str | None:
-    value = raw.get(key)
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise OptionsError(key, f"{key} must be a string, not {shown(value)}")
-    return str(value)
+    return checks.optional_text(OptionsError, key, raw.get(key), _TEXT_CAPS[key], form=True)
 
 
 def _check_sizes(raw: Mapping) -> None:
@@ -144,41 +130,28 @@ def parse_notebook_options(
     """
     if not isinstance(raw, Mapping):
         raise OptionsError("user_options", "user_options must be an object")
-    # the first unknown option in the request's order: no set or sort of a huge object
-    unknown = next((k for k in raw if k not in _KNOWN), None)
+    unknown = checks.first_unknown(raw, _KNOWN)
     if unknown is not None:
-        text = str(unknown)
         raise OptionsError(
-            text if len(text) <= 64 else text[:64] + "...",
+            checks.key_text(unknown),
             f"unknown option {shown(unknown)}; allowed options: {', '.join(KNOWN_OPTIONS)}",
         )
     _check_sizes(raw)
-    try:
-        fw = catalog.framework(_text(raw, "framework"))
-        version = fw.version(_text(raw, "version"))
-        editor = catalog.editor(fw, _text(raw, "editor"))
-    except CatalogError as e:
-        raise OptionsError(e.field, str(e)) from None
+    fw, version = checks.catalog_version(
+        OptionsError, catalog, _text(raw, "framework"), _text(raw, "version")
+    )
+    editor = checks.catalog_editor(OptionsError, catalog, fw, _text(raw, "editor"))
 
     image = version.image
     custom = _text(raw, "image")
     if custom is not None and custom != image:
-        if custom not in allowed_images and custom not in catalog.images():
-            raise OptionsError(
-                "image",
-                f"image {shown(custom)} is not in the catalog; choose a framework and version"
-                + (f", or one of: {', '.join(sorted(allowed_images))}" if allowed_images else ""),
-            )
-        image = custom
+        image = checks.image_choice(OptionsError, custom, catalog, allowed_images, echo=shown)
 
     explicit = {k: raw[k] for k in ("cpus", "memory", "gpus") if raw.get(k) not in (None, "")}
     flavor = _text(raw, "flavor")
     if flavor is None and not {"cpus", "memory"} <= set(explicit):
         flavor = default_flavor
-    try:
-        res = resolve_resources(flavors, limits, flavor, **explicit)
-    except ResourceError as e:
-        raise OptionsError(e.field, str(e)) from None
+    res = checks.resources(OptionsError, flavors, limits, flavor, explicit)
 
     volumes = _volumes(raw.get("volumes"), storage, user, workspace_dir)
 
@@ -191,7 +164,9 @@ def parse_notebook_options(
         image=image,
         flavor=flavor,
         resources=res,
-        auto_restart=_flag(raw.get("auto_restart", False), "auto_restart"),
+        auto_restart=checks.flag(
+            OptionsError, "auto_restart", raw.get("auto_restart", False), words=True
+        ),
         idle_timeout=idle_timeout_for(
             flavors.get(flavor) if flavor else None, res, gpu_idle_timeout, cpu_idle_timeout
         ),
@@ -204,25 +179,9 @@ def _volumes(raw, storage: StorageConfig | None, user: str, workspace_dir: str) 
         return []
     if isinstance(raw, str):
         raw = [line.strip() for line in raw.splitlines() if line.strip()]
-    help_ = "volumes must be a list of strings such as 'bucket@store/prefix:/mount:ro'"
-    if not isinstance(raw, list):
-        raise OptionsError("volumes", help_)
-    # the caps first: each volume is parsed and checked against the grants after this
-    check_count(OptionsError, "volumes", len(raw), MAX_VOLUMES)
-    for v in raw:
-        if not isinstance(v, str):
-            raise OptionsError("volumes", help_)
-        if len(v) > MAX_VOLUME_SPEC_CHARS:
-            raise OptionsError(
-                "volumes",
-                f"volumes: at most {MAX_VOLUME_SPEC_CHARS} characters per volume (got {len(v)})",
-            )
-    if storage is None or not storage.stores:
-        raise OptionsError("volumes", "no object store is configured on this platform")
-    try:
-        return storage.user_volumes(user, raw, workspace_dir)
-    except VolumeError as e:
-        raise OptionsError("volumes", str(e)) from None
+    return checks.volume_list(
+        OptionsError, raw, storage, user, workspace_dir, example="bucket@store/prefix:/mount:ro"
+    )
 
 
 def form_to_options(formdata: Mapping[str, list[str]]) -> dict:

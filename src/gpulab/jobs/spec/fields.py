@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ... import checks
 from ...bounds import (
     MAX_COMMAND_BYTES,
     MAX_COMMAND_ITEMS,
@@ -31,18 +32,17 @@ from ...bounds import (
     MAX_LABELS,
     MAX_NAME_CHARS,
     MAX_NUMBER_CHARS,
-    MAX_VOLUME_SPEC_CHARS,
-    MAX_VOLUMES,
     check_chars,
     check_count,
     shown,
     size_text,
 )
+from ...checks import first_unknown, key_text, type_name
 from ...durations import DurationError, format_duration, parse_duration
-from ...frameworks import Catalog, CatalogError
-from ...resources import Flavor, Limits, ResourceError, Resources, resolve_resources
+from ...frameworks import Catalog
+from ...resources import Flavor, Limits, Resources
 from ...storage import StorageConfig
-from ...volumes import VolumeError, VolumeSpec
+from ...volumes import VolumeSpec
 from .base import (
     BLANK_CLASS,
     DEFAULT_CPUS,
@@ -77,31 +77,9 @@ _RESOURCE_FIELD_SET = frozenset(RESOURCE_FIELDS)
 _HANG_RESTART_FIELD_SET = frozenset(HANG_RESTART_FIELDS)
 
 
-def _type_name(value: object) -> str:
-    return type(value).__name__ if value is not None else "null"
-
-
-def _key_text(key: object) -> str:
-    """An unknown or invalid key as it appears in ``field``: cut to 64 characters."""
-    text = str(key)
-    return text if len(text) <= 64 else text[:64] + "..."
-
-
-def _first_unknown(value: Mapping, known: frozenset[str]) -> object | None:
-    """The first key (in the body's order) that is not ``known``; stops there, whatever the
-    number of keys (no set difference or sort of a huge object)."""
-    return next((k for k in value if k not in known), None)
-
-
 def _optional_text(raw: Mapping, key: str, cap: int = MAX_ID_CHARS) -> str | None:
     """None and "" mean absent; anything else must be a string of at most ``cap`` characters."""
-    value = raw.get(key)
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise JobSpecError(key, f"{key} must be a string, not {_type_name(value)} {shown(value)}")
-    check_chars(JobSpecError, key, value, cap)
-    return value
+    return checks.optional_text(JobSpecError, key, raw.get(key), cap)
 
 
 def _whole(value: object) -> object:
@@ -120,12 +98,6 @@ def _integer(value: object, key: str, low: int, high: int) -> int:
         )
     if not low <= value <= high:
         raise JobSpecError(key, f"{key} must be from {low} to {high}, got {shown(value)}")
-    return value
-
-
-def _boolean(value: object, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise JobSpecError(key, f"{key} must be true or false, not {shown(value)}")
     return value
 
 
@@ -181,7 +153,7 @@ def _name(raw: Mapping) -> str | None:
     if name is None or name == "":
         return None
     if not isinstance(name, str):
-        raise JobSpecError("name", f"name must be a string, not {_type_name(name)} {shown(name)}")
+        raise JobSpecError("name", f"name must be a string, not {type_name(name)} {shown(name)}")
     # the length first, then the pattern matched in full: "train\n" is not a name
     if len(name) > MAX_NAME_CHARS or not NAME_RE.fullmatch(name):
         raise JobSpecError(
@@ -214,7 +186,7 @@ def _command(raw: Mapping) -> tuple[tuple[str, ...], tuple[str, ...]]:
         if _BLANK_RE.fullmatch(command[0]):
             raise JobSpecError("command", f"the program (first item) is blank: {help_}")
     else:
-        raise JobSpecError("command", f"{help_}, not {_type_name(value)} {shown(value)}")
+        raise JobSpecError("command", f"{help_}, not {type_name(value)} {shown(value)}")
     room = MAX_COMMAND_ITEMS - len(command)
     args = () if raw.get("args") is None else _strings(raw["args"], "args", room)
     # each string is at least one byte per character: count characters first, so that a huge
@@ -317,7 +289,7 @@ def _env(raw: Mapping) -> tuple[dict[str, str], dict[str, str]]:
         if not isinstance(text, str):
             raise JobSpecError(
                 key,
-                f'{key} must be a string or {{"secret": NAME}}, not {_type_name(text)} '
+                f'{key} must be a string or {{"secret": NAME}}, not {type_name(text)} '
                 f"{shown(text)}",
             )
         size = len(text) if len(text) > MAX_ENV_VALUE_BYTES else len(text.encode())
@@ -351,7 +323,7 @@ def _labels(raw: Mapping) -> dict[str, str]:
     check_count(JobSpecError, "labels", len(value), MAX_LABELS)
     labels: dict[str, str] = {}
     for name, text in value.items():
-        key = f"labels.{_key_text(name)}"
+        key = f"labels.{key_text(name)}"
         if (
             not isinstance(name, str)
             or len(name) > MAX_LABEL_KEY_CHARS
@@ -369,7 +341,7 @@ def _labels(raw: Mapping) -> dict[str, str]:
                 f"{', '.join(RESERVED_LABEL_PREFIXES)} cannot be set",
             )
         if not isinstance(text, str):
-            raise JobSpecError(key, f"{key} must be a string, not {_type_name(text)} {shown(text)}")
+            raise JobSpecError(key, f"{key} must be a string, not {type_name(text)} {shown(text)}")
         if len(text) > MAX_LABEL_VALUE_CHARS:
             raise JobSpecError(
                 key, f"{key}: at most {MAX_LABEL_VALUE_CHARS} characters (got {len(text)})"
@@ -385,11 +357,7 @@ def _image(
     framework = _optional_text(raw, "framework")
     version = _optional_text(raw, "version")
     if custom is None or framework is not None or version is not None:
-        try:
-            fw = catalog.framework(framework)
-            ver = fw.version(version)
-        except CatalogError as e:
-            raise JobSpecError(e.field, str(e)) from None
+        fw, ver = checks.catalog_version(JobSpecError, catalog, framework, version)
         if custom is None or custom == ver.image:
             # the same image named both ways (a body returned by the API, resubmitted) is fine
             return ver.image, fw.id, ver.id
@@ -398,13 +366,7 @@ def _image(
             f"give either image or framework (and version), not both: {fw.id} {ver.id} is "
             f"{ver.image!r}, not {custom!r}",
         )
-    if custom not in allowed_images and custom not in catalog.images():
-        raise JobSpecError(
-            "image",
-            f"image {custom!r} is not in the catalog; choose a framework and version"
-            + (f", or one of: {', '.join(sorted(allowed_images))}" if allowed_images else ""),
-        )
-    return custom, None, None
+    return checks.image_choice(JobSpecError, custom, catalog, allowed_images), None, None
 
 
 def _resources(
@@ -422,10 +384,10 @@ def _resources(
         raise JobSpecError(
             "resources", f"resources must be an object with {', '.join(RESOURCE_FIELDS)}"
         )
-    unknown = _first_unknown(value, _RESOURCE_FIELD_SET)
+    unknown = first_unknown(value, _RESOURCE_FIELD_SET)
     if unknown is not None:
         raise JobSpecError(
-            f"resources.{_key_text(unknown)}",
+            f"resources.{key_text(unknown)}",
             f"unknown resource {shown(unknown)}; resources take: {', '.join(RESOURCE_FIELDS)}",
         )
     given = {k: v if k == "cpus" else _whole(v) for k, v in value.items() if v is not None}
@@ -454,11 +416,7 @@ def _resources(
     def resolve(lim: Limits) -> Resources:
         # resolve_resources also holds every number to its sane range (gpulab.bounds): at
         # least 0.01 CPU (a smaller quota is no limit for the engine), 32M of memory...
-        try:
-            return resolve_resources(flavors, lim, flavor, **request)
-        except ResourceError as e:
-            where = e.field if e.field == "flavor" else f"resources.{e.field}"
-            raise JobSpecError(where, str(e)) from None
+        return checks.resources(JobSpecError, flavors, lim, flavor, request, prefix="resources.")
 
     # the request itself first (syntax, then what the host can hold), the user's limits after
     res = resolve(Limits(cpus=math.inf, memory=sys.maxsize, gpus=sys.maxsize))
@@ -481,25 +439,10 @@ def _volumes(raw: Mapping, storage: StorageConfig | None, user: str) -> tuple[Vo
     value = raw.get("volumes")
     if value is None or value == []:
         return ()
-    help_ = "volumes must be a list of strings such as 'bucket@store/prefix:/data:ro'"
-    if not isinstance(value, list):
-        raise JobSpecError("volumes", help_)
-    # the caps first: each volume is parsed and checked against the grants after this
-    check_count(JobSpecError, "volumes", len(value), MAX_VOLUMES)
-    for v in value:
-        if not isinstance(v, str):
-            raise JobSpecError("volumes", help_)
-        if len(v) > MAX_VOLUME_SPEC_CHARS:
-            raise JobSpecError(
-                "volumes",
-                f"volumes: at most {MAX_VOLUME_SPEC_CHARS} characters per volume (got {len(v)})",
-            )
-    if storage is None or not storage.stores:
-        raise JobSpecError("volumes", "no object store is configured on this platform")
-    try:
-        return tuple(storage.user_volumes(user, value, workspace_dir=WORKSPACE_DIR))
-    except VolumeError as e:
-        raise JobSpecError("volumes", str(e)) from None
+    volumes = checks.volume_list(
+        JobSpecError, value, storage, user, WORKSPACE_DIR, example="bucket@store/prefix:/data:ro"
+    )
+    return tuple(volumes)
 
 
 def _hang_restart(raw: Mapping, max_timeout: float) -> HangRestart:
@@ -511,16 +454,18 @@ def _hang_restart(raw: Mapping, max_timeout: float) -> HangRestart:
             "hang_restart",
             'hang_restart must be an object such as {"enabled": true, "period": "30m"}',
         )
-    unknown = _first_unknown(value, _HANG_RESTART_FIELD_SET)
+    unknown = first_unknown(value, _HANG_RESTART_FIELD_SET)
     if unknown is not None:
         raise JobSpecError(
-            f"hang_restart.{_key_text(unknown)}",
+            f"hang_restart.{key_text(unknown)}",
             f"unknown field {shown(unknown)}; hang_restart takes: {', '.join(HANG_RESTART_FIELDS)}",
         )
     enabled = value.get("enabled")
     period = value.get("period")
     return HangRestart(
-        enabled=False if enabled is None else _boolean(enabled, "hang_restart.enabled"),
+        enabled=False
+        if enabled is None
+        else checks.flag(JobSpecError, "hang_restart.enabled", enabled),
         period=DEFAULT_HANG_PERIOD
         if period is None
         else _duration(period, "hang_restart.period", MIN_HANG_PERIOD, max_timeout),
@@ -556,11 +501,7 @@ def parse_read_only(raw: Mapping) -> bool:
     value = raw.get("read_only_rootfs")
     if value is None:
         return False
-    if not isinstance(value, bool):
-        raise JobSpecError(
-            "read_only_rootfs", f"read_only_rootfs must be true or false, not {shown(value)}"
-        )
-    return value
+    return checks.flag(JobSpecError, "read_only_rootfs", value)
 
 
 def parse_fields(
@@ -581,10 +522,10 @@ def parse_fields(
     fault is reported), as keyword arguments of :class:`~gpulab.jobs.spec.JobSpec`."""
     if not isinstance(raw, Mapping):
         raise JobSpecError("", "a job submission must be a JSON object")
-    unknown = _first_unknown(raw, _JOB_SPEC_FIELD_SET)
+    unknown = first_unknown(raw, _JOB_SPEC_FIELD_SET)
     if unknown is not None:
         raise JobSpecError(
-            _key_text(unknown),
+            key_text(unknown),
             f"unknown field {shown(unknown)}; a job takes: {', '.join(JOB_SPEC_FIELDS)}",
         )
     name = _name(raw)
@@ -607,7 +548,9 @@ def parse_fields(
     )
     hang_restart = _hang_restart(raw, max_timeout)
     preemptible = (
-        False if raw.get("preemptible") is None else _boolean(raw["preemptible"], "preemptible")
+        False
+        if raw.get("preemptible") is None
+        else checks.flag(JobSpecError, "preemptible", raw["preemptible"])
     )
     priority = (
         DEFAULT_PRIORITY

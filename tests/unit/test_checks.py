@@ -1,0 +1,82 @@
+"""The field checks both doors share (gpulab.checks): a notebook's options and a job's spec
+refuse the same fault in the same words."""
+
+import pytest
+
+from gpulab import checks
+from gpulab.errors import FieldError
+from gpulab.jobs.spec import JobSpecError
+from gpulab.notebooks.options import OptionsError, parse_notebook_options
+
+from ..support.jobspecs import CATALOG, FLAVORS, LIMITS, STORAGE, parse
+
+CMD = {"command": ["python", "train.py"]}
+
+
+def job_refusal(raw):
+    with pytest.raises(JobSpecError) as e:
+        parse(CMD | raw)
+    return e.value.field, str(e.value)
+
+
+def notebook_refusal(raw, **kw):
+    with pytest.raises(OptionsError) as e:
+        parse_notebook_options(
+            raw, CATALOG, FLAVORS, LIMITS, "cpu-small", storage=STORAGE, user="ann", **kw
+        )
+    return e.value.field, str(e.value)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"framework": "cobol"},
+        {"framework": "python", "version": "0.1"},
+        {"cpus": 64},
+        {"volumes": ["x" * 2000]},
+        {"volumes": [f"datasets@s3/{i}:/data/{i}:ro" for i in range(40)]},
+        {"volumes": ["secret@s3:/data:ro"]},
+    ],
+)
+def test_both_doors_refuse_alike(raw):
+    job = dict(raw)
+    if "cpus" in job:
+        job = {"resources": {"cpus": job.pop("cpus")}}
+    field, message = notebook_refusal(raw)
+    job_field, job_message = job_refusal(job)
+    assert message == job_message
+    assert job_field in (field, f"resources.{field}")
+
+
+def test_a_flag_and_an_image_keep_each_doors_words():
+    # the spawn form posts "on"; the JSON door takes a boolean only
+    assert checks.flag(FieldError, "auto_restart", "on", words=True) is True
+    assert notebook_refusal({"auto_restart": "maybe"}) == (
+        "auto_restart",
+        "auto_restart must be true or false, not 'maybe'",
+    )
+    assert job_refusal({"preemptible": "on"}) == (
+        "preemptible",
+        "preemptible must be true or false, not 'on'",
+    )
+    # a malformed volume list: each door shows its own example
+    assert notebook_refusal({"volumes": [7]})[1].endswith("such as 'bucket@store/prefix:/mount:ro'")
+    assert job_refusal({"volumes": [7]})[1].endswith("such as 'bucket@store/prefix:/data:ro'")
+    image = "evil/" + "x" * 100
+    _, nb = notebook_refusal({"image": image})
+    _, job = job_refusal({"image": image})
+    assert nb.startswith("image 'evil/xxx") and "..." in nb.split(" is not")[0]
+    assert job.startswith(f"image {image!r} is not in the catalog")
+
+
+def test_text_from_the_form_takes_numbers_the_json_door_does_not():
+    assert checks.optional_text(FieldError, "version", 3.11, 32, form=True) == "3.11"
+    assert job_refusal({"version": 3.11}) == ("version", "version must be a string, not float 3.11")
+    assert checks.optional_text(FieldError, "flavor", "", 32) is None
+
+
+def test_secret_names():
+    assert checks.secret_name(FieldError, "env.X", "wandb") == "wandb"
+    with pytest.raises(FieldError, match="a secret's name is 1 to 63") as e:
+        checks.secret_name(FieldError, "env.X", "Bad Name")
+    assert e.value.field == "env.X"
