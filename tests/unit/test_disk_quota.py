@@ -30,7 +30,7 @@ from gpulab.disk_quota import (
     parse_size,
     pull_refusal,
 )
-from gpulab.jobs.git_sources import clone_helper_config
+from gpulab.jobs.git_sources import clone_helper_spec
 from gpulab.jobs.spec import GitSource
 from gpulab.settings import GpulabSettings
 from gpulab.volumes import ObjectStore, parse_volume
@@ -251,12 +251,12 @@ def test_helpers_are_told_their_booking():
     assert "--max-bytes" not in config("pull")
     assert "--max-bytes" not in config("push", max_bytes=1234)
     src = GitSource("https://h/r.git", "/w/r", branch="main")
-    cmd = clone_helper_config(
+    cmd = clone_helper_spec(
         image="i", source=src, volume="v", labels={}, environment={}, max_bytes=77, quota_bytes=55
-    )["command"]
+    ).command
     assert "--max-bytes=77" in cmd and "--quota-bytes=55" in cmd
-    cmd = clone_helper_config(image="i", source=src, volume="v", labels={}, environment={})
-    assert not any(a.startswith("--quota-bytes") for a in cmd["command"])
+    cmd = clone_helper_spec(image="i", source=src, volume="v", labels={}, environment={})
+    assert not any(a.startswith("--quota-bytes") for a in cmd.command)
 
 
 def test_listed_size_is_what_the_pull_brings(tmp_path):

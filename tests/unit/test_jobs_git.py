@@ -10,7 +10,7 @@ from gpulab.datasync import gitclone
 from gpulab.jobs.git_sources import (
     HELPER_DEST,
     TOKEN_USER,
-    clone_helper_config,
+    clone_helper_spec,
     credential_env,
     git_mounts,
     git_volume_names,
@@ -20,6 +20,7 @@ from gpulab.jobs.spec import GitSource, JobSpecError
 from gpulab.jobs.spec.git import check_git_mounts, default_path, parse_git
 from gpulab.jobs.spec.schema import GIT_SCHEMA
 from gpulab.runtime.base import Mount
+from gpulab.runtime.objects import helper_container_config
 
 URL = "https://git.example.org/org/repo.git"
 SECRETS = frozenset({"gitlab", "gh-token"})
@@ -309,12 +310,14 @@ def test_credentials():
 def test_helper_config_carries_the_credential_in_its_environment_only():
     (src,) = parse([{"url": URL, "revision": "v1", "secret": "gitlab"}])
     env = credential_env("alice:hunter2")
-    config = clone_helper_config(
-        image="gpulab/sync:1",
-        source=src,
-        volume="gl-job-7-git-0",
-        labels={"org.gpulab.kind": "sync-helper"},
-        environment=env,
+    config = helper_container_config(
+        clone_helper_spec(
+            image="gpulab/sync:1",
+            source=src,
+            volume="gl-job-7-git-0",
+            labels={"org.gpulab.kind": "sync-helper"},
+            environment=env,
+        )
     )
     assert config["environment"] == env
     assert "hunter2" not in repr({k: v for k, v in config.items() if k != "environment"})

@@ -22,7 +22,7 @@ user's workloads, not the host's loopback services, and on a Swarm not the noteb
 which listens on the manager's default bridge and leads to every user's notebooks and job
 ports (the URL is the user's: a clone is a request to wherever it points). On a Swarm the
 helper runs as a one-task service on the job's node
-(:func:`gpulab.runtime.swarm_specs.helper_service_spec`) with the same memory and process
+(the backend's ``run_helper``) with the same memory and process
 limits.
 """
 
@@ -44,8 +44,7 @@ from ..datasync.gitclone import (
 from ..disk_ledger import DiskQuotaExceeded
 from ..disk_quota import GIT_DISK_FACTOR, clone_over, clone_refusal
 from ..names import L_INSTANCE, L_KIND, L_WORKLOAD
-from ..runtime.base import Mount
-from ..runtime.objects import hardened_host_config
+from ..runtime.base import HelperSpec, Mount
 from .spec import GitSource
 
 if TYPE_CHECKING:
@@ -103,7 +102,7 @@ def credential_env(value: str) -> dict[str, str]:
     return {ENV_USERNAME: TOKEN_USER, ENV_PASSWORD: value}
 
 
-def clone_helper_config(
+def clone_helper_spec(
     *,
     image: str,
     source: GitSource,
@@ -115,11 +114,9 @@ def clone_helper_config(
     max_bytes: int = DEFAULT_MAX_BYTES,
     user: str = "1000:100",
     quota_bytes: int | None = None,
-) -> dict:
-    """Keyword arguments for ``create_container`` of one clone helper (pure; the same shape as
-    :func:`gpulab.data.helper.sync_helper_config`, so that every backend's ``run_helper``
-    takes it). Every user value travels as one ``--name=value`` argument: none can be read as
-    another option."""
+) -> HelperSpec:
+    """One clone helper, for any backend's ``run_helper`` (pure). Every user value travels as
+    one ``--name=value`` argument: none can be read as another option."""
     command = [
         "git-clone",
         f"--url={source.url}",
@@ -134,21 +131,17 @@ def clone_helper_config(
         command.append(f"--branch={source.branch}")
     elif source.revision:
         command.append(f"--revision={source.revision}")
-    return {
-        "image": image,
-        "command": command,
-        "labels": {**labels, L_HELPER: "git-clone"},
-        "environment": environment,
-        "user": user,
-        "host_config": {
-            "binds": {volume: {"bind": HELPER_DEST, "mode": "rw"}},
-            "network_mode": network_mode,
-            "auto_remove": False,
-            "mem_limit": HELPER_MEMORY,
-            "pids_limit": HELPER_PIDS,
-            **hardened_host_config(),
-        },
-    }
+    return HelperSpec(
+        image=image,
+        command=command,
+        labels={**labels, L_HELPER: "git-clone"},
+        env=environment,
+        user=user,
+        mounts=(Mount(volume, HELPER_DEST),),
+        network=network_mode,
+        memory=HELPER_MEMORY,
+        pids_limit=HELPER_PIDS,
+    )
 
 
 def _describe(src: GitSource) -> str:
@@ -206,7 +199,7 @@ async def clone_source(
             return False, clone_refusal(what, e.quota, e.check.held)
         held = check.held
         quota_bytes = check.granted if quota is not None else None
-    config = clone_helper_config(
+    helper = clone_helper_spec(
         image=data.image,
         source=source,
         volume=volume,
@@ -231,7 +224,7 @@ async def clone_source(
             result.update(event)
 
     try:
-        done = await data.runtime.run_helper(config, on_line, node)
+        done = await data.runtime.run_helper(helper, on_line, node)
     except Exception as e:  # the engine refused or lost the helper
         if disk is not None:
             await asyncio.to_thread(disk.ledger.release, volume, node)

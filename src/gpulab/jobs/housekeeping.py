@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..lifecycle import JobState, utcnow
 from ..names import L_WORKLOAD, rank_name
-from ..runtime.docker import EngineError
+from ..runtime.base import EngineError
 from .git_sources import git_volume_names, git_volume_prefix
 from .records import ACTIVE
 from .spec import JobSpec

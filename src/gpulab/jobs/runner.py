@@ -19,8 +19,7 @@ from datetime import datetime
 from ..faults import fault_point
 from ..lifecycle import JobState, utcnow
 from ..metrics import JOB_START
-from ..runtime.docker import APIError
-from ..runtime.network import NetworkUnavailable
+from ..runtime.base import NetworkUnavailable, WorkloadRefused
 from ..secrets import SecretMissing, SecretsUnavailable
 from .containers import JobContainer
 from .ending import RECOVERABLE, JobEnding
@@ -86,7 +85,7 @@ class JobLife(JobEnding, JobContainer):
                 await self.discard_volumes(job_id, spec, ",".join(nodes_of(gang)))
                 return await self.finalize(job_id, J.FAILED, "GIT_FAILED", msg, push=False)
         if not await self.runtime.image_exists(self.runtime.image_ref(spec.image)):
-            where = "on this host" if self.runtime.kind == "docker" else "in the registry"
+            where = self.runtime.images_at
             msg = f"image {self.runtime.image_ref(spec.image)} is missing {where}"
             return await self.finalize(job_id, J.FAILED, "IMAGE_MISSING", msg, push=False)
         if await self._requested(job_id) == "interrupt":
@@ -101,7 +100,7 @@ class JobLife(JobEnding, JobContainer):
             return await self.finalize(job_id, J.ERROR, "NETWORK_UNAVAILABLE", str(e), push=False)
         except (SecretMissing, SecretsUnavailable) as e:  # deleted during the pull
             return await self.finalize(job_id, J.FAILED, "SECRET_MISSING", str(e), push=False)
-        except APIError as e:
+        except WorkloadRefused as e:
             # the engine answered and refused (a bad device, a missing runtime): definite
             await self.gang_stopped(gang, 0)
             msg = f"the engine could not start the job: {e}"

@@ -48,7 +48,7 @@ class JobSupervisor(JobHousekeeping, JobLife):
     def __init__(self, settings, db, runtime: Runtime, logs_dir: Path, holder=None):
         self.s = settings
         self.records = JobRecords(db, settings.instance)
-        clustered = runtime.kind != "docker"
+        clustered = runtime.clustered
         devices = [] if clustered else load_inventory(settings.gpu_devices, settings.discover_gpus)
         self.ledger = GpuLedger(
             db,

@@ -128,6 +128,41 @@ class Node:
     address: str = ""
 
 
+@dataclass
+class HelperSpec:
+    """A short-lived helper (a sync, a git clone) to run to its end, for any backend: what it
+    runs, its labels and environment, the named volumes it mounts (``mounts``) and the host
+    directories it binds (``host_dirs``: host path -> (path inside, read-only); one engine
+    only), the network it joins ("host", "bridge" or a network's ID) and its limits.
+    Every helper runs unprivileged, without capabilities, as ``user``."""
+
+    image: str
+    command: list[str]
+    labels: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    user: str = "1000:100"
+    mounts: Sequence[Mount] = ()
+    host_dirs: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    network: str = "host"
+    memory: int | None = None
+    pids_limit: int | None = None
+
+
+class EngineError(Exception):
+    """The engine failed a call (refused it, or lost what it was asked about). Backends raise
+    it (or a subclass) for their engine's errors: nothing above ``runtime/`` catches an engine
+    SDK's exceptions."""
+
+
+class WorkloadRefused(EngineError):
+    """The engine answered and refused to create or start a workload (a bad device, a missing
+    runtime): a definite answer, not a fault to retry."""
+
+
+class NetworkUnavailable(EngineError):
+    """The user's network cannot be had; the message says why and who can fix it."""
+
+
 class HelperResult:
     def __init__(self, exit_code: int, lines: list[str]):
         self.exit_code = exit_code
@@ -195,6 +230,8 @@ class Runtime:
 
     #: 'docker' or 'swarm': what the settings call it
     kind = "abstract"
+    #: whether it places workloads on several nodes (its GPUs come from :meth:`nodes`)
+    clustered = False
     #: where a missing image is missing, in a user's words ("on this host", "in the registry")
     images_at = "on this host"
     _executor: ThreadPoolExecutor | None = None
@@ -347,9 +384,11 @@ class Runtime:
         """(volume, node) of the volumes whose name starts with ``prefix``."""
         raise NotImplementedError
 
-    async def run_helper(self, config: dict, on_line, node: str = "") -> HelperResult:
-        """Run a short-lived helper (the sync) to its end on ``node``, next to the volume it
-        mounts; ``on_line`` is called on the event loop with each line it prints."""
+    async def run_helper(self, spec: HelperSpec | dict, on_line, node: str = "") -> HelperResult:
+        """Run a short-lived helper (the sync, a clone) to its end on ``node``, next to the
+        volume it mounts; ``on_line`` is called on the event loop with each line it prints.
+        ``spec``: a :class:`HelperSpec` (or, until the sync builds one, the Docker container
+        config that :func:`~gpulab.runtime.objects.helper_container_config` makes of it)."""
         raise NotImplementedError
 
     # --- networks -------------------------------------------------------------------------------

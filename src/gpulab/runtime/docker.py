@@ -16,23 +16,28 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from ..faults import fault_point
 from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
+from . import base
 from . import network as net
 from .base import (
     ExecSession,
     HelperResult,
+    HelperSpec,
     Labelled,
     LogStream,
     Node,
     Runtime,
     WorkloadGone,
+    WorkloadRefused,
     WorkloadSpec,
     WorkloadState,
 )
 from .execution import EngineExecSession, run_command
-from .objects import docker_epoch, workload_container_config
+from .objects import docker_epoch, helper_container_config, workload_container_config
 
 log = logging.getLogger(__name__)
 
+#: the SDK's errors, for the spawner's own engine calls (DockerSpawner's) until every one goes
+#: through the Runtime; the Runtime's calls raise them as gpulab's base.EngineError too
 EngineError = DockerException
 __all__ = [
     "APIError",
@@ -41,7 +46,27 @@ __all__ = [
     "HelperResult",
     "ImageNotFound",
     "NotFound",
+    "engine_error",
 ]
+
+_TRANSLATED: dict[tuple[type, type], type] = {}
+
+
+def engine_error(e: DockerException, kind: type[base.EngineError] = base.EngineError) -> Exception:
+    """The SDK's ``e`` as gpulab's ``kind`` (an :class:`~.base.EngineError`), still an
+    instance of its own SDK class (a ``NotFound`` stays one, with its status and message):
+    callers above ``runtime/`` catch gpulab's errors, the backends their SDK's."""
+    if isinstance(e, kind):
+        return e
+    cls = getattr(type(e), "_sdk_class", type(e))  # translated once already: the SDK's own
+    mixed = _TRANSLATED.get((cls, kind))
+    if mixed is None:
+        mixed = _TRANSLATED[cls, kind] = type(cls.__name__, (cls, kind), {"_sdk_class": cls})
+        mixed.__module__ = cls.__module__
+    new = mixed.__new__(mixed)
+    new.__dict__.update(e.__dict__)
+    new.args = e.args
+    return new
 
 
 class EngineClient:
@@ -49,6 +74,14 @@ class EngineClient:
     made on first use: both backends speak the Docker Engine API."""
 
     _client: docker.APIClient | None = None
+
+    async def run(self, fn, *args, **kwargs):
+        """Runtime.run, with the SDK's errors raised as gpulab's :class:`~.base.EngineError`
+        (of their own SDK class still: see :func:`engine_error`)."""
+        try:
+            return await super().run(fn, *args, **kwargs)
+        except DockerException as e:
+            raise engine_error(e).with_traceback(e.__traceback__) from None
 
     @property
     def client(self) -> docker.APIClient:
@@ -144,7 +177,10 @@ class DockerRuntime(EngineClient, Runtime):
                     if attempt == 2 or not (joined and net.is_missing_network(e)):
                         raise
 
-        await self.run(create)
+        try:
+            await self.run(create)
+        except APIError as e:  # the engine answered and refused: definite
+            raise engine_error(e, WorkloadRefused) from e
 
     async def state(self, name: str) -> WorkloadState | None:
         info = await self.inspect_container(name)
@@ -312,7 +348,8 @@ class DockerRuntime(EngineClient, Runtime):
             if v["Name"].startswith(prefix)
         ]
 
-    async def run_helper(self, config: dict, on_line, node: str = "") -> HelperResult:
+    async def run_helper(self, spec: HelperSpec | dict, on_line, node: str = "") -> HelperResult:
+        config = helper_container_config(spec) if isinstance(spec, HelperSpec) else spec
         loop = asyncio.get_running_loop()
 
         def threadsafe(line: str) -> None:

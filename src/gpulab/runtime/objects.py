@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..resources import CPU_PERIOD, MIN_CPU_QUOTA, ContainerLimits
-from .base import RUNNER_PATH, WorkloadSpec
+from .base import RUNNER_PATH, HelperSpec, WorkloadSpec
 
 
 def gpu_request(gpu_ids: Sequence[str], mode: str) -> tuple[dict, dict[str, str]]:
@@ -54,6 +54,31 @@ def log_options(max_size: str, max_files: int) -> dict:
             "type": "json-file",
             "config": {"max-size": max_size, "max-file": str(max_files)},
         }
+    }
+
+
+def helper_container_config(spec: HelperSpec) -> dict:
+    """Keyword arguments for ``create_container`` of a helper (pure): its named volumes and
+    host directories bound, its network, its limits, hardened like every user container."""
+    binds = {
+        m.volume: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts
+    }
+    for host, (inside, read_only) in spec.host_dirs.items():
+        binds[host] = {"bind": inside, "mode": "ro" if read_only else "rw"}
+    limits = {k: v for k, v in (("mem_limit", spec.memory), ("pids_limit", spec.pids_limit)) if v}
+    return {
+        "image": spec.image,
+        "command": list(spec.command),
+        "labels": dict(spec.labels),
+        "environment": dict(spec.env),
+        "user": spec.user,
+        "host_config": {
+            "binds": binds,
+            "network_mode": spec.network,
+            "auto_remove": False,
+            **limits,
+            **hardened_host_config(),
+        },
     }
 
 

@@ -36,17 +36,20 @@ from . import network as net
 from .base import (
     ExecSession,
     HelperResult,
+    HelperSpec,
     Labelled,
     LogStream,
     Node,
     Runtime,
     WorkloadGone,
+    WorkloadRefused,
     WorkloadSpec,
     WorkloadState,
 )
-from .docker import EngineClient
+from .docker import EngineClient, engine_error
 from .execution import EngineExecSession, run_command
 from .gateway import Gateway
+from .objects import helper_container_config
 from .swarm_network import SwarmNetworking
 from .swarm_nodes import NodeEngines
 from .swarm_specs import (
@@ -66,6 +69,7 @@ log = logging.getLogger(__name__)
 
 class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
     kind = "swarm"
+    clustered = True
     images_at = "in the registry"
 
     def __init__(
@@ -203,7 +207,10 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         return client._result(res, json=True)["ID"]
 
     async def create_and_start(self, spec: WorkloadSpec) -> None:
-        await self.run(self._create_blocking, spec)
+        try:
+            await self.run(self._create_blocking, spec)
+        except APIError as e:  # the manager answered and refused: definite
+            raise engine_error(e, WorkloadRefused) from e
 
     def _service(self, name: str) -> dict | None:
         try:
@@ -454,7 +461,8 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         finally:
             with_suppress_notfound(client.remove_service, sid)
 
-    async def run_helper(self, config: dict, on_line, node: str = "") -> HelperResult:
+    async def run_helper(self, spec: HelperSpec | dict, on_line, node: str = "") -> HelperResult:
+        config = helper_container_config(spec) if isinstance(spec, HelperSpec) else spec
         loop = asyncio.get_running_loop()
 
         def threadsafe(line: str) -> None:

@@ -24,7 +24,7 @@ from ..metrics import API_REQUESTS
 from ..names import notebook_workload_id
 from ..notebooks.data import NotebookData, PushRaced, retry_push
 from ..notebooks.records import NotebookRecords
-from ..runtime.docker import DockerRuntime
+from ..runtime import make_runtime
 from ..secrets import store_for
 from ..settings import GpulabSettings
 from .admin_page import AdminPage
@@ -236,7 +236,7 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
         records=records,
         gpulab=settings,
         # the notebooks' engine (their push retries): the same as the jobs' (one setting)
-        runtime=supervisor.runtime if supervisor else DockerRuntime(),
+        runtime=supervisor.runtime if supervisor else make_runtime(settings),
         supervisor=supervisor,
         secrets=supervisor.secrets if supervisor else store_for(settings, db),
         default_handler_class=NotFoundHandler,
