@@ -4,7 +4,7 @@ HTTP (``git http-backend``) from a server this test starts on the Docker bridge'
 where the helper container reaches it.
 
 What the job would see is checked by mounting each clone's volume in a throwaway container,
-as the job's container does (:func:`gpulab.jobs.git_sources.git_mounts`).
+as the job's container does (:func:`gpulab.jobs.supervisor.git_sources.git_mounts`).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpulab.data.sync import WorkloadData
-from gpulab.jobs.git_sources import clone_sources, git_mounts, git_volume_names
 from gpulab.jobs.spec import GitSource
+from gpulab.jobs.supervisor.git_sources import clone_sources, git_mounts, git_volume_names
 from gpulab.runtime.docker import DockerRuntime
 
 from ..conftest import IN_CI, SYNC_IMAGE, _need, run_async

@@ -99,7 +99,7 @@ def test_compare_and_set_queue_cap_and_lease_hold_on_postgres(postgres_url):
     and advisory locks: racing processes (one engine each) never both win."""
     import secrets
 
-    from gpulab.jobs.lease import SupervisorLease
+    from gpulab.jobs.supervisor.lease import SupervisorLease
     from gpulab.lifecycle import InvalidTransition
 
     instance = "pg" + secrets.token_hex(3)

@@ -280,7 +280,7 @@ def test_a_second_service_waits_in_standby_then_takes_over(service, docker_clien
     """Exactly one supervisor acts on a database: the second service started on it waits
     (standby) while the first renews its lease, and takes over once the first is gone."""
     from gpulab.db import Database
-    from gpulab.jobs.lease import SupervisorLease
+    from gpulab.jobs.supervisor.lease import SupervisorLease
 
     s = service.settings
     lease = SupervisorLease(Database(s.database_url), f"{s.instance}/supervisor", 2, "observer")

@@ -30,8 +30,8 @@ from gpulab.disk_quota import (
     parse_size,
     pull_refusal,
 )
-from gpulab.jobs.git_sources import clone_helper_spec
 from gpulab.jobs.spec import GitSource
+from gpulab.jobs.supervisor.git_sources import clone_helper_spec
 from gpulab.settings import GpulabSettings
 from gpulab.volumes import ObjectStore, parse_volume
 

@@ -7,7 +7,10 @@ import pytest
 
 from gpulab.bounds import MAX_GIT_REF_CHARS, MAX_GIT_SOURCES, MAX_GIT_URL_CHARS
 from gpulab.datasync import gitclone
-from gpulab.jobs.git_sources import (
+from gpulab.jobs.spec import GitSource, JobSpecError
+from gpulab.jobs.spec.git import check_git_mounts, default_path, parse_git
+from gpulab.jobs.spec.schema import GIT_SCHEMA
+from gpulab.jobs.supervisor.git_sources import (
     HELPER_DEST,
     TOKEN_USER,
     clone_helper_spec,
@@ -16,9 +19,6 @@ from gpulab.jobs.git_sources import (
     git_volume_names,
     git_volume_prefix,
 )
-from gpulab.jobs.spec import GitSource, JobSpecError
-from gpulab.jobs.spec.git import check_git_mounts, default_path, parse_git
-from gpulab.jobs.spec.schema import GIT_SCHEMA
 from gpulab.runtime.base import Mount
 from gpulab.runtime.objects import helper_container_config
 

@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.suppress(AttributeError, ValueError):
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["git-clone"]:  # a job's git source (gpulab.jobs.git_sources)
+    if argv[:1] == ["git-clone"]:  # a job's git source (gpulab.jobs.supervisor.git_sources)
         from .gitclone import main as git_clone
 
         return git_clone(argv[1:])

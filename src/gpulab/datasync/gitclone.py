@@ -5,8 +5,9 @@
 
 The job supervisor runs this in a short-lived helper container (the sync image, never the
 user's image) that mounts one job volume at ``--dest``; the job's container mounts the same
-volume at the path the user chose (see :mod:`gpulab.jobs.git_sources`). It speaks git's smart
-HTTP through dulwich (pure Python, no ``git`` binary, no hooks, no filters, no submodules).
+volume at the path the user chose (see :mod:`gpulab.jobs.supervisor.git_sources`). It speaks
+git's smart HTTP through dulwich (pure Python, no ``git`` binary, no hooks, no filters, no
+submodules).
 
 - What is checked out: ``--branch`` (HEAD on that branch, like ``git clone -b``), or
   ``--revision`` (a tag, a full ref name ``refs/...``, a branch name, or a commit hash; HEAD

@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 from .. import __version__, logscrub
 from ..bounds import body_backstop
 from ..db import Database
-from ..jobs.supervisor import JobSupervisor
+from ..jobs.supervisor.supervisor import JobSupervisor
 from ..metrics import StateCollector
 from ..notebooks.records import NotebookRecords
 from ..runtime import make_runtime

@@ -14,8 +14,8 @@ import threading
 
 from tornado.iostream import StreamClosedError
 
-from ..jobs.containers import rank_log_share, read_tail
 from ..jobs.logs import merge_logs, strip_stamps
+from ..jobs.supervisor.engine import rank_log_share, read_tail
 from ..lifecycle import JobState
 from ..names import rank_name
 from ..runtime.base import WorkloadGone

@@ -5,8 +5,8 @@
 
 Each entry is cloned at INITIALIZING by a helper container (the sync image, never the user's
 image), into a Docker volume of its own that the job's container mounts read-write at ``path``
-(:mod:`gpulab.jobs.git_sources` runs the helper, :mod:`gpulab.datasync.gitclone` is what runs
-in it). This module only checks the submission, in the style of
+(:mod:`gpulab.jobs.supervisor.git_sources` runs the helper, :mod:`gpulab.datasync.gitclone`
+is what runs in it). This module only checks the submission, in the style of
 :mod:`gpulab.jobs.spec.fields`: caps first (:mod:`gpulab.bounds`), then each entry, naming the
 dotted field at fault (``git[0].url``).
 

@@ -22,8 +22,8 @@ from datetime import timedelta
 
 from sqlalchemy import select
 
-from ..db import Database, Lease
-from ..lifecycle import utcnow
+from ...db import Database, Lease
+from ...lifecycle import utcnow
 
 
 def default_holder() -> str:

@@ -1,13 +1,17 @@
 """The job supervisor: places queued jobs on GPUs and runs each one to its end.
 
 One asyncio task per active job walks it through INITIALIZING (pull) → PENDING (container) →
-RUNNING, then watches it (``runner.JobLife``). Every decision is written to the database (a
-compare-and-set on the state it expects) before it is acted on, so a supervisor killed at any
-moment finds its jobs again at start-up from the database and the engine's labelled
-containers (``recovery.decide``): running containers are re-attached, never started twice.
+RUNNING, then watches it (``life.py``; its ending: ``ending.py``). Every decision is written
+to the database (a compare-and-set on the state it expects) before it is acted on, so a
+supervisor killed at any moment finds its jobs again at start-up from the database and the
+engine's labelled containers (``recovery.decide``): running containers are re-attached, never
+started twice.
 
 Only the holder of the database's supervisor lease acts (``lease.py``): a second service on
 the same database waits in standby until the lease expires.
+
+The parts are handed one :class:`~.context.JobContext` (the records, ledgers, ``Runtime``,
+settings, secrets): this module holds the lease, the schedule pass and each job's task guard.
 """
 
 from __future__ import annotations
@@ -18,25 +22,23 @@ import logging
 import time
 from pathlib import Path
 
-from ..data.sync import DiskAccount, VolumeSync, WorkloadData
-from ..disk_ledger import DiskLedger
-from ..gpus.inventory import from_nodes, load_inventory, node_of
-from ..gpus.ledger import GpuLedger, NoGpuAvailable
-from ..gpus.placement import choose_gang
-from ..lifecycle import InvalidTransition, JobState
-from ..metrics import JOB_QUEUE_WAIT
-from ..names import job_container_name, job_workload_id, volume_name
-from ..runtime.base import Runtime
-from ..secrets import store_for
-from .gang import decode_devices, encode_devices
-from .housekeeping import JobHousekeeping
+from ...disk_ledger import DiskLedger
+from ...gpus.inventory import from_nodes, load_inventory, node_of
+from ...gpus.ledger import GpuLedger, NoGpuAvailable
+from ...gpus.placement import choose_gang
+from ...lifecycle import InvalidTransition, JobState
+from ...metrics import JOB_QUEUE_WAIT
+from ...runtime.base import Runtime
+from ...secrets import store_for
+from ..gang import decode_devices, encode_devices
+from ..records import JobRecords
+from ..scheduler import ActiveJob, QueuedJob, plan
+from . import housekeeping
+from .context import JobContext
 from .lease import SupervisorLease
-from .records import JobRecords
-from .runner import JobLife, ts
-from .scheduler import ActiveJob, QueuedJob, plan
-from .spec import JobSpec
+from .life import carry_on, run_fresh, ts
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gpulab.jobs.supervisor")
 J = JobState
 #: seconds between two adoptions of the same task-less active job
 ADOPT_EVERY = 5.0
@@ -44,30 +46,35 @@ ADOPT_EVERY = 5.0
 PREEMPTIBLE = frozenset({J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING})
 
 
-class JobSupervisor(JobHousekeeping, JobLife):
+class JobSupervisor:
     def __init__(self, settings, db, runtime: Runtime, logs_dir: Path, holder=None):
         self.s = settings
-        self.records = JobRecords(db, settings.instance)
         clustered = runtime.clustered
         devices = [] if clustered else load_inventory(settings.gpu_devices, settings.discover_gpus)
-        self.ledger = GpuLedger(
-            db,
-            settings.instance,
-            devices,
-            settings.placement,
-            [] if clustered else None,
-            sharing=settings.gpu_sharing,
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        self.ctx = JobContext(
+            settings=settings,
+            records=JobRecords(db, settings.instance),
+            ledger=GpuLedger(
+                db,
+                settings.instance,
+                devices,
+                settings.placement,
+                [] if clustered else None,
+                sharing=settings.gpu_sharing,
+            ),
+            disk=DiskLedger(db, settings.instance),
+            runtime=runtime,
+            secrets=store_for(settings, db),  # revealed into a job's container only
+            logs_dir=logs_dir,
+            spawn=self.spawn_task,
         )
-        self.disk = DiskLedger(db, settings.instance)
+        self.records, self.ledger, self.disk = self.ctx.records, self.ctx.ledger, self.ctx.disk
+        self.runtime, self.secrets, self.logs_dir = runtime, self.ctx.secrets, logs_dir
         self.lease = SupervisorLease(
             db, f"{settings.instance}/supervisor", settings.supervisor_lease_ttl, holder
         )
-        self.runtime = runtime
-        self.secrets = store_for(settings, db)  # revealed into a job's container only
-        self.logs_dir = logs_dir
-        self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.tasks: dict[str, asyncio.Task] = {}
-        self.fault_streak: dict[str, int] = {}  # consecutive faults per job, for the backoff
         self.wake = asyncio.Event()
         self.leading = asyncio.Event()  # set while this process holds the lease
         self._loop_task: asyncio.Task | None = None
@@ -77,43 +84,52 @@ class JobSupervisor(JobHousekeeping, JobLife):
         self._adopted: dict[str, float] = {}  # job id -> when a task-less job was last adopted
         self._waiting: dict[str, str] = {}  # job id -> the waiting message last written
 
-    # --- helpers -----------------------------------------------------------------------
+    # --- what the service asks -----------------------------------------------------------
 
     async def db(self, fn, *args, **kw):
-        return await asyncio.to_thread(fn, *args, **kw)
+        return await self.ctx.db(fn, *args, **kw)
 
     def container_name(self, job_id: str) -> str:
-        return job_container_name(self.s.instance, job_id)
+        return self.ctx.container_name(job_id)
 
     def workload(self, job_id: str) -> str:
-        return job_workload_id(self.s.instance, job_id)
-
-    def volumes(self, job_id: str, spec: JobSpec, node: str = "") -> list[VolumeSync]:
-        """The job's volumes, on ``node`` (where its workload runs; "" on one host)."""
-        name = self.container_name(job_id)
-        return [VolumeSync(v, volume_name(name, v), str(v), node) for v in spec.volumes]
-
-    def data(self, job_id: str) -> WorkloadData:
-        s = self.s
-        disk = DiskAccount(self.disk, lambda: self.disk_quota_of(job_id), s.git_max_bytes_value)
-        return WorkloadData(
-            self.runtime, s.storage.stores, s.sync_image, s.instance, self.workload(job_id), disk
-        )
-
-    def disk_quota_of(self, job_id: str) -> tuple[str, int | None]:
-        """The job's owner and their disk quota (with the groups they had at submission)."""
-        job = self.records.get(job_id, False)
-        if job is None:
-            raise KeyError(job_id)
-        return job["owner"], self.s.disk_quota_for(job["owner"], job["groups"])
+        return self.ctx.workload(job_id)
 
     def log_file(self, job_id: str, rank: int | None = None) -> Path:
-        """The saved output: of the job (a distributed job's: every rank, prefixed), or of
-        one ``rank`` of a distributed job."""
-        return self.logs_dir / (f"{job_id}.log" if rank is None else f"{job_id}.r{rank}.log")
+        return self.ctx.log_file(job_id, rank)
 
-    async def move(self, job_id: str, state: JobState, **kw) -> dict:
-        return await self.db(self.records.transition, job_id, state, **kw)
+    def saved_logs(self, job_id: str) -> list[Path]:
+        return self.ctx.saved_logs(job_id)
+
+    async def remove_from_engine(self, job_id: str, spec: dict, node: str) -> None:
+        """Remove an ended job's containers and volumes (a DELETE); the record stays."""
+        await housekeeping.remove_from_engine(self.ctx, job_id, spec, node)
+
+    async def retry_push(self, job_id: str) -> dict:
+        """SYNC_FAILED → FINALIZING (a compare-and-set), then the push runs in the job's own
+        supervised task, like any finalization: a fault or a restart carries it on. The
+        leader waits for it and answers with the outcome (or SYNC_FAILED again); a service
+        in standby answers FINALIZING, and the leader adopts the job within seconds."""
+        job = await self.db(self.records.get, job_id, False)
+        if job is None:
+            raise KeyError(job_id)
+        outcome = JobState(job.get("outcome") or J.DONE.value)
+        await self.ctx.move(
+            job_id,
+            J.FINALIZING,
+            expect=J.SYNC_FAILED,
+            reason="PUSH_RETRY",
+            message="push retried",
+            outcome=outcome.value,
+        )
+        self.spawn_task(job_id, attach=True)
+        task = self.tasks.get(job_id)
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+        else:
+            self.wake.set()
+        return await self.db(self.records.get, job_id)
 
     # --- the loop ----------------------------------------------------------------------
 
@@ -204,10 +220,10 @@ class JobSupervisor(JobHousekeeping, JobLife):
             if self.leading.is_set():
                 try:
                     if not self._recovered:
-                        await self.recover()
+                        await housekeeping.recover(self.ctx)
                         self._recovered = True
                     await self.schedule()
-                    await self.cleanup()
+                    self._last_sweep = await housekeeping.cleanup(self.ctx, self._last_sweep)
                 except Exception:
                     # recovery is tried again on the next pass: nothing is scheduled before
                     log.exception("supervisor pass failed")
@@ -344,7 +360,7 @@ class JobSupervisor(JobHousekeeping, JobLife):
             if workers > 1:
                 where = f"{workers} workers, " + where
             try:
-                await self.move(
+                await self.ctx.move(
                     job_id,
                     J.INITIALIZING,
                     reason="SCHEDULED",
@@ -441,16 +457,17 @@ class JobSupervisor(JobHousekeeping, JobLife):
             while True:
                 try:
                     if faults == 0 and not attach:
-                        await self.run_fresh(job_id)
+                        await run_fresh(self.ctx, job_id)
                     else:
                         why = "a fault" if faults else "the service restarted"
-                        await self.carry_on(job_id, why)
+                        await carry_on(self.ctx, job_id, why)
                     return
                 except Exception as e:
                     faults += 1
                     # the streak outlives this task (a fault before the command ran re-queues
                     # the job, and the next placement must not retry at once): reset at RUNNING
-                    streak = self.fault_streak[job_id] = self.fault_streak.get(job_id, 0) + 1
+                    streaks = self.ctx.fault_streak
+                    streak = streaks[job_id] = streaks.get(job_id, 0) + 1
                     delay = min(2.0 ** (streak - 1), self.s.engine_retry_max)
                     log.exception(
                         "job %s: supervisor fault %d; retrying in %g s", job_id, streak, delay

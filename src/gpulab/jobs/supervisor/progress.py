@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ..data.sync import SyncOutcome, VolumeSync, progress_message
-from ..lifecycle import JobState
+from ...data.sync import SyncOutcome, VolumeSync, progress_message
+from ...lifecycle import JobState
 
 #: seconds between two writes of a job's progress message
 EVERY = 1.0
@@ -18,9 +18,9 @@ EVERY = 1.0
 class TransferNotes:
     """Report one volume's transfer of one job (``verb``: "pulling" or "pushing")."""
 
-    def __init__(self, supervisor, job_id: str, state: JobState, verb: str, vol: VolumeSync):
-        self.sv, self.job_id, self.state, self.verb, self.vol = (
-            supervisor,
+    def __init__(self, ctx, job_id: str, state: JobState, verb: str, vol: VolumeSync):
+        self.ctx, self.job_id, self.state, self.verb, self.vol = (
+            ctx,
             job_id,
             state,
             verb,
@@ -30,8 +30,8 @@ class TransferNotes:
         self._writing: asyncio.Task | None = None
 
     async def begin(self) -> None:
-        await self.sv.db(
-            self.sv.records.note, self.job_id, "progress", "SYNC", f"{self.verb} {self.vol.label}"
+        await self.ctx.db(
+            self.ctx.records.note, self.job_id, "progress", "SYNC", f"{self.verb} {self.vol.label}"
         )
 
     def on_progress(self, p: dict) -> None:
@@ -42,7 +42,7 @@ class TransferNotes:
         self._last = now
         text = progress_message(self.verb, self.vol.label, p)
         self._writing = asyncio.get_running_loop().create_task(
-            self.sv.db(self.sv.records.set_progress, self.job_id, self.state, text)
+            self.ctx.db(self.ctx.records.set_progress, self.job_id, self.state, text)
         )
 
     async def end(self, outcome: SyncOutcome) -> None:
@@ -56,19 +56,19 @@ class TransferNotes:
             if outcome.refused
             else f"{self.verb} failed: " + (outcome.summary())
         )
-        await self.sv.db(self.sv.records.note, self.job_id, "progress", "SYNC", text)
+        await self.ctx.db(self.ctx.records.note, self.job_id, "progress", "SYNC", text)
 
 
 async def push_with_notes(
-    supervisor, job_id: str, state: JobState, volumes: list[VolumeSync]
+    ctx, job_id: str, state: JobState, volumes: list[VolumeSync]
 ) -> list[SyncOutcome]:
     """Push every volume that pushes (rw, rwd; ro volumes never are), with live progress."""
     outcomes = []
     for vol in volumes:
         if not vol.spec.pushes:
             continue
-        notes = TransferNotes(supervisor, job_id, state, "pushing", vol)
+        notes = TransferNotes(ctx, job_id, state, "pushing", vol)
         await notes.begin()
-        outcomes.append(await supervisor.data(job_id).run("push", vol, notes.on_progress))
+        outcomes.append(await ctx.data(job_id).run("push", vol, notes.on_progress))
         await notes.end(outcomes[-1])
     return outcomes

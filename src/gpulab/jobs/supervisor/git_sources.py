@@ -34,21 +34,21 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from ..datasync.gitclone import (
+from ...datasync.gitclone import (
     DEFAULT_MAX_BYTES,
     DEFAULT_TIMEOUT,
     ENV_PASSWORD,
     ENV_USERNAME,
     scrub,
 )
-from ..disk_ledger import DiskQuotaExceeded
-from ..disk_quota import GIT_DISK_FACTOR, clone_over, clone_refusal
-from ..names import L_INSTANCE, L_KIND, L_WORKLOAD
-from ..runtime.base import HelperSpec, Mount
-from .spec import GitSource
+from ...disk_ledger import DiskQuotaExceeded
+from ...disk_quota import GIT_DISK_FACTOR, clone_over, clone_refusal
+from ...names import L_INSTANCE, L_KIND, L_WORKLOAD
+from ...runtime.base import HelperSpec, Mount
+from ..spec import GitSource
 
 if TYPE_CHECKING:
-    from ..data.sync import WorkloadData
+    from ...data.sync import WorkloadData
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,101 @@
+"""What every part of the supervisor is handed: :class:`JobContext`.
+
+The supervisor (``supervisor.py``) builds one at start and hands it to the job's life
+(``life.py``), its ending (``ending.py``), the engine calls (``engine.py``) and the
+housekeeping: the records, the GPU and disk ledgers, the ``Runtime``, the settings, the
+secrets store, where logs are kept, and how to carry a job on in a task of its own. No part
+reads another part's attributes: what they share is here, explicit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...data.sync import DiskAccount, VolumeSync, WorkloadData
+from ...disk_ledger import DiskLedger
+from ...gpus.ledger import GpuLedger
+from ...lifecycle import JobState
+from ...names import job_container_name, job_workload_id, rank_name, volume_name
+from ...runtime.base import Runtime
+from ..gang import Rank
+from ..records import JobRecords
+from ..spec import JobSpec
+
+
+def _no_task(job_id: str, attach: bool) -> None:  # until the supervisor hands its own
+    return None
+
+
+@dataclass
+class JobContext:
+    settings: Any  # GpulabSettings
+    records: JobRecords
+    ledger: GpuLedger
+    disk: DiskLedger
+    runtime: Runtime
+    secrets: Any  # the users' secrets store (revealed into a job's container only)
+    logs_dir: Path
+    #: carry a job on in a supervised task of its own (``attach``: from what the database and
+    #: the engine say, not a fresh start); set by the supervisor, a no-op in standby
+    spawn: Callable[[str, bool], None] = _no_task
+    #: consecutive faults per job, for the backoff (reset once its command runs)
+    fault_streak: dict[str, int] = field(default_factory=dict)
+
+    async def db(self, fn, *args, **kw):
+        """A blocking database call, off the event loop."""
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    def container_name(self, job_id: str) -> str:
+        return job_container_name(self.settings.instance, job_id)
+
+    def workload(self, job_id: str) -> str:
+        return job_workload_id(self.settings.instance, job_id)
+
+    def gang(self, job_id: str, job: dict) -> list[Rank]:
+        """The job's workers from its record (one for a one-container job)."""
+        name = self.container_name(job_id)
+        return [
+            Rank(w["rank"], rank_name(name, w["rank"]), w["node"], tuple(w["devices"]))
+            for w in job["workers"]
+        ]
+
+    def volumes(self, job_id: str, spec: JobSpec, node: str = "") -> list[VolumeSync]:
+        """The job's volumes, on ``node`` (where its workload runs; "" on one host)."""
+        name = self.container_name(job_id)
+        return [VolumeSync(v, volume_name(name, v), str(v), node) for v in spec.volumes]
+
+    def data(self, job_id: str) -> WorkloadData:
+        s = self.settings
+        disk = DiskAccount(self.disk, lambda: self.disk_quota_of(job_id), s.git_max_bytes_value)
+        return WorkloadData(
+            self.runtime, s.storage.stores, s.sync_image, s.instance, self.workload(job_id), disk
+        )
+
+    def disk_quota_of(self, job_id: str) -> tuple[str, int | None]:
+        """The job's owner and their disk quota (with the groups they had at submission)."""
+        job = self.records.get(job_id, False)
+        if job is None:
+            raise KeyError(job_id)
+        return job["owner"], self.settings.disk_quota_for(job["owner"], job["groups"])
+
+    def log_file(self, job_id: str, rank: int | None = None) -> Path:
+        """The saved output: of the job (a distributed job's: every rank, prefixed), or of
+        one ``rank`` of a distributed job."""
+        return self.logs_dir / (f"{job_id}.log" if rank is None else f"{job_id}.r{rank}.log")
+
+    def saved_logs(self, job_id: str) -> list[Path]:
+        """Every saved log file of the job (a distributed job's ranks too)."""
+        return [self.log_file(job_id), *self.logs_dir.glob(f"{job_id}.r*.log")]
+
+    async def move(self, job_id: str, state: JobState, **kw) -> dict:
+        """A compare-and-set transition of the job's record (``expect``: the state seen)."""
+        return await self.db(self.records.transition, job_id, state, **kw)
+
+    async def requested(self, job_id: str) -> str:
+        """What the job's owner or the scheduler asked of it ("interrupt", "preempt", "")."""
+        job = await self.db(self.records.get, job_id, False)
+        return job["request"] if job else ""

@@ -1,0 +1,152 @@
+"""The supervisor's housekeeping: finished jobs' containers and volumes removed after the
+retention delay, and, after a restart of the service, orphaned helpers, containers, volumes
+and networks swept away. Functions handed a :class:`~.context.JobContext`."""
+
+from __future__ import annotations
+
+import logging
+
+from ...lifecycle import JobState, utcnow
+from ...names import L_WORKLOAD, rank_name
+from ...runtime.base import EngineError
+from ..records import ACTIVE
+from ..spec import JobSpec
+from .context import JobContext
+from .git_sources import git_volume_names, git_volume_prefix
+
+log = logging.getLogger("gpulab.jobs.supervisor")
+J = JobState
+#: seconds between sweeps for containers whose job record is gone
+ORPHAN_SWEEP_INTERVAL = 60.0
+
+
+async def cleanup(ctx: JobContext, last_sweep: float) -> float:
+    """Remove finished jobs' containers and data volumes after the retention delay (the
+    records and saved logs stay). A SYNC_FAILED job keeps both: its volumes hold the
+    output that is not pushed yet (a retried push, then the delay, removes them)."""
+    now = utcnow().timestamp()
+    removed_any = False
+    for job_id, _container, updated, state, spec, node in await ctx.db(
+        ctx.records.ended_with_container
+    ):
+        if state == J.SYNC_FAILED.value:
+            continue
+        if now - updated.timestamp() > ctx.settings.job_container_retention:
+            try:
+                await remove_from_engine(ctx, job_id, spec, node)
+            except EngineError as e:  # in use (a push retry?): try again next pass
+                log.warning("job %s: volumes not removed yet: %s", job_id, e)
+                continue
+            await ctx.db(ctx.records.forget_container, job_id)
+            removed_any = True
+    if removed_any:
+        await prune_networks(ctx)
+    if now - last_sweep > ORPHAN_SWEEP_INTERVAL:
+        last_sweep = now
+        await remove_orphan_containers(ctx)
+    return last_sweep
+
+
+async def remove_from_engine(ctx: JobContext, job_id: str, spec: dict, node: str) -> None:
+    """Remove an ended job's containers (every worker's) and its volumes (on each node it
+    ran on); the record and saved logs stay."""
+    name = ctx.container_name(job_id)
+    for rank in range(int(spec.get("workers") or 1)):
+        await ctx.runtime.remove(rank_name(name, rank))
+    await remove_volumes(ctx, job_id, JobSpec.from_json(spec), node)
+
+
+async def remove_volumes(ctx: JobContext, job_id: str, spec: JobSpec, node: str) -> None:
+    """Remove the job's data volumes and git clones on each node it was placed on
+    (``node``: comma-separated), then give their bytes back to its owner's disk quota."""
+    name = ctx.container_name(job_id)
+    for where in dict.fromkeys((node or "").split(",")):
+        for vol in ctx.volumes(job_id, spec, where):
+            await ctx.runtime.remove_volume(vol.docker_volume, vol.node)
+        for volume in git_volume_names(name, spec.git):
+            await ctx.runtime.remove_volume(volume, where)
+    await ctx.db(ctx.disk.release_workload, ctx.workload(job_id))
+
+
+async def discard_volumes(ctx: JobContext, job_id: str, spec: JobSpec, node: str) -> None:
+    """A job that fails before its command ran keeps nothing: its volumes (a half-pulled
+    one, emptied clones) go at once, not after the retention delay; if the engine
+    refuses now, the cleanup after the delay removes them."""
+    try:
+        await remove_volumes(ctx, job_id, spec, node)
+    except EngineError as e:
+        log.warning("job %s: volumes not removed yet: %s", job_id, e)
+
+
+# --- restart safety ------------------------------------------------------------------
+
+
+async def recover(ctx: JobContext) -> None:
+    """Rebuild the world after a (possibly violent) restart: no job lost, none run twice.
+
+    Sync helpers left by the previous holder are removed first (they hold store
+    credentials and the volume's sync lock); every active job then gets a task that
+    carries it on from what the database and the engine say; containers and volumes
+    without a record, and GPUs held by no active job, are cleaned up."""
+    await remove_orphan_helpers(ctx)
+    active = await ctx.db(ctx.records.list, None, {s.value for s in ACTIVE})
+    for j in active:
+        ctx.spawn(j["id"], True)
+    live = [ctx.workload(j["id"]) for j in active]
+    await ctx.db(ctx.ledger.reconcile, live, "job", 0)
+    # disk bookings of jobs whose volumes are gone (a removal cut short by the restart)
+    keep = {ctx.workload(i) for i in await ctx.db(ctx.records.with_volumes)}
+    await ctx.db(ctx.disk.release_all_but, keep, ctx.workload(""))
+    await remove_orphan_containers(ctx)
+    await prune_networks(ctx)
+
+
+async def remove_orphan_helpers(ctx: JobContext) -> None:
+    """Remove the sync helpers of jobs (not notebooks': the hub runs those) that no task
+    of this process started: at a new leadership, all of them."""
+    # unreachable engine: the error ends this recovery, which is tried again next pass
+    helpers = await ctx.runtime.labelled(ctx.settings.instance, "sync-helper")
+    prefix = ctx.workload("")
+    for h in helpers:
+        if not h.labels.get(L_WORKLOAD, "").startswith(prefix):
+            continue
+        log.warning("removing sync helper %s left by an earlier service", h.id[:12])
+        await ctx.runtime.remove(h.id)
+
+
+async def remove_orphan_containers(ctx: JobContext) -> None:
+    """Containers (and their volumes) of jobs that have no record any more: a DELETE
+    whose engine clean-up was cut short. Every container must have a record."""
+    try:
+        found = await ctx.runtime.labelled(ctx.settings.instance, "job")
+    except Exception as e:
+        log.warning("job containers not checked: %s", e)
+        return
+    known = await ctx.db(ctx.records.ids)
+    for c in found:
+        job_id = c.labels.get("org.gpulab.job", "")
+        if not job_id or job_id in known:
+            continue
+        log.warning("removing workload %s of deleted job %s", c.id[:12], job_id)
+        await ctx.runtime.remove(c.id)
+        await remove_job_volumes(ctx, job_id)
+
+
+async def remove_job_volumes(ctx: JobContext, job_id: str) -> None:
+    name = ctx.container_name(job_id)
+    for prefix in (f"{name}-v-", git_volume_prefix(name)):  # data volumes and checkouts
+        for vol, node in await ctx.runtime.volumes_named(prefix):
+            await ctx.runtime.remove_volume(vol, node)
+    await ctx.db(ctx.disk.release_workload, ctx.workload(job_id))
+
+
+async def prune_networks(ctx: JobContext) -> None:
+    """Best effort: remove users' networks that no container uses any more (notebooks'
+    included), so that they do not hold the engine's address pools."""
+    try:
+        gone = await ctx.runtime.prune_user_networks(ctx.settings.instance)
+    except EngineError as e:
+        log.warning("networks not pruned: %s", e)
+        return
+    if gone:
+        log.info("removed the networks of %s (no container left)", ", ".join(gone))
