@@ -1,0 +1,600 @@
+"""The job supervisor's transitions and failure paths, on the fake Runtime: no engine, no hub.
+
+Each test drives one job through the supervisor's own code (its schedule pass, the job's
+task, its ending) on a real SQLite database, with ``tests/support/fake_runtime.py`` playing
+the engine: exits, refusals, lost and vanished workloads, a workload that will not die, a
+push that fails. Paths the integration tests reach only through a real engine are here, and
+some they cannot reach at all (a workload that outlives SIGKILL, a node lost for good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from gpulab.db import Database
+from gpulab.jobs.spec import JobSpec
+from gpulab.jobs.supervisor import ending, engine, housekeeping, life
+from gpulab.jobs.supervisor.supervisor import JobSupervisor
+from gpulab.lifecycle import JobState
+from gpulab.runtime.base import HelperSpec, NetworkUnavailable, WorkloadRefused
+from gpulab.settings import GpulabSettings
+from tests.conftest import run_async
+from tests.support.fake_runtime import EngineError, FakeRuntime
+
+J = JobState
+INSTANCE = "t"
+IMAGE = "gpulab/python:3.11"
+
+
+def job_spec(**kw) -> dict:
+    """A stored job spec (what the records keep): one GPU, no retries, unless told."""
+    gpus = kw.pop("gpus", 1)
+    return {
+        "name": None,
+        "image": IMAGE,
+        "command": ["python", "train.py"],
+        "resources": {"cpus": 1.0, "memory": "1G", "gpus": gpus},
+        "workers": 1,
+        "priority": 50,
+        "preemptible": False,
+        "retries": 0,
+        "timeout": 3600.0,
+        **kw,
+    }
+
+
+class Engine(FakeRuntime):
+    """The fake engine, which also removes a workload by the ID its listing gave."""
+
+    async def remove(self, name: str) -> bool:
+        return await super().remove(name.removeprefix("id-"))
+
+
+class Lab:
+    """One supervisor on the fake engine, with two GPUs and a fast pass."""
+
+    def __init__(self, tmp_path, runtime: FakeRuntime | None = None, **settings):
+        self.rt = runtime or Engine(images={IMAGE})
+        self.tmp = tmp_path
+        store = tmp_path / "store"
+        store.mkdir(exist_ok=True)
+        self.settings = GpulabSettings(
+            instance=INSTANCE,
+            gpu_devices=[{"id": "0"}, {"id": "1"}],
+            discover_gpus=False,
+            supervisor_interval=0.01,
+            preemption_grace=0.0,
+            engine_retry_max=0.05,
+            job_container_retention=0.0,
+            object_stores={"local": {"kind": "filesystem", "root": str(store)}},
+            volume_grants=[{"store": "local", "bucket": "data"}],
+            **settings,
+        )
+        self.db = Database(f"sqlite:///{tmp_path / 'gpulab.sqlite'}")
+        self.sv = JobSupervisor(self.settings, self.db, self.rt, tmp_path / "logs", holder="me")
+        self.ctx = self.sv.ctx
+
+    def submit(self, **kw) -> str:
+        return self.ctx.records.create("ann", job_spec(**kw), None, ())["id"]
+
+    def job(self, job_id: str) -> dict:
+        return self.ctx.records.get(job_id)
+
+    def held(self) -> list[str]:
+        """The devices the ledger has booked (for any workload)."""
+        return sorted(a["device"] for a in self.ctx.ledger.allocations())
+
+    def name(self, job_id: str) -> str:
+        return self.ctx.container_name(job_id)
+
+    async def place(self, job_id: str) -> None:
+        """One schedule pass as the lease holder: the job is placed and its task started."""
+        self.sv.leading.set()
+        await self.sv.schedule()
+        assert self.job(job_id)["state"] != J.QUEUED.value, self.job(job_id)["message"]
+
+    async def until(self, job_id: str, *states: JobState, timeout: float = 5.0) -> dict:
+        deadline = time.monotonic() + timeout
+        wanted = {s.value for s in states}
+        while True:
+            job = self.job(job_id)
+            if job["state"] in wanted:
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{job_id}: {job['state']} ({job['message']}), not {wanted}")
+            await asyncio.sleep(0.01)
+
+    async def settle(self, job_id: str) -> None:
+        """Wait for the job's task to end (it ended the job, or handed it on)."""
+        task = self.sv.tasks.get(job_id)
+        if task is not None:
+            await asyncio.wait_for(asyncio.shield(task), 5)
+
+    async def close(self) -> None:
+        for task in list(self.sv.tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self.sv.tasks.values(), return_exceptions=True)
+
+
+def reasons(job: dict) -> list[tuple[str, str]]:
+    return [(e["state"], e["reason"]) for e in job["history"]]
+
+
+def lab_run(tmp_path, test, **kw):
+    """Run ``test(lab)`` on a loop of its own, cancelling the lab's tasks at the end."""
+
+    async def main():
+        lab = Lab(tmp_path, **kw)
+        try:
+            return await test(lab)
+        finally:
+            await lab.close()
+
+    return run_async(main())
+
+
+# --- a start and its ends ---------------------------------------------------------------------
+
+
+def test_a_job_starts_runs_and_exit_0_is_done_with_its_gpu_released(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit()
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        assert job["container"] == name and lab.held() == ["0"]
+        spec = lab.rt.workloads[name].spec
+        assert spec.gpu_ids == ["0"] and spec.image == IMAGE
+        assert spec.command == ["python", "train.py"]
+        assert spec.env["GPULAB_JOB_ID"] == job_id
+        assert spec.labels["org.gpulab.job"] == job_id
+        lab.rt.workloads[name].logs = b"step 1\nstep 2\n"
+        lab.rt.exits(name, 0)
+        job = await lab.until(job_id, J.DONE)
+        assert job["reason"] == "EXITED" and job["exit_code"] == 0
+        assert lab.held() == []  # released once the engine said it ended
+        assert lab.ctx.log_file(job_id).read_bytes() == b"step 1\nstep 2\n"
+        assert [s for s, _ in reasons(job)] == [
+            "QUEUED",
+            "INITIALIZING",
+            "PENDING",
+            "RUNNING",
+            "FINALIZING",
+            "DONE",
+        ]
+
+    lab_run(tmp_path, test)
+
+
+def test_a_refusal_at_create_is_an_engine_error_and_frees_the_gpu(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit()
+        lab.rt.fail("create_and_start", WorkloadRefused("could not select device driver"))
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.ERROR)
+        assert job["reason"] == "ENGINE_ERROR"
+        assert job["message"] == (
+            "the engine could not start the job: could not select device driver"
+        )
+        assert lab.held() == []
+        assert lab.rt.names("create_and_start") == [lab.name(job_id)]  # tried once, not retried
+
+    lab_run(tmp_path, test)
+
+
+def test_a_network_that_cannot_be_had_is_its_own_error(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit()
+        lab.rt.fail("create_and_start", NetworkUnavailable("the address pools are full"))
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.ERROR)
+        assert (job["reason"], job["message"]) == (
+            "NETWORK_UNAVAILABLE",
+            "the address pools are full",
+        )
+        assert lab.held() == []
+
+    lab_run(tmp_path, test)
+
+
+def test_an_engine_fault_at_create_requeues_the_job_never_ends_it(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit()
+        lab.rt.fail("create_and_start", EngineError("connection reset"))
+        await lab.place(job_id)
+        # the guard carries it on from what the engine says: its command never ran
+        job = await lab.until(job_id, J.QUEUED)
+        assert (job["reason"], job["message"]) == (
+            "SERVICE_RESTART",
+            "queued again: a fault before its command ran",
+        )
+        retry = [e for e in job["history"] if e["reason"] == "SUPERVISOR_RETRY"]
+        assert retry and "EngineError: connection reset" in retry[0]["message"]
+        assert lab.held() == [] and not job["devices"]
+        await lab.settle(job_id)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        assert lab.rt.names("create_and_start") == [lab.name(job_id)] * 2
+
+    lab_run(tmp_path, test)
+
+
+def test_a_missing_image_fails_the_job_before_any_container(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(image="gpulab/absent:1")
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED)
+        assert job["reason"] == "IMAGE_MISSING"
+        assert job["message"] == "image gpulab/absent:1 is missing on this host"
+        assert lab.rt.called("create_and_start") == [] and lab.held() == []
+
+    lab_run(tmp_path, test)
+
+
+def test_non_zero_exit_fails_and_oom_says_so(tmp_path):
+    async def test(lab: Lab):
+        a, b = lab.submit(), lab.submit()
+        await lab.place(a)
+        await lab.until(a, J.RUNNING)
+        await lab.until(b, J.RUNNING)
+        lab.rt.exits(lab.name(a), 3)
+        lab.rt.exits(lab.name(b), 137, oom=True)
+        job = await lab.until(a, J.FAILED)
+        assert (job["reason"], job["message"], job["exit_code"]) == ("EXITED", "exit code 3", 3)
+        job = await lab.until(b, J.FAILED)
+        assert job["message"] == "out of memory" and job["exit_code"] == 137
+        assert lab.held() == []
+
+    lab_run(tmp_path, test)
+
+
+def test_a_failure_with_retries_left_restarts_the_same_container(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(retries=1)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        lab.rt.exits(name, 2)
+        await lab.until(job_id, J.RESTARTING, J.RUNNING)
+        deadline = time.monotonic() + 5
+        while lab.rt.workloads[name].starts < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        job = await lab.until(job_id, J.RUNNING)
+        assert job["restarts"] == 1 and lab.rt.names("start_again") == [name]
+        assert ("RESTARTING", "AUTO_RESTART") in reasons(job)
+        assert lab.rt.names("create_and_start") == [name]  # restarted, not made again
+        lab.rt.exits(name, 2)  # no restart left
+        job = await lab.until(job_id, J.FAILED)
+        assert job["message"] == "exit code 2 after 1 restarts"
+
+    lab_run(tmp_path, test)
+
+
+def test_a_time_out_interrupts_the_job(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(timeout=0.05)
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.INTERRUPTED)
+        assert job["reason"] == "TIMEOUT" and "time-out of 0.05 s reached" in job["message"]
+        assert not lab.rt.workloads[lab.name(job_id)].running and lab.held() == []
+        assert [s for s, _ in reasons(job)][-4:] == [
+            "TIMEOUT",
+            "INTERRUPTING",
+            "FINALIZING",
+            "INTERRUPTED",
+        ]
+
+    lab_run(tmp_path, test)
+
+
+def test_a_hang_restarts_in_place_then_fails(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(hang_restart={"enabled": True, "period": 0.03})
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED, timeout=10)
+        name = lab.name(job_id)
+        assert job["reason"] == "HANG"
+        assert job["message"] == (
+            f"no progress for 0.03 s after {life.MAX_HANG_RESTARTS} restarts in place"
+        )
+        assert lab.rt.workloads[name].restarts == life.MAX_HANG_RESTARTS
+        notes = [e["message"] for e in job["history"] if e["reason"] == "HANG_RESTART"]
+        assert len(notes) == life.MAX_HANG_RESTARTS
+        assert notes[0] == (
+            "no output and no CPU progress for 0.03 s: command restarted in place (1 of 3)"
+        )
+        assert job["hang_restarts"] == life.MAX_HANG_RESTARTS and lab.held() == []
+
+    lab_run(tmp_path, test)
+
+
+def test_output_is_progress_a_hang_is_not_called(tmp_path):
+    async def test(lab: Lab):
+        hang = {"enabled": True, "period": 0.2}
+        chatty, silent = lab.submit(hang_restart=hang), lab.submit(hang_restart=hang)
+        await lab.place(chatty)
+        await lab.until(chatty, J.RUNNING)
+        await lab.until(silent, J.RUNNING)
+        w = lab.rt.workloads[lab.name(chatty)]
+        # the runner's own notes are not the command's progress
+        lab.rt.workloads[lab.name(silent)].logs = b"[gpulab] command restarted\n"
+        for i in range(80):  # a line every 10 ms for four periods
+            w.logs += f"step {i}\n".encode()
+            await asyncio.sleep(0.01)
+        assert w.restarts == 0 and lab.job(chatty)["state"] == J.RUNNING.value
+        assert lab.rt.workloads[lab.name(silent)].restarts >= 1
+
+    lab_run(tmp_path, test)
+
+
+def test_a_container_that_disappears_is_an_error(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit()
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        lab.rt.vanish(lab.name(job_id))
+        job = await lab.until(job_id, J.ERROR)
+        assert (job["reason"], job["message"]) == (
+            "CONTAINER_LOST",
+            "the job's container disappeared",
+        )
+        assert lab.held() == []
+
+    lab_run(tmp_path, test)
+
+
+def test_a_lost_node_requeues_the_job_then_fails_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(life, "LOST_AFTER", 0.0)
+
+    async def test(lab: Lab):
+        job_id = lab.submit(retries=1)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        lab.rt.lose(name, "node worker-2 is down")
+        job = await lab.until(job_id, J.QUEUED)
+        assert job["reason"] == "NODE_LOST" and job["restarts"] == 1
+        assert job["message"] == (
+            "queued again to run on another node: its node was lost (node worker-2 is down); "
+            "restart 1 of 1"
+        )
+        assert name not in lab.rt.workloads and lab.held() == []  # removed, then released
+        await lab.settle(job_id)
+        await lab.place(job_id)  # placed again, made anew
+        await lab.until(job_id, J.RUNNING)
+        assert lab.rt.names("create_and_start") == [name, name]
+        lab.rt.lose(name, "")
+        job = await lab.until(job_id, J.FAILED)
+        assert (job["reason"], job["message"]) == ("NODE_LOST", "its node was lost")
+
+    lab_run(tmp_path, test)
+
+
+# --- what is asked of a running job -------------------------------------------------------------
+
+
+def test_an_interrupt_stops_the_job_and_frees_its_gpu(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit()
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        lab.ctx.records.ask(job_id, "interrupt", states=frozenset({J.RUNNING}))
+        job = await lab.until(job_id, J.INTERRUPTED)
+        assert (job["reason"], job["message"]) == ("USER_INTERRUPT", "interrupted by its owner")
+        assert ("INTERRUPTING", "USER_INTERRUPT") in reasons(job)
+        assert lab.rt.names("stop") == [lab.name(job_id)] and lab.held() == []
+
+    lab_run(tmp_path, test)
+
+
+def test_an_interrupt_before_the_start_makes_no_container(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit()
+        lab.sv.leading.set()
+        gate = asyncio.Event()
+        real = lab.rt.image_exists
+
+        async def slow_image_exists(image):  # the interrupt comes while the image is checked
+            await gate.wait()
+            return await real(image)
+
+        lab.rt.image_exists = slow_image_exists
+        await lab.sv.schedule()
+        await lab.until(job_id, J.INITIALIZING)
+        lab.ctx.records.ask(job_id, "interrupt", states=frozenset({J.INITIALIZING}))
+        gate.set()
+        job = await lab.until(job_id, J.INTERRUPTED)
+        assert job["message"] == "interrupted before it started"
+        assert lab.rt.called("create_and_start") == [] and lab.held() == []
+
+    lab_run(tmp_path, test)
+
+
+def test_a_preempted_job_is_requeued_with_its_gpu_released(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(preemptible=True)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        lab.ctx.records.ask(job_id, "preempt", states=frozenset({J.RUNNING}))
+        job = await lab.until(job_id, J.QUEUED)
+        assert job["reason"] == "PREEMPTED"
+        assert job["message"] == "re-queued after preemption; compute released"
+        assert ("INTERRUPTING", "PREEMPTED") in reasons(job)
+        assert name not in lab.rt.workloads and lab.held() == [] and not job["devices"]
+
+    lab_run(tmp_path, test)
+
+
+def test_the_scheduler_preempts_over_quota_work_for_in_quota_work(tmp_path):
+    async def test(lab: Lab):
+        lab.settings.job_quota = {"gpus": 1}
+        a, b = lab.submit(preemptible=True), lab.submit(preemptible=True)
+        await lab.place(a)  # ann's second GPU: beyond her quota, preemptible
+        await lab.until(a, J.RUNNING)
+        await lab.until(b, J.RUNNING)
+        over = [j for j in (a, b) if lab.job(j)["over_quota"]]
+        assert len(over) == 1
+        bob = lab.ctx.records.create("bob", job_spec(gpus=1), None, ())["id"]
+        await lab.sv.schedule()  # bob's in-quota job asks the over-quota one to give way
+        job = await lab.until(over[0], J.QUEUED)
+        assert job["reason"] == "PREEMPTED"
+        await lab.settle(over[0])
+        await lab.sv.schedule()
+        await lab.until(bob, J.RUNNING)
+
+    lab_run(tmp_path, test)
+
+
+# --- GPUs and data are kept while the engine has not confirmed ------------------------------------
+
+
+class StubbornRuntime(FakeRuntime):
+    """An engine whose workloads outlive SIGTERM and SIGKILL (a hung driver, a D-state)."""
+
+    async def stop(self, name, grace):
+        self._enter("stop", name, grace)
+
+    async def kill(self, name):
+        self._enter("kill", name)
+
+
+def test_gpus_stay_booked_while_the_engine_says_the_container_runs(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit()
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        await lab.close()  # this test drives the ending itself
+        with pytest.raises(engine.StillRunning):
+            await ending.finalize(lab.ctx, job_id, J.INTERRUPTED, "USER_INTERRUPT", "stop")
+        assert lab.held() == ["0"] and lab.job(job_id)["state"] == J.RUNNING.value
+        name = lab.name(job_id)
+        assert lab.rt.names("stop") == [name] and lab.rt.names("kill") == [name]
+        lab.rt.workloads[name].end(137)  # it died at last: the same ending now completes
+        await ending.finalize(lab.ctx, job_id, J.INTERRUPTED, "USER_INTERRUPT", "stop")
+        assert lab.job(job_id)["state"] == J.INTERRUPTED.value and lab.held() == []
+
+    lab_run(tmp_path, test, runtime=StubbornRuntime(images={IMAGE}))
+
+
+def test_a_failed_push_keeps_the_volume_and_a_retry_finishes_the_job(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(volumes=["data@local/out:/mnt/out:rw"])
+        (vol,) = lab.ctx.volumes(job_id, JobSpec.from_json(lab.job(job_id)["spec"]))
+        volume = vol.docker_volume
+        lab.rt.add_volume(volume)  # there, and nothing stored yet: no pull
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        assert lab.rt.workloads[name].spec.mounts[0].volume == volume
+        lab.rt.script_helper(1, ["boom: the store is read-only"])  # the push fails
+        lab.rt.exits(name, 0)
+        job = await lab.until(job_id, J.SYNC_FAILED)
+        assert job["reason"] == "PUSH_FAILED" and job["outcome"] == J.DONE.value
+        assert job["message"].startswith("push of data@local/out:/mnt/out:rw failed")
+        assert "Nothing local was deleted" in job["message"]
+        assert lab.held() == []  # the GPU goes; the data stays
+        await lab.settle(job_id)
+        await housekeeping.cleanup(lab.ctx, time.time())  # past the retention delay
+        assert (volume, "") in lab.rt.volumes and lab.rt.called("remove_volume") == []
+        push = lab.rt.helper_configs[-1]
+        assert isinstance(push, dict) and push["command"][0] == "push"
+        report = {"event": "report", "ok": True, "completed": 1, "skipped": 0, "deleted": 0}
+        lab.rt.script_helper(0, [json.dumps(report)])
+        job = await lab.sv.retry_push(job_id)
+        assert job["state"] == J.DONE.value, job["message"]
+        assert ("FINALIZING", "PUSH_RETRY") in reasons(job)
+        await housekeeping.cleanup(lab.ctx, time.time())
+        assert (volume, "") not in lab.rt.volumes  # then the delay removes it
+
+    lab_run(tmp_path, test)
+
+
+# --- a restart of the service ------------------------------------------------------------------
+
+
+def test_a_new_supervisor_reattaches_a_running_job_and_never_starts_it_twice(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit()
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        await lab.close()  # the service dies; the container runs on
+        again = JobSupervisor(lab.settings, lab.db, lab.rt, tmp_path / "logs", holder="next")
+        again.leading.set()
+        await housekeeping.recover(again.ctx)
+        assert job_id in again.tasks
+        name = lab.name(job_id)
+        lab.rt.exits(name, 0)
+        job = await lab.until(job_id, J.DONE)
+        assert lab.rt.names("create_and_start") == [name] and lab.held() == []
+        assert job["reason"] == "EXITED"
+        await asyncio.gather(*again.tasks.values())
+
+    lab_run(tmp_path, test)
+
+
+def test_recovery_removes_what_has_no_record(tmp_path):
+    async def test(lab: Lab):
+        rt = lab.rt
+        orphan = lab.name("jgone")
+        await rt.create_and_start(
+            engine.workload_spec(
+                lab.ctx, "jgone", JobSpec.from_json(job_spec()), orphan, ("0",), "ann", ""
+            )
+        )
+        rt.add_volume(f"{orphan}-v-data")
+        rt.add_volume(f"{orphan}-git-0")
+        await housekeeping.recover(lab.ctx)
+        assert orphan not in rt.workloads
+        assert not [v for v in rt.volumes if v[0].startswith(orphan)]
+
+    lab_run(tmp_path, test)
+
+
+def test_the_whole_loop_places_runs_and_ends_a_job(tmp_path):
+    async def test(lab: Lab):
+        await lab.sv.start()
+        try:
+            job_id = lab.submit(gpus=2)
+            lab.sv.wake.set()
+            await lab.until(job_id, J.RUNNING)
+            assert lab.held() == ["0", "1"]
+            lab.rt.exits(lab.name(job_id), 0)
+            await lab.until(job_id, J.DONE)
+            assert lab.held() == []
+        finally:
+            await lab.sv.stop()
+
+    lab_run(tmp_path, test)
+
+
+def test_a_clone_helper_is_a_helper_spec_on_the_owners_network(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(
+            git=[{"url": "https://git.example/r.git", "path": "/workspace/r", "branch": "main"}]
+        )
+        done = {"event": "git", "ok": True, "commit": "c0ffee" * 7, "disk_bytes": 10}
+        lab.rt.script_helper(0, [json.dumps(done)])
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.RUNNING)
+        (helper,) = lab.rt.helper_configs
+        assert isinstance(helper, HelperSpec)
+        assert helper.network == f"net-{INSTANCE}-ann"  # the owner's own, never the bridge
+        assert helper.command[0] == "git-clone" and "--branch=main" in helper.command
+        assert helper.mounts[0].volume == f"{lab.name(job_id)}-git-0"
+        deadline = time.monotonic() + 5  # the note is written beside the job's task
+        while not any(e["reason"] == "GIT" for e in job["history"]):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+            job = lab.job(job_id)
+        (note,) = [e for e in job["history"] if e["reason"] == "GIT"]
+        assert note["message"] == (
+            f"cloned https://git.example/r.git (branch main) at {'c0ffee' * 2} into /workspace/r"
+        )
+
+    lab_run(tmp_path, test)
