@@ -233,6 +233,21 @@ def test_the_cli_imports_nothing_of_gpulab_outside_itself():
         assert bad == [], module
 
 
+def test_the_jobs_know_the_runtime_interface_and_no_engine():
+    """jobs/ (the supervisor included) holds a Runtime: of runtime/ it imports base.py only
+    (Runtime, WorkloadSpec, HelperSpec, WorkloadState, gpulab's EngineError), never the
+    Docker SDK, a backend, its networks or its Docker configs."""
+    for module, targets in graph().items():
+        if not _under(module, "jobs"):
+            continue
+        bad = sorted(
+            t
+            for t in targets
+            if t == "docker" or (_under(t, "runtime") and t != f"{ROOT}.runtime.base")
+        )
+        assert bad == [], module
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="helpers 'notebooks' and 'supervisor' are moving every engine call behind Runtime",
