@@ -270,21 +270,24 @@ def test_local_root_walks_without_following(tmp_path):
 
 
 def helper(operation: str, prefix: str = "ws/alice/nb", mode: str = "rwd") -> dict:
-    from gpulab.data.helper import sync_helper_config
+    from gpulab.data.helper import sync_helper_spec
+    from gpulab.runtime.objects import helper_container_config
 
-    return sync_helper_config(
-        image="gpulab/sync:1",
-        operation=operation,
-        bucket="bkt",
-        prefix=prefix,
-        mode=mode,
-        docker_volume=None if operation == "purge" else "vol",
-        store_kind="filesystem",
-        store_root="/srv/objects",
-        endpoint_url=None,
-        region="us-east-1",
-        labels={},
-        environment={},
+    return helper_container_config(
+        sync_helper_spec(
+            image="gpulab/sync:1",
+            operation=operation,
+            bucket="bkt",
+            prefix=prefix,
+            mode=mode,
+            docker_volume=None if operation == "purge" else "vol",
+            store_kind="filesystem",
+            store_root="/srv/objects",
+            endpoint_url=None,
+            region="us-east-1",
+            labels={},
+            environment={},
+        )
     )
 
 

@@ -11,7 +11,7 @@ import json
 import pytest
 from traitlets import TraitError
 
-from gpulab.data.helper import sync_helper_config
+from gpulab.data.helper import sync_helper_spec
 from gpulab.data.sync import VolumeSync, WorkloadData
 from gpulab.datasync.cli import main as sync_main
 from gpulab.datasync.engine import pull
@@ -230,7 +230,7 @@ def test_sync_command_max_bytes(tmp_path, capsys):
 
 def test_helpers_are_told_their_booking():
     def config(op, **kw):
-        return sync_helper_config(
+        return sync_helper_spec(
             image="i",
             operation=op,
             bucket="b",
@@ -244,7 +244,7 @@ def test_helpers_are_told_their_booking():
             labels={},
             environment={},
             **kw,
-        )["command"]
+        ).command
 
     cmd = config("pull", max_bytes=1234)
     assert cmd[cmd.index("--max-bytes") + 1] == "1234"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpulab.data.helper import sync_helper_config
+from gpulab.data.helper import sync_helper_spec
 from gpulab.data.sync import (
     StorageCredentialsError,
     SyncOutcome,
@@ -14,6 +14,7 @@ from gpulab.data.sync import (
     store_credentials,
 )
 from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
+from gpulab.runtime.objects import helper_container_config
 from gpulab.storage import StorageConfig
 
 from ..support.options import CATALOG, FLAVORS, LIMITS
@@ -88,6 +89,11 @@ def test_storage_config_rejects_credential_values():
         StorageConfig.from_config({"s3": {"credentials": {"secret": "x"}}}, [])
     with pytest.raises(ValueError, match="not an object store"):
         StorageConfig.from_config({}, [], "missing")
+
+
+def sync_helper_config(**kw) -> dict:
+    """The sync helper's spec as the one engine's container config (what it is sent)."""
+    return helper_container_config(sync_helper_spec(**kw))
 
 
 def test_sync_helper_config_filesystem_and_s3():

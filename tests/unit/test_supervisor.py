@@ -503,7 +503,9 @@ def test_a_failed_push_keeps_the_volume_and_a_retry_finishes_the_job(tmp_path):
         await housekeeping.cleanup(lab.ctx, time.time())  # past the retention delay
         assert (volume, "") in lab.rt.volumes and lab.rt.called("remove_volume") == []
         push = lab.rt.helper_configs[-1]
-        assert isinstance(push, dict) and push["command"][0] == "push"
+        assert isinstance(push, HelperSpec) and push.command[0] == "push"
+        assert [m.volume for m in push.mounts] == [volume]
+        assert push.host_dirs and not any(ro for _, ro in push.host_dirs.values())  # it writes
         report = {"event": "report", "ok": True, "completed": 1, "skipped": 0, "deleted": 0}
         lab.rt.script_helper(0, [json.dumps(report)])
         job = await lab.sv.retry_push(job_id)

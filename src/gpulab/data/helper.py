@@ -2,13 +2,14 @@
 
 The helper is a short-lived container of the ``gpulab-sync`` image (:mod:`gpulab.datasync`)
 that pulls or pushes one volume of a workload; :mod:`gpulab.data.sync` runs it through the
-``Runtime``. Its container config is built here, from plain values, and tested as data.
+``Runtime``. What it runs and mounts (a backend-neutral ``HelperSpec``) is built here, from
+plain values, and tested as data.
 """
 
 from __future__ import annotations
 
 from ..datasync.filesystem import META_DIR
-from ..runtime.objects import hardened_host_config
+from ..runtime.base import HelperSpec, Mount
 
 
 def filesystem_store_dirs(bucket: str, prefix: str) -> tuple[str, str]:
@@ -28,7 +29,7 @@ def filesystem_store_dirs(bucket: str, prefix: str) -> tuple[str, str]:
     return rel, f"{META_DIR}/{rel}"
 
 
-def sync_helper_config(
+def sync_helper_spec(
     *,
     image: str,
     operation: str,
@@ -45,8 +46,8 @@ def sync_helper_config(
     user: str = "1000:100",
     mirror: bool = False,
     max_bytes: int | None = None,
-) -> dict:
-    """Keyword arguments for ``create_container`` of a short-lived ``gpulab-sync`` helper.
+) -> HelperSpec:
+    """A short-lived ``gpulab-sync`` helper, for any backend's ``run_helper``.
 
     ``max_bytes``: a pull refuses a prefix whose objects weigh more than this together (what
     the owner's disk quota booked for the volume: :mod:`gpulab.disk_ledger`).
@@ -67,7 +68,8 @@ def sync_helper_config(
     It never runs user code.
     """
     command = [operation, "--bucket", bucket, "--prefix", prefix, "--json-progress"]
-    binds: dict[str, dict] = {}
+    mounts: list[Mount] = []
+    host_dirs: dict[str, tuple[str, bool]] = {}
     if operation != "purge":
         command += ["--local", "/data", "--mode", mode]
         if mirror and operation == "pull":
@@ -76,7 +78,7 @@ def sync_helper_config(
             command += ["--max-bytes", str(int(max_bytes))]
         if docker_volume is None:
             raise ValueError("pull and push need a volume")
-        binds[docker_volume] = {"bind": "/data", "mode": "rw"}
+        mounts.append(Mount(docker_volume, "/data"))
     if store_kind == "filesystem":
         if not store_root:
             raise ValueError("a filesystem store needs its root")
@@ -84,21 +86,18 @@ def sync_helper_config(
         writes = operation == "purge" or (operation == "push" and mode in ("rw", "rwd"))
         for rel in filesystem_store_dirs(bucket, prefix):
             host = f"{store_root.rstrip('/')}/{rel}"
-            binds[host] = {"bind": f"/store/{rel}", "mode": "rw" if writes else "ro"}
+            host_dirs[host] = (f"/store/{rel}", not writes)
     else:
         if endpoint_url:
             command += ["--store-endpoint", endpoint_url]
         command += ["--region", region]
-    return {
-        "image": image,
-        "command": command,
-        "labels": labels,
-        "environment": environment,
-        "user": user,
-        "host_config": {
-            "binds": binds,
-            "network_mode": "host",
-            "auto_remove": False,
-            **hardened_host_config(),
-        },
-    }
+    return HelperSpec(
+        image=image,
+        command=command,
+        labels=labels,
+        env=environment,
+        user=user,
+        mounts=tuple(mounts),
+        host_dirs=host_dirs,
+        network="host",
+    )

@@ -24,7 +24,7 @@ from ..names import L_INSTANCE, L_KIND, L_WORKLOAD, volume_name
 from ..runtime.base import Runtime
 from ..statelog import register_sensitive
 from ..volumes import ObjectStore, VolumeSpec
-from .helper import filesystem_store_dirs, sync_helper_config
+from .helper import filesystem_store_dirs, sync_helper_spec
 
 if TYPE_CHECKING:
     from ..disk_ledger import DiskLedger
@@ -43,7 +43,7 @@ class StoreLayoutError(RuntimeError):
     something other than a directory, on its path): the sync fails, nothing is mounted."""
 
 
-#: the sync helper's user (see :func:`~gpulab.runtime.objects.sync_helper_config`)
+#: the sync helper's user (see :func:`~gpulab.data.helper.sync_helper_spec`)
 HELPER_UID, HELPER_GID = 1000, 100
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -368,7 +368,7 @@ class WorkloadData:
             env, store_root = await asyncio.to_thread(prepare)
         except (StorageCredentialsError, StoreLayoutError, OSError) as e:
             return SyncOutcome(vol, False, reason=str(e))
-        config = sync_helper_config(
+        helper = sync_helper_spec(
             image=self.image,
             operation=operation,
             bucket=vol.spec.bucket,
@@ -407,7 +407,7 @@ class WorkloadData:
                 on_progress(event)
 
         try:
-            result = await self.runtime.run_helper(config, on_line, vol.node)
+            result = await self.runtime.run_helper(helper, on_line, vol.node)
         except Exception as e:  # the engine refused or lost the helper
             return SyncOutcome(vol, False, reason=f"sync helper failed: {e}")
         if result.exit_code == 0 and final.get("ok", False):

@@ -384,11 +384,9 @@ class Runtime:
         """(volume, node) of the volumes whose name starts with ``prefix``."""
         raise NotImplementedError
 
-    async def run_helper(self, spec: HelperSpec | dict, on_line, node: str = "") -> HelperResult:
+    async def run_helper(self, spec: HelperSpec, on_line, node: str = "") -> HelperResult:
         """Run a short-lived helper (the sync, a clone) to its end on ``node``, next to the
-        volume it mounts; ``on_line`` is called on the event loop with each line it prints.
-        ``spec``: a :class:`HelperSpec` (or, until the sync builds one, the Docker container
-        config that :func:`~gpulab.runtime.objects.helper_container_config` makes of it)."""
+        volume it mounts; ``on_line`` is called on the event loop with each line it prints."""
         raise NotImplementedError
 
     # --- networks -------------------------------------------------------------------------------

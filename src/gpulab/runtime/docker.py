@@ -348,8 +348,8 @@ class DockerRuntime(EngineClient, Runtime):
             if v["Name"].startswith(prefix)
         ]
 
-    async def run_helper(self, spec: HelperSpec | dict, on_line, node: str = "") -> HelperResult:
-        config = helper_container_config(spec) if isinstance(spec, HelperSpec) else spec
+    async def run_helper(self, spec: HelperSpec, on_line, node: str = "") -> HelperResult:
+        config = helper_container_config(spec)
         loop = asyncio.get_running_loop()
 
         def threadsafe(line: str) -> None:

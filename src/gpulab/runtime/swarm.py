@@ -39,6 +39,7 @@ from .base import (
     HelperSpec,
     Labelled,
     LogStream,
+    Mount,
     Node,
     Runtime,
     WorkloadGone,
@@ -407,16 +408,14 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
 
     async def remove_volume(self, name: str, node: str = "") -> bool:
         """Empty the volume with a helper task on its node (see the module's docstring)."""
-        config = {
-            "image": self.helper_image,
-            "command": ["sh", "-c", "find /data -mindepth 1 -delete"],
-            "labels": {L_KIND: "janitor"},
-            "environment": {},
-            "user": "1000:100",
-            "host_config": {"binds": {name: {"bind": "/data", "mode": "rw"}}},
-        }
+        janitor = HelperSpec(
+            image=self.helper_image,
+            command=["sh", "-c", "find /data -mindepth 1 -delete"],
+            labels={L_KIND: "janitor"},
+            mounts=(Mount(name, "/data"),),
+        )
         try:
-            result = await self.run_helper(config, lambda _line: None, node)
+            result = await self.run_helper(janitor, lambda _line: None, node)
         except Exception as e:  # the node is gone: so is the volume
             log.warning("volume %s on %s not emptied: %s", name, node, e)
             return False
@@ -461,8 +460,8 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         finally:
             with_suppress_notfound(client.remove_service, sid)
 
-    async def run_helper(self, spec: HelperSpec | dict, on_line, node: str = "") -> HelperResult:
-        config = helper_container_config(spec) if isinstance(spec, HelperSpec) else spec
+    async def run_helper(self, spec: HelperSpec, on_line, node: str = "") -> HelperResult:
+        config = helper_container_config(spec)
         loop = asyncio.get_running_loop()
 
         def threadsafe(line: str) -> None:

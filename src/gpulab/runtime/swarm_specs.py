@@ -108,8 +108,9 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
 
 
 def helper_service_spec(config: dict, node: str) -> dict:
-    """A sync helper (``sync_helper_config``'s container config) as a one-task service on
-    ``node``. Only named volumes travel: a filesystem store (host paths) is refused."""
+    """A helper (a ``HelperSpec``, as ``objects.helper_container_config`` makes it) as a
+    one-task service on ``node``. Only named volumes travel: a filesystem store (host paths)
+    is refused."""
     host = config["host_config"]
     mounts = []
     for source, bind in (host.get("binds") or {}).items():
