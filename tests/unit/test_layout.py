@@ -13,8 +13,6 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
-import pytest
-
 import gpulab
 
 SRC = Path(gpulab.__file__).parent
@@ -248,10 +246,6 @@ def test_the_jobs_know_the_runtime_interface_and_no_engine():
         assert bad == [], module
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="helpers 'notebooks' and 'supervisor' are moving every engine call behind Runtime",
-)
 def test_nothing_above_runtime_imports_the_docker_sdk_or_a_backend():
     for module, targets in graph().items():
         if _under(module, "runtime"):

@@ -278,7 +278,7 @@ def test_stop_pushes_then_releases_and_records_stopped(tmp_path, answers):
     assert w.record()["state"] == "STOPPED" and "pushed workspace" in w.last()["message"]
     assert w.rt.running() == [] and w.nb.container not in w.rt.workloads
     assert w.held_gpus() == []
-    assert w.rt.helper_configs[-1]["command"][0] == "push"
+    assert w.rt.helper_configs[-1].command[0] == "push"
 
 
 def test_push_failure_keeps_the_data_and_says_sync_failed(tmp_path, answers):
@@ -330,7 +330,7 @@ def test_delete_removes_container_volumes_gpus_and_records_deleted(tmp_path, ans
     run_async(life.stop(w.nb))
     w.rt.script_helper(0, [json.dumps({"event": "report", "ok": True})])
     assert run_async(life.delete(w.nb)) is True
-    assert w.rt.helper_configs[-1]["command"][0] == "purge"
+    assert w.rt.helper_configs[-1].command[0] == "purge"
     assert w.nb.volume in w.rt.names("remove_volume")
     assert (w.nb.volume, "") not in w.rt.volumes
     assert w.record()["state"] == "DELETED" and w.held_gpus() == []

@@ -7,20 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import Runtime
+from .base import EngineError, Runtime
+
+__all__ = ["EngineError", "Runtime", "make_runtime"]
 
 RUNNER = str(Path(__file__).resolve().parent / "job_runner.sh")
-
-
-def __getattr__(name: str):
-    # EngineError: what any backend raises when the engine refuses or does not answer. Both
-    # backends speak the Docker Engine API, so it is the Docker SDK's base exception; read
-    # lazily, so that importing runtime.base loads no SDK.
-    if name == "EngineError":
-        from docker.errors import DockerException
-
-        return DockerException
-    raise AttributeError(name)
 
 
 def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:

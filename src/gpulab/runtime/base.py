@@ -184,10 +184,6 @@ class LogStream:
         self._close()
 
 
-class NetworkUnavailable(Exception):
-    """The user's network cannot be had; the message says why and who can fix it."""
-
-
 class WorkloadGone(LookupError):
     """The engine has no workload of that name."""
 

@@ -86,7 +86,10 @@ class EngineClient:
     @property
     def client(self) -> docker.APIClient:
         if self._client is None:
-            self._client = docker.APIClient(version="auto", timeout=120)
+            try:  # "auto" asks the engine its version: an engine down fails here
+                self._client = docker.APIClient(version="auto", timeout=120)
+            except DockerException as e:
+                raise engine_error(e).with_traceback(e.__traceback__) from None
         return self._client
 
 
