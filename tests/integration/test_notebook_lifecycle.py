@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
 @pytest.fixture(scope="module")
 def hub(hub_with):
-    return hub_with()
+    return hub_with(fresh=True)  # its last check: no volume of the instance is left
 
 
 def states(hub, user, server):
