@@ -32,6 +32,7 @@ CORE = {
     "storage",
     "idle",
     "checks",
+    "disk_quota",
 }
 #: what the core may never import: a database, an engine, the network, a web framework
 IO_MODULES = {
