@@ -228,8 +228,12 @@ class JobSupervisor:
                     # recovery is tried again on the next pass: nothing is scheduled before
                     log.exception("supervisor pass failed")
             wait = self.s.supervisor_interval if self.leading.is_set() else 1.0
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that arrives as the wake event is set (CPython gh-86296), and stop() then waited
+            # for this loop for ever (seen in a full test run: test_supervisor's whole loop)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=wait)
+                async with asyncio.timeout(wait):
+                    await self.wake.wait()
             self.wake.clear()
 
     async def schedule(self) -> None:
