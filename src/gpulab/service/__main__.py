@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from urllib.parse import urlparse
@@ -142,6 +143,12 @@ async def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    # the hub stops its managed services with SIGINT: an ordinary end, not an error to log
+    # the hub stops its managed services with SIGINT: an ordinary end, not an error to log.
+    # A hub started with SIGINT ignored (by a shell without job control: `hub &` in a script,
+    # nohup) passes that on to this process, which then ignored the hub's SIGINT and was
+    # killed 10 s later (meanwhile the hub's health check of the stopping service logged a
+    # traceback): obey SIGINT whatever was inherited
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, signal.SIG_DFL):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
