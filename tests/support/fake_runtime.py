@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpulab.gpus.inventory import GpuDevice
 from gpulab.names import L_INSTANCE, L_KIND, L_USER
 from gpulab.runtime.base import (
     ExecSession,
@@ -166,8 +167,6 @@ class FakeExecSession(ExecSession):
 class FakeRuntime(Runtime):
     """The whole :class:`Runtime` interface in memory. See the module's docstring."""
 
-    kind = "fake"
-
     def __init__(
         self,
         nodes: Iterable[Node] | None = None,
@@ -177,6 +176,8 @@ class FakeRuntime(Runtime):
         clock: Callable[[], float] = time.time,
     ):
         super().__init__(workers=4, registry=registry)
+        #: one engine's GPUs, as make_runtime gives a DockerRuntime this host's
+        self.devices = tuple(GpuDevice(g) for g in gpus)
         self.node_list: list[Node] = (
             list(nodes)
             if nodes is not None

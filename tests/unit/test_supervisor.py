@@ -28,6 +28,8 @@ from tests.support.fake_runtime import EngineError, FakeRuntime
 J = JobState
 INSTANCE = "t"
 IMAGE = "gpulab/python:3.11"
+#: the GPUs of the lab's host: its settings name them, and its fake engine reports them
+GPUS = ("0", "1")
 
 
 def job_spec(**kw) -> dict:
@@ -58,13 +60,13 @@ class Lab:
     """One supervisor on the fake engine, with two GPUs and a fast pass."""
 
     def __init__(self, tmp_path, runtime: FakeRuntime | None = None, **settings):
-        self.rt = runtime or Engine(images={IMAGE})
+        self.rt = runtime or Engine(images={IMAGE}, gpus=GPUS)
         self.tmp = tmp_path
         store = tmp_path / "store"
         store.mkdir(exist_ok=True)
         self.settings = GpulabSettings(
             instance=INSTANCE,
-            gpu_devices=[{"id": "0"}, {"id": "1"}],
+            gpu_devices=[{"id": g} for g in GPUS],
             discover_gpus=False,
             supervisor_interval=0.01,
             preemption_grace=0.0,
@@ -479,7 +481,7 @@ def test_gpus_stay_booked_while_the_engine_says_the_container_runs(tmp_path):
         await ending.finalize(lab.ctx, job_id, J.INTERRUPTED, "USER_INTERRUPT", "stop")
         assert lab.job(job_id)["state"] == J.INTERRUPTED.value and lab.held() == []
 
-    lab_run(tmp_path, test, runtime=StubbornRuntime(images={IMAGE}))
+    lab_run(tmp_path, test, runtime=StubbornRuntime(images={IMAGE}, gpus=GPUS))
 
 
 def test_a_failed_push_keeps_the_volume_and_a_retry_finishes_the_job(tmp_path):

@@ -9,6 +9,8 @@ from gpulab.gpus.inventory import GpuDevice, device_id, from_nodes, node_of
 from gpulab.gpus.ledger import GpuLedger, NoGpuAvailable
 from gpulab.runtime.base import Mount, Node, WorkloadSpec
 from gpulab.runtime.swarm_specs import helper_service_spec, service_spec, task_state
+from tests.conftest import run_async
+from tests.support.fake_runtime import FakeRuntime
 
 
 def _spec(**kw) -> WorkloadSpec:
@@ -186,3 +188,35 @@ def test_a_stopped_service_keeps_its_ended_task_and_ignores_its_unplaceable_one(
     stopping = _task("running", "2027-01-15T08:00:00Z", desired="shutdown")
     assert task_state([stopping], node, stopped=True).running  # not there yet
     assert not task_state([waiting], node, stopped=True).running
+
+
+def test_the_ledger_is_made_for_its_runtime():
+    """One constructor for the spawner and the supervisor: one engine's devices come from
+    make_runtime (configured here: model and memory kept), a cluster's from its nodes."""
+    from gpulab.runtime import make_runtime
+    from gpulab.settings import GpulabSettings
+
+    configured = [{"id": "0", "model": "A100", "memory": "81920M"}, {"id": "1"}]
+    settings = GpulabSettings(gpu_devices=configured, discover_gpus=False, placement="spread")
+    host = make_runtime(settings)
+    assert not host.clustered
+    assert [n.gpus for n in run_async(host.nodes())] == [("0", "1")]
+    single = GpuLedger.for_runtime(_DB(), settings, host)
+    assert single.devices == [GpuDevice("0", "A100", "81920M"), GpuDevice("1")]
+    assert not single.clustered and single.policy == "spread"
+    assert single.gang_refusal(1, 2) is None and "this host" in single.gang_refusal(1, 3)
+    assert run_async(single.refresh(host)) is False  # one host's devices are fixed
+    assert single.devices == [GpuDevice("0", "A100", "81920M"), GpuDevice("1")]
+
+    class Cluster(FakeRuntime):
+        clustered = True
+
+    cluster = Cluster(nodes=[Node("1", "w1", ready=True, active=True, gpus=("0", "1"))])
+    swarm = GpuLedger.for_runtime(_DB(), settings, cluster)
+    assert swarm.clustered and swarm.devices == [] and swarm.nodes == []
+    assert run_async(swarm.refresh(cluster)) is True
+    assert [d.key for d in swarm.devices] == ["w1/0", "w1/1"] and swarm.nodes == ["w1"]
+    assert run_async(swarm.refresh(cluster)) is False  # nothing changed
+    assert "the cluster's 1 node(s)" in swarm.gang_refusal(1, 3)
+    cluster.node_list = []  # every node down or drained
+    assert run_async(swarm.refresh(cluster)) is True and swarm.nodes == []

@@ -21,7 +21,7 @@ from ..db import Database, GpuAllocation, Job
 from ..lifecycle import utcnow
 from ..names import job_workload_id
 from . import placement
-from .inventory import GpuDevice
+from .inventory import GpuDevice, from_nodes
 from .sharing import is_fraction, pick_shared, share_of, slots_of
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,32 @@ class GpuLedger:
         self.nodes: list[str] | None = list(nodes) if nodes is not None else None
         #: shareable devices and their slots, as configured (GpulabSettings.gpu_sharing)
         self.sharing: dict[str, int] = dict(sharing or {})
+
+    @classmethod
+    def for_runtime(cls, db: Database, settings, runtime) -> GpuLedger:
+        """The ledger of the GPUs ``runtime`` (a :class:`gpulab.runtime.Runtime`) places
+        workloads on, with ``settings``' placement policy and shared devices. One engine: its
+        devices, fixed (configured or NVML, read when the runtime was made). Devices across
+        several nodes (``runtime.clustered``): none until :meth:`refresh` reads the nodes."""
+        return cls(
+            db,
+            settings.instance,
+            [] if runtime.clustered else runtime.devices,
+            settings.placement,
+            [] if runtime.clustered else None,
+            sharing=settings.gpu_sharing,
+        )
+
+    async def refresh(self, runtime) -> bool:
+        """A cluster's nodes that take workloads now and their devices, as ``runtime.nodes()``
+        reports them (one host's devices are fixed: nothing to read). Whether they changed;
+        raises what ``nodes()`` raises (gpulab's EngineError)."""
+        if not self.clustered:
+            return False
+        devices, nodes = from_nodes(await runtime.nodes())
+        changed = nodes != self.nodes or devices != self.devices
+        self.devices, self.nodes = devices, nodes
+        return changed
 
     def slots(self, device: GpuDevice) -> int:
         """How many slots ``device`` is shared in (0: whole devices only)."""

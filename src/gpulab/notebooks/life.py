@@ -24,7 +24,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from ..data.sync import DiskAccount, progress_message
 from ..disk_ledger import DiskLedger
-from ..gpus.inventory import from_nodes, node_of
+from ..gpus.inventory import node_of
 from ..gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from ..gpus.sharing import is_fraction
 from ..lifecycle import InvalidTransition, NotebookState
@@ -235,8 +235,7 @@ async def _reserve_gpus(nb: Notebook, res) -> None:
     s = nb.settings
     nb.progress(15, f"Reserving {res.gpus:g} GPU(s)" if res.gpus else "No GPU requested")
     try:
-        if nb.ledger.clustered:  # the nodes and devices as the cluster reports them now
-            nb.ledger.devices, nb.ledger.nodes = from_nodes(await nb.runtime.nodes())
+        await nb.ledger.refresh(nb.runtime)  # a cluster's nodes and devices now
     except EngineError as e:
         msg = f"the container engine did not answer: {e}"
         err = await nb.fail(S.ERROR, "ENGINE_UNREACHABLE", f"container engine error: {e}", 503)

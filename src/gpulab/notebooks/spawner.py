@@ -22,7 +22,6 @@ from traitlets import Float, Unicode, default
 from .. import __version__
 from ..db import Database
 from ..disk_ledger import DiskLedger
-from ..gpus.inventory import load_inventory
 from ..gpus.ledger import GpuLedger
 from ..metrics import NOTEBOOK_START
 from ..names import notebook_container_name, notebook_volume_name, notebook_workload_id
@@ -96,11 +95,8 @@ class NotebookSpawner(DockerSpawner):
 
     @cached_property
     def ledger(self) -> GpuLedger:
-        s = self.settings
-        if s.runtime != "docker":  # a cluster's nodes and devices are read at each reservation
-            return GpuLedger(self.gpulab_db, s.instance, [], s.placement, [], sharing=s.gpu_sharing)
-        devices = load_inventory(s.gpu_devices, s.discover_gpus)
-        return GpuLedger(self.gpulab_db, s.instance, devices, sharing=s.gpu_sharing)
+        """The runtime's GPUs (a cluster's are read at each reservation)."""
+        return GpuLedger.for_runtime(self.gpulab_db, self.settings, self.runtime)
 
     @cached_property
     def records(self) -> NotebookRecords:

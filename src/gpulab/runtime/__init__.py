@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..gpus.inventory import load_inventory
 from .base import EngineError, Runtime
 
 __all__ = ["EngineError", "Runtime", "make_runtime"]
@@ -14,9 +15,11 @@ __all__ = ["EngineError", "Runtime", "make_runtime"]
 RUNNER = str(Path(__file__).resolve().parent / "job_runner.sh")
 
 
-def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
-    """The backend the settings name. ``client``: a docker.APIClient to reuse (the spawner's);
-    ``gpus``: this host's GPU IDs (one engine; a Swarm reads each node's from its labels)."""
+def make_runtime(settings, client=None) -> Runtime:
+    """The backend the settings name. ``client``: a docker.APIClient to reuse (the spawner's:
+    DockerSpawner's engine settings). One engine is given this host's GPUs, read once here
+    (``gpu_devices``, else NVML when ``discover_gpus``): its ``nodes()`` and ``devices`` report
+    them. A Swarm reads each node's from its labels, as they change."""
     if settings.runtime == "swarm":
         if settings.network_isolation != "user":
             # on the nodes' default bridges the notebook gateway leads to every user's
@@ -57,6 +60,6 @@ def make_runtime(settings, client=None, gpus: tuple[str, ...] = ()) -> Runtime:
         client,
         gpu_mode=settings.gpu_mode,
         runner_path=RUNNER,
-        gpus=gpus,
+        devices=load_inventory(settings.gpu_devices, settings.discover_gpus),
         registry=settings.image_registry,
     )

@@ -18,7 +18,10 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..gpus.inventory import GpuDevice
 
 #: the path of gpulab's job runner inside a job's container (see job_runner.sh)
 RUNNER_PATH = "/opt/gpulab/run.sh"
@@ -224,10 +227,11 @@ class Runtime:
     """The interface. Blocking engine calls run on a shared thread pool, wide enough that
     one user's slow image pull does not queue another user's spawn behind it."""
 
-    #: 'docker' or 'swarm': what the settings call it
-    kind = "abstract"
     #: whether it places workloads on several nodes (its GPUs come from :meth:`nodes`)
     clustered = False
+    #: one engine's GPUs, known when it is made (configured or NVML; :meth:`nodes` reports
+    #: them too); a clustered runtime has none here: its nodes report theirs as they change
+    devices: tuple[GpuDevice, ...] = ()
     #: where a missing image is missing, in a user's words ("on this host", "in the registry")
     images_at = "on this host"
     _executor: ThreadPoolExecutor | None = None

@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from ..faults import fault_point
+from ..gpus.inventory import GpuDevice
 from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
 from . import base
 from . import network as net
@@ -94,15 +96,13 @@ class EngineClient:
 
 
 class DockerRuntime(EngineClient, Runtime):
-    kind = "docker"
-
     def __init__(
         self,
         client: docker.APIClient | None = None,
         workers: int = 32,
         gpu_mode: str = "device_request",
         runner_path: str = "",
-        gpus: tuple[str, ...] = (),
+        devices: Sequence[GpuDevice] = (),
         registry: str = "",
     ):
         super().__init__(workers, registry)
@@ -110,12 +110,14 @@ class DockerRuntime(EngineClient, Runtime):
         self.gpu_mode = gpu_mode
         #: the job runner on this host, bind-mounted read-only into jobs' containers
         self.runner_path = runner_path
-        self._gpus = tuple(gpus)
+        #: this host's GPUs (configured or NVML: make_runtime reads them once)
+        self.devices = tuple(devices)
 
     # --- the cluster: one node, this host ---------------------------------------------------
 
     async def nodes(self) -> list[Node]:
-        return [Node(id="", hostname="", ready=True, active=True, gpus=self._gpus)]
+        gpus = tuple(d.id for d in self.devices)
+        return [Node(id="", hostname="", ready=True, active=True, gpus=gpus)]
 
     async def image_exists(self, image: str) -> bool:
         try:

@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 
 
 class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
-    kind = "swarm"
     clustered = True
     images_at = "in the registry"
 

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from ...disk_ledger import DiskLedger
-from ...gpus.inventory import from_nodes, load_inventory, node_of
+from ...gpus.inventory import node_of
 from ...gpus.ledger import GpuLedger, NoGpuAvailable
 from ...gpus.placement import choose_gang
 from ...lifecycle import InvalidTransition, JobState
@@ -49,20 +49,11 @@ PREEMPTIBLE = frozenset({J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING})
 class JobSupervisor:
     def __init__(self, settings, db, runtime: Runtime, logs_dir: Path, holder=None):
         self.s = settings
-        clustered = runtime.clustered
-        devices = [] if clustered else load_inventory(settings.gpu_devices, settings.discover_gpus)
         logs_dir.mkdir(parents=True, exist_ok=True)
         self.ctx = JobContext(
             settings=settings,
             records=JobRecords(db, settings.instance),
-            ledger=GpuLedger(
-                db,
-                settings.instance,
-                devices,
-                settings.placement,
-                [] if clustered else None,
-                sharing=settings.gpu_sharing,
-            ),
+            ledger=GpuLedger.for_runtime(db, settings, runtime),
             disk=DiskLedger(db, settings.instance),
             runtime=runtime,
             secrets=store_for(settings, db),  # revealed into a job's container only
@@ -135,16 +126,14 @@ class JobSupervisor:
 
     async def refresh_inventory(self) -> None:
         """A cluster's nodes and GPUs, as the engine reports them now (one host: fixed)."""
-        if not self.ledger.clustered:
-            return
         try:
-            devices, nodes = from_nodes(await self.runtime.nodes())
+            changed = await self.ledger.refresh(self.runtime)
         except Exception as e:
             log.warning("cluster inventory not read: %s", e)
             return
-        if nodes != self.ledger.nodes or devices != self.ledger.devices:
+        if changed:
+            nodes, devices = self.ledger.nodes or [], self.ledger.devices
             log.info("cluster: nodes %s, %d GPUs", ", ".join(nodes) or "(none)", len(devices))
-        self.ledger.devices, self.ledger.nodes = devices, nodes
 
     async def start(self) -> None:
         """Start acting once the lease is ours (at once, unless another service holds it)."""
