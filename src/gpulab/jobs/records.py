@@ -16,7 +16,7 @@ from ..statelog import state_change
 from .gang import ranks
 from .spec.ports import job_path
 from .states import ACTIVE, ENDED
-from .usage import JobUsage, bills_of
+from .usage import bills_of, owner_usage
 
 #: what a user or the scheduler may ask of an active job ("" for nothing)
 REQUESTS = frozenset({"", "interrupt", "preempt"})
@@ -126,7 +126,7 @@ def job_json(
     return out
 
 
-class JobRecords(JobUsage):
+class JobRecords:
     def __init__(self, db: Database, instance: str):
         self.db = db
         self.instance = instance
@@ -414,6 +414,10 @@ class JobRecords(JobUsage):
             bills = bills_of(s, [(j.id, j.state, j.updated) for j in rows], now)
             by_id = {j.id: job_json(j, now, billed=bills[j.id]) for j in rows}
             return [by_id[i] for i in wanted if i in by_id], total
+
+    def usage(self, owner: str) -> dict:
+        """Billed minutes of the owner's jobs (:func:`~gpulab.jobs.usage.owner_usage`)."""
+        return owner_usage(self.db, self.instance, owner)
 
     def counts(self, owner: str | None = None) -> dict[str, int]:
         """How many of the owner's (or everyone's) jobs are in each state (one grouped query)."""

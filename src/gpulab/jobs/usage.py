@@ -9,52 +9,48 @@ from datetime import datetime
 from sqlalchemy import func, select
 
 from ..billing import billed_minutes
-from ..db import Job, JobEvent
+from ..db import Database, Job, JobEvent
 from ..lifecycle import utcnow
 from .states import ENDED
 
 
-class JobUsage:
-    """Mixin of :class:`~gpulab.jobs.records.JobRecords`: a user's billed minutes."""
+def owner_usage(db: Database, instance: str, owner: str) -> dict:
+    """Billed minutes of the owner's jobs (in ``instance``).
 
-    def usage(self, owner: str) -> dict:
-        """Billed minutes of the owner's jobs.
-
-        An ended job's bill cannot change until the job changes again, so the sum over the
-        owner's ended jobs is kept per (owner, how many, latest change): any job that ends,
-        is resumed or is deleted changes that key (writes are serialized and stamped with the
-        time they commit; a clock stepped back could reuse a key, for a stale sum until the
-        next job ends). Only unfinished jobs' histories are read
-        on every call (a user with 200 ended jobs costs two small queries, not 1,000 event
-        rows: bench/bench_api.py)."""
-        now = utcnow()
-        ended = [e.value for e in ENDED]
-        mine = (Job.instance == self.instance, Job.owner == owner)
-        with self.db.read() as s:
-            conn = s.connection()  # plain rows: no ORM work per row
-            count, latest = conn.execute(
-                select(func.count(), func.max(Job.updated)).where(*mine, Job.state.in_(ended))
-            ).one()
-            ended_total = _USAGE.get((self.instance, owner, count, latest))
-            if ended_total is None:
-                rows = conn.execute(
-                    select(Job.id, Job.state, Job.updated).where(*mine, Job.state.in_(ended))
-                ).all()
-                ended_total = sum(bills_of(conn, rows, now).values())
-                if len(_USAGE) >= _BILLS_MAX:
-                    _USAGE.clear()
-                # keyed by what was summed (a job may have ended between the two queries)
-                latest = max((r.updated for r in rows), default=None)
-                _USAGE[(self.instance, owner, len(rows), latest)] = ended_total
-            live = conn.execute(
-                select(Job.id, Job.state, Job.updated).where(*mine, Job.state.not_in(ended))
+    An ended job's bill cannot change until the job changes again, so the sum over the
+    owner's ended jobs is kept per (owner, how many, latest change): any job that ends,
+    is resumed or is deleted changes that key (writes are serialized and stamped with the
+    time they commit; a clock stepped back could reuse a key, for a stale sum until the
+    next job ends). Only unfinished jobs' histories are read on every call (a user with 200
+    ended jobs costs two small queries, not 1,000 event rows: bench/bench_api.py)."""
+    now = utcnow()
+    ended = [e.value for e in ENDED]
+    mine = (Job.instance == instance, Job.owner == owner)
+    with db.read() as s:
+        conn = s.connection()  # plain rows: no ORM work per row
+        count, latest = conn.execute(
+            select(func.count(), func.max(Job.updated)).where(*mine, Job.state.in_(ended))
+        ).one()
+        ended_total = _USAGE.get((instance, owner, count, latest))
+        if ended_total is None:
+            rows = conn.execute(
+                select(Job.id, Job.state, Job.updated).where(*mine, Job.state.in_(ended))
             ).all()
-            live_total = sum(bills_of(conn, live, now).values())
-        return {
-            "user": owner,
-            "jobs_billed_minutes": ended_total + live_total,
-            "jobs": count + len(live),
-        }
+            ended_total = sum(bills_of(conn, rows, now).values())
+            if len(_USAGE) >= _BILLS_MAX:
+                _USAGE.clear()
+            # keyed by what was summed (a job may have ended between the two queries)
+            latest = max((r.updated for r in rows), default=None)
+            _USAGE[(instance, owner, len(rows), latest)] = ended_total
+        live = conn.execute(
+            select(Job.id, Job.state, Job.updated).where(*mine, Job.state.not_in(ended))
+        ).all()
+        live_total = sum(bills_of(conn, live, now).values())
+    return {
+        "user": owner,
+        "jobs_billed_minutes": ended_total + live_total,
+        "jobs": count + len(live),
+    }
 
 
 def bills_of(s, jobs, now: datetime) -> dict[str, int]:
