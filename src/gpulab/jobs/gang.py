@@ -52,8 +52,14 @@ class Rank:
 def workers_of(job: dict) -> int:
     """How many workers (containers) a job (its API JSON) runs: more than one for a
     distributed job."""
+    return spec_workers(job.get("spec"))
+
+
+def spec_workers(spec: dict | None) -> int:
+    """How many workers a job's spec (as stored: its JSON) asks for; 1 where it says none
+    (older records)."""
     try:
-        return max(1, int((job.get("spec") or {}).get("workers") or 1))
+        return max(1, int((spec or {}).get("workers") or 1))
     except (TypeError, ValueError):
         return 1
 

@@ -13,7 +13,7 @@ from ..db import Database, Job, JobEvent
 from ..faults import fault_point
 from ..lifecycle import InvalidTransition, JobState, check_job_transition, utcnow
 from ..statelog import state_change
-from .gang import ranks
+from .gang import ranks, spec_workers
 from .spec.ports import job_path
 from .states import ACTIVE, ENDED
 from .usage import bills_of, owner_usage
@@ -76,7 +76,7 @@ def job_json(
     """The API's view of a job; ``billed``: its billed minutes when the caller knows them
     (then its events are not read unless ``history``)."""
     minutes = billed if billed is not None else billed_minutes(j.events, now or utcnow())
-    workers = int((j.spec or {}).get("workers") or 1)
+    workers = spec_workers(j.spec)
     gpus = int(((j.spec or {}).get("resources") or {}).get("gpus") or 0)
     out = {
         "id": j.id,

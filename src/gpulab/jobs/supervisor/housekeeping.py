@@ -9,6 +9,7 @@ import logging
 from ...lifecycle import JobState, utcnow
 from ...names import L_WORKLOAD, rank_name
 from ...runtime.base import EngineError
+from ..gang import spec_workers
 from ..records import ACTIVE
 from ..spec import JobSpec
 from .context import JobContext
@@ -51,7 +52,7 @@ async def remove_from_engine(ctx: JobContext, job_id: str, spec: dict, node: str
     """Remove an ended job's containers (every worker's) and its volumes (on each node it
     ran on); the record and saved logs stay."""
     name = ctx.container_name(job_id)
-    for rank in range(int(spec.get("workers") or 1)):
+    for rank in range(spec_workers(spec)):
         await ctx.runtime.remove(rank_name(name, rank))
     await remove_volumes(ctx, job_id, JobSpec.from_json(spec), node)
 
