@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING
 from ..errors import FieldError
 from ..lifecycle import InvalidTransition, JobState
 from ..resources import Quota
+from .gang import workers_of
 from .records import ACTIVE, ENDED, QueueFull
 from .scheduler import can_ever_fit
 from .spec import JobSpec, parse_job_spec
+from .supervisor.engine import release_network
 
 if TYPE_CHECKING:
     from ..settings import GpulabSettings
@@ -271,9 +273,7 @@ async def delete(sup: JobSupervisor, job: dict) -> None:
     except InvalidTransition as e:
         raise Conflict(f"job {job_id} changed meanwhile: {e}") from None
     await sup.remove_from_engine(job_id, job["spec"], job.get("node") or "")
-    if int(job["spec"].get("workers") or 1) > 1:  # its own network, if still there
-        with contextlib.suppress(Exception):
-            await sup.runtime.remove_job_network(sup.s.instance, job_id)
+    await release_network(sup.ctx, job_id, workers_of(job))  # if still there
 
     def unlink() -> None:  # file system work off the event loop
         for path in sup.saved_logs(job_id):

@@ -79,7 +79,7 @@ async def finish_lost(
     await remove_gang(ctx, gang)
     fault_point("engine:lost-removed")
     await gang_stopped(ctx, gang, 0)
-    await release_network(ctx, job_id, gang)
+    await release_network(ctx, job_id, len(gang))
     await ctx.db(ctx.ledger.release, ctx.workload(job_id))
     owner_says = (J.INTERRUPTED, "USER_INTERRUPT", "interrupted by its owner")
     if job["restarts"] >= spec.retries:
@@ -116,7 +116,7 @@ async def finish_preempt(ctx: JobContext, job_id: str, spec: JobSpec, gang: list
     fault_point("engine:push")
     await remove_gang(ctx, gang)
     await gang_stopped(ctx, gang, 0)
-    await release_network(ctx, job_id, gang)
+    await release_network(ctx, job_id, len(gang))
     await ctx.db(ctx.ledger.release, ctx.workload(job_id))
     try:
         await ctx.move(
@@ -171,7 +171,7 @@ async def finalize(
         state = J.FINALIZING
     await ctx.db(ctx.ledger.release, ctx.workload(job_id))
     await save_logs(ctx, job_id, gang)
-    await release_network(ctx, job_id, gang)
+    await release_network(ctx, job_id, len(gang))
     extra = ""
     if state is J.FINALIZING:
         spec = JobSpec.from_json(job["spec"])

@@ -166,10 +166,11 @@ async def remove_workload(ctx: JobContext, name: str) -> None:
     fault_point("engine:remove")
 
 
-async def release_network(ctx: JobContext, job_id: str, gang: list[Rank]) -> None:
-    """A distributed job's workers ended: its own network goes (best effort: engines hold
-    few bridge networks; a resumed job makes its workers, and network, anew)."""
-    if len(gang) > 1:
+async def release_network(ctx: JobContext, job_id: str, workers: int) -> None:
+    """A distributed job's (``workers`` > 1) workers ended or were removed: its own network
+    goes (best effort: engines hold few bridge networks; a resumed job makes its workers,
+    and network, anew)."""
+    if workers > 1:
         try:
             await ctx.runtime.remove_job_network(ctx.settings.instance, job_id)
         except Exception as e:  # the sweep of unused networks takes it later

@@ -179,7 +179,7 @@ async def apply(ctx: JobContext, job_id, job, state: JobState, found: Container,
     if d.step is Step.REQUEUE:
         await remove_gang(ctx, gang)  # a gang's start cut short leaves some ranks
         await gang_stopped(ctx, gang, 0)
-        await release_network(ctx, job_id, gang)
+        await release_network(ctx, job_id, len(gang))
         await ctx.db(ctx.ledger.release, ctx.workload(job_id))
         await ctx.move(
             job_id,
