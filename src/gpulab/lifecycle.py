@@ -91,6 +91,11 @@ JOB_TRANSITIONS: dict[JobState | None, frozenset[JobState]] = {
 
 JOB_QUOTA_STATES = frozenset({J.QUEUED, J.INITIALIZING, J.PENDING, J.RUNNING})
 
+#: seconds a workload's node must stay down or drained (the engine says the workload is lost)
+#: before the workload counts as lost, reason NODE_LOST: a job is given up there, a notebook
+#: becomes ERROR (a manager's heartbeat hiccup is not a lost node)
+LOST_AFTER = 6.0
+
 
 class InvalidTransition(ValueError):
     """A state change that the lifecycle does not allow (HTTP 409 at the API)."""

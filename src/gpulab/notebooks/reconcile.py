@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ..disk_ledger import DiskLedger
-from ..lifecycle import InvalidTransition, NotebookState, utcnow
+from ..lifecycle import LOST_AFTER, InvalidTransition, NotebookState, utcnow
 from ..names import L_ROUTE, L_WORKLOAD, notebook_workload_id
 from ..runtime import EngineError
 
@@ -44,9 +44,6 @@ IN_TRANSIT = frozenset({S.STARTING.value, S.STOPPING.value, S.DELETING.value})
 STALE_AFTER = 30.0
 #: the same for the service's push retries (one push: at most the helper's 10 minutes)
 PUSH_RETRY_STALE_AFTER = 900.0
-#: seconds a notebook's node must stay down or drained before the notebook is NODE_LOST (as a
-#: job's: a manager's heartbeat hiccup is not a lost node)
-LOST_AFTER = 6.0
 
 
 @dataclass(frozen=True)

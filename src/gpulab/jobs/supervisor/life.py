@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from ...faults import fault_point
-from ...lifecycle import JobState, utcnow
+from ...lifecycle import LOST_AFTER, JobState, utcnow
 from ...metrics import JOB_START
 from ...runtime.base import NetworkUnavailable, WorkloadRefused
 from ...secrets import SecretMissing, SecretsUnavailable
@@ -43,8 +43,6 @@ from .progress import TransferNotes
 log = logging.getLogger("gpulab.jobs")
 J = JobState
 MAX_HANG_RESTARTS = 3
-#: seconds a workload's node must stay down (or drained) before its job is given up there
-LOST_AFTER = 6.0
 # less CPU than this share of one core over a hang period counts as "no CPU progress"
 HANG_CPU_SHARE = 0.01
 
