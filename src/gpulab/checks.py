@@ -21,8 +21,10 @@ from .resources import Flavor, Limits, ResourceError, Resources, resolve_resourc
 from .storage import StorageConfig
 from .volumes import VolumeError, VolumeSpec
 
-#: a secret's name: what a job's env or git entry refers to (``{"secret": "wandb"}``)
-SECRET_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9._-]{0,62})")
+#: a secret's name: what a job's env or git entry refers to (``{"secret": "wandb"}``); the
+#: pattern is the JSON Schema's too (jobs/spec/schema.py, the API's secret paths)
+SECRET_NAME_PATTERN = "^[a-z0-9][a-z0-9._-]{0,62}$"
+SECRET_NAME_RE = re.compile(SECRET_NAME_PATTERN)
 MAX_SECRET_NAME_CHARS = 63
 #: how long an unknown or invalid key may be where it names the field at fault
 MAX_KEY_TEXT = 64

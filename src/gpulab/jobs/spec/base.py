@@ -103,8 +103,6 @@ DURATION_PATTERN = (
     r"^(?=.*\d)\s*(\d+(\.\d+)?|(\d+(\.\d+)?[dD])?\s*(\d+(\.\d+)?[hH])?\s*"
     r"(\d+(\.\d+)?[mM])?\s*(\d+(\.\d+)?[sS])?)\s*$"
 )
-#: a secret's name (gpulab.checks.SECRET_NAME_RE), for the schema
-SECRET_PATTERN = "^[a-z0-9][a-z0-9._-]{0,62}$"
 
 
 def check_secret(field: str, name: str, secret_names: frozenset[str] | None) -> None:

@@ -37,6 +37,7 @@ from ...bounds import (
     MIN_MEMORY,
     size_text,
 )
+from ...checks import MAX_SECRET_NAME_CHARS, SECRET_NAME_PATTERN
 from ...frameworks import Catalog
 from ...resources import Flavor, Limits, Resources, format_memory, parse_memory
 from .base import (
@@ -59,7 +60,6 @@ from .base import (
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     RESERVED_LABEL_PREFIXES,
-    SECRET_PATTERN,
 )
 from .git import PATH_PATTERN as GIT_PATH_PATTERN
 from .git import REF_PATTERN, URL_PATTERN
@@ -82,7 +82,11 @@ SECRET_REF_SCHEMA: dict = {
     "required": ["secret"],
     "additionalProperties": False,
     "properties": {
-        "secret": {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,62}$", "maxLength": 63}
+        "secret": {
+            "type": "string",
+            "pattern": SECRET_NAME_PATTERN,
+            "maxLength": MAX_SECRET_NAME_CHARS,
+        }
     },
     "description": "The value of one of your secrets (gpulab secret set NAME).",
 }
@@ -168,8 +172,8 @@ GIT_SCHEMA: dict[str, Any] = {
             },
             "secret": {
                 "type": _OPTIONAL_TEXT,
-                "maxLength": 63,
-                "pattern": f"^$|{SECRET_PATTERN}",
+                "maxLength": MAX_SECRET_NAME_CHARS,
+                "pattern": f"^$|{SECRET_NAME_PATTERN}",
                 "description": "The name of one of your secrets holding the HTTP credential: "
                 "`user:password`, or a token (sent as user x-access-token, the GitHub and "
                 "GitLab convention).",
