@@ -1,38 +1,13 @@
-"""Training jobs: the pure core (submission validation, placement, billing, durations).
+"""The jobs domain: a training job from its submission to its end.
 
-No I/O here: the service and the CLI build on these. See DOMAIN.md, "Training jobs".
+- :mod:`.spec`: a submission parsed into a ``JobSpec`` or refused, and its JSON Schema (pure);
+- :mod:`.scheduler`: who starts where, who is preempted (pure); :mod:`.recovery`: what to do
+  with a job after a restart or a fault (pure); :mod:`.gang`: a distributed job's ranks and
+  what each one is told (pure); :mod:`.logs`: a job's ranks' logs merged (pure);
+- :mod:`.states`, :mod:`.records`, :mod:`.usage`: the state families, the job records in the
+  database (compare-and-set transitions, history) and the billed minutes read from them;
+- :mod:`.actions`: what a user may ask (submit, interrupt, resume, rerun, retry a push,
+  delete), the one function each adapter calls;
+- :mod:`.supervisor`: the service's job supervisor (placement on GPUs, each job run to its
+  end through the ``Runtime``, recovery after a restart, housekeeping).
 """
-
-from ..billing import billed_minutes, billed_time
-from ..durations import DurationError, format_duration, parse_duration
-from ..resources import Quota, quota_for
-from .scheduler import (
-    ActiveJob,
-    Placement,
-    Plan,
-    QueuedJob,
-    can_ever_fit,
-    plan,
-)
-from .spec import JOB_SPEC_SCHEMA, HangRestart, JobSpec, JobSpecError, parse_job_spec
-
-__all__ = [
-    "JOB_SPEC_SCHEMA",
-    "ActiveJob",
-    "DurationError",
-    "HangRestart",
-    "JobSpec",
-    "JobSpecError",
-    "Placement",
-    "Plan",
-    "QueuedJob",
-    "Quota",
-    "billed_minutes",
-    "billed_time",
-    "can_ever_fit",
-    "format_duration",
-    "parse_duration",
-    "parse_job_spec",
-    "plan",
-    "quota_for",
-]
