@@ -370,25 +370,14 @@ def resolve_resources(
 
 @dataclass(frozen=True)
 class ContainerLimits:
-    """What the engine enforces: CPU quota, memory, process count and /dev/shm size."""
+    """What the engine enforces: CPU quota, memory, process count and /dev/shm size (the
+    values; ``runtime/objects.py`` says them in an engine's words)."""
 
     cpu_period: int
     cpu_quota: int
     mem_limit: int
     pids_limit: int
     shm_size: int
-
-    def host_config(self) -> dict:
-        """Keyword arguments for docker's ``create_host_config``."""
-        return {
-            "cpu_period": self.cpu_period,
-            "cpu_quota": self.cpu_quota,
-            "mem_limit": self.mem_limit,
-            # no extra swap beyond the memory limit
-            "memswap_limit": self.mem_limit,
-            "pids_limit": self.pids_limit,
-            "shm_size": self.shm_size,
-        }
 
 
 def container_limits(

@@ -23,7 +23,7 @@ from gpulab.resources import (
     parse_memory,
     resolve_resources,
 )
-from gpulab.runtime.objects import gpu_request
+from gpulab.runtime.objects import gpu_request, limits_host_config
 
 from ..support.options import CATALOG, FLAVORS, LIMITS
 
@@ -132,7 +132,7 @@ def test_resolve_resources_flavor_and_overrides():
 
 def test_container_limits():
     res = resolve_resources(FLAVORS, LIMITS, "cpu-small")
-    hc = container_limits(res, pids_limit=100).host_config()
+    hc = limits_host_config(container_limits(res, pids_limit=100))
     assert hc == {
         "cpu_period": 100_000,
         "cpu_quota": 100_000,

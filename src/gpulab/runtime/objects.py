@@ -36,6 +36,19 @@ def gpu_request(gpu_ids: Sequence[str], mode: str) -> tuple[dict, dict[str, str]
     raise ValueError(f"unknown gpu mode {mode!r}")
 
 
+def limits_host_config(limits: ContainerLimits) -> dict:
+    """Keyword arguments for docker's ``create_host_config`` that enforce ``limits``."""
+    return {
+        "cpu_period": limits.cpu_period,
+        "cpu_quota": limits.cpu_quota,
+        "mem_limit": limits.mem_limit,
+        # no extra swap beyond the memory limit
+        "memswap_limit": limits.mem_limit,
+        "pids_limit": limits.pids_limit,
+        "shm_size": limits.shm_size,
+    }
+
+
 def hardened_host_config() -> dict:
     """What every user container gets whatever it asks for."""
     return {
@@ -91,13 +104,15 @@ def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) ->
     ``network_mode``), or the engine's default bridge when ``spec.network_owner`` is None.
     """
     gpu_host, gpu_env = gpu_request(spec.gpu_ids, gpu_mode)
-    limits = ContainerLimits(
-        cpu_period=CPU_PERIOD,
-        cpu_quota=max(MIN_CPU_QUOTA, round(spec.cpus * CPU_PERIOD)),
-        mem_limit=spec.memory,
-        pids_limit=spec.pids_limit,
-        shm_size=spec.shm_size,
-    ).host_config()
+    limits = limits_host_config(
+        ContainerLimits(
+            cpu_period=CPU_PERIOD,
+            cpu_quota=max(MIN_CPU_QUOTA, round(spec.cpus * CPU_PERIOD)),
+            mem_limit=spec.memory,
+            pids_limit=spec.pids_limit,
+            shm_size=spec.shm_size,
+        )
+    )
     binds = {
         m.volume: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts
     }
