@@ -132,9 +132,15 @@ c.GpulabSettings.volume_grants = [
     {"store": "local", "bucket": "shared", "modes": ["ro"]},
     {"store": "local", "bucket": "scratch"},
 ]
-# GPUs of this host: empty means discover them with NVML. For example:
+# GPUs of this host: empty means discover them with NVML (nvidia-ml-py, a dependency of gpulab,
+# asks the NVIDIA driver's libnvidia-ml.so.1). The hub and the service log what they found at
+# start-up, or at WARNING why there is none. For example:
 # c.GpulabSettings.gpu_devices = [{"id": "0", "model": "A100", "memory": "80G"}]
 # c.GpulabSettings.gpu_mode = "device_request"  # or "env" when the default runtime is nvidia
+
+from gpulab.notebooks.spawner import report_at_hub_start  # noqa: E402
+
+report_at_hub_start()
 
 # Idle notebooks: GPU notebooks with no activity for an hour are stopped like a user stop
 # (workspace pushed, GPUs released, reason IDLE); CPU ones are not. Per flavor, e.g.
@@ -171,7 +177,12 @@ c.JupyterHub.services = [
         # needs nothing
         "environment": {
             "GPULAB_DATA_DIR": str(data),
-            **{k: os.environ[k] for k in ("GPULAB_SYNC_IMAGE",) if os.environ.get(k)},
+            # LD_LIBRARY_PATH: the service finds the NVIDIA driver's library where the hub does
+            **{
+                k: os.environ[k]
+                for k in ("GPULAB_SYNC_IMAGE", "LD_LIBRARY_PATH")
+                if os.environ.get(k)
+            },
             **{
                 name: os.environ[name]
                 for name in filter(None, os.environ.get("GPULAB_SERVICE_ENV", "").split(","))

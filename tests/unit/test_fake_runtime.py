@@ -26,7 +26,7 @@ def interface_methods() -> list[str]:
         for n, f in vars(Runtime).items()
         if not n.startswith("_")
         and inspect.isfunction(f)
-        and n not in ("image_ref", "run", "run_exec")
+        and n not in ("image_ref", "log_gpus", "run", "run_exec")
     ]
 
 

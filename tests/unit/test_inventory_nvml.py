@@ -1,70 +1,101 @@
-"""GPU discovery through NVML: whole GPUs by index, MIG devices as devices of their own by
-UUID. A fake NVML module with NVML's call names and answers: no machine here has a GPU (the
-function has not been run against a real driver yet)."""
+"""GPU discovery through the real nvidia-ml-py binding, against a stand-in libnvidia-ml.so.1
+compiled here (tests/support/fake_nvml.c): whole GPUs by index, MIG devices as devices of their
+own by UUID, the driver and CUDA versions; and, when there is no GPU, why. Each case runs in
+a new Python: the loader reads LD_LIBRARY_PATH when a process starts."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import json
+import logging
+import sys
 
-from gpulab.gpus.inventory import nvml_devices
+import pytest
 
+from gpulab.gpus.inventory import GpuDevice, Inventory, cuda_version, discover_nvml
 
-class FakeNvml:
-    NVML_DEVICE_MIG_ENABLE = 1
+from ..support.nvml import build_fake_nvml, nvml_env, run_python
 
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self, gpus):
-        self.gpus = gpus  # [(name, memory, mig slots or None)]
-
-    def nvmlDeviceGetCount(self):  # noqa: N802 (NVML's names)
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, i):  # noqa: N802
-        return ("gpu", i)
-
-    def nvmlDeviceGetName(self, h):  # noqa: N802
-        return self.gpus[h[1]][0].encode()
-
-    def nvmlDeviceGetMigMode(self, h):  # noqa: N802
-        slots = self.gpus[h[1]][2]
-        if slots is None:
-            raise self.NVMLError("Not Supported")
-        return (1 if slots else 0, 0)
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h):  # noqa: N802
-        return 7
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, j):  # noqa: N802
-        slots = self.gpus[h[1]][2]
-        if j >= len(slots):
-            raise self.NVMLError("Not Found")
-        return ("mig", h[1], j)
-
-    def nvmlDeviceGetUUID(self, h):  # noqa: N802
-        return f"MIG-{h[1]}-{h[2]}-uuid"
-
-    def nvmlDeviceGetMemoryInfo(self, h):  # noqa: N802
-        if h[0] == "gpu":
-            return SimpleNamespace(total=self.gpus[h[1]][1])
-        return SimpleNamespace(total=self.gpus[h[1]][2][h[2]])
+DISCOVER = """
+import json
+from gpulab.gpus.inventory import discover_nvml
+inv = discover_nvml()
+print(json.dumps({"devices": [[d.id, d.model, d.memory] for d in inv.devices],
+                  "driver": inv.driver, "cuda": inv.cuda, "problem": inv.problem,
+                  "summary": inv.summary()}))
+"""
 
 
-def test_whole_gpus_by_index_and_mig_devices_by_uuid():
-    g = 1024**3
-    nvml = FakeNvml(
-        [
-            ("NVIDIA A10", 24 * g, None),  # no MIG support
-            ("NVIDIA H100 80GB HBM3", 80 * g, []),  # supports MIG, not enabled
-            ("NVIDIA A100-SXM4-40GB", 40 * g, [20 * g, 10 * g, 10 * g]),  # MIG enabled
-        ]
+@pytest.fixture(scope="module")
+def nvml_dir(tmp_path_factory):
+    return build_fake_nvml(tmp_path_factory.mktemp("nvml"))
+
+
+def discover(env) -> dict:
+    return json.loads(run_python(DISCOVER, env))
+
+
+def test_whole_gpus_by_index_and_mig_devices_by_uuid(nvml_dir):
+    gpus = ";".join(
+        (
+            "NVIDIA A10:24576",  # no MIG support
+            "NVIDIA H100 80GB HBM3:81920:-",  # supports MIG, not enabled
+            "NVIDIA A100-SXM4-40GB:40960:20480,10240,10240",  # MIG enabled: 3 MIG devices
+        )
     )
-    got = [(d.id, d.model, d.memory) for d in nvml_devices(nvml)]
-    assert got == [
-        ("0", "NVIDIA A10", "24576M"),
-        ("1", "NVIDIA H100 80GB HBM3", "81920M"),
-        ("MIG-2-0-uuid", "NVIDIA A100-SXM4-40GB MIG 0", "20480M"),
-        ("MIG-2-1-uuid", "NVIDIA A100-SXM4-40GB MIG 1", "10240M"),
-        ("MIG-2-2-uuid", "NVIDIA A100-SXM4-40GB MIG 2", "10240M"),
+    got = discover(nvml_env(nvml_dir, gpus, FAKE_NVML_DRIVER="535.161.08", FAKE_NVML_CUDA="12020"))
+    mig = "MIG-fa4e0000-0000-4000-8000-000002"
+    assert got["devices"] == [
+        ["0", "NVIDIA A10", "24576M"],
+        ["1", "NVIDIA H100 80GB HBM3", "81920M"],
+        [mig + "000000", "NVIDIA A100-SXM4-40GB MIG 0", "20480M"],
+        [mig + "000001", "NVIDIA A100-SXM4-40GB MIG 1", "10240M"],
+        [mig + "000002", "NVIDIA A100-SXM4-40GB MIG 2", "10240M"],
     ]
+    assert (got["driver"], got["cuda"], got["problem"]) == ("535.161.08", "12.2", "")
+    assert got["summary"].startswith("5 found with NVML (driver 535.161.08, CUDA 12.2): ")
+    assert f"{mig}000001 NVIDIA A100-SXM4-40GB MIG 1 10240M" in got["summary"]
+
+
+def test_why_there_is_no_gpu(nvml_dir):
+    absent = discover(nvml_env(None))
+    assert absent["devices"] == []
+    assert absent["problem"] == "no NVIDIA driver found (libnvidia-ml.so.1 not loadable)"
+    assert absent["summary"] == "no GPU: no NVIDIA driver found (libnvidia-ml.so.1 not loadable)"
+    none = discover(nvml_env(nvml_dir, ""))
+    assert (none["devices"], none["problem"]) == ([], "NVML found 0 devices")
+    not_loaded = discover(nvml_env(nvml_dir, FAKE_NVML_INIT="9"))  # the kernel module is not
+    assert not_loaded["problem"] == "NVML did not start: Driver Not Loaded"
+
+
+def test_without_nvidia_ml_py(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    inv = discover_nvml()
+    assert inv.devices == () and inv.problem.startswith("nvidia-ml-py not installed")
+    with caplog.at_level(logging.INFO, "gpulab.test"):
+        inv.log(logging.getLogger("gpulab.test"))
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "GPUs of this host: no GPU: " + inv.problem)
+    ]
+
+
+def test_a_found_or_configured_inventory_is_logged_at_info(caplog):
+    found = Inventory(
+        (GpuDevice("0", "NVIDIA H100 80GB HBM3", "81559M"),), "nvml", "550.54.15", "12.4"
+    )
+    configured = Inventory((GpuDevice("0", "A100", "80G"), GpuDevice("1")), "configured")
+    with caplog.at_level(logging.INFO, "gpulab.test"):
+        for inv in (found, configured, Inventory()):
+            inv.log(logging.getLogger("gpulab.test"))
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        (
+            "INFO",
+            "GPUs of this host: 1 found with NVML (driver 550.54.15, CUDA 12.4): "
+            "0 NVIDIA H100 80GB HBM3 81559M",
+        ),
+        ("INFO", "GPUs of this host: 2 configured (gpu_devices): 0 A100 80G; 1"),
+        ("INFO", "GPUs of this host: no GPU: gpu_devices is empty and discover_gpus is off"),
+    ]
+
+
+def test_cuda_version_as_people_write_it():
+    assert [cuda_version(n) for n in (12040, 11080, 12000, 0)] == ["12.4", "11.8", "12.0", ""]

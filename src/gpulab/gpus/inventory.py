@@ -6,8 +6,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class GpuDevice:
@@ -50,8 +48,48 @@ def from_config(devices: Sequence[Mapping]) -> list[GpuDevice]:
     return out
 
 
-def discover_nvml() -> list[GpuDevice]:
-    """Ask the NVIDIA driver through NVML; no library or no driver means no GPU.
+@dataclass(frozen=True)
+class Inventory:
+    """What a host's GPU inventory found: its devices and where they came from, the driver's
+    version and the CUDA version it supports (NVML), or why there is no GPU."""
+
+    devices: tuple[GpuDevice, ...] = ()
+    #: "configured" (gpu_devices), "nvml" (asked the driver) or "" (discovery off)
+    source: str = ""
+    driver: str = ""
+    cuda: str = ""
+    #: why NVML gave no GPU ("" when it gave some, or was not asked)
+    problem: str = ""
+
+    def summary(self) -> str:
+        """One line for a log or a page: the devices with their model and memory, MIG devices
+        included, the driver and CUDA versions; or why there is none."""
+        if not self.devices:
+            if self.problem:
+                return f"no GPU: {self.problem}"
+            return "no GPU: gpu_devices is empty and discover_gpus is off"
+        listed = "; ".join(" ".join(filter(None, (d.id, d.model, d.memory))) for d in self.devices)
+        if self.source == "configured":
+            return f"{len(self.devices)} configured (gpu_devices): {listed}"
+        return (
+            f"{len(self.devices)} found with NVML (driver {self.driver or '?'}, "
+            f"CUDA {self.cuda or '?'}): {listed}"
+        )
+
+    def log(self, logger: logging.Logger) -> None:
+        """The summary at INFO, or at WARNING when NVML was asked and gave no GPU."""
+        level = logging.WARNING if self.problem else logging.INFO
+        logger.log(level, "GPUs of this host: %s", self.summary())
+
+
+def cuda_version(number: int) -> str:
+    """NVML's CUDA version number (12040) as people write it ("12.4")."""
+    return f"{number // 1000}.{number % 1000 // 10}" if number > 0 else ""
+
+
+def discover_nvml() -> Inventory:
+    """Ask the NVIDIA driver through NVML (nvidia-ml-py, which loads libnvidia-ml.so.1); no
+    library, no driver or no device means no GPU, and the inventory says which.
 
     A whole GPU is named by its index (what the engine and NVIDIA_VISIBLE_DEVICES take). A GPU
     in MIG mode is not handed out itself: each of its MIG devices is a device of its own,
@@ -59,16 +97,28 @@ def discover_nvml() -> list[GpuDevice]:
     try:
         import pynvml  # provided by nvidia-ml-py
     except ImportError:
-        return []
+        return Inventory(
+            source="nvml",
+            problem="nvidia-ml-py not installed (pip install nvidia-ml-py): NVML cannot be asked",
+        )
     try:
         pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        return Inventory(
+            source="nvml", problem="no NVIDIA driver found (libnvidia-ml.so.1 not loadable)"
+        )
     except pynvml.NVMLError as e:
-        log.info("NVML not available (%s): no GPUs discovered", e)
-        return []
+        return Inventory(source="nvml", problem=f"NVML did not start: {e}")
     try:
-        return nvml_devices(pynvml)
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda = cuda_version(pynvml.nvmlSystemGetCudaDriverVersion())
+        devices = tuple(nvml_devices(pynvml))
+    except pynvml.NVMLError as e:
+        return Inventory(source="nvml", problem=f"NVML could not list the GPUs: {e}")
     finally:
         pynvml.nvmlShutdown()
+    problem = "" if devices else "NVML found 0 devices"
+    return Inventory(devices, "nvml", driver, cuda, problem)
 
 
 def _text(value) -> str:
@@ -115,7 +165,14 @@ def from_nodes(nodes) -> tuple[list[GpuDevice], list[str]]:
     return devices, [n.hostname for n in usable]
 
 
-def load_inventory(devices: Sequence[Mapping], discover: bool = True) -> list[GpuDevice]:
+def read_inventory(devices: Sequence[Mapping], discover: bool = True) -> Inventory:
+    """This host's GPUs: the configured ones (``gpu_devices``), else NVML's when
+    ``discover``."""
     if devices:
-        return from_config(devices)
-    return discover_nvml() if discover else []
+        return Inventory(tuple(from_config(devices)), "configured")
+    return discover_nvml() if discover else Inventory()
+
+
+def load_inventory(devices: Sequence[Mapping], discover: bool = True) -> list[GpuDevice]:
+    """The devices of :func:`read_inventory`."""
+    return list(read_inventory(devices, discover).devices)

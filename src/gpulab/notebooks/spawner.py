@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import sys
 import time
 from functools import cached_property
 
@@ -34,6 +36,31 @@ from .life import Held, Notebook, NotebookRefused
 from .options import NotebookOptions, form_to_options
 from .reconcile import NotebookReconciler
 from .records import NotebookRecords
+
+log = logging.getLogger(__name__)
+
+
+def report_at_hub_start() -> None:
+    """Called from the hub's configuration file: once the hub has read all of it (a file that
+    loads this one may add to it), log the GPUs this hub hands out: the devices with their
+    model and memory, the driver and CUDA versions, or at WARNING why there is none. Outside
+    the hub's process (the service reads the same file and reports for itself), nothing."""
+    app = sys.modules.get("jupyterhub.app")
+    if app is None or not app.JupyterHub.initialized():
+        return
+    hub = app.JupyterHub.instance()
+    try:
+        asyncio.get_running_loop().call_soon(_report_gpus, hub.config)
+    except RuntimeError:  # no event loop yet: the configuration is read
+        _report_gpus(hub.config)
+
+
+def _report_gpus(config) -> None:
+    try:
+        settings = GpulabSettings(config=config)
+    except ConfigError:
+        return  # said by the first spawn, and by the service, which stops
+    make_runtime(settings).log_gpus(log)
 
 
 class SpawnFailed(web.HTTPError):
@@ -327,4 +354,4 @@ class NotebookSpawner(DockerSpawner):
             await maybe_future(super().delete_forever())
 
 
-__all__ = ["NotebookSpawner", "SpawnFailed", "__version__"]
+__all__ = ["NotebookSpawner", "SpawnFailed", "__version__", "report_at_hub_start"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..gpus.inventory import load_inventory
+from ..gpus.inventory import read_inventory
 from .base import EngineError, Runtime
 
 __all__ = ["EngineError", "Runtime", "make_runtime"]
@@ -19,7 +19,8 @@ def make_runtime(settings, client=None) -> Runtime:
     """The backend the settings name. ``client``: a docker.APIClient to reuse (the spawner's:
     DockerSpawner's engine settings). One engine is given this host's GPUs, read once here
     (``gpu_devices``, else NVML when ``discover_gpus``): its ``nodes()`` and ``devices`` report
-    them. A Swarm reads each node's from its labels, as they change."""
+    them, its ``inventory`` says what was found (driver, CUDA) or why none. A Swarm reads each
+    node's from its labels, as they change."""
     if settings.runtime == "swarm":
         if settings.network_isolation != "user":
             # on the nodes' default bridges the notebook gateway leads to every user's
@@ -56,10 +57,13 @@ def make_runtime(settings, client=None) -> Runtime:
         return runtime
     from .docker import DockerRuntime
 
-    return DockerRuntime(
+    inventory = read_inventory(settings.gpu_devices, settings.discover_gpus)
+    runtime = DockerRuntime(
         client,
         gpu_mode=settings.gpu_mode,
         runner_path=RUNNER,
-        devices=load_inventory(settings.gpu_devices, settings.discover_gpus),
+        devices=inventory.devices,
         registry=settings.image_registry,
     )
+    runtime.inventory = inventory
+    return runtime

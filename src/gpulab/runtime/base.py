@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..gpus.inventory import GpuDevice
+    from ..gpus.inventory import GpuDevice, Inventory
 
 #: the path of gpulab's job runner inside a job's container (see job_runner.sh)
 RUNNER_PATH = "/opt/gpulab/run.sh"
@@ -232,6 +233,9 @@ class Runtime:
     #: one engine's GPUs, known when it is made (configured or NVML; :meth:`nodes` reports
     #: them too); a clustered runtime has none here: its nodes report theirs as they change
     devices: tuple[GpuDevice, ...] = ()
+    #: how one engine's GPUs were found (configured, NVML with its driver and CUDA version)
+    #: or why there is none; None for a clustered runtime (each node's label says its own)
+    inventory: Inventory | None = None
     #: where a missing image is missing, in a user's words ("on this host", "in the registry")
     images_at = "on this host"
     _executor: ThreadPoolExecutor | None = None
@@ -239,6 +243,12 @@ class Runtime:
     def __init__(self, workers: int = 32, registry: str = ""):
         self._workers = workers
         self.registry = registry
+
+    def log_gpus(self, logger: logging.Logger) -> None:
+        """Say at start-up which GPUs this runtime hands out: one engine's inventory (at
+        WARNING when NVML was asked and found none, with why), or where a cluster's come from."""
+        if self.inventory is not None:
+            self.inventory.log(logger)
 
     def image_ref(self, image: str) -> str:
         """The name nodes pull ``image`` by: prefixed with the registry when it names none (a

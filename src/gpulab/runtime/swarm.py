@@ -100,6 +100,9 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
 
     # --- the cluster ------------------------------------------------------------------------
 
+    def log_gpus(self, logger) -> None:
+        logger.info("GPUs: each node's, as its node label %s lists them", self.gpu_label)
+
     def _nodes(self) -> list[dict]:
         return self.client.nodes()
 

@@ -112,8 +112,10 @@ async def main(argv: list[str] | None = None) -> None:
     register_sensitive([os.environ.get("JUPYTERHUB_API_TOKEN")])
     url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     data_dir = Path(os.environ.get("GPULAB_DATA_DIR", "."))
+    runtime = make_runtime(settings)
+    runtime.log_gpus(log)
     supervisor = JobSupervisor(
-        settings, Database(settings.database_url), make_runtime(settings), data_dir / "job-logs"
+        settings, Database(settings.database_url), runtime, data_dir / "job-logs"
     )
     await supervisor.start()
     notebooks = NotebookRecords(supervisor.records.db, settings.instance)

@@ -76,6 +76,7 @@ class AdminPage(PageHandler):
             "admin.html",
             gpus=gpus,
             gpus_total=len(ledger.devices),
+            inventory=self.supervisor.runtime.inventory,
             gpus_busy=len({a["device"] for a in allocations}),
             notebooks=notebooks,
             jobs=jobs[:50],
