@@ -28,6 +28,7 @@ from typing import Any
 from gpulab.gpus.inventory import GpuDevice
 from gpulab.names import L_INSTANCE, L_KIND, L_USER
 from gpulab.runtime.base import (
+    EngineError,
     ExecSession,
     HelperResult,
     Labelled,
@@ -38,11 +39,6 @@ from gpulab.runtime.base import (
     WorkloadSpec,
     WorkloadState,
 )
-
-try:  # gpulab's own engine error, where the runtime package defines one
-    from gpulab.runtime.base import EngineError  # type: ignore[attr-defined]
-except ImportError:  # today: the Docker SDK's base exception, re-exported by the backend
-    from gpulab.runtime.docker import EngineError
 
 __all__ = ["Call", "EngineError", "FakeExecSession", "FakeRuntime", "FakeWorkload"]
 
@@ -293,7 +289,7 @@ class FakeRuntime(Runtime):
     def _get(self, name: str) -> FakeWorkload:
         w = self.workloads.get(name)
         if w is None:
-            raise EngineError(f"No such container: {name}")
+            raise EngineError(f"No such container: {name}", status=404)
         return w
 
     def _start(self, w: FakeWorkload) -> None:
@@ -346,9 +342,9 @@ class FakeRuntime(Runtime):
         self._enter("create_and_start", spec)
         old = self.workloads.get(spec.name)
         if old is not None and old.running:
-            raise EngineError(f"Conflict: the container name {spec.name!r} is in use")
+            raise EngineError(f"Conflict: the container name {spec.name!r} is in use", status=409)
         if self.images is not None and spec.image not in self.images:
-            raise EngineError(f"No such image: {spec.image}")
+            raise EngineError(f"No such image: {spec.image}", status=404)
         w = FakeWorkload(spec=spec)
         network = self._network_of(spec)
         w.addresses[network] = f"10.0.0.{next(self._ips)}"
@@ -395,7 +391,7 @@ class FakeRuntime(Runtime):
         self._enter("restart_in_place", name)
         w = self._get(name)
         if not w.running:
-            raise EngineError(f"Container {name} is not running")
+            raise EngineError(f"Container {name} is not running", status=409)
         w.restarts += 1
         w.started_at = self.clock()
 
@@ -495,7 +491,7 @@ class FakeRuntime(Runtime):
             return False
         for w in self.workloads.values():
             if w.spec.node == node and any(m.volume == name for m in w.spec.mounts):
-                raise EngineError(f"volume is in use: {name} by {w.name}")
+                raise EngineError(f"volume is in use: {name} by {w.name}", status=409)
         self.volumes.discard((name, node))
         return True
 

@@ -25,6 +25,7 @@ class _Response:
     def __init__(self, status: int):
         self.status_code = status
         self.reason = ""
+        self.url = "http+docker://localhost/v1.41/containers/nb-1/json"
 
 
 def test_names_are_escaped_and_per_user():
@@ -162,3 +163,25 @@ def test_an_overlay_made_without_encryption_is_named_in_a_warning(caplog):
     with caplog.at_level("WARNING", logger="gpulab.runtime.network"):
         ensure_user_network(Engine(), "gpulab", "olda", "overlay", encrypted=False)
     assert not caplog.records
+
+
+def test_an_engine_error_comes_up_as_gpulabs_own_with_its_status_and_words():
+    """What a backend's call raises above runtime/ is gpulab's EngineError (or the kind
+    asked for), never an SDK class: the message, the engine's status and its own words are
+    fields of gpulab's class."""
+    from docker.errors import DockerException, NotFound
+
+    from gpulab.runtime.base import EngineError, WorkloadRefused
+    from gpulab.runtime.docker import engine_error
+
+    sdk = NotFound("x", _Response(404), explanation="No such container: nb-1")
+    e = engine_error(sdk)
+    assert type(e) is EngineError and not isinstance(e, DockerException)
+    assert e.status == 404 and e.not_found and e.detail == "No such container: nb-1"
+    assert str(e) == str(sdk)
+    refused = engine_error(APIError("x", _Response(400), explanation="no device"), WorkloadRefused)
+    assert type(refused) is WorkloadRefused and refused.status == 400 and not refused.not_found
+    assert refused.detail == "no device"
+    down = engine_error(DockerException("Error while fetching server API version"))
+    assert down.status is None and down.detail == str(down)
+    assert EngineError("plain").detail == "plain"

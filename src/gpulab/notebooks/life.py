@@ -381,7 +381,7 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
         # created but not started (e.g. "could not select device driver"): it is kept, for
         # its configuration, until the stop
         nb.held.ran = await _exists(nb)
-        why = getattr(e, "explanation", None) or str(e)
+        why = e.detail
         msg = f"the engine could not start the container: {why}"
         raise await nb.fail(S.ERROR, "ENGINE_ERROR", msg, 503) from None
     nb.held.ran = True

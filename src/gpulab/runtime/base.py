@@ -155,7 +155,20 @@ class HelperSpec:
 class EngineError(Exception):
     """The engine failed a call (refused it, or lost what it was asked about). Backends raise
     it (or a subclass) for their engine's errors: nothing above ``runtime/`` catches an engine
-    SDK's exceptions."""
+    SDK's exceptions, and none comes up. ``str(e)`` is the whole message; what a caller may
+    need of it are fields of its own."""
+
+    def __init__(self, message: str = "", *, status: int | None = None, detail: str = ""):
+        super().__init__(message)
+        #: the engine's answer's HTTP status (None: no answer, or none of that kind)
+        self.status = status
+        #: the engine's own words, without the call around them (a user's reason)
+        self.detail = detail or message
+
+    @property
+    def not_found(self) -> bool:
+        """The engine has no such object (workload, image, volume, network)."""
+        return self.status == 404
 
 
 class WorkloadRefused(EngineError):

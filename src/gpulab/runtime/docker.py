@@ -13,14 +13,14 @@ import logging
 from collections.abc import Sequence
 
 import docker
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, DockerException, NotFound
 
 from ..faults import fault_point
 from ..gpus.inventory import GpuDevice
 from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
-from . import base
 from . import network as net
 from .base import (
+    EngineError,
     ExecSession,
     HelperResult,
     HelperSpec,
@@ -38,37 +38,16 @@ from .objects import docker_epoch, helper_container_config, workload_container_c
 
 log = logging.getLogger(__name__)
 
-#: the SDK's errors, for the spawner's own engine calls (DockerSpawner's) until every one goes
-#: through the Runtime; the Runtime's calls raise them as gpulab's base.EngineError too
-EngineError = DockerException
-__all__ = [
-    "APIError",
-    "DockerRuntime",
-    "EngineError",
-    "HelperResult",
-    "ImageNotFound",
-    "NotFound",
-    "engine_error",
-]
-
-_TRANSLATED: dict[tuple[type, type], type] = {}
+__all__ = ["DockerRuntime", "HelperResult", "engine_error"]
 
 
-def engine_error(e: DockerException, kind: type[base.EngineError] = base.EngineError) -> Exception:
-    """The SDK's ``e`` as gpulab's ``kind`` (an :class:`~.base.EngineError`), still an
-    instance of its own SDK class (a ``NotFound`` stays one, with its status and message):
-    callers above ``runtime/`` catch gpulab's errors, the backends their SDK's."""
-    if isinstance(e, kind):
-        return e
-    cls = getattr(type(e), "_sdk_class", type(e))  # translated once already: the SDK's own
-    mixed = _TRANSLATED.get((cls, kind))
-    if mixed is None:
-        mixed = _TRANSLATED[cls, kind] = type(cls.__name__, (cls, kind), {"_sdk_class": cls})
-        mixed.__module__ = cls.__module__
-    new = mixed.__new__(mixed)
-    new.__dict__.update(e.__dict__)
-    new.args = e.args
-    return new
+def engine_error(e: DockerException, kind: type[EngineError] = EngineError) -> EngineError:
+    """The SDK's ``e`` as gpulab's ``kind`` (an :class:`~.base.EngineError`): its message,
+    the engine's HTTP status and the engine's own words (the SDK's explanation) as gpulab's
+    fields, so that no SDK class comes up through the Runtime."""
+    status = e.status_code if isinstance(e, APIError) else None
+    explanation = getattr(e, "explanation", None)
+    return kind(str(e), status=status, detail=str(explanation) if explanation else "")
 
 
 class EngineClient:
@@ -79,11 +58,19 @@ class EngineClient:
 
     async def run(self, fn, *args, **kwargs):
         """Runtime.run, with the SDK's errors raised as gpulab's :class:`~.base.EngineError`
-        (of their own SDK class still: see :func:`engine_error`)."""
+        (see :func:`engine_error`)."""
         try:
             return await super().run(fn, *args, **kwargs)
         except DockerException as e:
-            raise engine_error(e).with_traceback(e.__traceback__) from None
+            raise engine_error(e) from e
+
+    async def run_exec(self, fn, *args, **kwargs):
+        """Runtime.run_exec, with the SDK's errors raised as gpulab's
+        :class:`~.base.EngineError`."""
+        try:
+            return await super().run_exec(fn, *args, **kwargs)
+        except DockerException as e:
+            raise engine_error(e) from e
 
     @property
     def client(self) -> docker.APIClient:
@@ -91,7 +78,7 @@ class EngineClient:
             try:  # "auto" asks the engine its version: an engine down fails here
                 self._client = docker.APIClient(version="auto", timeout=120)
             except DockerException as e:
-                raise engine_error(e).with_traceback(e.__traceback__) from None
+                raise engine_error(e) from e
         return self._client
 
 
@@ -123,14 +110,18 @@ class DockerRuntime(EngineClient, Runtime):
         try:
             await self.run(self.client.inspect_image, image)
             return True
-        except (ImageNotFound, NotFound):
-            return False
+        except EngineError as e:
+            if e.not_found:
+                return False
+            raise
 
     async def image_command(self, image: str) -> list[str] | None:
         try:
             info = await self.run(self.client.inspect_image, image)
-        except (ImageNotFound, NotFound):
-            return None
+        except EngineError as e:
+            if e.not_found:
+                return None
+            raise
         return list((info.get("Config") or {}).get("Cmd") or []) or None
 
     # --- workloads --------------------------------------------------------------------------
@@ -138,8 +129,10 @@ class DockerRuntime(EngineClient, Runtime):
     async def inspect_container(self, name: str) -> dict | None:
         try:
             return await self.run(self.client.inspect_container, name)
-        except NotFound:
-            return None
+        except EngineError as e:
+            if e.not_found:
+                return None
+            raise
 
     async def create_and_start(self, spec: WorkloadSpec) -> None:
         config = workload_container_config(spec, self.gpu_mode, self.runner_path)
@@ -184,8 +177,11 @@ class DockerRuntime(EngineClient, Runtime):
 
         try:
             await self.run(create)
-        except APIError as e:  # the engine answered and refused: definite
-            raise engine_error(e, WorkloadRefused) from e
+        except EngineError as e:
+            if e.status is None:
+                raise
+            # the engine answered and refused: definite
+            raise WorkloadRefused(str(e), status=e.status, detail=e.detail) from e
 
     async def state(self, name: str) -> WorkloadState | None:
         info = await self.inspect_container(name)
@@ -206,28 +202,34 @@ class DockerRuntime(EngineClient, Runtime):
         await self.run(self.client.start, name)
 
     async def stop(self, name: str, grace: float) -> None:
-        with contextlib.suppress(NotFound):
+        try:
             await self.run(self.client.stop, name, timeout=int(grace))
+        except EngineError as e:
+            if not e.not_found:
+                raise
 
     async def kill(self, name: str) -> None:
-        with contextlib.suppress(NotFound):
+        try:
             await self.run(self.client.kill, name)
+        except EngineError as e:
+            if not e.not_found:
+                raise
 
     async def terminate(self, name: str, grace: float) -> None:
         try:
             await self.run(self.client.kill, name, signal="SIGTERM")
-        except NotFound:
-            pass
-        except APIError as e:  # not running (409): nothing to ask
-            if e.status_code != 409:
+        except EngineError as e:  # gone, or not running (409): nothing to ask
+            if e.status not in (404, 409):
                 raise
 
     async def remove(self, name: str) -> bool:
         try:
             await self.run(self.client.remove_container, name, force=True, v=False)
             return True
-        except NotFound:
-            return False
+        except EngineError as e:
+            if e.not_found:
+                return False
+            raise
 
     async def restart_in_place(self, name: str) -> None:
         client = self.client
@@ -258,8 +260,10 @@ class DockerRuntime(EngineClient, Runtime):
             kw["tail"] = tail
         try:
             return await self.run(self.client.logs, name, **kw)
-        except NotFound:
-            return b""
+        except EngineError as e:
+            if e.not_found:
+                return b""
+            raise
 
     def log_stream(
         self, name: str, follow: bool, tail: int | None = None, timestamps: bool = False
@@ -273,6 +277,8 @@ class DockerRuntime(EngineClient, Runtime):
             stream = self.client.logs(name, **kw)
         except NotFound:
             raise WorkloadGone(name) from None
+        except DockerException as e:
+            raise engine_error(e) from e
         return LogStream(iter(stream), stream.close)
 
     async def exec_run(
@@ -312,18 +318,19 @@ class DockerRuntime(EngineClient, Runtime):
             return await self.address(name, network_id), port
         try:  # on the default bridge: the host port it is published on
             found = await self.run(self.client.port, name, port)
-        except NotFound:
-            raise WorkloadGone(name) from None
+        except EngineError as e:
+            if e.not_found:
+                raise WorkloadGone(name) from None
+            raise
         if not found:
             raise WorkloadGone(f"{name} publishes no port {port}")
         ip = found[0]["HostIp"]
         return ("127.0.0.1" if ip in ("0.0.0.0", "") else ip), int(found[0]["HostPort"])
 
     async def address(self, name: str, network_id: str) -> str:
-        try:
-            found = await self.run(self.client.inspect_container, name)
-        except NotFound:
-            raise WorkloadGone(name) from None
+        found = await self.inspect_container(name)
+        if found is None:
+            raise WorkloadGone(name)
         for n in (found["NetworkSettings"].get("Networks") or {}).values():
             if n.get("NetworkID") == network_id and n.get("IPAddress"):
                 return n["IPAddress"]
@@ -335,15 +342,19 @@ class DockerRuntime(EngineClient, Runtime):
         try:
             await self.run(self.client.inspect_volume, name)
             return True
-        except NotFound:
-            return False
+        except EngineError as e:
+            if e.not_found:
+                return False
+            raise
 
     async def remove_volume(self, name: str, node: str = "") -> bool:
         try:
             await self.run(self.client.remove_volume, name, force=True)
             return True
-        except NotFound:
-            return False
+        except EngineError as e:
+            if e.not_found:
+                return False
+            raise
 
     async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
         vols = await self.run(self.client.volumes, filters={"name": prefix})

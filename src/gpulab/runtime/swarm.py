@@ -26,7 +26,7 @@ import logging
 import time
 
 import docker
-from docker.errors import APIError, NotFound
+from docker.errors import APIError, DockerException, NotFound
 from docker.tls import TLSConfig
 from docker.types.daemon import CancellableStream
 
@@ -34,6 +34,7 @@ from ..faults import fault_point
 from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
 from . import network as net
 from .base import (
+    EngineError,
     ExecSession,
     HelperResult,
     HelperSpec,
@@ -139,7 +140,9 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         try:
             await self.run(self.client.inspect_distribution, image)
             return True
-        except (APIError, NotFound):
+        except EngineError as e:  # the registry answered: it has none
+            if e.status is None:
+                raise
             return False
 
     # --- workloads --------------------------------------------------------------------------
@@ -212,8 +215,11 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
     async def create_and_start(self, spec: WorkloadSpec) -> None:
         try:
             await self.run(self._create_blocking, spec)
-        except APIError as e:  # the manager answered and refused: definite
-            raise engine_error(e, WorkloadRefused) from e
+        except EngineError as e:
+            if e.status is None:
+                raise
+            # the manager answered and refused: definite
+            raise WorkloadRefused(str(e), status=e.status, detail=e.detail) from e
 
     def _service(self, name: str) -> dict | None:
         try:
@@ -304,8 +310,10 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
     async def remove(self, name: str) -> bool:
         try:
             await self.run(self.client.remove_service, name)
-        except NotFound:
-            return False
+        except EngineError as e:
+            if e.not_found:
+                return False
+            raise
         await self.run(self._wait_gone, name, 30)
         return True
 
@@ -373,7 +381,10 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
     def log_stream(
         self, name: str, follow: bool, tail: int | None = None, timestamps: bool = False
     ) -> LogStream:
-        res, chunks = self._open_logs(name, follow, None, tail, timestamps)
+        try:
+            res, chunks = self._open_logs(name, follow, None, tail, timestamps)
+        except DockerException as e:
+            raise engine_error(e) from e
         stream = CancellableStream(chunks, res)
         return LogStream(iter(stream), stream.close)
 
