@@ -172,7 +172,7 @@ def test_an_engine_error_comes_up_as_gpulabs_own_with_its_status_and_words():
     from docker.errors import DockerException, NotFound
 
     from gpulab.runtime.base import EngineError, WorkloadRefused
-    from gpulab.runtime.docker import engine_error
+    from gpulab.runtime.engine import engine_error
 
     sdk = NotFound("x", _Response(404), explanation="No such container: nb-1")
     e = engine_error(sdk)

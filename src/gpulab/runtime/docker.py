@@ -33,56 +33,18 @@ from .base import (
     WorkloadSpec,
     WorkloadState,
 )
+from .engine import EngineClient, engine_error
 from .execution import EngineExecSession, run_command
 from .objects import docker_epoch, helper_container_config, workload_container_config
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DockerRuntime", "HelperResult", "engine_error"]
+__all__ = ["DockerRuntime", "HelperResult"]
 
 
-def engine_error(e: DockerException, kind: type[EngineError] = EngineError) -> EngineError:
-    """The SDK's ``e`` as gpulab's ``kind`` (an :class:`~.base.EngineError`): its message,
-    the engine's HTTP status and the engine's own words (the SDK's explanation) as gpulab's
-    fields, so that no SDK class comes up through the Runtime."""
-    status = e.status_code if isinstance(e, APIError) else None
-    explanation = getattr(e, "explanation", None)
-    return kind(str(e), status=status, detail=str(explanation) if explanation else "")
+class DockerRuntime(Runtime):
+    """One Docker engine: its calls go through the :class:`~.engine.EngineClient` it holds."""
 
-
-class EngineClient:
-    """The Docker SDK's low-level client of one engine (this host's, or a Swarm manager's),
-    made on first use: both backends speak the Docker Engine API."""
-
-    _client: docker.APIClient | None = None
-
-    async def run(self, fn, *args, **kwargs):
-        """Runtime.run, with the SDK's errors raised as gpulab's :class:`~.base.EngineError`
-        (see :func:`engine_error`)."""
-        try:
-            return await super().run(fn, *args, **kwargs)
-        except DockerException as e:
-            raise engine_error(e) from e
-
-    async def run_exec(self, fn, *args, **kwargs):
-        """Runtime.run_exec, with the SDK's errors raised as gpulab's
-        :class:`~.base.EngineError`."""
-        try:
-            return await super().run_exec(fn, *args, **kwargs)
-        except DockerException as e:
-            raise engine_error(e) from e
-
-    @property
-    def client(self) -> docker.APIClient:
-        if self._client is None:
-            try:  # "auto" asks the engine its version: an engine down fails here
-                self._client = docker.APIClient(version="auto", timeout=120)
-            except DockerException as e:
-                raise engine_error(e) from e
-        return self._client
-
-
-class DockerRuntime(EngineClient, Runtime):
     def __init__(
         self,
         client: docker.APIClient | None = None,
@@ -93,12 +55,17 @@ class DockerRuntime(EngineClient, Runtime):
         registry: str = "",
     ):
         super().__init__(workers, registry)
-        self._client = client
+        #: this engine's API, its calls on this runtime's pools
+        self.engine = EngineClient(self.run, self.run_exec, client)
         self.gpu_mode = gpu_mode
         #: the job runner on this host, bind-mounted read-only into jobs' containers
         self.runner_path = runner_path
         #: this host's GPUs (configured or NVML: make_runtime reads them once)
         self.devices = tuple(devices)
+
+    @property
+    def client(self) -> docker.APIClient:
+        return self.engine.client
 
     # --- the cluster: one node, this host ---------------------------------------------------
 
@@ -108,7 +75,7 @@ class DockerRuntime(EngineClient, Runtime):
 
     async def image_exists(self, image: str) -> bool:
         try:
-            await self.run(self.client.inspect_image, image)
+            await self.engine.call(self.client.inspect_image, image)
             return True
         except EngineError as e:
             if e.not_found:
@@ -117,7 +84,7 @@ class DockerRuntime(EngineClient, Runtime):
 
     async def image_command(self, image: str) -> list[str] | None:
         try:
-            info = await self.run(self.client.inspect_image, image)
+            info = await self.engine.call(self.client.inspect_image, image)
         except EngineError as e:
             if e.not_found:
                 return None
@@ -128,7 +95,7 @@ class DockerRuntime(EngineClient, Runtime):
 
     async def inspect_container(self, name: str) -> dict | None:
         try:
-            return await self.run(self.client.inspect_container, name)
+            return await self.engine.call(self.client.inspect_container, name)
         except EngineError as e:
             if e.not_found:
                 return None
@@ -176,7 +143,7 @@ class DockerRuntime(EngineClient, Runtime):
                         raise
 
         try:
-            await self.run(create)
+            await self.engine.call(create)
         except EngineError as e:
             if e.status is None:
                 raise
@@ -199,32 +166,32 @@ class DockerRuntime(EngineClient, Runtime):
         )
 
     async def start_again(self, name: str) -> None:
-        await self.run(self.client.start, name)
+        await self.engine.call(self.client.start, name)
 
     async def stop(self, name: str, grace: float) -> None:
         try:
-            await self.run(self.client.stop, name, timeout=int(grace))
+            await self.engine.call(self.client.stop, name, timeout=int(grace))
         except EngineError as e:
             if not e.not_found:
                 raise
 
     async def kill(self, name: str) -> None:
         try:
-            await self.run(self.client.kill, name)
+            await self.engine.call(self.client.kill, name)
         except EngineError as e:
             if not e.not_found:
                 raise
 
     async def terminate(self, name: str, grace: float) -> None:
         try:
-            await self.run(self.client.kill, name, signal="SIGTERM")
+            await self.engine.call(self.client.kill, name, signal="SIGTERM")
         except EngineError as e:  # gone, or not running (409): nothing to ask
             if e.status not in (404, 409):
                 raise
 
     async def remove(self, name: str) -> bool:
         try:
-            await self.run(self.client.remove_container, name, force=True, v=False)
+            await self.engine.call(self.client.remove_container, name, force=True, v=False)
             return True
         except EngineError as e:
             if e.not_found:
@@ -242,7 +209,7 @@ class DockerRuntime(EngineClient, Runtime):
             )
             client.exec_start(ex["Id"])
 
-        await self.run(restart)
+        await self.engine.call(restart)
 
     async def logs(
         self,
@@ -259,7 +226,7 @@ class DockerRuntime(EngineClient, Runtime):
         if tail is not None:
             kw["tail"] = tail
         try:
-            return await self.run(self.client.logs, name, **kw)
+            return await self.engine.call(self.client.logs, name, **kw)
         except EngineError as e:
             if e.not_found:
                 return b""
@@ -284,13 +251,15 @@ class DockerRuntime(EngineClient, Runtime):
     async def exec_run(
         self, name: str, command: list[str], timeout: float, max_output: int
     ) -> tuple[int | None, bytes, bool]:
-        return await self.run_exec(run_command, self.client, name, command, timeout, max_output)
+        return await self.engine.call_exec(
+            run_command, self.client, name, command, timeout, max_output
+        )
 
     async def exec_session(self, name: str, cols: int = 80, rows: int = 24) -> ExecSession:
-        return await self.run_exec(EngineExecSession, self.client, name, cols, rows)
+        return await self.engine.call_exec(EngineExecSession, self.client, name, cols, rows)
 
     async def cpu_time(self, name: str) -> int | None:
-        stats = await self.run(self.client.stats, name, stream=False, one_shot=True)
+        stats = await self.engine.call(self.client.stats, name, stream=False, one_shot=True)
         return int(stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage", 0))
 
     async def labelled(self, instance: str, kind: str) -> list[Labelled]:
@@ -307,7 +276,7 @@ class DockerRuntime(EngineClient, Runtime):
 
     async def labelled_containers(self, instance: str, kind: str) -> list[dict]:
         """Every container (running or not) of this instance and kind, with its labels."""
-        return await self.run(
+        return await self.engine.call(
             self.client.containers,
             all=True,
             filters={"label": [f"{L_INSTANCE}={instance}", f"{L_KIND}={kind}"]},
@@ -317,7 +286,7 @@ class DockerRuntime(EngineClient, Runtime):
         if network_id:
             return await self.address(name, network_id), port
         try:  # on the default bridge: the host port it is published on
-            found = await self.run(self.client.port, name, port)
+            found = await self.engine.call(self.client.port, name, port)
         except EngineError as e:
             if e.not_found:
                 raise WorkloadGone(name) from None
@@ -340,7 +309,7 @@ class DockerRuntime(EngineClient, Runtime):
 
     async def volume_exists(self, name: str, node: str = "") -> bool:
         try:
-            await self.run(self.client.inspect_volume, name)
+            await self.engine.call(self.client.inspect_volume, name)
             return True
         except EngineError as e:
             if e.not_found:
@@ -349,7 +318,7 @@ class DockerRuntime(EngineClient, Runtime):
 
     async def remove_volume(self, name: str, node: str = "") -> bool:
         try:
-            await self.run(self.client.remove_volume, name, force=True)
+            await self.engine.call(self.client.remove_volume, name, force=True)
             return True
         except EngineError as e:
             if e.not_found:
@@ -357,7 +326,7 @@ class DockerRuntime(EngineClient, Runtime):
             raise
 
     async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
-        vols = await self.run(self.client.volumes, filters={"name": prefix})
+        vols = await self.engine.call(self.client.volumes, filters={"name": prefix})
         return [
             (v["Name"], "")
             for v in (vols or {}).get("Volumes") or []
@@ -371,25 +340,27 @@ class DockerRuntime(EngineClient, Runtime):
         def threadsafe(line: str) -> None:
             loop.call_soon_threadsafe(on_line, line)
 
-        return await self.run(_run_helper_blocking, self.client, config, threadsafe)
+        return await self.engine.call(_run_helper_blocking, self.client, config, threadsafe)
 
     # --- networks -----------------------------------------------------------------------------
 
     async def ensure_user_network(self, instance: str, user: str) -> str:
-        return await self.run(net.ensure_user_network, self.client, instance, user)
+        return await self.engine.call(net.ensure_user_network, self.client, instance, user)
 
     async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
-        return await self.run(net.ensure_job_network, self.client, instance, owner, job_id)
+        return await self.engine.call(net.ensure_job_network, self.client, instance, owner, job_id)
 
     async def remove_job_network(self, instance: str, job_id: str) -> None:
-        await self.run(net.remove_job_network, self.client, instance, job_id)
+        await self.engine.call(net.remove_job_network, self.client, instance, job_id)
 
     async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
-        return await self.run(net.remove_user_network_if_unused, self.client, instance, user)
+        return await self.engine.call(
+            net.remove_user_network_if_unused, self.client, instance, user
+        )
 
     async def prune_user_networks(self, instance: str) -> list[str]:
-        users = await self.run(net.prune_user_networks, self.client, instance)
-        jobs = await self.run(net.prune_job_networks, self.client, instance)
+        users = await self.engine.call(net.prune_user_networks, self.client, instance)
+        jobs = await self.engine.call(net.prune_job_networks, self.client, instance)
         return users + [f"job {j}" for j in jobs]
 
 

@@ -48,11 +48,11 @@ from .base import (
     WorkloadSpec,
     WorkloadState,
 )
-from .docker import EngineClient, engine_error
+from .engine import EngineClient, engine_error
 from .execution import EngineExecSession, run_command
 from .gateway import Gateway
 from .objects import helper_container_config
-from .swarm_network import SwarmNetworking
+from .swarm_network import SwarmNetwork, service_named
 from .swarm_nodes import NodeEngines
 from .swarm_specs import (
     HELPER_TIMEOUT,
@@ -69,7 +69,11 @@ from .swarm_specs import (
 log = logging.getLogger(__name__)
 
 
-class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
+class SwarmRuntime(Runtime):
+    """A Swarm, through its manager: the manager's API through the
+    :class:`~.engine.EngineClient` it holds, users' reach and networks through its
+    :class:`~.swarm_network.SwarmNetwork`."""
+
     clustered = True
     images_at = "in the registry"
 
@@ -87,17 +91,24 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         encrypted: bool = True,
     ):
         super().__init__(workers, registry)
-        self._client = client
+        #: the manager's API, its calls on this runtime's pools
+        self.engine = EngineClient(self.run, self.run_exec, client)
         #: the nodes' own engines, for execs (runtime/swarm_nodes.py)
         self.node_engines = NodeEngines(node_engine, node_tls, plain=node_engine_plain)
         #: users' and distributed jobs' overlays carry their traffic between nodes in IPsec
         self.encrypted = encrypted
         #: how the hub reaches notebooks on the overlays (None: jobs only, no notebooks)
         self.gateway = gateway
+        #: workloads' addresses, the gateway's routes, the users' and jobs' overlays
+        self.network = SwarmNetwork(self.engine, gateway, encrypted)
         self.gpu_label = gpu_label
         self.runner_script = runner_script
         self._runner_ref: dict | None = None
         self._own_node: str | None = None
+
+    @property
+    def client(self) -> docker.APIClient:
+        return self.engine.client
 
     # --- the cluster ------------------------------------------------------------------------
 
@@ -117,9 +128,9 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         """Every node; the hub's own node never takes workloads (``active`` False): it runs the
         hub, its proxy and the notebook gateway, and stays ``active`` in Swarm's eyes only
         because a drained node cannot attach the gateway to overlays (moby#35889)."""
-        own = await self.run(self._own_node_id)
+        own = await self.engine.call(self._own_node_id)
         out = []
-        for n in await self.run(self._nodes):
+        for n in await self.engine.call(self._nodes):
             spec, status = n.get("Spec") or {}, n.get("Status") or {}
             labels = spec.get("Labels") or {}
             gpus = tuple(g.strip() for g in labels.get(self.gpu_label, "").split(",") if g.strip())
@@ -138,7 +149,7 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
     async def image_exists(self, image: str) -> bool:
         """Asked of the registry (through the manager): what every node will pull."""
         try:
-            await self.run(self.client.inspect_distribution, image)
+            await self.engine.call(self.client.inspect_distribution, image)
             return True
         except EngineError as e:  # the registry answered: it has none
             if e.status is None:
@@ -214,7 +225,7 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
 
     async def create_and_start(self, spec: WorkloadSpec) -> None:
         try:
-            await self.run(self._create_blocking, spec)
+            await self.engine.call(self._create_blocking, spec)
         except EngineError as e:
             if e.status is None:
                 raise
@@ -222,10 +233,7 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
             raise WorkloadRefused(str(e), status=e.status, detail=e.detail) from e
 
     def _service(self, name: str) -> dict | None:
-        try:
-            return self.client.inspect_service(name)
-        except NotFound:
-            return None
+        return service_named(self.client, name)
 
     def _state_blocking(self, name: str) -> WorkloadState | None:
         svc = self._service(name)
@@ -244,7 +252,7 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         return task_state(tasks, node, L_STOPPED in (svc["Spec"].get("Labels") or {}))
 
     async def state(self, name: str) -> WorkloadState | None:
-        return await self.run(self._state_blocking, name)
+        return await self.engine.call(self._state_blocking, name)
 
     def _update(self, name: str, change) -> None:
         """Read the service's spec, change it, write it back at the version read."""
@@ -273,7 +281,7 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         self._update(name, change)
 
     async def start_again(self, name: str) -> None:
-        await self.run(self._start_again_blocking, name)
+        await self.engine.call(self._start_again_blocking, name)
 
     def _stop_blocking(self, name: str, grace: float) -> None:
         try:
@@ -290,7 +298,7 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         raise StillRunning(f"{name} still runs {grace + 20:g} s after it was told to stop")
 
     async def stop(self, name: str, grace: float) -> None:
-        await self.run(self._stop_blocking, name, grace)
+        await self.engine.call(self._stop_blocking, name, grace)
 
     async def kill(self, name: str) -> None:
         await self.stop(name, 0)
@@ -300,7 +308,7 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
             with contextlib.suppress(NotFound):
                 self._update(name, _stopping(grace))
 
-        await self.run(ask)
+        await self.engine.call(ask)
 
     def _wait_gone(self, name: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -309,12 +317,12 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
 
     async def remove(self, name: str) -> bool:
         try:
-            await self.run(self.client.remove_service, name)
+            await self.engine.call(self.client.remove_service, name)
         except EngineError as e:
             if e.not_found:
                 return False
             raise
-        await self.run(self._wait_gone, name, 30)
+        await self.engine.call(self._wait_gone, name, 30)
         return True
 
     async def restart_in_place(self, name: str) -> None:
@@ -329,14 +337,14 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
         self, name: str, command: list[str], timeout: float, max_output: int
     ) -> tuple[int | None, bytes, bool]:
         """On the engine of the node that runs the task (the manager has no exec)."""
-        return await self.run_exec(self._exec_blocking, name, command, timeout, max_output)
+        return await self.engine.call_exec(self._exec_blocking, name, command, timeout, max_output)
 
     def _session_blocking(self, name: str, cols: int, rows: int) -> ExecSession:
         node, container = self.node_engines.locate(self.client, name)
         return EngineExecSession(node, container, cols, rows)
 
     async def exec_session(self, name: str, cols: int = 80, rows: int = 24) -> ExecSession:
-        return await self.run_exec(self._session_blocking, name, cols, rows)
+        return await self.engine.call_exec(self._session_blocking, name, cols, rows)
 
     def _logs_params(self, follow: bool, since: float | None, tail: int | None) -> dict:
         return {
@@ -376,7 +384,7 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
             finally:
                 res.close()
 
-        return await self.run(read)
+        return await self.engine.call(read)
 
     def log_stream(
         self, name: str, follow: bool, tail: int | None = None, timestamps: bool = False
@@ -410,7 +418,36 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
                 for s in services
             ]
 
-        return await self.run(read)
+        return await self.engine.call(read)
+
+    # --- reach and networks: the SwarmNetwork's -----------------------------------------------
+
+    async def address(self, name: str, network_id: str) -> str:
+        return await self.network.address(name, network_id)
+
+    async def reach(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
+        return await self.network.reach(name, network_id, path, port)
+
+    async def unreach(self, path: str) -> None:
+        await self.network.unreach(path)
+
+    async def restore_routes(self, instance: str) -> list[str]:
+        return await self.network.restore_routes(instance)
+
+    async def ensure_user_network(self, instance: str, user: str) -> str:
+        return await self.network.ensure_user_network(instance, user)
+
+    async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
+        return await self.network.ensure_job_network(instance, owner, job_id)
+
+    async def remove_job_network(self, instance: str, job_id: str) -> None:
+        await self.network.remove_job_network(instance, job_id)
+
+    async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
+        return await self.network.remove_user_network_if_unused(instance, user)
+
+    async def prune_user_networks(self, instance: str) -> list[str]:
+        return await self.network.prune_user_networks(instance)
 
     # --- volumes and helpers ----------------------------------------------------------------
 
@@ -481,7 +518,7 @@ class SwarmRuntime(SwarmNetworking, EngineClient, Runtime):
             loop.call_soon_threadsafe(on_line, line)
 
         config = {**config, "image": self.image_ref(config["image"])}
-        return await self.run(self._helper_blocking, config, node, threadsafe)
+        return await self.engine.call(self._helper_blocking, config, node, threadsafe)
 
 
 def _stopping(grace: float):

@@ -1,19 +1,21 @@
 """How the Swarm backend reaches workloads and keeps their networks: a task's address on a
 network, the gateway's routes to users' ports, and the users' and distributed jobs' overlays
-(created on demand, removed once no service uses them). A mixin of
-:class:`~gpulab.runtime.swarm.SwarmRuntime`."""
+(created on demand, removed once no service uses them): the :class:`SwarmNetwork` that a
+:class:`~gpulab.runtime.swarm.SwarmRuntime` holds, handed the manager's engine client, the
+notebook gateway and whether overlays are encrypted."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 
-from docker.errors import APIError
+from docker.errors import APIError, NotFound
 
 from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_PORT, L_ROUTE, L_USER
 from . import network as net
 from .base import WorkloadGone
-from .gateway import GatewayError
+from .engine import EngineClient
+from .gateway import Gateway, GatewayError
 from .swarm_specs import L_STOPPED
 
 log = logging.getLogger("gpulab.runtime.swarm")
@@ -23,13 +25,32 @@ def _has_services(client, labels: list[str]) -> bool:
     return bool(client.services(filters={"label": labels}))
 
 
-class SwarmNetworking:
-    """Mixin of :class:`~gpulab.runtime.swarm.SwarmRuntime`: addresses, routes, networks."""
+def service_named(client, name: str) -> dict | None:
+    """The manager's service ``name`` (or ID); None: there is none."""
+    try:
+        return client.inspect_service(name)
+    except NotFound:
+        return None
+
+
+class SwarmNetwork:
+    """A Swarm's addresses, routes and networks, through the manager's ``engine``; the
+    ``gateway`` reaches notebooks (None: jobs only); ``encrypted``: overlays carry their
+    traffic between nodes in IPsec."""
+
+    def __init__(self, engine: EngineClient, gateway: Gateway | None, encrypted: bool):
+        self.engine = engine
+        self.gateway = gateway
+        self.encrypted = encrypted
+
+    @property
+    def client(self):
+        return self.engine.client
 
     # --- reaching a workload: its address, the gateway's routes --------------------------------
 
     def _address_blocking(self, name: str, network_id: str) -> str:
-        svc = self._service(name)
+        svc = service_named(self.client, name)
         if svc is None:
             raise WorkloadGone(name)
         tasks = self.client.tasks(filters={"service": svc["ID"], "desired-state": "running"})
@@ -42,12 +63,12 @@ class SwarmNetworking:
         raise WorkloadGone(f"{name} has no running task on network {network_id[:12]}")
 
     async def address(self, name: str, network_id: str) -> str:
-        return await self.run(self._address_blocking, name, network_id)
+        return await self.engine.call(self._address_blocking, name, network_id)
 
     def _reach_blocking(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
         if self.gateway is None:
             raise GatewayError("this runtime has no notebook gateway")
-        svc = self._service(name)
+        svc = service_named(self.client, name)
         if svc is None:
             raise WorkloadGone(name)
         joined = [n.get("Target") for n in svc["Spec"]["TaskTemplate"].get("Networks") or []]
@@ -60,7 +81,7 @@ class SwarmNetworking:
     async def reach(self, name: str, network_id: str, path: str, port: int) -> tuple[str, int]:
         """Through the notebook gateway (runtime/gateway.py): its route ``path`` leads to the
         workload's overlay address; the hub and its proxy use 127.0.0.1:<gateway port>."""
-        return await self.run(self._reach_blocking, name, network_id, path, port)
+        return await self.engine.call(self._reach_blocking, name, network_id, path, port)
 
     def _unreach_blocking(self, path: str) -> None:
         if self.gateway is not None and path.startswith("/"):
@@ -69,7 +90,7 @@ class SwarmNetworking:
                 self.gateway.delete_route(path)
 
     async def unreach(self, path: str) -> None:
-        await self.run(self._unreach_blocking, path)
+        await self.engine.call(self._unreach_blocking, path)
 
     def _restore_routes_blocking(self, instance: str) -> list[str]:
         """Every running notebook has its route on the gateway, and the gateway is on its
@@ -106,24 +127,24 @@ class SwarmNetworking:
         return put
 
     async def restore_routes(self, instance: str) -> list[str]:
-        return await self.run(self._restore_routes_blocking, instance)
+        return await self.engine.call(self._restore_routes_blocking, instance)
 
     # --- networks: overlays, in use while a service of the user exists ------------------------
 
     async def ensure_user_network(self, instance: str, user: str) -> str:
-        return await self.run(
+        return await self.engine.call(
             net.ensure_user_network, self.client, instance, user, "overlay", self.encrypted
         )
 
     async def ensure_job_network(self, instance: str, owner: str, job_id: str) -> str:
-        return await self.run(
+        return await self.engine.call(
             net.ensure_job_network, self.client, instance, owner, job_id, "overlay", self.encrypted
         )
 
     async def remove_job_network(self, instance: str, job_id: str) -> None:
         # an overlay stays while a service of the job (stopped ones too) names it: the
         # prune after the job's services are removed takes it (the cluster's pool is large)
-        await self.run(
+        await self.engine.call(
             net.prune_job_networks, self.client, instance, self._job_in_use, "overlay", job_id
         )
 
@@ -140,7 +161,7 @@ class SwarmNetworking:
         return False
 
     async def remove_user_network_if_unused(self, instance: str, user: str) -> bool:
-        return await self.run(
+        return await self.engine.call(
             net.remove_user_network_if_unused,
             self.client,
             instance,
@@ -150,14 +171,14 @@ class SwarmNetworking:
         )
 
     async def prune_user_networks(self, instance: str) -> list[str]:
-        users = await self.run(
+        users = await self.engine.call(
             net.prune_user_networks,
             self.client,
             instance,
             self._unused_and_gateway_detached,
             "overlay",
         )
-        jobs = await self.run(
+        jobs = await self.engine.call(
             net.prune_job_networks, self.client, instance, self._job_in_use, "overlay"
         )
         return users + [f"job {j}" for j in jobs]
