@@ -261,7 +261,9 @@ class WorkloadData:
         exists = await self.runtime.volume_exists(vol.docker_volume, vol.node)
         if not (image_provides_mount or exists):
             return False
-        return await self.runtime.run(self._remote_empty, vol)
+        # a listing of the store, not an engine call: off the Runtime's engine pool, on the
+        # default pool like the sync's other blocking calls
+        return await asyncio.to_thread(self._remote_empty, vol)
 
     def listed_size(self, vol: VolumeSync) -> int:
         """Bytes of the objects a pull of ``vol`` would bring (their total size under the

@@ -295,7 +295,9 @@ class Runtime:
         )
 
     async def run(self, fn, *args, **kwargs) -> Any:
-        """Run a blocking call off the event loop (engine calls, and the database's)."""
+        """Run a blocking engine call off the event loop, on the runtime's engine pool (for
+        engine calls only: the database, a store's listing and the like have pools of their
+        own, so that they never queue behind a slow pull, nor engine calls behind them)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self.shared_executor(self._workers), functools.partial(fn, *args, **kwargs)
