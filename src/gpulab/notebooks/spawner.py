@@ -1,6 +1,6 @@
 """NotebookSpawner: JupyterHub's Spawner API for gpulab notebooks.
 
-A thin adapter on DockerSpawner (its traits, its state, its poll): each hook hands off once,
+A thin adapter on DockerSpawner (its traits, its state): each hook hands off once,
 to :mod:`gpulab.notebooks.life` (start, stop, delete), :mod:`gpulab.notebooks.form` (the
 form and the options' checks) or the :class:`~gpulab.runtime.base.Runtime` (what the engine
 says of the container). The engine is the Runtime that :func:`gpulab.runtime.make_runtime`
@@ -28,7 +28,7 @@ from ..gpus.ledger import GpuLedger
 from ..metrics import NOTEBOOK_START
 from ..names import notebook_container_name, notebook_volume_name, notebook_workload_id
 from ..runtime import make_runtime
-from ..runtime.base import Runtime
+from ..runtime.base import Runtime, WorkloadState
 from ..settings import ConfigError, GpulabSettings
 from . import form, life
 from .container import HubSide
@@ -308,31 +308,30 @@ class NotebookSpawner(DockerSpawner):
         NOTEBOOK_START.observe(time.monotonic() - started_at)  # in the hub's /hub/metrics
         return ip, port
 
-    async def get_object(self):
-        """What the engine says of the container, as DockerSpawner's poll reads it."""
+    async def get_object(self) -> WorkloadState | None:
+        """What the engine says of the container, as the Runtime tells it (None: there is
+        none), never Docker's inspect document: DockerSpawner's readers of that document
+        (its start, stop and poll) are overridden here."""
         found = await self.runtime.state(self.object_name)
-        if found is None:
-            self.object_id = ""
-            return None
-        self.object_id = self.object_name
-        return {
-            "Id": self.object_name,
-            "Config": {"Env": []},
-            "State": {
-                # a task on a lost node is the reconciler's to settle (NODE_LOST): until then
-                # the hub keeps the server
-                "Running": found.running or found.lost,
-                "ExitCode": -1 if found.exit_code is None else found.exit_code,
-                "Error": found.error,
-                "FinishedAt": "",
-            },
-        }
+        self.object_id = "" if found is None else self.object_name
+        return found
 
     async def poll(self):
+        """None while the container runs, else how it ended (DockerSpawner's words); an
+        ended notebook's record is settled by :func:`~gpulab.notebooks.life.ended`."""
         self.reconciler.ensure_running()
-        status = await super().poll()
-        if status is not None:
-            await life.ended(self.notebook())
+        found = await self.get_object()
+        if found is None:
+            self.log.warning("Container not found: %s", self.object_name)
+            status: int | str = 0
+        elif found.running or found.lost:
+            # a task on a lost node is the reconciler's to settle (NODE_LOST): until then the
+            # hub keeps the server
+            return None
+        else:
+            code = -1 if found.exit_code is None else found.exit_code
+            status = f"ExitCode={code}, Error='{found.error}', FinishedAt="
+        await life.ended(self.notebook())
         return status
 
     async def stop(self, now=False):
