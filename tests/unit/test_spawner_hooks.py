@@ -17,6 +17,8 @@ NAME = "t-nb-alice-"
 
 
 class _Reconciler:
+    busy: set[str] = set()
+
     def ensure_running(self) -> None:
         pass
 
@@ -65,3 +67,30 @@ def test_a_vanished_container_has_ended(hooked):
     sp.object_id = NAME
     assert run_async(sp.get_object()) is None and sp.object_id == ""
     assert run_async(sp.poll()) == 0 and ended == ["nb"]
+
+
+def test_a_start_without_applied_options_checks_them_as_the_hook_does(hooked, monkeypatch):
+    """JupyterHub applies the options (apply_user_options) before each start; a start that
+    finds none applied checks them through the same form.check_options, with its 400."""
+    from types import SimpleNamespace
+
+    from tornado import web
+
+    from gpulab.notebooks import form
+
+    sp, rt, ended = hooked
+    asked = []
+
+    async def refuse(settings, runtime, ledger, user, groups, user_options):
+        asked.append((user, user_options))
+        raise form.OptionsRefused("gpus: gpus=9 requested but this host has 0 GPU(s)")
+
+    monkeypatch.setattr(form, "check_options", refuse)
+    monkeypatch.setattr(NotebookSpawner, "ledger", property(lambda self: None))
+    sp.user = SimpleNamespace(name="alice", groups=[])
+    sp.user_options = {"gpus": 9}
+    with pytest.raises(web.HTTPError) as e:
+        run_async(sp.start())
+    assert e.value.status_code == 400 and asked == [("alice", {"gpus": 9})]
+    assert "Invalid notebook options: gpus: gpus=9" in str(e.value)
+    assert rt.calls == []  # nothing reached the engine

@@ -282,9 +282,9 @@ class NotebookSpawner(DockerSpawner):
         try:
             with self._in_transit():
                 if self.gpulab_options is None:
-                    self.gpulab_options = form.parse_options(
-                        self.settings, self.user.name, self._user_groups(), self.user_options
-                    )
+                    # JupyterHub applies the options before every start (apply_user_options):
+                    # a start without them checks them the same way
+                    await self.apply_notebook_options(self.user_options)
                 nb = self.notebook()
                 hub = HubSide(
                     env=self.get_env(),
