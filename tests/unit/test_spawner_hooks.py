@@ -1,13 +1,16 @@
 """NotebookSpawner's own hooks on a fake Runtime: what the hub's poll sees of the container
-(from its WorkloadState, never a Docker document)."""
+(from its WorkloadState, never a Docker document), the one options path, and the start-up
+warning that names each DockerSpawner option gpulab ignores."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 from traitlets.config import Config
 
 from gpulab.notebooks import spawner as spawner_module
-from gpulab.notebooks.spawner import NotebookSpawner
+from gpulab.notebooks.spawner import IGNORED_DOCKER_OPTIONS, NotebookSpawner, ignored_options
 from gpulab.runtime.base import WorkloadSpec
 
 from ..conftest import run_async
@@ -94,3 +97,50 @@ def test_a_start_without_applied_options_checks_them_as_the_hook_does(hooked, mo
     assert e.value.status_code == 400 and asked == [("alice", {"gpus": 9})]
     assert "Invalid notebook options: gpus: gpus=9" in str(e.value)
     assert rt.calls == []  # nothing reached the engine
+
+
+def test_each_ignored_dockerspawner_option_is_named_with_what_to_use(monkeypatch, caplog):
+    c = Config()
+    c.DockerSpawner.network_name = "mynet"
+    c.Spawner.mem_limit = "4G"
+    c.NotebookSpawner.extra_host_config = {"privileged": True}
+    c.DockerSpawner.port = 9999  # read: where the notebook's server listens
+    c.DockerSpawner.client_kwargs = {"timeout": 30}  # read: how the hub reaches its engine
+    assert [o for o, _ in ignored_options(c, NotebookSpawner.mro())] == [
+        "c.Spawner.mem_limit",
+        "c.NotebookSpawner.extra_host_config",
+        "c.DockerSpawner.network_name",
+    ]
+    monkeypatch.setattr(NotebookSpawner, "_options_checked", False)
+    with caplog.at_level(logging.WARNING):
+        sp = NotebookSpawner(config=c)
+        NotebookSpawner(config=c)  # once a process
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    ours = [w for w in warned if "gpulab's NotebookSpawner ignores it" in w]
+    assert len(ours) == 3, warned
+    assert any(
+        w.startswith("c.DockerSpawner.network_name is set")
+        and "c.GpulabSettings.network_isolation" in w
+        for w in ours
+    )
+    assert sp.port == 9999
+    assert not ignored_options(Config(), NotebookSpawner.mro())
+    # every option named is one of DockerSpawner's (a typo would never warn)
+    from dockerspawner import DockerSpawner
+
+    assert set(IGNORED_DOCKER_OPTIONS) <= set(DockerSpawner.class_trait_names(config=True))
+
+
+def test_the_configuration_doc_names_exactly_the_ignored_options():
+    """docs/configuration.md's table of ignored DockerSpawner options is the code's."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    table = doc[doc.index("| ignored | use instead |") :].split("\n\n", 1)[0]
+    named = {
+        name
+        for row in table.splitlines()[2:]
+        for name in re.findall(r"`([a-z_]+)`", row.split(" | ")[0])
+    }
+    assert named == set(IGNORED_DOCKER_OPTIONS)

@@ -63,6 +63,72 @@ def _report_gpus(config) -> None:
     make_runtime(settings).log_gpus(log)
 
 
+_NETWORK = "c.GpulabSettings.network_isolation (gpulab decides how the hub reaches a notebook)"
+_CONTAINER = (
+    "c.GpulabSettings (gpulab builds the notebook's container itself: pids_limit, gpu_mode, "
+    "container_log_max_size, network_isolation)"
+)
+_STORAGE = "c.GpulabSettings.object_stores, workspace_store and volume_grants"
+_NAMES = "c.GpulabSettings.instance (gpulab names its containers and volumes)"
+_SIZE = "c.GpulabSettings.flavors, max_resources and user_max_resources"
+
+#: DockerSpawner's options that NotebookSpawner does not read (the Runtime runs the notebook,
+#: from gpulab's settings and the user's options), each with what to use instead. Set, they
+#: are named in a WARNING when the hub makes its first notebook spawner. Those DockerSpawner
+#: itself reads still apply: ``port`` (``container_port``), where the notebook's server
+#: listens; ``client_kwargs`` and the ``tls*`` options, how the hub reaches its engine. (It
+#: ignores ``hub_ip_connect`` and ``use_docker_client_env`` itself, with its own warning.)
+IGNORED_DOCKER_OPTIONS: dict[str, str] = {
+    "image": "the catalog, c.GpulabSettings.frameworks (users choose a framework and version)",
+    "container_image": "the catalog, c.GpulabSettings.frameworks",
+    "allowed_images": "c.GpulabSettings.allowed_images",
+    "image_whitelist": "c.GpulabSettings.allowed_images",
+    "pull_policy": (
+        "images built or pushed beforehand (make images; c.GpulabSettings.image_registry on a "
+        "Swarm): a missing image is refused, never pulled at a spawn"
+    ),
+    "cpu_limit": _SIZE,
+    "mem_limit": _SIZE,
+    "extra_create_kwargs": _CONTAINER,
+    "extra_host_config": _CONTAINER,
+    "post_start_cmd": "the image's own start-up",
+    "volumes": _STORAGE,
+    "read_only_volumes": _STORAGE,
+    "mounts": _STORAGE,
+    "format_volume_name": _STORAGE,
+    "network_name": _NETWORK,
+    "use_internal_ip": _NETWORK,
+    "use_internal_hostname": _NETWORK,
+    "links": _NETWORK,
+    "host_ip": _NETWORK,
+    "container_ip": _NETWORK,
+    "name_template": _NAMES,
+    "container_name_template": _NAMES,
+    "prefix": _NAMES,
+    "container_prefix": _NAMES,
+    "escape": _NAMES,
+    "remove": "nothing: gpulab removes a notebook's container at every stop (a failed one at "
+    "the next start or delete)",
+    "remove_containers": "nothing: gpulab removes a notebook's container at every stop",
+    "certs_volume_name": "nothing: gpulab's notebooks do not mount DockerSpawner's certificates",
+    "move_certs_image": "nothing: gpulab's notebooks do not mount DockerSpawner's certificates",
+}
+
+
+def ignored_options(config, classes) -> list[tuple[str, str]]:
+    """("c.Section.option", what to use instead) of each option in
+    :data:`IGNORED_DOCKER_OPTIONS` that ``config`` sets for one of ``classes`` (the
+    spawner's class and its bases: a value set on ``c.Spawner`` or ``c.DockerSpawner``
+    reaches NotebookSpawner too)."""
+    sections = [c.__name__ for c in classes if c.__name__ in config]
+    found = []
+    for name, instead in IGNORED_DOCKER_OPTIONS.items():
+        section = next((s for s in sections if name in config[s]), None)
+        if section is not None:
+            found.append((f"c.{section}.{name}", instead))
+    return found
+
+
 class SpawnFailed(web.HTTPError):
     """A spawn that cannot go on; the message is what the user sees on the progress page."""
 
@@ -102,6 +168,17 @@ class NotebookSpawner(DockerSpawner):
         return lambda formdata: form_to_options(formdata)
 
     gpulab_options: NotebookOptions | None = None
+    #: the configuration was checked for DockerSpawner options gpulab ignores (once a process)
+    _options_checked = False
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        if not NotebookSpawner._options_checked:
+            NotebookSpawner._options_checked = True
+            for option, instead in ignored_options(self.config, type(self).mro()):
+                self.log.warning(
+                    "%s is set, but gpulab's NotebookSpawner ignores it; use %s", option, instead
+                )
 
     # --- what it is handed --------------------------------------------------------------------
 
