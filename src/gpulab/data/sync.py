@@ -15,6 +15,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +33,17 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[dict], None]
+
+#: threads for the sync's own blocking calls to a store (listing what a pull would bring): a
+#: pool of its own, so that a slow or unreachable store (each listing may wait seconds) never
+#: holds the Runtime's engine pool, nor the default pool that database calls share
+STORE_THREADS = 8
+_store_pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="gpulab-store")
+
+
+async def _listing(fn, *args):
+    """A blocking listing of a store, on the sync's own pool."""
+    return await asyncio.get_running_loop().run_in_executor(_store_pool, fn, *args)
 
 
 class StorageCredentialsError(RuntimeError):
@@ -261,9 +273,7 @@ class WorkloadData:
         exists = await self.runtime.volume_exists(vol.docker_volume, vol.node)
         if not (image_provides_mount or exists):
             return False
-        # a listing of the store, not an engine call: off the Runtime's engine pool, on the
-        # default pool like the sync's other blocking calls
-        return await asyncio.to_thread(self._remote_empty, vol)
+        return await _listing(self._remote_empty, vol)
 
     def listed_size(self, vol: VolumeSync) -> int:
         """Bytes of the objects a pull of ``vol`` would bring (their total size under the
@@ -309,7 +319,7 @@ class WorkloadData:
         disk = self.disk
         assert disk is not None
         try:
-            size = await asyncio.to_thread(self.listed_size, vol)
+            size = await _listing(self.listed_size, vol)
         except StorageCredentialsError as e:
             return SyncOutcome(vol, False, reason=str(e))
         except Exception as e:
