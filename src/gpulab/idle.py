@@ -12,7 +12,8 @@ traffic polling, which anyone could feed with requests the notebook refuses).
 
 A reported time in the future cannot keep a notebook forever: an activity time counts from the
 moment it was first seen at the latest (``seen``), so a value that never changes ages like any
-other. :func:`idle_notebooks` is the decision; :class:`gpulab.service.idle.IdleStopper` acts on it.
+other. :func:`idle_notebooks` is the decision; :class:`gpulab.service.tasks.idle.IdleStopper`
+acts on it.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from functools import cached_property
+from pathlib import Path
 
 from traitlets import (
     Bool,
@@ -21,7 +22,7 @@ from traitlets import (
     Union,
     validate,
 )
-from traitlets.config import Configurable
+from traitlets.config import Config, Configurable, PyFileConfigLoader
 
 from . import __version__
 from .bounds import MAX_REQUEST_BODY
@@ -728,3 +729,12 @@ class GpulabSettings(Configurable):
         return effective_limits(
             user, groups, self.max_resources, self.user_max_resources, self.group_max_resources
         )
+
+
+def load_config(path: str | None) -> Config:
+    """The hub's configuration file (``jupyterhub_config.py``) as traitlets' Config: the
+    gpulab service reads the hub's own file, so settings are written once."""
+    if not path:
+        return Config()
+    p = Path(path)
+    return PyFileConfigLoader(p.name, path=str(p.parent)).load_config()

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from gpulab.service.pages import (
-    ago,
-    form_field,
-    form_to_job,
-    gpu_total,
-    state_class,
-    when,
-    workers_of,
-)
+from gpulab.jobs.gang import workers_of
+from gpulab.service.pages.base import ago, gpu_total, state_class, when
+from gpulab.service.pages.job_form import form_field, form_to_job
 
 
 def test_form_to_job_types_and_errors():

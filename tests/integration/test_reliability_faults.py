@@ -65,8 +65,7 @@ class Service:
     @property
     def settings(self):
         if self._settings is None:
-            from gpulab.service.config import load_config
-            from gpulab.settings import GpulabSettings
+            from gpulab.settings import GpulabSettings, load_config
 
             os.environ.setdefault("GPULAB_DATA_DIR", str(self.data))
             self._settings = GpulabSettings(config=load_config(str(self.config)))

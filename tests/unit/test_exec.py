@@ -12,14 +12,14 @@ import pytest
 
 from gpulab.runtime.execution import MAX_PENDING_INPUT, InputQueue, _Collector
 from gpulab.runtime.swarm_nodes import NodeEngines, check_template, node_tls
-from gpulab.service.app_base import ApiError
-from gpulab.service.exec_api import (
+from gpulab.service.api.exec import (
     DEFAULT_EXEC_TIMEOUT,
     _resize,
     command_text,
     parse_exec,
     same_host,
 )
+from gpulab.service.base import ApiError
 
 
 def test_parse_exec_takes_a_list_or_a_shell_line():

@@ -11,7 +11,7 @@ from gpulab.db import Database
 from gpulab.lifecycle import NotebookState, utcnow
 from gpulab.notebooks.records import NotebookRecords
 from gpulab.resources import Limits, Resources
-from gpulab.service.idle import IdleStopper
+from gpulab.service.tasks.idle import IdleStopper
 
 from ..conftest import run_async
 

@@ -281,7 +281,7 @@ def test_a_clone_helper_on_a_swarm_gets_the_bridge_and_its_limits():
     ],
 )
 def test_a_port_path_that_could_leave_its_port_is_refused(path, unsafe):
-    from gpulab.service.ports_proxy import unsafe_path
+    from gpulab.service.api.ports import unsafe_path
 
     assert unsafe_path(path) is unsafe
 
@@ -306,7 +306,7 @@ PREFIX = "/services/gpulab/jobs/j1/ports/web/"
     ],
 )
 def test_an_app_gets_only_its_own_cookies(header, forwarded):
-    from gpulab.service.ports_proxy import app_cookies
+    from gpulab.service.api.ports import app_cookies
 
     assert app_cookies(header, NS) == forwarded
 
@@ -324,7 +324,7 @@ def test_an_app_gets_only_its_own_cookies(header, forwarded):
     ],
 )
 def test_no_hub_token_is_forwarded_in_a_query(uri, forwarded):
-    from gpulab.service.ports_proxy import without_tokens
+    from gpulab.service.api.ports import without_tokens
 
     assert without_tokens(uri) == forwarded
 
@@ -347,6 +347,6 @@ def test_no_hub_token_is_forwarded_in_a_query(uri, forwarded):
     ],
 )
 def test_an_apps_cookie_is_confined_to_its_port(header, browser_gets):
-    from gpulab.service.ports_proxy import app_set_cookie
+    from gpulab.service.api.ports import app_set_cookie
 
     assert app_set_cookie(header, NS, PREFIX) == browser_gets

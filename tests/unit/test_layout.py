@@ -367,9 +367,9 @@ def test_above_runtime_only_make_runtime_and_the_interface_are_imported():
     re-exports), ``runtime.base`` (the interface) and ``runtime.images`` are imported: never
     a backend, its objects, networks, gateway or exec sessions."""
     assert _above_runtime_reaching_in(graph()) == []
-    planted = {**graph(), f"{ROOT}.service.exec_api": frozenset({f"{ROOT}.runtime.execution"})}
+    planted = {**graph(), f"{ROOT}.service.api.exec": frozenset({f"{ROOT}.runtime.execution"})}
     assert _above_runtime_reaching_in(planted) == [
-        (f"{ROOT}.service.exec_api", f"{ROOT}.runtime.execution")
+        (f"{ROOT}.service.api.exec", f"{ROOT}.runtime.execution")
     ]
 
 

@@ -22,7 +22,7 @@ from gpulab.logscrub import (
     secret_key,
 )
 from gpulab.service.app import log_request
-from gpulab.service.app_base import ApiError, JsonErrors
+from gpulab.service.base import ApiError, JsonErrors
 
 from ..conftest import run_async
 

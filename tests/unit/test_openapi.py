@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
+from gpulab.service.api.openapi import PATHS, document
 from gpulab.service.app import ROUTES
-from gpulab.service.openapi import PATHS, document
 
 
 def test_every_route_is_documented_and_every_documented_path_is_served():

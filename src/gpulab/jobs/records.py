@@ -111,7 +111,7 @@ def job_json(
         "outcome": j.outcome or None,
         "container": j.container,
         "groups": [g for g in j.groups.split(",") if g],
-        # where each exposed port opens (behind the hub's login: service/ports_proxy.py)
+        # where each exposed port opens (behind the hub's login: service/api/ports.py)
         "ports": [
             {
                 "name": p.get("name"),

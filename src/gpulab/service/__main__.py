@@ -29,13 +29,12 @@ from ..metrics import StateCollector
 from ..notebooks.records import NotebookRecords
 from ..runtime import make_runtime
 from ..secrets import store_for
-from ..settings import ConfigError, GpulabSettings
+from ..settings import ConfigError, GpulabSettings, load_config
 from ..statelog import json_formatter, register_sensitive
 from .app import make_app
-from .config import load_config
-from .hub import HubClient
-from .idle import IdleStopper
-from .watchdog import RunTimeWatchdog
+from .tasks.hub import HubClient
+from .tasks.idle import IdleStopper
+from .tasks.watchdog import RunTimeWatchdog
 
 log = logging.getLogger("gpulab.service")
 
@@ -132,7 +131,7 @@ async def main(argv: list[str] | None = None) -> None:
     )
     app = make_app(settings, supervisor)
     # tornado stops reading a chunked body past this; below it (and for any declared body up
-    # to 64 times the cap) the answer is a JSON 413 that names max_request_body (bodylimit.py)
+    # to 64 times the cap) the answer is a JSON 413 that names max_request_body (service/base.py)
     app.listen(
         url.port or 80,
         url.hostname or "127.0.0.1",

@@ -1,164 +1,43 @@
-"""The gpulab hub service: a tornado app under /services/gpulab/.
+"""The gpulab hub service: a tornado app under /services/gpulab/, and its route tables.
 
-Browsers come through the hub's OAuth; API clients send a hub token. Users see only their own
-notebooks; admins may read anyone's. Someone else's notebook is a 404, never a 403, so that its
-existence is not revealed.
+Browsers come through the hub's OAuth; API clients send a hub token. The REST API is in
+``api/``, the pages in ``pages/``, what every handler shares in ``base.py``; the periodic
+stops through the hub (``tasks/``) run beside the app (``__main__.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from tornado import web
 
 from ..db import Database
-from ..jobs.spec import MAX_PRIORITY, job_spec_schema
-from ..lifecycle import NotebookState
 from ..logscrub import request_summary
 from ..metrics import API_REQUESTS
-from ..names import notebook_workload_id
-from ..notebooks.data import NotebookData, PushRaced, retry_push
 from ..notebooks.records import NotebookRecords
 from ..runtime import make_runtime
 from ..secrets import store_for
 from ..settings import GpulabSettings
-from .admin_page import AdminPage
-from .app_base import (
-    METRICS,
-    NB_MANAGE,
-    NB_READ,
-    ApiError,
-    BaseHandler,
-    HealthHandler,
-    NotFoundHandler,
-    ScrubbedLogs,
-    authenticated,
-    read,
-)
-from .bodylimit import BoundedApplication
-from .exec_api import JobExecHandler, JobShellHandler
-from .jobs_api import (
-    JobActionHandler,
-    JobEventsHandler,
-    JobHandler,
-    JobsHandler,
-    UsageHandler,
-)
-from .logs_api import JobLogsHandler
-from .openapi import document
-from .pages import (
-    HomePage,
-    JobActionPage,
-    JobPage,
-    JobsPage,
-    StaticHandler,
-    SubmitJobPage,
-)
-from .ports_proxy import JobPortHandler
-from .secrets_api import SecretHandler, SecretsHandler, SecretsPage
+from .api.exec import JobExecHandler, JobShellHandler
+from .api.jobs import JobActionHandler, JobEventsHandler, JobHandler, JobsHandler
+from .api.logs import JobLogsHandler
+from .api.monitoring import HealthHandler, MetricsHandler
+from .api.notebooks import NotebookHandler, NotebookPushHandler, NotebooksHandler
+from .api.openapi import OpenAPIHandler
+from .api.ports import JobPortHandler
+from .api.secrets import SecretHandler, SecretsHandler
+from .api.usage import UsageHandler
+from .base import BoundedApplication, NotFoundHandler, ScrubbedLogs
+from .pages.admin import AdminPage
+from .pages.base import StaticHandler
+from .pages.home import HomePage
+from .pages.jobs import JobActionPage, JobPage, JobsPage, SubmitJobPage
+from .pages.secrets import SecretsPage
 
 log = logging.getLogger("gpulab.service")
-
-
-class NotebooksHandler(BaseHandler):
-    @authenticated
-    async def get(self):
-        """The caller's notebooks; admins may ask for ?user=NAME or ?all=true."""
-        me = self.require(NB_READ)
-        user = self.get_argument("user", me["name"])
-        want_all = self.flag("all")
-        if (user != me["name"] or want_all) and not self.is_admin(me):
-            raise ApiError(403, "only admins (custom:gpulab:admin) may list other users' notebooks")
-        limit, offset = self.page_args()
-        rows, total = await read(self.records.page, None if want_all else user, limit, offset)
-        self.write_page("notebooks", rows, total, limit, offset)
-
-
-class NotebookHandler(BaseHandler):
-    @authenticated
-    async def get(self, user: str, server: str):
-        """One notebook with its state and history. The default server is the empty name."""
-        self.write_json(await self.owned_notebook(user, server))
-
-
-class NotebookPushHandler(BaseHandler):
-    """Retry the push of a notebook whose last push failed (SYNC_FAILED)."""
-
-    @authenticated
-    async def post(self, user: str, server: str):
-        me = self.current_user
-        nb = await self.owned_notebook(user, server, NB_MANAGE)
-        if nb["state"] != NotebookState.SYNC_FAILED.value:
-            raise ApiError(
-                409, f"only a SYNC_FAILED notebook's push can be retried; this one is {nb['state']}"
-            )
-        gpulab: GpulabSettings = self.settings["gpulab"]
-        workload = notebook_workload_id(gpulab.instance, user, server)
-        data = NotebookData.of_record(gpulab, self.settings["runtime"], nb, workload)
-        try:  # compare-and-set: of two retries at once, one pushes, the other is a 409
-            ok, _, result = await retry_push(
-                self.records, data, user, server, f"push retried by {me['name']}"
-            )
-        except PushRaced as e:
-            if e.during:
-                raise ApiError(
-                    409, "this notebook changed during the push: read its state"
-                ) from None
-            raise ApiError(
-                409, "this notebook changed meanwhile (another push retry or a start): try again"
-            ) from None
-        self.write_json(result, 200 if ok else 502)
-
-
-class MetricsHandler(BaseHandler):
-    """Prometheus metrics (gpulab/metrics.py), for tokens with ``custom:gpulab:metrics``."""
-
-    @authenticated
-    async def get(self):
-        self.require(METRICS)
-        body = await asyncio.to_thread(generate_latest, REGISTRY)  # the collector reads the DB
-        self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(body)
-
-
-class OpenAPIHandler(BaseHandler):
-    """The OpenAPI document, with the job submission schema of this deployment (its catalog,
-    flavors, GPUs and limits): the caller's with a valid token (their limits, quota and
-    highest priority), else that of a user without overrides. No token is needed."""
-
-    async def get(self):
-        s: GpulabSettings = self.settings["gpulab"]
-        me = self.current_user
-        user, groups = (me["name"], list(me.get("groups") or [])) if me else ("", [])
-        store = self.settings["secrets"]
-        secret_names = (
-            [i.name for i in await read(store.names, user)] if user and store.available else []
-        )
-        supervisor = self.settings.get("supervisor")
-        quota = s.quota_for(user, groups)
-        admin = bool(me) and self.is_admin(me)
-        submission = job_spec_schema(
-            catalog=s.catalog,
-            flavors=s.flavor_map,
-            limits=s.limits_for(user, groups),
-            allowed_images=s.allowed_images,
-            host_gpus=supervisor.ledger.gpu_home()[0] if supervisor else 0,
-            quota_gpus=quota.gpus,
-            quota_jobs=quota.jobs,
-            max_timeout=s.job_max_timeout,
-            max_priority=MAX_PRIORITY if admin else min(s.max_user_priority, MAX_PRIORITY),
-            volumes=bool(s.storage.stores),
-            secret_names=secret_names,
-            git=s.job_git_sources,
-            gang_slots=supervisor.ledger.gang_slots() if supervisor else {},
-            max_workers=s.max_job_workers,
-        )
-        self.write_json(document(submission))
 
 
 # path (relative to the service prefix, as in the OpenAPI document) -> handler
@@ -192,7 +71,7 @@ ROUTES: list[tuple[str, str, type]] = [
 # JupyterHub's /hub/metrics)
 OTHER_ROUTES: list[tuple[str, str, type]] = [
     ("/metrics", r"metrics", MetricsHandler),
-    # a running job's ports (any content, HTTP and websockets: service/ports_proxy.py)
+    # a running job's ports (any content, HTTP and websockets: service/api/ports.py)
     (
         "/jobs/{job_id}/ports/{name}/{path}",
         r"jobs/([a-z0-9]+)/ports/([a-z][a-z0-9-]{0,31})(/.*)?",
@@ -229,7 +108,7 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
     handlers += [(url_path_join(prefix, pattern), handler) for _, pattern, handler in ROUTES]
     handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in PAGE_ROUTES]
     handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in OTHER_ROUTES]
-    # BoundedApplication: a body declared over max_request_body is answered 413 unread
+    # BoundedApplication (base.py): a body declared over max_request_body is answered 413 unread
     return BoundedApplication(
         handlers,
         cookie_secret=os.urandom(32),

@@ -24,9 +24,9 @@ from urllib.parse import quote
 
 from tornado.httpclient import HTTPClientError
 
-from ..idle import REASON, IdleStop, idle_notebooks
-from ..lifecycle import utcnow
-from ..notebooks.records import NotebookRecords
+from ...idle import REASON, IdleStop, idle_notebooks
+from ...lifecycle import utcnow
+from ...notebooks.records import NotebookRecords
 from .hub import HubClient
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ..notebooks.records import NotebookRecords
+from ...notebooks.records import NotebookRecords
 from .hub import HubClient
 
 log = logging.getLogger(__name__)

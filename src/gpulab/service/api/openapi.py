@@ -1,18 +1,19 @@
 """The OpenAPI description of the gpulab service's REST API.
 
-Paths are listed next to their handlers in :data:`ROUTES` (app.py builds its routes from the
+Paths are listed next to their handlers in :data:`ROUTES` (service/app.py builds its routes from the
 same table), so the document cannot name a path the service does not serve, nor miss one; a
 test checks it. The job submission body is the JSON Schema kept beside its parser.
 """
 
 from __future__ import annotations
 
-from .. import __version__
-from ..bounds import MAX_ENV_VALUE_BYTES
-from ..jobs.spec import JOB_SPEC_SCHEMA
-from ..lifecycle import JobState, NotebookState
-from .exec_api import EXEC_DESCRIPTION, EXEC_REQUEST, EXEC_RESULT, MAX_TERMINAL_SIZE
-from .openapi_parts import (
+from ... import __version__
+from ...bounds import MAX_ENV_VALUE_BYTES
+from ...jobs.spec import JOB_SPEC_SCHEMA, MAX_PRIORITY, job_spec_schema
+from ...lifecycle import JobState, NotebookState
+from ...settings import GpulabSettings
+from ..base import BaseHandler, read
+from .components import (
     ALL,
     ERROR,
     EVENT,
@@ -31,6 +32,7 @@ from .openapi_parts import (
     _page,
     _ref,
 )
+from .exec import EXEC_DESCRIPTION, EXEC_REQUEST, EXEC_RESULT, MAX_TERMINAL_SIZE
 
 PATHS: dict[str, dict] = {
     "/api/health": {
@@ -461,3 +463,38 @@ def document(job_submission: dict | None = None) -> dict:
             },
         },
     }
+
+
+class OpenAPIHandler(BaseHandler):
+    """The OpenAPI document, with the job submission schema of this deployment (its catalog,
+    flavors, GPUs and limits): the caller's with a valid token (their limits, quota and
+    highest priority), else that of a user without overrides. No token is needed."""
+
+    async def get(self):
+        s: GpulabSettings = self.settings["gpulab"]
+        me = self.current_user
+        user, groups = (me["name"], list(me.get("groups") or [])) if me else ("", [])
+        store = self.settings["secrets"]
+        secret_names = (
+            [i.name for i in await read(store.names, user)] if user and store.available else []
+        )
+        supervisor = self.settings.get("supervisor")
+        quota = s.quota_for(user, groups)
+        admin = bool(me) and self.is_admin(me)
+        submission = job_spec_schema(
+            catalog=s.catalog,
+            flavors=s.flavor_map,
+            limits=s.limits_for(user, groups),
+            allowed_images=s.allowed_images,
+            host_gpus=supervisor.ledger.gpu_home()[0] if supervisor else 0,
+            quota_gpus=quota.gpus,
+            quota_jobs=quota.jobs,
+            max_timeout=s.job_max_timeout,
+            max_priority=MAX_PRIORITY if admin else min(s.max_user_priority, MAX_PRIORITY),
+            volumes=bool(s.storage.stores),
+            secret_names=secret_names,
+            git=s.job_git_sources,
+            gang_slots=supervisor.ledger.gang_slots() if supervisor else {},
+            max_workers=s.max_job_workers,
+        )
+        self.write_json(document(submission))

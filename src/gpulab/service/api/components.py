@@ -1,11 +1,11 @@
-"""The building blocks of the service's OpenAPI document (:mod:`gpulab.service.openapi`):
+"""The components of the service's OpenAPI document (:mod:`gpulab.service.api.openapi`):
 the error body, the job and page shapes, and the parameters several paths share."""
 
 from __future__ import annotations
 
-from ..jobs.spec import MAX_WORKERS
-from ..lifecycle import JobState
-from .app_base import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
+from ...jobs.spec import MAX_WORKERS
+from ...lifecycle import JobState
+from ..base import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
 
 #: a worker of a distributed job (query parameter)
 RANK = {

@@ -9,11 +9,9 @@ not revealed.
 
 from __future__ import annotations
 
-import json
-
-from ..jobs import actions
-from ..lifecycle import JobState
-from .app_base import (
+from ...jobs import actions
+from ...lifecycle import JobState
+from ..base import (
     ASCII_SPACE,
     JOBS_MANAGE,
     JOBS_READ,
@@ -24,40 +22,12 @@ from .app_base import (
     read,
 )
 
-READ, MANAGE = JOBS_READ, JOBS_MANAGE
 
-
-class JobsBase(BaseHandler):
-    @property
-    def supervisor(self):
-        return self.settings["supervisor"]
-
-    @property
-    def jobs(self):
-        return self.supervisor.records
-
-    async def own_job(self, job_id: str, scope: str = READ) -> dict:
-        me = self.require(scope)
-        job = await read(self.jobs.get, job_id)
-        if job is None or (job["owner"] != me["name"] and not self.is_admin(me)):
-            raise ApiError(404, f"no job {job_id}")
-        return job
-
-    def body(self) -> dict:
-        try:
-            data = json.loads(self.request.body or b"{}")
-        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
-            raise ApiError(400, "the body must be a JSON object", field="body") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the body must be a JSON object", field="body")
-        return data
-
-
-class JobsHandler(JobsBase):
+class JobsHandler(BaseHandler):
     @authenticated
     async def get(self):
         """List jobs: yours (admins: ?user=NAME or ?all=true), ?state=A,B, ?label=k=v."""
-        me = self.require(READ)
+        me = self.require(JOBS_READ)
         user = self.get_argument("user", me["name"])
         want_all = self.flag("all")
         if (user != me["name"] or want_all) and not self.is_admin(me):
@@ -92,7 +62,7 @@ class JobsHandler(JobsBase):
     @authenticated
     async def post(self):
         """Submit a job; 201 with the job, or 400 naming the field and the reason."""
-        me = self.require(MANAGE)
+        me = self.require(JOBS_MANAGE)
         raw = self.body()
         with answer_refusals():
             job = await actions.submit(
@@ -107,7 +77,7 @@ class JobsHandler(JobsBase):
         self.write_json(job, 201)
 
 
-class JobHandler(JobsBase):
+class JobHandler(BaseHandler):
     @authenticated
     async def get(self, job_id: str):
         self.write_json(await self.own_job(job_id))
@@ -115,24 +85,24 @@ class JobHandler(JobsBase):
     @authenticated
     async def delete(self, job_id: str):
         """Delete an ended job: its record, saved logs, container and volumes."""
-        job = await self.own_job(job_id, MANAGE)
+        job = await self.own_job(job_id, JOBS_MANAGE)
         with answer_refusals():
             await actions.delete(self.supervisor, job)
         self.set_status(204)
         self.finish()
 
 
-class JobEventsHandler(JobsBase):
+class JobEventsHandler(BaseHandler):
     @authenticated
     async def get(self, job_id: str):
         job = await self.own_job(job_id)
         self.write_json({"id": job_id, "events": job["history"]})
 
 
-class JobActionHandler(JobsBase):
+class JobActionHandler(BaseHandler):
     @authenticated
     async def post(self, job_id: str, action: str):
-        job = await self.own_job(job_id, MANAGE)
+        job = await self.own_job(job_id, JOBS_MANAGE)
         sup = self.supervisor
         with answer_refusals():
             if action == "interrupt":
@@ -163,26 +133,3 @@ def parse_rank(text: str, job_id: str, workers: int) -> int:
             404, f"job {job_id} has no rank {int(text)}: it has {workers} worker{plural}"
         )
     return int(text)
-
-
-class UsageHandler(JobsBase):
-    @authenticated
-    async def get(self):
-        """Billed minutes: jobs (RUNNING to FINALIZING) and notebooks (RUNNING), per user."""
-        me = self.require(READ)
-        user = self.get_argument("user", me["name"])
-        if user != me["name"] and not self.is_admin(me):
-            raise ApiError(403, "only admins may read other users' usage")
-
-        def both() -> tuple[dict, int]:  # one hop to a thread, not two
-            return self.jobs.usage(user), self.records.billed_minutes(user)
-
-        jobs, notebooks = await read(both)
-        self.write_json(
-            {
-                "user": user,
-                "jobs_billed_minutes": jobs["jobs_billed_minutes"],
-                "notebooks_billed_minutes": notebooks,
-                "billed_minutes": jobs["jobs_billed_minutes"] + notebooks,
-            }
-        )

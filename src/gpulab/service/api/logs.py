@@ -14,13 +14,13 @@ import threading
 
 from tornado.iostream import StreamClosedError
 
-from ..jobs.logs import merge_logs, strip_stamps
-from ..jobs.supervisor.engine import rank_log_share, read_tail
-from ..lifecycle import JobState
-from ..names import rank_name
-from ..runtime.base import WorkloadGone
-from .app_base import ApiError, authenticated
-from .jobs_api import JobsBase, parse_rank
+from ...jobs.logs import merge_logs, strip_stamps
+from ...jobs.supervisor.engine import rank_log_share, read_tail
+from ...lifecycle import JobState
+from ...names import rank_name
+from ...runtime.base import WorkloadGone
+from ..base import ApiError, BaseHandler, authenticated
+from .jobs import parse_rank
 
 J = JobState
 
@@ -45,7 +45,7 @@ def _log_pool() -> concurrent.futures.ThreadPoolExecutor:
     return _pool
 
 
-class JobLogsHandler(JobsBase):
+class JobLogsHandler(BaseHandler):
     @authenticated
     async def get(self, job_id: str):
         """The job's output; ?follow=true streams it until the job's container ends."""

@@ -41,9 +41,9 @@ from urllib.parse import unquote_plus
 
 from tornado import httpclient, httputil, web, websocket
 
-from ..jobs.spec import JobSpec
-from ..lifecycle import JobState
-from .app_base import ADMIN, JOBS_READ, ApiError, BaseHandler, read
+from ...jobs.spec import JobSpec
+from ...lifecycle import JobState
+from ..base import ADMIN, JOBS_READ, ApiError, BaseHandler, read
 
 log = logging.getLogger("gpulab.ports")
 

@@ -1,4 +1,18 @@
-"""What every handler of the gpulab service shares: identity, JSON answers, clear errors."""
+"""What every handler of the gpulab service shares: identity and scopes, JSON answers and
+clear errors, the request body cap, and "someone else's is a 404".
+
+The body cap, from the cheapest layer:
+
+- a body that declares (Content-Length) more than ``max_request_body`` is routed, as soon as
+  its headers are read, to :class:`BodyTooLargeHandler`, which reads and discards it chunk by
+  chunk (nothing is buffered or parsed) and answers 413. Reading it to the end, rather than
+  closing the connection at once, is what lets the hub's proxy relay the 413: a connection
+  closed under a request that is still being sent reaches the client as a 503;
+- a body without a declared length (chunked) is buffered up to the HTTP server's limit, four
+  times the cap (``__main__.py``), and refused by ``BaseHandler.prepare`` with the same 413;
+- beyond that (a chunked body over four times the cap, or a declared one over
+  :data:`DISCARD_FACTOR` times) tornado stops reading and closes the connection.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +25,13 @@ import re
 from urllib.parse import urlencode
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
-from tornado import web
+from tornado import httputil, web
 from tornado.log import app_log
 
-from ..bounds import body_too_large, shown
+from ..bounds import MAX_REQUEST_BODY, body_too_large, shown
 from ..jobs.actions import JobRefused
 from ..logscrub import request_summary
 from ..notebooks.records import NotebookRecords
-from .bodylimit import request_cap
 
 # JupyterHub custom scopes (declared in jupyterhub_config.py). Each handler requires the one
 # its action needs; ADMIN acts on everyone's workloads.
@@ -73,6 +86,53 @@ def answer_refusals():
         yield
     except JobRefused as e:
         raise ApiError(e.status, e.message, field=e.field) from None
+
+
+#: declared bodies up to this many times the cap are read and discarded for a clean 413
+DISCARD_FACTOR = 64
+
+
+def request_cap(settings: dict) -> int:
+    """``GpulabSettings.max_request_body`` of the application (the default without one)."""
+    gpulab = settings.get("gpulab")
+    return gpulab.max_request_body if gpulab is not None else MAX_REQUEST_BODY
+
+
+@web.stream_request_body
+class BodyTooLargeHandler(web.RequestHandler):
+    """Discards a body declared over the cap, then answers 413 (any method)."""
+
+    def initialize(self, cap: int, size: int) -> None:
+        self.cap, self.size = cap, size
+
+    def data_received(self, chunk: bytes) -> None:
+        pass  # discarded: never buffered, never parsed
+
+    def _refuse(self, *args, **kwargs) -> None:
+        self.set_status(413)
+        self.set_header("Content-Type", "application/json")
+        why = body_too_large(self.size, self.cap)
+        self.finish(json.dumps({"status": 413, "field": "body", "message": why}))
+
+    get = head = post = put = patch = delete = options = _refuse
+
+
+class BoundedApplication(web.Application):
+    """A tornado Application that routes over-cap declared bodies to
+    :class:`BodyTooLargeHandler` before their body is read."""
+
+    def find_handler(self, request: httputil.HTTPServerRequest, **kwargs):
+        cap = request_cap(self.settings)
+        declared = request.headers.get("Content-Length", "")
+        if declared.isdigit() and len(declared) < 19 and cap < int(declared):
+            size = int(declared)
+            if size <= cap * DISCARD_FACTOR and request.connection is not None:
+                # read it all (discarding) so that the 413 reaches the client through the proxy
+                request.connection.set_max_body_size(size)  # type: ignore[attr-defined]
+                return self.get_handler_delegate(
+                    request, BodyTooLargeHandler, {"cap": cap, "size": size}
+                )
+        return super().find_handler(request, **kwargs)
 
 
 def authenticated(method):
@@ -177,6 +237,14 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
     def records(self) -> NotebookRecords:
         return self.settings["records"]
 
+    @property
+    def supervisor(self):
+        return self.settings["supervisor"]
+
+    @property
+    def jobs(self):
+        return self.supervisor.records
+
     def compute_etag(self) -> None:
         """No ETag: tornado would hash every answer for a conditional GET that API clients
         polling a job's state never send (and the state changes under them anyway)."""
@@ -184,7 +252,7 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
 
     async def prepare(self):
         """Refuse an oversized body (JSON 413 naming the limit) before any handler parses it:
-        a chunked one, read up to the server's limit (declared ones: bodylimit.py). Then
+        a chunked one, read up to the server's limit (declared ones: BoundedApplication). Then
         identify the caller without blocking the event loop."""
         why = body_too_large(len(self.request.body or b""), request_cap(self.settings))
         if why:
@@ -253,6 +321,25 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
             raise ApiError(404, f"no notebook {server or '(default)'} for {user}")
         return nb
 
+    async def own_job(self, job_id: str, scope: str = JOBS_READ) -> dict:
+        """The job, if the caller owns it or is an admin; else 404 (never 403), with the same
+        answer as for a job that does not exist."""
+        me = self.require(scope)
+        job = await read(self.jobs.get, job_id)
+        if job is None or (job["owner"] != me["name"] and not self.is_admin(me)):
+            raise ApiError(404, f"no job {job_id}")
+        return job
+
+    def body(self) -> dict:
+        """The request's JSON object (an empty body is ``{}``); else 400."""
+        try:
+            data = json.loads(self.request.body or b"{}")
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+            raise ApiError(400, "the body must be a JSON object", field="body") from None
+        if not isinstance(data, dict):
+            raise ApiError(400, "the body must be a JSON object", field="body")
+        return data
+
     def page_args(self) -> tuple[int, int]:
         """``?limit=`` (1 to MAX_PAGE, default DEFAULT_PAGE) and ``?offset=`` (0 or more)."""
         out = []
@@ -294,8 +381,3 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(obj))
-
-
-class HealthHandler(JsonErrors):
-    def get(self):
-        self.finish({"status": "ok"})

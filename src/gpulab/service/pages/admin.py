@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, defaultdict
 
-from ..disk_quota import human
-from ..lifecycle import JobState, NotebookState
-from ..resources import format_memory
-from .app_base import authenticated
-from .pages import ACTIVE_STATES, PageHandler
+from ...disk_quota import human
+from ...lifecycle import JobState, NotebookState
+from ...resources import format_memory
+from ..base import authenticated
+from .base import ACTIVE_STATES, PageHandler
 
 
 def holders(rows: list[dict], slots: int) -> list[dict]:

@@ -28,13 +28,13 @@ from urllib.parse import urlsplit
 
 from tornado import websocket
 
-from ..bounds import MiB, shown, size_text
-from ..jobs.spec import JOB_SPEC_SCHEMA, JobSpecError, parse_command
-from ..lifecycle import JobState
-from ..names import rank_name
-from ..runtime.base import ExecSession, WorkloadGone
-from .app_base import ApiError, authenticated
-from .jobs_api import MANAGE, JobsBase, parse_rank
+from ...bounds import MiB, shown, size_text
+from ...jobs.spec import JOB_SPEC_SCHEMA, JobSpecError, parse_command
+from ...lifecycle import JobState
+from ...names import rank_name
+from ...runtime.base import ExecSession, WorkloadGone
+from ..base import JOBS_MANAGE, ApiError, BaseHandler, authenticated
+from .jobs import parse_rank
 
 log = logging.getLogger("gpulab.service")
 
@@ -163,10 +163,10 @@ def command_text(command: str | list[str]) -> str:
     return text
 
 
-class ExecBase(JobsBase):
+class ExecBase(BaseHandler):
     async def running_job(self, job_id: str) -> dict:
         """The caller's (or, for an admin, anyone's) job, if it is RUNNING; else 404 or 409."""
-        job = await self.own_job(job_id, MANAGE)
+        job = await self.own_job(job_id, JOBS_MANAGE)
         if job["state"] != JobState.RUNNING.value:
             raise ApiError(
                 409, f"job {job_id} is {job['state']}: only a RUNNING job can run commands"

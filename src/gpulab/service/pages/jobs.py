@@ -1,0 +1,157 @@
+"""The jobs' pages: the list, the submit form, a job's page and its buttons. They call what
+the API calls (:mod:`gpulab.jobs.actions`), so a page can never accept what the API refuses."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ...jobs import actions
+from ...jobs.actions import JobRefused
+from ...jobs.gang import workers_of
+from ...jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
+from ...resources import format_memory
+from ..api.logs import MAX_LOG_STREAMS_PER_USER
+from ..base import JOBS_MANAGE, JOBS_READ, ApiError, answer_refusals, authenticated
+from .base import ACTIVE_STATES, ENDED_STATES, JOB_STATES, PageHandler
+from .job_form import FORM_FIELDS, form_field, form_to_job
+
+#: jobs the jobs page shows (the newest; the REST API pages through all of them)
+JOBS_PAGE_ROWS = 200
+
+
+class JobsPage(PageHandler):
+    @authenticated
+    async def get(self):
+        me = self.require(JOBS_READ)
+        want_all = self.get_argument("all", "false").lower() == "true"
+        if want_all and not self.is_admin(me):
+            raise ApiError(403, "Only administrators may list other users' jobs.")
+        chosen = [s for s in self.get_argument("state", "").upper().split(",") if s]
+        unknown = [s for s in chosen if s not in JOB_STATES]
+        if unknown:
+            raise ApiError(400, f"unknown state {unknown[0]}; states are {', '.join(JOB_STATES)}")
+        # the newest page only: a page that rendered every job ever run would grow forever
+        rows, total = await asyncio.to_thread(
+            self.jobs.page,
+            None if want_all else me["name"],
+            set(chosen) or None,
+            None,
+            JOBS_PAGE_ROWS,
+            0,
+            True,
+        )
+        self.render_page(
+            "jobs.html",
+            jobs=rows,
+            jobs_total=total,
+            states=JOB_STATES,
+            chosen=chosen,
+            want_all=want_all,
+            presets={"active": ACTIVE_STATES + ["QUEUED"], "ended": ENDED_STATES},
+        )
+
+
+class SubmitJobPage(PageHandler):
+    @authenticated
+    async def get(self):
+        self.require(JOBS_MANAGE)
+        await self.show_form({}, {})
+
+    @authenticated
+    async def post(self):
+        me = self.require(JOBS_MANAGE)
+        form = {k: self.get_body_argument(k, "") for k in FORM_FIELDS}
+        raw, errors = form_to_job(form)
+        if errors:
+            return await self.show_form(form, errors, status=400)
+        try:
+            job = await actions.submit(
+                self.supervisor,
+                self.settings["gpulab"],
+                raw,
+                owner=me["name"],
+                groups=list(me.get("groups") or []),
+                admin=self.is_admin(me),
+            )
+        except JobRefused as e:
+            errors = {form_field(e.field): e.message}
+            return await self.show_form(form, errors, status=e.status)
+        self.redirect(self.page_url("jobs", job["id"]), status=303)
+
+    async def show_form(self, form: dict, errors: dict, status: int = 200) -> None:
+        s = self.settings["gpulab"]
+        me = self.current_user
+        limits = s.limits_for(me["name"], list(me.get("groups") or []))
+        ledger = self.supervisor.ledger
+        try:
+            free = await asyncio.to_thread(ledger.free_count)
+        except Exception:
+            free = None
+        catalog = s.catalog
+        default_env = f"{catalog.default_framework}/" + (
+            catalog.frameworks[catalog.default_framework].default_version.id
+            if catalog.default_framework in catalog.frameworks
+            else ""
+        )
+        self.render_page(
+            "submit.html",
+            status=status,
+            form=form,
+            errors=errors,
+            catalog=catalog,
+            default_env=default_env,
+            flavors=list(s.flavor_map.values()),
+            format_memory=format_memory,
+            limits=limits,
+            limit_memory=format_memory(limits.memory),
+            gpus_free=free,
+            gpus_total=len(ledger.devices),
+            defaults={"cpus": DEFAULT_CPUS, "memory": DEFAULT_MEMORY, "gpus": DEFAULT_GPUS},
+            max_workers=MAX_WORKERS,
+            max_timeout=s.job_max_timeout,
+        )
+
+
+class JobPage(PageHandler):
+    @authenticated
+    async def get(self, job_id: str):
+        job = await self.own_job(job_id)
+        workers = workers_of(job)
+        self.render_page(
+            "job.html",
+            job=job,
+            workers=workers,
+            # following every rank takes one log stream each: over the cap, one rank at first
+            first_rank=""
+            if workers <= MAX_LOG_STREAMS_PER_USER // 2 or job["state"] in ENDED_STATES
+            else "0",
+            ended=job["state"] in ENDED_STATES,
+            ended_states=ENDED_STATES,
+            can_manage=self.has(JOBS_MANAGE),
+            api=self.page_url("api/jobs", job_id),
+        )
+
+
+class JobActionPage(PageHandler):
+    """The detail page's buttons: the job actions the API takes, answered with a redirect to
+    the job's page (a rerun's: the copy's)."""
+
+    @authenticated
+    async def post(self, job_id: str, action: str):
+        job = await self.own_job(job_id, JOBS_MANAGE)
+        sup, target = self.supervisor, job_id
+        with answer_refusals():
+            if action == "interrupt":
+                await actions.interrupt(sup, job)
+            elif action == "resume":
+                await actions.resume(sup, job)
+            elif action == "rerun":
+                admin = self.is_admin(self.current_user)
+                target = (await actions.rerun(sup, self.settings["gpulab"], job, admin=admin))["id"]
+            elif action == "push":
+                result = await actions.retry_push(sup, job)
+                if result["state"] == "SYNC_FAILED":
+                    raise ApiError(502, result.get("message", f"{action} failed"))
+            else:
+                raise ApiError(404, f"no action {action}")
+        self.redirect(self.page_url("jobs", target), status=303)
