@@ -303,6 +303,13 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
         me = self.current_user
         return bool(me) and bool(self.scopes_of(me) & {scope, ADMIN, *IMPLIED_BY.get(scope, ())})
 
+    def whose(self, me: dict, user: str | None, refusal: str) -> str | None:
+        """``user`` (None: everyone), whose workloads the caller ``me`` asks to read: their
+        own, or anyone's for an admin; else 403 with ``refusal`` (each door's wording)."""
+        if user != me["name"] and not self.is_admin(me):
+            raise ApiError(403, refusal)
+        return user
+
     def require(self, scope: str) -> dict:
         """The caller, if their token carries ``scope`` (manage implies read; the admin scope
         implies both); else 403 naming the missing scope."""

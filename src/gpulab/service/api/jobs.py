@@ -29,9 +29,9 @@ class JobsHandler(BaseHandler):
         """List jobs: yours (admins: ?user=NAME or ?all=true), ?state=A,B, ?label=k=v."""
         me = self.require(JOBS_READ)
         user = self.get_argument("user", me["name"])
-        want_all = self.flag("all")
-        if (user != me["name"] or want_all) and not self.is_admin(me):
-            raise ApiError(403, "only admins may list other users' jobs")
+        user = self.whose(
+            me, None if self.flag("all") else user, "only admins may list other users' jobs"
+        )
         states = None
         raw = self.get_argument("state", "", strip=False)
         if raw.strip(ASCII_SPACE):
@@ -54,9 +54,7 @@ class JobsHandler(BaseHandler):
             k, v = item.split("=", 1)
             labels[k] = v
         limit, offset = self.page_args()
-        rows, total = await read(
-            self.jobs.page, None if want_all else user, states, labels or None, limit, offset
-        )
+        rows, total = await read(self.jobs.page, user, states, labels or None, limit, offset)
         self.write_page("jobs", rows, total, limit, offset)
 
     @authenticated

@@ -19,11 +19,13 @@ class NotebooksHandler(BaseHandler):
         """The caller's notebooks; admins may ask for ?user=NAME or ?all=true."""
         me = self.require(NB_READ)
         user = self.get_argument("user", me["name"])
-        want_all = self.flag("all")
-        if (user != me["name"] or want_all) and not self.is_admin(me):
-            raise ApiError(403, "only admins (custom:gpulab:admin) may list other users' notebooks")
+        user = self.whose(
+            me,
+            None if self.flag("all") else user,
+            "only admins (custom:gpulab:admin) may list other users' notebooks",
+        )
         limit, offset = self.page_args()
-        rows, total = await read(self.records.page, None if want_all else user, limit, offset)
+        rows, total = await read(self.records.page, user, limit, offset)
         self.write_page("notebooks", rows, total, limit, offset)
 
 

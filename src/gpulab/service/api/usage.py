@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..base import JOBS_READ, ApiError, BaseHandler, authenticated, read
+from ..base import JOBS_READ, BaseHandler, authenticated, read
 
 
 class UsageHandler(BaseHandler):
@@ -11,8 +11,7 @@ class UsageHandler(BaseHandler):
         """Billed minutes: jobs (RUNNING to FINALIZING) and notebooks (RUNNING), per user."""
         me = self.require(JOBS_READ)
         user = self.get_argument("user", me["name"])
-        if user != me["name"] and not self.is_admin(me):
-            raise ApiError(403, "only admins may read other users' usage")
+        self.whose(me, user, "only admins may read other users' usage")
 
         def both() -> tuple[dict, int]:  # one hop to a thread, not two
             return self.jobs.usage(user), self.records.billed_minutes(user)
