@@ -19,7 +19,7 @@ from typing import Protocol
 
 from .lifecycle import JobState
 
-__all__ = ["BILLED_STATES", "billed_minutes", "billed_time"]
+__all__ = ["BILLED_STATES", "billed_minutes", "billed_time", "user_usage"]
 
 #: states billed once the job has entered RUNNING
 BILLED_STATES = frozenset(
@@ -55,3 +55,13 @@ def billed_minutes(history: Sequence[_Event], now: datetime) -> int:
     """Commenced minutes billed: ceil(total billed seconds / 60); 0 if it never ran."""
     minutes, rest = divmod(billed_time(history, now), timedelta(minutes=1))
     return minutes + (1 if rest else 0)
+
+
+def user_usage(jobs_minutes: int, notebooks_minutes: int) -> dict[str, int]:
+    """A user's billed minutes: their jobs', their notebooks', and what they are billed in all
+    (the two together), under the names the usage API answers."""
+    return {
+        "jobs_billed_minutes": jobs_minutes,
+        "notebooks_billed_minutes": notebooks_minutes,
+        "billed_minutes": jobs_minutes + notebooks_minutes,
+    }

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from gpulab.billing import billed_minutes, billed_time
+from gpulab.billing import billed_minutes, billed_time, user_usage
 from gpulab.lifecycle import HistoryEvent, JobState
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -130,3 +130,12 @@ def test_enum_states_and_unsorted_history_and_duck_typed_events():
 def test_now_before_last_running_bills_nothing_negative():
     h = history((0, "RUNNING"))
     assert billed_minutes(h, at(-10)) == 0
+
+
+def test_a_users_billed_total_is_their_jobs_and_their_notebooks():
+    assert user_usage(7, 5) == {
+        "jobs_billed_minutes": 7,
+        "notebooks_billed_minutes": 5,
+        "billed_minutes": 12,
+    }
+    assert user_usage(0, 0)["billed_minutes"] == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...billing import user_usage
 from ..base import JOBS_READ, BaseHandler, authenticated, read
 
 
@@ -13,15 +14,8 @@ class UsageHandler(BaseHandler):
         user = self.get_argument("user", me["name"])
         self.whose(me, user, "only admins may read other users' usage")
 
-        def both() -> tuple[dict, int]:  # one hop to a thread, not two
-            return self.jobs.usage(user), self.records.billed_minutes(user)
+        def both() -> dict[str, int]:  # one hop to a thread, not two
+            jobs = self.jobs.usage(user)["jobs_billed_minutes"]
+            return user_usage(jobs, self.records.billed_minutes(user))
 
-        jobs, notebooks = await read(both)
-        self.write_json(
-            {
-                "user": user,
-                "jobs_billed_minutes": jobs["jobs_billed_minutes"],
-                "notebooks_billed_minutes": notebooks,
-                "billed_minutes": jobs["jobs_billed_minutes"] + notebooks,
-            }
-        )
+        self.write_json({"user": user, **await read(both)})

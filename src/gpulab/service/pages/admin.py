@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, defaultdict
 
+from ...billing import user_usage
 from ...disk_quota import human
 from ...lifecycle import JobState, NotebookState
 from ...resources import format_memory
@@ -101,8 +102,9 @@ class AdminPage(PageHandler):
             mine = [j for j in jobs if j["owner"] == name]
             quota = s.quota_for(name, groups)
             limits = s.limits_for(name, groups)
-            jobs_minutes = sum(j["billed_minutes"] for j in mine)
-            nb_minutes = self.records.billed_minutes(name)
+            usage = user_usage(
+                sum(j["billed_minutes"] for j in mine), self.records.billed_minutes(name)
+            )
             rows.append(
                 {
                     "name": name,
@@ -120,9 +122,7 @@ class AdminPage(PageHandler):
                     "jobs_active": sum(1 for j in mine if j["state"] in ACTIVE_STATES),
                     "jobs_queued": sum(1 for j in mine if j["state"] == JobState.QUEUED.value),
                     "gpus_held": round(gpus_of.get(name, 0), 4),
-                    "jobs_minutes": jobs_minutes,
-                    "notebooks_minutes": nb_minutes,
-                    "minutes": jobs_minutes + nb_minutes,
+                    "usage": usage,
                 }
             )
         return rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ...billing import user_usage
 from ...lifecycle import NotebookState
 from ..base import JOBS_READ, NB_READ, authenticated
 from .base import PageHandler
@@ -34,11 +35,7 @@ class HomePage(PageHandler):
             recent_jobs=recent,
             job_counts=counts,
             jobs_total=jobs_total,
-            usage={
-                "jobs": usage["jobs_billed_minutes"],
-                "notebooks": nb_minutes,
-                "total": usage["jobs_billed_minutes"] + nb_minutes,
-            },
+            usage=user_usage(usage["jobs_billed_minutes"], nb_minutes),
             gpus_free=free,
             gpus_total=total,
             shared=shared,
