@@ -293,6 +293,24 @@ def test_push_failure_keeps_the_data_and_says_sync_failed(tmp_path, answers):
     assert w.held_gpus() == []  # the compute goes back all the same
 
 
+def test_push_again_pushes_a_sync_failed_notebook_and_refuses_any_other(tmp_path, answers):
+    w = World(tmp_path, workspace=True)
+    w.start(gpus="1")
+    refused = w.refused(run_async, life.push_again(w.s, w.rt, w.records, w.record(), by="bob"))
+    assert refused.status == 409 and "this one is RUNNING" in refused.message
+    w.rt.script_helper(1, ["store is down"])
+    run_async(life.stop(w.nb))
+    w.rt.script_helper(1, ["store is still down"])
+    ok, after = run_async(life.push_again(w.s, w.rt, w.records, w.record(), by="bob"))
+    assert not ok and after["state"] == "SYNC_FAILED"
+    assert [e["reason"] for e in after["history"][-2:]] == ["PUSH_RETRY", "PUSH_FAILED"]
+    assert after["history"][-2]["message"] == "push retried by bob"
+    w.rt.script_helper(0, [PUSHED])
+    ok, after = run_async(life.push_again(w.s, w.rt, w.records, w.record(), by="alice"))
+    assert ok and after["state"] == "STOPPED"
+    assert w.rt.helper_configs[-1].command[0] == "push"
+
+
 def test_gpus_stay_booked_while_the_engine_says_it_still_runs(tmp_path, answers):
     w = World(tmp_path)
     w.start(gpus="1")

@@ -1,5 +1,6 @@
 """A notebook's life, step by step: start (limits and record, GPUs, node, image, data,
-container, editor), stop (stop, GPUs, push), delete (purge, container, volumes, GPUs).
+container, editor), stop (stop, GPUs, push), delete (purge, container, volumes, GPUs), and a
+user's retry of a failed push (:func:`push_again`).
 
 The spawner's hooks hand off here with a :class:`Notebook`: everything one notebook needs
 (its names, the configuration, the records, the ledger, the :class:`~gpulab.runtime.base.Runtime`)
@@ -28,7 +29,7 @@ from ..gpus.inventory import node_of
 from ..gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from ..gpus.sharing import is_fraction
 from ..lifecycle import InvalidTransition, NotebookState
-from ..names import L_NETWORK
+from ..names import L_NETWORK, notebook_workload_id
 from ..resources import format_memory
 from ..runtime import EngineError
 from ..runtime.base import NetworkUnavailable, Runtime, WorkloadGone
@@ -550,3 +551,34 @@ async def delete(nb: Notebook) -> bool:
     await release_network(nb)
     await nb.record(S.DELETED, reason="DELETED", message="workspace and volumes removed")
     return True
+
+
+# --- a push retried by a user -------------------------------------------------------------
+
+
+async def push_again(
+    settings, runtime: Runtime, records: NotebookRecords, record: dict, by: str
+) -> tuple[bool, dict]:
+    """Push again, when ``by`` asks, the volumes of the notebook whose record is ``record``
+    (only a SYNC_FAILED one's), where the record says it ran: (whether the push succeeded,
+    the record after it). A notebook in another state, or one that changed meanwhile (of two
+    retries at once, one pushes), is a :class:`NotebookRefused` (409)."""
+    if record["state"] != S.SYNC_FAILED.value:
+        raise NotebookRefused(
+            409,
+            f"only a SYNC_FAILED notebook's push can be retried; this one is {record['state']}",
+        )
+    user, server = record["user"], record["server"]
+    workload = notebook_workload_id(settings.instance, user, server)
+    data = NotebookData.of_record(settings, runtime, record, workload)
+    try:
+        ok, _, after = await retry_push(records, data, user, server, f"push retried by {by}")
+    except PushRaced as e:
+        if e.during:
+            raise NotebookRefused(
+                409, "this notebook changed during the push: read its state"
+            ) from None
+        raise NotebookRefused(
+            409, "this notebook changed meanwhile (another push retry or a start): try again"
+        ) from None
+    return ok, after

@@ -6,10 +6,7 @@ Users see only their own notebooks; admins may read anyone's. Someone else's not
 
 from __future__ import annotations
 
-from ...lifecycle import NotebookState
-from ...names import notebook_workload_id
-from ...notebooks.data import NotebookData, PushRaced, retry_push
-from ...settings import GpulabSettings
+from ...notebooks.life import NotebookRefused, push_again
 from ..base import NB_MANAGE, NB_READ, ApiError, BaseHandler, authenticated, read
 
 
@@ -41,25 +38,15 @@ class NotebookPushHandler(BaseHandler):
 
     @authenticated
     async def post(self, user: str, server: str):
-        me = self.current_user
         nb = await self.owned_notebook(user, server, NB_MANAGE)
-        if nb["state"] != NotebookState.SYNC_FAILED.value:
-            raise ApiError(
-                409, f"only a SYNC_FAILED notebook's push can be retried; this one is {nb['state']}"
+        try:
+            ok, result = await push_again(
+                self.settings["gpulab"],
+                self.settings["runtime"],
+                self.records,
+                nb,
+                by=self.current_user["name"],
             )
-        gpulab: GpulabSettings = self.settings["gpulab"]
-        workload = notebook_workload_id(gpulab.instance, user, server)
-        data = NotebookData.of_record(gpulab, self.settings["runtime"], nb, workload)
-        try:  # compare-and-set: of two retries at once, one pushes, the other is a 409
-            ok, _, result = await retry_push(
-                self.records, data, user, server, f"push retried by {me['name']}"
-            )
-        except PushRaced as e:
-            if e.during:
-                raise ApiError(
-                    409, "this notebook changed during the push: read its state"
-                ) from None
-            raise ApiError(
-                409, "this notebook changed meanwhile (another push retry or a start): try again"
-            ) from None
+        except NotebookRefused as e:
+            raise ApiError(e.status, e.message) from None
         self.write_json(result, 200 if ok else 502)
