@@ -12,9 +12,11 @@ from gpulab.jobs.actions import (
     NotAllowed,
     NotFound,
     admission_refusal,
+    highest_priority,
 )
-from gpulab.jobs.spec import JobSpec
+from gpulab.jobs.spec import MAX_PRIORITY, JobSpec
 from gpulab.resources import Quota, Resources, parse_memory
+from gpulab.settings import GpulabSettings
 
 
 def spec(gpus=1, workers=1, priority=50, preemptible=False) -> JobSpec:
@@ -186,3 +188,10 @@ def test_refusal_kinds_carry_their_http_status(kind, status):
     refused = kind("why", field="f")
     assert isinstance(refused, JobRefused)
     assert (refused.status, refused.message, refused.field) == (status, "why", "f")
+
+
+def test_highest_priority_is_any_for_an_admin_and_the_configured_one_for_others():
+    assert highest_priority(GpulabSettings(max_user_priority=3), admin=False) == 3
+    assert highest_priority(GpulabSettings(max_user_priority=3), admin=True) == MAX_PRIORITY
+    # never above what the spec allows
+    assert highest_priority(GpulabSettings(max_user_priority=1000), admin=False) == MAX_PRIORITY

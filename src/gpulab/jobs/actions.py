@@ -1,6 +1,7 @@
 """What a user may ask of gpulab's jobs: submit one (admission), interrupt, resume, rerun,
-retry a push, delete. The rules (who may ask for what, how many, what fits) live here, once:
-the REST API, the pages and "rerun" all call these functions, so they cannot disagree.
+retry a push, delete; and the submission's JSON Schema as that user may send it. The rules
+(who may ask for what, how many, what fits) live here, once: the REST API, the pages, the
+OpenAPI document and "rerun" all call these functions, so they cannot disagree.
 
 Each function acts on what it is handed (the settings, and the supervisor that holds the
 jobs' records, the GPU ledger, the secrets and the scheduler's wake-up) and returns the job's
@@ -23,7 +24,7 @@ from ..resources import Quota
 from .gang import workers_of
 from .records import ACTIVE, ENDED, QueueFull
 from .scheduler import can_ever_fit
-from .spec import JobSpec, parse_job_spec
+from .spec import MAX_PRIORITY, JobSpec, job_spec_schema, parse_job_spec
 from .supervisor.engine import release_network
 
 if TYPE_CHECKING:
@@ -109,6 +110,52 @@ def admission_refusal(
     return None
 
 
+def highest_priority(settings: GpulabSettings, *, admin: bool) -> int:
+    """The highest priority a caller may ask for: any the spec allows (MAX_PRIORITY) with the
+    admin scope, else the configured ``max_user_priority``."""
+    return MAX_PRIORITY if admin else min(settings.max_user_priority, MAX_PRIORITY)
+
+
+async def secret_names(sup: JobSupervisor, owner: str) -> list[str] | None:
+    """The names of ``owner``'s secrets, as their store lists them (None: no secrets here,
+    the admin configured no key)."""
+    store = sup.secrets
+    if not store.available:
+        return None
+    return [i.name for i in await asyncio.to_thread(store.names, owner)]
+
+
+async def submission_schema(
+    sup: JobSupervisor,
+    settings: GpulabSettings,
+    *,
+    owner: str,
+    groups: list[str],
+    admin: bool,
+) -> dict:
+    """The JSON Schema of a job submission as ``owner`` may send it: :func:`submit`'s rules
+    (their limits, quota, secrets and highest priority, the nodes' GPUs) written as a schema.
+    ``owner`` "": a user without overrides or secrets."""
+    s = settings
+    quota = s.quota_for(owner, groups)
+    return job_spec_schema(
+        catalog=s.catalog,
+        flavors=s.flavor_map,
+        limits=s.limits_for(owner, groups),
+        allowed_images=s.allowed_images,
+        host_gpus=sup.ledger.gpu_home()[0],
+        quota_gpus=quota.gpus,
+        quota_jobs=quota.jobs,
+        max_timeout=s.job_max_timeout,
+        max_priority=highest_priority(s, admin=admin),
+        volumes=bool(s.storage.stores),
+        secret_names=(await secret_names(sup, owner) if owner else None) or [],
+        git=s.job_git_sources,
+        gang_slots=sup.ledger.gang_slots(),
+        max_workers=s.max_job_workers,
+    )
+
+
 async def submit(
     sup: JobSupervisor,
     settings: GpulabSettings,
@@ -123,12 +170,7 @@ async def submit(
     rerunning someone's job) may ask for any priority."""
     s = settings
     host_gpus, gpu_home = sup.ledger.gpu_home()
-    store = sup.secrets
-    secret_names = (
-        frozenset(i.name for i in await asyncio.to_thread(store.names, owner))
-        if store.available
-        else None
-    )
+    names = await secret_names(sup, owner)
     try:
         spec = parse_job_spec(
             raw,
@@ -142,7 +184,7 @@ async def submit(
             host_gpus=host_gpus,
             max_timeout=s.job_max_timeout,
             gpu_home=gpu_home,
-            secret_names=secret_names,
+            secret_names=frozenset(names) if names is not None else None,
             git_allowed=s.job_git_sources,
         )
     except FieldError as e:
@@ -151,7 +193,7 @@ async def submit(
         spec,
         quota=s.quota_for(owner, groups),
         max_workers=s.max_job_workers,
-        max_priority=None if admin else s.max_user_priority,
+        max_priority=None if admin else highest_priority(s, admin=False),
         host_gpus=host_gpus,
         gpu_home=gpu_home,
         gang_refusal=sup.ledger.gang_refusal,

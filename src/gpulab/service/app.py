@@ -14,12 +14,10 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from ..db import Database
+from ..jobs.supervisor.supervisor import JobSupervisor
 from ..logscrub import request_summary
 from ..metrics import API_REQUESTS
 from ..notebooks.records import NotebookRecords
-from ..runtime import make_runtime
-from ..secrets import store_for
 from ..settings import GpulabSettings
 from .api.exec import JobExecHandler, JobShellHandler
 from .api.jobs import JobActionHandler, JobEventsHandler, JobHandler, JobsHandler
@@ -97,10 +95,11 @@ class OAuthCallbackHandler(ScrubbedLogs, HubOAuthCallbackHandler):
     and ``state``."""
 
 
-def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
+def make_app(settings: GpulabSettings, supervisor: JobSupervisor) -> web.Application:
+    """The service's app: its routes, and what its handlers are handed (the settings, the job
+    supervisor with its records, ledger, runtime and secrets, the notebooks' records)."""
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/gpulab/")
-    db = supervisor.records.db if supervisor else Database(settings.database_url)
-    records = NotebookRecords(db, settings.instance)
+    records = NotebookRecords(supervisor.records.db, settings.instance)
     handlers = [
         (prefix.rstrip("/"), web.RedirectHandler, {"url": prefix}),
         (url_path_join(prefix, "oauth_callback"), OAuthCallbackHandler),
@@ -115,9 +114,9 @@ def make_app(settings: GpulabSettings, supervisor=None) -> web.Application:
         records=records,
         gpulab=settings,
         # the notebooks' engine (their push retries): the same as the jobs' (one setting)
-        runtime=supervisor.runtime if supervisor else make_runtime(settings),
+        runtime=supervisor.runtime,
         supervisor=supervisor,
-        secrets=supervisor.secrets if supervisor else store_for(settings, db),
+        secrets=supervisor.secrets,
         default_handler_class=NotFoundHandler,
         log_function=log_request,
     )

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from ... import __version__
 from ...bounds import MAX_ENV_VALUE_BYTES
-from ...jobs.spec import JOB_SPEC_SCHEMA, MAX_PRIORITY, job_spec_schema
+from ...jobs import actions
+from ...jobs.spec import JOB_SPEC_SCHEMA
 from ...lifecycle import JobState, NotebookState
-from ...settings import GpulabSettings
-from ..base import BaseHandler, read
+from ..base import BaseHandler
 from .components import (
     ALL,
     ERROR,
@@ -471,30 +471,13 @@ class OpenAPIHandler(BaseHandler):
     highest priority), else that of a user without overrides. No token is needed."""
 
     async def get(self):
-        s: GpulabSettings = self.settings["gpulab"]
         me = self.current_user
         user, groups = (me["name"], list(me.get("groups") or [])) if me else ("", [])
-        store = self.settings["secrets"]
-        secret_names = (
-            [i.name for i in await read(store.names, user)] if user and store.available else []
-        )
-        supervisor = self.settings.get("supervisor")
-        quota = s.quota_for(user, groups)
-        admin = bool(me) and self.is_admin(me)
-        submission = job_spec_schema(
-            catalog=s.catalog,
-            flavors=s.flavor_map,
-            limits=s.limits_for(user, groups),
-            allowed_images=s.allowed_images,
-            host_gpus=supervisor.ledger.gpu_home()[0] if supervisor else 0,
-            quota_gpus=quota.gpus,
-            quota_jobs=quota.jobs,
-            max_timeout=s.job_max_timeout,
-            max_priority=MAX_PRIORITY if admin else min(s.max_user_priority, MAX_PRIORITY),
-            volumes=bool(s.storage.stores),
-            secret_names=secret_names,
-            git=s.job_git_sources,
-            gang_slots=supervisor.ledger.gang_slots() if supervisor else {},
-            max_workers=s.max_job_workers,
+        submission = await actions.submission_schema(
+            self.supervisor,
+            self.settings["gpulab"],
+            owner=user,
+            groups=groups,
+            admin=bool(me) and self.is_admin(me),
         )
         self.write_json(document(submission))
