@@ -23,6 +23,7 @@ from ..lifecycle import InvalidTransition, JobState
 from ..resources import Quota
 from .gang import workers_of
 from .records import ACTIVE, ENDED, QueueFull
+from .refusals import Conflict, Invalid, JobRefused, NotAllowed, NotFound
 from .scheduler import can_ever_fit
 from .spec import MAX_PRIORITY, JobSpec, job_spec_schema, parse_job_spec
 from .supervisor.engine import release_network
@@ -34,42 +35,6 @@ if TYPE_CHECKING:
 J = JobState
 #: a started job can be interrupted until it is FINALIZING (its outcome is decided then)
 INTERRUPTIBLE = frozenset(ACTIVE - {J.FINALIZING})
-
-
-class JobRefused(Exception):
-    """A request gpulab refuses: ``message`` says why, ``field`` names the bad input (if one
-    is to blame); ``status`` is the HTTP status the adapters answer it with."""
-
-    status = 400
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.field = field
-
-
-class Invalid(JobRefused):
-    """The request itself is wrong, or can never be met (400)."""
-
-    status = 400
-
-
-class NotAllowed(JobRefused):
-    """The caller may not ask for this (403)."""
-
-    status = 403
-
-
-class NotFound(JobRefused):
-    """No such job (404): also one that went meanwhile."""
-
-    status = 404
-
-
-class Conflict(JobRefused):
-    """The job's state, or the owner's queue, forbids it now (409)."""
-
-    status = 409
 
 
 def admission_refusal(

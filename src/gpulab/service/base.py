@@ -29,7 +29,7 @@ from tornado import httputil, web
 from tornado.log import app_log
 
 from ..bounds import MAX_REQUEST_BODY, body_too_large, shown
-from ..jobs.actions import JobRefused
+from ..jobs.refusals import JobRefused
 from ..logscrub import request_summary
 from ..notebooks.records import NotebookRecords
 
