@@ -9,7 +9,6 @@ followed by a fault-injection point (``engine:NAME``, see :mod:`gpulab.faults`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from ...faults import fault_point
@@ -18,15 +17,13 @@ from ...names import rank_alias, rank_name, workload_labels
 from ...resources import container_limits
 from ...runtime.base import Mount, WorkloadGone, WorkloadSpec
 from ..gang import Rank, distributed_env
-from ..logs import merge_logs
+from ..logs import LOG_KEEP_BYTES, merge_logs, rank_log_share, read_tail
 from ..spec import JobSpec
 from ..spec.ports import job_path, port_env
 from .context import JobContext
 from .git_sources import git_mounts
 
 log = logging.getLogger("gpulab.jobs.containers")
-LOG_KEEP_BYTES = 10 * 1024 * 1024
-LOG_KEEP_LINES = 200_000  # asked of the engine: the tail, not the whole log
 
 
 class StillRunning(RuntimeError):
@@ -221,32 +218,3 @@ async def _save(
         path.write_bytes(kept)
 
     await asyncio.to_thread(save)
-
-
-def rank_log_share(workers: int) -> int:
-    """Bytes of each rank's output kept (saved, or merged for a reader): the job's total
-    stays LOG_KEEP_BYTES however many workers it has, at least 64 KiB a rank."""
-    return max(LOG_KEEP_BYTES // max(1, workers), 64 * 1024)
-
-
-def read_tail(runtime, name: str, keep: int, timestamps: bool = False) -> bytes:
-    """The last ``keep`` bytes of a workload's output, from whole lines (blocking). The engine
-    is asked for the tail only (LOG_KEEP_LINES lines), read as a stream into a buffer that
-    never holds more than 2 x ``keep`` plus one chunk: however much a job printed, reading it
-    costs bounded memory. Raises WorkloadGone."""
-    kept = bytearray()
-    stream = runtime.log_stream(name, follow=False, tail=LOG_KEEP_LINES, timestamps=timestamps)
-    try:
-        for chunk in stream:
-            kept += chunk
-            if len(kept) > 2 * keep:
-                del kept[:-keep]
-    finally:
-        with contextlib.suppress(Exception):
-            stream.close()
-    if len(kept) > keep:
-        del kept[:-keep]
-        cut = kept.find(b"\n")
-        if 0 <= cut < len(kept) - 1:
-            del kept[: cut + 1]  # not half a line
-    return bytes(kept)

@@ -1,5 +1,6 @@
 """A job's output over the REST API (``/api/jobs/{id}/logs``): one rank's, or every rank's
-merged, read or followed live, with a cap on the streams one user may hold open.
+merged, read or followed live, within the cap on the streams open at once
+(:mod:`gpulab.jobs.logs`, which also says what is kept and how ranks merge).
 
 Followers read through a thread pool of their own, so that they never take the engine pool's
 threads from spawns and jobs."""
@@ -14,12 +15,11 @@ import threading
 
 from tornado.iostream import StreamClosedError
 
-from ...jobs.logs import merge_logs, strip_stamps
-from ...jobs.supervisor.engine import rank_log_share, read_tail
+from ...jobs.logs import MAX_LOG_STREAMS, LogStreams, merged_tail, strip_stamps
 from ...lifecycle import JobState
 from ...names import rank_name
 from ...runtime.base import WorkloadGone
-from ..base import ApiError, BaseHandler, authenticated
+from ..base import BaseHandler, answer_refusals, authenticated
 from .jobs import parse_rank
 
 J = JobState
@@ -28,11 +28,8 @@ J = JobState
 LOG_QUEUE_CHUNKS = 64
 #: a line of a rank's followed output longer than this is cut into several prefixed ones
 LOG_LINE_MAX = 64 * 1024
-#: log streams one user may hold open at once, and threads for all streams together (a
-#: pool of their own: followers never take the engine pool's threads from spawns and jobs)
-MAX_LOG_STREAMS_PER_USER = 8
-LOG_STREAM_THREADS = 64
-_streams_open: dict[str, int] = {}
+#: the log streams open in this service (a thread of the pool below each)
+_streams = LogStreams()
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
@@ -40,7 +37,7 @@ def _log_pool() -> concurrent.futures.ThreadPoolExecutor:
     global _pool
     if _pool is None:
         _pool = concurrent.futures.ThreadPoolExecutor(
-            LOG_STREAM_THREADS, thread_name_prefix="gpulab-logs"
+            MAX_LOG_STREAMS, thread_name_prefix="gpulab-logs"
         )
     return _pool
 
@@ -56,36 +53,11 @@ class JobLogsHandler(BaseHandler):
         if rank is not None:
             rank = parse_rank(rank, job_id, workers)
         user = self.current_user["name"]
-        # counted before anything waits: a follower waiting for its job to start holds a slot
-        # too (per user, and in all, so that a few users cannot take every stream thread)
-        # a distributed job's ranks followed together take one stream each
-        cost = workers if workers > 1 and rank is None and follow else 1
-        if _streams_open.get(user, 0) + cost > MAX_LOG_STREAMS_PER_USER:
-            more = (
-                f" (following all {workers} ranks takes {cost}: follow one with ?rank=K, "
-                "or gpulab job logs --rank K)"
-                if cost > 1
-                else ""
-            )
-            raise ApiError(
-                429,
-                f"you have {_streams_open.get(user, 0)} of {MAX_LOG_STREAMS_PER_USER} job log "
-                f"streams open; close one first{more}",
-            )
-        if sum(_streams_open.values()) + cost > LOG_STREAM_THREADS:
-            raise ApiError(
-                429, f"the service has {LOG_STREAM_THREADS} log streams open; try again later"
-            )
-        _streams_open[user] = _streams_open.get(user, 0) + cost
-        try:
+        with answer_refusals(), _streams.held(user, workers, rank, follow):  # else 429
             if workers > 1 and rank is None:
                 await self._all_ranks(job_id, workers, follow)
             else:
                 await self._logs(job_id, follow, rank if workers > 1 else None)
-        finally:
-            _streams_open[user] -= cost
-            if not _streams_open[user]:
-                del _streams_open[user]
 
     async def _logs(self, job_id: str, follow: bool, rank: int | None = None) -> None:
         """One container's output: the job's, or one ``rank``'s of a distributed job."""
@@ -134,12 +106,7 @@ class JobLogsHandler(BaseHandler):
                 self.write(await asyncio.to_thread(path.read_bytes))
             return self.finish()
         if not follow:
-
-            def read() -> bytes:
-                share = rank_log_share(workers)  # the whole answer stays LOG_KEEP_BYTES
-                per_rank = [read_tail(sup.runtime, n, share, timestamps=True) for n in names]
-                return merge_logs(per_rank)
-
+            read = functools.partial(merged_tail, sup.runtime, names)
             with contextlib.suppress(WorkloadGone):  # ended and removed meanwhile
                 self.write(await asyncio.get_running_loop().run_in_executor(_log_pool(), read))
             return self.finish()

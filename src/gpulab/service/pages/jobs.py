@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 from ...jobs import actions
-from ...jobs.actions import JobRefused
 from ...jobs.gang import workers_of
+from ...jobs.logs import MAX_LOG_STREAMS_PER_USER
+from ...jobs.refusals import JobRefused
 from ...jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from ...resources import format_memory
-from ..api.logs import MAX_LOG_STREAMS_PER_USER
 from ..base import JOBS_MANAGE, JOBS_READ, ApiError, answer_refusals, authenticated
 from .base import ACTIVE_STATES, ENDED_STATES, JOB_STATES, PageHandler
 from .job_form import FORM_FIELDS, form_field, form_to_job
