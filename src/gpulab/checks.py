@@ -10,6 +10,7 @@ posts numbers and booleans), a parameter names the difference; each door keeps i
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
@@ -183,3 +184,15 @@ def secret_name(error: Error, field: str, name: object) -> str:
             f"'_' or '-', starting with a letter or digit, not {shown(name)}",
         )
     return name
+
+
+def json_object(raw: bytes | None) -> dict:
+    """A request's body as a JSON object (an empty body is ``{}``); else a FieldError on
+    ``body``."""
+    try:
+        data = json.loads(raw or b"{}")
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
+        raise FieldError("body", "the body must be a JSON object") from None
+    if not isinstance(data, dict):
+        raise FieldError("body", "the body must be a JSON object")
+    return data

@@ -7,19 +7,20 @@ from __future__ import annotations
 import struct
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
+from gpulab.jobs import exec as jobs_exec
+from gpulab.jobs.exec import DEFAULT_EXEC_TIMEOUT, command_text, parse_exec
+from gpulab.jobs.refusals import Busy, Conflict, Invalid, NotFound
+from gpulab.runtime.base import WorkloadSpec
 from gpulab.runtime.execution import MAX_PENDING_INPUT, InputQueue, _Collector
 from gpulab.runtime.swarm_nodes import NodeEngines, check_template, node_tls
-from gpulab.service.api.exec import (
-    DEFAULT_EXEC_TIMEOUT,
-    _resize,
-    command_text,
-    parse_exec,
-    same_host,
-)
-from gpulab.service.base import ApiError
+from gpulab.service.api.exec import _resize, same_host
+
+from ..conftest import run_async
+from ..support.fake_runtime import FakeRuntime, FakeWorkload
 
 
 def test_parse_exec_takes_a_list_or_a_shell_line():
@@ -45,9 +46,9 @@ def test_parse_exec_takes_a_list_or_a_shell_line():
     ],
 )
 def test_parse_exec_refuses_with_the_field(body, field):
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(Invalid) as e:
         parse_exec(body)
-    assert e.value.status_code == 400 and e.value.field == field
+    assert e.value.status == 400 and e.value.field == field
 
 
 def test_command_text_is_one_capped_line():
@@ -192,3 +193,99 @@ def test_a_node_engine_without_a_client_certificate_is_refused_unless_allowed(tm
     # a socket or ssh carries its own access control
     NodeEngines("unix:///var/run/docker.sock")
     NodeEngines("ssh://admin@{hostname}")
+
+
+class _Notes:
+    """A job's records as the exec rules use them: the events noted."""
+
+    def __init__(self):
+        self.events: list[tuple[str, str, str, str]] = []
+
+    def note(self, job_id, kind, reason, message):
+        self.events.append((job_id, kind, reason, message))
+
+
+def _sup(*names: str) -> SimpleNamespace:
+    rt = FakeRuntime()
+    for name in names:
+        rt.workloads[name] = FakeWorkload(WorkloadSpec(name=name, image="i", command=[]))
+    return SimpleNamespace(
+        runtime=rt, records=_Notes(), container_name=lambda job_id: f"c-{job_id}"
+    )
+
+
+def _job(state="RUNNING", workers=1) -> dict:
+    return {"id": "j1", "state": state, "spec": {"workers": workers}}
+
+
+def test_an_exec_runs_in_the_running_job_and_is_recorded_first():
+    sup = _sup("c-j1", "c-j1-r1")
+    sup.runtime.script_exec("c-j1-r1", 3, b"out\n")
+    got = run_async(jobs_exec.run(sup, _job(workers=2), "1", b'{"command": "echo hi"}', "ann"))
+    assert got == {"exit_code": 3, "output": "out\n", "truncated": False, "timed_out": False}
+    assert sup.records.events == [("j1", "exec", "EXEC", "exec by ann (rank 1): echo hi")]
+    assert jobs_exec.EXECS.open == {}
+
+
+@pytest.mark.parametrize(
+    "job, rank, body, kind, status",
+    [
+        (_job("DONE"), "9", b"not json", Conflict, 409),  # the job's state first
+        (_job(), "1", b"not json", NotFound, 404),  # then the rank
+        (_job(), "x", b"{}", Invalid, 400),
+        (_job(), "0", b"[]", Invalid, 400),  # then the body
+        (_job(), "0", b'{"command": []}', Invalid, 400),
+    ],
+)
+def test_an_exec_refused_says_why_in_order(job, rank, body, kind, status):
+    sup = _sup("c-j1")
+    with pytest.raises(kind) as e:
+        run_async(jobs_exec.run(sup, job, rank, body, "ann"))
+    assert e.value.status == status and sup.records.events == []
+
+
+def test_execs_and_shells_are_capped_per_user_and_gone_is_a_409():
+    sup = _sup("c-j1")
+    counts = jobs_exec.OpenCounts(1, 2, "execs")
+    with counts.held("ann"), pytest.raises(Busy, match="you have 1 execs open"), counts.held("ann"):
+        pass
+    with (
+        counts.held("ann"),
+        counts.held("bob"),
+        pytest.raises(Busy, match="service has 2"),
+        counts.held("cid"),
+    ):
+        pass
+    assert counts.open == {}
+    sup.runtime.workloads["c-j1"].running = False
+    with pytest.raises(Conflict, match="no longer running"):
+        run_async(jobs_exec.run(sup, _job(), "0", b'{"command": "id"}', "ann"))
+    assert jobs_exec.EXECS.open == {}
+
+
+def test_a_shell_checks_the_job_then_the_callers_handshake_then_opens():
+    sup = _sup("c-j1")
+    calls = []
+
+    def handshake():
+        calls.append("handshake")
+        return 100, 30
+
+    with pytest.raises(Conflict):
+        run_async(_open_shell(sup, _job("FAILED"), handshake))
+    assert calls == []  # the job's state decides first
+
+    async def use():
+        async with jobs_exec.shell(sup, _job(), "0", "ann", handshake) as session:
+            assert jobs_exec.SHELLS.open == {"ann": 1}
+            return session
+
+    session = run_async(use())
+    assert calls == ["handshake"] and jobs_exec.SHELLS.open == {}
+    assert session.read() == b""  # closed at the end of the block
+    assert sup.records.events == [("j1", "shell", "SHELL", "shell opened by ann")]
+
+
+async def _open_shell(sup, job, handshake):
+    async with jobs_exec.shell(sup, job, "0", "ann", handshake):
+        pass

@@ -1,5 +1,5 @@
 """``gpulab job exec`` and ``gpulab job shell``: commands and a terminal in a running job (see
-:mod:`gpulab.cli` and the service's :mod:`gpulab.service.api.exec`).
+:mod:`gpulab.cli` and the service; the rules: :mod:`gpulab.jobs.exec`).
 
 ``exec`` prints the command's output and exits with its exit code (124 when it ran past its
 time-out, like coreutils' ``timeout``). ``shell`` puts the local terminal in raw mode and
@@ -25,7 +25,7 @@ from .output import note, print_json
 EXIT_TIMED_OUT = 124
 #: seconds to wait for the service beyond the command's own time-out
 _SLACK = 30
-#: the service's default and largest time-out (service/api/exec.py)
+#: the service's default and largest time-out (jobs/exec.py)
 DEFAULT_TIMEOUT, MAX_TIMEOUT = 60.0, 600.0
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..gpus.inventory import node_of
 from ..names import rank_alias, rank_name
+from .refusals import Invalid, NotFound
 
 #: the port rank 0 listens on for the rendezvous (torch.distributed's usual default)
 MASTER_PORT = 29500
@@ -115,3 +116,15 @@ def distributed_env(rank: int, workers: int) -> dict[str, str]:
         "PET_MASTER_ADDR": master,
         "PET_MASTER_PORT": str(MASTER_PORT),
     }
+
+
+def rank_of(text: str, job_id: str, workers: int) -> int:
+    """The rank a caller names (a ``rank`` query parameter) of a ``workers``-rank job: Invalid
+    if it is no whole number, NotFound if the job has no such worker (as for any part of a
+    job that does not exist)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 6:
+        raise Invalid(f"rank must be a whole number, not {text[:20]!r}", field="rank")
+    if int(text) >= workers:
+        plural = "s" if workers > 1 else ""
+        raise NotFound(f"job {job_id} has no rank {int(text)}: it has {workers} worker{plural}")
+    return int(text)

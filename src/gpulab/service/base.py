@@ -29,6 +29,8 @@ from tornado import httputil, web
 from tornado.log import app_log
 
 from ..bounds import MAX_REQUEST_BODY, body_too_large, shown
+from ..checks import json_object
+from ..errors import FieldError
 from ..jobs.refusals import JobRefused
 from ..logscrub import request_summary
 from ..notebooks.records import NotebookRecords
@@ -340,12 +342,9 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
     def body(self) -> dict:
         """The request's JSON object (an empty body is ``{}``); else 400."""
         try:
-            data = json.loads(self.request.body or b"{}")
-        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
-            raise ApiError(400, "the body must be a JSON object", field="body") from None
-        if not isinstance(data, dict):
-            raise ApiError(400, "the body must be a JSON object", field="body")
-        return data
+            return json_object(self.request.body)
+        except FieldError as e:
+            raise ApiError(400, str(e), field=e.field) from None
 
     def page_args(self) -> tuple[int, int]:
         """``?limit=`` (1 to MAX_PAGE, default DEFAULT_PAGE) and ``?offset=`` (0 or more)."""

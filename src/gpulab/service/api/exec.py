@@ -1,11 +1,10 @@
 """Exec and shell in a running job: ``POST /api/jobs/ID/exec`` runs a command to its end and
 answers its output and exit code; ``GET /api/jobs/ID/shell`` is a WebSocket carrying an
-interactive terminal (a TTY exec). Both go through the runtime, so they work on every backend.
+interactive terminal (a TTY exec). The rules (only while RUNNING, the caps, the job's events)
+are :mod:`gpulab.jobs.exec`'s.
 
 Who: the job's owner and admins, with ``custom:gpulab:jobs:manage``; anyone else gets the
-404 of a job that does not exist. Every exec and every shell is recorded in the job's events
-(who, and what command) before it runs. Commands run as the job's user (1000:100), never as
-one of the caller's choosing, within the job container's limits.
+404 of a job that does not exist.
 
 The shell's WebSocket protocol: binary frames both ways are the terminal's bytes; a text frame
 from the client is a control message, ``{"resize": [cols, rows]}``; when the shell exits the
@@ -21,38 +20,22 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
-import logging
-import math
-import shlex
 from urllib.parse import urlsplit
 
 from tornado import websocket
 
-from ...bounds import MiB, shown, size_text
-from ...jobs.spec import JOB_SPEC_SCHEMA, JobSpecError, parse_command
-from ...lifecycle import JobState
-from ...names import rank_name
-from ...runtime.base import ExecSession, WorkloadGone
-from ..base import JOBS_MANAGE, ApiError, BaseHandler, authenticated
-from .jobs import parse_rank
+from ...bounds import MiB, size_text
+from ...jobs import exec as execs
+from ...jobs.exec import DEFAULT_EXEC_TIMEOUT, MAX_EXEC_OUTPUT, MAX_EXEC_TIMEOUT, MAX_SHELLS
+from ...jobs.spec import JOB_SPEC_SCHEMA
+from ...runtime.base import ExecSession
+from ..base import JOBS_MANAGE, ApiError, BaseHandler, answer_refusals, authenticated
 
-log = logging.getLogger("gpulab.service")
-
-#: seconds an exec may run: its default, and the most a caller may ask for
-DEFAULT_EXEC_TIMEOUT, MAX_EXEC_TIMEOUT = 60.0, 600.0
-#: the most output an exec answers (stdout and stderr together); the rest is dropped
-MAX_EXEC_OUTPUT = 1 * MiB
-#: concurrent execs, and shells, per user and in all (each holds an engine connection and a
-#: thread for its whole length)
-MAX_EXECS_PER_USER, MAX_EXECS = 4, 32
-MAX_SHELLS_PER_USER, MAX_SHELLS = 4, 32
 #: the largest terminal, and the largest WebSocket message (a paste) a shell takes: with the
 #: session's bounded input queue (runtime.execution.MAX_PENDING_INPUT), what one shell's input
 #: may hold in the service's memory
 MAX_TERMINAL_SIZE = 1000
 MAX_SHELL_MESSAGE = 1 * MiB
-#: characters of a command kept in the job's event
-EVENT_COMMAND_CHARS = 200
 
 
 #: the request body of an exec (the OpenAPI document's), and its answer
@@ -87,8 +70,6 @@ EXEC_DESCRIPTION = (
     f"true). Output past {size_text(MAX_EXEC_OUTPUT)} is dropped (truncated true)."
 )
 
-_execs: dict[str, int] = {}
-_shells: dict[str, int] = {}
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 
 
@@ -103,123 +84,20 @@ def _shell_pool() -> concurrent.futures.ThreadPoolExecutor:
     return _pool
 
 
-def _take(counts: dict[str, int], user: str, per_user: int, total: int, what: str) -> None:
-    """Count one more of ``what`` for ``user``, or 429 over either cap."""
-    if counts.get(user, 0) >= per_user:
-        raise ApiError(429, f"you have {per_user} {what} open; wait for one to end")
-    if sum(counts.values()) >= total:
-        raise ApiError(429, f"the service has {total} {what} open; try again later")
-    counts[user] = counts.get(user, 0) + 1
-
-
-def _give(counts: dict[str, int], user: str) -> None:
-    counts[user] -= 1
-    if not counts[user]:
-        del counts[user]
-
-
-def parse_exec(body: dict) -> tuple[list[str], float]:
-    """(argv, time-out) of an exec request, or a 400 naming the field at fault."""
-    unknown = sorted(set(body) - {"command", "timeout"})
-    if unknown:
-        raise ApiError(
-            400,
-            f"unknown field {shown(unknown[0])}: an exec takes command and timeout",
-            field=str(unknown[0]),
-        )
-    if "command" not in body:
-        raise ApiError(
-            400, "command is required: a list of strings or one shell line", field="command"
-        )
-    try:  # the same rules and caps as a job's command
-        command = parse_command(body["command"])
-    except JobSpecError as e:
-        raise ApiError(400, str(e), field="command") from None
-    timeout = body.get("timeout", DEFAULT_EXEC_TIMEOUT)
-    if timeout is None:
-        timeout = DEFAULT_EXEC_TIMEOUT
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or not 0 < timeout <= MAX_EXEC_TIMEOUT
-    ):
-        raise ApiError(
-            400,
-            f"timeout must be a number of seconds above 0 and at most {MAX_EXEC_TIMEOUT:g}, "
-            f"not {shown(timeout)}",
-            field="timeout",
-        )
-    return command, float(timeout)
-
-
-def command_text(command: str | list[str]) -> str:
-    """The command as the job's events show it (a shell line as given, a list quoted as a
-    shell would), on one line, cut at EVENT_COMMAND_CHARS."""
-    text = command if isinstance(command, str) else shlex.join(command)
-    text = " ".join(text.split())
-    if len(text) > EVENT_COMMAND_CHARS:
-        text = text[: EVENT_COMMAND_CHARS - 1] + "…"
-    return text
-
-
-class ExecBase(BaseHandler):
-    async def running_job(self, job_id: str) -> dict:
-        """The caller's (or, for an admin, anyone's) job, if it is RUNNING; else 404 or 409."""
-        job = await self.own_job(job_id, JOBS_MANAGE)
-        if job["state"] != JobState.RUNNING.value:
-            raise ApiError(
-                409, f"job {job_id} is {job['state']}: only a RUNNING job can run commands"
-            )
-        return job
-
-    def target(self, job: dict) -> tuple[str, str]:
-        """The container to run in (``?rank=K`` of a distributed job, else rank 0) and how
-        the events name it ("" for a one-container job)."""
-        workers = int(job["spec"].get("workers") or 1)
-        rank = parse_rank(self.get_argument("rank", "0"), job["id"], workers)
-        name = rank_name(self.supervisor.container_name(job["id"]), rank)
-        return name, (f" (rank {rank})" if workers > 1 else "")
-
-    async def record(self, job_id: str, kind: str, message: str) -> None:
-        await asyncio.to_thread(self.jobs.note, job_id, kind, kind.upper(), message)
-
-
-class JobExecHandler(ExecBase):
+class JobExecHandler(BaseHandler):
     @authenticated
     async def post(self, job_id: str):
         """Run a command in the running job: its exit code (null on time-out) and output."""
-        job = await self.running_job(job_id)
-        name, where = self.target(job)
-        body = self.body()
-        command, timeout = parse_exec(body)
-        me = self.current_user["name"]
-        _take(_execs, me, MAX_EXECS_PER_USER, MAX_EXECS, "execs")
-        try:
-            await self.record(
-                job_id, "exec", f"exec by {me}{where}: {command_text(body['command'])}"
+        job = await self.own_job(job_id, JOBS_MANAGE)
+        with answer_refusals():
+            result = await execs.run(
+                self.supervisor,
+                job,
+                self.get_argument("rank", "0"),
+                self.request.body,
+                by=self.current_user["name"],
             )
-            log.info("exec by %s in job %s", me, job_id)  # not the command: it may hold secrets
-            sup = self.supervisor
-            try:
-                code, output, truncated = await sup.runtime.exec_run(
-                    name, command, timeout, MAX_EXEC_OUTPUT
-                )
-            except WorkloadGone:
-                raise ApiError(409, f"job {job_id} is no longer running") from None
-            except Exception as e:
-                log.warning("exec in job %s failed: %s", job_id, type(e).__name__)
-                raise ApiError(502, "the container engine could not run the command") from None
-        finally:
-            _give(_execs, me)
-        self.write_json(
-            {
-                "exit_code": code,
-                "output": output.decode("utf-8", "replace"),
-                "truncated": truncated,
-                "timed_out": code is None,
-            }
-        )
+        self.write_json(result)
 
 
 def same_host(origin: str, host: str) -> bool:
@@ -227,11 +105,10 @@ def same_host(origin: str, host: str) -> bool:
     return bool(host) and urlsplit(origin).netloc.lower() == host.lower()
 
 
-class JobShellHandler(ExecBase, websocket.WebSocketHandler):
+class JobShellHandler(BaseHandler, websocket.WebSocketHandler):
     """An interactive terminal in the running job, over a WebSocket (see the module)."""
 
     session: ExecSession | None = None
-    _user = ""
     _gone = False
 
     # --- the handshake: everything refused before the upgrade, as JSON errors ---------------
@@ -267,39 +144,31 @@ class JobShellHandler(ExecBase, websocket.WebSocketHandler):
             out.append(int(raw))
         return out[0], out[1]
 
-    @authenticated
-    async def get(self, job_id: str):
-        self.refuse_cross_site()
-        job = await self.running_job(job_id)
-        name, where = self.target(job)
+    def handshake(self) -> tuple[int, int]:
+        """The rest of the handshake's checks (the page's XSRF token, the upgrade), and the
+        terminal's size: run once the job and the rank were found right."""
         self.refuse_without_xsrf()
         if self.request.headers.get("Upgrade", "").lower() != "websocket":
             raise ApiError(400, "this is a WebSocket: connect with Upgrade: websocket")
-        cols, rows = self.terminal_size()
-        me = self.current_user["name"]
-        _take(_shells, me, MAX_SHELLS_PER_USER, MAX_SHELLS, "shells")
-        self._user = me
-        try:
-            await self.record(job_id, "shell", f"shell opened by {me}{where}")
-            log.info("shell opened by %s in job %s", me, job_id)
-            sup = self.supervisor
-            try:
-                self.session = await sup.runtime.exec_session(name, cols, rows)
-            except WorkloadGone:
-                raise ApiError(409, f"job {job_id} is no longer running") from None
-            except Exception as e:
-                log.warning("shell in job %s failed: %s", job_id, type(e).__name__)
-                raise ApiError(502, "the container engine could not open a shell") from None
-            # returns when the WebSocket has closed (or was refused: then nothing opened)
-            await super().get(job_id)
-        finally:
-            if self.session is not None:
-                self.session.close()
-                if self._pump is None:  # never upgraded: nobody reads it to its end
-                    await asyncio.get_running_loop().run_in_executor(
-                        _shell_pool(), _drain, self.session
-                    )
-            _give(_shells, me)
+        return self.terminal_size()
+
+    @authenticated
+    async def get(self, job_id: str):
+        self.refuse_cross_site()
+        job = await self.own_job(job_id, JOBS_MANAGE)
+        me, rank = self.current_user["name"], self.get_argument("rank", "0")
+        with answer_refusals():
+            async with execs.shell(self.supervisor, job, rank, me, self.handshake) as session:
+                self.session = session
+                try:
+                    # returns when the WebSocket has closed (or was refused: nothing opened)
+                    await super().get(job_id)
+                finally:
+                    if self._pump is None:  # never upgraded: nobody reads it to its end
+                        session.close()
+                        await asyncio.get_running_loop().run_in_executor(
+                            _shell_pool(), _drain, session
+                        )
 
     # --- the open WebSocket -----------------------------------------------------------------
 

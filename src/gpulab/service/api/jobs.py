@@ -118,16 +118,3 @@ class JobActionHandler(BaseHandler):
                 result = await actions.retry_push(sup, job)
                 return self.write_json(result, 200 if result["state"] != "SYNC_FAILED" else 502)
         raise ApiError(404, f"no action {action}")
-
-
-def parse_rank(text: str, job_id: str, workers: int) -> int:
-    """A ``rank`` query parameter: 400 if it is no whole number, 404 if the job has no such
-    worker (as for any part of a job that does not exist)."""
-    if not (text.isascii() and text.isdigit()) or len(text) > 6:
-        raise ApiError(400, f"rank must be a whole number, not {text[:20]!r}", field="rank")
-    if int(text) >= workers:
-        plural = "s" if workers > 1 else ""
-        raise ApiError(
-            404, f"job {job_id} has no rank {int(text)}: it has {workers} worker{plural}"
-        )
-    return int(text)

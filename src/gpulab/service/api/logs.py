@@ -15,12 +15,12 @@ import threading
 
 from tornado.iostream import StreamClosedError
 
+from ...jobs.gang import rank_of
 from ...jobs.logs import MAX_LOG_STREAMS, LogStreams, merged_tail, strip_stamps
 from ...lifecycle import JobState
 from ...names import rank_name
 from ...runtime.base import WorkloadGone
 from ..base import BaseHandler, answer_refusals, authenticated
-from .jobs import parse_rank
 
 J = JobState
 
@@ -50,9 +50,9 @@ class JobLogsHandler(BaseHandler):
         follow = self.flag("follow")
         workers = int(job["spec"].get("workers") or 1)
         rank = self.get_argument("rank", None)
-        if rank is not None:
-            rank = parse_rank(rank, job_id, workers)
         user = self.current_user["name"]
+        with answer_refusals():  # a rank the job does not have is a 404
+            rank = rank_of(rank, job_id, workers) if rank is not None else None
         with answer_refusals(), _streams.held(user, workers, rank, follow):  # else 429
             if workers > 1 and rank is None:
                 await self._all_ranks(job_id, workers, follow)
