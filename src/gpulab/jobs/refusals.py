@@ -52,3 +52,9 @@ class EngineFailed(JobRefused):
     """The container engine could not do what was asked (502)."""
 
     status = 502
+
+
+class Unavailable(JobRefused):
+    """Not now: what was asked answers only in another state of the job (503)."""
+
+    status = 503

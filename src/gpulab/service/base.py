@@ -146,7 +146,7 @@ def authenticated(method):
     @functools.wraps(method)
     async def wrapper(self, *args, **kwargs):
         if self.current_user is None:
-            denied = getattr(self, "_gpulab_denied", None)
+            denied = self.refused_caller
             if denied is not None:
                 raise ApiError(
                     403,
@@ -235,6 +235,10 @@ class NotFoundHandler(JsonErrors):
 
 
 class BaseHandler(HubOAuthenticated, JsonErrors):
+    #: the hub's model of a caller whose valid token lacks the scope to use gpulab at all
+    #: (``access:services!service=gpulab``), set by :meth:`identify`; None for anyone else
+    refused_caller: dict | None = None
+
     @property
     def records(self) -> NotebookRecords:
         return self.settings["records"]
@@ -276,7 +280,7 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
             try:
                 self._hub_auth_user_cache = self.check_hub_user(model)
             except UserNotAllowed:
-                pass  # check_hub_user noted who, for the 403
+                pass  # check_hub_user noted who (refused_caller), for the 403
             else:
                 self.hub_auth._persist_url_token_if_set(self)  # as JupyterHub's own path does
         self.current_user = self._hub_auth_user_cache
@@ -287,7 +291,7 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
         try:
             return super().check_hub_user(model)
         except UserNotAllowed:
-            self._gpulab_denied = model
+            self.refused_caller = model
             raise
 
     @staticmethod

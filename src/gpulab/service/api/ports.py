@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from urllib.parse import unquote_plus
 
 from tornado import httpclient, httputil, web, websocket
 
-from ...jobs.spec import JobSpec
-from ...lifecycle import JobState
-from ..base import ADMIN, JOBS_READ, ApiError, BaseHandler, read
+from ...jobs import ports
+from ..base import JOBS_READ, ApiError, BaseHandler, answer_refusals
 
 log = logging.getLogger("gpulab.ports")
 
@@ -66,15 +64,12 @@ TOKEN_ARGS = frozenset({"token", "access_token"})
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-xsrftoken", "x-csrftoken"})
 #: what a page served to someone other than its owner may do: everything but its own origin
 SANDBOX = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
-#: seconds a job port's address is remembered (one engine look-up per miss)
-TARGET_TTL = 10.0
 #: how long an app may take to answer (long polls included), and to connect
 REQUEST_TIMEOUT, CONNECT_TIMEOUT = 3600.0, 10.0
 #: the largest websocket message relayed either way (a larger one closes the relay, 1009)
 MAX_WS_MESSAGE = 4 * 1024 * 1024
 #: a viewer's websocket is pinged this often, and closed when no pong came this long after
 WS_PING_INTERVAL, WS_PING_TIMEOUT = 30.0, 30.0
-_targets: dict[tuple[str, str], tuple[float, str, int]] = {}
 #: response headers no app may send through the hub's origin (they act on the whole origin:
 #: a service worker over the hub, its cookies cleared, HSTS for the hub and its subdomains)
 ORIGIN_WIDE = frozenset({"service-worker-allowed", "clear-site-data", "strict-transport-security"})
@@ -213,9 +208,9 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             return
         raise web.HTTPError(403, "a cross-site request to a job's port is refused")
 
-    async def _resolve(self, job_id: str, name: str) -> tuple[dict, str, int, bool]:
-        """(the job, the host and port to forward to, whether the caller is its owner); a 404
-        for anyone who may not open it, the same as for a job that does not exist."""
+    async def _resolve(self, job_id: str, name: str) -> ports.PortTarget:
+        """Where to forward to, and whether the caller owns the job (:func:`gpulab.jobs.ports.
+        open_port`: a 404 for anyone who may not open it, as for a job that does not exist)."""
         if unsafe_path(self.request.path):
             raise ApiError(400, "a port's path may not contain '.' or '..' segments")
         self._prefix = port_prefix(self._service_prefix(), job_id, name)
@@ -226,56 +221,21 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             if self.request.method in ("GET", "HEAD") and browser and not self._websocket():
                 self.redirect(self.get_login_url())
                 raise _Redirected
-            why = getattr(self, "_gpulab_denied", None)
-            if why is not None:
+            if self.refused_caller is not None:
                 raise ApiError(403, "the token lacks the scope access:services!service=gpulab")
             raise ApiError(401, "not authenticated: log in, or send a hub API token")
         self.require(JOBS_READ)
-        supervisor = self.settings["supervisor"]
-        job = await read(supervisor.records.get, job_id, False)
-        missing = ApiError(404, f"no job {job_id}")
-        if job is None:
-            raise missing
-        spec = JobSpec.from_json(job["spec"])
-        port = next((p for p in spec.ports if p.name == name), None)
-        owner = job["owner"] == me["name"]
-        allowed = (
-            owner
-            or ADMIN in self.scopes_of(me)
-            or (port is not None and port.may_open(me["name"], me.get("groups")))
-        )
-        if not allowed:
-            raise missing
-        if port is None:
-            names = ", ".join(p.name for p in spec.ports) or "none"
-            raise ApiError(404, f"job {job_id} has no port {name!r} (its ports: {names})")
-        if job["state"] != JobState.RUNNING.value:
-            raise ApiError(
-                503, f"job {job_id} is {job['state']}: its ports answer while it is RUNNING"
+        with answer_refusals():
+            return await ports.open_port(
+                self.supervisor,
+                self.settings["gpulab"],
+                job_id,
+                name,
+                viewer=me["name"],
+                groups=me.get("groups"),
+                admin=self.is_admin(me),
+                path=self._prefix,
             )
-        host, number = await self._target(job, port.name, port.port)
-        return job, host, number, owner
-
-    async def _target(self, job: dict, name: str, number: int) -> tuple[str, int]:
-        key = (job["id"], name)
-        hit = _targets.get(key)
-        if hit and hit[0] > time.monotonic():
-            return hit[1], hit[2]
-        s = self.settings["gpulab"]
-        runtime = self.settings["runtime"]
-        network = ""
-        if int(job["spec"].get("workers") or 1) > 1:  # rank 0, on the job's own network
-            network = await runtime.ensure_job_network(s.instance, job["owner"], job["id"])
-        elif s.network_isolation == "user":
-            network = await runtime.ensure_user_network(s.instance, job["owner"])
-        path = port_prefix(self._service_prefix(), job["id"], name)
-        try:
-            host, port = await runtime.reach(job["container"], network, path, number)
-        except Exception as e:  # gone meanwhile, or the engine did not answer
-            log.info("job %s port %s not reachable: %s", job["id"], name, e)
-            raise ApiError(502, f"job {job['id']}: port {name} cannot be reached now") from None
-        _targets[key] = (time.monotonic() + TARGET_TTL, host, port)
-        return host, port
 
     def _under(self, location: str) -> bool:
         """Whether a redirect stays on this port (this host, below its prefix)."""
@@ -322,9 +282,10 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
     async def get(self, job_id: str, name: str, rest: str | None = None):
         if self._websocket():
             try:
-                _, self._host, self._port, _owner = await self._resolve(job_id, name)
+                target = await self._resolve(job_id, name)
             except _Redirected:
                 return
+            self._host, self._port = target.host, target.port
             user = self.current_user["name"]
             _take(user)  # given back when the relay closes (or never opened)
             self._counted = user
@@ -358,7 +319,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
 
     async def _proxy(self, job_id: str, name: str, rest: str | None) -> None:
         try:
-            job, host, port, owner = await self._resolve(job_id, name)
+            target = await self._resolve(job_id, name)
         except _Redirected:
             return
         if rest is None:  # /ports/NAME -> /ports/NAME/ (relative links resolve below it)
@@ -369,11 +330,12 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         user = self.current_user["name"]
         _take(user)
         try:
-            await self._relay(job_id, name, host, port, owner)
+            await self._relay(job_id, name, target)
         finally:
             _give(user)
 
-    async def _relay(self, job_id: str, name: str, host: str, port: int, owner: bool) -> None:
+    async def _relay(self, job_id: str, name: str, target: ports.PortTarget) -> None:
+        owner = target.owner
         method = self.request.method
         # tornado wants a body (maybe empty) for POST, PUT and PATCH, and none for GET
         body = self.request.body if method in ("POST", "PUT", "PATCH", "DELETE") else None
@@ -414,7 +376,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             return self.flush()  # the client reads the app no faster than the viewer reads
 
         req = httpclient.HTTPRequest(
-            f"http://{host}:{port}{self._upstream_uri()}",
+            f"http://{target.host}:{target.port}{self._upstream_uri()}",
             method=method,
             headers=self._upstream_headers(),
             body=body
@@ -431,7 +393,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         try:
             await _http_client().fetch(req, raise_error=False)
         except Exception as e:
-            _targets.pop((job_id, name), None)  # it may have moved: look it up again next time
+            ports.forget(job_id, name)
             if started:
                 raise  # half an answer sent: the connection is dropped
             log.info("job %s port %s: %s", job_id, name, e)
@@ -475,7 +437,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
                 subprotocols=getattr(self, "_subprotocols", None) or None,
             )
         except Exception as e:
-            _targets.pop((job_id, name), None)
+            ports.forget(job_id, name)
             log.info("job %s port %s websocket: %s", job_id, name, e)
             self.close(1011, "nothing answers on that port")
             return

@@ -1,0 +1,108 @@
+"""A running job's ports as its viewers open them: who may open one, and where it answers.
+
+Who: the job's owner, admins, and the users and groups the port is shared with
+(``ports[].users``, ``ports[].groups``); anyone else is told there is no such job, the same
+as for a job that does not exist. A port answers while its job is RUNNING, on rank 0: on the
+job's own network for a distributed job, else on its owner's network where each user has one
+(``network_isolation = "user"``), reached through :meth:`Runtime.reach` (on a Swarm, through
+the notebook gateway). The proxy itself (HTTP and websockets, what a viewer may see) is the
+service's (``service/api/ports.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..lifecycle import JobState
+from .gang import workers_of
+from .refusals import EngineFailed, NotFound, Unavailable
+from .spec import JobSpec
+
+if TYPE_CHECKING:
+    from ..settings import GpulabSettings
+    from .supervisor import JobSupervisor
+
+log = logging.getLogger("gpulab.ports")
+
+#: seconds a job port's address is remembered (one engine look-up per miss)
+TARGET_TTL = 10.0
+_targets: dict[tuple[str, str], tuple[float, str, int]] = {}
+
+
+@dataclass(frozen=True)
+class PortTarget:
+    """Where a job's port answers, for one viewer."""
+
+    host: str
+    port: int
+    #: whether the viewer owns the job (anyone else gets the port's pages sandboxed)
+    owner: bool
+
+
+async def open_port(
+    sup: JobSupervisor,
+    settings: GpulabSettings,
+    job_id: str,
+    name: str,
+    *,
+    viewer: str,
+    groups: list[str] | None,
+    admin: bool,
+    path: str,
+) -> PortTarget:
+    """Where ``viewer`` (in ``groups``; ``admin``: with the admin scope) reaches the port
+    ``name`` of job ``job_id``, its requests carrying ``path`` (the port's prefix). NotFound
+    for a job or port the viewer may not open or that does not exist, Unavailable while the
+    job is not RUNNING, EngineFailed when the engine cannot reach it now."""
+    job = await asyncio.to_thread(sup.records.get, job_id, False)
+    missing = NotFound(f"no job {job_id}")
+    if job is None:
+        raise missing
+    spec = JobSpec.from_json(job["spec"])
+    port = next((p for p in spec.ports if p.name == name), None)
+    owner = job["owner"] == viewer
+    if not (owner or admin or (port is not None and port.may_open(viewer, groups))):
+        raise missing
+    if port is None:
+        names = ", ".join(p.name for p in spec.ports) or "none"
+        raise NotFound(f"job {job_id} has no port {name!r} (its ports: {names})")
+    if job["state"] != JobState.RUNNING.value:
+        raise Unavailable(f"job {job_id} is {job['state']}: its ports answer while it is RUNNING")
+    host, number = await _where(sup, settings, job, port.name, port.port, path)
+    return PortTarget(host, number, owner)
+
+
+def forget(job_id: str, name: str) -> None:
+    """The port did not answer: it may have moved, so look it up again next time."""
+    _targets.pop((job_id, name), None)
+
+
+async def rank0_network(sup: JobSupervisor, settings: GpulabSettings, job: dict) -> str:
+    """The network rank 0 of ``job`` is on ("": the engine's default): a distributed job's
+    own, else its owner's where each user has one."""
+    if workers_of(job) > 1:
+        return await sup.runtime.ensure_job_network(settings.instance, job["owner"], job["id"])
+    if settings.network_isolation == "user":
+        return await sup.runtime.ensure_user_network(settings.instance, job["owner"])
+    return ""
+
+
+async def _where(
+    sup: JobSupervisor, settings: GpulabSettings, job: dict, name: str, number: int, path: str
+) -> tuple[str, int]:
+    key = (job["id"], name)
+    hit = _targets.get(key)
+    if hit and hit[0] > time.monotonic():
+        return hit[1], hit[2]
+    network = await rank0_network(sup, settings, job)
+    try:
+        host, port = await sup.runtime.reach(job["container"], network, path, number)
+    except Exception as e:  # gone meanwhile, or the engine did not answer
+        log.info("job %s port %s not reachable: %s", job["id"], name, e)
+        raise EngineFailed(f"job {job['id']}: port {name} cannot be reached now") from None
+    _targets[key] = (time.monotonic() + TARGET_TTL, host, port)
+    return host, port
