@@ -53,12 +53,6 @@ ALLOWED_TRACEBACKS: list[tuple[str, str]] = [
         "a spawn form or request with invalid options (tests/browser/test_pages.py and others "
         "assert the 400 and its message): JupyterHub logs the refusal with its traceback",
     ),
-    (
-        r"tornado\.(iostream\.StreamClosedError: Stream is closed"
-        r"|simple_httpclient\.HTTPStreamClosedError: Connection closed)",
-        "a client that stops reading a job port's endless stream is cut off on purpose "
-        "(tests/integration/test_jobs_access.py); the ports proxy logs the closed stream",
-    ),
 ]
 
 

@@ -39,6 +39,7 @@ import logging
 from urllib.parse import unquote_plus
 
 from tornado import httpclient, httputil, web, websocket
+from tornado.iostream import StreamClosedError
 
 from ...jobs import ports
 from ..base import JOBS_READ, ApiError, BaseHandler, answer_refusals
@@ -394,8 +395,14 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             await _http_client().fetch(req, raise_error=False)
         except Exception as e:
             ports.forget(job_id, name)
+            if started and _cut_off(e):
+                # half an answer sent, and the viewer went away or the app closed its end:
+                # drop the viewer's connection (a cut answer must never look whole), quietly
+                log.info("job %s port %s: relay cut off: %s", job_id, name, e)
+                self.request.connection.close()
+                return
             if started:
-                raise  # half an answer sent: the connection is dropped
+                raise
             log.info("job %s port %s: %s", job_id, name, e)
             self._headers = httputil.HTTPHeaders({"Content-Type": "application/json"})
             raise ApiError(502, f"job {job_id}: nothing answers on its port {name}") from None
@@ -453,7 +460,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
                 if self.ws_connection is None or self.ws_connection.is_closing():
                     break
                 await self.write_message(message, binary=isinstance(message, bytes))
-        except websocket.WebSocketClosedError:
+        except (websocket.WebSocketClosedError, StreamClosedError):
             pass  # the viewer went away
         finally:
             upstream.close()
@@ -466,8 +473,8 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         if upstream is not None:
             try:
                 await upstream.write_message(message, binary=isinstance(message, bytes))
-            except websocket.WebSocketClosedError:
-                self.close()
+            except (websocket.WebSocketClosedError, StreamClosedError):
+                self.close()  # the app went away
 
     def on_close(self) -> None:
         upstream = getattr(self, "_upstream", None)
@@ -480,6 +487,15 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         if user is not None:
             self._counted = None
             _give(user)
+
+
+def _cut_off(error: Exception) -> bool:
+    """Whether a relay's failure is one of its two ends closing (the viewer's connection, or
+    the app's, or the app's answer running past REQUEST_TIMEOUT): the end of that relay,
+    not the service's error."""
+    if isinstance(error, StreamClosedError):
+        return True
+    return isinstance(error, httpclient.HTTPClientError) and error.code == 599
 
 
 class _Redirected(Exception):
