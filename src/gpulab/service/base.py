@@ -31,6 +31,8 @@ from tornado.log import app_log
 from ..bounds import MAX_REQUEST_BODY, body_too_large, shown
 from ..checks import json_object
 from ..errors import FieldError
+from ..jobs.exec import MAX_SHELLS
+from ..jobs.logs import MAX_LOG_STREAMS
 from ..jobs.refusals import JobRefused
 from ..logscrub import request_summary
 from ..notebooks.records import NotebookRecords
@@ -48,17 +50,31 @@ IMPLIED_BY: dict[str, tuple[str, ...]] = {JOBS_READ: (JOBS_MANAGE,), NB_READ: (N
 #: and more requests/s than the default 6: bench/bench_api.py). Writes and the supervisor use
 #: asyncio's default pool, so a write waiting for SQLite's lock never holds up a read.
 API_READ_THREADS = 2
-_reads: concurrent.futures.ThreadPoolExecutor | None = None
+#: the service's thread pools, by what runs on them, and their sizes (the engine's calls have
+#: the Runtime's own pool, writes and the supervisor asyncio's default one)
+POOL_SIZES = {
+    "reads": API_READ_THREADS,
+    # a job log stream each (jobs.logs caps them): followers never take the engine's threads
+    "logs": MAX_LOG_STREAMS,
+    # per open shell, one reads its terminal and one writes its input (which waits while the
+    # shell's input is full) or resizes it
+    "shell": 2 * MAX_SHELLS + 8,
+}
+_pools: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
+
+
+def pool(name: str) -> concurrent.futures.ThreadPoolExecutor:
+    """The service's pool ``name`` (:data:`POOL_SIZES`), made on first use."""
+    if name not in _pools:
+        _pools[name] = concurrent.futures.ThreadPoolExecutor(
+            POOL_SIZES[name], thread_name_prefix=f"gpulab-{name}"
+        )
+    return _pools[name]
 
 
 async def read(fn, *args):
     """Run the blocking database read ``fn(*args)`` on the API's read pool."""
-    global _reads
-    if _reads is None:
-        _reads = concurrent.futures.ThreadPoolExecutor(
-            API_READ_THREADS, thread_name_prefix="gpulab-reads"
-        )
-    return await asyncio.get_running_loop().run_in_executor(_reads, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(pool("reads"), fn, *args)
 
 
 #: list endpoints answer pages of this many items (``?limit=`` up to MAX_PAGE)

@@ -26,10 +26,10 @@ from tornado import websocket
 
 from ...bounds import MiB, size_text
 from ...jobs import exec as execs
-from ...jobs.exec import DEFAULT_EXEC_TIMEOUT, MAX_EXEC_OUTPUT, MAX_EXEC_TIMEOUT, MAX_SHELLS
+from ...jobs.exec import DEFAULT_EXEC_TIMEOUT, MAX_EXEC_OUTPUT, MAX_EXEC_TIMEOUT
 from ...jobs.spec import JOB_SPEC_SCHEMA
 from ...runtime.base import ExecSession
-from ..base import JOBS_MANAGE, ApiError, BaseHandler, answer_refusals, authenticated
+from ..base import JOBS_MANAGE, ApiError, BaseHandler, answer_refusals, authenticated, pool
 
 #: the largest terminal, and the largest WebSocket message (a paste) a shell takes: with the
 #: session's bounded input queue (runtime.execution.MAX_PENDING_INPUT), what one shell's input
@@ -69,19 +69,6 @@ EXEC_DESCRIPTION = (
     "limits; past `timeout` it is killed with what it started (exit_code null, timed_out "
     f"true). Output past {size_text(MAX_EXEC_OUTPUT)} is dropped (truncated true)."
 )
-
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _shell_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The threads of the shells: per open shell, one reads its terminal and one writes its
-    input (which waits while the shell's input is full) or resizes it."""
-    global _pool
-    if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(
-            2 * MAX_SHELLS + 8, thread_name_prefix="gpulab-shell"
-        )
-    return _pool
 
 
 class JobExecHandler(BaseHandler):
@@ -167,7 +154,7 @@ class JobShellHandler(BaseHandler, websocket.WebSocketHandler):
                     if self._pump is None:  # never upgraded: nobody reads it to its end
                         session.close()
                         await asyncio.get_running_loop().run_in_executor(
-                            _shell_pool(), _drain, session
+                            pool("shell"), _drain, session
                         )
 
     # --- the open WebSocket -----------------------------------------------------------------
@@ -185,7 +172,7 @@ class JobShellHandler(BaseHandler, websocket.WebSocketHandler):
     def open(self, job_id: str) -> None:
         self.set_nodelay(True)
         loop = asyncio.get_running_loop()
-        self._pump = loop.run_in_executor(_shell_pool(), self._pump_terminal, loop)
+        self._pump = loop.run_in_executor(pool("shell"), self._pump_terminal, loop)
 
     def _pump_terminal(self, loop: asyncio.AbstractEventLoop) -> None:
         """On a thread: the terminal's output to the client, each chunk sent before the next
@@ -242,13 +229,13 @@ class JobShellHandler(BaseHandler, websocket.WebSocketHandler):
         if session is None:
             return
         if isinstance(message, bytes):
-            await asyncio.get_running_loop().run_in_executor(_shell_pool(), session.write, message)
+            await asyncio.get_running_loop().run_in_executor(pool("shell"), session.write, message)
             return
         size = _resize(message)
         if size is None:
             self.close(1008, 'text frames are control messages: {"resize": [cols, rows]}')
             return
-        await asyncio.get_running_loop().run_in_executor(_shell_pool(), session.resize, *size)
+        await asyncio.get_running_loop().run_in_executor(pool("shell"), session.resize, *size)
 
     def on_close(self) -> None:
         self._gone = True

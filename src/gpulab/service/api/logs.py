@@ -2,8 +2,8 @@
 merged, read or followed live, within the cap on the streams open at once
 (:mod:`gpulab.jobs.logs`, which also says what is kept and how ranks merge).
 
-Followers read through a thread pool of their own, so that they never take the engine pool's
-threads from spawns and jobs."""
+Followers read through a thread pool of their own (``base.pool("logs")``), so that they never
+take the engine pool's threads from spawns and jobs."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import threading
 from tornado.iostream import StreamClosedError
 
 from ...jobs.gang import rank_of
-from ...jobs.logs import MAX_LOG_STREAMS, LogStreams, merged_tail, strip_stamps
+from ...jobs.logs import LogStreams, merged_tail, strip_stamps
 from ...lifecycle import JobState
 from ...names import rank_name
 from ...runtime.base import WorkloadGone
-from ..base import BaseHandler, answer_refusals, authenticated
+from ..base import BaseHandler, answer_refusals, authenticated, pool
 
 J = JobState
 
@@ -28,18 +28,8 @@ J = JobState
 LOG_QUEUE_CHUNKS = 64
 #: a line of a rank's followed output longer than this is cut into several prefixed ones
 LOG_LINE_MAX = 64 * 1024
-#: the log streams open in this service (a thread of the pool below each)
+#: the log streams open in this service (each holds a thread of pool("logs"))
 _streams = LogStreams()
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _log_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = concurrent.futures.ThreadPoolExecutor(
-            MAX_LOG_STREAMS, thread_name_prefix="gpulab-logs"
-        )
-    return _pool
 
 
 class JobLogsHandler(BaseHandler):
@@ -108,7 +98,7 @@ class JobLogsHandler(BaseHandler):
         if not follow:
             read = functools.partial(merged_tail, sup.runtime, names)
             with contextlib.suppress(WorkloadGone):  # ended and removed meanwhile
-                self.write(await asyncio.get_running_loop().run_in_executor(_log_pool(), read))
+                self.write(await asyncio.get_running_loop().run_in_executor(pool("logs"), read))
             return self.finish()
         await self._stream([(f"[rank {r}] ", n) for r, n in enumerate(names)], follow)
 
@@ -130,7 +120,7 @@ class JobLogsHandler(BaseHandler):
             for _, name in sources:
                 streams.append(
                     await loop.run_in_executor(
-                        _log_pool(), functools.partial(runtime.log_stream, name, follow)
+                        pool("logs"), functools.partial(runtime.log_stream, name, follow)
                     )
                 )
         except WorkloadGone:
@@ -181,7 +171,7 @@ class JobLogsHandler(BaseHandler):
 
         self._on_close = close
         for (prefix, _), stream in zip(sources, streams, strict=True):
-            loop.run_in_executor(_log_pool(), pump, prefix.encode(), stream)
+            loop.run_in_executor(pool("logs"), pump, prefix.encode(), stream)
         left = len(streams)  # the end is when every pump has ended
         try:
             while not gone.is_set():
