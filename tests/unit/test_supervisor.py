@@ -16,6 +16,8 @@ import time
 import pytest
 
 from gpulab.db import Database
+from gpulab.jobs import actions
+from gpulab.jobs.refusals import Conflict, NotFound
 from gpulab.jobs.spec import JobSpec
 from gpulab.jobs.supervisor import ending, engine, housekeeping, life
 from gpulab.jobs.supervisor.supervisor import JobSupervisor
@@ -600,5 +602,28 @@ def test_a_clone_helper_is_a_helper_spec_on_the_owners_network(tmp_path):
         assert note["message"] == (
             f"cloned https://git.example/r.git (branch main) at {'c0ffee' * 2} into /workspace/r"
         )
+
+    lab_run(tmp_path, test)
+
+
+def test_the_actions_a_user_takes_and_what_came_of_each(tmp_path):
+    async def test(lab: Lab):
+        s, sv = lab.settings, lab.sv
+        queued = lab.job(lab.submit())
+        acted = await actions.act(sv, s, queued, "interrupt", admin=False)
+        assert acted.job["state"] == "INTERRUPTED" and not (acted.pending or acted.created)
+        acted = await actions.act(sv, s, acted.job, "resume", admin=False)
+        assert acted.job["state"] == "QUEUED" and not acted.failed
+        await lab.place(queued["id"])
+        started = await lab.until(queued["id"], J.RUNNING)
+        acted = await actions.act(sv, s, started, "interrupt", admin=False)
+        assert acted.pending  # asked: the supervisor stops it
+        copy = await actions.act(sv, s, started, "rerun", admin=False)
+        assert copy.created and copy.job["id"] != started["id"]
+        assert copy.job["owner"] == "ann" and copy.job["state"] == "QUEUED"
+        with pytest.raises(Conflict, match="only a SYNC_FAILED job's push"):
+            await actions.act(sv, s, copy.job, "push", admin=False)
+        with pytest.raises(NotFound, match="no action restart"):
+            await actions.act(sv, s, copy.job, "restart", admin=False)
 
     lab_run(tmp_path, test)

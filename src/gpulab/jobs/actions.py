@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import FieldError
@@ -287,3 +288,38 @@ async def delete(sup: JobSupervisor, job: dict) -> None:
             path.unlink(missing_ok=True)
 
     await asyncio.to_thread(unlink)
+
+
+#: what a user may ask of an existing job, by the name the API and the pages give it
+ACTIONS = ("interrupt", "resume", "rerun", "push")
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What came of an action: the job's record after it (a rerun's: the new job's)."""
+
+    job: dict
+    #: a new job was made (a rerun)
+    created: bool = False
+    #: asked, and the supervisor carries it out (an interrupt of a started job)
+    pending: bool = False
+    #: carried out, and it failed again (a retried push)
+    failed: bool = False
+
+
+async def act(
+    sup: JobSupervisor, settings: GpulabSettings, job: dict, action: str, *, admin: bool
+) -> Acted:
+    """Take one of the :data:`ACTIONS` on ``job`` (``admin``: whether the caller has the
+    admin scope, for a rerun's priority); NotFound for an action that does not exist."""
+    if action == "interrupt":
+        result, at_once = await interrupt(sup, job)
+        return Acted(result, pending=not at_once)
+    if action == "resume":
+        return Acted(await resume(sup, job))
+    if action == "rerun":
+        return Acted(await rerun(sup, settings, job, admin=admin), created=True)
+    if action == "push":
+        result = await retry_push(sup, job)
+        return Acted(result, failed=result["state"] == J.SYNC_FAILED.value)
+    raise NotFound(f"no action {action}")

@@ -14,6 +14,7 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler
 from jupyterhub.utils import url_path_join
 from tornado import web
 
+from ..jobs.actions import ACTIONS
 from ..jobs.supervisor.supervisor import JobSupervisor
 from ..logscrub import request_summary
 from ..metrics import API_REQUESTS
@@ -38,6 +39,9 @@ from .pages.secrets import SecretsPage
 log = logging.getLogger("gpulab.service")
 
 
+#: the job actions a path may name (jobs.actions.ACTIONS)
+_ACTIONS = "|".join(ACTIONS)
+
 # path (relative to the service prefix, as in the OpenAPI document) -> handler
 ROUTES: list[tuple[str, str, type]] = [
     ("/api/health", r"api/health", HealthHandler),
@@ -57,7 +61,7 @@ ROUTES: list[tuple[str, str, type]] = [
     ("/api/jobs/{job_id}/shell", r"api/jobs/([a-z0-9]+)/shell", JobShellHandler),
     (
         "/api/jobs/{job_id}/{action}",
-        r"api/jobs/([a-z0-9]+)/(interrupt|resume|rerun|push)",
+        rf"api/jobs/([a-z0-9]+)/({_ACTIONS})",
         JobActionHandler,
     ),
     ("/api/usage", r"api/usage", UsageHandler),
@@ -83,7 +87,7 @@ PAGE_ROUTES: list[tuple[str, str, type]] = [
     ("/jobs", r"jobs/?", JobsPage),
     ("/jobs/new", r"jobs/new", SubmitJobPage),
     ("/jobs/{job_id}", r"jobs/([a-z0-9]+)", JobPage),
-    ("/jobs/{job_id}/{action}", r"jobs/([a-z0-9]+)/(interrupt|resume|rerun|push)", JobActionPage),
+    ("/jobs/{job_id}/{action}", rf"jobs/([a-z0-9]+)/({_ACTIONS})", JobActionPage),
     ("/admin", r"admin/?", AdminPage),
     ("/secrets", r"secrets/?", SecretsPage),
     ("/static/{path}", r"static/(.+)", StaticHandler),

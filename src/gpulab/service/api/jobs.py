@@ -101,20 +101,16 @@ class JobActionHandler(BaseHandler):
     @authenticated
     async def post(self, job_id: str, action: str):
         job = await self.own_job(job_id, JOBS_MANAGE)
-        sup = self.supervisor
         with answer_refusals():
-            if action == "interrupt":
-                result, at_once = await actions.interrupt(sup, job)
-                return self.write_json(result, 200 if at_once else 202)
-            if action == "resume":
-                return self.write_json(await actions.resume(sup, job))
-            if action == "rerun":
-                admin = self.is_admin(self.current_user)
-                result = await actions.rerun(sup, self.settings["gpulab"], job, admin=admin)
-                jobs_path = self.request.path.rsplit("/", 2)[0]
-                self.set_header("Location", f"{jobs_path}/{result['id']}")
-                return self.write_json(result, 201)
-            if action == "push":
-                result = await actions.retry_push(sup, job)
-                return self.write_json(result, 200 if result["state"] != "SYNC_FAILED" else 502)
-        raise ApiError(404, f"no action {action}")
+            acted = await actions.act(
+                self.supervisor,
+                self.settings["gpulab"],
+                job,
+                action,
+                admin=self.is_admin(self.current_user),
+            )
+        if acted.created:
+            jobs_path = self.request.path.rsplit("/", 2)[0]
+            self.set_header("Location", f"{jobs_path}/{acted.job['id']}")
+        status = 201 if acted.created else 202 if acted.pending else 502 if acted.failed else 200
+        self.write_json(acted.job, status)

@@ -267,7 +267,7 @@ PATHS: dict[str, dict] = {
                     "name": "action",
                     "in": "path",
                     "required": True,
-                    "schema": {"type": "string", "enum": ["interrupt", "resume", "rerun", "push"]},
+                    "schema": {"type": "string", "enum": list(actions.ACTIONS)},
                 },
             ],
             "responses": {

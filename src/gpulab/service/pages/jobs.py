@@ -140,19 +140,15 @@ class JobActionPage(PageHandler):
     @authenticated
     async def post(self, job_id: str, action: str):
         job = await self.own_job(job_id, JOBS_MANAGE)
-        sup, target = self.supervisor, job_id
         with answer_refusals():
-            if action == "interrupt":
-                await actions.interrupt(sup, job)
-            elif action == "resume":
-                await actions.resume(sup, job)
-            elif action == "rerun":
-                admin = self.is_admin(self.current_user)
-                target = (await actions.rerun(sup, self.settings["gpulab"], job, admin=admin))["id"]
-            elif action == "push":
-                result = await actions.retry_push(sup, job)
-                if result["state"] == "SYNC_FAILED":
-                    raise ApiError(502, result.get("message", f"{action} failed"))
-            else:
-                raise ApiError(404, f"no action {action}")
+            acted = await actions.act(
+                self.supervisor,
+                self.settings["gpulab"],
+                job,
+                action,
+                admin=self.is_admin(self.current_user),
+            )
+        if acted.failed:
+            raise ApiError(502, acted.job.get("message", f"{action} failed"))
+        target = acted.job["id"] if acted.created else job_id
         self.redirect(self.page_url("jobs", target), status=303)
