@@ -210,8 +210,9 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         raise web.HTTPError(403, "a cross-site request to a job's port is refused")
 
     async def _resolve(self, job_id: str, name: str) -> ports.PortTarget:
-        """Where to forward to, and whether the caller owns the job (:func:`gpulab.jobs.ports.
-        open_port`: a 404 for anyone who may not open it, as for a job that does not exist)."""
+        """Where to forward to, and whether the caller owns the job
+        (:func:`gpulab.jobs.ports.open_port`: a 404 for anyone who may not open it, as for a
+        job that does not exist)."""
         if unsafe_path(self.request.path):
             raise ApiError(400, "a port's path may not contain '.' or '..' segments")
         self._prefix = port_prefix(self._service_prefix(), job_id, name)
