@@ -32,39 +32,10 @@ from ..secrets import store_for
 from ..settings import ConfigError, GpulabSettings, load_config
 from ..statelog import json_formatter, register_sensitive
 from .app import make_app
-from .tasks.hub import HubClient
-from .tasks.idle import IdleStopper
-from .tasks.watchdog import RunTimeWatchdog
+from .tasks.idle import idle_loop
+from .tasks.watchdog import watchdog_loop
 
 log = logging.getLogger("gpulab.service")
-
-
-async def watchdog_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None:
-    records = NotebookRecords(Database(settings.database_url), settings.instance)
-    dog = RunTimeWatchdog(records, HubClient(), settings.max_run_time)
-    while True:
-        await asyncio.sleep(settings.watchdog_interval)
-        if not supervisor.leading.is_set():
-            continue  # a service in standby acts on nothing
-        try:
-            await dog.check()
-        except Exception:
-            log.exception("run-time watchdog pass failed")
-
-
-async def idle_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None:
-    """Stop notebooks idle for their idle time (gpulab.idle), through the hub like a user."""
-    stopper = IdleStopper(NotebookRecords(supervisor.records.db, settings.instance), HubClient())
-    while True:
-        await asyncio.sleep(settings.idle_check_interval)
-        if not supervisor.leading.is_set():
-            continue  # a service in standby acts on nothing
-        try:
-            stopped = await stopper.check()
-            if stopped:
-                log.info("stopped idle notebooks: %s", ", ".join(f"{u}/{s}" for u, s in stopped))
-        except Exception:
-            log.exception("idle notebook pass failed")
 
 
 async def follow_parent() -> None:

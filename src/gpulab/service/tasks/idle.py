@@ -25,8 +25,10 @@ from urllib.parse import quote
 from tornado.httpclient import HTTPClientError
 
 from ...idle import REASON, IdleStop, idle_notebooks
+from ...jobs.supervisor.supervisor import JobSupervisor
 from ...lifecycle import utcnow
 from ...notebooks.records import NotebookRecords
+from ...settings import GpulabSettings
 from .hub import HubClient
 
 log = logging.getLogger(__name__)
@@ -97,3 +99,18 @@ class IdleStopper:
         log.info("stopping idle notebook %s/%s: %s", user, server, stop.message)
         await self.hub.stop_server(user, server)
         return True
+
+
+async def idle_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None:
+    """Stop notebooks idle for their idle time (gpulab.idle), through the hub like a user."""
+    stopper = IdleStopper(NotebookRecords(supervisor.records.db, settings.instance), HubClient())
+    while True:
+        await asyncio.sleep(settings.idle_check_interval)
+        if not supervisor.leading.is_set():
+            continue  # a service in standby acts on nothing
+        try:
+            stopped = await stopper.check()
+            if stopped:
+                log.info("stopped idle notebooks: %s", ", ".join(f"{u}/{s}" for u, s in stopped))
+        except Exception:
+            log.exception("idle notebook pass failed")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
+from ...db import Database
+from ...jobs.supervisor.supervisor import JobSupervisor
 from ...notebooks.records import NotebookRecords
+from ...settings import GpulabSettings
 from .hub import HubClient
 
 log = logging.getLogger(__name__)
@@ -39,3 +43,18 @@ class RunTimeWatchdog:
                 continue
             acted.append((user, server))
         return acted
+
+
+async def watchdog_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None:
+    """Every ``watchdog_interval`` seconds, while this service leads: stop notebooks past
+    their maximum run time (and restart those that asked for it)."""
+    records = NotebookRecords(Database(settings.database_url), settings.instance)
+    dog = RunTimeWatchdog(records, HubClient(), settings.max_run_time)
+    while True:
+        await asyncio.sleep(settings.watchdog_interval)
+        if not supervisor.leading.is_set():
+            continue  # a service in standby acts on nothing
+        try:
+            await dog.check()
+        except Exception:
+            log.exception("run-time watchdog pass failed")
