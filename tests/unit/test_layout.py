@@ -310,6 +310,16 @@ def test_the_domains_never_import_each_other():
                 assert bad == [], module
 
 
+def test_the_services_api_and_pages_never_import_each_other():
+    """service/api/ and service/pages/ are two doors on the same domain functions: what both
+    need is service/base.py's or the domain's, never the other door's."""
+    for module, targets in graph().items():
+        for mine, other in (("service.api", "service.pages"), ("service.pages", "service.api")):
+            if _under(module, mine):
+                bad = sorted(t for t in _internal(targets) if _under(t, other))
+                assert bad == [], module
+
+
 def test_the_cli_imports_nothing_of_gpulab_outside_itself():
     found = [m for m in graph() if _is_cli(m)]
     assert found
