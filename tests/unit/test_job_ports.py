@@ -4,6 +4,7 @@ quietly)."""
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ from tornado.simple_httpclient import HTTPStreamClosedError, HTTPTimeoutError
 from gpulab.jobs import ports
 from gpulab.jobs.refusals import EngineFailed, NotFound, Unavailable
 from gpulab.runtime.base import WorkloadSpec
-from gpulab.service.api.ports import _cut_off
+from gpulab.service.api.ports import CUT_RELAYS, _cut_off
 from gpulab.settings import GpulabSettings
 
 from ..conftest import run_async
@@ -110,3 +111,33 @@ def test_a_relay_cut_by_either_end_is_its_end_not_an_error():
     assert _cut_off(HTTPStreamClosedError("Connection closed"))
     assert _cut_off(HTTPTimeoutError("Timeout during request"))
     assert not _cut_off(ValueError("a bug"))
+
+
+def _record(error: Exception) -> logging.LogRecord:
+    return logging.LogRecord(
+        "tornado.application",
+        logging.ERROR,
+        __file__,
+        1,
+        "Uncaught exception",
+        (),
+        (type(error), error, error.__traceback__),
+    )
+
+
+def test_only_a_cut_relays_stream_error_is_kept_out_of_the_log():
+    def _deliver_body():  # where tornado's HTTP client delivers a body to the relay
+        raise StreamClosedError()
+
+    def elsewhere():
+        raise StreamClosedError()
+
+    for fn, kept in ((_deliver_body, False), (elsewhere, True)):
+        try:
+            fn()
+        except StreamClosedError as e:
+            assert CUT_RELAYS.filter(_record(e)) is kept
+    try:
+        raise ValueError("a bug")
+    except ValueError as e:
+        assert CUT_RELAYS.filter(_record(e)) is True

@@ -26,7 +26,7 @@ from .api.logs import JobLogsHandler
 from .api.monitoring import HealthHandler, MetricsHandler
 from .api.notebooks import NotebookHandler, NotebookPushHandler, NotebooksHandler
 from .api.openapi import OpenAPIHandler
-from .api.ports import JobPortHandler
+from .api.ports import CUT_RELAYS, JobPortHandler
 from .api.secrets import SecretHandler, SecretsHandler
 from .api.usage import UsageHandler
 from .base import BoundedApplication, NotFoundHandler, ScrubbedLogs
@@ -111,6 +111,8 @@ def make_app(settings: GpulabSettings, supervisor: JobSupervisor) -> web.Applica
     handlers += [(url_path_join(prefix, pattern), handler) for _, pattern, handler in ROUTES]
     handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in PAGE_ROUTES]
     handlers += [(url_path_join(prefix, pattern), h) for _, pattern, h in OTHER_ROUTES]
+    # a job port's relay cut by its viewer is its end, not an uncaught error (api/ports.py)
+    logging.getLogger("tornado.application").addFilter(CUT_RELAYS)
     # BoundedApplication (base.py): a body declared over max_request_body is answered 413 unread
     return BoundedApplication(
         handlers,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from urllib.parse import unquote_plus
 
 from tornado import httpclient, httputil, web, websocket
@@ -488,6 +489,25 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         if user is not None:
             self._counted = None
             _give(user)
+
+
+class CutRelays(logging.Filter):
+    """Keeps out of tornado's application log the one "Uncaught exception" that is a relay's
+    end: when the viewer of a streamed answer leaves, :meth:`JobPortHandler._relay`'s flush
+    fails with StreamClosedError, which is how the HTTP client learns to stop reading the app
+    (the relay then ends quietly); tornado's client logs that failure as uncaught before it
+    ends the fetch. Only a StreamClosedError out of a body's delivery is kept out."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, StreamClosedError) or error.__traceback__ is None:
+            return True
+        frames = traceback.extract_tb(error.__traceback__)
+        return not any(f.name == "_deliver_body" for f in frames)
+
+
+#: the filter make_app puts on tornado's application log (one, however many apps)
+CUT_RELAYS = CutRelays()
 
 
 def _cut_off(error: Exception) -> bool:
