@@ -144,3 +144,55 @@ def test_the_configuration_doc_names_exactly_the_ignored_options():
         for name in re.findall(r"`([a-z_]+)`", row.split(" | ")[0])
     }
     assert named == set(IGNORED_DOCKER_OPTIONS)
+
+
+def test_the_spawn_page_may_ask_for_progress_before_start_runs(hooked, monkeypatch):
+    """JupyterHub serves the spawn page's event stream as soon as a spawn is requested,
+    possibly before start() runs: progress() waits for that start's events (it raised
+    AttributeError, a traceback in the hub's log), and after a stop waits for the next one's."""
+    import asyncio
+    from types import SimpleNamespace
+
+    sp, rt, ended = hooked
+
+    async def fake_start(nb, options, hub, user_options):
+        sp._progress(40, "pulling the workspace")
+        await asyncio.sleep(0.1)
+        return "10.0.0.2", 8888
+
+    async def fake_stop(nb):
+        pass
+
+    monkeypatch.setattr(spawner_module.life, "start", fake_start)
+    monkeypatch.setattr(spawner_module.life, "stop", fake_stop)
+    monkeypatch.setattr(spawner_module, "HubSide", lambda **kw: None)
+    monkeypatch.setattr(
+        NotebookSpawner, "server", property(lambda self: SimpleNamespace(base_url="/"))
+    )
+    monkeypatch.setattr(NotebookSpawner, "workload_id", "t-nb-alice-")
+    monkeypatch.setattr(sp, "get_env", lambda: {})
+    monkeypatch.setattr(sp, "get_args", lambda: [])
+    sp.gpulab_options = SimpleNamespace()  # applied before the start, as JupyterHub does
+
+    async def read(events: list) -> None:
+        async for event in sp.progress():
+            events.append(event)
+
+    async def scenario():
+        first: list[dict] = []
+        reader = asyncio.create_task(read(first))
+        await asyncio.sleep(0.3)
+        assert not reader.done()  # waiting for start(), not failed
+        assert await sp.start() == ("10.0.0.2", 8888)
+        await asyncio.wait_for(reader, 5)
+        await sp.stop()
+        second: list[dict] = []
+        reader = asyncio.create_task(read(second))
+        await asyncio.sleep(0.3)
+        waiting = not reader.done()  # the last start's events are not replayed
+        reader.cancel()
+        return first, second, waiting
+
+    first, second, waiting = run_async(scenario())
+    assert first == [{"progress": 40, "message": "pulling the workspace"}]
+    assert second == [] and waiting

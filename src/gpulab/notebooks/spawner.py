@@ -168,6 +168,11 @@ class NotebookSpawner(DockerSpawner):
         return lambda formdata: form_to_options(formdata)
 
     gpulab_options: NotebookOptions | None = None
+    #: the spawn page's events of the start under way; None until start() begins (JupyterHub
+    #: may ask for progress() as soon as the spawn is requested, before start() runs)
+    _progress_events: list[dict] | None = None
+    _progress_signal: asyncio.Event | None = None
+    _progress_done = False
     #: the configuration was checked for DockerSpawner options gpulab ignores (once a process)
     _options_checked = False
 
@@ -310,12 +315,15 @@ class NotebookSpawner(DockerSpawner):
     # --- progress -----------------------------------------------------------------------------
 
     def _progress(self, percent: int, message: str) -> None:
-        if not hasattr(self, "_progress_signal"):
+        if self._progress_signal is None:
             return  # not starting: nobody reads the spawn page's events
         self._progress_events.append({"progress": percent, "message": message})
         self._progress_signal.set()
 
     async def progress(self):
+        # JupyterHub ends this generator when the spawn ends, so waiting for start() is safe
+        while self._progress_events is None:
+            await asyncio.sleep(0.1)
         seen = 0
         while True:
             while seen < len(self._progress_events):
@@ -351,7 +359,7 @@ class NotebookSpawner(DockerSpawner):
             busy.discard(self.workload_id)
 
     async def start(self):
-        self._progress_events: list[dict] = []
+        self._progress_events = []
         self._progress_signal = asyncio.Event()
         self._progress_done = False
         self.reconciler.ensure_running()
@@ -420,6 +428,8 @@ class NotebookSpawner(DockerSpawner):
         finally:
             self.object_id = ""
             self.clear_state()
+            # the next start's spawn page waits for that start's events, not this one's
+            self._progress_events, self._progress_signal, self._progress_done = None, None, False
 
     async def delete_forever(self):
         """A named server deleted for good: its remote workspace, container, volumes and GPUs."""
