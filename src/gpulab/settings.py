@@ -105,7 +105,19 @@ class GpulabSettings(Configurable):
         default_value="device_request",
         help="""How GPUs reach a container: 'device_request' (Docker DeviceRequest, driver nvidia,
         explicit device IDs; needs the NVIDIA container toolkit) or 'env' (NVIDIA_VISIBLE_DEVICES,
-        for hosts whose default runtime is nvidia).""",
+        for hosts whose default runtime is nvidia). In both, every container's environment
+        names exactly the devices it booked (NVIDIA_VISIBLE_DEVICES=void when none), so that
+        an image's NVIDIA_VISIBLE_DEVICES=all gives it nothing on an nvidia runtime.""",
+    ).tag(config=True)
+
+    check_gpu_runtime = Bool(
+        True,
+        help="""At start-up, ask the engine which runtimes it has (docker info) and refuse a
+        gpu_mode that cannot hand out this host's GPUs: the service stops, the hub refuses
+        GPU notebooks, both saying what to configure. Turn it off only for an engine whose
+        GPUs reach containers in a way docker info does not show (no NVIDIA runtime
+        registered, only the toolkit's hook on dockerd's PATH) or for made-up gpu_devices on
+        an engine without GPUs (the tests).""",
     ).tag(config=True)
 
     gpu_sharing = Dict(

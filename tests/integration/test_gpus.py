@@ -91,7 +91,9 @@ def test_device_request_mode_asks_for_explicit_devices(hub_with, docker_client):
             "Options": {},
         }
     ]
-    assert "NVIDIA_VISIBLE_DEVICES" not in str(container.attrs["Config"]["Env"])
+    # and its environment names the same devices (an image's NVIDIA_VISIBLE_DEVICES=all would
+    # otherwise win on a host whose default runtime is nvidia)
+    assert _visible_devices(container) == "0,1"
     # and the ledger gave them back
     hub.spawn("dora", "two", {"cpus": 0.5, "memory": "512M", "gpus": 4}, token=token)
     nb = hub.wait_state("dora", "two", "ERROR")

@@ -201,6 +201,8 @@ class FakeRuntime(Runtime):
         self._pending_exits: dict[str, tuple[int, bool]] = {}
         self._ips = itertools.count(2)
         self._lock = threading.Lock()
+        #: what gpu_delivery_refusal answers (a test scripts an engine that cannot deliver)
+        self.refusal: str | None = None
 
     # --- what a test scripts ---------------------------------------------------------------
 
@@ -325,6 +327,10 @@ class FakeRuntime(Runtime):
     async def nodes(self) -> list[Node]:
         self._enter("nodes")
         return list(self.node_list)
+
+    async def gpu_delivery_refusal(self) -> str | None:
+        self._enter("gpu_delivery_refusal")
+        return self.refusal
 
     async def image_exists(self, image: str) -> bool:
         self._enter("image_exists", image)

@@ -122,6 +122,9 @@ class Hub:
                 f"""
                 load_subconfig({str(REPO / "jupyterhub_config.py")!r})
                 c.GpulabSettings.instance = {self.instance!r}
+                # the tests' GPUs are made up, on an engine without the NVIDIA runtime: no
+                # start-up refusal of their gpu_mode (a test of that check turns it on)
+                c.GpulabSettings.check_gpu_runtime = False
                 c.JupyterHub.log_level = "DEBUG"
                 c.JupyterHub.services.append({{"name": "test-admin", "api_token": {self.admin_token!r}}})
                 c.JupyterHub.load_roles.append({{

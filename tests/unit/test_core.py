@@ -217,17 +217,23 @@ def test_form_to_options_keeps_custom_fields_only_for_custom():
 
 
 def test_gpu_request_modes():
+    """Every container gets exactly its booked devices, in every mode: the IDs, or void."""
+    gpus = {"NVIDIA_VISIBLE_DEVICES": "1,3", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+    none = {"NVIDIA_VISIBLE_DEVICES": "void", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
     host, env = gpu_request(["1", "3"], "device_request")
     assert host == {
         "device_requests": [
             {"Driver": "nvidia", "DeviceIDs": ["1", "3"], "Capabilities": [["gpu"]]}
         ]
     }
-    assert env == {}
-    host, env = gpu_request(["2"], "env")
-    assert host == {} and env["NVIDIA_VISIBLE_DEVICES"] == "2"
-    assert gpu_request([], "env")[1]["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert gpu_request([], "device_request") == ({}, {})
+    assert env == gpus
+    assert gpu_request(["1", "3"], "env") == ({}, gpus)
+    # a CPU workload is told it has no GPU in both modes: on a host whose default runtime is
+    # nvidia, an image's ENV NVIDIA_VISIBLE_DEVICES=all would otherwise give it every GPU
+    assert gpu_request([], "env") == ({}, none)
+    assert gpu_request([], "device_request") == ({}, none)
+    with pytest.raises(ValueError, match="unknown gpu mode"):
+        gpu_request([], "cdi")
 
 
 def test_names_are_docker_safe_and_distinct():

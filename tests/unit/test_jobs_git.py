@@ -319,7 +319,7 @@ def test_helper_config_carries_the_credential_in_its_environment_only():
             environment=env,
         )
     )
-    assert config["environment"] == env
+    assert config["environment"] == {**env, "NVIDIA_VISIBLE_DEVICES": "void"}  # and no GPU
     assert "hunter2" not in repr({k: v for k, v in config.items() if k != "environment"})
     assert config["command"] == [
         "git-clone",

@@ -177,6 +177,21 @@ def test_image_missing_is_error_and_runs_nothing(tmp_path, answers):
     assert w.record()["state"] == "ERROR"
 
 
+def test_an_engine_that_cannot_deliver_gpus_refuses_gpu_notebooks_only(tmp_path, answers):
+    why = "gpu_mode 'env' hands GPUs out with NVIDIA_VISIBLE_DEVICES, which ..."
+    w = World(tmp_path)
+    w.nb.gpu_refusal = why  # what the hub's start-up check found
+    e = w.refused(w.start, gpus="1")
+    assert e.status == 503 and e.message == f"this host cannot give containers GPUs: {why}"
+    assert w.record()["state"] == "ERROR" and w.last()["reason"] == "GPU_RUNTIME_MISSING"
+    assert w.held_gpus() == [] and w.rt.names("create_and_start") == []
+    # a CPU notebook starts: it is given no GPU in any mode (runtime/objects.gpu_request)
+    cpu = World(tmp_path, server="cpu")
+    cpu.nb.gpu_refusal = why
+    cpu.start(gpus="0")
+    assert cpu.record()["state"] == "RUNNING"
+
+
 def test_engine_unreachable_at_the_image_check_is_error(tmp_path, answers):
     w = World(tmp_path)
     w.rt.fail("image_exists")

@@ -91,6 +91,9 @@ class Notebook:
     #: seconds the editor has to answer, and between two checks
     http_timeout: float = 30.0
     editor_wait_interval: float = 0.05
+    #: why the engine cannot hand out GPUs (asked at the hub's start-up): GPU notebooks are
+    #: refused with it rather than started without the GPUs the ledger books
+    gpu_refusal: str | None = None
 
     async def db(self, fn, *args, **kwargs):
         """A blocking database call, off the event loop."""
@@ -234,6 +237,9 @@ async def _reserve_gpus(nb: Notebook, res) -> None:
     """GPUs from the ledger (with the user's quota), then the node: where the GPUs are; for a
     CPU notebook on a cluster, the one the placement policy picks."""
     s = nb.settings
+    if res.gpus and nb.gpu_refusal:
+        msg = f"this host cannot give containers GPUs: {nb.gpu_refusal}"
+        raise await nb.fail(S.ERROR, "GPU_RUNTIME_MISSING", msg, 503)
     nb.progress(15, f"Reserving {res.gpus:g} GPU(s)" if res.gpus else "No GPU requested")
     try:
         await nb.ledger.refresh(nb.runtime)  # a cluster's nodes and devices now

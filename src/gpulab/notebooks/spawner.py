@@ -28,7 +28,7 @@ from ..gpus.ledger import GpuLedger
 from ..metrics import NOTEBOOK_START
 from ..names import notebook_container_name, notebook_volume_name, notebook_workload_id
 from ..runtime import make_runtime
-from ..runtime.base import Runtime, WorkloadState
+from ..runtime.base import EngineError, Runtime, WorkloadState
 from ..settings import ConfigError, GpulabSettings
 from . import form, life
 from .container import HubSide
@@ -42,25 +42,40 @@ log = logging.getLogger(__name__)
 
 def report_at_hub_start() -> None:
     """Called from the hub's configuration file: once the hub has read all of it (a file that
-    loads this one may add to it), log the GPUs this hub hands out: the devices with their
-    model and memory, the driver and CUDA versions, or at WARNING why there is none. Outside
-    the hub's process (the service reads the same file and reports for itself), nothing."""
+    loads this one may add to it), log the GPUs this hub hands out (the devices with their
+    model and memory, the driver and CUDA versions, or at WARNING why there is none), and ask
+    the engine whether it can hand them to containers in ``gpu_mode``: when it cannot, say so
+    at ERROR with what to configure, and refuse GPU notebooks with that message (CPU ones
+    still start: they are given no GPU in any mode). Outside the hub's process (the service
+    reads the same file and checks for itself, refusing to start), nothing."""
     app = sys.modules.get("jupyterhub.app")
     if app is None or not app.JupyterHub.initialized():
         return
-    hub = app.JupyterHub.instance()
+    config = app.JupyterHub.instance().config
     try:
-        asyncio.get_running_loop().call_soon(_report_gpus, hub.config)
-    except RuntimeError:  # no event loop yet: the configuration is read
-        _report_gpus(hub.config)
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no event loop: the hub is not starting
+        return
+    loop.call_soon(lambda: loop.create_task(_report_gpus(config)))
 
 
-def _report_gpus(config) -> None:
+async def _report_gpus(config) -> None:
     try:
         settings = GpulabSettings(config=config)
     except ConfigError:
         return  # said by the first spawn, and by the service, which stops
-    make_runtime(settings).log_gpus(log)
+    runtime = make_runtime(settings)
+    runtime.log_gpus(log)
+    if not settings.check_gpu_runtime:
+        return
+    try:
+        refusal = await runtime.gpu_delivery_refusal()
+    except EngineError as e:
+        log.warning("could not ask the container engine which runtimes it has: %s", e)
+        return
+    if refusal:
+        log.error("GPU notebooks are refused: this engine cannot hand out the GPUs: %s", refusal)
+        NotebookSpawner.gpu_refusals[settings.instance] = refusal
 
 
 _NETWORK = "c.GpulabSettings.network_isolation (gpulab decides how the hub reaches a notebook)"
@@ -144,6 +159,8 @@ class NotebookSpawner(DockerSpawner):
     _databases: dict[str, Database] = {}
     _reconcilers: dict[str, NotebookReconciler] = {}
     _runtimes: dict[str, Runtime] = {}
+    #: instance -> why the engine cannot hand out GPUs (report_at_hub_start asked it)
+    gpu_refusals: dict[str, str] = {}
 
     notebook_user = Unicode(
         "1000",
@@ -259,6 +276,7 @@ class NotebookSpawner(DockerSpawner):
             options=self.gpulab_options,
             http_timeout=self.http_timeout,
             editor_wait_interval=self.editor_wait_interval,
+            gpu_refusal=self.gpu_refusals.get(s.instance),
         )
         self.held.ran = bool(self.object_id)
         return nb

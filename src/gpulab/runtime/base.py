@@ -308,6 +308,13 @@ class Runtime:
     async def nodes(self) -> list[Node]:
         raise NotImplementedError
 
+    async def gpu_delivery_refusal(self) -> str | None:
+        """Why the engine cannot hand this runtime's GPUs to the containers that book them,
+        with what to configure; None when it can, or has no GPU to hand out. Asked at
+        start-up (the hub and the service); not checked on a cluster, whose nodes' runtimes
+        its manager does not list."""
+        return None
+
     async def image_exists(self, image: str) -> bool:
         raise NotImplementedError
 

@@ -35,7 +35,12 @@ from .base import (
 )
 from .engine import EngineClient, engine_error
 from .execution import EngineExecSession, run_command
-from .objects import docker_epoch, helper_container_config, workload_container_config
+from .objects import (
+    docker_epoch,
+    gpu_delivery_refusal,
+    helper_container_config,
+    workload_container_config,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,17 @@ class DockerRuntime(Runtime):
     async def nodes(self) -> list[Node]:
         gpus = tuple(d.id for d in self.devices)
         return [Node(id="", hostname="", ready=True, active=True, gpus=gpus)]
+
+    async def gpu_delivery_refusal(self) -> str | None:
+        if not self.devices:
+            return None
+        info = await self.run(self.client.info)
+        return gpu_delivery_refusal(
+            self.gpu_mode,
+            len(self.devices),
+            info.get("Runtimes") or {},
+            info.get("DefaultRuntime") or "",
+        )
 
     async def image_exists(self, image: str) -> bool:
         try:

@@ -47,7 +47,7 @@ from docker.errors import APIError, NotFound
 from .. import __version__
 from ..names import L_INSTANCE, L_KIND, L_VERSION, gateway_container_name
 from .network import OVERLAY_KIND
-from .objects import hardened_host_config
+from .objects import NO_GPU, hardened_host_config
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ def gateway_config(instance: str, image: str, port: int, api_port: int, token: s
             "CONFIGPROXY_AUTH_TOKEN": token,
             "GATEWAY_PORT": str(port),
             "GATEWAY_API_PORT": str(api_port),
+            "NVIDIA_VISIBLE_DEVICES": NO_GPU,
         },
         "user": "65534:65534",
         "labels": {

@@ -6,33 +6,96 @@ a restart: who owns it, what kind of workload it is, which workload, which GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..resources import CPU_PERIOD, MIN_CPU_QUOTA, ContainerLimits
 from .base import RUNNER_PATH, HelperSpec, WorkloadSpec
 
+#: NVIDIA_VISIBLE_DEVICES of a container that booked no GPU: the NVIDIA runtime and its hook
+#: hand it none, whatever its image says (every CUDA base image sets ``all``)
+NO_GPU = "void"
+
+
+def visible_devices_env(gpu_ids: Sequence[str]) -> dict[str, str]:
+    """The environment that tells the NVIDIA runtime exactly which GPUs a container gets:
+    the IDs it booked, or none (``void``). A container's own environment overrides its
+    image's, so an image's ``ENV NVIDIA_VISIBLE_DEVICES=all`` gives it nothing more."""
+    return {
+        "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids) if gpu_ids else NO_GPU,
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    }
+
 
 def gpu_request(gpu_ids: Sequence[str], mode: str) -> tuple[dict, dict[str, str]]:
-    """(extra host config, extra environment) that hand exactly ``gpu_ids`` to a container.
+    """(extra host config, extra environment) that hand exactly ``gpu_ids`` to a container,
+    and nothing to a container that booked none, in every mode.
 
-    'device_request': Docker DeviceRequest with driver nvidia, capability gpu, explicit IDs.
-    'env': NVIDIA_VISIBLE_DEVICES, for hosts whose default runtime is nvidia. Either way a
-    container without GPUs is told so explicitly, so that the nvidia runtime does not give it all.
+    'device_request': Docker DeviceRequest with driver nvidia, capability gpu, explicit IDs,
+    for a container with GPUs. 'env': no request: the NVIDIA runtime, the engine's default,
+    reads the environment. Either way the environment names the devices (``void`` for none):
+    on a host whose default runtime is nvidia an image's ``NVIDIA_VISIBLE_DEVICES=all`` would
+    otherwise hand a CPU workload every GPU of the host.
     """
-    if mode == "device_request":
-        if not gpu_ids:
-            return {}, {}
-        req = {
-            "Driver": "nvidia",
-            "DeviceIDs": list(gpu_ids),
-            "Capabilities": [["gpu"]],
-        }
-        return {"device_requests": [req]}, {}
+    if mode not in ("device_request", "env"):
+        raise ValueError(f"unknown gpu mode {mode!r}")
+    env = visible_devices_env(gpu_ids)
+    if mode == "env" or not gpu_ids:
+        return {}, env
+    req = {
+        "Driver": "nvidia",
+        "DeviceIDs": list(gpu_ids),
+        "Capabilities": [["gpu"]],
+    }
+    return {"device_requests": [req]}, env
+
+
+def _is_nvidia(name: str, runtime: Mapping | None) -> bool:
+    path = str((runtime or {}).get("path") or "")
+    return name == "nvidia" or path.rsplit("/", 1)[-1].startswith("nvidia-container-runtime")
+
+
+def gpu_delivery_refusal(
+    mode: str, gpus: int, runtimes: Mapping[str, Mapping | None], default_runtime: str
+) -> str | None:
+    """Why an engine with these runtimes (``docker info``: ``Runtimes``, ``DefaultRuntime``)
+    cannot hand ``gpus`` booked GPUs to containers in ``mode``, and what to configure; None
+    when it can (or there is no GPU to hand out).
+
+    'env' needs the NVIDIA runtime as the engine's default: nothing else reads
+    NVIDIA_VISIBLE_DEVICES, and a GPU workload would run without its GPUs while the ledger
+    books them. 'device_request' needs the engine's nvidia device driver, which Docker has
+    when the NVIDIA Container Toolkit is installed (nvidia-container-runtime-hook on dockerd's
+    PATH); ``docker info`` does not list drivers, so the toolkit's registered nvidia runtime
+    is what shows it (``nvidia-ctk runtime configure``, part of installing the toolkit)."""
+    if gpus <= 0:
+        return None
+    listed = ", ".join(sorted(runtimes)) or "none"
+    nvidia = sorted(n for n, r in runtimes.items() if _is_nvidia(n, r))
     if mode == "env":
-        return {}, {
-            "NVIDIA_VISIBLE_DEVICES": ",".join(gpu_ids) if gpu_ids else "void",
-            "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
-        }
+        if _is_nvidia(default_runtime, runtimes.get(default_runtime)):
+            return None
+        has = (
+            f"it has the {nvidia[0]!r} runtime, but not as its default"
+            if nvidia
+            else "it has no NVIDIA runtime"
+        )
+        return (
+            f"gpu_mode 'env' hands GPUs out with NVIDIA_VISIBLE_DEVICES, which only the NVIDIA "
+            f"runtime reads, and the engine's default runtime is {default_runtime or '?'!r} "
+            f"({has}; runtimes: {listed}). Install the NVIDIA Container Toolkit and make it "
+            "the default (nvidia-ctk runtime configure --runtime=docker --set-as-default, "
+            "then restart dockerd), or use gpu_mode 'device_request'"
+        )
+    if mode == "device_request":
+        if nvidia:
+            return None
+        return (
+            "gpu_mode 'device_request' asks the engine for devices of driver 'nvidia', which "
+            "Docker has only with the NVIDIA Container Toolkit (nvidia-container-runtime-hook "
+            f"on dockerd's PATH), and the engine lists no NVIDIA runtime (runtimes: {listed}). "
+            "Install the toolkit and register it (nvidia-ctk runtime configure "
+            "--runtime=docker), then restart dockerd"
+        )
     raise ValueError(f"unknown gpu mode {mode!r}")
 
 
@@ -83,7 +146,8 @@ def helper_container_config(spec: HelperSpec) -> dict:
         "image": spec.image,
         "command": list(spec.command),
         "labels": dict(spec.labels),
-        "environment": dict(spec.env),
+        # a helper never has a GPU, whatever its image says (visible_devices_env)
+        "environment": {**spec.env, "NVIDIA_VISIBLE_DEVICES": NO_GPU},
         "user": spec.user,
         "host_config": {
             "binds": binds,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..names import LABEL_PREFIX
 from .base import RUNNER_PATH, WorkloadSpec, WorkloadState
-from .objects import docker_epoch
+from .objects import docker_epoch, visible_devices_env
 
 L_NODE = LABEL_PREFIX + "node"
 #: on a stopped service: its task was told to stop and none may run until it is started again
@@ -28,13 +28,9 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
     """The Swarm service that runs ``spec`` (pure: tested without an engine).
 
     The task is pinned to ``spec.node``; GPUs reach it as NVIDIA_VISIBLE_DEVICES (Swarm has
-    no device requests: nodes run the nvidia runtime by default); /dev/shm is a tmpfs of
-    ``shm_size``; every capability is dropped."""
-    gpu_env = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(spec.gpu_ids) if spec.gpu_ids else "void",
-        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
-    }
-    env = {**spec.env, **gpu_env}
+    no device requests: nodes run the nvidia runtime by default), ``void`` when it booked
+    none; /dev/shm is a tmpfs of ``shm_size``; every capability is dropped."""
+    env = {**spec.env, **visible_devices_env(spec.gpu_ids)}
     mounts = [
         {"Type": "volume", "Source": m.volume, "Target": m.target, "ReadOnly": m.read_only}
         for m in spec.mounts

@@ -27,7 +27,7 @@ from ..db import Database
 from ..jobs.supervisor.supervisor import JobSupervisor
 from ..metrics import StateCollector
 from ..notebooks.records import NotebookRecords
-from ..runtime import make_runtime
+from ..runtime import EngineError, make_runtime
 from ..secrets import store_for
 from ..settings import ConfigError, GpulabSettings, load_config
 from ..statelog import json_formatter, register_sensitive
@@ -84,6 +84,15 @@ async def main(argv: list[str] | None = None) -> None:
     data_dir = Path(os.environ.get("GPULAB_DATA_DIR", "."))
     runtime = make_runtime(settings)
     runtime.log_gpus(log)
+    if settings.check_gpu_runtime:
+        try:
+            refusal = await runtime.gpu_delivery_refusal()
+        except EngineError as e:
+            log.warning("could not ask the container engine which runtimes it has: %s", e)
+            refusal = None
+        if refusal:
+            log.error("gpulab cannot hand out this host's GPUs: %s", refusal)
+            sys.exit(2)
     supervisor = JobSupervisor(
         settings, Database(settings.database_url), runtime, data_dir / "job-logs"
     )
