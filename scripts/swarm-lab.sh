@@ -13,6 +13,8 @@
 #     and the images are pre-pulled on every worker.
 #
 # Usage: scripts/swarm-lab.sh up [N] [--facts PATH]   start or converge to N workers (default 2)
+#        scripts/swarm-lab.sh image                   build the worker image (or find it up to
+#                                                     date) and print its name
 #        scripts/swarm-lab.sh status [--facts PATH]   print the facts; exit 1 when not all up
 #        scripts/swarm-lab.sh down [--force]          remove all the lab made; idempotent (refused
 #                                                     while a pytest session uses the lab)
@@ -713,6 +715,15 @@ case "$CMD" in
         fi
         "cmd_$CMD" "$N"
         ;;
+    image)
+        # only the worker image (built or found up to date), for other tests' engines in a
+        # container (tests/support/gpu_host.py: a stand-in GPU host); prints its name
+        need_engine
+        exec 9>>"$LOCK"
+        flock -w 900 9 || die "timed out waiting for $LOCK"
+        ensure_dind_image
+        echo "$DIND_IMAGE"
+        ;;
     -h | --help | help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
-    *) echo "usage: $0 up [N] [--facts PATH] | down [--force] | status [--facts PATH]  (--help)" >&2; exit 2 ;;
+    *) echo "usage: $0 up [N] [--facts PATH] | down [--force] | status [--facts PATH] | image  (--help)" >&2; exit 2 ;;
 esac

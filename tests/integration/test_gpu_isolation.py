@@ -1,0 +1,165 @@
+"""No GPU outside the ledger, on a real engine set up as an NVIDIA GPU host is (a stand-in: a
+Docker-in-Docker engine whose default runtime, named nvidia, records what each container is
+given, with a stand-in nvidia-container-runtime-hook on its PATH; tests/support/gpu_host.py).
+
+The workloads are what gpulab's domains hand its runtime: a notebook's WorkloadSpec from
+notebooks.container.notebook_spec, jobs' (with the job runner) and a sync helper's, all from
+an image with ``ENV NVIDIA_VISIBLE_DEVICES=all`` as every CUDA base image has it, run by
+gpulab's DockerRuntime (made by make_runtime) in both gpu_modes. Each container is given
+exactly the devices it booked: the IDs, or ``void``; a container started without gpulab from
+the same image would be given every GPU (``all``). And the start-up check: this engine can
+deliver in both modes; this machine's own (runc only) can in neither."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import secrets
+
+import pytest
+from traitlets.config import Config
+
+from gpulab.names import notebook_container_name
+from gpulab.notebooks.container import HubSide, notebook_spec
+from gpulab.notebooks.life import policy_of
+from gpulab.resources import Resources
+from gpulab.runtime import make_runtime
+from gpulab.runtime.base import HelperSpec, WorkloadSpec
+from gpulab.settings import GpulabSettings
+
+from ..support.gpu_host import GpuHost, visible_devices
+
+pytestmark = [pytest.mark.docker]
+
+BASE = "gpulab/debian:bookworm"
+CUDA_LIKE = "gpulab-test/cuda-like:1"
+HOOK = "/usr/local/bin/nvidia-container-runtime-hook"
+
+
+def settings(instance: str, mode: str) -> GpulabSettings:
+    c = Config()
+    c.GpulabSettings.instance = instance
+    c.GpulabSettings.gpu_devices = [{"id": str(i)} for i in range(4)]
+    c.GpulabSettings.gpu_mode = mode
+    c.GpulabSettings.network_isolation = "none"
+    return GpulabSettings(config=c)
+
+
+@pytest.fixture(scope="module")
+def gpu_host(docker_client, tmp_path_factory):
+    host = GpuHost(
+        tmp_path_factory.mktemp("gpuhost"), "gpulab-test-gpuhost-" + secrets.token_hex(3)
+    )
+    try:
+        host.start(docker_client)
+        host.load_image(docker_client, BASE)
+        dockerfile = f"FROM {BASE}\nENV NVIDIA_VISIBLE_DEVICES=all\n".encode()
+        for _ in host.client().build(fileobj=io.BytesIO(dockerfile), tag=CUDA_LIKE, rm=True):
+            pass
+        yield host
+    finally:
+        host.stop()
+
+
+def notebook(s: GpulabSettings, user: str, gpu_ids: list[str], mark: str) -> WorkloadSpec:
+    return notebook_spec(
+        policy=policy_of(s),
+        hub=HubSide(
+            env={"PROOF": mark},
+            command=["true"],
+            args=[],
+            base_url=f"/user/{user}/nb/",
+            port=8888,
+            user="1000",
+        ),
+        name=notebook_container_name(s.instance, user, "nb"),
+        image=CUDA_LIKE,
+        user=user,
+        server="nb",
+        workload_id=f"{s.instance}/notebook/{user}/nb",
+        resources=Resources(cpus=0.5, memory=256 * 1024**2, gpus=len(gpu_ids)),
+        gpu_ids=gpu_ids,
+        gpu_memory="",
+        mounts=[],
+        network_id="",
+        node="",
+    )
+
+
+def job(s: GpulabSettings, job_id: str, gpu_ids: list[str], mark: str) -> WorkloadSpec:
+    return WorkloadSpec(
+        name=f"{s.instance}-job-{job_id}",
+        image=CUDA_LIKE,
+        command=["true"],
+        env={"PROOF": mark, "GPULAB_JOB_ID": job_id},
+        labels={"org.gpulab.instance": s.instance, "org.gpulab.kind": "job"},
+        memory=256 * 1024**2,
+        gpu_ids=gpu_ids,
+        runner=True,  # under gpulab's job runner, as every job
+    )
+
+
+def given_by_mark(host: GpuHost) -> dict[str, dict]:
+    """What each container was given, by its PROOF mark."""
+    out = {}
+    for path in host.records_dir.glob("runtime-*.json"):
+        got = host.given(path.stem.removeprefix("runtime-"))
+        marks = [e.split("=", 1)[1] for e in got["env"] if e.startswith("PROOF=")]
+        if marks:
+            out[marks[0]] = got
+    return out
+
+
+@pytest.mark.parametrize("mode", ["env", "device_request"])
+def test_every_container_gets_exactly_its_booked_gpus(gpu_host, mode):
+    s = settings("tgh" + secrets.token_hex(3), mode)
+    runtime = make_runtime(s, gpu_host.client())
+
+    async def run_all():
+        assert await runtime.gpu_delivery_refusal() is None  # an NVIDIA host: it can deliver
+        await runtime.create_and_start(notebook(s, "cpu-user", [], f"{mode}:cpu-notebook"))
+        await runtime.create_and_start(notebook(s, "gpu-user", ["1"], f"{mode}:gpu-notebook"))
+        await runtime.create_and_start(job(s, "c1", [], f"{mode}:cpu-job"))
+        await runtime.create_and_start(job(s, "g1", ["0", "2"], f"{mode}:gpu-job"))
+        helper = HelperSpec(image=CUDA_LIKE, command=["true"], env={"PROOF": f"{mode}:helper"})
+        result = await runtime.run_helper(helper, lambda line: None)
+        assert result.exit_code == 0, result
+
+    asyncio.run(run_all())
+    given = {
+        k.split(":", 1)[1]: v for k, v in given_by_mark(gpu_host).items() if k.startswith(mode)
+    }
+    assert set(given) == {"cpu-notebook", "gpu-notebook", "cpu-job", "gpu-job", "helper"}
+
+    booked = {"cpu-notebook": "void", "gpu-notebook": "1", "cpu-job": "void", "gpu-job": "0,2"}
+    booked["helper"] = "void"
+    for name, devices in booked.items():
+        # the image's "all" is gone: every value the runtime and the hook read is the booking
+        assert set(visible_devices(given[name]["env"])) == {devices}, (name, given[name]["env"])
+        with_gpus = devices != "void"
+        if mode == "device_request" and with_gpus:
+            # Docker's nvidia driver called the toolkit's hook, which read the same devices
+            assert given[name]["prestart"] == [HOOK], name
+            assert set(visible_devices(given[name]["hook_env"])) == {devices}, name
+        else:
+            # no device request: the NVIDIA runtime alone decides, from the environment
+            assert given[name]["prestart"] == [] and given[name]["hook_env"] is None, name
+
+
+def test_without_gpulab_the_same_image_would_get_every_gpu(gpu_host):
+    """The control: what the recording runtime sees of a container that nobody told."""
+    client = gpu_host.client()
+    c = client.create_container(CUDA_LIKE, ["true"], environment={"PROOF": "control"})
+    client.start(c["Id"])
+    assert visible_devices(gpu_host.given(c["Id"])["env"]) == ["all"]
+
+
+@pytest.mark.parametrize("mode", ["env", "device_request"])
+def test_an_engine_without_the_nvidia_runtime_is_refused(mode):
+    """This machine's own engine has runc only: a gpu_mode with GPUs to hand out is refused,
+    saying what to configure (the service stops on it; the hub refuses GPU notebooks)."""
+    runtime = make_runtime(settings("tgr" + secrets.token_hex(3), mode))
+    refusal = asyncio.run(runtime.gpu_delivery_refusal())
+    assert refusal and "nvidia-ctk runtime configure" in refusal
+    why = {"env": "the engine's default runtime is 'runc'", "device_request": "no NVIDIA runtime"}
+    assert why[mode] in refusal, refusal

@@ -1,0 +1,162 @@
+"""A stand-in NVIDIA GPU host on a machine without a GPU: a real Docker engine in a container
+(the swarm lab's worker image, gpulab-lab/dind) set up as a GPU server's engine is, and made to
+record what every container it starts is given.
+
+- Its default runtime is registered as ``nvidia`` (``--add-runtime nvidia=...
+  --default-runtime nvidia``, as the NVIDIA Container Toolkit registers its own), and is
+  ``gpu_host_bin/recording-runc``: a wrapper around runc that records each container's OCI
+  environment (where the real runtime reads NVIDIA_VISIBLE_DEVICES) and prestart hooks.
+- ``gpu_host_bin/nvidia-container-runtime-hook`` is on dockerd's PATH, so Docker registers its
+  nvidia device driver (DeviceRequests with driver nvidia start, and call the hook) and the
+  hook records the environment it is called with.
+
+Records land in a host directory, one JSON file per container and per hook call, by container
+ID. Nothing is handed over: the point is what each container would have been given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import docker
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(__file__).with_name("gpu_host_bin")
+#: where runtime/objects.py's job runner lies on the hub's host: the same path in the engine
+RUNNER_DIR = REPO / "src" / "gpulab" / "runtime"
+
+
+def dind_image() -> str:
+    """The swarm lab's worker image, built or found up to date by scripts/swarm-lab.sh."""
+    out = subprocess.run(
+        [str(REPO / "scripts" / "swarm-lab.sh"), "image"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"scripts/swarm-lab.sh image failed:\n{out.stderr[-3000:]}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _run_flags(host: docker.DockerClient, image: str) -> dict:
+    """--privileged where this engine can give it; else every capability it has, unconfined
+    (as scripts/swarm-lab.sh runs its workers: the image's entry point makes /sys and the
+    cgroup mounts writable)."""
+    try:
+        host.containers.run(
+            image, entrypoint=["true"], privileged=True, network_mode="none", remove=True
+        )
+        return {"privileged": True}
+    except docker.errors.APIError:
+        return {
+            "cap_add": ["ALL"],
+            "cap_drop": ["SYS_RESOURCE"],
+            "security_opt": [
+                "seccomp=unconfined",
+                "apparmor=unconfined",
+                "systempaths=unconfined",
+            ],
+            "device_cgroup_rules": ["a *:* rwm"],
+        }
+
+
+class GpuHost:
+    def __init__(self, workdir: Path, name: str):
+        self.workdir = workdir
+        self.name = name
+        self.records_dir = workdir / "records"
+        self.run_dir = workdir / "run"
+        self.container = None
+
+    @property
+    def socket(self) -> str:
+        return f"unix://{self.run_dir / 'docker.sock'}"
+
+    def client(self) -> docker.APIClient:
+        return docker.APIClient(base_url=self.socket, version="auto", timeout=120)
+
+    def start(self, host: docker.DockerClient, timeout: float = 60) -> GpuHost:
+        image = dind_image()
+        for d in (self.records_dir, self.run_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        bins = self.workdir / "bin"
+        shutil.copytree(BIN, bins, dirs_exist_ok=True)
+        for f in bins.iterdir():
+            f.chmod(0o755)
+        self.container = host.containers.run(
+            image,
+            name=self.name,
+            detach=True,
+            labels={"org.gpulab.test": "gpu-host"},
+            volumes={
+                str(self.records_dir): {"bind": "/records", "mode": "rw"},
+                str(self.run_dir): {"bind": "/run/gpuhost", "mode": "rw"},
+                str(bins / "recording-runc"): {
+                    "bind": "/usr/local/bin/recording-runc",
+                    "mode": "ro",
+                },
+                str(bins / "nvidia-container-runtime-hook"): {
+                    "bind": "/usr/local/bin/nvidia-container-runtime-hook",
+                    "mode": "ro",
+                },
+                str(RUNNER_DIR): {"bind": str(RUNNER_DIR), "mode": "ro"},
+            },
+            command=[
+                "--host",
+                "unix:///run/gpuhost/docker.sock",
+                "--add-runtime",
+                "nvidia=/usr/local/bin/recording-runc",
+                "--default-runtime",
+                "nvidia",
+                "--bip",
+                "10.218.0.1/24",
+                "--default-address-pool",
+                "base=10.219.0.0/16,size=24",
+            ],
+            **_run_flags(host, image),
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                self.client().ping()
+                return self
+            self.container.reload()
+            if self.container.status != "running":
+                break
+            time.sleep(0.3)
+        logs = self.container.logs(tail=30).decode(errors="replace")
+        raise RuntimeError(f"the stand-in GPU host's dockerd did not answer:\n{logs}")
+
+    def load_image(self, host: docker.DockerClient, image: str) -> None:
+        """Copy ``image`` from the host's engine into this one (no registry is reachable)."""
+        self.client().load_image(host.images.get(image).save(named=True))
+
+    def given(self, container_id: str) -> dict:
+        """What the container was given: ``env`` (its OCI environment, as the NVIDIA runtime
+        reads it), ``prestart`` (its hooks) and ``hook_env`` (the environment the nvidia hook
+        was called with; None: it was not called)."""
+        runtime = json.loads((self.records_dir / f"runtime-{container_id}.json").read_text())
+        hook = self.records_dir / f"hook-{container_id}.json"
+        return {
+            "env": runtime["env"],
+            "prestart": runtime["prestart"],
+            "hook_env": json.loads(hook.read_text())["env"] if hook.exists() else None,
+        }
+
+    def stop(self) -> None:
+        if self.container is not None:
+            with contextlib.suppress(docker.errors.NotFound):
+                self.container.remove(force=True, v=True)
+            self.container = None
+
+
+def visible_devices(env: list[str]) -> list[str]:
+    """Every NVIDIA_VISIBLE_DEVICES value in an OCI environment (the last one counts)."""
+    return [e.split("=", 1)[1] for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")]
