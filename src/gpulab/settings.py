@@ -113,11 +113,11 @@ class GpulabSettings(Configurable):
     check_gpu_runtime = Bool(
         True,
         help="""At start-up, ask the engine which runtimes it has (docker info) and refuse a
-        gpu_mode that cannot hand out this host's GPUs: the service stops, the hub refuses
-        GPU notebooks, both saying what to configure. Turn it off only for an engine whose
-        GPUs reach containers in a way docker info does not show (no NVIDIA runtime
-        registered, only the toolkit's hook on dockerd's PATH) or for made-up gpu_devices on
-        an engine without GPUs (the tests).""",
+        gpu_mode that cannot hand out this host's GPUs: the service stops (and with it the
+        hub that manages it), saying what to configure; the hub refuses GPU notebooks. Turn
+        it off only for an engine whose GPUs reach containers in a way docker info does not
+        show (no NVIDIA runtime registered, only the toolkit's hook on dockerd's PATH) or for
+        made-up gpu_devices on an engine without GPUs (the tests).""",
     ).tag(config=True)
 
     gpu_sharing = Dict(

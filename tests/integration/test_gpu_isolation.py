@@ -13,8 +13,11 @@ deliver in both modes; this machine's own (runc only) can in neither."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
+import os
 import secrets
+import signal
 
 import pytest
 from traitlets.config import Config
@@ -139,11 +142,12 @@ def test_every_container_gets_exactly_its_booked_gpus(gpu_host, mode):
         with_gpus = devices != "void"
         if mode == "device_request" and with_gpus:
             # Docker's nvidia driver called the toolkit's hook, which read the same devices
-            assert given[name]["prestart"] == [HOOK], name
+            assert HOOK in given[name]["prestart"], name
             assert set(visible_devices(given[name]["hook_env"])) == {devices}, name
         else:
             # no device request: the NVIDIA runtime alone decides, from the environment
-            assert given[name]["prestart"] == [] and given[name]["hook_env"] is None, name
+            # (Docker's own prestart hook, libnetwork-setkey, is there in every container)
+            assert HOOK not in given[name]["prestart"] and given[name]["hook_env"] is None, name
 
 
 def test_without_gpulab_the_same_image_would_get_every_gpu(gpu_host):
@@ -163,3 +167,32 @@ def test_an_engine_without_the_nvidia_runtime_is_refused(mode):
     assert refusal and "nvidia-ctk runtime configure" in refusal
     why = {"env": "the engine's default runtime is 'runc'", "device_request": "no NVIDIA runtime"}
     assert why[mode] in refusal, refusal
+
+
+REFUSING = """
+c.GpulabSettings.check_gpu_runtime = True
+c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]
+c.GpulabSettings.gpu_mode = "env"
+"""
+
+
+@pytest.mark.hub
+def test_gpulab_refuses_to_start_on_an_engine_that_cannot_deliver(hub_with):
+    """gpu_mode 'env' with GPUs, on this machine's runc engine: the hub says why at start-up
+    (it would refuse GPU notebooks: tests/unit/test_notebook_life.py), the service stops with
+    the same reason, and JupyterHub, whose managed service exited at start-up, stops too."""
+    hub = hub_with(REFUSING, start=False)
+    try:
+        with contextlib.suppress(RuntimeError):  # "hub exited": it may go before its API answers
+            hub.start(service=False)
+        assert hub.proc.wait(60) != 0
+    finally:  # JupyterHub exits so and leaves its proxy running
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((hub.workdir / "data" / "jupyterhub-proxy.pid").read_text())
+            os.kill(pid, signal.SIGTERM)
+    log = hub.log_file.read_text(errors="replace")
+    why = "gpu_mode 'env' hands GPUs out with NVIDIA_VISIBLE_DEVICES"
+    assert f"gpulab.service] gpulab cannot hand out this host's GPUs: {why}" in log
+    assert "nvidia-ctk runtime configure --runtime=docker --set-as-default" in log
+    assert f"GPU notebooks are refused: this engine cannot hand out the GPUs: {why}" in log
+    assert "Service gpulab exited with status 2" in log

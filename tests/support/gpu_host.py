@@ -45,26 +45,21 @@ def dind_image() -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def _run_flags(host: docker.DockerClient, image: str) -> dict:
-    """--privileged where this engine can give it; else every capability it has, unconfined
-    (as scripts/swarm-lab.sh runs its workers: the image's entry point makes /sys and the
-    cgroup mounts writable)."""
-    try:
-        host.containers.run(
-            image, entrypoint=["true"], privileged=True, network_mode="none", remove=True
-        )
-        return {"privileged": True}
-    except docker.errors.APIError:
-        return {
-            "cap_add": ["ALL"],
-            "cap_drop": ["SYS_RESOURCE"],
-            "security_opt": [
-                "seccomp=unconfined",
-                "apparmor=unconfined",
-                "systempaths=unconfined",
-            ],
-            "device_cgroup_rules": ["a *:* rwm"],
-        }
+def _run_flags(image: str) -> list[str]:
+    """``docker run`` flags: --privileged where this engine can give it; else every capability
+    it has, unconfined (as scripts/swarm-lab.sh runs its workers: the image's entry point
+    makes /sys and the cgroup mounts writable; ``systempaths=unconfined`` is the CLI's)."""
+    probe = ["docker", "run", "--rm", "--privileged", "--network", "none"]
+    if subprocess.run([*probe, "--entrypoint", "true", image], capture_output=True).returncode == 0:
+        return ["--privileged"]
+    return [
+        "--cap-add=ALL",
+        "--cap-drop=SYS_RESOURCE",
+        "--security-opt=seccomp=unconfined",
+        "--security-opt=apparmor=unconfined",
+        "--security-opt=systempaths=unconfined",
+        "--device-cgroup-rule=a *:* rwm",
+    ]
 
 
 class GpuHost:
@@ -90,38 +85,29 @@ class GpuHost:
         shutil.copytree(BIN, bins, dirs_exist_ok=True)
         for f in bins.iterdir():
             f.chmod(0o755)
-        self.container = host.containers.run(
-            image,
-            name=self.name,
-            detach=True,
-            labels={"org.gpulab.test": "gpu-host"},
-            volumes={
-                str(self.records_dir): {"bind": "/records", "mode": "rw"},
-                str(self.run_dir): {"bind": "/run/gpuhost", "mode": "rw"},
-                str(bins / "recording-runc"): {
-                    "bind": "/usr/local/bin/recording-runc",
-                    "mode": "ro",
-                },
-                str(bins / "nvidia-container-runtime-hook"): {
-                    "bind": "/usr/local/bin/nvidia-container-runtime-hook",
-                    "mode": "ro",
-                },
-                str(RUNNER_DIR): {"bind": str(RUNNER_DIR), "mode": "ro"},
-            },
-            command=[
-                "--host",
-                "unix:///run/gpuhost/docker.sock",
-                "--add-runtime",
-                "nvidia=/usr/local/bin/recording-runc",
-                "--default-runtime",
-                "nvidia",
-                "--bip",
-                "10.218.0.1/24",
-                "--default-address-pool",
-                "base=10.219.0.0/16,size=24",
-            ],
-            **_run_flags(host, image),
+        mounts = {
+            self.records_dir: "/records",
+            self.run_dir: "/run/gpuhost",
+            bins / "recording-runc": "/usr/local/bin/recording-runc:ro",
+            bins
+            / "nvidia-container-runtime-hook": "/usr/local/bin/nvidia-container-runtime-hook:ro",
+            RUNNER_DIR: f"{RUNNER_DIR}:ro",
+        }
+        run = subprocess.run(
+            ["docker", "run", "-d", "--name", self.name, "--label", "org.gpulab.test=gpu-host"]
+            + [f"--volume={src}:{dst}" for src, dst in mounts.items()]
+            + _run_flags(image)
+            + [image, "--host", "unix:///run/gpuhost/docker.sock"]
+            + ["--add-runtime", "nvidia=/usr/local/bin/recording-runc"]
+            + ["--default-runtime", "nvidia", "--bip", "10.218.0.1/24"]
+            + ["--default-address-pool", "base=10.219.0.0/16,size=24"],
+            capture_output=True,
+            text=True,
+            check=False,
         )
+        if run.returncode != 0:
+            raise RuntimeError(f"the stand-in GPU host did not start:\n{run.stderr}")
+        self.container = host.containers.get(run.stdout.strip())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(Exception):

@@ -51,12 +51,22 @@ def report_at_hub_start() -> None:
     app = sys.modules.get("jupyterhub.app")
     if app is None or not app.JupyterHub.initialized():
         return
-    config = app.JupyterHub.instance().config
+    hub = app.JupyterHub.instance()
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:  # no event loop: the hub is not starting
         return
-    loop.call_soon(lambda: loop.create_task(_report_gpus(config)))
+
+    def report():  # the hub's whole configuration is read by now (its config is a new object)
+        task = loop.create_task(_report_gpus(hub.config))
+        _reports.add(task)
+        task.add_done_callback(_reports.discard)
+
+    loop.call_soon(report)
+
+
+#: the report tasks running (the event loop keeps only weak references)
+_reports: set[asyncio.Task] = set()
 
 
 async def _report_gpus(config) -> None:
@@ -64,7 +74,10 @@ async def _report_gpus(config) -> None:
         settings = GpulabSettings(config=config)
     except ConfigError:
         return  # said by the first spawn, and by the service, which stops
-    runtime = make_runtime(settings)
+    try:
+        runtime = make_runtime(settings)
+    except ValueError:
+        return  # a runtime refused (a Swarm without per-user networks): said by every spawn
     runtime.log_gpus(log)
     if not settings.check_gpu_runtime:
         return
