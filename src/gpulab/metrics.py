@@ -4,15 +4,19 @@ Counters and histograms are observed where things happen, in the process they ha
 gpulab service (jobs, their syncs, its API) serves them at ``/services/gpulab/metrics``; the
 hub process (notebook starts and their syncs) adds them to the hub's own ``/hub/metrics``
 (the same default registry). The service also reports, at each scrape, what its database says
-now (:class:`StateCollector`): jobs and notebooks by state, the queue, GPUs held per device.
+now (:class:`StateCollector`): jobs and notebooks by state, the queue, GPUs held per device;
+and what its host's GPUs are doing (:class:`GpuUsageCollector`, read with NVML at each scrape):
+each device's utilization and memory use, and the same per workload that holds a device.
 
-Label values are bounded sets (states, directions, handler classes, devices): never a user,
-a job id or a path.
+Label values are bounded sets (states, directions, handler classes, devices): never a path.
+Only the per-workload GPU series name a user and a workload (a job or a notebook), and only
+while it holds a GPU: at most one series per booked device (or share), on the admin-only
+endpoint (scope ``custom:gpulab:metrics``), as the admin pages show them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -100,3 +104,78 @@ class StateCollector(Collector):
             held.add_metric([device, kind], n)
         yield held
         yield GaugeMetricFamily("gpulab_gpus", "GPUs configured", value=len(devices))
+
+
+class GpuUsageCollector(Collector):
+    """What this host's GPUs do at scrape time. ``read_usage`` returns the devices' readings
+    (:class:`gpulab.gpus.usage.DeviceUsage`; [] when NVML cannot be read: then no series),
+    ``read_allocations`` the ledger's bookings (dicts with ``device``, ``kind``, ``owner``,
+    ``workload``), ``devices`` the ledger's device names (an index or a UUID: a device is
+    labelled as the ledger names it, as in ``gpulab_gpus_held``).
+
+    A workload's series repeat its device's figures: NVML reads a device, not a container, so
+    the sharers of a shared GPU each show the whole device's use."""
+
+    def __init__(
+        self,
+        read_usage: Callable[[], list],
+        read_allocations: Callable[[], list[dict]],
+        devices: Sequence[str],
+    ):
+        self.read_usage, self.read_allocations, self.devices = read_usage, read_allocations, devices
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        usages = self.read_usage()
+        if not usages:
+            return
+        known = set(self.devices)
+        by_name: dict[str, tuple[str, object]] = {}  # any name of a device -> (label, usage)
+        for u in usages:
+            label = next((n for n in u.names() if n in known), u.id)
+            for n in u.names():
+                by_name[n] = (label, u)
+        util = GaugeMetricFamily(
+            "gpulab_gpu_utilization_percent",
+            "Percent of NVML's last sample period during which a kernel ran, per device "
+            "(absent for a MIG device: NVML has none)",
+            labels=["device"],
+        )
+        used = GaugeMetricFamily(
+            "gpulab_gpu_memory_used_bytes", "GPU memory in use, per device", labels=["device"]
+        )
+        total = GaugeMetricFamily(
+            "gpulab_gpu_memory_total_bytes", "GPU memory, per device", labels=["device"]
+        )
+        for label, u in sorted(dict(by_name.values()).items()):
+            if u.utilization is not None:
+                util.add_metric([label], u.utilization)
+            used.add_metric([label], u.memory_used)
+            total.add_metric([label], u.memory_total)
+        yield util
+        yield used
+        yield total
+        labels = ["kind", "user", "workload", "device"]
+        w_util = GaugeMetricFamily(
+            "gpulab_workload_gpu_utilization_percent",
+            "Utilization of each device a workload (job or notebook) holds: the device's",
+            labels=labels,
+        )
+        w_used = GaugeMetricFamily(
+            "gpulab_workload_gpu_memory_used_bytes",
+            "Memory in use on each device a workload (job or notebook) holds: the device's",
+            labels=labels,
+        )
+        seen = set()
+        for a in self.read_allocations():
+            found = by_name.get(a["device"])
+            key = (a["kind"], a["owner"], a["workload"], a["device"])
+            if found is None or key in seen:
+                continue
+            seen.add(key)
+            label, u = found
+            names = [a["kind"], a["owner"], a["workload"], label]
+            if u.utilization is not None:
+                w_util.add_metric(names, u.utilization)
+            w_used.add_metric(names, u.memory_used)
+        yield w_util
+        yield w_used

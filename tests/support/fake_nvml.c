@@ -9,6 +9,11 @@
  *   FAKE_NVML_DRIVER  the driver version (default 550.54.15)
  *   FAKE_NVML_CUDA    the CUDA version the driver supports, as NVML says it (default 12040)
  *   FAKE_NVML_INIT    an NVML return code for nvmlInit (default 0: success; 9: driver not loaded)
+ *   FAKE_NVML_USAGE   a file, read again at every call that asks for it (a test changes it while
+ *                     the process runs): one line per device, "KEY UTIL USED_MIB", KEY the GPU's
+ *                     index ("0") or a MIG device's "GPU:SLOT" ("2:1"); UTIL the percent of
+ *                     time a kernel ran. A device not listed (or no file) is idle: 0 %, 0 MiB.
+ *                     A MIG device's utilization is "Not Supported", as NVML answers it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,10 +158,52 @@ int nvmlDeviceGetUUID(struct dev *d, char *uuid, unsigned int len) {
     return copy(uuid, len, buf);
 }
 
+typedef struct {
+    unsigned int gpu, memory;
+} utilization_t;
+
+/* The device's line of FAKE_NVML_USAGE: its utilization and memory used (0 and 0 if none). */
+static void usage_of(const struct dev *d, unsigned int *util, unsigned long long *used_mib) {
+    const char *path = getenv("FAKE_NVML_USAGE");
+    char key[32], line[256], k[64];
+    unsigned int u;
+    unsigned long long m;
+    *util = 0;
+    *used_mib = 0;
+    if (!path) return;
+    if (d->mig_slot < 0)
+        snprintf(key, sizeof key, "%d", d->gpu);
+    else
+        snprintf(key, sizeof key, "%d:%d", d->gpu, d->mig_slot);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "%63s %u %llu", k, &u, &m) == 3 && strcmp(k, key) == 0) {
+            *util = u;
+            *used_mib = m;
+        }
+    }
+    fclose(f);
+}
+
 int nvmlDeviceGetMemoryInfo(struct dev *d, memory_t *memory) {
+    unsigned int util;
+    unsigned long long used;
+    if (!started) return ERROR_UNINITIALIZED;
+    usage_of(d, &util, &used);
     memory->total = d->mib * 1024ULL * 1024ULL;
-    memory->used = 0;
-    memory->free = memory->total;
+    memory->used = used * 1024ULL * 1024ULL;
+    if (memory->used > memory->total) memory->used = memory->total;
+    memory->free = memory->total - memory->used;
+    return SUCCESS;
+}
+
+int nvmlDeviceGetUtilizationRates(struct dev *d, utilization_t *utilization) {
+    unsigned long long used;
+    if (!started) return ERROR_UNINITIALIZED;
+    if (d->mig_slot >= 0) return ERROR_NOT_SUPPORTED;
+    usage_of(d, &utilization->gpu, &used);
+    utilization->memory = utilization->gpu;
     return SUCCESS;
 }
 

@@ -42,6 +42,16 @@ def nvml_env(library_dir: Path | None, gpus: str = TWO_GPUS, **extra: str) -> di
     return env
 
 
+def set_usage(path: Path, usage: dict[str, tuple[int, int]]) -> None:
+    """Write what the stand-in reports from now on (``FAKE_NVML_USAGE`` names ``path``):
+    {device: (utilization percent, memory used in MiB)}, a device being a GPU's index ("0")
+    or a MIG device's "GPU:SLOT" ("2:1"); a device left out is idle. Written whole and
+    renamed, so that a process reading it never sees half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{k} {u} {m}\n" for k, (u, m) in usage.items()))
+    tmp.replace(path)
+
+
 def run_python(code: str, env: dict[str, str]) -> str:
     """Run ``code`` in a new Python (the loader reads LD_LIBRARY_PATH when a process starts);
     its standard output."""

@@ -16,7 +16,8 @@ import time
 import pytest
 
 from gpulab.db import Database
-from gpulab.jobs import actions
+from gpulab.gpus.usage import DeviceUsage
+from gpulab.jobs import actions, hang
 from gpulab.jobs.refusals import Conflict, NotFound
 from gpulab.jobs.spec import JobSpec
 from gpulab.jobs.supervisor import ending, engine, housekeeping, life
@@ -61,7 +62,7 @@ class Engine(FakeRuntime):
 class Lab:
     """One supervisor on the fake engine, with two GPUs and a fast pass."""
 
-    def __init__(self, tmp_path, runtime: FakeRuntime | None = None, **settings):
+    def __init__(self, tmp_path, runtime: FakeRuntime | None = None, gpu_usage=None, **settings):
         self.rt = runtime or Engine(images={IMAGE}, gpus=GPUS)
         self.tmp = tmp_path
         store = tmp_path / "store"
@@ -79,7 +80,9 @@ class Lab:
             **settings,
         )
         self.db = Database(f"sqlite:///{tmp_path / 'gpulab.sqlite'}")
-        self.sv = JobSupervisor(self.settings, self.db, self.rt, tmp_path / "logs", holder="me")
+        self.sv = JobSupervisor(
+            self.settings, self.db, self.rt, tmp_path / "logs", holder="me", gpu_usage=gpu_usage
+        )
         self.ctx = self.sv.ctx
 
     def submit(self, **kw) -> str:
@@ -304,15 +307,15 @@ def test_a_hang_restarts_in_place_then_fails(tmp_path):
         name = lab.name(job_id)
         assert job["reason"] == "HANG"
         assert job["message"] == (
-            f"no progress for 0.03 s after {life.MAX_HANG_RESTARTS} restarts in place"
+            f"no progress for 0.03 s after {hang.MAX_HANG_RESTARTS} restarts in place"
         )
-        assert lab.rt.workloads[name].restarts == life.MAX_HANG_RESTARTS
+        assert lab.rt.workloads[name].restarts == hang.MAX_HANG_RESTARTS
         notes = [e["message"] for e in job["history"] if e["reason"] == "HANG_RESTART"]
-        assert len(notes) == life.MAX_HANG_RESTARTS
+        assert len(notes) == hang.MAX_HANG_RESTARTS
         assert notes[0] == (
             "no output and no CPU progress for 0.03 s: command restarted in place (1 of 3)"
         )
-        assert job["hang_restarts"] == life.MAX_HANG_RESTARTS and lab.held() == []
+        assert job["hang_restarts"] == hang.MAX_HANG_RESTARTS and lab.held() == []
 
     lab_run(tmp_path, test)
 
@@ -334,6 +337,95 @@ def test_output_is_progress_a_hang_is_not_called(tmp_path):
         assert lab.rt.workloads[lab.name(silent)].restarts >= 1
 
     lab_run(tmp_path, test)
+
+
+class GpuMeter:
+    """A GPU activity source the test sets: each device's utilization (percent; None: NVML
+    has none, as for a MIG device), as the service's NVML reader reports it."""
+
+    def __init__(self):
+        self.percent = {g: 0 for g in GPUS}
+        self.reads = 0
+
+    def __call__(self) -> list[DeviceUsage]:
+        self.reads += 1
+        return [DeviceUsage(g, p, 2**30, 80 * 2**30) for g, p in self.percent.items()]
+
+
+def test_a_busy_gpu_is_progress_an_idle_one_is_not(tmp_path):
+    """A silent job with no CPU whose GPU is busy is never restarted as hung; once its GPU is
+    idle too for the period, it is, and the note says the GPU was idle."""
+    meter = GpuMeter()
+    meter.percent["0"] = 87
+
+    async def test(lab: Lab):
+        job_id = lab.submit(hang_restart={"enabled": True, "period": 0.1})
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        w = lab.rt.workloads[lab.name(job_id)]
+        assert w.spec.gpu_ids == ["0"]
+        await asyncio.sleep(0.6)  # six periods: no output, no CPU, a busy GPU
+        assert meter.reads > 10 and w.restarts == 0
+        assert lab.job(job_id)["state"] == J.RUNNING.value
+        meter.percent["0"] = 0  # now idle as well
+        job = await lab.until(job_id, J.FAILED, timeout=10)
+        assert (job["reason"], job["message"]) == ("HANG", hang.failure_message(0.1))
+        assert w.restarts == hang.MAX_HANG_RESTARTS
+        notes = [e["message"] for e in job["history"] if e["reason"] == "HANG_RESTART"]
+        assert notes[0] == (
+            "no output, no CPU progress and no GPU activity for 0.1 s: "
+            "command restarted in place (1 of 3)"
+        )
+
+    lab_run(tmp_path, test, gpu_usage=meter)
+
+
+def test_another_jobs_busy_gpu_is_not_this_jobs_progress(tmp_path):
+    meter = GpuMeter()
+    meter.percent["1"] = 100  # a GPU the job does not hold
+
+    async def test(lab: Lab):
+        job_id = lab.submit(hang_restart={"enabled": True, "period": 0.05})
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED, timeout=10)
+        assert lab.rt.workloads[lab.name(job_id)].spec.gpu_ids == ["0"]
+        assert job["reason"] == "HANG" and meter.reads > 0
+
+    lab_run(tmp_path, test, gpu_usage=meter)
+
+
+@pytest.mark.parametrize("reader", ["fails", "no utilization"])
+def test_a_gpu_that_cannot_be_read_leaves_output_and_cpu_to_judge(tmp_path, reader):
+    """A reader that fails, or a device without a utilization (MIG), is no sign either way."""
+    meter = GpuMeter()
+    meter.percent["0"] = None
+
+    def broken() -> list[DeviceUsage]:
+        raise RuntimeError("NVML went away")
+
+    async def test(lab: Lab):
+        job_id = lab.submit(hang_restart={"enabled": True, "period": 0.05})
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED, timeout=10)
+        notes = [e["message"] for e in job["history"] if e["reason"] == "HANG_RESTART"]
+        assert notes[0] == (
+            "no output and no CPU progress for 0.05 s: command restarted in place (1 of 3)"
+        )
+
+    lab_run(tmp_path, test, gpu_usage=broken if reader == "fails" else meter)
+
+
+def test_a_job_without_gpus_is_judged_without_asking_the_gpus(tmp_path):
+    meter = GpuMeter()
+    meter.percent["0"] = meter.percent["1"] = 100
+
+    async def test(lab: Lab):
+        job_id = lab.submit(gpus=0, hang_restart={"enabled": True, "period": 0.05})
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED, timeout=10)
+        assert job["reason"] == "HANG" and meter.reads == 0
+
+    lab_run(tmp_path, test, gpu_usage=meter)
 
 
 def test_a_container_that_disappears_is_an_error(tmp_path):

@@ -24,8 +24,9 @@ from prometheus_client import REGISTRY
 from .. import __version__, logscrub
 from ..bounds import body_backstop
 from ..db import Database
+from ..gpus.usage import NvmlUsage
 from ..jobs.supervisor.supervisor import JobSupervisor
-from ..metrics import StateCollector
+from ..metrics import GpuUsageCollector, StateCollector
 from ..notebooks.records import NotebookRecords
 from ..runtime import EngineError, make_runtime
 from ..secrets import store_for
@@ -93,8 +94,15 @@ async def main(argv: list[str] | None = None) -> None:
         if refusal:
             log.error("gpulab cannot hand out this host's GPUs: %s", refusal)
             sys.exit(2)
+    # this host's GPUs' activity, read with NVML (hang detection, /metrics); a Swarm's nodes
+    # are read by nobody yet (no agent per node): no reader there
+    usage = NvmlUsage() if runtime.inventory is not None and runtime.inventory.devices else None
     supervisor = JobSupervisor(
-        settings, Database(settings.database_url), runtime, data_dir / "job-logs"
+        settings,
+        Database(settings.database_url),
+        runtime,
+        data_dir / "job-logs",
+        gpu_usage=usage.read if usage else None,
     )
     await supervisor.start()
     notebooks = NotebookRecords(supervisor.records.db, settings.instance)
@@ -109,6 +117,8 @@ async def main(argv: list[str] | None = None) -> None:
             )
         )
     )
+    if usage is not None:
+        REGISTRY.register(GpuUsageCollector(usage.read, supervisor.ledger.allocations, devices))
     app = make_app(settings, supervisor)
     # tornado stops reading a chunked body past this; below it (and for any declared body up
     # to 64 times the cap) the answer is a JSON 413 that names max_request_body (service/base.py)

@@ -10,6 +10,7 @@ reads another part's attributes: what they share is here, explicit.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,12 +19,15 @@ from typing import Any
 from ...data.sync import DiskAccount, VolumeSync, WorkloadData
 from ...disk_ledger import DiskLedger
 from ...gpus.ledger import GpuLedger
+from ...gpus.usage import DeviceUsage, busiest, usage_of
 from ...lifecycle import JobState
 from ...names import job_container_name, job_workload_id, rank_name, volume_name
 from ...runtime.base import Runtime
 from ..gang import Rank
 from ..records import JobRecords
 from ..spec import JobSpec
+
+log = logging.getLogger("gpulab.jobs")
 
 
 def _no_task(job_id: str, attach: bool) -> None:  # until the supervisor hands its own
@@ -44,6 +48,9 @@ class JobContext:
     spawn: Callable[[str, bool], None] = _no_task
     #: consecutive faults per job, for the backoff (reset once its command runs)
     fault_streak: dict[str, int] = field(default_factory=dict)
+    #: reads this host's GPUs' usage now (``gpus.usage.NvmlUsage.read``, blocking); None
+    #: where nobody can read them (no GPU, a Swarm: no agent on the nodes yet)
+    gpu_usage: Callable[[], list[DeviceUsage]] | None = None
 
     async def db(self, fn, *args, **kw):
         """A blocking database call, off the event loop."""
@@ -90,6 +97,19 @@ class JobContext:
     def saved_logs(self, job_id: str) -> list[Path]:
         """Every saved log file of the job (a distributed job's ranks too)."""
         return [self.log_file(job_id), *self.logs_dir.glob(f"{job_id}.r*.log")]
+
+    async def gpu_activity(self, gang: list[Rank]) -> int | None:
+        """The highest utilization (percent) of the job's GPUs now, over its workers; None when
+        it cannot be read (no reader, no GPU booked, workers on cluster nodes, MIG devices)."""
+        devices = [d for r in gang for d in r.devices]
+        if self.gpu_usage is None or not devices or any(r.node for r in gang):
+            return None
+        try:
+            usages = await asyncio.to_thread(self.gpu_usage)
+        except Exception as e:  # a reading is a hint: never a fault of the job
+            log.warning("GPU activity not read: %s", e)
+            return None
+        return busiest(usage_of(usages, devices))
 
     async def move(self, job_id: str, state: JobState, **kw) -> dict:
         """A compare-and-set transition of the job's record (``expect``: the state seen)."""

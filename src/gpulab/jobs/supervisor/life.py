@@ -23,6 +23,7 @@ from ...metrics import JOB_START
 from ...runtime.base import NetworkUnavailable, WorkloadRefused
 from ...secrets import SecretMissing, SecretsUnavailable
 from ..gang import Rank, nodes_of
+from ..hang import Signs, Verdict, failure_message, judge, restart_note
 from ..recovery import Container, Decision, Step, classify, combine, decide
 from ..spec import JobSpec
 from .context import JobContext
@@ -42,9 +43,6 @@ from .progress import TransferNotes
 
 log = logging.getLogger("gpulab.jobs")
 J = JobState
-MAX_HANG_RESTARTS = 3
-# less CPU than this share of one core over a hang period counts as "no CPU progress"
-HANG_CPU_SHARE = 0.01
 
 
 def ts(iso: str | None) -> float:
@@ -226,6 +224,7 @@ async def watch(ctx: JobContext, job_id: str, spec: JobSpec, gang: list[Rank]) -
     consecutive = 0
     last_progress = time.monotonic()
     last_cpu: int | None = None
+    gpus_read = False  # the job's GPU activity was read during the current quiet spell
     last_log = time.time()
     while True:
         await asyncio.sleep(ctx.settings.supervisor_interval)
@@ -292,7 +291,8 @@ async def watch(ctx: JobContext, job_id: str, spec: JobSpec, gang: list[Rank]) -
             )
         if not hang.enabled:
             continue
-        # hang: no output and no CPU progress for the period, in any worker
+        # hang: no output, no CPU progress and no busy GPU for the period, in any worker
+        # (the rule: jobs/hang.py)
         now = time.time()
         out = []
         cpu = 0
@@ -302,33 +302,30 @@ async def watch(ctx: JobContext, job_id: str, spec: JobSpec, gang: list[Rank]) -
             out += [ln for ln in got.splitlines() if not ln.startswith(b"[gpulab]")]
             # an engine that cannot read CPU time (Swarm) judges by output alone
             cpu += await ctx.runtime.cpu_time(r.name) or 0
+        gpu = await ctx.gpu_activity(gang)
+        gpus_read = gpus_read or gpu is not None
         last_log = now
         if last_cpu is None:
             last_cpu = cpu  # CPU time at the last sign of progress (or restart)
-        # progress is real work since the mark: a restart's own few ms do not count
-        busy = (cpu - last_cpu) > HANG_CPU_SHARE * hang.period * 1e9
-        if out or busy:
-            last_progress, consecutive, last_cpu = time.monotonic(), 0, cpu
-        elif time.monotonic() - last_progress > hang.period:
+        signs = Signs(output=bool(out), cpu_ns=cpu - last_cpu, gpu_percent=gpu)
+        verdict = judge(signs, hang.period, time.monotonic() - last_progress, consecutive)
+        if verdict is Verdict.PROGRESS:
+            last_progress, consecutive, last_cpu, gpus_read = time.monotonic(), 0, cpu, False
+        elif verdict is Verdict.FAIL:
+            await gang_stopped(ctx, gang, 0)
+            return await finalize(ctx, job_id, J.FAILED, "HANG", failure_message(hang.period))
+        elif verdict is Verdict.RESTART:
             consecutive += 1
-            if consecutive > MAX_HANG_RESTARTS:
-                msg = (
-                    f"no progress for {hang.period:g} s after {MAX_HANG_RESTARTS} restarts in place"
-                )
-                await gang_stopped(ctx, gang, 0)
-                return await finalize(ctx, job_id, J.FAILED, "HANG", msg)
-            where = "" if len(gang) == 1 else f" in all {len(gang)} workers"
             await ctx.db(
                 ctx.records.note,
                 job_id,
                 "fault-recovery",
                 "HANG_RESTART",
-                f"no output and no CPU progress for {hang.period:g} s: command "
-                f"restarted in place{where} ({consecutive} of {MAX_HANG_RESTARTS})",
+                restart_note(hang.period, gpus_read, consecutive, len(gang)),
                 hang_restarts=job["hang_restarts"] + 1,
             )
             await restart_in_place(ctx, gang)
-            last_progress, last_cpu = time.monotonic(), None
+            last_progress, last_cpu, gpus_read = time.monotonic(), None, False
 
 
 def ended_run(gang: list[Rank], states: list) -> _Ended | None:
