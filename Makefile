@@ -20,6 +20,8 @@ GPULAB_PORT ?= 8000
 export GPULAB_PORT
 # Extra arguments for pytest, e.g. `make test PYTEST_ARGS='-k spawn -x'`.
 PYTEST_ARGS ?=
+# pytest-xdist workers for the tests outside the swarm lab (0: one process; scripts/run-tests.sh).
+TEST_WORKERS ?= 2
 # `make images FORCE=1` rebuilds the images even when they are up to date.
 FORCE ?=
 # Worker nodes of `make swarm-lab`.
@@ -78,10 +80,10 @@ run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in data/)
 postgres: ## Make sure a local PostgreSQL server runs (for the tests of gpulab on PostgreSQL)
 	scripts/ensure-postgres.sh
 
-test: setup browser postgres ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest)
+test: setup browser postgres ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=2)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
-	PATH="$(RUN_PATH)" $(VENV)/bin/pytest -ra $(PYTEST_ARGS)
+	PATH="$(RUN_PATH)" scripts/run-tests.sh $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: venv ## Check style with ruff (lint + format check)
 	$(VENV)/bin/ruff check src tests bench

@@ -11,7 +11,8 @@
 #   5. gpulab/proxy:CHP        images/proxy (configurable-http-proxy, for a Swarm; only when
 #                              named: the single-host hub runs the proxy as a process),
 # with the Python wheels downloaded on the host (cache: .build/wheels/<image>/) and copied into
-# the build context (.build/ctx/<image>/).
+# the build context (.build/ctx/<image>/). Builds that do not need each other run side by side
+# (debian beside code-server, python beside sync, pytorch beside tensorflow beside jax).
 #
 # An image is built only when it is missing, or when its Dockerfile, requirements or base image
 # changed since it was built (label org.gpulab.build-hash); --force rebuilds all selected ones.
@@ -44,7 +45,7 @@ PYTHON_IMAGE=${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11}
 PYTORCH_IMAGE=${GPULAB_PYTORCH_IMAGE:-gpulab/pytorch:2.13}
 TENSORFLOW_IMAGE=${GPULAB_TENSORFLOW_IMAGE:-gpulab/tensorflow:2.20}
 JAX_IMAGE=${GPULAB_JAX_IMAGE:-gpulab/jax:0.7}
-PROXY_IMAGE=${GPULAB_PROXY_IMAGE:-gpulab/proxy:$(sed -n 's/.*"version": "\(.*\)".*/\1/p' "$ROOT/.build/node/node_modules/configurable-http-proxy/package.json" 2>/dev/null | head -1)}
+PROXY_IMAGE=${GPULAB_PROXY_IMAGE:-gpulab/proxy:$( (sed -n 's/.*"version": "\(.*\)".*/\1/p' "$ROOT/.build/node/node_modules/configurable-http-proxy/package.json" 2>/dev/null || true) | head -1)}
 SYNC_IMAGE=${GPULAB_SYNC_IMAGE:-gpulab/sync:$(sed -n 's/^__version__ = "\(.*\)"/\1/p' "$ROOT/src/gpulab/__init__.py")}
 DEBIAN_SUITE=bookworm
 DEBIAN_INCLUDE=python3,python3-venv,ca-certificates
@@ -89,8 +90,7 @@ sha() { sha256sum | cut -c1-16; }
 # ---------------------------------------------------------------------------------------------
 # 1. Debian base rootfs: debootstrap + docker import
 # ---------------------------------------------------------------------------------------------
-build_debian() {
-    local tag=$1
+ensure_debootstrap() {
     if ! command -v debootstrap >/dev/null; then
         [ "$(id -u)" = 0 ] || die "debootstrap is missing and installing it needs root"
         log "installing debootstrap (apt-get) ..."
@@ -99,6 +99,11 @@ build_debian() {
                 >>"$LOGS/apt-debootstrap.log" 2>&1 \
             || { tail -n 20 "$LOGS/apt-debootstrap.log" >&2; die "apt-get install debootstrap failed"; }
     fi
+}
+
+build_debian() {
+    local tag=$1
+    ensure_debootstrap
     [ "$(id -u)" = 0 ] || die "debootstrap needs root"
     local dir=$BUILD/rootfs-$DEBIAN_SUITE t0=$SECONDS
     rm -rf "$dir"
@@ -244,14 +249,42 @@ build_dockerfile() {
     # The legacy builder leaves the builder stages (which hold the wheels) behind as untagged
     # images, and a failed step its intermediate images: remove them (their untagged parents go
     # with them; an image that still has children just fails to go, harmlessly).
-    docker images -a -q --filter "label=org.gpulab.stage=builder" | sort -u \
-        | xargs -r docker rmi >/dev/null 2>&1 || true
+    [ "${SIDE_BY_SIDE:-0}" = 1 ] || remove_builder_stages
     rm -rf "$ctx"
     if [ "$ok" = 0 ]; then
         tail -n 40 "$LOGS/build-$name.log" >&2
         die "docker build $tag failed (log above; full log: $LOGS/build-$name.log)"
     fi
     log "built $tag in $((SECONDS - t0)) s ($(docker image inspect --format '{{.Size}}' "$tag" | awk '{printf "%d MB", $1/1e6}'))"
+}
+
+# The builder stages of every image built, once no build runs (a build beside this one may
+# still need its own).
+remove_builder_stages() {
+    docker images -a -q --filter "label=org.gpulab.stage=builder" | sort -u \
+        | xargs -r docker rmi >/dev/null 2>&1 || true
+}
+
+# side_by_side NAME...: wait for the background builds started with `start NAME CMD...`;
+# fails (after all have ended) naming each one that failed. Builds of images that do not
+# depend on each other run side by side: they spend most of their time unpacking wheels and
+# committing layers, so two cores finish three of them well before three in a row.
+declare -A PIDS=()
+start() {
+    local name=$1
+    shift
+    ( SIDE_BY_SIDE=1 "$@" ) &
+    PIDS[$name]=$!
+}
+side_by_side() {
+    local name failed=()
+    for name in "$@"; do
+        [ -n "${PIDS[$name]:-}" ] || continue
+        wait "${PIDS[$name]}" || failed+=("$name")
+        unset "PIDS[$name]"
+    done
+    remove_builder_stages
+    [ ${#failed[@]} = 0 ] || die "building ${failed[*]} failed (log above)"
 }
 
 # verify TAG PYTHON-CODE EXPECTED: the image runs as uid 1000 and the code prints EXPECTED*.
@@ -269,19 +302,37 @@ verify() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# code-server (VS Code) for the python image, built on the host once (scripts/build-code-server.sh)
+CODE_SERVER_DIR=$BUILD/code-server
+# what the python image's hash knows of it: its versions and every file's name, size and mode
+# (a rebuild that changes a file changes the image; hashing 700 MB of content would cost more)
+code_server_listing() {
+    cat "$CODE_SERVER_DIR/.stamp"
+    (cd "$CODE_SERVER_DIR" && find . -type f -printf '%P %s %m\n' | LC_ALL=C sort)
+}
+
+# The order of the builds: what depends on nothing first, side by side, then what needs it.
+#   debian (debootstrap) | code-server (compiles on the host)
+#   python (needs both)  | sync (needs debian)
+#   pytorch | tensorflow | jax (need python)
+NEED_DEBIAN=0
+if [ -z "${BASE_IMAGE:-}" ] && selected debian && { [ "$FORCE" = 1 ] || ! image_exists "$DEBIAN_IMAGE"; }; then
+    NEED_DEBIAN=1
+    ensure_debootstrap # before code-server's apt-get starts: one apt-get at a time
+fi
+selected python && start code-server "$ROOT/scripts/build-code-server.sh"
 if [ -n "${BASE_IMAGE:-}" ]; then
     BASE=$BASE_IMAGE
     selected debian && log "BASE_IMAGE=$BASE_IMAGE: skipping the debootstrap image"
 else
     BASE=$DEBIAN_IMAGE
-    if selected debian; then
-        if [ "$FORCE" = 0 ] && image_exists "$DEBIAN_IMAGE"; then
-            log "$DEBIAN_IMAGE: exists"
-        else
-            build_debian "$DEBIAN_IMAGE"
-        fi
+    if [ "$NEED_DEBIAN" = 1 ]; then
+        build_debian "$DEBIAN_IMAGE"
+    elif selected debian; then
+        log "$DEBIAN_IMAGE: exists"
     fi
 fi
+side_by_side code-server
 
 # build_verified NAME TAG BASE CODE EXPECTED: build_dockerfile, then (when it built anything)
 # verify that the image runs CODE as uid 1000 in /workspace and prints EXPECTED
@@ -292,38 +343,22 @@ build_verified() {
     [ "$(image_id "$2")" = "$before" ] || verify "$2" "$4" "$5"
 }
 
-# code-server (VS Code) for the python image, built on the host once (scripts/build-code-server.sh)
-CODE_SERVER_DIR=$BUILD/code-server
-# what the python image's hash knows of it: its versions and every file's name, size and mode
-# (a rebuild that changes a file changes the image; hashing 700 MB of content would cost more)
-code_server_listing() {
-    cat "$CODE_SERVER_DIR/.stamp"
-    (cd "$CODE_SERVER_DIR" && find . -type f -printf '%P %s %m\n' | LC_ALL=C sort)
-}
-if selected python; then
-    "$ROOT/scripts/build-code-server.sh" || die "building code-server failed"
-fi
-selected python && build_verified python "$PYTHON_IMAGE" "$BASE" \
-    'import jupyterhub, jupyterlab, jupyter_server_proxy; print("jupyterhub", jupyterhub.__version__, "jupyterlab", jupyterlab.__version__)' "jupyterhub 6.1.1"
-if selected python; then
+build_python() {
+    build_verified python "$PYTHON_IMAGE" "$BASE" \
+        'import jupyterhub, jupyterlab, jupyter_server_proxy; print("jupyterhub", jupyterhub.__version__, "jupyterlab", jupyterlab.__version__)' "jupyterhub 6.1.1"
     # VS Code runs in the image as the notebook user
+    local cs
     cs=$(docker run --rm -e HOME=/tmp "$PYTHON_IMAGE" /opt/code-server/bin/node \
         /opt/code-server/lib/node_modules/code-server/out/node/entry.js --version 2>&1 | grep -E '^[0-9]' | head -1) \
         || die "$PYTHON_IMAGE: code-server does not run"
     [ -n "$cs" ] || die "$PYTHON_IMAGE: code-server --version printed nothing"
     log "verified $PYTHON_IMAGE: code-server $cs"
-fi
-selected pytorch && build_verified pytorch "$PYTORCH_IMAGE" "$PYTHON_IMAGE" \
-    'import numpy, torch; print(torch.__version__)' "2.13.0"
-selected tensorflow && build_verified tensorflow "$TENSORFLOW_IMAGE" "$PYTHON_IMAGE" \
-    'import tensorflow as tf; print(tf.__version__)' "2.20"
-selected jax && build_verified jax "$JAX_IMAGE" "$PYTHON_IMAGE" \
-    'import jax; print(jax.__version__)' "0.7"
+}
 
-if selected sync; then
+build_sync() {
     # gpulab's sync modules (stdlib + boto3 only) are copied in; their content is in the hash.
     # datasync/cli.py imports gpulab.volumes, which imports bounds and errors (stdlib only)
-    pkg=$BUILD/ctx-extra/sync
+    local pkg=$BUILD/ctx-extra/sync before
     rm -rf "$pkg" && mkdir -p "$pkg/gpulab/datasync"
     cp "$ROOT/src/gpulab/__init__.py" "$ROOT/src/gpulab/volumes.py" "$ROOT/src/gpulab/bounds.py" \
         "$ROOT/src/gpulab/errors.py" "$pkg/gpulab/"
@@ -336,7 +371,18 @@ if selected sync; then
         docker run --rm "$SYNC_IMAGE" --help >/dev/null || die "$SYNC_IMAGE: gpulab-sync --help failed"
         log "verified $SYNC_IMAGE: gpulab-sync runs"
     fi
-fi
+}
+
+selected python && start python build_python
+selected sync && start sync build_sync
+side_by_side python sync
+selected pytorch && start pytorch build_verified pytorch "$PYTORCH_IMAGE" "$PYTHON_IMAGE" \
+    'import numpy, torch; print(torch.__version__)' "2.13.0"
+selected tensorflow && start tensorflow build_verified tensorflow "$TENSORFLOW_IMAGE" "$PYTHON_IMAGE" \
+    'import tensorflow as tf; print(tf.__version__)' "2.20"
+selected jax && start jax build_verified jax "$JAX_IMAGE" "$PYTHON_IMAGE" \
+    'import jax; print(jax.__version__)' "0.7"
+side_by_side pytorch tensorflow jax
 
 if selected proxy; then
     # the host's node binary (it needs only libc and libstdc++) and the configurable-http-proxy

@@ -18,7 +18,7 @@ import pytest
 
 from gpulab import __version__
 
-from .support.hub import Hub, HubLogErrors, HubPool
+from .support.hub import Hub, HubLogErrors, HubPool, hub_groups
 
 IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 BASE_IMAGE = "gpulab/python:3.11"
@@ -41,8 +41,20 @@ def docker_client():
         client.ping()
     except Exception as e:  # any failure to reach the engine
         _need(f"no Docker engine answers ({e}); run `make engine`")
-    _prune_leftover_networks(client)
     return client
+
+
+def pytest_sessionstart(session):
+    """Leftover networks are pruned once, before any test (under pytest-xdist by the
+    controller, before its workers start hubs of their own)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception:  # noqa: BLE001 - no engine: the docker_client fixture says so
+        return
+    _prune_leftover_networks(client)
 
 
 def _prune_leftover_networks(client) -> None:
@@ -174,6 +186,17 @@ def pytest_collection_modifyitems(session, config, items):
         for text in _hub_configs(module):
             wanted.setdefault(text, []).append(order[module.__name__])
     config.stash[_HUB_PLAN] = (order, wanted)
+    _group_by_hub(items, order, wanted)
+
+
+def _group_by_hub(items, order: dict[str, int], wanted: dict[str, list[int]]) -> None:
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, as `make test` runs), the modules that
+    share a hub go to one worker, in their order, so that each shared hub starts once."""
+    groups = hub_groups(order, wanted)
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__ in groups:
+            item.add_marker(pytest.mark.xdist_group(groups[module.__name__]))
 
 
 _HUB_PLAN = pytest.StashKey[tuple]()

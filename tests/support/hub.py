@@ -420,6 +420,27 @@ def login(hub, user: str) -> requests.Session:
     return s
 
 
+def hub_groups(order: dict[str, int], wanted: dict[str, list[int]]) -> dict[str, str]:
+    """Each test module's group: the modules that share a hub configuration (``wanted``:
+    config text -> the run-order positions of the modules that ask for it; ``order``: module
+    -> position), directly or through another module, form one group, named after its first
+    module; a module that shares no hub is a group of its own."""
+    parent = list(range(len(order)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for positions in wanted.values():
+        for i in positions[1:]:
+            a, b = root(positions[0]), root(i)
+            parent[max(a, b)] = min(a, b)
+    names = {i: name for name, i in order.items()}
+    return {name: names[root(i)] for name, i in order.items()}
+
+
 class HubPool:
     """The running hubs of a test session, for the ``hub_with`` fixture.
 
