@@ -82,8 +82,6 @@ DEFAULT_PAGE, MAX_PAGE = 100, 500
 #: the largest ``?offset=`` (nine digits)
 MAX_OFFSET = 999_999_999
 _DIGITS = re.compile(r"[0-9]{1,9}")
-#: white space around query values (tornado's own strip takes Unicode's too, "\xa0" and all)
-ASCII_SPACE = " \t\n\v\f\r"
 #: query arguments never echoed back (in a page's ``next`` link): credentials
 _SECRET_ARGS = frozenset({"token", "access_token"})
 

@@ -10,9 +10,8 @@ not revealed.
 from __future__ import annotations
 
 from ...jobs import actions
-from ...lifecycle import JobState
+from ...jobs.states import parse_state_filter
 from ..base import (
-    ASCII_SPACE,
     JOBS_MANAGE,
     JOBS_READ,
     ApiError,
@@ -32,21 +31,8 @@ class JobsHandler(BaseHandler):
         user = self.whose(
             me, None if self.flag("all") else user, "only admins may list other users' jobs"
         )
-        states = None
-        raw = self.get_argument("state", "", strip=False)
-        if raw.strip(ASCII_SPACE):
-            # names in any (ASCII) case, around ASCII white space: what the document's pattern
-            # says ("ſ".upper() is "S", and "\xa0" is white space to str.strip())
-            states = {s.strip(ASCII_SPACE) for s in raw.split(",")}
-            states = {s.upper() if s.isascii() else s for s in states}
-            unknown = states - {s.value for s in JobState}
-            if unknown:
-                raise ApiError(
-                    400,
-                    f"unknown state {sorted(unknown)[0]}; states are: "
-                    + ", ".join(s.value for s in JobState),
-                    field="state",
-                )
+        with answer_refusals():
+            states = set(parse_state_filter(self.get_argument("state", "", strip=False))) or None
         labels = {}
         for item in self.get_arguments("label"):
             if "=" not in item:

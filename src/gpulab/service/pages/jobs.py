@@ -10,6 +10,7 @@ from ...jobs.gang import workers_of
 from ...jobs.logs import MAX_LOG_STREAMS_PER_USER
 from ...jobs.refusals import JobRefused
 from ...jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
+from ...jobs.states import parse_state_filter
 from ...resources import format_memory
 from ..base import JOBS_MANAGE, JOBS_READ, ApiError, answer_refusals, authenticated
 from .base import ACTIVE_STATES, ENDED_STATES, JOB_STATES, PageHandler
@@ -27,10 +28,8 @@ class JobsPage(PageHandler):
         user = self.whose(
             me, None if want_all else me["name"], "Only administrators may list other users' jobs."
         )
-        chosen = [s for s in self.get_argument("state", "").upper().split(",") if s]
-        unknown = [s for s in chosen if s not in JOB_STATES]
-        if unknown:
-            raise ApiError(400, f"unknown state {unknown[0]}; states are {', '.join(JOB_STATES)}")
+        with answer_refusals():
+            chosen = parse_state_filter(self.get_argument("state", "", strip=False))
         # the newest page only: a page that rendered every job ever run would grow forever
         rows, total = await asyncio.to_thread(
             self.jobs.page,
