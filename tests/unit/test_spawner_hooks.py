@@ -111,7 +111,7 @@ def test_each_ignored_dockerspawner_option_is_named_with_what_to_use(monkeypatch
         "c.NotebookSpawner.extra_host_config",
         "c.DockerSpawner.network_name",
     ]
-    monkeypatch.setattr(NotebookSpawner, "_options_checked", False)
+    monkeypatch.setattr(spawner_module, "_warned", False)
     with caplog.at_level(logging.WARNING):
         sp = NotebookSpawner(config=c)
         NotebookSpawner(config=c)  # once a process

@@ -46,8 +46,9 @@ def report_at_hub_start() -> None:
     model and memory, the driver and CUDA versions, or at WARNING why there is none), and ask
     the engine whether it can hand them to containers in ``gpu_mode``: when it cannot, say so
     at ERROR with what to configure, and refuse GPU notebooks with that message (CPU ones
-    still start: they are given no GPU in any mode). Outside the hub's process (the service
-    reads the same file and checks for itself, refusing to start), nothing."""
+    still start: they are given no GPU in any mode); and at WARNING each DockerSpawner option
+    set that gpulab ignores. Outside the hub's process (the service reads the same file and
+    checks for itself, refusing to start), nothing."""
     app = sys.modules.get("jupyterhub.app")
     if app is None or not app.JupyterHub.initialized():
         return
@@ -58,6 +59,7 @@ def report_at_hub_start() -> None:
         return
 
     def report():  # the hub's whole configuration is read by now (its config is a new object)
+        warn_ignored_options(hub.config, NotebookSpawner.mro(), log)
         task = loop.create_task(_report_gpus(hub.config))
         _reports.add(task)
         task.add_done_callback(_reports.discard)
@@ -102,10 +104,11 @@ _SIZE = "c.GpulabSettings.flavors, max_resources and user_max_resources"
 
 #: DockerSpawner's options that NotebookSpawner does not read (the Runtime runs the notebook,
 #: from gpulab's settings and the user's options), each with what to use instead. Set, they
-#: are named in a WARNING when the hub makes its first notebook spawner. Those DockerSpawner
-#: itself reads still apply: ``port`` (``container_port``), where the notebook's server
-#: listens; ``client_kwargs`` and the ``tls*`` options, how the hub reaches its engine. (It
-#: ignores ``hub_ip_connect`` and ``use_docker_client_env`` itself, with its own warning.)
+#: are named in a WARNING when the hub starts (report_at_hub_start), else when it makes its
+#: first notebook spawner. Those DockerSpawner itself reads still apply: ``port``
+#: (``container_port``), where the notebook's server listens; ``client_kwargs`` and the
+#: ``tls*`` options, how the hub reaches its engine. (It ignores ``hub_ip_connect`` and
+#: ``use_docker_client_env`` itself, with its own warning.)
 IGNORED_DOCKER_OPTIONS: dict[str, str] = {
     "image": "the catalog, c.GpulabSettings.frameworks (users choose a framework and version)",
     "container_image": "the catalog, c.GpulabSettings.frameworks",
@@ -157,6 +160,22 @@ def ignored_options(config, classes) -> list[tuple[str, str]]:
     return found
 
 
+_warned = False
+
+
+def warn_ignored_options(config, classes, logger) -> None:
+    """Once a process: a WARNING for each DockerSpawner option ``config`` sets that gpulab
+    ignores, naming it and what to use instead."""
+    global _warned
+    if _warned:
+        return
+    _warned = True
+    for option, instead in ignored_options(config, classes):
+        logger.warning(
+            "%s is set, but gpulab's NotebookSpawner ignores it; use %s", option, instead
+        )
+
+
 class SpawnFailed(web.HTTPError):
     """A spawn that cannot go on; the message is what the user sees on the progress page."""
 
@@ -203,17 +222,11 @@ class NotebookSpawner(DockerSpawner):
     _progress_events: list[dict] | None = None
     _progress_signal: asyncio.Event | None = None
     _progress_done = False
-    #: the configuration was checked for DockerSpawner options gpulab ignores (once a process)
-    _options_checked = False
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        if not NotebookSpawner._options_checked:
-            NotebookSpawner._options_checked = True
-            for option, instead in ignored_options(self.config, type(self).mro()):
-                self.log.warning(
-                    "%s is set, but gpulab's NotebookSpawner ignores it; use %s", option, instead
-                )
+        # a hub whose configuration file does not call report_at_hub_start: its first spawner
+        warn_ignored_options(self.config, type(self).mro(), self.log)
 
     # --- what it is handed --------------------------------------------------------------------
 
