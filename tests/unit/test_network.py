@@ -185,3 +185,26 @@ def test_an_engine_error_comes_up_as_gpulabs_own_with_its_status_and_words():
     down = engine_error(DockerException("Error while fetching server API version"))
     assert down.status is None and down.detail == str(down)
     assert EngineError("plain").detail == "plain"
+
+
+def test_the_backends_call_the_engine_through_their_engine_client():
+    """Every blocking SDK call of a Docker-API backend goes through its EngineClient (where the
+    SDK's errors become gpulab's): none through Runtime.run / run_exec directly."""
+    import ast
+    from pathlib import Path
+
+    runtime_dir = Path(__file__).resolve().parents[2] / "src" / "gpulab" / "runtime"
+    found = []
+    for path in sorted(runtime_dir.glob("*.py")):
+        if path.name in ("base.py", "engine.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("run", "run_exec")
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "self"
+            ):
+                found.append(f"{path.name}:{node.lineno}")
+    assert found == []

@@ -81,7 +81,7 @@ class DockerRuntime(Runtime):
     async def gpu_delivery_refusal(self) -> str | None:
         if not self.devices:
             return None
-        info = await self.run(self.client.info)
+        info = await self.engine.call(self.client.info)
         return gpu_delivery_refusal(
             self.gpu_mode,
             len(self.devices),
