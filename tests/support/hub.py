@@ -276,11 +276,23 @@ class Hub:
         self.checked = True
         problems = self.log_problems()
         if problems:
+            kept = self.keep_logs()
             raise HubLogErrors(
-                f"{len(problems)} unexpected error(s) in {self.log_file} (add a test's "
+                f"{len(problems)} unexpected error(s) in {self.log_file}, kept as {kept} (add a test's "
                 "deliberate one to ALLOWED_TRACEBACKS in tests/support/hub.py, with why):\n\n"
                 + "\n\n".join(problems)
             )
+
+    def keep_logs(self) -> Path:
+        """A copy of this hub's logs in artifacts/hub-logs/ (pytest removes its old temporary
+        directories, and a rare error needs its whole log to be understood)."""
+        import shutil
+
+        dest = REPO / "artifacts" / "hub-logs" / f"{self.workdir.parent.name}-{self.workdir.name}"
+        dest.mkdir(parents=True, exist_ok=True)
+        for log in self.workdir.glob("*.log"):
+            shutil.copy2(log, dest / log.name)
+        return dest
 
     def reset(self, timeout: float = 120) -> None:
         """Stop every user's servers and interrupt their unfinished jobs (between two test
