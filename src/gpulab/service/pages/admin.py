@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 
 from ...billing import user_usage
 from ...disk_quota import human
+from ...gpus.usage import usage_of
 from ...lifecycle import JobState, NotebookState
 from ...resources import format_memory
 from ..base import authenticated
@@ -43,12 +44,33 @@ class AdminPage(PageHandler):
         for a in allocations:
             by_device[a["device"]].append(a)
         job_ids = {j["id"] for j in jobs}
+        # what each device does now (NVML, this host's; none on a Swarm or without a driver)
+        reader = self.supervisor.ctx.gpu_usage
+        usages = await asyncio.to_thread(reader) if reader is not None else []
         gpus = []
         for dev in ledger.devices:
             slots = ledger.slots(dev)
             held = holders(by_device.pop(dev.key, []), slots)
             used = sum(len(a["slots"]) for a in held) if held and held[0]["slots"] else 0
-            gpus.append({"device": dev.to_json(), "held": held, "slots": slots, "used": used})
+            now = usage_of(usages, [dev.key])
+            activity = (
+                {
+                    "utilization": now[0].utilization,
+                    "memory_used": human(now[0].memory_used),
+                    "memory_total": human(now[0].memory_total),
+                }
+                if now
+                else None
+            )
+            gpus.append(
+                {
+                    "device": dev.to_json(),
+                    "held": held,
+                    "slots": slots,
+                    "used": used,
+                    "activity": activity,
+                }
+            )
         # rows of devices no longer configured (kept so that nothing is hidden)
         for dev_id, rows in sorted(by_device.items()):
             gpus.append(
@@ -57,6 +79,7 @@ class AdminPage(PageHandler):
                     "held": holders(rows, 0),
                     "slots": 0,
                     "used": 0,
+                    "activity": None,
                 }
             )
         for g in gpus:

@@ -1,0 +1,107 @@
+"""GPU activity on a real hub and service, through the real nvidia-ml-py: the service finds two
+GPUs through the stand-in libnvidia-ml.so.1 (tests/support/fake_nvml.c) on its library path,
+whose utilization and memory use this test sets in a file the library reads at every call. A
+job holding a GPU that writes nothing and uses no CPU (``sleep``) is not restarted as hung
+while its GPU reads busy, and is once it reads idle for the hang period; /metrics shows the
+device's and the job's utilization and memory use meanwhile, and the admin page the device's."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..support.api import Api
+from ..support.nvml import build_fake_nvml, nvml_env, set_usage
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
+
+#: GPUs from the stand-in NVML (discovery: no gpu_devices); this engine is runc: env mode
+CONFIG = """
+c.GpulabSettings.gpu_mode = "env"
+c.GpulabSettings.supervisor_interval = 0.2
+"""
+PERIOD = 10  # the shortest hang period a job may ask for
+MIB = 1024**2
+
+
+def metrics(hub) -> dict[tuple[str, tuple], float]:
+    r = requests.get(
+        f"{hub.url}/services/gpulab/metrics",
+        headers={"Authorization": f"token {hub.admin_token}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text[:300]
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(r.text)
+        for s in family.samples
+    }
+
+
+def test_a_busy_gpu_keeps_a_silent_job_from_being_restarted_as_hung(hub_with, tmp_path_factory):
+    usage = tmp_path_factory.mktemp("usage") / "usage"
+    set_usage(usage, {"0": (93, 20000), "1": (93, 20000)})  # busy, whichever the job gets
+    hub = hub_with(CONFIG, start=False)
+    hub.env.update(
+        nvml_env(build_fake_nvml(tmp_path_factory.mktemp("nvml")), FAKE_NVML_USAGE=str(usage))
+    )
+    hub.env["GPULAB_SERVICE_ENV"] = "FAKE_NVML_GPUS,FAKE_NVML_USAGE"
+    hub.start()
+    carl = Api(hub, "carl")
+
+    job = carl.submit(
+        command=["sleep", "600"],  # no output, no CPU
+        resources={"gpus": 1, "cpus": 0.5, "memory": "512M"},
+        hang_restart={"enabled": True, "period": PERIOD},
+    )
+    running = carl.wait(job["id"], {"RUNNING"}, timeout=120)
+    assert running["state"] == "RUNNING", running
+    assert len(running["devices"]) == 1, running
+    device = running["devices"][0]
+    time.sleep(2.5 * PERIOD)  # two and a half periods of a busy GPU
+    now = carl.job(job["id"])
+    assert now["state"] == "RUNNING" and now["hang_restarts"] == 0, now["history"][-3:]
+    assert not [e for e in now["history"] if e["kind"] == "fault-recovery"]
+
+    got = metrics(hub)
+    util = {k[1]: v for k, v in got.items() if k[0] == "gpulab_gpu_utilization_percent"}
+    assert util == {(("device", "0"),): 93.0, (("device", "1"),): 93.0}, got
+    assert got[("gpulab_gpu_memory_used_bytes", (("device", "0"),))] == 20000 * MIB
+    mine = [
+        (dict(k[1]), v) for k, v in got.items() if k[0] == "gpulab_workload_gpu_utilization_percent"
+    ]
+    assert len(mine) == 1, mine
+    labels, value = mine[0]
+    assert value == 93.0 and labels["kind"] == "job" and labels["user"] == "carl"
+    assert labels["workload"] == f"{hub.instance}/job/{job['id']}"
+    assert labels["device"] == device
+
+    page = requests.get(
+        f"{hub.url}/services/gpulab/admin",
+        headers={"Authorization": f"token {hub.admin_token}"},  # custom:gpulab:admin
+        timeout=30,
+    )
+    assert page.status_code == 200, page.text[:300]
+    row = re.search(rf'<tr class="busy" data-device="{device}">(.*?)</tr>', page.text, re.S)
+    assert row, page.text
+    assert "now: 93 % busy, 19.5 GiB of " in row.group(1), row.group(1)
+
+    set_usage(usage, {})  # every GPU idle now: output, CPU and GPU all quiet
+    deadline = time.monotonic() + 3 * PERIOD
+    while time.monotonic() < deadline:
+        now = carl.job(job["id"])
+        if now["hang_restarts"]:
+            break
+        time.sleep(0.5)
+    notes = [e["message"] for e in now["history"] if e["kind"] == "fault-recovery"]
+    assert notes[:1] == [
+        f"no output, no CPU progress and no GPU activity for {PERIOD} s: "
+        "command restarted in place (1 of 3)"
+    ], now["history"][-3:]
+    r = carl.call("POST", f"/jobs/{job['id']}/interrupt")
+    assert r.status_code == 202, r.text
+    assert carl.wait(job["id"])["state"] == "INTERRUPTED"
