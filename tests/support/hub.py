@@ -34,6 +34,15 @@ REPO = Path(__file__).resolve().parents[2]
 CHP_BIN = REPO / ".build" / "node" / "node_modules" / ".bin"
 
 
+def _interruptible() -> None:
+    """The hub and what it starts obey SIGINT as they would under a service manager, even when
+    the tests run with SIGINT ignored (``nohup``, ``cmd &`` in a script): the hub stops its
+    managed services with SIGINT, and jupyterhub-idle-culler, started ignoring it, held the
+    hub's shutdown 10 s, long enough for JupyterHub's service health check to read the gpulab
+    service's server after its stop had removed it (a traceback in the hub's log)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class SpawnFailed(RuntimeError):
     pass
 
@@ -171,6 +180,7 @@ class Hub:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_interruptible,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
