@@ -12,7 +12,6 @@ deliver in both modes; this machine's own (runc only) can in neither."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import io
 import os
@@ -30,6 +29,7 @@ from gpulab.runtime import make_runtime
 from gpulab.runtime.base import HelperSpec, WorkloadSpec
 from gpulab.settings import GpulabSettings
 
+from ..conftest import run_async
 from ..support.gpu_host import GpuHost, visible_devices
 
 pytestmark = [pytest.mark.docker]
@@ -128,7 +128,7 @@ def test_every_container_gets_exactly_its_booked_gpus(gpu_host, mode):
         result = await runtime.run_helper(helper, lambda line: None)
         assert result.exit_code == 0, result
 
-    asyncio.run(run_all())
+    run_async(run_all())
     given = {
         k.split(":", 1)[1]: v for k, v in given_by_mark(gpu_host).items() if k.startswith(mode)
     }
@@ -163,7 +163,7 @@ def test_an_engine_without_the_nvidia_runtime_is_refused(mode):
     """This machine's own engine has runc only: a gpu_mode with GPUs to hand out is refused,
     saying what to configure (the service stops on it; the hub refuses GPU notebooks)."""
     runtime = make_runtime(settings("tgr" + secrets.token_hex(3), mode))
-    refusal = asyncio.run(runtime.gpu_delivery_refusal())
+    refusal = run_async(runtime.gpu_delivery_refusal())
     assert refusal and "nvidia-ctk runtime configure" in refusal
     why = {"env": "the engine's default runtime is 'runc'", "device_request": "no NVIDIA runtime"}
     assert why[mode] in refusal, refusal

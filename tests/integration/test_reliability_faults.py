@@ -47,6 +47,8 @@ class Service:
                 c.GpulabSettings.instance = {instance!r}
                 c.GpulabSettings.gpu_devices = [{{"id": "0"}}, {{"id": "1"}}]
                 c.GpulabSettings.gpu_mode = "env"
+                # made-up GPUs on a runc engine: the start-up check would refuse them
+                c.GpulabSettings.check_gpu_runtime = False
                 c.GpulabSettings.supervisor_interval = 0.2
                 c.GpulabSettings.preemption_grace = 2
                 c.GpulabSettings.supervisor_lease_ttl = 2
