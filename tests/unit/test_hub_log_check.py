@@ -41,3 +41,22 @@ def test_an_allowed_traceback_is_not_a_problem():
     problems = log_problems(LOG, allowed=allowed)
     assert len(problems) == 2
     assert not any("provoked on purpose" in p for p in problems)
+
+
+RACE = """\
+[E 2026-11-26 14:04:03.212 JupyterHub ioloop:945] Exception in callback <bound method JupyterHub.check_services_health of <jupyterhub.app.JupyterHub object at 0x7f>>
+    Traceback (most recent call last):
+      File "/x/jupyterhub/app.py", line 3015, in check_services_health
+        await Server.from_orm(service.orm.server).wait_up(
+      File "/x/jupyterhub/objects.py", line 144, in _orm_server_changed
+        self.proto = obj.proto
+    AttributeError: 'NoneType' object has no attribute 'proto'
+"""
+SHUTDOWN = "[C 2026-11-26 14:04:02.913 JupyterHub app:4035] Received signal SIGTERM, initiating shutdown...\n"
+RUNNING = "[I 2026-11-26 14:05:00.000 JupyterHub app:3944] JupyterHub is now running at http://x\n"
+
+
+def test_jupyterhubs_shutdown_race_is_excused_only_while_it_shuts_down():
+    assert len(log_problems(RACE)) == 1  # while running: a problem
+    assert log_problems(SHUTDOWN + RACE) == []  # in its shutdown: JupyterHub's race
+    assert len(log_problems(SHUTDOWN + RUNNING + RACE)) == 1  # started again: a problem
