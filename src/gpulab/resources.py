@@ -143,6 +143,21 @@ def check_idle_timeout(value, name: str) -> float:
     return float(value)
 
 
+def beyond_gpus(
+    asked: float, most: int, where: str = "this host", *, option: str = ""
+) -> str | None:
+    """The one "can it ever fit" GPU rule: why ``asked`` GPUs can never be had where the most
+    one workload can have is ``most`` (``where`` says what has them), or None. Job specs (at
+    parse), job admission (the scheduler), the ledger and the notebook form all ask it.
+    ``option``: the notebook form's wording names its option ("gpus=2 requested but this host
+    has 1 GPU(s)"); else "2 GPUs requested but this host has 1"."""
+    if asked <= most:
+        return None
+    if option:
+        return f"{option}={asked:g} requested but {where} has {most} GPU(s)"
+    return f"{asked} GPUs requested but {where} has {most}"
+
+
 @dataclass(frozen=True)
 class Limits:
     """The most one notebook may ask for."""

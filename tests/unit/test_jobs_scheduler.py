@@ -14,7 +14,7 @@ from gpulab.jobs.scheduler import (
     can_ever_fit,
     plan,
 )
-from gpulab.resources import Quota, quota_for
+from gpulab.resources import Quota, beyond_gpus, quota_for
 
 GPUS = ("0", "1", "2", "3")
 
@@ -64,6 +64,24 @@ def test_quota_for_user_wins_then_most_generous_group_then_default():
 def test_quota_unlimited_gpus_in_a_group_beats_numbers():
     per_group = {"a": Quota(gpus=8, jobs=1), "b": Quota(gpus=None, jobs=0)}
     assert quota_for("x", {"a", "b"}, Quota(1, 1), {}, per_group) == Quota(None, 1)
+
+
+@pytest.mark.parametrize(
+    ("asked", "most", "where", "option", "expected"),
+    [
+        (4, 4, "this host", "", None),
+        (0, 0, "this host", "", None),
+        (0.5, 1, "this host", "gpus", None),
+        (5, 4, "this host", "", "5 GPUs requested but this host has 4"),
+        (1, 0, "this host", "", "1 GPUs requested but this host has 0"),
+        (3, 2, "node n1", "", "3 GPUs requested but node n1 has 2"),
+        (9, 0, "this host", "gpus", "gpus=9 requested but this host has 0 GPU(s)"),
+        (5.0, 2, "this host", "gpus", "gpus=5 requested but this host has 2 GPU(s)"),
+    ],
+)
+def test_beyond_gpus_is_the_one_can_it_ever_fit_rule(asked, most, where, option, expected):
+    """Job specs, admission, the ledger and the notebook form all ask this one rule."""
+    assert beyond_gpus(asked, most, where, option=option) == expected
 
 
 def test_can_ever_fit():

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from ..db import Database, GpuAllocation, Job
 from ..lifecycle import utcnow
 from ..names import job_workload_id
+from ..resources import beyond_gpus
 from . import placement
 from .inventory import GpuDevice, from_nodes
 from .sharing import is_fraction, pick_shared, share_of, slots_of
@@ -32,6 +33,7 @@ class NoGpuAvailable(RuntimeError):
     def __init__(self, asked: int, total: int, in_use: int, biggest: tuple[str, int] | None = None):
         self.asked, self.total, self.in_use = asked, total, in_use
         free = total - in_use
+        too_many = beyond_gpus(asked, total)
         if biggest is not None and asked > biggest[1]:
             msg = too_big_message(asked, *biggest)
         elif biggest is not None:
@@ -39,8 +41,8 @@ class NoGpuAvailable(RuntimeError):
                 f"no node has {asked} GPUs free at once: {in_use} of {total} in use across the "
                 "cluster; a workload runs on one node: try again later or ask for fewer"
             )
-        elif asked > total:
-            msg = f"{asked} GPUs requested but this host has {total}"
+        elif too_many:
+            msg = too_many
         else:
             msg = (
                 f"no GPU free for this request: {asked} requested, "

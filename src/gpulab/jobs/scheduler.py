@@ -57,7 +57,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ..gpus.placement import choose_gang
-from ..resources import Quota, quota_for
+from ..resources import Quota, beyond_gpus, quota_for
 
 __all__ = [
     "ActiveJob",
@@ -123,8 +123,9 @@ def can_ever_fit(
     """Why a job of ``gpus`` GPUs can never run here (checked at submission), or None.
     ``host_gpus``: the most GPUs one workload can have (the biggest node's), ``gpu_home`` what
     has them, for the message."""
-    if gpus > host_gpus:
-        return f"{gpus} GPUs requested but {gpu_home} has {host_gpus}"
+    too_many = beyond_gpus(gpus, host_gpus, gpu_home)
+    if too_many:
+        return too_many
     if preemptible:
         return None
     if quota.gpus is not None and gpus > quota.gpus:

@@ -12,7 +12,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from ..durations import format_duration
 from ..gpus.ledger import GpuLedger
 from ..gpus.sharing import fraction_refusal, offered_fractions
-from ..resources import format_memory
+from ..resources import beyond_gpus, format_memory
 from ..runtime.base import Runtime
 from ..runtime.images import ImageCache
 from .options import NotebookOptions, OptionsError, parse_notebook_options
@@ -75,10 +75,11 @@ async def check_options(
         most, where = ledger.gpu_home() if ledger.devices else (None, "")
     else:
         most, where = len(ledger.devices), "this host"
-    if most is not None and opts.resources.gpus > most:
-        raise OptionsRefused(
-            f"gpus: gpus={opts.resources.gpus:g} requested but {where} has {most} GPU(s)"
-        )
+    too_many = (
+        None if most is None else beyond_gpus(opts.resources.gpus, most, where, option="gpus")
+    )
+    if too_many:
+        raise OptionsRefused(f"gpus: {too_many}")
     unavailable = await missing_images(settings, runtime)
     if opts.image in unavailable:
         raise OptionsRefused(f"version: {unavailable[opts.image]}")

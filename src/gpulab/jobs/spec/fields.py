@@ -40,7 +40,7 @@ from ...bounds import (
 from ...checks import first_unknown, key_text, type_name
 from ...durations import DurationError, format_duration, parse_duration
 from ...frameworks import Catalog
-from ...resources import Flavor, Limits, Resources
+from ...resources import Flavor, Limits, Resources, beyond_gpus
 from ...storage import StorageConfig
 from ...volumes import VolumeSpec
 from .base import (
@@ -427,11 +427,9 @@ def _resources(
             f"flavor {flavor!r} gives {res.gpus:g} of a GPU, which only notebooks may share: "
             "a job takes whole GPUs; give resources.gpus (0, 1, ...) with that flavor",
         )
-    if res.gpus > host_gpus:
-        raise JobSpecError(
-            "resources.gpus",
-            f"{res.gpus} GPUs requested but {gpu_home} has {host_gpus}",
-        )
+    too_many = beyond_gpus(res.gpus, host_gpus, gpu_home)
+    if too_many:
+        raise JobSpecError("resources.gpus", too_many)
     return flavor, resolve(limits)
 
 
