@@ -22,6 +22,7 @@ from gpulab.secrets import (
     SecretsUnavailable,
     load_keys,
 )
+from gpulab.service.base import ADMIN, BaseHandler
 
 from ..support.jobspecs import parse, refused
 
@@ -350,3 +351,35 @@ def test_an_apps_cookie_is_confined_to_its_port(header, browser_gets):
     from gpulab.service.api.ports import app_set_cookie
 
     assert app_set_cookie(header, NS, PREFIX) == browser_gets
+
+
+# --- who may read a workload ----------------------------------------------------------------
+
+
+class _Caller:
+    """What BaseHandler.may_read asks of its handler: the caller's scopes."""
+
+    def __init__(self, scopes):
+        self.scopes = set(scopes)
+
+    def is_admin(self, me):
+        return BaseHandler.is_admin(self, me)
+
+    def scopes_of(self, me):
+        return self.scopes
+
+
+@pytest.mark.parametrize(
+    ("scopes", "owner", "may"),
+    [
+        ({"custom:gpulab:jobs:read"}, "alice", True),  # their own
+        ({"custom:gpulab:jobs:read"}, "bob", False),  # another user's
+        ({"custom:gpulab:jobs:read"}, None, False),  # everyone's
+        ({ADMIN}, "bob", True),
+        ({ADMIN}, None, True),
+        ({ADMIN}, "alice", True),
+    ],
+)
+def test_owner_or_admin_is_one_rule(scopes, owner, may):
+    """whose (403), owned_notebook and own_job (404) all ask BaseHandler.may_read."""
+    assert BaseHandler.may_read(_Caller(scopes), {"name": "alice"}, owner) is may

@@ -323,10 +323,16 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
         me = self.current_user
         return bool(me) and bool(self.scopes_of(me) & {scope, ADMIN, *IMPLIED_BY.get(scope, ())})
 
+    def may_read(self, me: dict, owner: str | None) -> bool:
+        """The one "owner or admin" rule: the caller ``me`` may read the workloads of ``owner``
+        (None: everyone's) if they are their own or the caller is an admin. :meth:`whose`
+        (403) and :meth:`owned_notebook` / :meth:`own_job` (404) all ask it."""
+        return owner == me["name"] or self.is_admin(me)
+
     def whose(self, me: dict, user: str | None, refusal: str) -> str | None:
         """``user`` (None: everyone), whose workloads the caller ``me`` asks to read: their
         own, or anyone's for an admin; else 403 with ``refusal`` (each door's wording)."""
-        if user != me["name"] and not self.is_admin(me):
+        if not self.may_read(me, user):
             raise ApiError(403, refusal)
         return user
 
@@ -342,7 +348,7 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
         same answer as for a notebook that does not exist."""
         me = self.require(scope)
         nb = None
-        if user == me["name"] or self.is_admin(me):
+        if self.may_read(me, user):
             nb = await read(self.records.get, user, server)
         if nb is None:
             raise ApiError(404, f"no notebook {server or '(default)'} for {user}")
@@ -353,7 +359,7 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
         answer as for a job that does not exist."""
         me = self.require(scope)
         job = await read(self.jobs.get, job_id)
-        if job is None or (job["owner"] != me["name"] and not self.is_admin(me)):
+        if job is None or not self.may_read(me, job["owner"]):
             raise ApiError(404, f"no job {job_id}")
         return job
 
