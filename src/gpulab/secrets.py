@@ -40,12 +40,25 @@ class SecretError(FieldError):
     """A bad secret name or value (400), or a missing one (the caller decides: 404 or 400)."""
 
 
+#: why secrets cannot be stored or revealed here (the API answers it 503)
+NO_KEY = (
+    "secrets are not enabled: the admin has configured no key "
+    "(c.GpulabSettings.secrets_keys or secrets_key_file)"
+)
+
+
 class SecretsUnavailable(RuntimeError):
     """No key is configured: secrets cannot be stored or revealed."""
 
 
 class SecretMissing(LookupError):
-    """The owner has no secret of that name (deleted since the job was submitted)."""
+    """The owner has no secret of that name (deleted since the job was submitted; at the API
+    and the page, 404)."""
+
+
+def no_secret(name: str) -> SecretMissing:
+    """The refusal of a caller's own secret that does not exist, the API's and the page's."""
+    return SecretMissing(f"you have no secret {name}")
 
 
 @dataclass(frozen=True)
@@ -119,11 +132,13 @@ class SecretStore:
 
     def _crypt(self) -> MultiFernet:
         if self._fernet is None:
-            raise SecretsUnavailable(
-                "secrets are not enabled: the admin has configured no key "
-                "(c.GpulabSettings.secrets_keys or secrets_key_file)"
-            )
+            raise SecretsUnavailable(NO_KEY)
         return self._fernet
+
+    def enabled(self) -> SecretStore:
+        """This store, if a key is configured; else SecretsUnavailable (:data:`NO_KEY`)."""
+        self._crypt()
+        return self
 
     @staticmethod
     def _frame(owner: str, name: str, value: str) -> bytes:
@@ -176,6 +191,18 @@ class SecretStore:
                 .order_by(UserSecret.name)
             ).all()
             return [SecretInfo(r.name, r.created, r.updated) for r in rows]
+
+    def info(self, owner: str, name: str) -> SecretInfo:
+        """The name and times of ``owner``'s secret ``name``; else :func:`no_secret`."""
+        found = [i for i in self.names(owner) if i.name == name]
+        if not found:
+            raise no_secret(name)
+        return found[0]
+
+    def remove(self, owner: str, name: str) -> None:
+        """Delete ``owner``'s secret ``name``; :func:`no_secret` if there is none."""
+        if not self.delete(owner, name):
+            raise no_secret(name)
 
     def delete(self, owner: str, name: str) -> bool:
         with self.db.session() as s:

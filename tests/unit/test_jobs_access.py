@@ -16,6 +16,7 @@ from gpulab.runtime.objects import workload_container_config
 from gpulab.runtime.swarm_specs import service_spec
 from gpulab.secrets import (
     MAX_SECRETS,
+    NO_KEY,
     SecretError,
     SecretMissing,
     SecretStore,
@@ -232,6 +233,33 @@ def test_secret_refusals(store):
         store.put("ann", f"s{i}", "v")
     with pytest.raises(SecretError, match=f"at most {MAX_SECRETS}"):
         store.put("ann", "one-more", "v")
+
+
+@pytest.mark.parametrize(
+    ("call", "refusal", "message"),
+    [
+        (lambda st: st.info("ann", "absent"), SecretMissing, "you have no secret absent"),
+        (lambda st: st.info("bob", "wandb"), SecretMissing, "you have no secret wandb"),
+        (lambda st: st.remove("ann", "absent"), SecretMissing, "you have no secret absent"),
+        (lambda st: st.remove("bob", "wandb"), SecretMissing, "you have no secret wandb"),
+        (
+            lambda st: SecretStore(st.db, "t", []).enabled(),
+            SecretsUnavailable,
+            "secrets are not enabled: the admin has configured no key "
+            "(c.GpulabSettings.secrets_keys or secrets_key_file)",
+        ),
+        (lambda st: SecretStore(st.db, "t", []).put("ann", "b", "x"), SecretsUnavailable, NO_KEY),
+    ],
+)
+def test_the_stores_refusals_are_the_doors_messages(store, call, refusal, message):
+    """The API and the page answer these messages as they are (404, 503): built here once."""
+    store.put("ann", "wandb", "v")
+    with pytest.raises(refusal) as e:
+        call(store)
+    assert str(e.value) == message
+    assert store.info("ann", "wandb").name == "wandb" and store.enabled() is store
+    store.remove("ann", "wandb")
+    assert store.names("ann") == []
 
 
 def test_key_loading(tmp_path):

@@ -14,21 +14,17 @@ from __future__ import annotations
 import asyncio
 import json
 
-from ...secrets import SecretError, SecretStore, SecretsUnavailable, check_name
+from ...secrets import SecretError, SecretMissing, SecretStore, SecretsUnavailable, check_name
 from ..base import JOBS_MANAGE, JOBS_READ, ApiError, BaseHandler, authenticated, read
 
 
 class SecretsBase(BaseHandler):
     @property
     def store(self) -> SecretStore:
-        store = self.settings["secrets"]
-        if not store.available:
-            raise ApiError(
-                503,
-                "secrets are not enabled: the admin has configured no key "
-                "(c.GpulabSettings.secrets_keys or secrets_key_file)",
-            )
-        return store
+        try:
+            return self.settings["secrets"].enabled()
+        except SecretsUnavailable as e:
+            raise ApiError(503, str(e)) from None
 
     def secret_name(self, name: str) -> str:
         try:
@@ -51,10 +47,11 @@ class SecretHandler(SecretsBase):
     async def get(self, name: str):
         me = self.require(JOBS_READ)
         name = self.secret_name(name)
-        found = [i for i in await read(self.store.names, me["name"]) if i.name == name]
-        if not found:
-            raise ApiError(404, f"you have no secret {name}")
-        self.write_json(found[0].to_json())
+        try:
+            info = await read(self.store.info, me["name"], name)
+        except SecretMissing as e:
+            raise ApiError(404, str(e)) from None
+        self.write_json(info.to_json())
 
     @authenticated
     async def put(self, name: str):
@@ -80,7 +77,9 @@ class SecretHandler(SecretsBase):
     async def delete(self, name: str):
         me = self.require(JOBS_MANAGE)
         name = self.secret_name(name)
-        if not await asyncio.to_thread(self.store.delete, me["name"], name):
-            raise ApiError(404, f"you have no secret {name}")
+        try:
+            await asyncio.to_thread(self.store.remove, me["name"], name)
+        except SecretMissing as e:
+            raise ApiError(404, str(e)) from None
         self.set_status(204)
         self.finish()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ...secrets import SecretError, SecretsUnavailable
+from ...secrets import SecretError, SecretMissing, SecretsUnavailable
 from ..base import JOBS_MANAGE, JOBS_READ, ApiError, authenticated, read
 from .base import PageHandler
 
@@ -36,8 +36,10 @@ class SecretsPage(PageHandler):
         store = self.settings["secrets"]
         name = self.get_body_argument("name", "").strip()
         if self.get_body_argument("action", "set") == "delete":
-            if not await asyncio.to_thread(store.delete, me["name"], name):
-                raise ApiError(404, f"you have no secret {name}")
+            try:
+                await asyncio.to_thread(store.remove, me["name"], name)
+            except SecretMissing as e:
+                raise ApiError(404, str(e)) from None
             return self.redirect(self.page_url("secrets"), status=303)
         try:
             await asyncio.to_thread(
