@@ -50,23 +50,41 @@ def first_unknown(value: Mapping, known: Collection[str]) -> object | None:
     return next((k for k in value if k not in known), None)
 
 
+def not_text(field: str, value: object, *, typed: bool = True) -> str:
+    """The refusal of a value that is not a string: ``name must be a string, not int 12``;
+    not ``typed``, without the type (the notebook form's door, a job's git entries)."""
+    what = f"{type_name(value)} {shown(value)}" if typed else shown(value)
+    return f"{field} must be a string, not {what}"
+
+
+def text(error: Error, field: str, value: object, cap: int, *, typed: bool = True) -> str:
+    """A string (empty too) of at most ``cap`` characters (:func:`not_text`,
+    :func:`gpulab.bounds.check_chars`)."""
+    if not isinstance(value, str):
+        raise error(field, not_text(field, value, typed=typed))
+    check_chars(error, field, value, cap)
+    return value
+
+
 def optional_text(
-    error: Error, field: str, value: object, cap: int, *, form: bool = False
+    error: Error,
+    field: str,
+    value: object,
+    cap: int,
+    *,
+    form: bool = False,
+    typed: bool | None = None,
 ) -> str | None:
     """None and "" mean absent; anything else must be a string of at most ``cap`` characters.
 
     ``form``: the notebook options' door, where a number stands for its text (the spawn form
-    and ``user_options`` alike) and a refusal does not name the value's type."""
+    and ``user_options`` alike) and a refusal does not name the value's type. ``typed``:
+    whether a refusal names the type (by default, everywhere but the form)."""
     if value is None or value == "":
         return None
-    if isinstance(value, str):
-        check_chars(error, field, value, cap)
-        return value
     if form and isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
-    if form:
-        raise error(field, f"{field} must be a string, not {shown(value)}")
-    raise error(field, f"{field} must be a string, not {type_name(value)} {shown(value)}")
+    return text(error, field, value, cap, typed=not form if typed is None else typed)
 
 
 def flag(error: Error, field: str, value: object, *, words: bool = False) -> bool:

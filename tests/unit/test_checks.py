@@ -75,6 +75,40 @@ def test_text_from_the_form_takes_numbers_the_json_door_does_not():
     assert checks.optional_text(FieldError, "flavor", "", 32) is None
 
 
+@pytest.mark.parametrize(
+    ("raw", "field", "message"),
+    [
+        # a job's name, label values and git entries ask checks.text / not_text and the bounds'
+        # check_chars: the same words as every other text field, the git entries' untyped
+        ({"name": 12}, "name", "name must be a string, not int 12"),
+        ({"labels": {"k": 1}}, "labels.k", "labels.k must be a string, not int 1"),
+        ({"labels": {"k": None}}, "labels.k", "labels.k must be a string, not null None"),
+        ({"labels": {"k": "v" * 64}}, "labels.k", "labels.k: at most 63 characters (got 64)"),
+        ({"git": [{"url": 42}]}, "git[0].url", "git[0].url must be a string, not 42"),
+        (
+            {"git": [{"url": "https://example.com/r.git", "branch": ["b"]}]},
+            "git[0].branch",
+            "git[0].branch must be a string, not ['b']",
+        ),
+        (
+            {"git": [{"url": "https://example.com/" + "r" * 5000}]},
+            "git[0].url",
+            "git[0].url: at most 2048 characters (got 5020)",
+        ),
+    ],
+)
+def test_a_jobs_text_fields_use_the_shared_checks(raw, field, message):
+    assert job_refusal(raw) == (field, message)
+
+
+def test_text_and_its_refusal():
+    assert checks.text(FieldError, "k", "", 3) == ""
+    assert checks.not_text("k", 1.5) == "k must be a string, not float 1.5"
+    assert checks.not_text("k", 1.5, typed=False) == "k must be a string, not 1.5"
+    with pytest.raises(FieldError, match=r"^k must be a string, not list \[\]$"):
+        checks.optional_text(FieldError, "k", [], 3, form=True, typed=True)
+
+
 def test_secret_names():
     assert checks.secret_name(FieldError, "env.X", "wandb") == "wandb"
     with pytest.raises(FieldError, match="a secret's name is 1 to 63") as e:

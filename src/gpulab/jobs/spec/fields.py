@@ -153,7 +153,7 @@ def _name(raw: Mapping) -> str | None:
     if name is None or name == "":
         return None
     if not isinstance(name, str):
-        raise JobSpecError("name", f"name must be a string, not {type_name(name)} {shown(name)}")
+        raise JobSpecError("name", checks.not_text("name", name))
     # the length first, then the pattern matched in full: "train\n" is not a name
     if len(name) > MAX_NAME_CHARS or not NAME_RE.fullmatch(name):
         raise JobSpecError(
@@ -340,13 +340,7 @@ def _labels(raw: Mapping) -> dict[str, str]:
                 f"label key {name!r} is reserved: keys starting with "
                 f"{', '.join(RESERVED_LABEL_PREFIXES)} cannot be set",
             )
-        if not isinstance(text, str):
-            raise JobSpecError(key, f"{key} must be a string, not {type_name(text)} {shown(text)}")
-        if len(text) > MAX_LABEL_VALUE_CHARS:
-            raise JobSpecError(
-                key, f"{key}: at most {MAX_LABEL_VALUE_CHARS} characters (got {len(text)})"
-            )
-        labels[name] = text
+        labels[name] = checks.text(JobSpecError, key, text, MAX_LABEL_VALUE_CHARS)
     return labels
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ... import checks
 from ...bounds import MAX_GIT_REF_CHARS, MAX_GIT_SOURCES, MAX_GIT_URL_CHARS, check_count, shown
 from .base import (
     MAX_PATH_CHARS,
@@ -113,15 +114,9 @@ class GitSource:
 
 
 def _text(entry: Mapping, key: str, field: str, cap: int) -> str | None:
-    """None and "" are absent; anything else a string of at most ``cap`` characters."""
-    value = entry.get(key)
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise JobSpecError(field, f"{field} must be a string, not {shown(value)}")
-    if len(value) > cap:
-        raise JobSpecError(field, f"{field}: at most {cap} characters (got {len(value)})")
-    return value
+    """None and "" are absent; anything else a string of at most ``cap`` characters (a
+    refusal does not name the value's type)."""
+    return checks.optional_text(JobSpecError, field, entry.get(key), cap, typed=False)
 
 
 def _url(entry: Mapping, key: str) -> str:
