@@ -265,7 +265,8 @@ def test_a_secret_reaches_the_container_and_nowhere_else(hub, users, docker_clie
     listed = owner.call("GET", "/secrets")
     assert [s["name"] for s in listed.json()["secrets"]] == ["wandb"]
     assert users["stranger"].call("GET", "/secrets").json()["secrets"] == []
-    assert users["stranger"].call("GET", "/secrets/wandb").status_code == 404
+    unknown = users["stranger"].call("GET", "/secrets/wandb")
+    assert unknown.status_code == 404 and unknown.json()["message"] == "you have no secret wandb"
     bad = owner.call("PUT", "/secrets/Bad", json={"value": "x"})
     assert bad.status_code == 400 and bad.json()["field"] == "name"
     assert owner.call("PUT", "/secrets/x", json={"value": ""}).status_code == 400
@@ -312,7 +313,8 @@ def test_a_secret_reaches_the_container_and_nowhere_else(hub, users, docker_clie
         assert SECRET_VALUE.encode() not in f.read_bytes(), f
     # deleted before a job starts: the job fails naming it, and shows no value
     assert owner.call("DELETE", "/secrets/wandb").status_code == 204
-    assert owner.call("DELETE", "/secrets/wandb").status_code == 404
+    again = owner.call("DELETE", "/secrets/wandb")
+    assert again.status_code == 404 and again.json()["message"] == "you have no secret wandb"
     gone = owner.call(
         "POST",
         "/jobs",
