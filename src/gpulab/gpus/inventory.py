@@ -125,9 +125,11 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def nvml_devices(nvml) -> list[GpuDevice]:
-    """The devices an initialised NVML (the ``pynvml`` module) reports, MIG devices apart."""
-    out = []
+def nvml_handles(nvml):
+    """Each device an initialised NVML (the ``pynvml`` module) reports, as gpulab names it:
+    ``(id, model, handle, whole)``, a whole GPU by its index, a MIG device by its UUID (what the
+    engine is given either way). The one walk of NVML's devices, for the inventory and the
+    usage alike."""
     for i in range(nvml.nvmlDeviceGetCount()):
         h = nvml.nvmlDeviceGetHandleByIndex(i)
         name = _text(nvml.nvmlDeviceGetName(h))
@@ -137,23 +139,26 @@ def nvml_devices(nvml) -> list[GpuDevice]:
         except nvml.NVMLError:  # a GPU without MIG support
             mig = False
         if not mig:
-            mem = nvml.nvmlDeviceGetMemoryInfo(h).total
-            out.append(GpuDevice(id=str(i), model=name, memory=f"{mem // 1024**2}M"))
+            yield str(i), name, h, True
             continue
         for j in range(nvml.nvmlDeviceGetMaxMigDeviceCount(h)):
             try:
                 m = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
             except nvml.NVMLError:  # no MIG device in this slot
                 continue
-            mem = nvml.nvmlDeviceGetMemoryInfo(m).total
-            out.append(
-                GpuDevice(
-                    id=_text(nvml.nvmlDeviceGetUUID(m)),
-                    model=f"{name} MIG {j}",
-                    memory=f"{mem // 1024**2}M",
-                )
-            )
-    return out
+            yield _text(nvml.nvmlDeviceGetUUID(m)), f"{name} MIG {j}", m, False
+
+
+def nvml_devices(nvml) -> list[GpuDevice]:
+    """The devices an initialised NVML (the ``pynvml`` module) reports, MIG devices apart."""
+    return [
+        GpuDevice(
+            id=device_id,
+            model=model,
+            memory=f"{nvml.nvmlDeviceGetMemoryInfo(handle).total // 1024**2}M",
+        )
+        for device_id, model, handle, _whole in nvml_handles(nvml)
+    ]
 
 
 def from_nodes(nodes) -> tuple[list[GpuDevice], list[str]]:

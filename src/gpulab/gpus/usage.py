@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .inventory import nvml_handles
+
 log = logging.getLogger("gpulab.gpus")
 
 
@@ -120,29 +122,15 @@ def read_devices(nvml) -> list[DeviceUsage]:
     """The usage of every device an initialised NVML (the ``pynvml`` module) reports, named as
     :func:`gpulab.gpus.inventory.nvml_devices` names them."""
     out = []
-    for i in range(nvml.nvmlDeviceGetCount()):
-        h = nvml.nvmlDeviceGetHandleByIndex(i)
-        try:
-            current, _pending = nvml.nvmlDeviceGetMigMode(h)
-            mig = current == nvml.NVML_DEVICE_MIG_ENABLE
-        except nvml.NVMLError:  # a GPU without MIG support
-            mig = False
-        if not mig:
-            mem = nvml.nvmlDeviceGetMemoryInfo(h)
-            util = nvml.nvmlDeviceGetUtilizationRates(h).gpu
-            uuid = _text(nvml.nvmlDeviceGetUUID(h))
-            out.append(DeviceUsage(str(i), int(util), int(mem.used), int(mem.total), uuid))
+    for device_id, _model, handle, whole in nvml_handles(nvml):
+        mem = nvml.nvmlDeviceGetMemoryInfo(handle)
+        if whole:
+            util = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+            out.append(DeviceUsage(device_id, util, int(mem.used), int(mem.total), uuid))
             continue
-        for j in range(nvml.nvmlDeviceGetMaxMigDeviceCount(h)):
-            try:
-                m = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
-            except nvml.NVMLError:  # no MIG device in this slot
-                continue
-            mem = nvml.nvmlDeviceGetMemoryInfo(m)
-            util = None
-            with contextlib.suppress(nvml.NVMLError):  # NVML has none per MIG device
-                util = int(nvml.nvmlDeviceGetUtilizationRates(m).gpu)
-            out.append(
-                DeviceUsage(_text(nvml.nvmlDeviceGetUUID(m)), util, int(mem.used), int(mem.total))
-            )
+        util = None
+        with contextlib.suppress(nvml.NVMLError):  # NVML has none per MIG device
+            util = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        out.append(DeviceUsage(device_id, util, int(mem.used), int(mem.total)))
     return out
