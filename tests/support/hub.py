@@ -206,7 +206,9 @@ class Hub:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"hub exited {self.proc.returncode}:\n{self.tail()}")
             try:
-                if requests.get(f"{self.api}/", timeout=1).ok:
+                # with this hub's own token: a port taken by another process's hub answers
+                # too, and must not pass for this one
+                if requests.get(f"{self.api}/user", headers=self._auth(), timeout=1).ok:
                     if service:
                         self._wait_service(deadline)
                     return self
@@ -214,6 +216,9 @@ class Hub:
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"hub did not answer in {timeout} s:\n{self.tail()}")
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"token {self.admin_token}"}
 
     def _wait_service(self, deadline: float) -> None:
         url = f"{self.url}/services/gpulab/api/health"
