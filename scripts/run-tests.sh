@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The test suite, as `make test` runs it, in two passes:
+# The test suite, as `make test` runs it, in two passes that run side by side:
 #   1. every test but the swarm lab's, on WORKERS pytest-xdist workers (the tests wait on hubs,
 #      containers and Chromium more than they compute: two workers on two cores finish well
 #      before one; the modules that share a hub go to one worker, see tests/conftest.py);
-#   2. the swarm lab's tests (tests/swarm) alone: the lab makes this host's engine a swarm
-#      manager, so nothing else may run beside them.
+#   2. the swarm lab's tests (tests/swarm), in a pytest process of their own beside pass 1:
+#      the lab makes this host's engine a swarm manager, which leaves its plain containers
+#      and bridge networks alone; its tests wait on the nodes' engines most of the time.
+#      Its output is kept in artifacts/swarm-pass.log and printed after pass 1's.
+#      TEST_OVERLAP=0 runs it after pass 1 instead, as before.
+# Each test process draws its servers' ports from a band of its own (tests/support/ports.py).
 # Both passes run; the exit status is the first pass's failure, else the second's. A pass that
 # selects no test (PYTEST_ARGS naming other tests) is not a failure unless neither ran any.
 #
@@ -13,14 +17,31 @@ set -uo pipefail
 workers=${1:?usage: scripts/run-tests.sh WORKERS [PYTEST ARGS...]}
 shift
 pytest=${PYTEST:-.venv/bin/pytest}
+overlap=${TEST_OVERLAP:-1}
+log=artifacts/swarm-pass.log
+mkdir -p artifacts
 
 t0=$SECONDS
+if [ "$overlap" = 1 ]; then
+    # started a few seconds after pass 1, so that pass 1's controller prunes leftover
+    # networks before the lab makes its own
+    ( sleep 5; "$pytest" -ra -m swarm "$@" >"$log" 2>&1; echo $? >"$log.rc"; echo $((SECONDS - t0)) >"$log.s" ) &
+    swarm_pid=$!
+fi
 "$pytest" -ra -n "$workers" --dist loadgroup -m "not swarm" "$@"
 first=$?
 t1=$SECONDS
-"$pytest" -ra -m swarm "$@"
-second=$?
-echo "run-tests: pass 1 (${workers} workers) $((t1 - t0)) s, exit $first; pass 2 (swarm) $((SECONDS - t1)) s, exit $second"
+if [ "$overlap" = 1 ]; then
+    wait "$swarm_pid"
+    echo "=== pass 2 (swarm lab), run beside pass 1: $log"
+    cat "$log"
+    second=$(cat "$log.rc")
+    echo "run-tests: pass 1 (${workers} workers) $((t1 - t0)) s, exit $first; pass 2 (swarm, beside it) $(cat "$log.s") s, exit $second; both $((SECONDS - t0)) s"
+else
+    "$pytest" -ra -m swarm "$@"
+    second=$?
+    echo "run-tests: pass 1 (${workers} workers) $((t1 - t0)) s, exit $first; pass 2 (swarm) $((SECONDS - t1)) s, exit $second"
+fi
 
 no_tests=5
 if [ "$first" != 0 ] && [ "$first" != "$no_tests" ]; then exit "$first"; fi

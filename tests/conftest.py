@@ -66,6 +66,8 @@ def _prune_leftover_networks(client) -> None:
     from gpulab.runtime.network import remove_user_network_if_unused
 
     for n in client.networks.list(filters={"label": "org.gpulab.kind=network"}):
+        if n.attrs.get("Scope") == "swarm":
+            continue  # the swarm lab's overlays (its tasks are not this engine's containers)
         labels = n.attrs.get("Labels") or {}
         if "org.gpulab.instance" in labels and "org.gpulab.user" in labels:
             remove_user_network_if_unused(
