@@ -177,10 +177,17 @@ c.JupyterHub.services = [
         # needs nothing
         "environment": {
             "GPULAB_DATA_DIR": str(data),
-            # LD_LIBRARY_PATH: the service finds the NVIDIA driver's library where the hub does
+            # LD_LIBRARY_PATH: the service finds the NVIDIA driver's library where the hub does;
+            # DOCKER_*: it talks to the hub's engine
             **{
                 k: os.environ[k]
-                for k in ("GPULAB_SYNC_IMAGE", "LD_LIBRARY_PATH")
+                for k in (
+                    "GPULAB_SYNC_IMAGE",
+                    "LD_LIBRARY_PATH",
+                    "DOCKER_HOST",
+                    "DOCKER_TLS_VERIFY",
+                    "DOCKER_CERT_PATH",
+                )
                 if os.environ.get(k)
             },
             **{

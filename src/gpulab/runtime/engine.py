@@ -15,6 +15,7 @@ from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException
+from docker.utils import kwargs_from_env
 
 from .base import EngineError
 
@@ -43,8 +44,10 @@ class EngineClient:
     @property
     def client(self) -> docker.APIClient:
         if self._client is None:
+            # the engine DOCKER_HOST names (with DOCKER_TLS_VERIFY, DOCKER_CERT_PATH), as the
+            # hub's DockerSpawner and the docker CLI find it; else the default socket
             try:  # "auto" asks the engine its version: an engine down fails here
-                self._client = docker.APIClient(version="auto", timeout=120)
+                self._client = docker.APIClient(version="auto", timeout=120, **kwargs_from_env())
             except DockerException as e:
                 raise engine_error(e) from e
         return self._client
