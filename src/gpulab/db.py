@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 
 from sqlalchemy import (
     BigInteger,
@@ -334,3 +335,44 @@ class UserSecret(Base):
     token: Mapped[str] = mapped_column(Text)
     created: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     updated: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+# --- what `gpulab doctor` reads of a database --------------------------------------------------
+
+
+def expected_schema() -> dict[str, frozenset[str]]:
+    """The tables this gpulab declares, each with its columns."""
+    return {t.name: frozenset(c.name for c in t.columns) for t in Base.metadata.sorted_tables}
+
+
+def read_schema(url: str) -> dict[str, frozenset[str]] | None:
+    """The tables ``url``'s database has, each with its columns, read without changing
+    anything (no table made, no column added: :func:`make_engine` does that at start-up);
+    None for a SQLite file that does not exist yet. Raises when the database does not answer."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        path = parsed.database or ""
+        on_disk = path and path != ":memory:" and not path.startswith("file:")
+        if on_disk and not Path(path).exists():
+            return None
+    engine = create_engine(url)
+    try:
+        have = inspect(engine)
+        return {
+            name: frozenset(c["name"] for c in have.get_columns(name))
+            for name in have.get_table_names()
+        }
+    finally:
+        engine.dispose()
+
+
+def shown_url(url: str) -> str:
+    """``url`` with its password hidden, to print."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "(an unreadable database URL)"

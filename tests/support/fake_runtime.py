@@ -29,6 +29,8 @@ from gpulab.gpus.inventory import GpuDevice
 from gpulab.names import L_INSTANCE, L_KIND, L_USER
 from gpulab.runtime.base import (
     EngineError,
+    EngineNetwork,
+    EngineSurvey,
     ExecSession,
     HelperResult,
     Labelled,
@@ -331,6 +333,21 @@ class FakeRuntime(Runtime):
     async def gpu_delivery_refusal(self) -> str | None:
         self._enter("gpu_delivery_refusal")
         return self.refusal
+
+    async def survey(self, images, instance: str) -> EngineSurvey:
+        """A runc-only engine that has the images it has (no labels), and its networks."""
+        self._enter("survey", tuple(images), instance)
+        return EngineSurvey(
+            address="fake://engine",
+            version="fake",
+            runtimes={"runc": {"path": "runc"}},
+            default_runtime="runc",
+            networks=tuple(
+                EngineNetwork(net_id, ours=owner[0] == instance)
+                for net_id, owner in self.networks.items()
+            ),
+            images={i: ({} if self.images is None or i in self.images else None) for i in images},
+        )
 
     async def image_exists(self, image: str) -> bool:
         self._enter("image_exists", image)

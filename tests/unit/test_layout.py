@@ -33,6 +33,7 @@ CORE = {
     "idle",
     "checks",
     "disk_quota",
+    "cuda",
 }
 #: what the core may never import: a database, an engine, the network, a web framework
 IO_MODULES = {

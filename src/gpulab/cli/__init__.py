@@ -10,6 +10,7 @@
     gpulab secret set NAME | list | delete NAME   secrets a job's env refers to (--secret-env)
     gpulab usage [--user NAME]
     gpulab notebook list [--all | --user NAME]
+    gpulab doctor [--config FILE] [--json]       (operators, on the hub's host) check the host
 
 Every command prints a human table by default and the API's JSON with ``-o json``.
 
@@ -30,7 +31,9 @@ the job).
 
 The package speaks the REST API and nothing else: it imports nothing of gpulab outside itself
 (``client`` the connection, ``output`` the tables, ``commands``, ``exec`` and ``secrets`` the
-commands, ``parser`` the command tree; tests/unit/test_cli.py checks it).
+commands, ``parser`` the command tree; tests/unit/test_cli.py checks it). ``gpulab doctor`` is
+the one command that does not speak the REST API: it runs ``python -m gpulab.doctor``, a
+program of its own (``doctor``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from .client import (
     write_config,
 )
 from .commands import build_submission
+from .doctor import run_doctor
 from .output import duration, note, runtime, table
 from .parser import MAX_WORKERS, build_parser
 
@@ -106,6 +110,13 @@ def _ctrl_c_interrupts() -> Iterator[None]:
 
 
 def _run(argv: Sequence[str] | None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["doctor"]:  # the doctor's options are its own (python -m gpulab.doctor)
+        try:
+            return run_doctor(given[1:])
+        except KeyboardInterrupt:
+            note("gpulab: interrupted")
+            return EXIT_INTERRUPTED
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

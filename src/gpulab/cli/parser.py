@@ -21,6 +21,7 @@ from .commands import (
     cmd_notebook_list,
     cmd_usage,
 )
+from .doctor import add_doctor_command
 from .exec import add_exec_commands
 from .secrets import add_run_options, add_secret_commands
 
@@ -213,4 +214,6 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("-A", "--all", action="store_true", help="every user's notebooks (admins)")
     who.add_argument("--user", help="this user's notebooks (admins)")
     nb_ls.set_defaults(func=cmd_notebook_list)
+
+    add_doctor_command(top)
     return p

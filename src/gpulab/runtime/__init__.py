@@ -9,8 +9,11 @@ from pathlib import Path
 
 from ..gpus.inventory import read_inventory
 from .base import EngineError, Runtime
+from .objects import gpu_delivery_refusal
 
-__all__ = ["EngineError", "Runtime", "make_runtime"]
+#: gpu_delivery_refusal: the one rule of which engine runtimes can hand GPUs out in a gpu_mode
+#: (the start-up check, and ``gpulab doctor`` on what ``Runtime.survey`` read)
+__all__ = ["EngineError", "Runtime", "gpu_delivery_refusal", "make_runtime"]
 
 RUNNER = str(Path(__file__).resolve().parent / "job_runner.sh")
 

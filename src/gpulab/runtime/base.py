@@ -132,6 +132,38 @@ class Node:
     address: str = ""
 
 
+@dataclass(frozen=True)
+class EngineNetwork:
+    """A network the engine has, with the subnets it took from the address pools."""
+
+    name: str
+    subnets: tuple[str, ...] = ()
+    #: made by this gpulab instance (a user's or a job's network: labelled with its instance)
+    ours: bool = False
+
+
+@dataclass(frozen=True)
+class EngineSurvey:
+    """What an engine says about itself, for ``gpulab doctor`` (:meth:`Runtime.survey`): where
+    it was asked, its version, its runtimes, its address pools and networks, and the labels of
+    the images asked about. ``error`` says why it did not answer ("" when it did)."""
+
+    address: str = ""
+    version: str = ""
+    error: str = ""
+    #: ``docker info``'s Runtimes ({name: {"path": ...}}) and DefaultRuntime
+    runtimes: dict[str, Any] = field(default_factory=dict)
+    default_runtime: str = ""
+    #: the configured default address pools as (base, size); None: the engine's built-in ones
+    address_pools: tuple[tuple[str, int], ...] | None = None
+    #: where the pools were read ("docker info", a daemon.json path; "" for the built-in ones)
+    pools_from: str = ""
+    networks: tuple[EngineNetwork, ...] = ()
+    #: each image asked about -> its labels, or None when the engine does not have it; an
+    #: image left out was not asked (a cluster's images are in its registry)
+    images: dict[str, dict[str, str] | None] = field(default_factory=dict)
+
+
 @dataclass
 class HelperSpec:
     """A short-lived helper (a sync, a git clone) to run to its end, for any backend: what it
@@ -314,6 +346,12 @@ class Runtime:
         start-up (the hub and the service); not checked on a cluster, whose nodes' runtimes
         its manager does not list."""
         return None
+
+    async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:
+        """What the engine says about itself (``gpulab doctor``): its version, runtimes,
+        address pools and networks (``instance``'s marked as ours), and the labels of each of
+        ``images`` it has; never raises: an engine that does not answer is an ``error``."""
+        raise NotImplementedError
 
     async def image_exists(self, image: str) -> bool:
         raise NotImplementedError

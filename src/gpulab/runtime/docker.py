@@ -21,6 +21,7 @@ from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
 from . import network as net
 from .base import (
     EngineError,
+    EngineSurvey,
     ExecSession,
     HelperResult,
     HelperSpec,
@@ -41,6 +42,7 @@ from .objects import (
     helper_container_config,
     workload_container_config,
 )
+from .survey import refs, survey_engine
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +90,9 @@ class DockerRuntime(Runtime):
             info.get("Runtimes") or {},
             info.get("DefaultRuntime") or "",
         )
+
+    async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:
+        return await survey_engine(self.engine, refs(self.image_ref, images), instance)
 
     async def image_exists(self, image: str) -> bool:
         try:

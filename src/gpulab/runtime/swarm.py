@@ -24,6 +24,7 @@ import contextlib
 import hashlib
 import logging
 import time
+from collections.abc import Sequence
 
 import docker
 from docker.errors import APIError, DockerException, NotFound
@@ -35,6 +36,7 @@ from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
 from . import network as net
 from .base import (
     EngineError,
+    EngineSurvey,
     ExecSession,
     HelperResult,
     HelperSpec,
@@ -52,6 +54,7 @@ from .engine import EngineClient, engine_error
 from .execution import EngineExecSession, run_command
 from .gateway import Gateway
 from .objects import helper_container_config
+from .survey import survey_engine
 from .swarm_network import SwarmNetwork, service_named
 from .swarm_nodes import NodeEngines
 from .swarm_specs import (
@@ -145,6 +148,11 @@ class SwarmRuntime(Runtime):
                 )
             )
         return out
+
+    async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:
+        """The manager's engine; no image is asked about (they are in the registry, whose
+        labels a manager does not show), and its daemon.json is read only where it runs."""
+        return await survey_engine(self.engine, {}, instance, local=False)
 
     async def image_exists(self, image: str) -> bool:
         """Asked of the registry (through the manager): what every node will pull."""
