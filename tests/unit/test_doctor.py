@@ -104,6 +104,8 @@ def test_gpu_delivery_uses_the_start_up_rule():
     swarm = c.check_gpu_delivery("device_request", 2, ENGINE, clustered=True)
     assert swarm.status == WARNING
     assert c.check_gpu_delivery("nope", 1, ENGINE).status == ERROR
+    off = c.check_gpu_delivery("device_request", 2, runc, enforced=False)  # check_gpu_runtime
+    assert off.status == WARNING and "check_gpu_runtime is off" in off.found
 
 
 def test_driver():

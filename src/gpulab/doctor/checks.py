@@ -125,6 +125,8 @@ class Facts:
 
     config: str
     gpu_mode: str = "device_request"
+    #: check_gpu_runtime: the hub and the service refuse a gpu_mode the engine cannot deliver
+    check_gpu_runtime: bool = True
     network_isolation: str = "user"
     #: the runtime places workloads on several nodes (a Swarm)
     clustered: bool = False
@@ -180,10 +182,11 @@ def check_engine(engine: EngineSurvey) -> Finding:
 
 
 def check_gpu_delivery(
-    mode: str, gpus: int, engine: EngineSurvey, clustered: bool = False
+    mode: str, gpus: int, engine: EngineSurvey, clustered: bool = False, enforced: bool = True
 ) -> Finding | None:
     """Whether the engine can hand this host's GPUs to containers in ``gpu_mode``: the
-    start-up check's rule (:func:`~gpulab.runtime.gpu_delivery_refusal`)."""
+    start-up check's rule (:func:`~gpulab.runtime.gpu_delivery_refusal`). ``enforced``:
+    check_gpu_runtime is on (off, the hub and the service start anyway: a warning)."""
     name = "gpu runtime"
     if clustered:
         return Finding(
@@ -200,6 +203,14 @@ def check_gpu_delivery(
         refusal = gpu_delivery_refusal(mode, gpus, engine.runtimes, engine.default_runtime)
     except ValueError as e:
         return Finding(name, ERROR, str(e), "set gpu_mode to 'device_request' or 'env'")
+    if refusal and not enforced:
+        return Finding(
+            name,
+            WARNING,
+            f"the engine shows no way to hand out this host's {gpus} GPU(s), and "
+            "check_gpu_runtime is off: the hub and the service start anyway",
+            refusal,
+        )
     if refusal:
         return Finding(
             name, ERROR, f"the engine cannot hand out this host's {gpus} GPU(s)", refusal
@@ -542,7 +553,7 @@ def check_address_pools(facts: Facts) -> Finding | None:
     )
     ours = sum(1 for n in engine.networks if n.ours)
     room = max(total - others, 0)
-    counted = facts.users_from or "when no limit is configured"
+    counted = facts.users_from or "active_server_limit unset; --users N says how many"
     users = f"{facts.users_needed} users ({counted})"
     found = (
         f"room for {room} user networks: {total} in {described}, {others} taken by other "
@@ -618,7 +629,11 @@ def check_all(facts: Facts, config_summary: str = "") -> list[Finding]:
     out = [check_config(facts.config, summary=config_summary), check_engine(facts.engine)]
     out.append(check_driver(facts.nvml, facts.configured_gpus, facts.discover_gpus))
     out += check_gpus(facts.configured_gpus, facts.nvml, facts.discover_gpus)
-    out.append(check_gpu_delivery(facts.gpu_mode, len(gpus), facts.engine, facts.clustered))
+    out.append(
+        check_gpu_delivery(
+            facts.gpu_mode, len(gpus), facts.engine, facts.clustered, facts.check_gpu_runtime
+        )
+    )
     out += check_images(facts)
     for store in facts.stores:
         out += check_store(store)

@@ -216,6 +216,7 @@ def gather(settings: GpulabSettings, config: Config, path: str, users: int | Non
     return Facts(
         config=path,
         gpu_mode=settings.gpu_mode,
+        check_gpu_runtime=settings.check_gpu_runtime,
         network_isolation=settings.network_isolation,
         clustered=runtime.clustered,
         configured_gpus=configured,

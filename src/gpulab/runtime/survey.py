@@ -67,12 +67,13 @@ async def survey_engine(
 ) -> EngineSurvey:
     """Ask ``engine`` (``images``: the name asked about -> the name the engine knows it by).
     ``local``: the engine runs on this host, so its daemon.json may be read for the pools."""
+    address = engine_address("http+docker://")  # where an engine made from the environment is
     try:
         client = engine.client
         address = engine_address(str(getattr(client, "base_url", "")))
         info = await engine.call(client.info)
     except EngineError as e:
-        return EngineSurvey(error=str(e) or type(e).__name__)
+        return EngineSurvey(address=address, error=str(e) or type(e).__name__)
     pools: tuple[tuple[str, int], ...] | None = pools_of(info.get("DefaultAddressPools")) or None
     pools_from = "docker info" if pools else ""
     if pools is None and local:
