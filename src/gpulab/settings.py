@@ -28,7 +28,7 @@ from . import __version__
 from .bounds import MAX_REQUEST_BODY
 from .disk_quota import DEFAULT_DISK_QUOTA, DEFAULT_GIT_MAX_BYTES, disk_quota_for, parse_size
 from .frameworks import Catalog
-from .gpus.sharing import check_sharing, fraction_refusal
+from .gpus.sharing import check_sharing, fraction_refusal, sharing_mode_refusal
 from .idle import idle_timeout_for
 from .resources import (
     Flavor,
@@ -127,26 +127,20 @@ class GpulabSettings(Configurable):
         GPU). A device is named by its ID (on every node of a cluster) or as "node/id". Slots
         are 2 to 16. A shared device is handed out whole only while no share of it is held,
         and no share of it while a whole-GPU workload holds it; jobs always take whole GPUs.
-        Isolation is gpu_sharing_mode's. Empty (default): whole GPUs only.""",
+        Sharers are not isolated (gpu_sharing_mode). Empty (default): whole GPUs only.""",
     ).tag(config=True)
 
-    gpu_sharing_mode = Enum(
-        ["time-slicing", "mps"],
-        default_value="time-slicing",
-        help="""How the notebooks sharing a GPU share it. 'time-slicing' (default): each
-        sharer is given the device as a whole GPU is; the driver time-slices their kernels and
-        nothing isolates their memory (one sharer can take it all). 'mps': the sharers are
-        NVIDIA MPS clients (the admin runs nvidia-cuda-mps-control on the host): each gets
-        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (its share of the compute) and
-        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT (its share of the device's memory, from the
-        inventory's memory) and the MPS pipe directory (mps_pipe_directory).""",
-    ).tag(config=True)
-
-    mps_pipe_directory = Unicode(
-        "/tmp/nvidia-mps",
-        help="""With gpu_sharing_mode 'mps': the MPS control daemon's pipe directory on the
-        host (CUDA_MPS_PIPE_DIRECTORY); it is mounted at the same path into the containers
-        that share a GPU, and only into those.""",
+    gpu_sharing_mode = Unicode(
+        "time-slicing",
+        help="""How the notebooks sharing a GPU share it: 'time-slicing', the one mode. Each
+        sharer is given the device as a whole GPU is, and GPULAB_GPU_FRACTION (advice for its
+        framework, which nothing enforces); the driver time-slices their kernels and nothing
+        isolates them: a sharer can use all of the device's memory and compute. For isolation
+        use MIG devices (each one is a GPU of its own in the inventory). 'mps' was removed (its
+        limits were CUDA_MPS_* variables a user could unset, and nothing ran the MPS control
+        daemon): a configuration that still says 'mps' stops the hub and the service at
+        start-up, saying so. The setting stays so that such a configuration is refused
+        rather than silently shared without limits.""",
     ).tag(config=True)
 
     runtime = Enum(
@@ -627,8 +621,12 @@ class GpulabSettings(Configurable):
         self.check_sharing()
 
     def check_sharing(self) -> None:
-        """gpu_sharing and the fractional flavors, checked at start-up: a flavor asking for a
-        fraction no shared device gives would fail every spawn."""
+        """gpu_sharing, its mode and the fractional flavors, checked at start-up: a flavor
+        asking for a fraction no shared device gives would fail every spawn, and a mode that
+        was removed ('mps') would share GPUs without the limits its configuration expects."""
+        why = sharing_mode_refusal(self.gpu_sharing_mode)
+        if why:
+            raise ConfigError(why)
         try:
             sharing = check_sharing(self.gpu_sharing)
         except ValueError as e:

@@ -82,7 +82,6 @@ def notebook(s: GpulabSettings, user: str, gpu_ids: list[str], mark: str) -> Wor
         workload_id=f"{s.instance}/notebook/{user}/nb",
         resources=Resources(cpus=0.5, memory=256 * 1024**2, gpus=len(gpu_ids)),
         gpu_ids=gpu_ids,
-        gpu_memory="",
         mounts=[],
         network_id="",
         node="",

@@ -8,9 +8,14 @@ the engine was asked for.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import os
+import signal
 
 import pytest
 import requests
+
+from gpulab.gpus.sharing import MPS_REMOVED
 
 from ..support.hub import SpawnFailed
 
@@ -105,8 +110,6 @@ c.GpulabSettings.gpu_devices = [
     {"id": "0", "memory": "16384M"}, {"id": "1", "memory": "16384M"}, {"id": "2", "memory": "16384M"}
 ]
 c.GpulabSettings.gpu_sharing = {"0": 4}
-c.GpulabSettings.gpu_sharing_mode = "mps"
-c.GpulabSettings.mps_pipe_directory = "%s"
 c.GpulabSettings.max_resources = {"cpus": 1, "memory": "1G", "gpus": 2}
 c.GpulabSettings.gpu_mode = "env"
 """
@@ -116,12 +119,19 @@ def _env(container) -> dict[str, str]:
     return dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
 
 
-def test_fractional_and_whole_gpus_at_once(hub_with, docker_client, tmp_path):
+def _no_mps_and_no_host_path(container) -> None:
+    """Time-slicing is the one sharing mode: no MPS client variable, and nothing of the host
+    mounted (named volumes only)."""
+    env = _env(container)
+    assert not [k for k in env if k.startswith("CUDA_MPS_")], env
+    mounts = container.attrs["Mounts"]
+    assert mounts and {m["Type"] for m in mounts} == {"volume"}, mounts
+
+
+def test_fractional_and_whole_gpus_at_once(hub_with, docker_client):
     """Two notebooks share device 0 in halves while two others take whole devices, all at
     once; a share that no longer fits is refused with the slots each shared GPU has free."""
-    pipes = tmp_path / "mps-pipes"
-    pipes.mkdir()
-    hub = hub_with(SHARED_GPUS % pipes, fresh=True)
+    hub = hub_with(SHARED_GPUS, fresh=True)
     asks = {"ann": 0.5, "bob": 0.5, "cy": 1, "dee": 1}
     tokens = {u: hub.create_user(u) for u in [*asks, "eve"]}
 
@@ -139,23 +149,18 @@ def test_fractional_and_whole_gpus_at_once(hub_with, docker_client, tmp_path):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         containers = dict(zip(asks, pool.map(spawn, asks), strict=True))
 
-    # the sharers get device 0 the way a whole GPU is given, and their MPS share
+    # the sharers get device 0 the way a whole GPU is given, and their share as advice
     for u in ("ann", "bob"):
         env = _env(containers[u])
         assert env["NVIDIA_VISIBLE_DEVICES"] == "0"
         assert env["GPULAB_GPU_FRACTION"] == "0.5"
-        assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=8192M"
-        assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
-        binds = containers[u].attrs["HostConfig"]["Binds"] or []
-        assert f"{pipes}:{pipes}:rw" in binds, binds
-    # whole GPUs went to the devices that are not shared; no share environment, no host path
+        _no_mps_and_no_host_path(containers[u])
+    # whole GPUs went to the devices that are not shared; no share environment
     whole = sorted(_env(containers[u])["NVIDIA_VISIBLE_DEVICES"] for u in ("cy", "dee"))
     assert whole == ["1", "2"]
     for u in ("cy", "dee"):
-        env = _env(containers[u])
-        assert "GPULAB_GPU_FRACTION" not in env and "CUDA_MPS_PIPE_DIRECTORY" not in env
-        assert str(pipes) not in str(containers[u].attrs["HostConfig"]["Binds"])
+        assert "GPULAB_GPU_FRACTION" not in _env(containers[u])
+        _no_mps_and_no_host_path(containers[u])
 
     # device 0 is full (two halves): a quarter is refused, saying what is free
     hub.spawn("eve", "nb", {"cpus": 0.2, "memory": "256M", "gpus": 0.25}, token=tokens["eve"])
@@ -195,4 +200,30 @@ def test_fractional_and_whole_gpus_at_once(hub_with, docker_client, tmp_path):
     hub.wait_ready("eve", "nb", timeout=120)
     env = _env(docker_client.containers.get(hub.notebook("eve", "nb").json()["container"]))
     assert env["NVIDIA_VISIBLE_DEVICES"] == "0" and env["GPULAB_GPU_FRACTION"] == "0.25"
-    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    assert not [k for k in env if k.startswith("CUDA_MPS_")], env
+
+
+MPS = """
+c.GpulabSettings.gpu_devices = [{"id": "0", "memory": "16384M"}]
+c.GpulabSettings.gpu_sharing = {"0": 2}
+c.GpulabSettings.gpu_sharing_mode = "mps"
+c.GpulabSettings.mps_pipe_directory = "/tmp/nvidia-mps"
+"""
+
+
+def test_a_site_that_still_asks_for_mps_does_not_start(hub_with):
+    """MPS was removed: a configuration that still asks for it stops the service at start-up
+    with the reason and what to use instead, and the hub, whose managed service exited, with
+    it; nothing is shared without the limits the site expects."""
+    hub = hub_with(MPS, start=False)
+    try:
+        with contextlib.suppress(RuntimeError):  # "hub exited": it may go before its API answers
+            hub.start(service=False)
+        assert hub.proc.wait(60) != 0
+    finally:  # JupyterHub exits so and leaves its proxy running
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((hub.workdir / "data" / "jupyterhub-proxy.pid").read_text())
+            os.kill(pid, signal.SIGTERM)
+    log = hub.log_file.read_text(errors="replace")
+    assert f"gpulab.service] invalid configuration: {MPS_REMOVED}" in log, log[-3000:]
+    assert "Service gpulab exited with status 2" in log

@@ -13,16 +13,22 @@ from gpulab.db import Database, GpuAllocation
 from gpulab.gpus.inventory import GpuDevice
 from gpulab.gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable, NoGpuShareAvailable
 from gpulab.gpus.sharing import (
+    MPS_REMOVED,
     check_sharing,
     fraction_refusal,
-    mps_environment,
     offered_fractions,
     pick_shared,
-    share_container,
+    share_environment,
+    sharing_mode_refusal,
     slots_for,
 )
-from gpulab.resources import Flavor
-from gpulab.settings import ConfigError, GpulabSettings
+from gpulab.notebooks.container import HubSide, notebook_spec
+from gpulab.notebooks.life import policy_of
+from gpulab.resources import Flavor, Resources
+from gpulab.runtime.base import Mount
+from gpulab.runtime.objects import workload_container_config
+from gpulab.runtime.swarm_specs import service_spec
+from gpulab.settings import ConfigError, GpulabSettings, load_config
 
 from ..support.ledger import check_ledger_invariants
 
@@ -66,21 +72,90 @@ def test_pick_shared_packs_or_spreads():
     assert pick_shared({"0": 0, "1": 1}, counts, 0.5) is None
 
 
-def test_mps_environment_and_share_container():
-    env = mps_environment(0.25, "81920M", "/tmp/nvidia-mps")
-    assert env == {
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
-        "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=20480M",
-    }
-    assert mps_environment(0.5, "80G", "/p")["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
-    # memory unknown: no memory limit rather than a wrong one
-    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in mps_environment(0.5, "", "/p")
-    env, binds = share_container(0.5, "16G", "time-slicing", "/tmp/nvidia-mps")
-    assert env == {"GPULAB_GPU_FRACTION": "0.5"} and binds == {}
-    env, binds = share_container(0.5, "16G", "mps", "/tmp/nvidia-mps")
-    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    assert binds == {"/tmp/nvidia-mps": {"bind": "/tmp/nvidia-mps", "mode": "rw"}}
+def test_a_share_is_told_its_fraction_and_nothing_else():
+    """Time-slicing is the one mode: a sharer learns its share (advice for its framework) and
+    gets no MPS client variable and no host path, on one engine and on a Swarm."""
+    assert share_environment(0.5) == {"GPULAB_GPU_FRACTION": "0.5"}
+    assert share_environment(0.25) == {"GPULAB_GPU_FRACTION": "0.25"}
+    s = GpulabSettings(gpu_sharing={"0": 4})
+    hub = HubSide(
+        # a previous start's share in the hub's environment does not leak into this one
+        env={"JUPYTERHUB_API_TOKEN": "x", "GPULAB_GPU_FRACTION": "0.75"},
+        command=[],
+        args=[],
+        base_url="/user/ann/nb/",
+        port=8888,
+        user="1000",
+    )
+
+    def spec(gpus: float, gpu_ids: list[str]):
+        return notebook_spec(
+            policy=policy_of(s),
+            hub=hub,
+            name="nb",
+            image="img",
+            user="ann",
+            server="nb",
+            workload_id="gpulab/notebook/ann/nb",
+            resources=Resources(cpus=1, memory=2**30, gpus=gpus),
+            gpu_ids=gpu_ids,
+            mounts=[Mount("gpulab-nb-ann--nb-workspace", "/workspace")],
+            network_id="",
+            node="n1",
+        )
+
+    for gpus, ids, fraction in ((0.5, ["0"], "0.5"), (1, ["1"], None), (0, [], None)):
+        w = spec(gpus, ids)
+        assert w.env.get("GPULAB_GPU_FRACTION") == fraction, w.env
+        assert not [k for k in w.env if k.startswith("CUDA_MPS_")], w.env
+        host = workload_container_config(w, "device_request", "/r.sh")["host_config"]
+        assert host["binds"] == {
+            "gpulab-nb-ann--nb-workspace": {"bind": "/workspace", "mode": "rw"}
+        }, host["binds"]  # named volumes only: no path of the host
+        swarm = service_spec(w, None, None)["TaskTemplate"]["ContainerSpec"]
+        assert {m["Type"] for m in swarm["Mounts"]} == {"volume", "tmpfs"}, swarm["Mounts"]
+        assert not [e for e in swarm["Env"] if e.startswith("CUDA_MPS_")], swarm["Env"]
+
+
+def test_mps_is_refused_saying_it_was_removed_and_what_to_use(tmp_path):
+    """A site configuration that still asks for MPS stops the hub and the service at start-up
+    (a ConfigError, tests/integration/test_gpus.py shows the real start) instead of sharing
+    without the limits it expects; 'time-slicing', written or not, is the one mode."""
+    assert sharing_mode_refusal("time-slicing") is None
+    assert sharing_mode_refusal("mps") == MPS_REMOVED
+    for words in (
+        "gpu_sharing_mode = 'mps' was removed",
+        "a user can unset",
+        "never started the MPS control daemon",
+        "Remove the line",
+        "without isolation (a sharer can use all of the device's memory and compute)",
+        "for isolation use MIG devices",
+    ):
+        assert words in MPS_REMOVED
+    assert "must be 'time-slicing' (the one mode), not 'exclusive'" in sharing_mode_refusal(
+        "exclusive"
+    )
+    assert GpulabSettings().gpu_sharing_mode == "time-slicing"
+    assert GpulabSettings(gpu_sharing_mode="time-slicing", gpu_sharing={"0": 2})
+    with pytest.raises(ConfigError) as e:
+        GpulabSettings(gpu_sharing_mode="mps")
+    assert str(e.value) == MPS_REMOVED
+    with pytest.raises(ConfigError, match="not 'MPS'"):
+        GpulabSettings(gpu_sharing_mode="MPS")
+    # as the hub and the service read it: the site's file
+    site = tmp_path / "jupyterhub_config.py"
+    site.write_text(
+        'c.GpulabSettings.gpu_sharing = {"0": 4}\n'
+        'c.GpulabSettings.gpu_sharing_mode = "mps"\n'
+        'c.GpulabSettings.mps_pipe_directory = "/tmp/nvidia-mps"\n'
+    )
+    # the pipe directory went with it: traitlets says that nothing reads it
+    with (
+        pytest.raises(ConfigError, match="'mps' was removed"),
+        pytest.warns(UserWarning, match="`mps_pipe_directory` not recognized"),
+    ):
+        GpulabSettings(config=load_config(str(site)))
+    assert "mps_pipe_directory" not in GpulabSettings.class_trait_names(config=True)
 
 
 def test_settings_refuse_a_flavor_no_shared_gpu_gives():

@@ -120,8 +120,6 @@ def test_job_joins_only_its_owners_network(owner):
 def test_a_notebook_s_port_is_published_only_off_its_owners_network(owner):
     """A notebook on its owner's bridge is reached at its address there; on the default
     bridge (network_isolation 'none') its port is published on the host's loopback only."""
-    from gpulab.runtime.base import HostBind
-
     spec = WorkloadSpec(
         name="nb",
         image="img",
@@ -129,12 +127,11 @@ def test_a_notebook_s_port_is_published_only_off_its_owners_network(owner):
         network_owner=owner,
         runner=False,
         ports=(8888,),
-        host_binds=[HostBind("/run/mps", "/run/mps")],
     )
     cfg = workload_container_config(spec, "device_request", "/r.sh")
     host = cfg["host_config"]
     assert cfg["ports"] == [8888] and cfg["command"] == ["jupyterhub-singleuser"]
-    assert host["binds"] == {"/run/mps": {"bind": "/run/mps", "mode": "rw"}}
+    assert host["binds"] == {}  # no runner, no volume: nothing of the host
     if owner:
         assert "port_bindings" not in host
     else:

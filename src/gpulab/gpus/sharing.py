@@ -7,23 +7,34 @@ GPU takes ``f x slots`` slots of one shareable device; the ledger books one row 
 being handed out beyond its slots. A whole-GPU workload takes a device only when it has no row
 at all, and a shared slot is never taken on a device a whole-GPU workload holds.
 
-What the sharers get is the same as a whole GPU's (the device, by its ID); isolation is the
-sharing mode's: ``time-slicing`` gives none for memory (the sharers see all of it and take
-turns on the compute), ``mps`` runs them as clients of NVIDIA MPS with a per-process compute
-share (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) and memory limit
-(``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``).
+What the sharers get is the same as a whole GPU's (the device, by its ID) and their share
+(``GPULAB_GPU_FRACTION``). Sharing is time-slicing, without isolation: the driver
+time-slices the sharers' kernels and nothing holds one to its share; a sharer can use all of
+the device's memory and compute. Isolation is a MIG device's, which the inventory lists as a
+device of its own. The ``mps`` mode (NVIDIA MPS client variables) was removed: its limits were
+environment variables a user could unset, and nothing ran the MPS control daemon
+(:data:`MPS_REMOVED`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from .inventory import GpuDevice
 
 #: the most slots a device may be cut into (a share below 1/16 of a GPU is not useful work)
 MAX_SLOTS = 16
-SHARING_MODES = ("time-slicing", "mps")
+#: the one way sharers share a device (``GpulabSettings.gpu_sharing_mode``)
+SHARING_MODES = ("time-slicing",)
+#: why a configuration that still asks for MPS is refused, and what to use instead
+MPS_REMOVED = (
+    "c.GpulabSettings.gpu_sharing_mode = 'mps' was removed: its limits were CUDA_MPS_* "
+    "variables in the sharers' own environment, which a user can unset, and gpulab never "
+    "started the MPS control daemon. Remove the line: shared GPUs (gpu_sharing) are "
+    "time-sliced, without isolation (a sharer can use all of the device's memory and "
+    "compute); for isolation use MIG devices, which gpulab lists as GPUs of their own "
+    "(by their MIG-... UUID) and hands out whole (docs/gpus.md)"
+)
 _EPS = 1e-6
 
 
@@ -118,31 +129,13 @@ def share_of(share_rows: int, slots: int) -> float:
     return round(share_rows / slots, 4) if slots else float(share_rows)
 
 
-def mps_environment(fraction: float, memory: str, pipe_directory: str) -> dict[str, str]:
-    """The NVIDIA MPS client environment of a container given ``fraction`` of a device whose
-    memory is ``memory`` (as the inventory writes it, "81920M"; "" if unknown): its compute
-    share, its pinned memory limit on its one visible device (0), and where the MPS control
-    daemon's pipes are."""
-    env = {
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, min(100, round(fraction * 100)))),
-        "CUDA_MPS_PIPE_DIRECTORY": pipe_directory,
-    }
-    mib = _mebibytes(memory)
-    if mib:
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, math.floor(mib * fraction))}M"
-    return env
-
-
-def _mebibytes(memory: str) -> int:
-    """'81920M' / '80G' / '80GiB' -> MiB; 0 when unknown or unreadable."""
-    text = memory.strip().upper().removesuffix("IB").removesuffix("B")
-    units = {"M": 1, "G": 1024, "T": 1024 * 1024}
-    if text and text[-1] in units:
-        try:
-            return int(float(text[:-1]) * units[text[-1]])
-        except ValueError:
-            return 0
-    return 0
+def sharing_mode_refusal(mode: str) -> str | None:
+    """Why ``gpu_sharing_mode`` cannot be ``mode``, or None ('time-slicing')."""
+    if mode in SHARING_MODES:
+        return None
+    if mode == "mps":
+        return MPS_REMOVED
+    return f"c.GpulabSettings.gpu_sharing_mode must be 'time-slicing' (the one mode), not {mode!r}"
 
 
 def sharing_summary(
@@ -158,19 +151,9 @@ def sharing_summary(
     return out
 
 
-def share_container(
-    fraction: float, memory: str, mode: str, pipe_directory: str
-) -> tuple[dict[str, str], dict[str, dict]]:
-    """(environment, host binds) of a container given ``fraction`` of one shared device, on
-    top of what :func:`gpulab.runtime.objects.gpu_request` gives it for the device itself.
-
-    Every sharer learns its share (``GPULAB_GPU_FRACTION``: frameworks can cap their memory
-    with it, e.g. ``torch.cuda.set_per_process_memory_fraction``). With MPS it also gets the
-    MPS client environment and the control daemon's pipe directory, bound at the same path
-    (the one host path a container may get, and only a sharer on an MPS installation)."""
-    env = {"GPULAB_GPU_FRACTION": f"{fraction:g}"}
-    binds: dict[str, dict] = {}
-    if mode == "mps":
-        env.update(mps_environment(fraction, memory, pipe_directory))
-        binds[pipe_directory] = {"bind": pipe_directory, "mode": "rw"}
-    return env, binds
+def share_environment(fraction: float) -> dict[str, str]:
+    """The environment of a container given ``fraction`` of one shared device, on top of what
+    :func:`gpulab.runtime.objects.gpu_request` gives it for the device itself: its share,
+    ``GPULAB_GPU_FRACTION``, as advice (a framework may cap its own memory with it, e.g.
+    ``torch.cuda.set_per_process_memory_fraction``); nothing enforces it."""
+    return {"GPULAB_GPU_FRACTION": f"{fraction:g}"}

@@ -11,13 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..gpus.inventory import device_id
-from ..gpus.sharing import is_fraction, share_container
+from ..gpus.sharing import is_fraction, share_environment
 from ..names import L_NETWORK, L_PORT, L_ROUTE, workload_labels
 from ..resources import Resources, container_limits
-from ..runtime.base import HostBind, Mount, WorkloadSpec
+from ..runtime.base import Mount, WorkloadSpec
 
 #: environment keys a GPU share sets (a previous start's share must not leak into the next)
-SHARE_ENV_PREFIXES = ("GPULAB_GPU_FRACTION", "CUDA_MPS_")
+SHARE_ENV_PREFIXES = ("GPULAB_GPU_FRACTION",)
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,6 @@ class ContainerPolicy:
     activity_report_interval: float
     log_max_size: str
     log_max_files: int
-    gpu_sharing_mode: str
-    mps_pipe_directory: str
     #: each user's notebooks join a network of their own (network_isolation "user")
     isolated: bool
 
@@ -71,24 +69,19 @@ def notebook_spec(
     workload_id: str,
     resources: Resources,
     gpu_ids: Sequence[str],
-    gpu_memory: str,
     mounts: Sequence[Mount],
     network_id: str,
     node: str,
     image_command: Sequence[str] | None = None,
 ) -> WorkloadSpec:
     """The notebook's workload: the hardened limits, the GPUs (whole, or a share of a shared
-    one), labels (with what a gateway needs to put its route back), environment and volumes.
+    one: the device, and its share as advice, GPULAB_GPU_FRACTION), labels (with what a
+    gateway needs to put its route back), environment and its named volumes (never a host
+    path).
 
-    ``gpu_memory``: the memory of the shared device it gets a share of ("" when unknown);
     ``image_command``: the image's own command, run when the hub names none (None: unknown,
     then JupyterHub's ``jupyterhub-singleuser``)."""
-    share_env: dict[str, str] = {}
-    share_binds: dict[str, dict] = {}
-    if is_fraction(resources.gpus) and gpu_ids:
-        share_env, share_binds = share_container(
-            resources.gpus, gpu_memory, policy.gpu_sharing_mode, policy.mps_pipe_directory
-        )
+    share_env = share_environment(resources.gpus) if is_fraction(resources.gpus) and gpu_ids else {}
     limits = container_limits(resources, policy.pids_limit, policy.shm_fraction)
     kept = {k: v for k, v in hub.env.items() if not k.startswith(SHARE_ENV_PREFIXES)}
     env = {
@@ -117,9 +110,6 @@ def notebook_spec(
         shm_size=limits.shm_size,
         gpu_ids=[device_id(g) for g in gpu_ids],
         mounts=list(mounts),
-        host_binds=[
-            HostBind(path, b["bind"], b.get("mode") == "ro") for path, b in share_binds.items()
-        ],
         network_owner=user if policy.isolated else None,
         node=node,
         log_max_size=policy.log_max_size,

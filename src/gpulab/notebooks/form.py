@@ -115,7 +115,6 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
         shared=shared,
         # the biggest share one shared GPU has free now (for the form's warning)
         shared_most_free=max((f / n for f, n in shared.values()), default=0),
-        sharing_mode=s.gpu_sharing_mode,
         stores=s.storage.stores,
         grants=[g for g in s.storage.grants if g.users is None or user in g.users],
         workspace=s.storage.workspace,

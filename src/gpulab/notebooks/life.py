@@ -154,8 +154,6 @@ def policy_of(s) -> ContainerPolicy:
         activity_report_interval=s.activity_report_interval,
         log_max_size=s.container_log_max_size,
         log_max_files=s.container_log_max_files,
-        gpu_sharing_mode=s.gpu_sharing_mode,
-        mps_pipe_directory=s.mps_pipe_directory,
         isolated=s.network_isolation == "user",
     )
 
@@ -356,7 +354,6 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
     except EngineError as e:
         msg = f"the engine could not start the container: {e}"
         raise await nb.fail(S.ERROR, "ENGINE_ERROR", msg, 503) from None
-    dev = next((d for d in nb.ledger.devices if d.key == (nb.held.gpu_ids or [""])[0]), None)
     spec = notebook_spec(
         policy=policy_of(s),
         hub=hub,
@@ -368,7 +365,6 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
         workload_id=nb.workload_id,
         resources=opts.resources,
         gpu_ids=nb.held.gpu_ids,
-        gpu_memory=dev.memory if dev else "",
         mounts=notebook_mounts(
             nb.volume,
             s.workspace_dir,

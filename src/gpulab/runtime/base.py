@@ -37,16 +37,6 @@ class Mount:
     read_only: bool = False
 
 
-@dataclass(frozen=True)
-class HostBind:
-    """A path of the node's file system, mounted at ``target`` (the MPS daemon's pipes of a
-    shared GPU: the one host path a workload may get)."""
-
-    path: str
-    target: str
-    read_only: bool = False
-
-
 @dataclass
 class WorkloadSpec:
     """What to run, for any backend. Built by the supervisor (jobs) from a JobSpec."""
@@ -62,6 +52,8 @@ class WorkloadSpec:
     pids_limit: int = 4096
     shm_size: int = 64 * 1024**2
     gpu_ids: Sequence[str] = ()
+    #: named volumes only: a workload is never given a path of its node's file system (on
+    #: one engine a job's runner script, read-only, is the one file it gets from the host)
     mounts: Sequence[Mount] = ()
     #: the owner whose private network it joins (None: the engine's default network)
     network_owner: str | None = None
@@ -84,8 +76,6 @@ class WorkloadSpec:
     #: the image's file system read-only; /tmp is then a tmpfs of ``tmp_size`` bytes
     read_only: bool = False
     tmp_size: int = 256 * 1024**2
-    #: host paths it mounts (see HostBind)
-    host_binds: Sequence[HostBind] = ()
     #: ports it serves (a notebook's server): published on the host's loopback when it joins
     #: no network of its own, so that the hub reaches it there (see Runtime.reach)
     ports: Sequence[int] = ()

@@ -180,8 +180,6 @@ def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) ->
     binds = {
         m.volume: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts
     }
-    for b in spec.host_binds:
-        binds[b.path] = {"bind": b.target, "mode": "ro" if b.read_only else "rw"}
     command = list(spec.command)
     if spec.runner:
         binds[runner] = {"bind": RUNNER_PATH, "mode": "ro"}
