@@ -27,6 +27,12 @@ from .volumes import VolumeError, VolumeSpec
 SECRET_NAME_PATTERN = "^[a-z0-9][a-z0-9._-]{0,62}$"
 SECRET_NAME_RE = re.compile(SECRET_NAME_PATTERN)
 MAX_SECRET_NAME_CHARS = 63
+#: why no secret can be stored, revealed or referred to here: the secrets API's 503
+#: (:data:`gpulab.secrets.NO_KEY`) and a job spec's refusal of a reference to one alike
+NO_SECRETS_KEY = (
+    "secrets are not enabled: the admin has configured no key "
+    "(c.GpulabSettings.secrets_keys or secrets_key_file)"
+)
 #: how long an unknown or invalid key may be where it names the field at fault
 MAX_KEY_TEXT = 64
 

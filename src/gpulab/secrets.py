@@ -25,7 +25,7 @@ from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from sqlalchemy import delete, select
 
 from .bounds import MAX_ENV_VALUE_BYTES
-from .checks import secret_name
+from .checks import NO_SECRETS_KEY, secret_name
 from .db import Database, UserSecret
 from .errors import FieldError
 from .lifecycle import utcnow
@@ -40,11 +40,9 @@ class SecretError(FieldError):
     """A bad secret name or value (400), or a missing one (the caller decides: 404 or 400)."""
 
 
-#: why secrets cannot be stored or revealed here (the API answers it 503)
-NO_KEY = (
-    "secrets are not enabled: the admin has configured no key "
-    "(c.GpulabSettings.secrets_keys or secrets_key_file)"
-)
+#: why secrets cannot be stored or revealed here (the API answers it 503; a job spec that
+#: refers to a secret is refused with the same words: the text is :mod:`gpulab.checks`')
+NO_KEY = NO_SECRETS_KEY
 
 
 class SecretsUnavailable(RuntimeError):

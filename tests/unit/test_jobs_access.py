@@ -129,6 +129,14 @@ def test_secret_reference_refusals(env, names, field, words):
     refused(CMD | {"env": env}, field, words, secret_names=names)
 
 
+def test_with_secrets_off_a_reference_is_refused_with_the_secrets_apis_words():
+    """One refusal for "no key configured": the secrets API's 503 and a job spec's 400 (an
+    env entry or a git entry that names a secret) say the same."""
+    assert refused(CMD | {"env": {"K": {"secret": "wandb"}}}, "env.K", secret_names=None) == NO_KEY
+    git = [{"url": "https://git.example.com/a/b.git", "secret": "gitlab"}]
+    assert refused(CMD | {"git": git}, "git[0].secret", secret_names=None) == NO_KEY
+
+
 # --- working_dir and read_only_rootfs --------------------------------------------------------
 
 

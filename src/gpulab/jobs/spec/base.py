@@ -106,11 +106,10 @@ DURATION_PATTERN = (
 
 
 def check_secret(field: str, name: str, secret_names: frozenset[str] | None) -> None:
-    """Refuse a reference to a secret the owner does not have (or any, with secrets off)."""
+    """Refuse a reference to a secret the owner does not have (or any, with secrets off:
+    the secrets API's own refusal, :data:`gpulab.checks.NO_SECRETS_KEY`)."""
     if secret_names is None:
-        raise JobSpecError(
-            field, "secrets are not enabled on this platform (the admin has configured no key)"
-        )
+        raise JobSpecError(field, checks.NO_SECRETS_KEY)
     if name not in secret_names:
         raise JobSpecError(
             field, f"you have no secret {name!r}: create it with `gpulab secret set {name}`"
