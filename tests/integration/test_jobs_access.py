@@ -187,7 +187,7 @@ def test_relays_are_bounded_and_nobody_reading_costs_no_memory(hub, users, app_j
     """Websockets count against the per-user limit as requests do (the 33rd of one user's is
     refused, and closing them gives the places back), and a relay whose client reads nothing
     of an app that writes as fast as it can holds the service's memory flat."""
-    from gpulab.service.api.ports import MAX_PER_USER
+    from gpulab.jobs.ports import MAX_RELAYS_PER_USER as MAX_PER_USER
 
     job, url = app_job
     owner = users["owner"].token

@@ -12,7 +12,7 @@ from tornado.iostream import StreamClosedError
 from tornado.simple_httpclient import HTTPStreamClosedError, HTTPTimeoutError
 
 from gpulab.jobs import ports
-from gpulab.jobs.refusals import EngineFailed, NotFound, Unavailable
+from gpulab.jobs.refusals import Busy, EngineFailed, NotFound, Unavailable
 from gpulab.runtime.base import WorkloadSpec
 from gpulab.service.api.ports import CUT_RELAYS, _cut_off
 from gpulab.settings import GpulabSettings
@@ -104,6 +104,26 @@ def test_a_port_answers_while_its_job_runs_on_rank_0s_network():
     sup.runtime.workloads["c-j1"].running = False
     with pytest.raises(EngineFailed, match="cannot be reached now"):
         _open(sup, shared)
+
+
+def test_relays_are_counted_per_user_and_in_all_and_given_back():
+    relays = ports.PortRelays(per_user=2, total=3)
+    relays.take("ann")
+    relays.take("ann")
+    with pytest.raises(Busy, match="at most 2 requests and websockets to job ports at once"):
+        relays.take("ann")
+    relays.take("bob")
+    with pytest.raises(Busy, match="too many requests to job ports at once"):
+        relays.take("cy")
+    assert relays.open == {"ann": 2, "bob": 1}  # a refused one is not counted
+    relays.give("ann")
+    relays.take("cy")
+    for user in ("ann", "bob", "cy"):
+        relays.give(user)
+    assert relays.open == {}
+    # the service's: the caps as the proxy reads them
+    assert (ports.RELAYS.per_user, ports.RELAYS.total) == (32, 256)
+    assert ports.MAX_RELAYS_PER_USER < ports.MAX_RELAYS
 
 
 def test_a_relay_cut_by_either_end_is_its_end_not_an_error():

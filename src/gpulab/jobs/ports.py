@@ -6,7 +6,9 @@ as for a job that does not exist. A port answers while its job is RUNNING, on ra
 job's own network for a distributed job, else on its owner's network where each user has one
 (``network_isolation = "user"``), reached through :meth:`Runtime.reach` (on a Swarm, through
 the notebook gateway). The proxy itself (HTTP and websockets, what a viewer may see) is the
-service's (``service/api/ports.py``).
+service's (``service/api/ports.py``); its caps are here, as data: how many relays may be open
+at once (:class:`PortRelays`), the largest answer and websocket message, how long an app may
+take.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from ..lifecycle import JobState
 from .gang import workers_of
-from .refusals import EngineFailed, NotFound, Unavailable
+from .refusals import Busy, EngineFailed, NotFound, Unavailable
 from .spec import JobSpec
 
 if TYPE_CHECKING:
@@ -31,6 +33,46 @@ log = logging.getLogger("gpulab.ports")
 #: seconds a job port's address is remembered (one engine look-up per miss)
 TARGET_TTL = 10.0
 _targets: dict[tuple[str, str], tuple[float, str, int]] = {}
+
+# --- the relay's caps (the service's proxy reads them) ---------------------------------------
+#: relays open at once, HTTP requests and websockets together: in all, and per user (the
+#: proxy's HTTP client's own pool is as large as the total, so one user never takes it all)
+MAX_RELAYS, MAX_RELAYS_PER_USER = 256, 32
+#: the largest answer streamed (a model file, a dataset)
+MAX_ANSWER_BYTES = 64 * 1024**3
+#: the largest websocket message relayed either way (a larger one closes the relay, 1009)
+MAX_WS_MESSAGE = 4 * 1024 * 1024
+#: how long an app may take to answer (long polls included), and to connect, in seconds
+REQUEST_TIMEOUT, CONNECT_TIMEOUT = 3600.0, 10.0
+#: a viewer's websocket is pinged this often, and closed when no pong came this long after
+WS_PING_INTERVAL, WS_PING_TIMEOUT = 30.0, 30.0
+
+
+class PortRelays:
+    """The relays to job ports open at once, HTTP requests and websockets together: at most
+    ``per_user`` of one user's, ``total`` in all."""
+
+    def __init__(self, per_user: int = MAX_RELAYS_PER_USER, total: int = MAX_RELAYS):
+        self.per_user, self.total = per_user, total
+        self.open: dict[str, int] = {}
+
+    def take(self, user: str) -> None:
+        """Count one more relay of ``user``'s; :class:`Busy` past either cap (nothing
+        counted). Each one counted is given back once, when its relay ends (:meth:`give`)."""
+        if self.open.get(user, 0) >= self.per_user:
+            raise Busy(f"at most {self.per_user} requests and websockets to job ports at once")
+        if sum(self.open.values()) >= self.total:
+            raise Busy("too many requests to job ports at once: try again shortly")
+        self.open[user] = self.open.get(user, 0) + 1
+
+    def give(self, user: str) -> None:
+        self.open[user] -= 1
+        if not self.open[user]:
+            del self.open[user]
+
+
+#: the relays open in this service
+RELAYS = PortRelays()
 
 
 @dataclass(frozen=True)

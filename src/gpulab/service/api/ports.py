@@ -25,11 +25,13 @@ is narrowed here, for every viewer, its owner included:
 - a write from another site: a cookie-authenticated request other than GET/HEAD/OPTIONS must
   come from the same origin (``Sec-Fetch-Site`` or ``Origin``), else 403.
 
-Every relay, HTTP or websocket, counts against a per-user and a total limit, and every byte
-goes through with back-pressure: an answer is read from the app no faster than the viewer
-reads it, a websocket message is read from one side only once the previous one was written to
-the other, so a relay that nobody reads holds at most a few messages
-(:data:`MAX_WS_MESSAGE` each) and the service's memory stays flat.
+Every relay, HTTP or websocket, counts against a per-user and a total limit
+(:data:`gpulab.jobs.ports.RELAYS`: the caps are the jobs domain's, with the largest answer and
+message and the time-outs), and every byte goes through with back-pressure: an answer is read
+from the app no faster than the viewer reads it, a websocket message is read from one side
+only once the previous one was written to the other, so a relay that nobody reads holds at
+most a few messages (:data:`gpulab.jobs.ports.MAX_WS_MESSAGE` each) and the service's memory
+stays flat.
 """
 
 from __future__ import annotations
@@ -66,24 +68,12 @@ TOKEN_ARGS = frozenset({"token", "access_token"})
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-xsrftoken", "x-csrftoken"})
 #: what a page served to someone other than its owner may do: everything but its own origin
 SANDBOX = "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads"
-#: how long an app may take to answer (long polls included), and to connect
-REQUEST_TIMEOUT, CONNECT_TIMEOUT = 3600.0, 10.0
-#: the largest websocket message relayed either way (a larger one closes the relay, 1009)
-MAX_WS_MESSAGE = 4 * 1024 * 1024
-#: a viewer's websocket is pinged this often, and closed when no pong came this long after
-WS_PING_INTERVAL, WS_PING_TIMEOUT = 30.0, 30.0
 #: response headers no app may send through the hub's origin (they act on the whole origin:
 #: a service worker over the hub, its cookies cleared, HSTS for the hub and its subdomains)
 ORIGIN_WIDE = frozenset({"service-worker-allowed", "clear-site-data", "strict-transport-security"})
 #: and those only its owner may get (others: no cookie planted, no redirect off its prefix)
 OWNER_ONLY = frozenset({"set-cookie", "refresh"})
-#: relays open at once, HTTP requests and websockets together: in all, and per user (the
-#: HTTP client's own pool is as large as the total, so one user never takes it all)
-MAX_CLIENTS, MAX_PER_USER = 256, 32
-#: the largest answer streamed (a model file, a dataset)
-MAX_BODY = 64 * 1024**3
 _client: httpclient.AsyncHTTPClient | None = None
-_in_flight: dict[str, int] = {}
 
 
 def _http_client() -> httpclient.AsyncHTTPClient:
@@ -92,7 +82,9 @@ def _http_client() -> httpclient.AsyncHTTPClient:
     global _client
     if _client is None:
         _client = httpclient.AsyncHTTPClient(
-            force_instance=True, max_clients=MAX_CLIENTS, max_body_size=MAX_BODY
+            force_instance=True,
+            max_clients=ports.MAX_RELAYS,
+            max_body_size=ports.MAX_ANSWER_BYTES,
         )
     return _client
 
@@ -167,21 +159,6 @@ def without_tokens(uri: str) -> str:
         pair for pair in query.split("&") if unquote_plus(pair.partition("=")[0]) not in TOKEN_ARGS
     ]
     return path + ("?" + "&".join(kept) if kept else "")
-
-
-def _take(user: str) -> None:
-    """Count one relay of ``user``'s (a 429 past the per-user or the total limit)."""
-    if _in_flight.get(user, 0) >= MAX_PER_USER:
-        raise ApiError(429, f"at most {MAX_PER_USER} requests and websockets to job ports at once")
-    if sum(_in_flight.values()) >= MAX_CLIENTS:
-        raise ApiError(429, "too many requests to job ports at once: try again shortly")
-    _in_flight[user] = _in_flight.get(user, 0) + 1
-
-
-def _give(user: str) -> None:
-    _in_flight[user] -= 1
-    if not _in_flight[user]:
-        del _in_flight[user]
 
 
 class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
@@ -290,7 +267,8 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
                 return
             self._host, self._port = target.host, target.port
             user = self.current_user["name"]
-            _take(user)  # given back when the relay closes (or never opened)
+            with answer_refusals():  # a 429 past the caps
+                ports.RELAYS.take(user)  # given back when the relay closes (or never opened)
             self._counted = user
             try:
                 await websocket.WebSocketHandler.get(self, job_id, name, rest)
@@ -330,12 +308,12 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             return
         if self.request.headers.get("Service-Worker") == "script":
             raise ApiError(403, "a job's app may not install a service worker on the hub")
-        user = self.current_user["name"]
-        _take(user)
+        with answer_refusals():  # a 429 past the caps
+            ports.RELAYS.take(self.current_user["name"])
         try:
             await self._relay(job_id, name, target)
         finally:
-            _give(user)
+            ports.RELAYS.give(self.current_user["name"])
 
     async def _relay(self, job_id: str, name: str, target: ports.PortTarget) -> None:
         owner = target.owner
@@ -388,8 +366,8 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             follow_redirects=False,
             decompress_response=False,
             allow_nonstandard_methods=True,
-            connect_timeout=CONNECT_TIMEOUT,
-            request_timeout=REQUEST_TIMEOUT,
+            connect_timeout=ports.CONNECT_TIMEOUT,
+            request_timeout=ports.REQUEST_TIMEOUT,
             header_callback=on_header,
             streaming_callback=on_chunk,
         )
@@ -418,17 +396,17 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
 
     @property
     def max_message_size(self) -> int:
-        return MAX_WS_MESSAGE
+        return ports.MAX_WS_MESSAGE
 
     @property
     def ping_interval(self) -> float:
         """A viewer that reads nothing answers no ping: its relay closes (and gives its place
         back) after WS_PING_INTERVAL + WS_PING_TIMEOUT seconds at most."""
-        return WS_PING_INTERVAL
+        return ports.WS_PING_INTERVAL
 
     @property
     def ping_timeout(self) -> float:
-        return WS_PING_TIMEOUT
+        return ports.WS_PING_TIMEOUT
 
     async def open(self, job_id: str, name: str, rest: str | None = None):
         url = f"ws://{self._host}:{self._port}{self._upstream_uri()}"
@@ -436,13 +414,13 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         for k in ("Host", "Origin"):  # the upstream's own; its origin check sees the hub's
             headers.pop(k, None)
         headers["Origin"] = f"{self.request.protocol}://{self.request.host}"
-        req = httpclient.HTTPRequest(url, headers=headers, connect_timeout=CONNECT_TIMEOUT)
+        req = httpclient.HTTPRequest(url, headers=headers, connect_timeout=ports.CONNECT_TIMEOUT)
         try:
             # no callback: messages are read one at a time (below), so the app is read no
             # faster than the viewer takes them
             self._upstream = await websocket.websocket_connect(
                 req,
-                max_message_size=MAX_WS_MESSAGE,
+                max_message_size=ports.MAX_WS_MESSAGE,
                 subprotocols=getattr(self, "_subprotocols", None) or None,
             )
         except Exception as e:
@@ -488,7 +466,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
         user = getattr(self, "_counted", None)
         if user is not None:
             self._counted = None
-            _give(user)
+            ports.RELAYS.give(user)
 
 
 class CutRelays(logging.Filter):
@@ -512,7 +490,7 @@ CUT_RELAYS = CutRelays()
 
 def _cut_off(error: Exception) -> bool:
     """Whether a relay's failure is one of its two ends closing (the viewer's connection, or
-    the app's, or the app's answer running past REQUEST_TIMEOUT): the end of that relay,
+    the app's, or the app's answer running past ports.REQUEST_TIMEOUT): the end of that relay,
     not the service's error."""
     if isinstance(error, StreamClosedError):
         return True
