@@ -149,3 +149,22 @@ def test_the_rank_is_checked_before_the_caps(tmp_path):
     # a rank the job lacks, even over the cap
     with pytest.raises(NotFound), output.STREAMS.held("ann", 8, None, True):
         run_async(_read(sup, _job(2), rank="5"))
+
+
+@pytest.mark.parametrize(
+    ("workers", "state", "first"),
+    [
+        (1, "RUNNING", None),  # a job's one output
+        (4, "RUNNING", None),  # 4 streams: half of a user's 8
+        (5, "RUNNING", 0),  # more: rank 0 only at first
+        (8, "QUEUED", 0),
+        (8, "DONE", None),  # ended: its saved output, no stream held
+        (64, "FAILED", None),
+        (64, "FINALIZING", 0),
+    ],
+)
+def test_a_jobs_page_follows_every_rank_at_first_while_that_stays_within_half_the_cap(
+    workers, state, first
+):
+    job = {"id": "j1", "state": state, "spec": {"workers": workers}}
+    assert output.first_rank(job) == first

@@ -21,7 +21,8 @@ from ..lifecycle import JobState
 from ..names import rank_name
 from ..runtime.base import WorkloadGone
 from .gang import rank_of, workers_of
-from .logs import LogStreams, merged_tail, strip_stamps
+from .logs import MAX_LOG_STREAMS_PER_USER, LogStreams, merged_tail, strip_stamps
+from .states import ENDED
 
 if TYPE_CHECKING:
     from .supervisor import JobSupervisor
@@ -47,6 +48,16 @@ class JobOutput:
 
     whole: bytes = b""
     live: tuple[tuple[str, str], ...] = ()
+
+
+def first_rank(job: dict) -> int | None:
+    """Whose output a job's page follows when it opens: every rank (None) while following
+    them all takes at most half of a user's log streams (:data:`MAX_LOG_STREAMS_PER_USER`,
+    one a rank), or once the job has ended (what was saved is read, no stream held); else
+    rank 0 only (a bigger distributed job, running: its reader picks another rank)."""
+    if workers_of(job) <= MAX_LOG_STREAMS_PER_USER // 2:
+        return None
+    return None if job["state"] in {s.value for s in ENDED} else 0
 
 
 @contextlib.asynccontextmanager

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ...jobs import actions
+from ...jobs import actions, output
 from ...jobs.gang import workers_of
-from ...jobs.logs import MAX_LOG_STREAMS_PER_USER
 from ...jobs.refusals import JobRefused
 from ...jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from ...jobs.states import parse_state_filter
@@ -116,15 +115,12 @@ class JobPage(PageHandler):
     @authenticated
     async def get(self, job_id: str):
         job = await self.own_job(job_id)
-        workers = workers_of(job)
+        first = output.first_rank(job)  # None: every rank's output
         self.render_page(
             "job.html",
             job=job,
-            workers=workers,
-            # following every rank takes one log stream each: over the cap, one rank at first
-            first_rank=""
-            if workers <= MAX_LOG_STREAMS_PER_USER // 2 or job["state"] in ENDED_STATES
-            else "0",
+            workers=workers_of(job),
+            first_rank="" if first is None else str(first),
             ended=job["state"] in ENDED_STATES,
             ended_states=ENDED_STATES,
             can_manage=self.has(JOBS_MANAGE),
