@@ -21,6 +21,7 @@ own minimum); NaN and infinities are refused wherever a number is read.
 
 from __future__ import annotations
 
+import re
 import reprlib
 
 from .errors import FieldError
@@ -79,6 +80,13 @@ MAX_GPUS = 1024
 CPU_PERIOD = 100_000
 MIN_CPU_QUOTA = 1_000
 
+# --- pages of a list (the REST API's ``?limit=`` and ``?offset=``) ---------------------------
+#: list endpoints answer pages of this many items (``?limit=`` up to MAX_PAGE)
+DEFAULT_PAGE, MAX_PAGE = 100, 500
+#: the largest ``?offset=`` (nine digits)
+MAX_OFFSET = 999_999_999
+_DIGITS = re.compile(r"[0-9]{1,9}")
+
 _repr = reprlib.Repr()
 _repr.maxstring = 60
 _repr.maxother = 60
@@ -126,3 +134,22 @@ def body_too_large(size: int, cap: int) -> str | None:
 def body_backstop(cap: int) -> int:
     """What the service's HTTP server reads at most (tornado's ``max_body_size``)."""
     return cap * BODY_BACKSTOP_FACTOR
+
+
+def page_window(limit: str | None, offset: str | None) -> tuple[int, int]:
+    """A list's page as its reader asked for it: ``limit`` (1 to MAX_PAGE; None: DEFAULT_PAGE)
+    and ``offset`` (0 or more; None: 0), each the text of a query argument. A FieldError names
+    the argument at fault (``limit`` first)."""
+    out = []
+    for name, raw, default, top in (
+        ("limit", limit, DEFAULT_PAGE, MAX_PAGE),
+        ("offset", offset, 0, MAX_OFFSET),
+    ):
+        raw = str(default) if raw is None else raw
+        low = 1 if name == "limit" else 0
+        # ASCII digits only: str.isdigit() also takes "²", which int() refuses
+        if not _DIGITS.fullmatch(raw) or not low <= int(raw) <= top:
+            most = f" and at most {top}" if top < MAX_OFFSET else ""
+            raise FieldError(name, f"{name} must be a whole number of at least {low}{most}")
+        out.append(int(raw))
+    return out[0], out[1]

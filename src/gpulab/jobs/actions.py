@@ -1,7 +1,8 @@
 """What a user may ask of gpulab's jobs: submit one (admission), interrupt, resume, rerun,
-retry a push, delete; and the submission's JSON Schema as that user may send it. The rules
-(who may ask for what, how many, what fits) live here, once: the REST API, the pages, the
-OpenAPI document and "rerun" all call these functions, so they cannot disagree.
+retry a push, delete; a page of their list, filtered as asked; and the submission's JSON
+Schema as that user may send it. The rules (who may ask for what, how many, what fits) live
+here, once: the REST API, the pages, the OpenAPI document and "rerun" all call these
+functions, so they cannot disagree.
 
 Each function acts on what it is handed (the settings, and the supervisor that holds the
 jobs' records, the GPU ledger, the secrets and the scheduler's wake-up) and returns the job's
@@ -15,18 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..bounds import page_window
 from ..errors import FieldError
 from ..lifecycle import InvalidTransition, JobState
 from ..resources import Quota
 from .gang import workers_of
-from .records import ACTIVE, ENDED, QueueFull
+from .records import ACTIVE, ENDED, JobRecords, QueueFull
 from .refusals import Conflict, Invalid, JobRefused, NotAllowed, NotFound
 from .scheduler import can_ever_fit
 from .spec import MAX_PRIORITY, JobSpec, job_spec_schema, parse_job_spec
+from .states import parse_state_filter
 from .supervisor.engine import release_network
 
 if TYPE_CHECKING:
@@ -323,3 +326,48 @@ async def act(
         result = await retry_push(sup, job)
         return Acted(result, failed=result["state"] == J.SYNC_FAILED.value)
     raise NotFound(f"no action {action}")
+
+
+@dataclass(frozen=True)
+class JobList:
+    """A page of a job list: the states it was filtered on (as parsed, in the order given;
+    none: every state), the page's jobs, how many match in all, and the page's window."""
+
+    states: list[str]
+    jobs: list[dict]
+    total: int
+    limit: int
+    offset: int
+
+
+def list_jobs(
+    records: JobRecords,
+    owner: str | None,
+    *,
+    states: str = "",
+    labels: Sequence[str] = (),
+    limit: str | None = None,
+    offset: str | None = None,
+    newest_first: bool = False,
+) -> JobList:
+    """A page of ``owner``'s jobs (None: everyone's; who may ask for whose, the adapters
+    decide), from the reader's query as sent: ``states``, a state filter
+    (:func:`~gpulab.jobs.states.parse_state_filter`), ``labels``, ``key=value`` filters,
+    ``limit`` and ``offset``, the page's window (:func:`gpulab.bounds.page_window`; None: the
+    defaults). Oldest first, or ``newest_first``. Invalid (400) naming the first argument at
+    fault, in that order. Blocking: one read of the records."""
+    chosen = parse_state_filter(states)
+    wanted: dict[str, str] = {}
+    for item in labels:
+        if "=" not in item:
+            raise Invalid("label filters are key=value", field="label")
+        k, v = item.split("=", 1)
+        wanted[k] = v
+    try:
+        first, skip = page_window(limit, offset)
+    except FieldError as e:
+        raise Invalid(str(e), field=e.field) from None
+    rows, total = records.page(
+        owner, set(chosen) or None, wanted or None, first, skip, newest_first
+    )
+    return JobList(chosen, rows, total, first, skip)

@@ -21,14 +21,13 @@ import concurrent.futures
 import contextlib
 import functools
 import json
-import re
 from urllib.parse import urlencode
 
 from jupyterhub.services.auth import HubOAuthenticated, UserNotAllowed
 from tornado import httputil, web
 from tornado.log import app_log
 
-from ..bounds import MAX_REQUEST_BODY, body_too_large, shown
+from ..bounds import MAX_REQUEST_BODY, body_too_large, page_window, shown
 from ..checks import json_object
 from ..errors import FieldError
 from ..jobs.exec import MAX_SHELLS
@@ -77,11 +76,6 @@ async def read(fn, *args):
     return await asyncio.get_running_loop().run_in_executor(pool("reads"), fn, *args)
 
 
-#: list endpoints answer pages of this many items (``?limit=`` up to MAX_PAGE)
-DEFAULT_PAGE, MAX_PAGE = 100, 500
-#: the largest ``?offset=`` (nine digits)
-MAX_OFFSET = 999_999_999
-_DIGITS = re.compile(r"[0-9]{1,9}")
 #: query arguments never echoed back (in a page's ``next`` link): credentials
 _SECRET_ARGS = frozenset({"token", "access_token"})
 
@@ -370,20 +364,20 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
         except FieldError as e:
             raise ApiError(400, str(e), field=e.field) from None
 
+    def page_query(self) -> tuple[str | None, str | None]:
+        """The text of ``?limit=`` and ``?offset=`` (None where absent), as sent."""
+        return (
+            self.get_argument("limit", None, strip=False),
+            self.get_argument("offset", None, strip=False),
+        )
+
     def page_args(self) -> tuple[int, int]:
-        """``?limit=`` (1 to MAX_PAGE, default DEFAULT_PAGE) and ``?offset=`` (0 or more)."""
-        out = []
-        for name, default, top in (("limit", DEFAULT_PAGE, MAX_PAGE), ("offset", 0, MAX_OFFSET)):
-            raw = self.get_argument(name, str(default), strip=False)
-            low = 1 if name == "limit" else 0
-            # ASCII digits only: str.isdigit() also takes "²", which int() refuses
-            if not _DIGITS.fullmatch(raw) or not low <= int(raw) <= top:
-                most = f" and at most {top}" if top < MAX_OFFSET else ""
-                raise ApiError(
-                    400, f"{name} must be a whole number of at least {low}{most}", field=name
-                )
-            out.append(int(raw))
-        return out[0], out[1]
+        """``?limit=`` (1 to MAX_PAGE, default DEFAULT_PAGE) and ``?offset=`` (0 or more):
+        :func:`gpulab.bounds.page_window`, else 400."""
+        try:
+            return page_window(*self.page_query())
+        except FieldError as e:
+            raise ApiError(400, str(e), field=e.field) from None
 
     def flag(self, name: str, default: bool = False) -> bool:
         """A boolean query argument: ``true`` or ``false`` (any case); else 400."""

@@ -3,9 +3,9 @@ the error body, the job and page shapes, and the parameters several paths share.
 
 from __future__ import annotations
 
+from ...bounds import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
 from ...jobs.spec import MAX_WORKERS
 from ...lifecycle import JobState
-from ..base import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
 
 #: a worker of a distributed job (query parameter)
 RANK = {

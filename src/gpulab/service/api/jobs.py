@@ -9,17 +9,10 @@ not revealed.
 
 from __future__ import annotations
 
+import functools
+
 from ...jobs import actions
-from ...jobs.states import parse_state_filter
-from ..base import (
-    JOBS_MANAGE,
-    JOBS_READ,
-    ApiError,
-    BaseHandler,
-    answer_refusals,
-    authenticated,
-    read,
-)
+from ..base import JOBS_MANAGE, JOBS_READ, BaseHandler, answer_refusals, authenticated, read
 
 
 class JobsHandler(BaseHandler):
@@ -31,17 +24,20 @@ class JobsHandler(BaseHandler):
         user = self.whose(
             me, None if self.flag("all") else user, "only admins may list other users' jobs"
         )
+        limit, offset = self.page_query()
         with answer_refusals():
-            states = set(parse_state_filter(self.get_argument("state", "", strip=False))) or None
-        labels = {}
-        for item in self.get_arguments("label"):
-            if "=" not in item:
-                raise ApiError(400, "label filters are key=value", field="label")
-            k, v = item.split("=", 1)
-            labels[k] = v
-        limit, offset = self.page_args()
-        rows, total = await read(self.jobs.page, user, states, labels or None, limit, offset)
-        self.write_page("jobs", rows, total, limit, offset)
+            found = await read(
+                functools.partial(
+                    actions.list_jobs,
+                    self.jobs,
+                    user,
+                    states=self.get_argument("state", "", strip=False),
+                    labels=self.get_arguments("label"),
+                    limit=limit,
+                    offset=offset,
+                )
+            )
+        self.write_page("jobs", found.jobs, found.total, found.limit, found.offset)
 
     @authenticated
     async def post(self):

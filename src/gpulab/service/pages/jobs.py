@@ -4,12 +4,12 @@ the API calls (:mod:`gpulab.jobs.actions`), so a page can never accept what the 
 from __future__ import annotations
 
 import asyncio
+import functools
 
 from ...jobs import actions, output
 from ...jobs.gang import workers_of
 from ...jobs.refusals import JobRefused
 from ...jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
-from ...jobs.states import parse_state_filter
 from ...resources import format_memory
 from ..base import JOBS_MANAGE, JOBS_READ, ApiError, answer_refusals, authenticated
 from .base import ACTIVE_STATES, ENDED_STATES, JOB_STATES, PageHandler
@@ -28,23 +28,23 @@ class JobsPage(PageHandler):
             me, None if want_all else me["name"], "Only administrators may list other users' jobs."
         )
         with answer_refusals():
-            chosen = parse_state_filter(self.get_argument("state", "", strip=False))
-        # the newest page only: a page that rendered every job ever run would grow forever
-        rows, total = await asyncio.to_thread(
-            self.jobs.page,
-            user,
-            set(chosen) or None,
-            None,
-            JOBS_PAGE_ROWS,
-            0,
-            True,
-        )
+            # the newest page only: a page that rendered every job ever run would grow forever
+            found = await asyncio.to_thread(
+                functools.partial(
+                    actions.list_jobs,
+                    self.jobs,
+                    user,
+                    states=self.get_argument("state", "", strip=False),
+                    limit=str(JOBS_PAGE_ROWS),
+                    newest_first=True,
+                )
+            )
         self.render_page(
             "jobs.html",
-            jobs=rows,
-            jobs_total=total,
+            jobs=found.jobs,
+            jobs_total=found.total,
             states=JOB_STATES,
-            chosen=chosen,
+            chosen=found.states,
             want_all=want_all,
             presets={"active": ACTIVE_STATES + ["QUEUED"], "ended": ENDED_STATES},
         )
