@@ -9,7 +9,7 @@ import pytest
 
 from gpulab.db import Database, GpuAllocation
 from gpulab.gpus.inventory import GpuDevice, from_config
-from gpulab.gpus.ledger import GpuLedger, NoGpuAvailable
+from gpulab.gpus.ledger import GpuLedger, NoGpuAvailable, holders
 from gpulab.lifecycle import utcnow
 
 
@@ -68,3 +68,53 @@ def test_reconcile_releases_vanished_workloads_only(ledger):
 def test_inventory_rejects_duplicates():
     with pytest.raises(ValueError, match="twice"):
         from_config([{"id": "0"}, {"id": "0"}])
+
+
+def test_holders_group_a_devices_rows_by_workload_with_the_fraction_they_make():
+    since = "2026-01-01T00:00:00Z"
+
+    def row(share, workload, owner="u"):
+        return {"device": "1", "share": share, "workload": workload, "kind": "notebook",
+                "owner": owner, "since": since, "gpus": 0.25}  # fmt: skip
+
+    held = holders([row(3, "b"), row(2, "a"), row(1, "a")], 4)
+    assert [(h["workload"], h["slots"], h["fraction"]) for h in held] == [
+        ("a", [1, 2], 0.5),
+        ("b", [3], 0.25),
+    ]
+    assert held[0]["owner"] == "u" and held[0]["since"] == since
+    # a whole device: no slot, no fraction; a device whose slot count is unknown: its slots
+    whole = holders([{**row(0, "w"), "gpus": 1.0}], 0)
+    assert [(h["slots"], h["fraction"]) for h in whole] == [([], None)]
+    assert holders([row(1, "a"), row(2, "a")], 0)[0]["fraction"] == 2.0
+    assert holders([row(1, "a"), row(2, "a"), row(3, "a")], 3)[0]["fraction"] == 1.0
+    assert holders([row(1, "a")], 3)[0]["fraction"] == 0.3333
+
+
+def test_holdings_list_every_device_then_the_rows_of_devices_no_longer_configured(tmp_path):
+    db = Database(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    devices = [GpuDevice(str(i), "Test GPU", "16G") for i in range(3)]
+    ledger = GpuLedger(db, "test", devices, sharing={"1": 4})
+    ledger.reserve("job-a", "ann", "job", 1)
+    ledger.reserve("nb-b", "bob", "notebook", 0.5)
+    ledger.reserve("nb-c", "cy", "notebook", 0.25)
+    with db.session() as s:
+        s.add(GpuAllocation(instance="test", device="9", workload="gone", kind="job", owner="d"))
+    got = ledger.holdings(ledger.allocations())
+    assert [(g["device"]["id"], g["key"], g["slots"], g["used"]) for g in got] == [
+        ("0", "0", 0, 0),
+        ("1", "1", 4, 3),
+        ("2", "2", 0, 0),
+        ("9", None, 0, 0),
+    ]
+    assert got[0]["device"] == {"id": "0", "model": "Test GPU", "memory": "16G"}
+    assert [(h["workload"], h["slots"], h["fraction"]) for h in got[0]["held"]] == [
+        ("job-a", [], None)
+    ]
+    assert [(h["workload"], h["slots"], h["fraction"]) for h in got[1]["held"]] == [
+        ("nb-b", [1, 2], 0.5),
+        ("nb-c", [3], 0.25),
+    ]
+    assert got[2]["held"] == []
+    assert got[3]["device"] == {"id": "9", "model": "(not configured)", "memory": ""}
+    assert [h["workload"] for h in got[3]["held"]] == ["gone"]

@@ -87,6 +87,22 @@ class GpuQuotaExceeded(NoGpuAvailable):
         )
 
 
+def holders(rows: list[dict], slots: int) -> list[dict]:
+    """One device's ledger rows (:meth:`GpuLedger.allocations`), one entry per workload: the
+    workload's first row, with the ``slots`` it holds of a shared device (their numbers, in
+    order; none for a whole device) and the ``fraction`` of the GPU they make
+    (:func:`~gpulab.gpus.sharing.share_of` of a ``slots``-slot device; None for a whole one)."""
+    out: dict[str, dict] = {}
+    for a in sorted(rows, key=lambda a: a["share"]):
+        entry = out.setdefault(a["workload"], {**a, "slots": []})
+        if a["share"]:
+            entry["slots"].append(a["share"])
+    for entry in out.values():
+        n = len(entry["slots"])
+        entry["fraction"] = share_of(n, slots) if n else None
+    return list(out.values())
+
+
 class GpuLedger:
     def __init__(
         self,
@@ -409,6 +425,41 @@ class GpuLedger:
                 }
                 for r in rows
             ]
+
+    def holdings(self, allocations: list[dict]) -> list[dict]:
+        """Every device and what holds it, from the ledger's rows ``allocations``
+        (:meth:`allocations`): its JSON (``device``), its ``key``, its ``held``
+        (:func:`holders`), its ``slots`` (0: not shareable) and how many of them are ``used``;
+        then the rows of devices no longer configured (model "(not configured)", ``key``
+        None), so that nothing held is hidden."""
+        by_device: dict[str, list[dict]] = {}
+        for a in allocations:
+            by_device.setdefault(a["device"], []).append(a)
+        out = []
+        for dev in self.devices:
+            slots = self.slots(dev)
+            held = holders(by_device.pop(dev.key, []), slots)
+            used = sum(len(a["slots"]) for a in held) if held and held[0]["slots"] else 0
+            out.append(
+                {
+                    "device": dev.to_json(),
+                    "key": dev.key,
+                    "held": held,
+                    "slots": slots,
+                    "used": used,
+                }
+            )
+        for key, rows in sorted(by_device.items()):
+            out.append(
+                {
+                    "device": {"id": key, "model": "(not configured)", "memory": ""},
+                    "key": None,
+                    "held": holders(rows, 0),
+                    "slots": 0,
+                    "used": 0,
+                }
+            )
+        return out
 
     def shares(self) -> dict[str, float]:
         """{workload: fraction of a GPU} of the workloads that hold slots of shared devices."""
