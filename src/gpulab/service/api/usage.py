@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...billing import user_usage
+from ...jobs.overview import usage_of
 from ..base import JOBS_READ, BaseHandler, authenticated, read
 
 
@@ -13,9 +13,4 @@ class UsageHandler(BaseHandler):
         me = self.require(JOBS_READ)
         user = self.get_argument("user", me["name"])
         self.whose(me, user, "only admins may read other users' usage")
-
-        def both() -> dict[str, int]:  # one hop to a thread, not two
-            jobs = self.jobs.usage(user)["jobs_billed_minutes"]
-            return user_usage(jobs, self.records.billed_minutes(user))
-
-        self.write_json({"user": user, **await read(both)})
+        self.write_json(await read(usage_of, self.jobs, self.records, user))

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, defaultdict
 
-from ...billing import user_usage
 from ...disk_quota import human
 from ...gpus.usage import usage_of
+from ...jobs.overview import usage_of as user_usage
 from ...lifecycle import JobState, NotebookState
 from ...resources import format_memory
 from ..base import authenticated
@@ -125,9 +125,7 @@ class AdminPage(PageHandler):
             mine = [j for j in jobs if j["owner"] == name]
             quota = s.quota_for(name, groups)
             limits = s.limits_for(name, groups)
-            usage = user_usage(
-                sum(j["billed_minutes"] for j in mine), self.records.billed_minutes(name)
-            )
+            usage = user_usage(self.jobs, self.records, name)
             rows.append(
                 {
                     "name": name,

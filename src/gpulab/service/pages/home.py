@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ...billing import user_usage
+from ...jobs.overview import usage_of
 from ...lifecycle import NotebookState
 from ..base import JOBS_READ, NB_READ, authenticated
 from .base import PageHandler
@@ -22,8 +22,7 @@ class HomePage(PageHandler):
             self.jobs.page, me["name"], None, None, 5, 0, True
         )
         counts = await asyncio.to_thread(self.jobs.counts, me["name"])
-        usage = await asyncio.to_thread(self.jobs.usage, me["name"])
-        nb_minutes = await asyncio.to_thread(self.records.billed_minutes, me["name"])
+        usage = await asyncio.to_thread(usage_of, self.jobs, self.records, me["name"])
         free, total = await self.gpu_counts()
         try:
             shared = await asyncio.to_thread(self.supervisor.ledger.shared_free)
@@ -35,7 +34,7 @@ class HomePage(PageHandler):
             recent_jobs=recent,
             job_counts=counts,
             jobs_total=jobs_total,
-            usage=user_usage(usage["jobs_billed_minutes"], nb_minutes),
+            usage=usage,
             gpus_free=free,
             gpus_total=total,
             shared=shared,
