@@ -1,5 +1,5 @@
-"""What the service shows of a user's workloads (gpulab.jobs.overview): a user's billed
-minutes, read from real records on a SQLite file."""
+"""What the service shows of a user's and everyone's workloads (gpulab.jobs.overview): a
+user's billed minutes and the admin's overview, read from real records on a SQLite file."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from gpulab.db import Database
 from gpulab.disk_ledger import DiskLedger
 from gpulab.gpus.inventory import GpuDevice
 from gpulab.gpus.ledger import GpuLedger
+from gpulab.gpus.usage import DeviceUsage
 from gpulab.jobs import overview
 from gpulab.jobs.records import JobRecords
 from gpulab.lifecycle import JobState, NotebookState
@@ -80,3 +81,96 @@ def test_a_users_usage_is_their_jobs_and_notebooks_billed_minutes(lab):
     # what the records' own readers say, added by billing's rule
     assert got["jobs_billed_minutes"] == lab.jobs.usage("ann")["jobs_billed_minutes"]
     assert got["notebooks_billed_minutes"] == lab.notebooks.billed_minutes("ann")
+
+
+def test_the_admins_overview_of_gpus_workloads_and_users(tmp_path):
+    readings = [DeviceUsage("0", 42, 3 * 1024**3, 16 * 1024**3)]
+    lab = Lab(tmp_path, readings)
+    queued = lab.job("ann", groups=("team",))
+    running = lab.job("ann", [J.INITIALIZING, J.PENDING, J.RUNNING], groups=("team",))
+    done = lab.job("bob", RAN)
+    lab.notebook("ann", N.STARTING, N.RUNNING)
+    lab.notebook("cy", N.STARTING, N.RUNNING, N.STOPPING, N.STOPPED, server="lab")
+    ledger = lab.sup.ledger
+    ledger.reserve(f"t/job/{running}", "ann", "job", 1)
+    ledger.reserve("t/notebook/ann/", "ann", "notebook", 0.5)
+    ledger.reserve(f"t/job/{done}-gone", "bob", "job", 1)  # a job no longer listed
+    lab.sup.disk.book("ann", "t/job/x", "vol", "", 3 * 1024**3, None)
+
+    got = overview.admin_overview(lab.sup, lab.settings, lab.notebooks)
+
+    assert (got["gpus_total"], got["gpus_busy"], got["inventory"]) == (3, 3, "the inventory")
+    assert [j["id"] for j in got["jobs"]] == [done, running, queued]  # newest first
+    assert got["jobs_total"] == 3
+    assert sorted((n["user"], n["state"]) for n in got["notebooks"]) == [
+        ("ann", "RUNNING"),
+        ("cy", "STOPPED"),
+    ]
+    assert got["default_limits"] == lab.settings.limits_for("", [])
+
+    gpus = {g["device"]["id"]: g for g in got["gpus"]}
+    assert gpus["0"]["activity"] == {
+        "utilization": 42,
+        "memory_used": "3.0 GiB",
+        "memory_total": "16.0 GiB",
+    }
+    assert gpus["1"]["activity"] is None  # not read
+    held = {h["workload"]: h for g in got["gpus"] for h in g["held"]}
+    assert held[f"t/job/{running}"]["job_id"] == running
+    assert held[f"t/job/{running}"]["notebook"] is None
+    assert held[f"t/job/{done}-gone"]["job_id"] is None  # no page to link to
+    assert held["t/notebook/ann/"]["notebook"] == "ann/"
+    assert (held["t/notebook/ann/"]["slots"], held["t/notebook/ann/"]["fraction"]) == (
+        [1, 2],
+        0.5,
+    )
+    assert (gpus["1"]["slots"], gpus["1"]["used"]) == (4, 2)
+
+    users = {u["name"]: u for u in got["users"]}
+    assert list(users) == ["ann", "bob", "cy"]
+    ann = users["ann"]
+    assert ann["groups"] == ["team"]
+    assert (ann["notebooks"], ann["notebooks_running"]) == (1, 1)
+    assert (ann["jobs"], ann["jobs_active"], ann["jobs_queued"]) == (2, 1, 1)
+    assert ann["gpus_held"] == 1.5  # a whole GPU and half a shared one
+    assert (ann["disk_held"], ann["disk_quota"]) == ("3.0 GiB", "200.0 GiB")  # the default
+    assert ann["usage"] == overview.usage_of(lab.jobs, lab.notebooks, "ann")
+    assert ann["limits"] == lab.settings.limits_for("ann", ["team"])
+    assert ann["quota"] == lab.settings.quota_for("ann", ["team"])
+    assert users["bob"]["usage"]["jobs_billed_minutes"] == 1
+    assert (users["cy"]["jobs"], users["cy"]["notebooks_running"]) == (0, 0)
+
+
+def test_the_users_table_counts_what_it_is_handed():
+    settings = GpulabSettings(instance="t", disk_quota="1G", user_disk_quotas={"cy": None})
+    jobs = [  # newest first
+        {"id": "j3", "owner": "ann", "state": "QUEUED", "groups": ["new"]},
+        {"id": "j2", "owner": "ann", "state": "RUNNING", "groups": ["old"]},
+        {"id": "j1", "owner": "bob", "state": "DONE", "groups": []},
+    ]
+    notebooks = [{"user": "cy", "state": "RUNNING"}, {"user": "cy", "state": "STOPPED"}]
+    allocations = [{"owner": "cy", "gpus": 0.25}, {"owner": "cy", "gpus": 0.25}]
+    bookings = [{"owner": "bob", "bytes": 512}, {"owner": "bob", "bytes": 512}]
+    rows = overview.user_rows(
+        settings, notebooks, jobs, allocations, bookings, lambda name: f"usage of {name}"
+    )
+    got = {
+        r["name"]: (
+            r["groups"],
+            r["jobs"],
+            r["jobs_active"],
+            r["jobs_queued"],
+            r["notebooks"],
+            r["notebooks_running"],
+            r["gpus_held"],
+            r["disk_held"],
+            r["disk_quota"],
+            r["usage"],
+        )
+        for r in rows
+    }
+    assert got == {
+        "ann": (["new"], 2, 1, 1, 0, 0, 0, "0 B", "1.0 GiB", "usage of ann"),
+        "bob": ([], 1, 0, 0, 0, 0, 0, "1.0 KiB", "1.0 GiB", "usage of bob"),
+        "cy": ([], 0, 0, 0, 2, 1, 0.5, "0 B", "∞", "usage of cy"),  # no quota
+    }

@@ -1,21 +1,40 @@
-"""What the service shows of a user's workloads across both domains: a user's billed minutes
-(the usage API, the home page and the admin's table alike: :func:`usage_of`).
+"""What the service shows of a user's, or everyone's, workloads: a user's billed minutes (the
+usage API, the home page and the admin's table alike: :func:`usage_of`) and the admin's
+overview of the platform (:func:`admin_overview`): every GPU and what holds it, every notebook
+and job, and each user's limits, quotas, GPUs, disk and billed minutes.
 
-Here because the jobs' records are this domain's; the notebooks' records are handed in
-(:class:`NotebookReads`: the domains never import each other). What is billed is
-:mod:`gpulab.billing`'s rule. Blocking: it reads the database (run it off the event loop).
+Here because the jobs' supervisor holds what both domains book (the GPU ledger, the disk
+bookings, this host's GPU readings); the notebooks' records are handed in
+(:class:`NotebookReads`: the domains never import each other). The rules read here are their
+owners': what is billed (:mod:`gpulab.billing`), a shared GPU's fractions
+(:meth:`gpulab.gpus.ledger.GpuLedger.holdings`), the quotas and limits (the settings).
+Blocking: each function reads the database (run them off the event loop).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections import Counter
+from typing import TYPE_CHECKING, Protocol
 
 from ..billing import user_usage
+from ..disk_quota import human
+from ..gpus.usage import usage_of as readings_of
+from ..lifecycle import JobState, NotebookState
+from ..resources import format_memory
 from .records import JobRecords
+from .states import ACTIVE
+
+if TYPE_CHECKING:
+    from ..settings import GpulabSettings
+    from .supervisor import JobSupervisor
+
+#: the newest jobs the admin's overview lists (the jobs page pages through all of them)
+RECENT_JOBS = 50
+_ACTIVE = frozenset(s.value for s in ACTIVE)
 
 
 class NotebookReads(Protocol):
-    """What is read of the notebooks' records
+    """What the overview reads of the notebooks' records
     (:class:`gpulab.notebooks.records.NotebookRecords`)."""
 
     def list(self, user: str | None = None) -> list[dict]: ...
@@ -28,3 +47,115 @@ def usage_of(jobs: JobRecords, notebooks: NotebookReads, user: str) -> dict:
     notebooks' and the two together (:func:`gpulab.billing.user_usage`)."""
     minutes = jobs.usage(user)["jobs_billed_minutes"]
     return {"user": user, **user_usage(minutes, notebooks.billed_minutes(user))}
+
+
+def admin_overview(sup: JobSupervisor, settings: GpulabSettings, notebooks: NotebookReads) -> dict:
+    """The admin page's data: ``gpus`` (:func:`gpu_rows`), ``gpus_total`` and ``gpus_busy``
+    (devices configured, and devices with a booking), ``inventory`` (where the devices came
+    from), ``notebooks`` (every one), ``jobs`` (the :data:`RECENT_JOBS` newest) and
+    ``jobs_total``, ``users`` (:func:`user_rows`) and ``default_limits`` (a user's without
+    an override)."""
+    allocations = sup.ledger.allocations()
+    nbs = notebooks.list(None)
+    jobs = sup.records.list(None)
+    jobs.sort(key=lambda j: j["submitted"] or "", reverse=True)
+    # what each device does now (NVML, this host's; none on a Swarm or without a driver)
+    reader = sup.ctx.gpu_usage
+    readings = reader() if reader is not None else []
+    return {
+        "gpus": gpu_rows(sup.ledger.holdings(allocations), readings, {j["id"] for j in jobs}),
+        "gpus_total": len(sup.ledger.devices),
+        "inventory": sup.runtime.inventory,
+        "gpus_busy": len({a["device"] for a in allocations}),
+        "notebooks": nbs,
+        "jobs": jobs[:RECENT_JOBS],
+        "jobs_total": len(jobs),
+        "users": user_rows(
+            settings,
+            nbs,
+            jobs,
+            allocations,
+            sup.disk.bookings(),
+            lambda name: usage_of(sup.records, notebooks, name),
+        ),
+        "default_limits": settings.limits_for("", []),
+    }
+
+
+def gpu_rows(holdings: list[dict], readings: list, job_ids: set[str]) -> list[dict]:
+    """The ledger's ``holdings`` (:meth:`~gpulab.gpus.ledger.GpuLedger.holdings`) as the
+    admin reads them: each configured device's ``activity`` now, from its NVML ``readings``
+    (utilization, memory used and total; None when it was not read), and each holder's
+    ``job_id`` (a job that still exists: its page) or ``notebook`` (``user/server``)."""
+    out = []
+    for g in holdings:
+        now = readings_of(readings, [g["key"]]) if g["key"] is not None else []
+        activity = (
+            {
+                "utilization": now[0].utilization,
+                "memory_used": human(now[0].memory_used),
+                "memory_total": human(now[0].memory_total),
+            }
+            if now
+            else None
+        )
+        for a in g["held"]:
+            parts = a["workload"].split("/")
+            a["job_id"] = parts[-1] if a["kind"] == "job" and parts[-1] in job_ids else None
+            a["notebook"] = "/".join(parts[-2:]) if a["kind"] == "notebook" else None
+        out.append({**g, "activity": activity})
+    return out
+
+
+def user_rows(
+    settings: GpulabSettings,
+    notebooks: list[dict],
+    jobs: list[dict],
+    allocations: list[dict],
+    bookings: list[dict],
+    usage,
+) -> list[dict]:
+    """A row per user with a notebook or a job (by name): their groups (as their newest job
+    remembers them), limits and quotas, their notebooks (running / all), jobs (active, queued
+    / all), the GPUs they hold (a shared device's slot counts as its fraction), the disk their
+    volumes and clones hold on nodes against their disk quota, and ``usage(name)``, their
+    billed minutes."""
+    names = sorted({n["user"] for n in notebooks} | {j["owner"] for j in jobs})
+    groups_of: dict[str, list[str]] = {}
+    for j in jobs:  # newest first: a job remembers its owner's groups when submitted
+        groups_of.setdefault(j["owner"], j["groups"])
+    gpus_of: Counter = Counter()
+    for a in allocations:
+        gpus_of[a["owner"]] += a["gpus"]
+    disk_of: Counter = Counter()
+    for b in bookings:
+        disk_of[b["owner"]] += b["bytes"]
+    rows = []
+    for name in names:
+        groups = groups_of.get(name, [])
+        mine = [j for j in jobs if j["owner"] == name]
+        limits = settings.limits_for(name, groups)
+        disk_quota = settings.disk_quota_for(name, groups)
+        rows.append(
+            {
+                "name": name,
+                "groups": groups,
+                "quota": settings.quota_for(name, groups),
+                "limits": limits,
+                "limit_memory": format_memory(limits.memory),
+                "notebooks": sum(1 for n in notebooks if n["user"] == name),
+                "notebooks_running": sum(
+                    1
+                    for n in notebooks
+                    if n["user"] == name and n["state"] == NotebookState.RUNNING.value
+                ),
+                "jobs": len(mine),
+                "jobs_active": sum(1 for j in mine if j["state"] in _ACTIVE),
+                "jobs_queued": sum(1 for j in mine if j["state"] == JobState.QUEUED.value),
+                "gpus_held": round(gpus_of.get(name, 0), 4),
+                "usage": usage(name),
+                "disk_held": human(disk_of.get(name, 0)),
+                "disk_quota": human(disk_quota) if disk_quota is not None else "∞",
+            }
+        )
+    return rows
