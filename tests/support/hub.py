@@ -288,6 +288,11 @@ class Hub:
     def remove_workloads(self) -> None:
         client = docker.from_env()
         label = f"org.gpulab.instance={self.instance}"
+        if (client.info().get("Swarm") or {}).get("ControlAvailable"):
+            # a Swarm hub's workloads are services (first: their tasks hold the overlays)
+            for svc in client.api.services(filters={"label": label}):
+                with contextlib.suppress(docker.errors.NotFound):
+                    client.api.remove_service(svc["ID"])
         for c in client.containers.list(all=True, filters={"label": label}):
             c.remove(force=True)
         for v in client.volumes.list():

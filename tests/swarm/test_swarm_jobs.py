@@ -11,7 +11,6 @@ reach a job on a worker through that node's own engine.
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import docker
@@ -20,7 +19,7 @@ import pytest
 from ..conftest import run_async, wait_until
 from ..support.api import TERMINAL, Api, states
 from ..support.s3 import TEST_SECRET_KEY
-from .conftest import remove_gateway, start_s3
+from .conftest import start_s3
 
 
 def _config(lab, s3) -> str:
@@ -50,22 +49,10 @@ def s3(swarm_lab):
 
 
 @pytest.fixture(scope="module")
-def hub(swarm_lab, s3, tmp_path_factory, images):
-    from ..support.hub import Hub
-
-    hub = Hub(workdir=tmp_path_factory.mktemp("swarm"), extra_config=_config(swarm_lab, s3[0]))
-    hub.start()
-    yield hub
-    hub.stop()
-    _remove_services(hub.instance)
-    remove_gateway(hub.instance)
-
-
-def _remove_services(instance: str) -> None:
-    client = docker.APIClient(version="auto")
-    for svc in client.services(filters={"label": f"org.gpulab.instance={instance}"}):
-        with contextlib.suppress(docker.errors.NotFound):
-            client.remove_service(svc["ID"])
+def hub(swarm_lab, s3, hub_with):
+    """The Swarm hub of this module (retired after it: stopped, its services, gateway and
+    overlays removed, its log checked)."""
+    return hub_with(_config(swarm_lab, s3[0]))
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ spawn time on a worker node is measured against a single-host hub in the same ru
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import statistics
 import time
@@ -20,9 +19,8 @@ import docker
 import pytest
 import requests
 
-from ..support.hub import Hub
 from ..support.ports import free_port
-from .conftest import remove_gateway, start_s3
+from .conftest import start_s3
 
 BUCKET = "ws-swarm"
 CPU = {"cpus": 0.5, "memory": "512M", "gpus": 0}
@@ -66,23 +64,14 @@ def s3(swarm_lab):
 
 
 @pytest.fixture(scope="module")
-def hub(swarm_lab, s3, tmp_path_factory, images):
+def hub(swarm_lab, s3, hub_with):
+    """The Swarm hub of this module (retired after it: stopped, its services, gateway and
+    overlays removed, its log checked)."""
     port = free_port()
-    hub = Hub(
-        workdir=tmp_path_factory.mktemp("swarm-nb"),
-        extra_config=_swarm_config(swarm_lab, s3.endpoint, s3.credentials, port),
-    )
+    hub = hub_with(_swarm_config(swarm_lab, s3.endpoint, s3.credentials, port))
     hub.gateway_port = port
-    hub.start()
     hub.tokens = {u: hub.create_user(u) for u in ("ana", "bob")}
-    yield hub
-    hub.stop()
-    remove_gateway(hub.instance)
-    client = docker.APIClient(version="auto")
-    for svc in client.services(filters={"label": f"org.gpulab.instance={hub.instance}"}):
-        with contextlib.suppress(docker.errors.NotFound):
-            client.remove_service(svc["ID"])
-    hub.remove_workloads()  # the gateway container, the overlays
+    return hub
 
 
 def _start(hub, user: str, server: str, options: dict) -> dict:
@@ -268,29 +257,24 @@ def test_hub_and_service_sigkilled_find_the_notebook_again(hub, swarm_lab):
     _stop(hub, "ana", "keep")
 
 
-def test_spawn_time_on_a_worker_node_against_the_single_host(hub, swarm_lab, s3, tmp_path):
+def test_spawn_time_on_a_worker_node_against_the_single_host(hub, swarm_lab, s3, hub_with):
     """Printed, not asserted: request to ready, the same image and options, one run."""
-    single = Hub(workdir=tmp_path / "single", extra_config=_storage(s3.endpoint, s3.credentials))
-    single.start()
-    try:
-        single.tokens = {"cy": single.create_user("cy")}
-        hub.tokens["cy"] = hub.create_user("cy")
-        times: dict[str, list[float]] = {"worker node (swarm)": [], "single host": []}
-        for i in range(3):
-            for label, h in (("worker node (swarm)", hub), ("single host", single)):
-                t0 = time.monotonic()
-                _start(h, "cy", f"t{i}", CPU)
-                times[label].append(time.monotonic() - t0)
-                _stop(h, "cy", f"t{i}")
-        med = {k: statistics.median(v) for k, v in times.items()}
-        print(
-            "\nspawn request -> ready, median of 3 (s): "
-            + ", ".join(f"{k} {v:.2f} {[round(x, 2) for x in times[k]]}" for k, v in med.items())
-            + f"; ratio {med['worker node (swarm)'] / med['single host']:.2f}"
-        )
-    finally:
-        single.stop()
-        single.remove_workloads()
+    single = hub_with(_storage(s3.endpoint, s3.credentials), fresh=True)  # retired after
+    single.tokens = {"cy": single.create_user("cy")}
+    hub.tokens["cy"] = hub.create_user("cy")
+    times: dict[str, list[float]] = {"worker node (swarm)": [], "single host": []}
+    for i in range(3):
+        for label, h in (("worker node (swarm)", hub), ("single host", single)):
+            t0 = time.monotonic()
+            _start(h, "cy", f"t{i}", CPU)
+            times[label].append(time.monotonic() - t0)
+            _stop(h, "cy", f"t{i}")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        "\nspawn request -> ready, median of 3 (s): "
+        + ", ".join(f"{k} {v:.2f} {[round(x, 2) for x in times[k]]}" for k, v in med.items())
+        + f"; ratio {med['worker node (swarm)'] / med['single host']:.2f}"
+    )
 
 
 def test_a_worker_killed_under_a_notebook_makes_it_node_lost(hub, swarm_lab):
