@@ -57,8 +57,12 @@ def gpu_host(docker_client, tmp_path_factory):
         host.start(docker_client)
         host.load_image(docker_client, BASE)
         dockerfile = f"FROM {BASE}\nENV NVIDIA_VISIBLE_DEVICES=all\n".encode()
-        for _ in host.client().build(fileobj=io.BytesIO(dockerfile), tag=CUDA_LIKE, rm=True):
-            pass
+        stream = host.client().build(
+            fileobj=io.BytesIO(dockerfile), tag=CUDA_LIKE, rm=True, decode=True
+        )
+        for chunk in stream:  # a failed build says so in the stream, not by raising
+            if "error" in chunk:
+                raise RuntimeError(f"building {CUDA_LIKE} on the GPU host: {chunk['error']}")
         yield host
     finally:
         host.stop()
