@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,9 @@ def new_page(browser, shots, request):
         ctx = browser.new_context(viewport={"width": 1280, "height": 900})
         ctx.set_default_timeout(30_000)
         contexts.append(ctx)
-        return ctx.new_page()
+        page = ctx.new_page()
+        page.goto = _reloading_on_network_change(page.goto)
+        return page
 
     yield make
     failed = getattr(request.node, "rep_call", None)
@@ -114,6 +117,23 @@ def new_page(browser, shots, request):
                 with contextlib.suppress(Exception):
                     shots(page, f"failure-{i}")
         ctx.close()
+
+
+def _reloading_on_network_change(goto):
+    """``page.goto`` that loads once more, as a person would, when Chromium aborts the load with
+    ERR_NETWORK_CHANGED: it does so whenever this host's network interfaces change, and the
+    other tests' containers (and the swarm lab's nodes) add bridges and veths all the time."""
+
+    def go(url, **kwargs):
+        try:
+            return goto(url, **kwargs)
+        except Exception as e:  # playwright's Error
+            if "ERR_NETWORK_CHANGED" not in str(e):
+                raise
+            time.sleep(0.5)
+            return goto(url, **kwargs)
+
+    return go
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
