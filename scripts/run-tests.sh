@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The test suite, as `make test` runs it, in two passes:
+# The test suite, as `make test` runs it, in two passes that run side by side:
 #   1. every test but the swarm lab's, on WORKERS pytest-xdist workers (the tests wait on hubs,
 #      containers and Chromium more than they compute: two workers on two cores finish well
 #      before one; the modules that share a hub go to one worker, see tests/conftest.py);
-#   2. the swarm lab's tests (tests/swarm), after pass 1: the lab makes this host's engine a
-#      swarm manager and adds bridges, veths and overlays while it runs, and Chromium aborts
-#      a page load on such a change (ERR_NETWORK_CHANGED, seen when the passes overlapped).
-#      TEST_OVERLAP=1 runs it beside pass 1 instead, in a pytest process of its own, its
-#      output kept in artifacts/swarm-pass.log and printed after pass 1's (tried once, on a 2-core
-#      machine loaded by other work: pass 1 took 1704 s with pass 2's 1260 s beside it, and a
-#      browser test failed on ERR_NETWORK_CHANGED; no gain shown).
+#   2. the swarm lab's tests (tests/swarm), in a pytest process of their own beside pass 1:
+#      they wait on the lab's nodes most of the time (the load average stays under 1 while
+#      they run alone for 11 minutes). The lab makes this host's engine a swarm manager, which
+#      leaves its plain containers and bridge networks alone; the interfaces it adds make
+#      Chromium abort a page load now and then (ERR_NETWORK_CHANGED), which the browser tests'
+#      pages load once more (tests/browser/conftest.py). Its output is kept in
+#      artifacts/swarm-pass.log and printed after pass 1's. TEST_OVERLAP=0: after pass 1.
 # Each test process draws its servers' ports from a band of its own (tests/support/ports.py).
 # Both passes run; the exit status is the first pass's failure, else the second's. A pass that
 # selects no test (PYTEST_ARGS naming other tests) is not a failure unless neither ran any.
@@ -19,7 +19,7 @@ set -uo pipefail
 workers=${1:?usage: scripts/run-tests.sh WORKERS [PYTEST ARGS...]}
 shift
 pytest=${PYTEST:-.venv/bin/pytest}
-overlap=${TEST_OVERLAP:-0}
+overlap=${TEST_OVERLAP:-1}
 log=artifacts/swarm-pass.log
 mkdir -p artifacts
 
