@@ -423,3 +423,21 @@ def test_gpulab_doctor_runs_the_doctor(tmp_path):
         env=env,
     )
     assert usage.returncode == 2 and "gpulab doctor" in usage.stderr
+
+
+def test_what_the_survey_makes_of_the_engines_answers(monkeypatch):
+    from gpulab.runtime.survey import _network, engine_address
+
+    net = {
+        "Name": "gpulab-net-ann",
+        "IPAM": {"Config": [{"Subnet": "172.18.0.0/16", "Gateway": "172.18.0.1"}]},
+        "Labels": {"org.gpulab.instance": "gpulab"},
+    }
+    assert _network(net, "gpulab") == EngineNetwork("gpulab-net-ann", ("172.18.0.0/16",), True)
+    assert not _network(net, "other").ours
+    assert _network({"Name": "host", "IPAM": {"Config": None}}, "gpulab").subnets == ()
+    monkeypatch.delenv("DOCKER_HOST", raising=False)
+    assert engine_address("http+docker://localhost") == "unix:///var/run/docker.sock"
+    monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
+    assert engine_address("http+docker://localhost") == "unix:///run/user/1000/docker.sock"
+    assert engine_address("https://10.0.0.5:2376") == "https://10.0.0.5:2376"
