@@ -4,6 +4,8 @@
   127.0.0.1 and a free port. ``stop()`` also cuts keep-alive connections, so clients really
   see the server go away; ``start()`` again serves on the same port (moto keeps its state in
   the process, so objects survive a restart, as with a persistent store).
+- :class:`CheckingS3Server`: the same server in a process of its own, checking credentials
+  (a wrong key or secret is refused as S3 refuses it).
 - :class:`FaultyProxy`: an HTTP proxy in front of a server that can corrupt or cut short the
   bodies of object GETs, to test that bad downloads are detected, and hold every request
   until a gate opens. With ``verify_sha256`` it also does what S3 does and moto does not with
@@ -16,8 +18,13 @@ import base64
 import contextlib
 import hashlib
 import http.client
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Literal
@@ -96,6 +103,94 @@ class MotoS3Server:
             self._thread.join(timeout=10)
 
     def __enter__(self) -> MotoS3Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class CheckingS3Server:
+    """moto's S3 server that checks credentials, in a process of its own (moto's IAM check is
+    a switch for its whole process, which :class:`MotoS3Server`'s share with the tests). Its
+    first three requests make an IAM user that may do anything with S3 and its access key
+    (``access_key``, ``secret_key``); from then on a request signed with anything else is
+    refused as S3 refuses it (InvalidAccessKeyId, SignatureDoesNotMatch)."""
+
+    #: the requests that make the user, its policy and its key before the check starts
+    SETUP_REQUESTS = 3
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.access_key = ""
+        self.secret_key = ""
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> CheckingS3Server:
+        env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": str(self.SETUP_REQUESTS)}
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), 1),
+            ):
+                break
+            if time.monotonic() > deadline or self._proc.poll() is not None:
+                self.stop()
+                raise RuntimeError("moto's S3 server did not start")
+            time.sleep(0.2)
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
+        iam.create_user(UserName="gpulab")
+        iam.put_user_policy(
+            UserName="gpulab",
+            PolicyName="s3",
+            PolicyDocument=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}],
+                }
+            ),
+        )
+        key = iam.create_access_key(UserName="gpulab")["AccessKey"]
+        self.access_key, self.secret_key = key["AccessKeyId"], key["SecretAccessKey"]
+        return self
+
+    def boto_client(self):
+        """A boto3 S3 client of this server, with the key that may."""
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+        )
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> CheckingS3Server:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
