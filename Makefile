@@ -30,8 +30,8 @@ SWARM_WORKERS ?= 2
 # PATH for the hub, the tests and the benchmarks: the proxy and the venv's scripts first.
 RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv proxy engine images browser postgres setup run test lint format bench clean-images clean \
-	swarm-lab swarm-lab-down
+.PHONY: help venv proxy engine images browser postgres setup run doctor test lint format bench \
+	clean-images clean swarm-lab swarm-lab-down
 
 help: ## Show this help
 	@echo "Usage: make TARGET [GPULAB_PORT=8000] [PYTEST_ARGS=...] [FORCE=1]"
@@ -76,6 +76,10 @@ run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in data/)
 	mkdir -p $(DATA_DIR)
 	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(CURDIR)/$(DATA_DIR)" \
 		exec $(VENV)/bin/jupyterhub -f jupyterhub_config.py
+
+doctor: venv ## Check what gpulab needs of this host with `make run`'s configuration (gpulab doctor; docs/doctor.md)
+	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(CURDIR)/$(DATA_DIR)" \
+		$(VENV)/bin/gpulab doctor --config jupyterhub_config.py
 
 postgres: ## Make sure a local PostgreSQL server runs (for the tests of gpulab on PostgreSQL)
 	scripts/ensure-postgres.sh
