@@ -25,6 +25,7 @@ def test_half_a_gpu_from_the_form(hub, new_page, shots, docker_client):
     assert "a notebook may ask for 0.5 of a GPU" in hint
     assert "GPU 1: 2 of 2 slots free" in hint
     assert "nothing stops another notebook" in hint  # time-slicing: said plainly
+    assert "without isolation" in hint and "it limits no one" in hint and "MPS" not in hint
     assert "2 of 2 free now" in page.inner_text("#gpulab-gpus-free")
     page.select_option("#gpulab-framework", "python")
     page.select_option("#gpulab-flavor", "gpu-half")
