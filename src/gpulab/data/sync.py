@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..metrics import observe_sync
 from ..names import L_INSTANCE, L_KIND, L_WORKLOAD, volume_name
-from ..runtime.base import Runtime
+from ..runtime.base import EngineError, Runtime
 from ..statelog import register_sensitive
 from ..volumes import ObjectStore, VolumeSpec
 from .helper import filesystem_store_dirs, sync_helper_spec
@@ -420,7 +420,7 @@ class WorkloadData:
 
         try:
             result = await self.runtime.run_helper(helper, on_line, vol.node)
-        except Exception as e:  # the engine refused or lost the helper
+        except EngineError as e:  # the engine refused or lost the helper
             return SyncOutcome(vol, False, reason=f"sync helper failed: {e}")
         if result.exit_code == 0 and final.get("ok", False):
             if operation == "purge" and store_root:

@@ -25,9 +25,9 @@ from ..checks import json_object
 from ..errors import FieldError
 from ..lifecycle import JobState
 from ..names import rank_name
-from ..runtime.base import ExecSession, WorkloadGone
+from ..runtime.base import EngineError, ExecSession, WorkloadGone
 from .gang import rank_of
-from .refusals import Busy, Conflict, EngineFailed, Invalid
+from .refusals import Busy, Conflict, Invalid, engine_refusal
 from .spec import JobSpecError, parse_command
 
 if TYPE_CHECKING:
@@ -147,9 +147,9 @@ async def run(sup: JobSupervisor, job: dict, rank: str, body: bytes | None, by: 
             )
         except WorkloadGone:
             raise Conflict(f"job {job_id} is no longer running") from None
-        except Exception as e:
+        except EngineError as e:
             log.warning("exec in job %s failed: %s", job_id, type(e).__name__)
-            raise EngineFailed("the container engine could not run the command") from None
+            raise engine_refusal(e, "the container engine could not run the command") from None
     return {
         "exit_code": code,
         "output": output.decode("utf-8", "replace"),
@@ -180,9 +180,9 @@ async def shell(
             session = await sup.runtime.exec_session(name, cols, rows)
         except WorkloadGone:
             raise Conflict(f"job {job_id} is no longer running") from None
-        except Exception as e:
+        except EngineError as e:
             log.warning("shell in job %s failed: %s", job_id, type(e).__name__)
-            raise EngineFailed("the container engine could not open a shell") from None
+            raise engine_refusal(e, "the container engine could not open a shell") from None
         try:
             yield session
         finally:

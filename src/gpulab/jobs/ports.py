@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..lifecycle import JobState
+from ..runtime.base import EngineError, WorkloadGone
 from .gang import workers_of
-from .refusals import Busy, EngineFailed, NotFound, Unavailable
+from .refusals import Busy, EngineFailed, NotFound, Unavailable, engine_refusal
 from .spec import JobSpec
 
 if TYPE_CHECKING:
@@ -140,11 +141,13 @@ async def _where(
     hit = _targets.get(key)
     if hit and hit[0] > time.monotonic():
         return hit[1], hit[2]
-    network = await rank0_network(sup, settings, job)
     try:
+        network = await rank0_network(sup, settings, job)
         host, port = await sup.runtime.reach(job["container"], network, path, number)
-    except Exception as e:  # gone meanwhile, or the engine did not answer
+    except (WorkloadGone, EngineError) as e:  # gone meanwhile, or the engine failed
         log.info("job %s port %s not reachable: %s", job["id"], name, e)
-        raise EngineFailed(f"job {job['id']}: port {name} cannot be reached now") from None
+        failed = f"job {job['id']}: port {name} cannot be reached now"
+        refused = EngineFailed(failed) if isinstance(e, WorkloadGone) else engine_refusal(e, failed)
+        raise refused from None
     _targets[key] = (time.monotonic() + TARGET_TTL, host, port)
     return host, port

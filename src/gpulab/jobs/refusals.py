@@ -1,9 +1,12 @@
 """What gpulab refuses of a job request, by kind: each kind carries the HTTP status the
 adapters answer it with (:func:`gpulab.service.base.answer_refusals`). The jobs domain's
 functions (:mod:`~gpulab.jobs.actions`, :mod:`~gpulab.jobs.logs`, :mod:`~gpulab.jobs.exec`)
-raise them; none of them knows HTTP beyond that number."""
+raise them; none of them knows HTTP beyond that number. The engine's failures have their own
+two (:func:`engine_refusal`): 503 while it does not answer, 502 when it failed a call."""
 
 from __future__ import annotations
+
+from ..runtime.base import EngineError, EngineUnreachable
 
 
 class JobRefused(Exception):
@@ -55,6 +58,18 @@ class EngineFailed(JobRefused):
 
 
 class Unavailable(JobRefused):
-    """Not now: what was asked answers only in another state of the job (503)."""
+    """Not now: what was asked answers only in another state of the job, or the container
+    engine does not answer (503)."""
 
     status = 503
+
+
+def engine_refusal(e: EngineError, failed: str = "") -> JobRefused:
+    """What a request is answered when the engine failed its call ``e``: an engine that gave
+    no answer is :class:`Unavailable` (503), in words that name it ("Docker engine at
+    unix:///var/run/docker.sock is unreachable: Connection refused"); one that failed the
+    call is :class:`EngineFailed` (502), ``failed`` saying what could not be done (else the
+    engine's own words)."""
+    if isinstance(e, EngineUnreachable):
+        return Unavailable(str(e))
+    return EngineFailed(failed or f"the container engine failed: {e.detail}")

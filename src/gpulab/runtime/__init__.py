@@ -19,11 +19,14 @@ RUNNER = str(Path(__file__).resolve().parent / "job_runner.sh")
 
 
 def make_runtime(settings, client=None) -> Runtime:
-    """The backend the settings name. ``client``: a docker.APIClient to reuse (the spawner's:
-    DockerSpawner's engine settings). One engine is given this host's GPUs, read once here
-    (``gpu_devices``, else NVML when ``discover_gpus``): its ``nodes()`` and ``devices`` report
-    them, its ``inventory`` says what was found (driver, CUDA) or why none. A Swarm reads each
-    node's from its labels, as they change."""
+    """The backend the settings name. ``client``: a docker.APIClient to reuse, or a function
+    that makes one on first use (the hub's: DockerSpawner's, from its engine settings); None:
+    one made from the environment as ``docker.from_env`` does (DOCKER_HOST, DOCKER_TLS_VERIFY,
+    DOCKER_CERT_PATH). An engine that does not answer when the client is made comes up as
+    an EngineError of the call that needed it, never from here. One engine is given this
+    host's GPUs, read once here (``gpu_devices``, else NVML when ``discover_gpus``): its
+    ``nodes()`` and ``devices`` report them, its ``inventory`` says what was found (driver,
+    CUDA) or why none. A Swarm reads each node's from its labels, as they change."""
     if settings.runtime == "swarm":
         if settings.network_isolation != "user":
             # on the nodes' default bridges the notebook gateway leads to every user's

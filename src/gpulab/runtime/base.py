@@ -202,6 +202,22 @@ class NetworkUnavailable(EngineError):
     """The user's network cannot be had; the message says why and who can fix it."""
 
 
+class EngineUnreachable(EngineError):
+    """The engine gave no answer: it is down, its address (``url``, as ``DOCKER_HOST``
+    names it) is wrong, or the connection broke or timed out. Not the engine's refusal
+    (``status`` is None): worth trying again once it is back; the message names it."""
+
+    def __init__(self, message: str = "", *, url: str = "", detail: str = ""):
+        super().__init__(message, detail=detail)
+        self.url = url
+
+
+class StillRunning(EngineError):
+    """The engine did not confirm in time that a workload stopped (a Swarm's task kept
+    running): the caller keeps what the workload holds (its GPUs) and tries again, or kills
+    it."""
+
+
 class HelperResult:
     def __init__(self, exit_code: int, lines: list[str]):
         self.exit_code = exit_code

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 
 import docker
-from docker.errors import APIError, DockerException, NotFound
+from docker.errors import APIError, NotFound
 
 from ..faults import fault_point
 from ..gpus.inventory import GpuDevice
@@ -34,7 +34,7 @@ from .base import (
     WorkloadSpec,
     WorkloadState,
 )
-from .engine import EngineClient, engine_error
+from .engine import ClientSource, EngineClient, engine_errors, stream_errors
 from .execution import EngineExecSession, run_command
 from .objects import (
     docker_epoch,
@@ -54,7 +54,7 @@ class DockerRuntime(Runtime):
 
     def __init__(
         self,
-        client: docker.APIClient | None = None,
+        client: ClientSource = None,
         workers: int = 32,
         gpu_mode: str = "device_request",
         runner_path: str = "",
@@ -262,12 +262,13 @@ class DockerRuntime(Runtime):
         if tail is not None:
             kw["tail"] = tail
         try:
-            stream = self.client.logs(name, **kw)
-        except NotFound:
-            raise WorkloadGone(name) from None
-        except DockerException as e:
-            raise engine_error(e) from e
-        return LogStream(iter(stream), stream.close)
+            with engine_errors(self.engine.url):
+                stream = self.client.logs(name, **kw)
+        except EngineError as e:
+            if e.not_found:
+                raise WorkloadGone(name) from None
+            raise
+        return LogStream(stream_errors(iter(stream), self.engine.url), stream.close)
 
     async def exec_run(
         self, name: str, command: list[str], timeout: float, max_output: int

@@ -46,6 +46,7 @@ from docker.errors import APIError, NotFound
 
 from .. import __version__
 from ..names import L_INSTANCE, L_KIND, L_VERSION, gateway_container_name
+from .base import EngineError
 from .network import OVERLAY_KIND
 from .objects import NO_GPU, hardened_host_config
 
@@ -62,8 +63,10 @@ ENTRY = (
 START_TIMEOUT = 30.0
 
 
-class GatewayError(RuntimeError):
-    """The gateway could not be made or did not answer; the message says what to fix."""
+class GatewayError(EngineError):
+    """The gateway could not be made or did not answer; the message says what to fix. An
+    :class:`~.base.EngineError` like every failure that leaves the runtime (its ``status``
+    is None: the gateway, not the engine, failed)."""
 
 
 def gateway_config(instance: str, image: str, port: int, api_port: int, token: str) -> dict:
@@ -231,9 +234,12 @@ class Gateway:
         with_suppress(client.disconnect_container_from_network, self.name, network_id, force=True)
 
     def add_route(self, path: str, target: str) -> None:
-        r = requests.post(
-            self.api + path, headers=self._headers(), json={"target": target}, timeout=10
-        )
+        try:
+            r = requests.post(
+                self.api + path, headers=self._headers(), json={"target": target}, timeout=10
+            )
+        except requests.RequestException as e:
+            raise self._no_answer(e) from None
         if not r.ok:
             raise GatewayError(f"the notebook gateway refused the route {path}: {r.status_code}")
 
@@ -246,9 +252,20 @@ class Gateway:
             log.info("gateway route %s not deleted: %s", path, e)
 
     def routes(self) -> dict[str, str]:
-        r = requests.get(self.api, headers=self._headers(), timeout=10)
-        r.raise_for_status()
-        return {path: (v or {}).get("target", "") for path, v in r.json().items()}
+        try:
+            r = requests.get(self.api, headers=self._headers(), timeout=10)
+            r.raise_for_status()
+            found = r.json()
+        except (requests.RequestException, ValueError) as e:
+            raise self._no_answer(e) from None
+        return {path: (v or {}).get("target", "") for path, v in found.items()}
+
+    def _no_answer(self, e: Exception) -> GatewayError:
+        # the error's class only: requests' message may carry the URL's query or a header
+        return GatewayError(
+            f"the notebook gateway {self.name} did not answer on 127.0.0.1:{self.api_port} "
+            f"({type(e).__name__})"
+        )
 
 
 def with_suppress(fn, *args, **kw) -> None:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 
 import docker
-from docker.errors import APIError, DockerException, NotFound
+from docker.errors import APIError, NotFound
 from docker.tls import TLSConfig
 from docker.types.daemon import CancellableStream
 
@@ -45,12 +45,13 @@ from .base import (
     Mount,
     Node,
     Runtime,
+    StillRunning,
     WorkloadGone,
     WorkloadRefused,
     WorkloadSpec,
     WorkloadState,
 )
-from .engine import EngineClient, engine_error
+from .engine import ClientSource, EngineClient, client_url, engine_errors, stream_errors
 from .execution import EngineExecSession, run_command
 from .gateway import Gateway
 from .objects import helper_container_config
@@ -82,7 +83,7 @@ class SwarmRuntime(Runtime):
 
     def __init__(
         self,
-        client: docker.APIClient | None = None,
+        client: ClientSource = None,
         workers: int = 32,
         registry: str = "",
         gpu_label: str = "org.gpulab.gpus",
@@ -339,7 +340,8 @@ class SwarmRuntime(Runtime):
 
     def _exec_blocking(self, name: str, command: list[str], timeout: float, cap: int):
         node, container = self.node_engines.locate(self.client, name)
-        return run_command(node, container, command, timeout, cap)
+        with engine_errors(client_url(node)):  # the node's engine, not the manager
+            return run_command(node, container, command, timeout, cap)
 
     async def exec_run(
         self, name: str, command: list[str], timeout: float, max_output: int
@@ -349,7 +351,8 @@ class SwarmRuntime(Runtime):
 
     def _session_blocking(self, name: str, cols: int, rows: int) -> ExecSession:
         node, container = self.node_engines.locate(self.client, name)
-        return EngineExecSession(node, container, cols, rows)
+        with engine_errors(client_url(node)):  # the node's engine, not the manager
+            return EngineExecSession(node, container, cols, rows)
 
     async def exec_session(self, name: str, cols: int = 80, rows: int = 24) -> ExecSession:
         return await self.engine.call_exec(self._session_blocking, name, cols, rows)
@@ -397,12 +400,10 @@ class SwarmRuntime(Runtime):
     def log_stream(
         self, name: str, follow: bool, tail: int | None = None, timestamps: bool = False
     ) -> LogStream:
-        try:
+        with engine_errors(self.engine.url):
             res, chunks = self._open_logs(name, follow, None, tail, timestamps)
-        except DockerException as e:
-            raise engine_error(e) from e
         stream = CancellableStream(chunks, res)
-        return LogStream(iter(stream), stream.close)
+        return LogStream(stream_errors(iter(stream), self.engine.url), stream.close)
 
     async def labelled(self, instance: str, kind: str) -> list[Labelled]:
         def read() -> list[Labelled]:
@@ -502,7 +503,7 @@ class SwarmRuntime(Runtime):
                 if found is not None and not found.running:
                     break
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"helper {body['Name']} ran over {HELPER_TIMEOUT:g} s")
+                    raise EngineError(f"helper {body['Name']} ran over {HELPER_TIMEOUT:g} s")
                 time.sleep(0.3)
             res, chunks = self._open_logs(sid, False)
             try:
@@ -513,7 +514,7 @@ class SwarmRuntime(Runtime):
                 lines.append(line)
                 on_line(line)
             if found.exit_code is None:
-                raise RuntimeError(f"the helper did not run: {found.error}")
+                raise EngineError(f"the helper did not run: {found.error}")
             return HelperResult(found.exit_code, lines)
         finally:
             with_suppress_notfound(client.remove_service, sid)
@@ -543,10 +544,6 @@ def _stopping(grace: float):
         task["ForceUpdate"] = int(task.get("ForceUpdate") or 0) + 1
 
     return change
-
-
-class StillRunning(RuntimeError):
-    """The manager did not confirm that a workload stopped."""
 
 
 def _named(obj: dict, name: str) -> bool:

@@ -19,6 +19,7 @@ from docker.errors import NotFound
 from docker.tls import TLSConfig
 
 from .base import WorkloadGone
+from .engine import engine_errors, shown_url
 
 log = logging.getLogger(__name__)
 
@@ -149,4 +150,7 @@ class NodeEngines:
             node = manager.inspect_node(task["NodeID"])
         except NotFound:
             raise WorkloadGone(f"{name}'s node is gone") from None
-        return self.client(self.url(node)), task["Status"]["ContainerStatus"]["ContainerID"]
+        url = self.url(node)
+        with engine_errors(shown_url(url)):  # the node's engine, not the manager, failed
+            client = self.client(url)
+        return client, task["Status"]["ContainerStatus"]["ContainerID"]

@@ -32,9 +32,10 @@ from ..checks import json_object
 from ..errors import FieldError
 from ..jobs.exec import MAX_SHELLS
 from ..jobs.logs import MAX_LOG_STREAMS
-from ..jobs.refusals import JobRefused
+from ..jobs.refusals import JobRefused, engine_refusal
 from ..logscrub import request_summary
 from ..notebooks.records import NotebookRecords
+from ..runtime.base import EngineError
 
 # JupyterHub custom scopes (declared in jupyterhub_config.py). Each handler requires the one
 # its action needs; ADMIN acts on everyone's workloads.
@@ -91,11 +92,17 @@ class ApiError(web.HTTPError):
 
 @contextlib.contextmanager
 def answer_refusals():
-    """A refusal of a job action (:mod:`gpulab.jobs.actions`) answered as its JSON error."""
+    """A refusal of a job action (:mod:`gpulab.jobs.actions`) answered as its JSON error; an
+    engine's failure that came up through the domain too (503 while the engine does not
+    answer, naming it; else 502: :func:`gpulab.jobs.refusals.engine_refusal`), never a 500."""
     try:
         yield
     except JobRefused as e:
         raise ApiError(e.status, e.message, field=e.field) from None
+    except EngineError as e:
+        refused = engine_refusal(e)
+        app_log.warning("engine call failed: %s", e)
+        raise ApiError(refused.status, refused.message) from None
 
 
 #: declared bodies up to this many times the cap are read and discarded for a clean 413

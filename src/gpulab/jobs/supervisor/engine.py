@@ -15,7 +15,7 @@ from ...faults import fault_point
 from ...gpus.inventory import device_id
 from ...names import rank_alias, rank_name, workload_labels
 from ...resources import container_limits
-from ...runtime.base import Mount, WorkloadGone, WorkloadSpec
+from ...runtime.base import EngineError, Mount, WorkloadGone, WorkloadSpec
 from ..gang import Rank, distributed_env
 from ..logs import LOG_KEEP_BYTES, merge_logs, rank_log_share, read_tail
 from ..spec import JobSpec
@@ -170,7 +170,7 @@ async def release_network(ctx: JobContext, job_id: str, workers: int) -> None:
     if workers > 1:
         try:
             await ctx.runtime.remove_job_network(ctx.settings.instance, job_id)
-        except Exception as e:  # the sweep of unused networks takes it later
+        except EngineError as e:  # the sweep of unused networks takes it later
             log.warning("job %s: its network not removed yet: %s", job_id, e)
 
 

@@ -44,7 +44,7 @@ from ...datasync.gitclone import (
 from ...disk_ledger import DiskQuotaExceeded
 from ...disk_quota import GIT_DISK_FACTOR, clone_over, clone_refusal
 from ...names import L_INSTANCE, L_KIND, L_WORKLOAD
-from ...runtime.base import HelperSpec, Mount
+from ...runtime.base import EngineError, HelperSpec, Mount
 from ..spec import GitSource
 
 if TYPE_CHECKING:
@@ -225,7 +225,7 @@ async def clone_source(
 
     try:
         done = await data.runtime.run_helper(helper, on_line, node)
-    except Exception as e:  # the engine refused or lost the helper
+    except EngineError as e:  # the engine refused or lost the helper
         if disk is not None:
             await asyncio.to_thread(disk.ledger.release, volume, node)
         return (

@@ -120,7 +120,7 @@ async def remove_orphan_containers(ctx: JobContext) -> None:
     whose engine clean-up was cut short. Every container must have a record."""
     try:
         found = await ctx.runtime.labelled(ctx.settings.instance, "job")
-    except Exception as e:
+    except EngineError as e:
         log.warning("job containers not checked: %s", e)
         return
     known = await ctx.db(ctx.records.ids)

@@ -28,7 +28,7 @@ from ...gpus.ledger import GpuLedger, NoGpuAvailable
 from ...gpus.placement import choose_gang
 from ...lifecycle import InvalidTransition, JobState
 from ...metrics import JOB_QUEUE_WAIT
-from ...runtime.base import Runtime
+from ...runtime.base import EngineUnreachable, Runtime
 from ...secrets import store_for
 from ..gang import decode_devices, encode_devices
 from ..records import JobRecords
@@ -214,6 +214,8 @@ class JobSupervisor:
                         self._recovered = True
                     await self.schedule()
                     self._last_sweep = await housekeeping.cleanup(self.ctx, self._last_sweep)
+                except EngineUnreachable as e:  # said in a line, not a traceback: not a fault
+                    log.warning("supervisor pass failed: %s", e)
                 except Exception:
                     # recovery is tried again on the next pass: nothing is scheduled before
                     log.exception("supervisor pass failed")

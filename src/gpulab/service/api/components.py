@@ -67,6 +67,15 @@ def _errors(*codes: int) -> dict:
     return {str(c): _error(c) for c in sorted({401, 403, 413, *codes})}
 
 
+#: the answers of an operation that calls the container engine (jobs.refusals.engine_refusal)
+ENGINE_ERRORS = {
+    "502": _json(_ref("Error"), "the container engine failed"),
+    "503": _json(
+        _ref("Error"), "the container engine does not answer (the message names its address)"
+    ),
+}
+
+
 #: the Location of a created job
 LOCATION = {
     "Location": {

@@ -15,6 +15,7 @@ from ...lifecycle import JobState, NotebookState
 from ..base import BaseHandler
 from .components import (
     ALL,
+    ENGINE_ERRORS,
     ERROR,
     EVENT,
     JOB_ID,
@@ -150,7 +151,11 @@ PATHS: dict[str, dict] = {
             "operationId": "deleteJob",
             "summary": "delete an ended job",
             "parameters": [JOB_ID],
-            "responses": {"204": {"description": "deleted"}, **_errors(404, 409)},
+            "responses": {
+                "204": {"description": "deleted"},
+                **_errors(404, 409),
+                **ENGINE_ERRORS,
+            },
         },
     },
     "/api/jobs/{job_id}/events": {
@@ -193,6 +198,7 @@ PATHS: dict[str, dict] = {
                     "content": {"text/plain": {"schema": {"type": "string"}}},
                 },
                 **_errors(400, 404, 429),
+                **ENGINE_ERRORS,
             },
         }
     },
@@ -211,7 +217,7 @@ PATHS: dict[str, dict] = {
                 "200": _json(EXEC_RESULT, "the command ran (to its end or its time-out)"),
                 **_errors(400, 404, 409),
                 "429": _json(_ref("Error"), "too many execs open (per user, or in all)"),
-                "502": _json(_ref("Error"), "the container engine failed"),
+                **ENGINE_ERRORS,
             },
         }
     },
@@ -252,7 +258,7 @@ PATHS: dict[str, dict] = {
                 "101": {"description": "switched to the WebSocket protocol"},
                 **_errors(400, 404, 409),
                 "429": _json(_ref("Error"), "too many shells open (per user, or in all)"),
-                "502": _json(_ref("Error"), "the container engine failed"),
+                **ENGINE_ERRORS,
             },
         }
     },
