@@ -14,7 +14,9 @@ import contextlib
 import logging
 import sys
 import time
+from collections.abc import Callable
 from functools import cached_property
+from typing import Any
 
 from dockerspawner import DockerSpawner
 from jupyterhub.utils import maybe_future
@@ -77,7 +79,7 @@ async def _report_gpus(config) -> None:
     except ConfigError:
         return  # said by the first spawn, and by the service, which stops
     try:
-        runtime = make_runtime(settings)
+        runtime = make_runtime(settings, hub_engine(config))  # the engine spawns will use
     except ValueError:
         return  # a runtime refused (a Swarm without per-user networks): said by every spawn
     runtime.log_gpus(log)
@@ -91,6 +93,15 @@ async def _report_gpus(config) -> None:
     if refusal:
         log.error("GPU notebooks are refused: this engine cannot hand out the GPUs: %s", refusal)
         NotebookSpawner.gpu_refusals[settings.instance] = refusal
+
+
+def hub_engine(config) -> Callable[[], Any]:
+    """The hub's engine client, as a function the runtime calls on first use: DockerSpawner's
+    (one per process), made from ``DOCKER_HOST``, ``DOCKER_TLS_VERIFY`` and
+    ``DOCKER_CERT_PATH`` as ``docker.from_env`` does, unless ``client_kwargs`` or
+    ``tls_config`` name the engine explicitly. Made by the runtime, an engine that does not
+    answer comes up as its EngineError (naming the engine), never as the SDK's."""
+    return lambda: NotebookSpawner(config=config).client
 
 
 _NETWORK = "c.GpulabSettings.network_isolation (gpulab decides how the hub reaches a notebook)"
@@ -259,8 +270,8 @@ class NotebookSpawner(DockerSpawner):
         """The hub's one Runtime per instance (the backend make_runtime chose)."""
         key = f"{self.settings.instance}|{self.settings.runtime}"
         if key not in self._runtimes:
-            # DockerSpawner's engine client (its DOCKER_HOST and TLS settings), shared
-            self._runtimes[key] = make_runtime(self.settings, self.client)
+            # DockerSpawner's engine client, shared, made by the runtime on first use
+            self._runtimes[key] = make_runtime(self.settings, hub_engine(self.config))
         return self._runtimes[key]
 
     @property
