@@ -72,7 +72,7 @@ browser: ## Install Debian's chromium for the browser tests when /usr/bin/chromi
 
 setup: venv proxy engine images browser ## Everything run and test need
 
-run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in data/)
+run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in data/; a site file: GPULAB_SITE_CONFIG or /etc/gpulab/gpulab_config.py)
 	mkdir -p $(DATA_DIR)
 	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(CURDIR)/$(DATA_DIR)" \
 		exec $(VENV)/bin/jupyterhub -f jupyterhub_config.py

@@ -2,6 +2,12 @@
 
 `make run` starts it on http://127.0.0.1:$GPULAB_PORT (8000). Everything gpulab-specific is
 configured on `c.GpulabSettings` (shared by the hub and the service) and `c.NotebookSpawner`.
+
+An installation's own settings live outside the checkout, in a site file loaded after the
+defaults below: the file GPULAB_SITE_CONFIG names (empty: none), else
+/etc/gpulab/gpulab_config.py when it exists. Where the hub listens and keeps its state are
+settings (data_dir, bind_url, public_url, hub_port, proxy_api_port, service_port), read once
+the site file is; docs/configuration.md.
 """
 
 import contextlib
@@ -14,9 +20,6 @@ from pathlib import Path
 c = get_config()  # noqa: F821 (provided by JupyterHub's config loader)
 
 here = Path(__file__).parent.resolve()
-data = Path(os.environ.get("GPULAB_DATA_DIR", here / "data")).resolve()
-data.mkdir(parents=True, exist_ok=True)
-os.chdir(data)  # hub db, cookie secret and proxy pid live here
 
 # in the hub, gpulab's log lines (a notebook's state changes: logger gpulab.state) go to the
 # hub's own log; the service (which reads this file too) keeps its own
@@ -46,14 +49,7 @@ def _docker_bridge_gateway() -> str:
 
 
 # --- the hub ---------------------------------------------------------------------------------
-c.JupyterHub.bind_url = f"http://127.0.0.1:{os.environ.get('GPULAB_PORT', '8000')}"
-gateway = _docker_bridge_gateway()
-# the hub API listens on the docker bridge only: reachable by notebook containers, not outside
-c.JupyterHub.hub_ip = gateway
-c.JupyterHub.hub_port = int(os.environ.get("GPULAB_HUB_PORT", "8081"))
-c.JupyterHub.hub_connect_ip = gateway
-c.JupyterHub.db_url = f"sqlite:///{data / 'jupyterhub.sqlite'}"
-c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+# (its addresses and directories: below, once the site file is read)
 c.JupyterHub.allow_named_servers = True
 c.JupyterHub.named_server_limit_per_user = 10
 # servers survive a hub restart: the hub finds them again from the spawner's saved state
@@ -63,16 +59,6 @@ c.JupyterHub.cleanup_servers = False
 # send a notebook's URL requests that the notebook refuses, and the proxy would count them,
 # keeping someone else's GPUs from their idle stop (GpulabSettings.gpu_idle_timeout).
 c.JupyterHub.last_activity_interval = 0
-
-# a stable proxy token, so that a restarted hub can talk to the proxy that kept running
-token_file = data / "proxy_auth_token"
-if not token_file.exists():
-    token_file.write_text(secrets.token_hex(32))
-    token_file.chmod(0o600)
-c.ConfigurableHTTPProxy.auth_token = token_file.read_text().strip()
-c.ConfigurableHTTPProxy.api_url = (
-    f"http://127.0.0.1:{os.environ.get('GPULAB_PROXY_API_PORT', '8001')}"
-)
 chp = here / ".build" / "node" / "node_modules" / ".bin" / "configurable-http-proxy"
 if chp.exists():
     c.ConfigurableHTTPProxy.command = [str(chp)]
@@ -80,44 +66,21 @@ if chp.exists():
 
 # --- log-in: a shared password for local use ---------------------------------------------------
 # Anyone may log in with any user name and the shared user password; the admin user logs in
-# with the admin password. Both come from the environment or are generated once into
-# data/passwords.txt (mode 0600). Replace with your organisation's authenticator
-# (OAuthenticator, LDAP...) for real use.
-def _passwords() -> dict[str, str]:
-    path = data / "passwords.txt"
-    if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(f"user={secrets.token_urlsafe(12)}\nadmin={secrets.token_urlsafe(32)}\n")
-    return dict(line.split("=", 1) for line in path.read_text().split())
-
-
-_pw = _passwords()
+# with the admin password (both below, once the data directory is known). Replace with your
+# organisation's authenticator (OAuthenticator, LDAP...) for real use.
 c.JupyterHub.authenticator_class = "shared-password"
-c.SharedPasswordAuthenticator.user_password = os.environ.get("GPULAB_USER_PASSWORD", _pw["user"])
-c.SharedPasswordAuthenticator.admin_password = os.environ.get("GPULAB_ADMIN_PASSWORD", _pw["admin"])
 admin = os.environ.get("GPULAB_ADMIN_USER", "admin")
 c.Authenticator.admin_users = {admin}
 c.Authenticator.allow_all = True
 
 # --- notebooks -------------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpulab"
-c.GpulabSettings.database_url = f"sqlite:///{data / 'gpulab.sqlite'}"
 # the sync helper's image: GPULAB_SYNC_IMAGE, as scripts/build-images.sh names it (default
 # gpulab/sync:VERSION)
 if os.environ.get("GPULAB_SYNC_IMAGE"):
     c.GpulabSettings.sync_image = os.environ["GPULAB_SYNC_IMAGE"]
-# Users' secrets are encrypted at rest with this Fernet key (generated once, mode 0600). Keep a
-# copy apart from the database's backups: without it the secrets cannot be decrypted.
-_key_file = data / "secrets.key"
-if not _key_file.exists():
-    from cryptography.fernet import Fernet
-
-    with contextlib.suppress(FileExistsError):  # the hub and the service read this file
-        fd = os.open(_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(Fernet.generate_key().decode() + "\n")
-c.GpulabSettings.secrets_key_file = str(_key_file)
-# Object storage. The embedded default keeps objects on this host's disk (data/objects) and
+# (gpulab's database and the secrets key: in the data directory, below)
+# Object storage. The embedded default keeps objects on this host's disk (<data_dir>/objects) and
 # persists across restarts; workspaces live there under workspaces/<user>/<server>/. Add S3
 # stores by name, with credentials named, never written here, for example:
 # c.GpulabSettings.object_stores["s3"] = {
@@ -125,7 +88,7 @@ c.GpulabSettings.secrets_key_file = str(_key_file)
 #     "credentials": {"access_key_env": "S3_KEY_ID", "secret_key_env": "S3_SECRET"},
 # }
 # c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "datasets", "modes": ["ro"]})
-c.GpulabSettings.object_stores = {"local": {"kind": "filesystem", "root": str(data / "objects")}}
+c.GpulabSettings.object_stores = {"local": {"kind": "filesystem", "root": "{data_dir}/objects"}}
 c.GpulabSettings.workspace_store = "local"
 c.GpulabSettings.volume_grants = [
     # a shared read-only bucket, and a scratch bucket everyone may read and write
@@ -162,7 +125,7 @@ report_at_hub_start()
 c.JupyterHub.services = [
     {
         "name": "gpulab",
-        "url": f"http://127.0.0.1:{os.environ.get('GPULAB_SERVICE_PORT', '10101')}",
+        "url": "",  # on 127.0.0.1:GpulabSettings.service_port (below)
         # the service reads the same configuration file as the hub (GPULAB_CONFIG_FILE names
         # the top-level one when this file is loaded from another with load_subconfig)
         "command": [
@@ -176,7 +139,7 @@ c.JupyterHub.services = [
         # variables must be forwarded (GPULAB_SERVICE_ENV="NAME1,NAME2"); a credentials file
         # needs nothing
         "environment": {
-            "GPULAB_DATA_DIR": str(data),
+            # (GPULAB_DATA_DIR and GPULAB_SITE_CONFIG: below, so that it reads what the hub read)
             # LD_LIBRARY_PATH: the service finds the NVIDIA driver's library where the hub does;
             # DOCKER_*: it talks to the hub's engine
             **{
@@ -257,6 +220,102 @@ c.JupyterHub.load_roles = [
             "custom:gpulab:jobs:manage",
             "custom:gpulab:notebooks:manage",
         ],
-        "users": [admin],
+        # the admin user (below)
     },
 ]
+
+
+# --- the site's own file, then what follows from its settings ---------------------------------
+def _site_file() -> Path | None:
+    """GPULAB_SITE_CONFIG's file (empty: none; a name that is no file: an error), else
+    /etc/gpulab/gpulab_config.py when it exists."""
+    named = os.environ.get("GPULAB_SITE_CONFIG")
+    if named is None:
+        default = Path("/etc/gpulab/gpulab_config.py")
+        return default if default.is_file() else None
+    if not named:
+        return None
+    path = Path(named).resolve()
+    if not path.is_file():
+        raise SystemExit(f"GPULAB_SITE_CONFIG names {named}, which is not a file")
+    return path
+
+
+site_file = _site_file()
+if site_file is not None:
+    load_subconfig(str(site_file))  # noqa: F821 (provided by JupyterHub's config loader)
+
+from gpulab.settings import GpulabSettings  # noqa: E402
+
+site = GpulabSettings(config=c, check=False)  # the values as configured so far, else defaults
+
+
+def _unless_set(section, name: str, value) -> None:
+    """A default derived from the site's settings, unless the site set the value itself."""
+    if name not in section:
+        section[name] = value
+
+
+data = Path(site.data_dir or here / "data").resolve()
+data.mkdir(parents=True, exist_ok=True)
+os.chdir(data)  # hub db, cookie secret and proxy pid live here
+
+_unless_set(c.JupyterHub, "bind_url", site.bind_url)
+if site.public_url:
+    _unless_set(c.JupyterHub, "public_url", site.public_url)
+# the hub API listens on the docker bridge only: reachable by notebook containers, not outside
+gateway = _docker_bridge_gateway()
+_unless_set(c.JupyterHub, "hub_ip", gateway)
+_unless_set(c.JupyterHub, "hub_port", site.hub_port)
+_unless_set(c.JupyterHub, "hub_connect_ip", gateway)
+_unless_set(c.JupyterHub, "db_url", f"sqlite:///{data / 'jupyterhub.sqlite'}")
+_unless_set(c.JupyterHub, "cookie_secret_file", str(data / "jupyterhub_cookie_secret"))
+# a stable proxy token, so that a restarted hub can talk to the proxy that kept running
+token_file = data / "proxy_auth_token"
+if not token_file.exists():
+    token_file.write_text(secrets.token_hex(32))
+    token_file.chmod(0o600)
+_unless_set(c.ConfigurableHTTPProxy, "auth_token", token_file.read_text().strip())
+_unless_set(c.ConfigurableHTTPProxy, "api_url", f"http://127.0.0.1:{site.proxy_api_port}")
+
+_unless_set(c.GpulabSettings, "database_url", f"sqlite:///{data / 'gpulab.sqlite'}")
+_local = c.GpulabSettings.object_stores.get("local")
+if isinstance(_local, dict) and _local.get("root") == "{data_dir}/objects":
+    _local["root"] = str(data / "objects")
+# Users' secrets are encrypted at rest with this Fernet key (generated once, mode 0600). Keep a
+# copy apart from the database's backups: without it the secrets cannot be decrypted.
+if "secrets_key_file" not in c.GpulabSettings:
+    _key_file = data / "secrets.key"
+    if not _key_file.exists():
+        from cryptography.fernet import Fernet
+
+        with contextlib.suppress(FileExistsError):  # the hub and the service read this file
+            fd = os.open(_key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(Fernet.generate_key().decode() + "\n")
+    c.GpulabSettings.secrets_key_file = str(_key_file)
+
+# (the site file may have added to the lists and dicts above: they are copies by now)
+for _service in c.JupyterHub.services:
+    if _service.get("name") == "gpulab":
+        _service["url"] = f"http://127.0.0.1:{site.service_port}"
+        _service["environment"]["GPULAB_DATA_DIR"] = str(data)
+        _service["environment"]["GPULAB_SITE_CONFIG"] = str(site_file or "")
+
+
+# The trial's passwords come from the environment or are generated once into
+# <data_dir>/passwords.txt (mode 0600).
+def _passwords() -> dict[str, str]:
+    path = data / "passwords.txt"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(f"user={secrets.token_urlsafe(12)}\nadmin={secrets.token_urlsafe(32)}\n")
+    return dict(line.split("=", 1) for line in path.read_text().split())
+
+
+_pw = _passwords()
+c.SharedPasswordAuthenticator.user_password = os.environ.get("GPULAB_USER_PASSWORD", _pw["user"])
+c.SharedPasswordAuthenticator.admin_password = os.environ.get("GPULAB_ADMIN_PASSWORD", _pw["admin"])
+for _role in c.JupyterHub.load_roles:
+    if _role.get("name") == "gpulab-admin":
+        _role["users"] = [admin]

@@ -7,6 +7,7 @@ flavors, limits, GPU inventory and database are defined once.
 from __future__ import annotations
 
 import math
+import os
 from functools import cached_property
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from traitlets import (
     TraitError,
     Unicode,
     Union,
+    default,
     validate,
 )
 from traitlets.config import Config, Configurable, PyFileConfigLoader
@@ -243,6 +245,73 @@ class GpulabSettings(Configurable):
     discover_gpus = Bool(True, help="Discover GPUs with NVML when gpu_devices is empty.").tag(
         config=True
     )
+
+    # --- the installation: where the hub listens and keeps its state (read by
+    # jupyterhub_config.py once the site file is read) ---
+
+    data_dir = Unicode(
+        "",
+        help="""Directory of the installation's state: JupyterHub's database, cookie secret and
+        proxy token, gpulab's database (unless database_url names another), the secrets key
+        (secrets_key_file), the trial log-in's passwords and the embedded object store
+        (objects/). Default: the environment's GPULAB_DATA_DIR, else data/ beside
+        jupyterhub_config.py. Created at start-up if missing.""",
+    ).tag(config=True)
+
+    @default("data_dir")
+    def _default_data_dir(self):
+        return os.environ.get("GPULAB_DATA_DIR", "")
+
+    bind_url = Unicode(
+        "http://127.0.0.1:8000",
+        help="""Where the hub's proxy listens for browsers and API clients (JupyterHub's
+        bind_url). Default: http://127.0.0.1 on the environment's GPULAB_PORT, else 8000.
+        Behind a TLS reverse proxy keep 127.0.0.1; 'http://0.0.0.0:8000' listens on every
+        address of the host.""",
+    ).tag(config=True)
+
+    @default("bind_url")
+    def _default_bind_url(self):
+        return f"http://127.0.0.1:{os.environ.get('GPULAB_PORT', '8000')}"
+
+    public_url = Unicode(
+        "",
+        help="""The URL users reach gpulab at when it is not bind_url, e.g.
+        'https://gpulab.example.org/' behind a reverse proxy (JupyterHub's public_url: the
+        hub's redirects and an OAuth provider's callback use it). Empty: bind_url.""",
+    ).tag(config=True)
+
+    hub_port = Integer(
+        8081,
+        help="""Port of the hub's own API (JupyterHub's hub_port). It listens on the Docker
+        bridge's gateway only, where notebook containers reach it. Default: the environment's
+        GPULAB_HUB_PORT, else 8081.""",
+    ).tag(config=True)
+
+    @default("hub_port")
+    def _default_hub_port(self):
+        return int(os.environ.get("GPULAB_HUB_PORT", "8081"))
+
+    proxy_api_port = Integer(
+        8001,
+        help="""Port of the proxy's REST API on 127.0.0.1 (configurable-http-proxy's
+        api_url). Default: the environment's GPULAB_PROXY_API_PORT, else 8001.""",
+    ).tag(config=True)
+
+    @default("proxy_api_port")
+    def _default_proxy_api_port(self):
+        return int(os.environ.get("GPULAB_PROXY_API_PORT", "8001"))
+
+    service_port = Integer(
+        10101,
+        help="""Port of the gpulab service on 127.0.0.1; browsers reach it through the hub's
+        proxy at /services/gpulab/. Default: the environment's GPULAB_SERVICE_PORT, else
+        10101.""",
+    ).tag(config=True)
+
+    @default("service_port")
+    def _default_service_port(self):
+        return int(os.environ.get("GPULAB_SERVICE_PORT", "10101"))
 
     # --- the platform ---
 
@@ -615,10 +684,13 @@ class GpulabSettings(Configurable):
         Docker's default bridge (any container can connect to any other's ports).""",
     ).tag(config=True)
 
-    def __init__(self, **kwargs):
+    def __init__(self, check: bool = True, **kwargs):
+        """``check=False``: the values as configured, without the start-up checks (what
+        jupyterhub_config.py reads of a configuration still being written)."""
         super().__init__(**kwargs)
-        self.check_idle()
-        self.check_sharing()
+        if check:
+            self.check_idle()
+            self.check_sharing()
 
     def check_sharing(self) -> None:
         """gpu_sharing, its mode and the fractional flavors, checked at start-up: a flavor
@@ -748,3 +820,25 @@ def load_config(path: str | None) -> Config:
         return Config()
     p = Path(path)
     return PyFileConfigLoader(p.name, path=str(p.parent)).load_config()
+
+
+def config_reference(cls: type, section: str | None = None) -> str:
+    """The reference of a class's own settings (those it defines, tagged config), in the order
+    it defines them, as Markdown: each one's name, kind, default and its ``help=``, the one
+    text of what a setting means (docs/settings.md is generated from it)."""
+    from traitlets import TraitType
+
+    name = section or cls.__name__
+    out = []
+    for attr, trait in vars(cls).items():
+        if not isinstance(trait, TraitType) or not trait.metadata.get("config"):
+            continue
+        kind = type(trait).__name__
+        values = getattr(trait, "values", None)
+        if values:
+            kind += " of " + ", ".join(f"`{v}`" for v in values)
+        text = " ".join((trait.help or "").split()) or "(no description)"
+        out.append(
+            f"### `c.{name}.{attr}`\n\n{kind}, default `{trait.default_value_repr()}`\n\n{text}\n"
+        )
+    return "\n".join(out)

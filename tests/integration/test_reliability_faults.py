@@ -70,6 +70,7 @@ class Service:
             from gpulab.settings import GpulabSettings, load_config
 
             os.environ.setdefault("GPULAB_DATA_DIR", str(self.data))
+            os.environ.setdefault("GPULAB_SITE_CONFIG", "")
             self._settings = GpulabSettings(config=load_config(str(self.config)))
         return self._settings
 
@@ -81,6 +82,7 @@ class Service:
         env = {
             **os.environ,
             "GPULAB_DATA_DIR": str(self.data),
+            "GPULAB_SITE_CONFIG": "",
             "GPULAB_FAULT_FILE": str(self.fault_file),
             "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{_free_port()}",
             "JUPYTERHUB_API_URL": "http://127.0.0.1:9/hub/api",

@@ -167,6 +167,15 @@ class Hub:
             + textwrap.dedent(self.extra_config)
         )
 
+    def use_site_file(self, text: str) -> Path:
+        """Give this hub (before its start) a site file, as an installation's
+        /etc/gpulab/gpulab_config.py (GPULAB_SITE_CONFIG names it)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        site = self.workdir / "gpulab_config.py"
+        site.write_text(textwrap.dedent(text))
+        self.env["GPULAB_SITE_CONFIG"] = str(site)
+        return site
+
     #: Hub.start calls in this test process, for the run's summary
     started: typing.ClassVar[int] = 0
     #: every hub started, for the check of the logs of those no pool retired (at the end)
@@ -188,6 +197,8 @@ class Hub:
             "GPULAB_PROXY_API_PORT": str(self.proxy_api_port),
             "GPULAB_DATA_DIR": str(self.workdir / "data"),
             "GPULAB_CONFIG_FILE": str(self.config_file),
+            # no site file unless a test names one (never this machine's /etc/gpulab)
+            "GPULAB_SITE_CONFIG": "",
             "PATH": f"{CHP_BIN}:{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
             **self.env,
         }
@@ -455,18 +466,29 @@ class Hub:
         )
 
 
-def login(hub, user: str) -> requests.Session:
-    """Log in through the hub's login form with the generated shared password."""
-    passwords = dict(
-        line.split("=", 1) for line in (hub.workdir / "data" / "passwords.txt").read_text().split()
-    )
+def login_form(hub, user: str, password: str) -> tuple[requests.Session, requests.Response]:
+    """Post the hub's login form as a browser does; the session and the form's answer (a
+    refused log-in is the form again, 403)."""
     s = requests.Session()
     s.get(f"{hub.url}/hub/login", timeout=30).raise_for_status()
     r = s.post(
         f"{hub.url}/hub/login",
-        data={"username": user, "password": passwords["user"], "_xsrf": s.cookies["_xsrf"]},
+        data={"username": user, "password": password, "_xsrf": s.cookies["_xsrf"]},
         timeout=30,
     )
+    return s, r
+
+
+def login(hub, user: str, password: str | None = None) -> requests.Session:
+    """Log in through the hub's login form, with the generated shared password unless
+    ``password`` is given."""
+    if password is None:
+        passwords = dict(
+            line.split("=", 1)
+            for line in (hub.workdir / "data" / "passwords.txt").read_text().split()
+        )
+        password = passwords["user"]
+    s, r = login_form(hub, user, password)
     assert r.ok and "jupyterhub-session-id" in s.cookies, r.text[-500:]
     return s
 
