@@ -30,8 +30,8 @@ SWARM_WORKERS ?= 2
 # PATH for the hub, the tests and the benchmarks: the proxy and the venv's scripts first.
 RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv proxy engine images browser postgres setup run doctor test lint format bench \
-	clean-images clean swarm-lab swarm-lab-down
+.PHONY: help venv proxy engine images browser postgres ldap setup run doctor test lint format \
+	bench clean-images clean swarm-lab swarm-lab-down
 
 help: ## Show this help
 	@echo "Usage: make TARGET [GPULAB_PORT=8000] [PYTEST_ARGS=...] [FORCE=1]"
@@ -84,7 +84,10 @@ doctor: venv ## Check what gpulab needs of this host with `make run`'s configura
 postgres: ## Make sure a local PostgreSQL server runs (for the tests of gpulab on PostgreSQL)
 	scripts/ensure-postgres.sh
 
-test: setup browser postgres ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=2)
+ldap: ## Make sure Debian's slapd and ldap-utils are installed (the log-in tests start their own directory)
+	scripts/ensure-slapd.sh
+
+test: setup browser postgres ldap ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=2)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	PATH="$(RUN_PATH)" scripts/run-tests.sh $(TEST_WORKERS) $(PYTEST_ARGS)

@@ -64,14 +64,26 @@ if chp.exists():
     c.ConfigurableHTTPProxy.command = [str(chp)]
 
 
-# --- log-in: a shared password for local use ---------------------------------------------------
-# Anyone may log in with any user name and the shared user password; the admin user logs in
-# with the admin password (both below, once the data directory is known). Replace with your
-# organisation's authenticator (OAuthenticator, LDAP...) for real use.
+# --- log-in -----------------------------------------------------------------------------------
+# The trial: a shared password, for local use on 127.0.0.1. Anyone may log in with any user
+# name and the shared user password; the admin user (GPULAB_ADMIN_USER, "admin") logs in with
+# the admin password (both below, once the site file has said which authenticator it is).
+# allow_all and manage_groups are the shared-password authenticator's own: they never apply
+# to another one.
 c.JupyterHub.authenticator_class = "shared-password"
+c.SharedPasswordAuthenticator.allow_all = True
+c.SharedPasswordAuthenticator.manage_groups = False  # its groups: the hub's (load_groups)
 admin = os.environ.get("GPULAB_ADMIN_USER", "admin")
-c.Authenticator.admin_users = {admin}
-c.Authenticator.allow_all = True
+# Real log-in: the site file configures an authenticator (LDAPAuthenticator, OAuthenticator...)
+# and who may log in with it (its allowed_groups); the hub refuses to start with allow_all
+# (GpulabSettings.allow_any_identity). A user's groups are what the authenticator reports at
+# each log-in (manage_groups), and the members of GpulabSettings.admin_groups are the admins,
+# never a user named admin: docs/security.md#logging-in.
+c.Authenticator.manage_groups = True
+from gpulab.hub_login import post_auth_hook, refuse_open_login_at_hub_start  # noqa: E402
+
+c.Authenticator.post_auth_hook = post_auth_hook
+refuse_open_login_at_hub_start()
 
 # --- notebooks -------------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpulab"
@@ -220,7 +232,7 @@ c.JupyterHub.load_roles = [
             "custom:gpulab:jobs:manage",
             "custom:gpulab:notebooks:manage",
         ],
-        # the admin user (below)
+        # the trial's admin user, and the members of GpulabSettings.admin_groups (below)
     },
 ]
 
@@ -245,6 +257,7 @@ site_file = _site_file()
 if site_file is not None:
     load_subconfig(str(site_file))  # noqa: F821 (provided by JupyterHub's config loader)
 
+from gpulab.identity import is_shared_password  # noqa: E402
 from gpulab.settings import GpulabSettings  # noqa: E402
 
 site = GpulabSettings(config=c, check=False)  # the values as configured so far, else defaults
@@ -313,9 +326,19 @@ def _passwords() -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().split())
 
 
-_pw = _passwords()
-c.SharedPasswordAuthenticator.user_password = os.environ.get("GPULAB_USER_PASSWORD", _pw["user"])
-c.SharedPasswordAuthenticator.admin_password = os.environ.get("GPULAB_ADMIN_PASSWORD", _pw["admin"])
+trial = is_shared_password(c.JupyterHub.authenticator_class)
+if trial:
+    _unless_set(c.Authenticator, "admin_users", {admin})
+    _pw = _passwords()
+    c.SharedPasswordAuthenticator.user_password = os.environ.get(
+        "GPULAB_USER_PASSWORD", _pw["user"]
+    )
+    c.SharedPasswordAuthenticator.admin_password = os.environ.get(
+        "GPULAB_ADMIN_PASSWORD", _pw["admin"]
+    )
+# gpulab admins: the members of admin_groups, and in the trial its admin user; with a real
+# authenticator a user's name never makes an admin
 for _role in c.JupyterHub.load_roles:
     if _role.get("name") == "gpulab-admin":
-        _role["users"] = [admin]
+        _role["users"] = [admin] if trial else []
+        _role["groups"] = sorted(site.admin_groups)

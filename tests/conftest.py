@@ -147,6 +147,20 @@ def postgres_url(postgres_server):
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+@pytest.fixture(scope="module")
+def ldap_directory(tmp_path_factory):
+    """A real LDAP directory (slapd, installed by scripts/ensure-slapd.sh as `make test` does)
+    on a free port, with tests/support/ldap.py's users and groups; stopped after the module."""
+    from .support.ldap import Directory, missing
+
+    why = missing()
+    if why:
+        _need(why)
+    directory = Directory(tmp_path_factory.mktemp("slapd")).start()
+    yield directory
+    directory.stop()
+
+
 # --- hubs: hub_with(config), the one way to start one ------------------------------------------
 
 #: the test module that runs now (set before its fixtures), for the hub pool

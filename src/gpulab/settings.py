@@ -18,6 +18,7 @@ from traitlets import (
     Float,
     Integer,
     List,
+    Set,
     TraitError,
     Unicode,
     Union,
@@ -247,7 +248,7 @@ class GpulabSettings(Configurable):
     )
 
     # --- the installation: where the hub listens and keeps its state (read by
-    # jupyterhub_config.py once the site file is read) ---
+    # jupyterhub_config.py once the site file is read), and who may log in ---
 
     data_dir = Unicode(
         "",
@@ -312,6 +313,30 @@ class GpulabSettings(Configurable):
     @default("service_port")
     def _default_service_port(self):
         return int(os.environ.get("GPULAB_SERVICE_PORT", "10101"))
+
+    allow_any_identity = Bool(
+        False,
+        help="""Let the hub start with an authenticator other than the trial's shared password
+        and ``allow_all = True``: every account the identity provider knows (an LDAP
+        directory, an OAuth provider's whole user base) may then log in and use the GPUs.
+        Off by default: the hub refuses to start so configured, and says to name who may log
+        in instead (the authenticator's allowed_groups or allowed_users). Turn it on only
+        when the identity provider itself holds nobody but your users.""",
+    ).tag(config=True)
+
+    admin_groups = Set(
+        Unicode(),
+        default_value=set(),
+        help="""Groups whose members are gpulab admins: they get the gpulab-admin role
+        (custom:gpulab:admin: every user's jobs and notebooks) and, with a real
+        authenticator, the hub's admin flag. There a user's groups are those the
+        authenticator reports at each log-in (the hub keeps them as its groups:
+        Authenticator.manage_groups), so leaving the group in the directory takes the rights
+        away at the next log-in; a user's name never makes an admin. The groups that
+        per-group limits and quotas name (group_max_resources, group_job_quotas,
+        group_disk_quotas) are the same groups. With the trial's shared
+        password, the hub's own groups (JupyterHub.load_groups).""",
+    ).tag(config=True)
 
     # --- the platform ---
 

@@ -404,6 +404,20 @@ class Hub:
         r.raise_for_status()
         return r.json()["token"]
 
+    def user_model(self, name: str) -> dict | None:
+        """The hub's model of a user (admin flag, groups, roles), None if there is none."""
+        r = self.request("GET", f"/users/{name}")
+        if r.status_code == 404:
+            return None
+        r.raise_for_status()
+        return r.json()
+
+    def token_of(self, name: str) -> str:
+        """A new API token of an existing user, with all of the user's rights."""
+        r = self.request("POST", f"/users/{name}/tokens", json={"note": "test"})
+        r.raise_for_status()
+        return r.json()["token"]
+
     def server_path(self, user: str, server: str) -> str:
         return f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
 

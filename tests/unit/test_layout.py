@@ -34,6 +34,7 @@ CORE = {
     "checks",
     "disk_quota",
     "cuda",
+    "identity",
 }
 #: what the core may never import: a database, an engine, the network, a web framework
 IO_MODULES = {

@@ -26,12 +26,14 @@ READ = textwrap.dedent(
         "db_url": c.JupyterHub.db_url,
         "proxy_api": c.ConfigurableHTTPProxy.api_url,
         "authenticator": str(c.JupyterHub.authenticator_class),
+        "admin_users": sorted(c.Authenticator.get("admin_users", [])),
         "admin_role": roles["gpulab-admin"],
         "service_url": service["url"],
         "service_env": service["environment"],
         "database_url": s.database_url,
         "stores": s.object_stores,
         "secrets_key_file": s.secrets_key_file,
+        "admin_groups": sorted(s.admin_groups),
         "names": [x["name"] for x in c.JupyterHub.services],
     }))
     """
@@ -88,9 +90,10 @@ def test_without_a_site_file_the_environment_gives_the_addresses(tmp_path):
     assert got["secrets_key_file"] == str(data / "secrets.key")
     assert got["service_env"]["GPULAB_DATA_DIR"] == str(data)
     assert got["service_env"]["GPULAB_SITE_CONFIG"] == ""
-    # the shared password, and its admin user is the gpulab admin
+    # the trial: the shared password, and its admin user is the gpulab admin
     assert got["authenticator"] == "shared-password"
     assert got["admin_role"]["users"] == ["admin"]
+    assert got["admin_users"] == ["admin"]  # the hub's admin flag
     assert (data / "passwords.txt").stat().st_mode & 0o777 == 0o600
 
 
@@ -101,9 +104,12 @@ c.GpulabSettings.public_url = "https://gpulab.example.org/"
 c.GpulabSettings.hub_port = 9001
 c.GpulabSettings.proxy_api_port = 9002
 c.GpulabSettings.service_port = 9003
+c.GpulabSettings.admin_groups = {{"gpulab-admins"}}
 c.GpulabSettings.database_url = "sqlite:////var/lib/gpulab/gpulab.sqlite"
 c.GpulabSettings.object_stores.update({{"s3": {{"endpoint_url": "https://s3.example.org"}}}})
 c.JupyterHub.services.append({{"name": "idle-culler", "command": ["true"]}})
+c.JupyterHub.authenticator_class = "ldapauthenticator"
+c.LDAPAuthenticator.allowed_groups = ["cn=gpulab-users,ou=groups,dc=example,dc=org"]
 """
 
 
@@ -125,6 +131,13 @@ def test_the_site_file_is_read_after_the_defaults_and_its_settings_are_used(tmp_
     # the service reads the same site file and data directory as the hub
     assert got["service_env"]["GPULAB_SITE_CONFIG"] == str(tmp_path / "site.py")
     assert got["service_env"]["GPULAB_DATA_DIR"] == str(data)
+    # a real authenticator: no trial password, and the admins are the admin groups' members,
+    # never a user named admin
+    assert got["authenticator"] == "ldapauthenticator"
+    assert got["admin_role"]["users"] == []
+    assert got["admin_users"] == []
+    assert got["admin_role"]["groups"] == ["gpulab-admins"]
+    assert not (data / "passwords.txt").exists()
 
 
 def test_jupyterhubs_own_settings_in_the_site_file_win(tmp_path):

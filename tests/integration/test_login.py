@@ -1,0 +1,128 @@
+"""Real log-in, safe by default, through the shipped site file (docs/site-examples/ldap.py): a
+real LDAP directory (slapd, tests/support/ldap.py) with jupyterhub-ldapauthenticator. Who logs
+in is the groups' answer; admins are the admin group's members, never a user named admin; and
+a hub that would let every account of its identity provider in refuses to start."""
+
+import contextlib
+import os
+import signal
+
+import pytest
+import requests
+
+from ..support.hub import REPO, Hub, login, login_form
+from ..support.ldap import PEOPLE
+
+# one worker: the module's directory, provider and hubs are started once
+pytestmark = [pytest.mark.hub, pytest.mark.xdist_group("login")]
+
+EXAMPLES = REPO / "docs" / "site-examples"
+
+
+def ldap_site(directory, extra: str = "") -> str:
+    """The shipped LDAP site file, pointed at the test's directory (plain LDAP on 127.0.0.1)."""
+    return (
+        f"load_subconfig({str(EXAMPLES / 'ldap.py')!r})\n"
+        'c.LDAPAuthenticator.server_address = "127.0.0.1"\n'
+        f"c.LDAPAuthenticator.server_port = {directory.port}\n"
+        'c.LDAPAuthenticator.tls_strategy = "insecure"\n' + extra
+    )
+
+
+@pytest.fixture(scope="module")
+def hub(hub_with, ldap_directory) -> Hub:
+    hub = hub_with("", start=False)
+    hub.use_site_file(ldap_site(ldap_directory))
+    return hub.start()
+
+
+def reads_others_jobs(hub: Hub, name: str) -> int:
+    """The status of the user's own token asking the gpulab service for another user's jobs:
+    200 for a gpulab admin (custom:gpulab:admin), 403 for anyone else."""
+    return requests.get(
+        f"{hub.url}/services/gpulab/api/jobs",
+        params={"user": "someone-else"},
+        headers={"Authorization": f"token {hub.token_of(name)}"},
+        timeout=60,
+    ).status_code
+
+
+def test_a_member_of_an_allowed_group_logs_in(hub):
+    login(hub, "alice", PEOPLE["alice"])
+    alice = hub.user_model("alice")
+    assert alice["admin"] is False
+    assert alice["groups"] == ["gpulab-users"]  # the directory's, by their common name
+    assert reads_others_jobs(hub, "alice") == 403
+
+
+def test_a_wrong_password_is_refused(hub):
+    session, r = login_form(hub, "alice", "not-" + PEOPLE["alice"])
+    assert r.status_code == 403
+    assert "jupyterhub-session-id" not in session.cookies
+
+
+def test_a_directory_user_in_no_allowed_group_is_refused(hub):
+    session, r = login_form(hub, "bob", PEOPLE["bob"])  # the right password
+    assert r.status_code == 403
+    assert "jupyterhub-session-id" not in session.cookies
+    assert hub.user_model("bob") is None  # never became a user
+
+
+def test_a_directory_user_called_admin_is_not_an_admin(hub):
+    login(hub, "admin", PEOPLE["admin"])
+    admin = hub.user_model("admin")
+    assert admin["admin"] is False
+    assert admin["groups"] == ["gpulab-users"]
+    assert "gpulab-admin" not in admin["roles"]
+    assert reads_others_jobs(hub, "admin") == 403
+
+
+def test_a_member_of_the_admin_group_is_an_admin(hub):
+    login(hub, "carol", PEOPLE["carol"])
+    carol = hub.user_model("carol")
+    assert carol["admin"] is True  # the hub's admin flag
+    assert carol["groups"] == ["gpulab-admins"]
+    assert reads_others_jobs(hub, "carol") == 200  # custom:gpulab:admin, through the group
+
+
+def test_the_trials_passwords_mean_nothing_here(hub):
+    """The shared-password trial's settings are its own: no password is generated, and a
+    user named admin gets in with the directory's password only."""
+    assert not (hub.workdir / "data" / "passwords.txt").exists()
+    session, r = login_form(hub, "admin", "anything")
+    assert r.status_code == 403
+
+
+def test_every_account_of_the_directory_is_refused_unless_said(hub_with, ldap_directory):
+    """allow_all with a real authenticator: the hub stops before it serves anything and says
+    what to configure; with allow_any_identity it starts, and anyone of the directory is in."""
+    hub = hub_with("", start=False)
+    hub.use_site_file(ldap_site(ldap_directory, "c.LDAPAuthenticator.allow_all = True\n"))
+    pid_file = hub.workdir / "data" / "jupyterhub-proxy.pid"
+    try:
+        with pytest.raises(RuntimeError, match="hub exited 3"):
+            hub.start(service=False)
+        log = hub.log_file.read_text(errors="replace")
+        assert (
+            "gpulab refuses to start: LDAPAuthenticator is configured with "
+            "c.Authenticator.allow_all = True: every account of the identity provider could "
+            "log in. Name who may log in instead: c.LDAPAuthenticator.allowed_groups (or "
+            "allowed_users), and drop allow_all; or, if the identity provider holds nobody "
+            "but your users, say so with c.GpulabSettings.allow_any_identity = True"
+        ) in log
+        assert "JupyterHub is now running" not in log
+        assert not pid_file.exists()  # no proxy was started
+    finally:  # had one been started, the hub's exit would have left it running
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+    hub.use_site_file(
+        ldap_site(
+            ldap_directory,
+            "c.LDAPAuthenticator.allow_all = True\nc.GpulabSettings.allow_any_identity = True\n",
+        )
+    )
+    hub.start()
+    login(hub, "bob", PEOPLE["bob"])  # in no allowed group, and in: the admin said so
+    assert hub.user_model("bob")["admin"] is False
+
