@@ -1,7 +1,8 @@
-"""Real log-in, safe by default, through the shipped site file (docs/site-examples/ldap.py): a
-real LDAP directory (slapd, tests/support/ldap.py) with jupyterhub-ldapauthenticator. Who logs
-in is the groups' answer; admins are the admin group's members, never a user named admin; and
-a hub that would let every account of its identity provider in refuses to start."""
+"""Real log-in, safe by default, through the shipped site files (docs/site-examples/): a real
+LDAP directory (slapd, tests/support/ldap.py) with jupyterhub-ldapauthenticator, and an OpenID
+Connect provider the test runs (tests/support/oidc.py) with GenericOAuthenticator. Who logs in
+is the groups' answer; admins are the admin group's members, never a user named admin; and a
+hub that would let every account of its identity provider in refuses to start."""
 
 import contextlib
 import os
@@ -12,6 +13,7 @@ import requests
 
 from ..support.hub import REPO, Hub, login, login_form
 from ..support.ldap import PEOPLE
+from ..support.oidc import Provider
 
 # one worker: the module's directory, provider and hubs are started once
 pytestmark = [pytest.mark.hub, pytest.mark.xdist_group("login")]
@@ -126,3 +128,54 @@ def test_every_account_of_the_directory_is_refused_unless_said(hub_with, ldap_di
     login(hub, "bob", PEOPLE["bob"])  # in no allowed group, and in: the admin said so
     assert hub.user_model("bob")["admin"] is False
 
+
+# --- OpenID Connect -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def provider():
+    provider = Provider().start()
+    yield provider
+    provider.stop()
+
+
+@pytest.fixture(scope="module")
+def oidc_hub(hub_with, provider) -> Hub:
+    """A hub with the shipped OpenID Connect site file, pointed at the test's provider."""
+    hub = hub_with("", start=False)
+    hub.use_site_file(
+        f"load_subconfig({str(EXAMPLES / 'oidc.py')!r})\n"
+        'c.GpulabSettings.public_url = ""\n'
+        f'c.GenericOAuthenticator.oauth_callback_url = "{hub.url}/hub/oauth_callback"\n'
+        f'c.GenericOAuthenticator.authorize_url = "{provider.url}/authorize"\n'
+        f'c.GenericOAuthenticator.token_url = "{provider.url}/token"\n'
+        f'c.GenericOAuthenticator.userdata_url = "{provider.url}/userinfo"\n'
+    )
+    hub.env["GPULAB_OAUTH_CLIENT_SECRET"] = provider.client_secret
+    return hub.start()
+
+
+def test_oidc_a_member_logs_in(oidc_hub, provider):
+    session, r = provider.login_through(oidc_hub, "alice")
+    assert r.status_code == 200, r.text[-500:]
+    assert "jupyterhub-session-id" in session.cookies
+    alice = oidc_hub.user_model("alice")
+    assert alice["admin"] is False
+    assert alice["groups"] == ["gpulab-users"]
+
+
+def test_oidc_a_stranger_account_is_refused(oidc_hub, provider):
+    """An account the provider knows, in none of the example's allowed groups."""
+    session, r = provider.login_through(oidc_hub, "stranger")
+    assert r.status_code == 403
+    assert "jupyterhub-session-id" not in session.cookies
+    assert oidc_hub.user_model("stranger") is None
+
+
+def test_oidc_admins_are_the_admin_groups_members(oidc_hub, provider):
+    provider.login_through(oidc_hub, "admin")[1].raise_for_status()
+    assert oidc_hub.user_model("admin")["admin"] is False
+    assert reads_others_jobs(oidc_hub, "admin") == 403
+    provider.login_through(oidc_hub, "carol")[1].raise_for_status()
+    assert oidc_hub.user_model("carol")["admin"] is True
+    assert reads_others_jobs(oidc_hub, "carol") == 200
