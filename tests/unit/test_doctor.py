@@ -441,3 +441,16 @@ def test_what_the_survey_makes_of_the_engines_answers(monkeypatch):
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
     assert engine_address("http+docker://localhost") == "unix:///run/user/1000/docker.sock"
     assert engine_address("https://10.0.0.5:2376") == "https://10.0.0.5:2376"
+
+
+def test_a_configuration_file_that_refuses_is_a_config_error(tmp_path):
+    from gpulab.doctor.gather import ConfigUnreadable, read_settings
+
+    refusing = tmp_path / "refuses.py"
+    refusing.write_text('raise SystemExit("GPULAB_SITE_CONFIG names /x, which is not a file")\n')
+    with pytest.raises(ConfigUnreadable, match="which is not a file"):
+        read_settings(str(refusing))
+    broken = tmp_path / "broken.py"
+    broken.write_text("c = get_config()  # noqa\nc.GpulabSettings.gpu_mode = 'nope'\n")
+    with pytest.raises(ConfigUnreadable, match="TraitError"):
+        read_settings(str(broken))

@@ -56,6 +56,8 @@ def read_settings(path: str) -> tuple[GpulabSettings, Config]:
         settings = GpulabSettings(config=config)
         settings.storage  # noqa: B018 (the stores' configuration is checked when first read)
         settings.catalog  # noqa: B018
+    except SystemExit as e:  # the file refuses, as it would refuse the hub's start
+        raise ConfigUnreadable(str(e.code)) from None
     except Exception as e:  # the file is Python: anything may go wrong in it
         raise ConfigUnreadable(f"{type(e).__name__}: {e}") from None
     return settings, config
