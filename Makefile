@@ -24,6 +24,9 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 # `make images FORCE=1` rebuilds the images even when they are up to date.
 FORCE ?=
+# `make images GPU=cuda|cpu`: the framework images' flavour (default: cuda where an NVIDIA
+# driver is, else cpu; see docs/images.md).
+GPU ?=
 # Worker nodes of `make swarm-lab`.
 SWARM_WORKERS ?= 2
 
@@ -34,7 +37,7 @@ RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
 	bench clean-images clean swarm-lab swarm-lab-down
 
 help: ## Show this help
-	@echo "Usage: make TARGET [GPULAB_PORT=8000] [PYTEST_ARGS=...] [FORCE=1]"
+	@echo "Usage: make TARGET [GPULAB_PORT=8000] [PYTEST_ARGS=...] [FORCE=1] [GPU=cuda|cpu]"
 	@echo
 	@grep -hE '^[a-zA-Z_.-]+:.*## ' $(MAKEFILE_LIST) \
 		| awk 'BEGIN {FS = ":.*## "} {printf "  %-13s %s\n", $$1, $$2}'
@@ -61,8 +64,8 @@ proxy: $(CHP) ## Install configurable-http-proxy (npm) into .build/node
 engine: ## Make sure a Docker engine runs (installs docker.io and starts dockerd if needed)
 	scripts/ensure-docker.sh
 
-images: engine ## Build the notebook images gpulab/{debian:bookworm,python:3.11,pytorch:2.13,tensorflow:2.20,jax:0.7} when missing or stale (REGISTRY=host:port also pushes them there)
-	scripts/build-images.sh $(if $(FORCE),--force) $(if $(REGISTRY),--push $(REGISTRY) debian python pytorch tensorflow jax sync proxy)
+images: engine ## Build the notebook images gpulab/{debian:bookworm,python:3.11,pytorch:2.13,tensorflow:2.20,jax:0.7} when missing or stale: CUDA builds on a host with an NVIDIA driver, else CPU (GPU=cuda|cpu chooses; REGISTRY=host:port also pushes them there)
+	scripts/build-images.sh $(if $(FORCE),--force) $(if $(GPU),--gpu $(GPU)) $(if $(REGISTRY),--push $(REGISTRY) debian python pytorch tensorflow jax sync proxy)
 
 browser: ## Install Debian's chromium for the browser tests when /usr/bin/chromium is missing
 	@test -x /usr/bin/chromium || { \

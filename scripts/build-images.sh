@@ -4,10 +4,11 @@
 #   1. gpulab/debian:bookworm  is made with debootstrap + `docker import` (skipped if BASE_IMAGE),
 #   2. gpulab/python:3.11      images/python  (jupyterhub + jupyterlab in /opt/gpulab/venv, and
 #                              VS Code: code-server from scripts/build-code-server.sh),
-#   3. gpulab/pytorch:2.13     images/pytorch (+ torch, CPU build, and numpy),
+#   3. gpulab/pytorch:2.13     images/pytorch (+ torch, numpy, tensorboard; CPU or CUDA build),
 #   4. gpulab/sync:VERSION     images/sync (the sync helper),
-#   +  gpulab/tensorflow:2.20  images/tensorflow (tensorflow-cpu), gpulab/jax:0.7 images/jax
-#                              (jax + CPU jaxlib), both on the python image,
+#   +  gpulab/tensorflow:2.20  images/tensorflow (tensorflow-cpu or tensorflow[and-cuda]),
+#                              gpulab/jax:0.7 images/jax (jax + CPU jaxlib, or jax[cuda12]),
+#                              both on the python image,
 #   5. gpulab/proxy:CHP        images/proxy (configurable-http-proxy, for a Swarm; only when
 #                              named: the single-host hub runs the proxy as a process),
 # with the Python wheels downloaded on the host (cache: .build/wheels/<image>/) and copied into
@@ -17,7 +18,15 @@
 # An image is built only when it is missing, or when its Dockerfile, requirements or base image
 # changed since it was built (label org.gpulab.build-hash); --force rebuilds all selected ones.
 #
-# Usage: scripts/build-images.sh [--force] [--push REGISTRY] [debian|python|pytorch|sync|proxy|tensorflow|jax ...]
+# Flavour of the framework images (pytorch, tensorflow, jax): "cuda" (the CUDA wheels from
+# PyPI, which bundle CUDA's user-space libraries as nvidia-* wheels; several GB) on a host with
+# an NVIDIA driver (/proc/driver/nvidia/version, or libnvidia-ml.so.1 known to ldconfig), else
+# "cpu". --gpu cuda|cpu (make images GPU=cuda|cpu) chooses instead. Every image built here is
+# labelled org.gpulab.flavour=cuda|cpu, and a CUDA one org.gpulab.cuda=MAJOR.MINOR (the CUDA
+# runtime its wheels need). A tag that holds a CUDA image is never replaced by a CPU build the
+# host's detection chose: it is kept (and said so); --gpu cpu replaces it.
+#
+# Usage: scripts/build-images.sh [--force] [--gpu auto|cuda|cpu] [--push REGISTRY] [debian|python|pytorch|sync|proxy|tensorflow|jax ...]
 #        (default: debian python pytorch tensorflow jax sync)
 # --push REGISTRY (host:port) tags every selected image REGISTRY/NAME:TAG and pushes it, so that
 # every node of a Swarm pulls the same image (c.GpulabSettings.image_registry = "REGISTRY/").
@@ -27,18 +36,18 @@
 #   GPULAB_DEBIAN_IMAGE   tag of the debootstrap image   (default gpulab/debian:bookworm)
 #   GPULAB_PYTHON_IMAGE   tag of the python image        (default gpulab/python:3.11)
 #   GPULAB_PYTORCH_IMAGE  tag of the pytorch image       (default gpulab/pytorch:2.13)
-#   GPULAB_PY_VERSION     Python version the wheels are chosen for (default: asked from the
-#                         base image, else 3.11.2 = Debian 12's python3)
+#   GPULAB_GPU            auto|cuda|cpu, as --gpu (default auto: cuda where an NVIDIA driver is)
+#   GPULAB_WHEEL_INDEX    the index the CUDA wheels come from (default https://pypi.org/simple;
+#                         a site's mirror); the CUDA downloads ignore pip's own configuration
+#   GPULAB_BUILD_DIR      where wheels, build contexts, logs and the build lock live (default .build)
+#   GPULAB_PY_VERSION     Python version the wheels are chosen for (default: the base image's
+#                         python3, or the one its Dockerfile installs where the base has none)
 #   GPULAB_BUILD_VERBOSE=1  stream docker build output (it always goes to .build/logs/)
 #   GPULAB_TENSORFLOW_IMAGE, GPULAB_JAX_IMAGE  tags (default gpulab/tensorflow:2.20, gpulab/jax:0.7)
-#   GPULAB_ALLOW_CUDA_TORCH=1  accept a non-CPU torch wheel (several GB of CUDA packages)
-#   GPULAB_CUDA=1         GPU hosts: an image with a requirements-cuda.txt (tensorflow, jax) is
-#                         built from it (the CUDA wheels) instead of requirements.txt; use it
-#                         with BASE_IMAGE set to a CUDA base (docs/images.md)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUILD=$ROOT/.build
+BUILD=${GPULAB_BUILD_DIR:-$ROOT/.build}
 LOGS=$BUILD/logs
 DEBIAN_IMAGE=${GPULAB_DEBIAN_IMAGE:-gpulab/debian:bookworm}
 PYTHON_IMAGE=${GPULAB_PYTHON_IMAGE:-gpulab/python:3.11}
@@ -52,6 +61,7 @@ DEBIAN_INCLUDE=python3,python3-venv,ca-certificates
 
 FORCE=0
 PUSH=
+GPU=${GPULAB_GPU:-auto}
 SELECTED=()
 while [ $# -gt 0 ]; do
     arg=$1
@@ -59,6 +69,8 @@ while [ $# -gt 0 ]; do
     case "$arg" in
         --force | -f) FORCE=1 ;;
         --push) PUSH=${1:?--push needs a registry, e.g. --push registry.example.org:5000}; shift ;;
+        --gpu) GPU=${1:?--gpu needs auto, cuda or cpu}; shift ;;
+        --gpu=*) GPU=${arg#--gpu=} ;;
         debian | python | pytorch | sync | proxy | tensorflow | jax) SELECTED+=("$arg") ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "build-images: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
@@ -138,22 +150,91 @@ PIP_PLATFORM_FLAGS=(--only-binary=:all: --implementation cp
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64
     --platform manylinux_2_28_x86_64 --platform any)
 
-# Python version of a base image's python3 (or the default when it has none).
-base_python_version() {
-    if [ -n "${GPULAB_PY_VERSION:-}" ]; then echo "$GPULAB_PY_VERSION"; return; fi
-    local v
-    v=$(docker run --rm --entrypoint sh "$1" -c \
-        'python3 -c "import platform; print(platform.python_version())"' 2>/dev/null || true)
-    echo "${v:-3.11.2}"
+# ---------------------------------------------------------------------------------------------
+# The flavour of the framework images: cuda or cpu
+# ---------------------------------------------------------------------------------------------
+FRAMEWORKS="pytorch tensorflow jax"
+# an NVIDIA driver on this host: its kernel module, or its NVML library known to the loader
+nvidia_driver() {
+    [ -e /proc/driver/nvidia/version ] && return 0
+    local ldconfig
+    ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
+    [ -x "$ldconfig" ] && "$ldconfig" -p 2>/dev/null | grep -q 'libnvidia-ml\.so\.1'
+}
+case "$GPU" in
+    auto)
+        FLAVOUR_ASKED=0
+        if nvidia_driver; then FLAVOUR=cuda; else FLAVOUR=cpu; fi ;;
+    cuda | cpu) FLAVOUR=$GPU FLAVOUR_ASKED=1 ;;
+    *) die "--gpu (GPU=, GPULAB_GPU) is auto, cuda or cpu, not '$GPU'" ;;
+esac
+# flavour_of NAME: what NAME is built as (only the framework images have a CUDA build)
+flavour_of() { if [[ " $FRAMEWORKS " == *" $1 "* ]]; then echo "$FLAVOUR"; else echo ""; fi; }
+# CUDA wheels come from PyPI (or GPULAB_WHEEL_INDEX) and from nowhere else: pip's own
+# configuration (a machine's find-links, constraints, extra indexes) is not read for them.
+WHEEL_INDEX=${GPULAB_WHEEL_INDEX:-https://pypi.org/simple}
+# the index of PyTorch's CPU wheels, for a CPU build where pip's configuration has none
+TORCH_CPU_INDEX=${GPULAB_TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}
+pip_from_index() {
+    env -u PIP_FIND_LINKS -u PIP_EXTRA_INDEX_URL -u PIP_INDEX_URL -u PIP_CONSTRAINT -u PIP_NO_INDEX \
+        PIP_CONFIG_FILE=/dev/null python3 -m pip "$@"
+}
+# cuda_of_wheels DIR: the CUDA version (MAJOR.MINOR) of the CUDA runtime wheel among DIR's
+# (nvidia-cuda-runtime-cu12 12.8.90 -> 12.8; the CUDA 13 wheels drop the -cuNN suffix)
+cuda_of_wheels() {
+    (cd "$1" && ls) | sed -n 's/^nvidia_cuda_runtime\(_cu[0-9][0-9]*\)\{0,1\}-\([0-9][0-9]*\)\.\([0-9][0-9]*\)\..*\.whl$/\2.\3/p' \
+        | sort -V | tail -n 1
+}
+log "framework images: $FLAVOUR build ($(if [ "$FLAVOUR_ASKED" = 1 ]; then echo "asked: --gpu $GPU"; elif [ "$FLAVOUR" = cuda ]; then echo "this host has an NVIDIA driver"; else echo "no NVIDIA driver on this host; --gpu cuda builds the CUDA one"; fi))"
+
+# base_python BASE NAME: "PYTHON GLIBC", the versions of a base image's python3 and C library;
+# for the python image on a base without python3, those of the python3 its Dockerfile's "os"
+# stage installs (the distribution's). Never a guess: the wheels must fit the interpreter the
+# image really has. GPULAB_PY_VERSION names the Python instead (its C library is still asked).
+base_python() {
+    local base=$1 name=$2 v
+    local ask='python3 -c "import platform; print(platform.python_version(), platform.libc_ver()[1])"'
+    v=$(docker run --rm --entrypoint sh "$base" -c "$ask" 2>/dev/null || true)
+    if [ -z "$v" ] && [ "$name" = python ] && image_exists "$base"; then
+        local os_tag=gpulab-build/python-os:$$
+        log "$base has no python3: building images/python's os stage to ask the one it installs ..."
+        DOCKER_BUILDKIT=0 docker build -q --target os --build-arg "BASE_IMAGE=$base" -t "$os_tag" \
+            - <"$ROOT/images/python/Dockerfile" >"$LOGS/python-os.log" 2>&1 \
+            || { tail -n 20 "$LOGS/python-os.log" >&2; die "building the os stage of images/python on $base failed"; }
+        v=$(docker run --rm --entrypoint sh "$os_tag" -c "$ask" 2>/dev/null || true)
+        docker rmi "$os_tag" >/dev/null 2>&1 || true
+    fi
+    if [ -n "${GPULAB_PY_VERSION:-}" ]; then
+        v="$GPULAB_PY_VERSION ${v#* }"
+        [[ "$v" == *" "?* ]] || v="$GPULAB_PY_VERSION 2.28"
+    fi
+    [ -n "$v" ] || die "cannot tell the Python version of $base (is it there, with a python3?); set GPULAB_PY_VERSION"
+    echo "$v"
 }
 
-# download_wheels NAME PYVERSION: wheels for images/NAME/requirements.txt into .build/wheels/NAME,
-# skipped when that directory already holds a download for the same requirements and version.
+# cuda_platforms GLIBC: every manylinux tag a C library of version GLIBC runs (the CUDA wheels
+# are tagged manylinux_2_27, _2_28, ...: a fixed short list would miss some)
+cuda_platforms() {
+    local minor=${1#2.} i
+    [[ "$minor" =~ ^[0-9]+$ ]] || minor=28
+    for ((i = 17; i <= minor; i++)); do printf -- '--platform manylinux_2_%s_x86_64 ' "$i"; done
+}
+
+# wheels_dir NAME FLAVOUR: where NAME's wheels are kept (a CUDA set beside the CPU one)
+wheels_dir() { echo "$BUILD/wheels/$1${2:+-$2}" | sed 's/-cpu$//'; }
+
+# download_wheels NAME PYVERSION FLAVOUR GLIBC: wheels for NAME's requirements into its
+# wheels_dir, skipped when that directory already holds a download for the same requirements
+# and version.
 download_wheels() {
-    local name=$1 pyver=$2 req dir=$BUILD/wheels/$1
-    req=$(requirements_of "$ROOT/images/$1")
+    local name=$1 pyver=$2 flavour=$3 glibc=$4 req dir
+    dir=$(wheels_dir "$name" "$flavour")
+    req=$(requirements_of "$name" "$flavour")
     local stamp
-    stamp=$( { cat "$req"; echo "$pyver ${PIP_PLATFORM_FLAGS[*]}"; } | sha)
+    local platforms=("${PIP_PLATFORM_FLAGS[@]}")
+    # shellcheck disable=SC2207 # words of the form --platform TAG
+    if [ "$flavour" = cuda ]; then platforms+=($(cuda_platforms "$glibc")); fi
+    stamp=$( { cat "$req"; echo "$pyver ${platforms[*]}"; if [ "$flavour" = cuda ]; then echo "$WHEEL_INDEX"; fi; } | sha)
     if [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$stamp" ] && ls "$dir"/*.whl >/dev/null 2>&1; then
         log "wheels for $name: cached in ${dir#"$ROOT"/} ($(ls "$dir"/*.whl | wc -l) wheels)"
         return
@@ -161,36 +242,67 @@ download_wheels() {
     rm -rf "$dir" && mkdir -p "$dir"
     local t0=$SECONDS pipcmd=(python3 -m pip download --progress-bar off -d "$dir"
         --python-version "$pyver" "${PIP_PLATFORM_FLAGS[@]}")
-    # torch first and alone: the pinned version must resolve to the CPU wheel kept on this
-    # machine (pip's find-links); anything else would pull several GB of CUDA packages.
+    if [ "$flavour" = cuda ]; then
+        pipcmd=(pip_from_index download --progress-bar off -d "$dir" --index-url "$WHEEL_INDEX"
+            --python-version "$pyver" "${platforms[@]}")
+    fi
+    # torch first and alone: a CPU build must resolve to a +cpu wheel (pip's configuration may
+    # offer one, else PyTorch's CPU index), a CUDA build to PyPI's (CUDA) wheel.
     local torch_req
     torch_req=$(grep -E '^torch([=<>!~ ]|$)' "$req" || true)
     if [ -n "$torch_req" ]; then
-        log "pip download $torch_req (no deps) ..."
-        "${pipcmd[@]}" --no-deps "$torch_req" >"$LOGS/wheels-$name.log" 2>&1 \
-            || { grep -v 'is ignored' "$LOGS/wheels-$name.log" | tail -n 20 >&2; die "pip download $torch_req failed"; }
-        local whl
-        whl=$(cd "$dir" && ls torch-*.whl)
+        # a CPU build pins the +cpu wheel itself where the version is pinned (torch==2.13.0 ->
+        # torch==2.13.0+cpu), so that an index without it answers "none" at once, not with
+        # the CUDA wheel (about 1 GB) to be thrown away
+        if [ "$flavour" = cpu ] && [[ "$torch_req" =~ ^torch==[0-9.]+$ ]]; then torch_req+="+cpu"; fi
+        log "pip download $torch_req (no deps, $flavour) ..."
+        local whl=""
+        if "${pipcmd[@]}" --no-deps "$torch_req" >"$LOGS/wheels-$name.log" 2>&1; then
+            whl=$(cd "$dir" && ls torch-*.whl)
+        elif [ "$flavour" = cuda ]; then
+            grep -v 'is ignored' "$LOGS/wheels-$name.log" | tail -n 20 >&2
+            die "pip download $torch_req failed"
+        fi
+        if [ "$flavour" = cpu ] && [[ "$whl" != *+cpu* ]]; then
+            log "torch: no +cpu wheel where pip is configured to look${whl:+ (it found $whl)}; asking $TORCH_CPU_INDEX ..."
+            rm -f "$dir"/torch-*.whl
+            pip_from_index download --progress-bar off -d "$dir" --index-url "$TORCH_CPU_INDEX" \
+                --python-version "$pyver" "${PIP_PLATFORM_FLAGS[@]}" --no-deps "$torch_req" \
+                >>"$LOGS/wheels-$name.log" 2>&1 \
+                || { grep -v 'is ignored' "$LOGS/wheels-$name.log" | tail -n 20 >&2; rm -rf "$dir"; die "pip download $torch_req from $TORCH_CPU_INDEX failed: the CPU build needs torch's +cpu wheel (GPULAB_TORCH_CPU_INDEX names a mirror; --gpu cuda builds the CUDA image)"; }
+            whl=$(cd "$dir" && ls torch-*.whl)
+        fi
         log "torch resolved to $whl"
-        if [[ "$whl" != *+cpu* ]] && [ "${GPULAB_ALLOW_CUDA_TORCH:-0}" != 1 ]; then
+        if [ "$flavour" = cpu ] && [[ "$whl" != *+cpu* ]]; then
             rm -rf "$dir"
-            die "torch resolved to $whl, not a +cpu build: its CUDA dependencies are several GB. Pin the version whose CPU wheel is in pip's find-links (pip config list), or set GPULAB_ALLOW_CUDA_TORCH=1."
+            die "torch resolved to $whl, not a +cpu build, for a CPU image (its CUDA dependencies are several GB): pin a version $TORCH_CPU_INDEX publishes, or build the CUDA image (--gpu cuda)"
+        fi
+        if [ "$flavour" = cuda ] && [[ "$whl" == *+cpu* ]]; then
+            rm -rf "$dir"
+            die "torch resolved to $whl, a CPU build, for a CUDA image: $WHEEL_INDEX must serve PyPI's torch"
         fi
     fi
-    log "pip download -r ${req#"$ROOT"/} for cp$pyver manylinux x86_64 -> ${dir#"$ROOT"/} ..."
+    log "pip download -r ${req#"$ROOT"/} for cp$pyver manylinux x86_64 ($flavour) -> ${dir#"$ROOT"/} ..."
+    # the torch wheel just downloaded is a candidate too (pip's index would offer the CUDA one)
+    if [ -n "$torch_req" ]; then pipcmd+=(--find-links "$dir"); fi
     "${pipcmd[@]}" -r "$req" >>"$LOGS/wheels-$name.log" 2>&1 \
         || { grep -v 'is ignored' "$LOGS/wheels-$name.log" | tail -n 30 >&2; rm -rf "$dir"; die "pip download for $name failed (log: $LOGS/wheels-$name.log)"; }
+    if [ "$flavour" = cuda ] && [ -z "$(cuda_of_wheels "$dir")" ]; then
+        rm -rf "$dir"
+        die "the CUDA wheels of $name hold no nvidia-cuda-runtime wheel: cannot tell the CUDA version they need"
+    fi
     echo "$stamp" >"$dir/.stamp"
     log "downloaded $(ls "$dir"/*.whl | wc -l) wheels ($(du -sh "$dir" | cut -f1)) in $((SECONDS - t0)) s"
 }
 
-# requirements_of DIR: the requirements file an image is built from (requirements-cuda.txt
-# with GPULAB_CUDA=1 where the image has one)
+# requirements_of NAME FLAVOUR: the requirements file NAME is built from
+# (images/NAME/requirements-cuda.txt for a CUDA build)
 requirements_of() {
-    if [ "${GPULAB_CUDA:-0}" = 1 ] && [ -f "$1/requirements-cuda.txt" ]; then
-        echo "$1/requirements-cuda.txt"
+    if [ "$2" = cuda ]; then
+        [ -f "$ROOT/images/$1/requirements-cuda.txt" ] || die "images/$1 has no requirements-cuda.txt"
+        echo "$ROOT/images/$1/requirements-cuda.txt"
     else
-        echo "$1/requirements.txt"
+        echo "$ROOT/images/$1/requirements.txt"
     fi
 }
 
@@ -204,9 +316,19 @@ files_hash() {
 # build_dockerfile NAME TAG BASE: build images/NAME/Dockerfile on BASE, unless TAG is current.
 build_dockerfile() {
     local name=$1 tag=$2 base=$3 src=$ROOT/images/$1
-    local hash
-    hash=$( { cat "$src/Dockerfile" "$(requirements_of "$src")"; files_hash "$src"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"
-        if [ "$name" = python ]; then code_server_listing; fi; } | sha)
+    local flavour req hash
+    flavour=$(flavour_of "$name")
+    req=$(requirements_of "$name" "$flavour")
+    # A CUDA image is never replaced by a CPU build the host's detection chose (a host whose
+    # driver is not loaded now, a CI runner): only --gpu cpu replaces it.
+    if [ "$flavour" = cpu ] && [ "$FLAVOUR_ASKED" = 0 ] && image_exists "$tag" \
+        && [ "$(image_label "$tag" org.gpulab.flavour)" = cuda ]; then
+        log "$tag: kept, it is a CUDA image (CUDA $(image_label "$tag" org.gpulab.cuda)) and this build would be CPU (no NVIDIA driver found on this host); --gpu cpu (make images GPU=cpu) replaces it with the CPU build, --gpu cuda rebuilds it"
+        return
+    fi
+    hash=$( { cat "$src/Dockerfile" "$req"; files_hash "$src"; image_id "$base"; echo "${PIP_PLATFORM_FLAGS[*]}"; echo "${EXTRA_HASH:-}"
+        if [ "$name" = python ]; then code_server_listing; fi
+        if [ -n "$flavour" ]; then echo "flavour=$flavour"; fi; } | sha)
     if [ "$FORCE" = 0 ] && image_exists "$tag"; then
         local have
         have=$(image_label "$tag" org.gpulab.build-hash)
@@ -214,21 +336,26 @@ build_dockerfile() {
             log "$tag: up to date"
             return
         fi
-        log "$tag: exists but is stale (Dockerfile, requirements or base $base changed); rebuilding"
+        log "$tag: exists but is stale (Dockerfile, requirements, flavour or base $base changed); rebuilding${flavour:+ as $flavour}"
     fi
     image_exists "$base" || log "base $base is not local: docker build will try to pull it"
-    local t0=$SECONDS pyver
-    pyver=$(base_python_version "$base")
-    download_wheels "$name" "$pyver"
+    local t0=$SECONDS pyver glibc
+    read -r pyver glibc <<<"$(base_python "$base" "$name")"
+    [ -n "$pyver" ] || die "cannot tell the Python version of $base"
+    download_wheels "$name" "$pyver" "${flavour:-cpu}" "$glibc"
+    local wheels labels=()
+    wheels=$(wheels_dir "$name" "${flavour:-cpu}")
+    if [ -n "$flavour" ]; then labels+=(--label "org.gpulab.flavour=$flavour"); fi
+    if [ "$flavour" = cuda ]; then labels+=(--label "org.gpulab.cuda=$(cuda_of_wheels "$wheels")"); fi
 
     local ctx=$BUILD/ctx/$name
     rm -rf "$ctx" && mkdir -p "$ctx"
     cp "$src/Dockerfile" "$ctx/"
-    cp "$(requirements_of "$src")" "$ctx/requirements.txt"
+    cp "$req" "$ctx/requirements.txt"
     # an image's own files (images/NAME/files/, e.g. the notebook server's configuration)
     if [ -d "$src/files" ]; then cp -a "$src/files" "$ctx/files"; fi
     # Hard links: no copy of the (large) wheels when .build is on one filesystem.
-    cp -al "$BUILD/wheels/$name" "$ctx/wheels" 2>/dev/null || cp -a "$BUILD/wheels/$name" "$ctx/wheels"
+    cp -al "$wheels" "$ctx/wheels" 2>/dev/null || cp -a "$wheels" "$ctx/wheels"
     rm -f "$ctx/wheels/.stamp"
     # the python image carries code-server (VS Code), built on the host: hard links again
     if [ "$name" = python ]; then
@@ -239,7 +366,7 @@ build_dockerfile() {
 
     log "docker build $tag (images/$name/Dockerfile, BASE_IMAGE=$base; log: ${LOGS#"$ROOT"/}/build-$name.log) ..."
     local cmd=(docker build --force-rm --build-arg "BASE_IMAGE=$base" --label "org.gpulab.build-hash=$hash"
-        --label "org.gpulab.base-image=$base" -t "$tag" "$ctx")
+        --label "org.gpulab.base-image=$base" "${labels[@]}" -t "$tag" "$ctx")
     local ok=1
     if [ "${GPULAB_BUILD_VERBOSE:-0}" = 1 ]; then
         DOCKER_BUILDKIT=0 "${cmd[@]}" 2>&1 | tee "$LOGS/build-$name.log" || ok=0
@@ -340,7 +467,40 @@ build_verified() {
     local before
     before=$(image_id "$2")
     build_dockerfile "$1" "$2" "$3"
-    [ "$(image_id "$2")" = "$before" ] || verify "$2" "$4" "$5"
+    [ "$(image_id "$2")" = "$before" ] && return
+    verify "$2" "$4" "$5"
+    [ "$(image_label "$2" org.gpulab.flavour)" != cuda ] || verify_cuda "$2"
+}
+
+# verify_cuda TAG: a CUDA image's own CUDA libraries load (no GPU or driver needed: libcudart,
+# libcublas and libcudnn from its nvidia-* wheels, with ctypes), the runtime's version is the
+# org.gpulab.cuda label's, and torch (where the image has it) was built for that CUDA.
+verify_cuda() {
+    local tag=$1 want got
+    want=$(image_label "$tag" org.gpulab.cuda)
+    got=$(docker run --rm -i "$tag" python - <<'EOF' 2>&1
+import ctypes, glob, importlib.util, os, sys, sysconfig
+nvidia = os.path.join(sysconfig.get_paths()["purelib"], "nvidia")
+def load(pattern):
+    found = sorted(glob.glob(os.path.join(nvidia, "**", pattern), recursive=True))
+    if not found:
+        sys.exit(f"no {pattern} under {nvidia}")
+    return ctypes.CDLL(found[0], mode=ctypes.RTLD_GLOBAL)
+cudart = load("libcudart.so.*")
+load("libcublas.so.*")
+load("libcudnn.so.*")
+v = ctypes.c_int()
+assert cudart.cudaRuntimeGetVersion(ctypes.byref(v)) == 0, "cudaRuntimeGetVersion failed"
+runtime = f"{v.value // 1000}.{v.value % 1000 // 10}"
+if importlib.util.find_spec("torch"):
+    import torch
+    assert torch.version.cuda and torch.version.cuda.startswith(runtime), (torch.version.cuda, runtime)
+print(runtime)
+EOF
+) || { echo "$got" >&2; die "$tag: its CUDA libraries do not load"; }
+    got=$(tail -n 1 <<<"$got")
+    [ "$got" = "$want" ] || die "$tag: its CUDA runtime is $got, its label org.gpulab.cuda says $want"
+    log "verified $tag: CUDA $got (libcudart, libcublas, libcudnn load)"
 }
 
 build_python() {
