@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulab.frameworks import CUDA_LABEL, FLAVOUR_LABEL
+from gpulab.cuda import CUDA_LABEL, FLAVOUR_LABEL
 
 from ..conftest import ROOT
 from ..support.images import build_from, labelled

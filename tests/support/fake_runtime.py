@@ -186,6 +186,8 @@ class FakeRuntime(Runtime):
         self.clock = clock
         #: the default command of an image (none here: the engine cannot tell)
         self.image_commands: dict[str, list[str]] = {}
+        #: {image: its labels} (image_labels; an image not listed has none)
+        self.image_label_sets: dict[str, dict[str, str]] = {}
         self.calls: list[Call] = []
         self.workloads: dict[str, FakeWorkload] = {}
         #: (volume, node) pairs that exist
@@ -358,6 +360,12 @@ class FakeRuntime(Runtime):
         if self.images is not None and image not in self.images:
             return None
         return list(self.image_commands.get(image) or []) or None
+
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        self._enter("image_labels", image)
+        if self.images is not None and image not in self.images:
+            return None
+        return dict(self.image_label_sets.get(image) or {})
 
     # --- workloads ----------------------------------------------------------------------------
 

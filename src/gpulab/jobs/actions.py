@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..bounds import page_window
+from ..cuda import ImageBuild, cuda_refusal
 from ..errors import FieldError
 from ..lifecycle import InvalidTransition, JobState
 from ..resources import Quota
+from ..runtime.base import EngineError
 from .gang import workers_of
 from .records import ACTIVE, ENDED, JobRecords, QueueFull
 from .refusals import Conflict, Invalid, JobRefused, NotAllowed, NotFound
@@ -169,6 +171,9 @@ async def submit(
     )
     if refused:
         raise refused
+    why = await cuda_too_new(sup, spec)
+    if why:
+        raise Invalid(why, field="framework" if spec.framework else "image")
     try:
         job = await asyncio.to_thread(
             sup.records.create,
@@ -182,6 +187,22 @@ async def submit(
         raise Conflict(str(e)) from None
     sup.wake.set()
     return job
+
+
+async def cuda_too_new(sup: JobSupervisor, spec: JobSpec) -> str | None:
+    """Why a GPU job's image cannot run on this host's driver (it needs a newer CUDA than the
+    driver supports: frameworks.cuda_refusal, the rule notebooks share), or None. The image's
+    labels are asked of the engine; an engine that cannot tell (a Swarm, a missing image, one
+    that does not answer) and a driver whose CUDA version is unknown refuse nothing."""
+    inventory = sup.runtime.inventory
+    if not spec.resources.gpus or inventory is None or not inventory.cuda:
+        return None
+    try:
+        labels = await sup.runtime.image_labels(sup.runtime.image_ref(spec.image))
+    except EngineError:
+        return None
+    build = ImageBuild.from_labels(labels)
+    return cuda_refusal(spec.image, build.cuda, spec.resources.gpus, inventory.cuda)
 
 
 async def rerun(sup: JobSupervisor, settings: GpulabSettings, job: dict, *, admin: bool) -> dict:

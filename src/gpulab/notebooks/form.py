@@ -1,5 +1,6 @@
 """The spawn form, and what the hub checks of a notebook's options before anything starts
-(the form's and the REST API's alike): the catalog, flavors, free GPUs, missing images."""
+(the form's and the REST API's alike): the catalog, flavors, free GPUs, missing images, and a
+GPU notebook's image that needs a newer CUDA than the host's driver supports."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from ..cuda import ImageBuild, cuda_refusal
 from ..durations import format_duration
 from ..gpus.ledger import GpuLedger
 from ..gpus.sharing import fraction_refusal, offered_fractions
@@ -55,6 +57,30 @@ async def missing_images(settings, runtime: Runtime) -> dict[str, str]:
     return s.catalog.unavailable(missing, runtime.images_at)
 
 
+async def image_builds(settings, runtime: Runtime) -> dict[str, ImageBuild]:
+    """{image: its build (flavour, CUDA needed)} of the catalog's images, from their labels."""
+    return await _images.builds(runtime, settings.catalog.images(), runtime.image_ref)
+
+
+def driver_cuda(runtime: Runtime) -> str:
+    """The CUDA version this host's NVIDIA driver supports ("" unknown: configured GPUs, no
+    NVML, a cluster whose nodes' drivers are not read)."""
+    return runtime.inventory.cuda if runtime.inventory is not None else ""
+
+
+async def cuda_check(settings, runtime: Runtime, opts: NotebookOptions) -> None:
+    """A GPU notebook whose image needs a newer CUDA than the driver supports is refused
+    (frameworks.cuda_refusal, the rule jobs share)."""
+    if not opts.resources.gpus:
+        return
+    build = (await _images.builds(runtime, [opts.image], runtime.image_ref))[opts.image]
+    why = cuda_refusal(opts.image, build.cuda, opts.resources.gpus, driver_cuda(runtime))
+    if why:
+        framework = settings.catalog.frameworks.get(opts.framework)
+        chosen = framework.version(opts.version).image if framework else None
+        raise OptionsRefused(f"{'version' if chosen == opts.image else 'image'}: {why}")
+
+
 async def check_options(
     settings, runtime: Runtime, ledger: GpuLedger, user: str, groups: list[str], user_options
 ) -> NotebookOptions:
@@ -83,6 +109,7 @@ async def check_options(
     unavailable = await missing_images(settings, runtime)
     if opts.image in unavailable:
         raise OptionsRefused(f"version: {unavailable[opts.image]}")
+    await cuda_check(settings, runtime, opts)
     return opts
 
 
@@ -101,6 +128,8 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
     return env.get_template("spawn_form.html").render(
         catalog=s.catalog,
         unavailable=unavailable,
+        builds=await image_builds(s, runtime),
+        driver_cuda=driver_cuda(runtime),
         unavailable_frameworks=s.catalog.unavailable_frameworks(unavailable),
         flavors=list(s.flavor_map.values()),
         idle={fid: format_duration(t) for fid, t in idle.items() if t > 0},

@@ -366,6 +366,11 @@ class Runtime:
         """The command ``image`` runs by default (None: the engine cannot tell here)."""
         return None
 
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        """``image``'s labels (its flavour and the CUDA it needs, among others); None when the
+        engine does not have it or cannot tell here (a Swarm's registry is not asked)."""
+        return None
+
     # --- workloads ----------------------------------------------------------------------------
 
     async def create_and_start(self, spec: WorkloadSpec) -> None:

@@ -112,6 +112,15 @@ class DockerRuntime(Runtime):
             raise
         return list((info.get("Config") or {}).get("Cmd") or []) or None
 
+    async def image_labels(self, image: str) -> dict[str, str] | None:
+        try:
+            info = await self.engine.call(self.client.inspect_image, image)
+        except EngineError as e:
+            if e.not_found:
+                return None
+            raise
+        return dict((info.get("Config") or {}).get("Labels") or {})
+
     # --- workloads --------------------------------------------------------------------------
 
     async def inspect_container(self, name: str) -> dict | None:

@@ -2,7 +2,8 @@
 ask for every catalog image, and a busy hub must not ask the engine (or a Swarm's registry) for
 each of them on every request. An image found there is trusted for ``ttl`` seconds (removed
 meanwhile, the start's own check finds it missing); one found missing is asked again next
-time, so that an image the admin has just built is offered at once."""
+time, so that an image the admin has just built is offered at once. What an image's labels say
+of its build (its flavour, the CUDA it needs) is kept as long."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from ..cuda import ImageBuild
 from .base import Runtime
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,7 @@ class ImageCache:
     def __init__(self, ttl: float = 30.0):
         self.ttl = ttl
         self._seen: dict[str, float] = {}  # engine name -> when it was found there
+        self._builds: dict[str, tuple[float, ImageBuild]] = {}  # engine name -> (when, build)
 
     async def missing(
         self, runtime: Runtime, images: Iterable[str], ref: Callable[[str], str]
@@ -43,4 +46,31 @@ class ImageCache:
             else:
                 self._seen.pop(name, None)
                 out.append(image)
+        return out
+
+    async def builds(
+        self, runtime: Runtime, images: Iterable[str], ref: Callable[[str], str]
+    ) -> dict[str, ImageBuild]:
+        """{image: its build, from its labels} for ``images`` (``ref``: the name the engine
+        runs an image by); an image the engine lacks, or cannot tell of (a Swarm, an engine
+        that does not answer), has an empty :class:`ImageBuild`."""
+        now = time.monotonic()
+        out = {}
+        for image in sorted(set(images)):
+            name = ref(image)
+            kept = self._builds.get(name)
+            if kept is not None and now - kept[0] < self.ttl:
+                out[image] = kept[1]
+                continue
+            try:
+                labels = await runtime.image_labels(name)
+            except Exception:
+                log.warning("cannot ask the engine for the labels of image %s", name, exc_info=True)
+                out[image] = ImageBuild()
+                continue
+            out[image] = ImageBuild.from_labels(labels)
+            if labels is not None:
+                self._builds[name] = (now, out[image])
+            else:
+                self._builds.pop(name, None)
         return out

@@ -12,7 +12,7 @@ from ...jobs.refusals import JobRefused
 from ...jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from ...resources import format_memory
 from ..base import JOBS_MANAGE, JOBS_READ, ApiError, answer_refusals, authenticated
-from .base import ACTIVE_STATES, ENDED_STATES, JOB_STATES, PageHandler
+from .base import ACTIVE_STATES, ENDED_STATES, JOB_STATES, PageHandler, catalog_builds
 from .job_form import FORM_FIELDS, form_field, form_to_job
 
 #: jobs the jobs page shows (the newest; the REST API pages through all of them)
@@ -98,6 +98,7 @@ class SubmitJobPage(PageHandler):
             form=form,
             errors=errors,
             catalog=catalog,
+            builds=await catalog_builds(s, self.supervisor.runtime),
             default_env=default_env,
             flavors=list(s.flavor_map.values()),
             format_memory=format_memory,
