@@ -21,7 +21,7 @@
 # Flavour of the framework images (pytorch, tensorflow, jax): "cuda" (the CUDA wheels from
 # PyPI, which bundle CUDA's user-space libraries as nvidia-* wheels; several GB) on a host with
 # an NVIDIA driver (/proc/driver/nvidia/version, or libnvidia-ml.so.1 known to ldconfig), else
-# "cpu". --gpu cuda|cpu (make images GPU=cuda|cpu) chooses instead. Every image built here is
+# "cpu". --gpu cuda|cpu (make images GPU=cuda|cpu) chooses instead. Every framework image is
 # labelled org.gpulab.flavour=cuda|cpu, and a CUDA one org.gpulab.cuda=MAJOR.MINOR (the CUDA
 # runtime its wheels need). A tag that holds a CUDA image is never replaced by a CPU build the
 # host's detection chose: it is kept (and said so); --gpu cpu replaces it.
@@ -39,6 +39,8 @@
 #   GPULAB_GPU            auto|cuda|cpu, as --gpu (default auto: cuda where an NVIDIA driver is)
 #   GPULAB_WHEEL_INDEX    the index the CUDA wheels come from (default https://pypi.org/simple;
 #                         a site's mirror); the CUDA downloads ignore pip's own configuration
+#   GPULAB_TORCH_CPU_INDEX  where a CPU build finds torch's +cpu wheel when pip's configuration
+#                         offers none (default https://download.pytorch.org/whl/cpu)
 #   GPULAB_BUILD_DIR      where wheels, build contexts, logs and the build lock live (default .build)
 #   GPULAB_PY_VERSION     Python version the wheels are chosen for (default: the base image's
 #                         python3, or the one its Dockerfile installs where the base has none)
