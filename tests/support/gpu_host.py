@@ -122,7 +122,12 @@ class GpuHost:
 
     def load_image(self, host: docker.DockerClient, image: str) -> None:
         """Copy ``image`` from the host's engine into this one (no registry is reachable)."""
-        self.client().load_image(host.images.get(image).save(named=True))
+        # the answer is a stream that ends when the engine has loaded the image: read to its
+        # end (a build started before that pulled the base from Docker Hub, and failed)
+        for chunk in self.client().load_image(host.images.get(image).save(named=True)):
+            if "error" in chunk:
+                raise RuntimeError(f"loading {image} into the GPU host: {chunk['error']}")
+        self.client().inspect_image(image)  # there now, or NotFound says so
 
     def given(self, container_id: str) -> dict:
         """What the container was given: ``env`` (its OCI environment, as the NVIDIA runtime
