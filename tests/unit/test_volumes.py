@@ -394,11 +394,19 @@ def test_sorted_overlap_check_agrees_with_every_pair_compared() -> None:
 def test_many_volumes_are_checked_in_near_linear_time() -> None:
     """4,000 volumes were 8 million pair comparisons (seconds on the service's event loop);
     sorted, they are parsed and checked in milliseconds. The callers refuse more than 32
-    before getting here; this bounds the check itself."""
+    before getting here; this bounds the check itself. A ratio, not a time (a loaded CI
+    machine is slow at both sizes alike): four times the volumes cost about four times as
+    much; a check of every pair would cost sixteen times."""
     import time
 
-    specs = [f"data@s3/p{i}:/data/v{i}/x:rw" for i in range(4000)]
-    start = time.perf_counter()
-    assert len(parse_volumes(specs, ["s3"])) == 4000
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"{elapsed:.3f} s"  # measured: 0.13 s (8 million pairs: 6 s)
+    def best_of_3(n: int) -> float:
+        specs = [f"data@s3/p{i}:/data/v{i}/x:rw" for i in range(n)]
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            assert len(parse_volumes(specs, ["s3"])) == n
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    small, large = best_of_3(1000), best_of_3(4000)
+    assert large / small < 8, f"1,000 volumes {small:.4f} s, 4,000 volumes {large:.4f} s"
