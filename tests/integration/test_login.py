@@ -1,52 +1,41 @@
 """Real log-in, safe by default, through the shipped site files (docs/site-examples/): a real
 LDAP directory (slapd, tests/support/ldap.py) with jupyterhub-ldapauthenticator, and an OpenID
 Connect provider the test runs (tests/support/oidc.py) with GenericOAuthenticator. Who logs in
-is the groups' answer; admins are the admin group's members, never a user named admin; and a
-hub that would let every account of its identity provider in refuses to start."""
+is the groups' answer; admins are the admin group's members, never a user named admin;
+per-group limits name the provider's groups; and a hub that would let every account of its
+identity provider in refuses to start."""
 
 import contextlib
 import os
 import signal
 
 import pytest
-import requests
 
-from ..support.hub import REPO, Hub, login, login_form
+from ..support.api import Api, maxima
+from ..support.hub import Hub, login, login_form
 from ..support.ldap import PEOPLE
 from ..support.oidc import Provider
 
 # one worker: the module's directory, provider and hubs are started once
 pytestmark = [pytest.mark.hub, pytest.mark.xdist_group("login")]
 
-EXAMPLES = REPO / "docs" / "site-examples"
-
-
-def ldap_site(directory, extra: str = "") -> str:
-    """The shipped LDAP site file, pointed at the test's directory (plain LDAP on 127.0.0.1)."""
-    return (
-        f"load_subconfig({str(EXAMPLES / 'ldap.py')!r})\n"
-        'c.LDAPAuthenticator.server_address = "127.0.0.1"\n'
-        f"c.LDAPAuthenticator.server_port = {directory.port}\n"
-        'c.LDAPAuthenticator.tls_strategy = "insecure"\n' + extra
-    )
+#: per-group limits, naming a group of the directory
+LIMITS = """
+c.GpulabSettings.max_resources = {"cpus": 1, "memory": "4G", "gpus": 0}
+c.GpulabSettings.group_max_resources = {"gpulab-users": {"cpus": 3, "memory": "4G", "gpus": 0}}
+"""
 
 
 @pytest.fixture(scope="module")
 def hub(hub_with, ldap_directory) -> Hub:
     hub = hub_with("", start=False)
-    hub.use_site_file(ldap_site(ldap_directory))
+    hub.use_site_file(ldap_directory.site_file(LIMITS))
     return hub.start()
 
 
-def reads_others_jobs(hub: Hub, name: str) -> int:
-    """The status of the user's own token asking the gpulab service for another user's jobs:
-    200 for a gpulab admin (custom:gpulab:admin), 403 for anyone else."""
-    return requests.get(
-        f"{hub.url}/services/gpulab/api/jobs",
-        params={"user": "someone-else"},
-        headers={"Authorization": f"token {hub.token_of(name)}"},
-        timeout=60,
-    ).status_code
+def others_jobs(hub: Hub, name: str) -> int:
+    """200 for a gpulab admin (custom:gpulab:admin), 403 for anyone else."""
+    return Api(hub, name).call("GET", "/jobs", params={"user": "someone-else"}).status_code
 
 
 def test_a_member_of_an_allowed_group_logs_in(hub):
@@ -54,7 +43,15 @@ def test_a_member_of_an_allowed_group_logs_in(hub):
     alice = hub.user_model("alice")
     assert alice["admin"] is False
     assert alice["groups"] == ["gpulab-users"]  # the directory's, by their common name
-    assert reads_others_jobs(hub, "alice") == 403
+    assert others_jobs(hub, "alice") == 403
+
+
+def test_per_group_limits_name_the_directorys_groups(hub):
+    login(hub, "alice", PEOPLE["alice"])  # gpulab-users: 3 CPUs
+    login(hub, "carol", PEOPLE["carol"])  # gpulab-admins: the default, 1
+    for name, cpus in (("alice", {3}), ("carol", {1})):
+        doc = Api(hub, name).call("GET", "/openapi.json").json()  # the caller's own limits
+        assert maxima(doc, "cpus") == cpus, name
 
 
 def test_a_wrong_password_is_refused(hub):
@@ -76,7 +73,7 @@ def test_a_directory_user_called_admin_is_not_an_admin(hub):
     assert admin["admin"] is False
     assert admin["groups"] == ["gpulab-users"]
     assert "gpulab-admin" not in admin["roles"]
-    assert reads_others_jobs(hub, "admin") == 403
+    assert others_jobs(hub, "admin") == 403
 
 
 def test_a_member_of_the_admin_group_is_an_admin(hub):
@@ -84,7 +81,7 @@ def test_a_member_of_the_admin_group_is_an_admin(hub):
     carol = hub.user_model("carol")
     assert carol["admin"] is True  # the hub's admin flag
     assert carol["groups"] == ["gpulab-admins"]
-    assert reads_others_jobs(hub, "carol") == 200  # custom:gpulab:admin, through the group
+    assert others_jobs(hub, "carol") == 200  # custom:gpulab:admin, through the group
 
 
 def test_the_trials_passwords_mean_nothing_here(hub):
@@ -99,7 +96,7 @@ def test_every_account_of_the_directory_is_refused_unless_said(hub_with, ldap_di
     """allow_all with a real authenticator: the hub stops before it serves anything and says
     what to configure; with allow_any_identity it starts, and anyone of the directory is in."""
     hub = hub_with("", start=False)
-    hub.use_site_file(ldap_site(ldap_directory, "c.LDAPAuthenticator.allow_all = True\n"))
+    hub.use_site_file(ldap_directory.site_file("c.LDAPAuthenticator.allow_all = True\n"))
     pid_file = hub.workdir / "data" / "jupyterhub-proxy.pid"
     try:
         with pytest.raises(RuntimeError, match="hub exited 3"):
@@ -119,9 +116,8 @@ def test_every_account_of_the_directory_is_refused_unless_said(hub_with, ldap_di
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
 
     hub.use_site_file(
-        ldap_site(
-            ldap_directory,
-            "c.LDAPAuthenticator.allow_all = True\nc.GpulabSettings.allow_any_identity = True\n",
+        ldap_directory.site_file(
+            "c.LDAPAuthenticator.allow_all = True\nc.GpulabSettings.allow_any_identity = True\n"
         )
     )
     hub.start()
@@ -143,14 +139,7 @@ def provider():
 def oidc_hub(hub_with, provider) -> Hub:
     """A hub with the shipped OpenID Connect site file, pointed at the test's provider."""
     hub = hub_with("", start=False)
-    hub.use_site_file(
-        f"load_subconfig({str(EXAMPLES / 'oidc.py')!r})\n"
-        'c.GpulabSettings.public_url = ""\n'
-        f'c.GenericOAuthenticator.oauth_callback_url = "{hub.url}/hub/oauth_callback"\n'
-        f'c.GenericOAuthenticator.authorize_url = "{provider.url}/authorize"\n'
-        f'c.GenericOAuthenticator.token_url = "{provider.url}/token"\n'
-        f'c.GenericOAuthenticator.userdata_url = "{provider.url}/userinfo"\n'
-    )
+    hub.use_site_file(provider.site_file(hub))
     hub.env["GPULAB_OAUTH_CLIENT_SECRET"] = provider.client_secret
     return hub.start()
 
@@ -175,7 +164,7 @@ def test_oidc_a_stranger_account_is_refused(oidc_hub, provider):
 def test_oidc_admins_are_the_admin_groups_members(oidc_hub, provider):
     provider.login_through(oidc_hub, "admin")[1].raise_for_status()
     assert oidc_hub.user_model("admin")["admin"] is False
-    assert reads_others_jobs(oidc_hub, "admin") == 403
+    assert others_jobs(oidc_hub, "admin") == 403
     provider.login_through(oidc_hub, "carol")[1].raise_for_status()
     assert oidc_hub.user_model("carol")["admin"] is True
-    assert reads_others_jobs(oidc_hub, "carol") == 200
+    assert others_jobs(oidc_hub, "carol") == 200

@@ -42,3 +42,20 @@ class Api:
 
 def states(job: dict) -> list[str]:
     return [e["state"] for e in job["history"] if e["kind"] == "transition"]
+
+
+def maxima(doc, field: str) -> set:
+    """Every ``maximum`` a JSON Schema document (the service's OpenAPI document) gives the
+    property ``field``, wherever it appears: what the caller's limits allow of it."""
+    found: set = set()
+    todo = [doc]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            prop = (node.get("properties") or {}).get(field)
+            if isinstance(prop, dict) and "maximum" in prop:
+                found.add(prop["maximum"])
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    return found

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from .ports import free_port
 
+#: the shipped LDAP site file (docs/site-examples/ldap.py), which these users and groups fit
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "site-examples" / "ldap.py"
 SLAPD = Path("/usr/sbin/slapd")
 SLAPADD = Path("/usr/sbin/slapadd")
 SCHEMA = Path("/etc/ldap/schema")
@@ -159,3 +161,13 @@ class Directory:
                 self.proc.kill()
                 self.proc.wait(10)
         shutil.rmtree(self.workdir / "db", ignore_errors=True)
+
+    def site_file(self, extra: str = "") -> str:
+        """The shipped site file, pointed at this directory (plain LDAP on 127.0.0.1), then
+        ``extra``."""
+        return (
+            f"load_subconfig({str(EXAMPLE)!r})\n"
+            'c.LDAPAuthenticator.server_address = "127.0.0.1"\n'
+            f"c.LDAPAuthenticator.server_port = {self.port}\n"
+            'c.LDAPAuthenticator.tls_strategy = "insecure"\n' + extra
+        )

@@ -15,6 +15,7 @@ import threading
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import requests
@@ -29,6 +30,8 @@ ACCOUNTS = {
     "carol": ("carol-pw-4", ["gpulab-admins"]),
 }
 CLIENT_ID = "gpulab"
+#: the shipped OpenID Connect site file (docs/site-examples/oidc.py), which this provider fits
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "site-examples" / "oidc.py"
 SESSION = "test-idp-session"
 
 
@@ -137,6 +140,18 @@ class Provider:
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
+
+    def site_file(self, hub) -> str:
+        """The shipped site file, pointed at this provider and at ``hub``'s own address (its
+        client secret: GPULAB_OAUTH_CLIENT_SECRET in the hub's environment)."""
+        return (
+            f"load_subconfig({str(EXAMPLE)!r})\n"
+            'c.GpulabSettings.public_url = ""\n'
+            f'c.GenericOAuthenticator.oauth_callback_url = "{hub.url}/hub/oauth_callback"\n'
+            f'c.GenericOAuthenticator.authorize_url = "{self.url}/authorize"\n'
+            f'c.GenericOAuthenticator.token_url = "{self.url}/token"\n'
+            f'c.GenericOAuthenticator.userdata_url = "{self.url}/userinfo"\n'
+        )
 
     def login_through(self, hub, user: str) -> tuple[requests.Session, requests.Response]:
         """Sign in at the provider as ``user``, then log in to the hub as a browser does (the
