@@ -1,9 +1,9 @@
 """Log-in in the hub's process: the start-up refusal of an open door, and the groups and admin
 flag of each log-in, from the authenticator (the rules are ``gpulab.identity``'s).
 
-jupyterhub_config.py installs both when the site configures an authenticator other than the
-trial's shared password: ``refuse_open_login_at_hub_start()`` and ``post_auth_hook`` as
-``c.Authenticator.post_auth_hook``.
+jupyterhub_config.py installs both, whatever the authenticator (the trial's shared password
+passes the check, and reports no groups): ``refuse_open_login_at_hub_start()`` and
+``post_auth_hook`` as ``c.Authenticator.post_auth_hook``.
 """
 
 from __future__ import annotations
