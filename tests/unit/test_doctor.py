@@ -162,6 +162,9 @@ CPU = {"org.gpulab.flavour": "cpu"}
         (FW, {}, "12.4", 2, WARNING, "flavour unknown"),
         (FW, {}, "", 0, OK, "present"),
         (FW, {"org.gpulab.flavour": "rocm"}, "", 0, WARNING, "unknown flavour 'rocm'"),
+        # read as the catalog reads them (cuda.ImageBuild): any case, a CUDA version alone
+        (FW, {"org.gpulab.flavour": "CUDA", "org.gpulab.cuda": "12.4"}, "12.4", 1, OK, "CUDA"),
+        (FW, {"org.gpulab.cuda": "13.0"}, "12.4", 1, ERROR, "needs CUDA 13.0"),
     ],
 )
 def test_each_image(need, labels, driver, gpus, status, words):

@@ -14,7 +14,7 @@ import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from ..cuda import CPU, CUDA, CUDA_LABEL, FLAVOUR_LABEL, cuda_gap, cuda_shortfall
+from ..cuda import CPU, CUDA, CUDA_LABEL, FLAVOUR_LABEL, ImageBuild, cuda_gap, cuda_shortfall
 from ..gpus.inventory import GpuDevice, Inventory
 from ..runtime import gpu_delivery_refusal
 from ..runtime.base import EngineSurvey
@@ -319,10 +319,11 @@ def check_image(
     name = f"image {need.image}"
     if labels is None:
         return _image_missing(need, "on this host")
-    flavour = labels.get(FLAVOUR_LABEL, "")
+    build = ImageBuild.from_labels(labels)  # the labels read as the catalog reads them
+    flavour = build.flavour
     uses = f"{need.purpose}: " if need.purpose else ""
-    if flavour == CUDA:
-        needed = labels.get(CUDA_LABEL, "")
+    if flavour == CUDA or (not flavour and build.cuda):
+        needed = build.cuda
         build = f"CUDA build (needs CUDA {needed or '?'})"
         if not driver_cuda:
             return Finding(
