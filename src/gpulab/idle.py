@@ -14,6 +14,14 @@ A reported time in the future cannot keep a notebook forever: an activity time c
 moment it was first seen at the latest (``seen``), so a value that never changes ages like any
 other. :func:`idle_notebooks` is the decision; :class:`gpulab.service.tasks.idle.IdleStopper`
 acts on it.
+
+GPUs left unused (a policy the admin turns on: ``GpulabSettings.gpu_unused_timeout``, or a
+flavor's ``gpu_unused_timeout``): a notebook holding GPUs that none of them has used for that
+long is stopped the same way, even while its kernel is open and reports activity. A GPU is in
+use from :data:`GPU_BUSY_PERCENT` of NVML's utilization (any kernel that ran during its sample
+period), the same threshold as a job's hang detection. A notebook whose GPUs cannot be read
+(no NVML, a MIG device, a Swarm node) is never stopped for it. :func:`unused_gpu_notebooks`
+is that decision; its clock starts at the first look that found the GPUs unused.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from .resources import Flavor, Resources
 
 #: the reason recorded in a notebook's history when it is stopped for being idle
 REASON = "IDLE"
+#: a GPU at this utilization (percent) or more is in use (here and in jobs' hang detection)
+GPU_BUSY_PERCENT = 1
 
 #: (user, server, the activity time as reported) -> when it was first seen
 Seen = Mapping[tuple[str, str, str], datetime]
@@ -45,6 +55,18 @@ def idle_timeout_for(
     if own is not None and resources.gpus == flavor.resources.gpus:
         return own
     return gpu_default if resources.gpus > 0 else cpu_default
+
+
+def gpu_unused_timeout_for(flavor: Flavor | None, resources: Resources, default: float) -> float:
+    """Seconds a notebook's GPUs may go unused before it is stopped (0: never; and always 0
+    without GPUs): the flavor's own ``gpu_unused_timeout`` when the notebook asks for the
+    flavor's GPUs, else the site's."""
+    if resources.gpus <= 0:
+        return 0.0
+    own = flavor.gpu_unused_timeout if flavor is not None else None
+    if own is not None and resources.gpus == flavor.resources.gpus:
+        return own
+    return default
 
 
 def parse_time(value) -> datetime | None:
@@ -69,8 +91,17 @@ class IdleStop:
     idle_for: float
     idle_timeout: float
 
+    #: "activity": no activity for its idle time; "gpu": its GPUs unused for their time
+    kind: str = "activity"
+
     @property
     def message(self) -> str:
+        if self.kind == "gpu":
+            return (
+                f"its GPUs unused for {format_duration(round(self.idle_for))} (its GPUs' "
+                f"unused time: {format_duration(self.idle_timeout)}); stopped like a user "
+                "stop, workspace pushed"
+            )
         return (
             f"no activity for {format_duration(round(self.idle_for))} (its idle time: "
             f"{format_duration(self.idle_timeout)}); stopped like a user stop, workspace pushed"
@@ -122,7 +153,49 @@ def idle_notebooks(
 
 def _timeout(options) -> float:
     """The recorded idle time; anything but a positive finite number means never."""
-    value = (options or {}).get("idle_timeout") if isinstance(options, Mapping) else None
+    return _seconds(options, "idle_timeout")
+
+
+def _seconds(options, key: str) -> float:
+    """A recorded time in seconds; anything but a positive finite number means never."""
+    value = options.get(key) if isinstance(options, Mapping) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0
     return float(value) if math.isfinite(value) and value > 0 else 0.0
+
+
+#: (user, server, running_since) -> when its GPUs were first seen unused (since last in use)
+Unused = Mapping[tuple[str, str, str], datetime]
+
+
+def unused_gpu_notebooks(
+    records: list[Mapping],
+    busiest: Mapping[tuple[str, str], int | None],
+    now: datetime,
+    unused_since: Unused,
+) -> tuple[list[IdleStop], dict[tuple[str, str, str], datetime]]:
+    """The notebooks to stop because their GPUs went unused for their time, and the new
+    ``unused_since`` map.
+
+    ``records``: gpulab's RUNNING notebooks (options hold ``gpu_unused_timeout``);
+    ``busiest``: (user, server) -> the highest utilization (percent) of its GPUs now, None
+    (or absent) when it cannot be read. A reading in use, or none, clears the notebook's
+    clock; a notebook stops once its GPUs read unused at every look for its whole time."""
+    stops: list[IdleStop] = []
+    new: dict[tuple[str, str, str], datetime] = {}
+    for nb in records:
+        if nb.get("state", "RUNNING") != "RUNNING":
+            continue
+        user, name = nb["user"], nb["server"]
+        timeout = _seconds(nb.get("options"), "gpu_unused_timeout")
+        percent = busiest.get((user, name))
+        if not timeout or percent is None or percent >= GPU_BUSY_PERCENT:
+            continue
+        key = (user, name, nb.get("running_since") or "")
+        since = new[key] = unused_since.get(key, now)
+        unused_for = (now - since).total_seconds()
+        if unused_for >= timeout:
+            stops.append(
+                IdleStop(user, name, nb.get("running_since") or "", unused_for, timeout, "gpu")
+            )
+    return stops, new

@@ -92,6 +92,9 @@ class Flavor:
     #: seconds without activity after which its notebooks stop (0: never); None: the default
     #: of its kind (GpulabSettings.gpu_idle_timeout or cpu_idle_timeout)
     idle_timeout: float | None = None
+    #: seconds its GPUs may go unused before its notebooks stop (0: never); None: the site's
+    #: (GpulabSettings.gpu_unused_timeout)
+    gpu_unused_timeout: float | None = None
 
     @classmethod
     def from_config(cls, d: Mapping) -> Flavor:
@@ -102,6 +105,7 @@ class Flavor:
                 gpus=flavor_gpus(d.get("gpus", 0), str(d.get("id"))),
             )
             idle = d.get("idle_timeout")
+            unused = d.get("gpu_unused_timeout")
             return cls(
                 id=str(d["id"]),
                 title=str(d.get("title", d["id"])),
@@ -109,6 +113,9 @@ class Flavor:
                 idle_timeout=None
                 if idle is None
                 else check_idle_timeout(idle, f"flavor {d['id']!r}: idle_timeout"),
+                gpu_unused_timeout=None
+                if unused is None
+                else check_idle_timeout(unused, f"flavor {d['id']!r}: gpu_unused_timeout"),
             )
         except KeyError as e:
             raise ValueError(f"flavor {d!r} lacks {e.args[0]!r}") from None

@@ -32,7 +32,7 @@ from .bounds import MAX_REQUEST_BODY
 from .disk_quota import DEFAULT_DISK_QUOTA, DEFAULT_GIT_MAX_BYTES, disk_quota_for, parse_size
 from .frameworks import Catalog
 from .gpus.sharing import check_sharing, fraction_refusal, sharing_mode_refusal
-from .idle import idle_timeout_for
+from .idle import gpu_unused_timeout_for, idle_timeout_for
 from .resources import (
     Flavor,
     Limits,
@@ -397,6 +397,20 @@ class GpulabSettings(Configurable):
         stops them for being idle.""",
     ).tag(config=True)
 
+    gpu_unused_timeout = Float(
+        0.0,
+        help="""Seconds a notebook's GPUs may go unused before the notebook is stopped like a
+        user stop (workspace pushed, GPUs released, reason IDLE with "its GPUs unused for ..."
+        in its history), even while its kernel is open and reports activity: a policy for
+        sites where GPUs are scarce. 0 (the default) turns it off; a flavor's own
+        ``gpu_unused_timeout`` overrides it for that flavor's notebooks. Unused: under 1 %
+        utilization (NVML, read by the gpulab service every idle_check_interval) on every one
+        of its GPUs at every look since the clock started; a notebook whose GPUs cannot be
+        read (no NVML, MIG devices, a Swarm node) is never stopped for it. Decided at the
+        spawn and kept with the notebook, like idle times. At least twice
+        idle_check_interval.""",
+    ).tag(config=True)
+
     activity_report_interval = Integer(
         60,
         help="""Seconds between a notebook server's reports of its activity to the hub
@@ -756,6 +770,22 @@ class GpulabSettings(Configurable):
         for f in self.flavors:
             if isinstance(f, dict) and "idle_timeout" in f:
                 named.append((f"flavor {f.get('id')!r}: idle_timeout", f["idle_timeout"]))
+        unused = [("c.GpulabSettings.gpu_unused_timeout", self.gpu_unused_timeout)]
+        for f in self.flavors:
+            if isinstance(f, dict) and "gpu_unused_timeout" in f:
+                name = f"flavor {f.get('id')!r}: gpu_unused_timeout"
+                unused.append((name, f["gpu_unused_timeout"]))
+        for name, value in unused:
+            try:
+                seconds = check_idle_timeout(value, name)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            if 0 < seconds < 2 * self.idle_check_interval:
+                raise ConfigError(
+                    f"{name} = {value:g} s is shorter than twice idle_check_interval "
+                    f"({self.idle_check_interval:g} s), how often the GPUs are read; make it at "
+                    f"least {2 * self.idle_check_interval:g} s, or 0 to turn the policy off"
+                )
         for name, value in named:
             try:
                 seconds = check_idle_timeout(value, name)
@@ -768,6 +798,12 @@ class GpulabSettings(Configurable):
                     f"activity only every {self.activity_report_interval} s and could be "
                     f"stopped; make it at least {shortest} s, or 0 to turn the idle stop off"
                 )
+
+    def gpu_unused_timeout_for(self, flavor: str | None, resources: Resources) -> float:
+        """Seconds such a notebook's GPUs may go unused before it stops (0: never)."""
+        return gpu_unused_timeout_for(
+            self.flavor_map.get(flavor) if flavor else None, resources, self.gpu_unused_timeout
+        )
 
     def idle_timeout_for(self, flavor: str | None, resources: Resources) -> float:
         """Seconds without activity after which such a notebook stops (0: never)."""

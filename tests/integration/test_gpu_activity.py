@@ -105,3 +105,46 @@ def test_a_busy_gpu_keeps_a_silent_job_from_being_restarted_as_hung(hub_with, tm
     r = carl.call("POST", f"/jobs/{job['id']}/interrupt")
     assert r.status_code == 202, r.text
     assert carl.wait(job["id"])["state"] == "INTERRUPTED"
+
+
+#: seconds: the notebook's GPUs' unused time (gpu_unused_timeout), with a look every second
+UNUSED = 6
+
+
+def test_a_notebook_whose_gpus_go_unused_is_stopped_and_one_in_use_is_not(
+    hub_with, tmp_path_factory
+):
+    usage = tmp_path_factory.mktemp("usage") / "usage"
+    set_usage(usage, {"0": (40, 1000), "1": (40, 1000)})  # in use, whichever it gets
+    policy = f"c.GpulabSettings.gpu_unused_timeout = {UNUSED}\nc.GpulabSettings.idle_check_interval = 1\n"
+    hub = hub_with(CONFIG + policy, start=False)
+    hub.env.update(
+        nvml_env(build_fake_nvml(tmp_path_factory.mktemp("nvml")), FAKE_NVML_USAGE=str(usage))
+    )
+    hub.env["GPULAB_SERVICE_ENV"] = "FAKE_NVML_GPUS,FAKE_NVML_USAGE"
+    hub.start()
+    token = hub.create_user("dana")
+    r = hub.spawn("dana", "nb", {"cpus": 0.5, "memory": "512M", "gpus": 1}, token=token)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("dana", "nb")
+    nb = hub.notebook("dana", "nb").json()
+    assert nb["options"]["gpu_unused_timeout"] == UNUSED, nb["options"]
+
+    time.sleep(3 * UNUSED)  # three of its unused times, its GPU in use all along
+    assert hub.notebook("dana", "nb").json()["state"] == "RUNNING"
+
+    set_usage(usage, {})  # every GPU unused from now on
+    unused_from = time.monotonic()
+    deadline = unused_from + UNUSED + 60
+    while time.monotonic() < deadline:
+        nb = hub.notebook("dana", "nb").json()
+        if nb["state"] == "STOPPED":
+            break
+        time.sleep(0.5)
+    assert nb["state"] == "STOPPED", nb["history"][-3:]
+    assert time.monotonic() - unused_from >= UNUSED - 1  # not before its time
+    stopping = [e for e in nb["history"] if e["state"] == "STOPPING"][-1]
+    assert stopping["reason"] == "IDLE", stopping
+    assert stopping["message"].startswith("its GPUs unused for "), stopping
+    assert f"(its GPUs' unused time: {UNUSED}s)" in stopping["message"], stopping
+    assert hub.server_model("dana", "nb") is None

@@ -9,7 +9,14 @@ import pytest
 from traitlets.config import Config
 
 from gpulab.frameworks import Catalog
-from gpulab.idle import idle_notebooks, idle_timeout_for, last_activity, parse_time
+from gpulab.idle import (
+    gpu_unused_timeout_for,
+    idle_notebooks,
+    idle_timeout_for,
+    last_activity,
+    parse_time,
+    unused_gpu_notebooks,
+)
 from gpulab.notebooks.options import OptionsError, parse_notebook_options
 from gpulab.resources import Flavor, Limits, Resources
 from gpulab.settings import DEFAULT_EDITORS, DEFAULT_FRAMEWORKS, ConfigError, GpulabSettings
@@ -224,6 +231,15 @@ def test_default_settings_gpu_flavors_stop_after_an_hour_cpu_never():
             "flavor 'g': idle_timeout = 30 s is shorter than twice activity_report_interval",
         ),
         ({"activity_report_interval": 0}, "activity_report_interval must be at least 1"),
+        (
+            {"gpu_unused_timeout": 30},
+            "gpu_unused_timeout = 30 s is shorter than twice idle_check_interval",
+        ),
+        ({"gpu_unused_timeout": float("nan")}, "gpu_unused_timeout must be a number of seconds"),
+        (
+            {"flavors": [{"id": "g", "cpus": 1, "memory": "1G", "gpu_unused_timeout": "2h"}]},
+            "flavor 'g': gpu_unused_timeout must be a number of seconds",
+        ),
         ({"idle_check_interval": 0}, "idle_check_interval must be a positive"),
     ],
 )
@@ -236,3 +252,69 @@ def test_bad_idle_settings_are_refused_with_their_name(kw, words):
 def test_short_idle_times_go_with_short_reports():
     s = settings(activity_report_interval=5, gpu_idle_timeout=10, cpu_idle_timeout=0)
     assert s.gpu_idle_timeout == 10
+
+
+# --- GPUs left unused: the policy's rule as data ----------------------------------------------
+
+
+def test_gpu_unused_time_from_the_flavor_else_the_site_and_never_without_gpus():
+    assert gpu_unused_timeout_for(flavor(gpus=1), GPU, 7200) == 7200
+    assert gpu_unused_timeout_for(None, GPU, 0) == 0  # the policy is off by default
+    assert gpu_unused_timeout_for(None, CPU, 7200) == 0
+    own = Flavor.from_config(
+        {"id": "g", "cpus": 1, "memory": "1G", "gpus": 1, "gpu_unused_timeout": 1800}
+    )
+    assert gpu_unused_timeout_for(own, GPU, 7200) == 1800
+    assert gpu_unused_timeout_for(own, Resources(cpus=1, memory=2**30, gpus=2), 7200) == 7200
+
+
+def test_options_record_the_gpu_unused_time_and_users_cannot_set_it():
+    def opts(raw):
+        return parse_notebook_options(
+            raw, CATALOG, FLAVORS, LIMITS, "cpu", gpu_idle_timeout=3600, gpu_unused_timeout=900
+        )
+
+    assert opts({"flavor": "gpu"}).to_json()["gpu_unused_timeout"] == 900
+    assert opts({"flavor": "cpu"}).gpu_unused_timeout == 0
+    assert options({"flavor": "gpu"}).gpu_unused_timeout == 0  # the site's policy is off
+    with pytest.raises(OptionsError) as e:
+        opts({"flavor": "gpu", "gpu_unused_timeout": 0})
+    assert e.value.field == "gpu_unused_timeout"
+
+
+def _unused(busy, since=None, timeout=600.0, state="RUNNING"):
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    nb = {
+        "user": "ann",
+        "server": "nb",
+        "state": state,
+        "running_since": "2026-01-01T10:00:00+00:00",
+        "options": {"gpu_unused_timeout": timeout},
+    }
+    key = ("ann", "nb", nb["running_since"])
+    seen = {} if since is None else {key: now - timedelta(seconds=since)}
+    return unused_gpu_notebooks([nb], {("ann", "nb"): busy}, now, seen)
+
+
+def test_gpus_unused_for_their_whole_time_stop_the_notebook():
+    stops, seen = _unused(0, since=600)
+    assert [(s.user, s.server, s.kind) for s in stops] == [("ann", "nb", "gpu")]
+    assert stops[0].running_since == "2026-01-01T10:00:00+00:00"  # the compare-and-set's
+    assert stops[0].message.startswith("its GPUs unused for 10m")
+    assert _unused(0, since=599)[0] == []
+
+
+@pytest.mark.parametrize(
+    "busy, timeout, state",
+    [(1, 600, "RUNNING"), (None, 600, "RUNNING"), (0, 0, "RUNNING"), (0, 600, "STOPPING")],
+)
+def test_gpus_in_use_unread_a_policy_off_or_a_notebook_not_running_stop_nobody(
+    busy, timeout, state
+):
+    stops, seen = _unused(busy, since=3600, timeout=timeout, state=state)
+    assert stops == [] and seen == {}  # and the clock starts again
+
+
+def test_the_clock_starts_at_the_first_look_that_finds_the_gpus_unused():
+    stops, seen = _unused(0)
+    assert stops == [] and list(seen.values()) == [datetime(2026, 1, 1, 12, tzinfo=UTC)]

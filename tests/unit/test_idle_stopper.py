@@ -144,3 +144,125 @@ def test_withdraw_leaves_someone_elses_reason(records):
     assert not records.withdraw_stop("ann", "nb", "IDLE")
     assert records.take_stop_reason("ann", "nb") == ("MAX_RUN_TIME", "max")
     assert nb["state"] == "RUNNING"
+
+
+# --- GPUs left unused (GpulabSettings.gpu_unused_timeout) ------------------------------------
+
+
+class FakeLedger:
+    def __init__(self, held: dict[str, list[str]]):
+        self.held = held
+
+    def held_by(self, workload: str) -> list[str]:
+        return self.held.get(workload, [])
+
+
+class Clock:
+    def __init__(self):
+        self.now = later()
+
+    def __call__(self):
+        return self.now
+
+    def tick(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def gpu_notebook(records, server="nb", unused=120.0) -> dict:
+    records.start(
+        "ann", server, RES, LIMITS, options={"idle_timeout": 0, "gpu_unused_timeout": unused}
+    )
+    return records.transition("ann", server, S.RUNNING)
+
+
+def reader(percent: dict[str, int | None]):
+    from gpulab.gpus.usage import DeviceUsage
+
+    return lambda: [DeviceUsage(d, p, 0, 80 * 1024**3) for d, p in percent.items()]
+
+
+def test_a_notebook_whose_gpus_stay_unused_is_stopped_even_while_its_kernel_is_active(records):
+    gpu_notebook(records)
+    hub = FakeHub(activity_ago=1)  # the kernel reports activity all along
+    clock, percent = Clock(), {"0": 0}
+    stopper = IdleStopper(
+        records,
+        hub,
+        clock=clock,
+        ledger=FakeLedger({"test/notebook/ann/nb": ["0"]}),
+        gpu_usage=lambda: reader(percent)(),
+    )
+    assert check(stopper) == []  # the clock starts at the first look that finds them unused
+    clock.tick(60)
+    assert check(stopper) == []
+    clock.tick(61)
+    assert check(stopper) == [("ann", "nb")]
+    reason, message = records.take_stop_reason("ann", "nb")
+    assert reason == "IDLE" and message.startswith("its GPUs unused for 2m"), message
+
+
+def test_one_look_with_the_gpu_in_use_starts_its_clock_again(records):
+    gpu_notebook(records)
+    clock, percent = Clock(), {"0": 0}
+    stopper = IdleStopper(
+        records,
+        FakeHub(activity_ago=1),
+        clock=clock,
+        ledger=FakeLedger({"test/notebook/ann/nb": ["0"]}),
+        gpu_usage=lambda: reader(percent)(),
+    )
+    check(stopper)
+    clock.tick(100)
+    percent["0"] = 1  # 1 % busy: in use
+    assert check(stopper) == []
+    percent["0"] = 0
+    clock.tick(100)
+    assert check(stopper) == []  # the first look unused again: its clock starts here
+    clock.tick(119)
+    assert check(stopper) == []  # 119 s unused (219 s since the first look unused)
+    clock.tick(1)
+    assert check(stopper) == [("ann", "nb")]
+
+
+def test_gpus_that_cannot_be_read_or_a_policy_that_is_off_stop_nobody(records):
+    gpu_notebook(records, server="nb")  # its GPU is a MIG device: no utilization
+    gpu_notebook(records, server="other", unused=0)  # the policy is off for it
+    hub = FakeHub(activity_ago=1)
+    clock = Clock()
+    stopper = IdleStopper(
+        records,
+        hub,
+        clock=clock,
+        ledger=FakeLedger({"test/notebook/ann/nb": ["MIG-1"], "test/notebook/ann/other": ["1"]}),
+        gpu_usage=reader({"MIG-1": None, "1": 0}),
+    )
+    for _ in range(3):
+        assert check(stopper) == []
+        clock.tick(600)
+    no_reader = IdleStopper(records, hub, clock=clock, ledger=FakeLedger({}), gpu_usage=None)
+    assert check(no_reader) == [] and hub.stopped == []
+
+
+def test_gpu_use_seen_at_the_last_look_withdraws_the_stop(records):
+    gpu_notebook(records)
+    hub = FakeHub(activity_ago=1)
+    clock, percent = Clock(), {"0": 0}
+    reads = {"n": 0}
+
+    def read():
+        reads["n"] += 1
+        if reads["n"] == 3:  # the last look before the stop: a cell started on the GPU
+            percent["0"] = 90
+        return reader(percent)()
+
+    stopper = IdleStopper(
+        records,
+        hub,
+        clock=clock,
+        ledger=FakeLedger({"test/notebook/ann/nb": ["0"]}),
+        gpu_usage=read,
+    )
+    check(stopper)
+    clock.tick(200)
+    assert check(stopper) == [] and hub.stopped == []
+    assert records.take_stop_reason("ann", "nb") == ("STOP", "stop requested")

@@ -18,11 +18,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from ..idle import GPU_BUSY_PERCENT
+
 MAX_HANG_RESTARTS = 3
 #: less CPU than this share of one core over a hang period counts as "no CPU progress"
 HANG_CPU_SHARE = 0.01
-#: a GPU at this utilization (percent) or more is busy
-GPU_BUSY_PERCENT = 1
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ def parse_options(settings, user: str, groups: list[str], user_options: dict) ->
         workspace_dir=s.workspace_dir,
         gpu_idle_timeout=s.gpu_idle_timeout,
         cpu_idle_timeout=s.cpu_idle_timeout,
+        gpu_unused_timeout=s.gpu_unused_timeout,
     )
 
 
@@ -124,6 +125,7 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
         log.exception("cannot read the GPU ledger")
         free, shared = None, {}
     idle = {f.id: s.idle_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
+    unused = {f.id: s.gpu_unused_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
     unavailable = await missing_images(s, runtime)
     return env.get_template("spawn_form.html").render(
         catalog=s.catalog,
@@ -133,6 +135,8 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
         unavailable_frameworks=s.catalog.unavailable_frameworks(unavailable),
         flavors=list(s.flavor_map.values()),
         idle={fid: format_duration(t) for fid, t in idle.items() if t > 0},
+        gpu_unused={fid: format_duration(t) for fid, t in unused.items() if t > 0},
+        flavor_titles={f.id: f.title for f in s.flavor_map.values()},
         gpu_idle=format_duration(s.gpu_idle_timeout) if s.gpu_idle_timeout > 0 else "",
         cpu_idle=format_duration(s.cpu_idle_timeout) if s.cpu_idle_timeout > 0 else "",
         default_flavor=s.default_flavor,

@@ -26,7 +26,7 @@ from ..bounds import (
 )
 from ..errors import FieldError
 from ..frameworks import Catalog
-from ..idle import idle_timeout_for
+from ..idle import gpu_unused_timeout_for, idle_timeout_for
 from ..resources import Flavor, Limits, Resources
 from ..storage import StorageConfig
 from ..volumes import VolumeSpec
@@ -78,6 +78,9 @@ class NotebookOptions:
     #: seconds without activity after which it is stopped (0: never): from its flavor or the
     #: default of its kind (gpulab.idle), never from the user
     idle_timeout: float = 0.0
+    #: seconds its GPUs may go unused before it is stopped (0: never): from its flavor or the
+    #: site's policy (gpulab.idle), never from the user
+    gpu_unused_timeout: float = 0.0
 
     def to_json(self) -> dict:
         return {
@@ -90,6 +93,7 @@ class NotebookOptions:
             "auto_restart": self.auto_restart,
             "volumes": [str(v) for v in self.volumes],
             "idle_timeout": self.idle_timeout,
+            "gpu_unused_timeout": self.gpu_unused_timeout,
         }
 
 
@@ -122,6 +126,7 @@ def parse_notebook_options(
     workspace_dir: str = "/workspace",
     gpu_idle_timeout: float = 0.0,
     cpu_idle_timeout: float = 0.0,
+    gpu_unused_timeout: float = 0.0,
 ) -> NotebookOptions:
     """Turn raw user options into validated :class:`NotebookOptions` or raise OptionsError.
 
@@ -169,6 +174,9 @@ def parse_notebook_options(
         ),
         idle_timeout=idle_timeout_for(
             flavors.get(flavor) if flavor else None, res, gpu_idle_timeout, cpu_idle_timeout
+        ),
+        gpu_unused_timeout=gpu_unused_timeout_for(
+            flavors.get(flavor) if flavor else None, res, gpu_unused_timeout
         ),
     )
 

@@ -451,7 +451,13 @@ def document(job_submission: dict | None = None) -> dict:
                                     "description": "seconds without activity after which it "
                                     "is stopped (reason IDLE in its history); 0: never. From "
                                     "its flavor or the admin's default, not from the user",
-                                }
+                                },
+                                "gpu_unused_timeout": {
+                                    "type": "number",
+                                    "description": "seconds its GPUs may go unused (under 1 % "
+                                    "busy) before it is stopped (reason IDLE); 0: never. From "
+                                    "its flavor or the admin's policy, not from the user",
+                                },
                             },
                         },
                         "history": {"type": "array", "items": EVENT},

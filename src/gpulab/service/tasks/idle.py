@@ -10,8 +10,14 @@ servers' recorded activity, and for each one :func:`gpulab.idle.idle_notebooks` 
    records STOPPING with the reason, pushes the workspace and writable volumes, and releases
    the GPUs once the engine confirms that the container is gone.
 
-Nothing is kept in memory but the first-seen times of reported activity (gpulab.idle): after
-a restart of the hub and the service, the hub's recorded activity decides as before.
+The same pass stops the notebooks whose GPUs went unused for their time, where the admin
+turned that policy on (:func:`gpulab.idle.unused_gpu_notebooks`): it reads the GPUs' utilization
+through NVML (the reader the job supervisor's hang detection uses) for the devices each notebook
+holds in the ledger, and its last look before the stop reads them once more.
+
+Nothing is kept in memory but the first-seen times of reported activity and of unused GPUs
+(gpulab.idle): after a restart of the hub and the service, the hub's recorded activity decides
+as before, and the GPUs' clocks start again (a notebook gets more time, never less).
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ from urllib.parse import quote
 
 from tornado.httpclient import HTTPClientError
 
-from ...idle import REASON, IdleStop, idle_notebooks
+from ...gpus.ledger import GpuLedger
+from ...gpus.usage import DeviceUsage, busiest, usage_of
+from ...idle import REASON, IdleStop, idle_notebooks, unused_gpu_notebooks
 from ...jobs.supervisor.supervisor import JobSupervisor
 from ...lifecycle import utcnow
+from ...names import notebook_workload_id
 from ...notebooks.records import NotebookRecords
 from ...settings import GpulabSettings
 from .hub import HubClient
@@ -40,11 +49,36 @@ class IdleStopper:
         records: NotebookRecords,
         hub: HubClient,
         clock: Callable[[], datetime] = utcnow,
+        ledger: GpuLedger | None = None,
+        gpu_usage: Callable[[], list[DeviceUsage]] | None = None,
     ):
         self.records = records
         self.hub = hub
         self.clock = clock
         self.seen: dict = {}
+        #: for the GPUs' policy: which devices a notebook holds, and what they do now (None:
+        #: nobody can read them here, and no notebook is stopped for its GPUs)
+        self.ledger = ledger
+        self.gpu_usage = gpu_usage
+        self.unused_since: dict = {}
+
+    async def _gpu_readings(self, notebooks: list[dict]) -> dict[tuple[str, str], int | None]:
+        """(user, server) -> the highest utilization of its GPUs now (None: not read)."""
+        if not notebooks or self.gpu_usage is None or self.ledger is None:
+            return {}
+        try:
+            usages = await asyncio.to_thread(self.gpu_usage)
+        except Exception as e:  # a reading is a hint: never a reason to stop anyone
+            log.warning("GPU activity not read: %s", e)
+            return {}
+        instance = self.records.instance
+        out: dict[tuple[str, str], int | None] = {}
+        for nb in notebooks:
+            workload = notebook_workload_id(instance, nb["user"], nb["server"])
+            devices = await asyncio.to_thread(self.ledger.held_by, workload)
+            held = busiest(usage_of(usages, devices)) if devices else None
+            out[(nb["user"], nb["server"])] = held
+        return out
 
     async def _servers(self, users: set[str]) -> dict[tuple[str, str], dict | None]:
         out: dict[tuple[str, str], dict | None] = {}
@@ -61,17 +95,21 @@ class IdleStopper:
 
     async def check(self) -> list[tuple[str, str]]:
         """One pass; returns the (user, server) pairs it stopped."""
-        running = [
-            nb
-            for nb in await asyncio.to_thread(self.records.running)
-            if isinstance(nb["options"].get("idle_timeout"), int | float)
-            and nb["options"]["idle_timeout"] > 0
-        ]
-        if not running:
+        running = await asyncio.to_thread(self.records.running)
+        timed = [nb for nb in running if _positive(nb["options"].get("idle_timeout"))]
+        gpu_timed = [nb for nb in running if _positive(nb["options"].get("gpu_unused_timeout"))]
+        stops: list[IdleStop] = []
+        if timed:
+            servers = await self._servers({nb["user"] for nb in timed})
+            stops, self.seen = idle_notebooks(timed, servers, self.clock(), self.seen)
+        else:
             self.seen = {}
-            return []
-        servers = await self._servers({nb["user"] for nb in running})
-        stops, self.seen = idle_notebooks(running, servers, self.clock(), self.seen)
+        readings = await self._gpu_readings(gpu_timed)
+        gpu_stops, self.unused_since = unused_gpu_notebooks(
+            gpu_timed, readings, self.clock(), self.unused_since
+        )
+        judged = {(s.user, s.server) for s in stops}
+        stops += [s for s in gpu_stops if (s.user, s.server) not in judged]
         stopped = []
         for stop in stops:
             try:
@@ -89,10 +127,14 @@ class IdleStopper:
         )
         if not asked:
             return False  # stopped, or started again, meanwhile
-        # the last look before the stop: activity that came in since the decision wins
-        again = await self._servers({user})
+        # the last look before the stop: activity (or GPU use) since the decision wins
         record = [nb for nb in running if (nb["user"], nb["server"]) == (user, server)]
-        still, _ = idle_notebooks(record, again, self.clock(), self.seen)
+        if stop.kind == "gpu":
+            readings = await self._gpu_readings(record)
+            still, _ = unused_gpu_notebooks(record, readings, self.clock(), self.unused_since)
+        else:
+            again = await self._servers({user})
+            still, _ = idle_notebooks(record, again, self.clock(), self.seen)
         if not still:
             await asyncio.to_thread(self.records.withdraw_stop, user, server, REASON)
             return False
@@ -103,7 +145,12 @@ class IdleStopper:
 
 async def idle_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None:
     """Stop notebooks idle for their idle time (gpulab.idle), through the hub like a user."""
-    stopper = IdleStopper(NotebookRecords(supervisor.records.db, settings.instance), HubClient())
+    stopper = IdleStopper(
+        NotebookRecords(supervisor.records.db, settings.instance),
+        HubClient(),
+        ledger=supervisor.ledger,
+        gpu_usage=supervisor.ctx.gpu_usage,
+    )
     while True:
         await asyncio.sleep(settings.idle_check_interval)
         if not supervisor.leading.is_set():
@@ -114,3 +161,7 @@ async def idle_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None
                 log.info("stopped idle notebooks: %s", ", ".join(f"{u}/{s}" for u, s in stopped))
         except Exception:
             log.exception("idle notebook pass failed")
+
+
+def _positive(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value > 0
