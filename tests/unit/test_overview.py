@@ -174,3 +174,40 @@ def test_the_users_table_counts_what_it_is_handed():
         "bob": ([], 1, 0, 0, 0, 0, 0, "1.0 KiB", "1.0 GiB", "usage of bob"),
         "cy": ([], 0, 0, 0, 2, 1, 0.5, "0 B", "∞", "usage of cy"),  # no quota
     }
+
+
+def test_a_users_home(lab):
+    older = lab.job("ann", RAN)
+    for _ in range(5):
+        lab.job("ann")
+    newest = lab.job("ann", [J.INITIALIZING])
+    lab.job("bob")
+    lab.notebook("ann", N.STARTING, N.RUNNING)
+    lab.notebook("bob", N.STARTING)
+    lab.sup.ledger.reserve("t/notebook/ann/", "ann", "notebook", 0.5)
+    home = overview.home_overview(lab.sup, lab.notebooks, "ann", with_notebooks=True)
+    assert [n["user"] for n in home["notebooks"]] == ["ann"]
+    assert len(home["recent_jobs"]) == overview.HOME_JOBS == 5
+    assert home["recent_jobs"][0]["id"] == newest
+    assert older not in {j["id"] for j in home["recent_jobs"]}
+    assert home["jobs_total"] == 7
+    assert home["job_counts"] == {"DONE": 1, "QUEUED": 5, "INITIALIZING": 1}
+    assert home["usage"] == overview.usage_of(lab.jobs, lab.notebooks, "ann")
+    # GPU 1 is shared in quarters: half of it is held; 0 and 2 are free
+    assert (home["gpus_free"], home["gpus_total"]) == (2, 3)
+    assert home["shared"] == {"1": (2, 4)}
+    # a caller who may not read notebooks sees none
+    assert (
+        overview.home_overview(lab.sup, lab.notebooks, "ann", with_notebooks=False)["notebooks"]
+        == []
+    )
+
+
+def test_a_home_shows_what_it_can_when_the_ledger_cannot_be_read(lab):
+    def broken():
+        raise RuntimeError("no database")
+
+    lab.sup.ledger.free_count = broken
+    lab.sup.ledger.shared_free = broken
+    home = overview.home_overview(lab.sup, lab.notebooks, "ann", with_notebooks=True)
+    assert (home["gpus_free"], home["gpus_total"], home["shared"]) == (None, 3, {})

@@ -1,7 +1,8 @@
 """What the service shows of a user's, or everyone's, workloads: a user's billed minutes (the
-usage API, the home page and the admin's table alike: :func:`usage_of`) and the admin's
-overview of the platform (:func:`admin_overview`): every GPU and what holds it, every notebook
-and job, and each user's limits, quotas, GPUs, disk and billed minutes.
+usage API, the home page and the admin's table alike: :func:`usage_of`), a user's home
+(:func:`home_overview`: their notebooks, recent jobs, billed minutes and the free GPUs) and
+the admin's overview of the platform (:func:`admin_overview`): every GPU and what holds it,
+every notebook and job, and each user's limits, quotas, GPUs, disk and billed minutes.
 
 Here because the jobs' supervisor holds what both domains book (the GPU ledger, the disk
 bookings, this host's GPU readings); the notebooks' records are handed in
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
 #: the newest jobs the admin's overview lists (the jobs page pages through all of them)
 RECENT_JOBS = 50
+#: the newest of a user's jobs their home page lists
+HOME_JOBS = 5
 _ACTIVE = frozenset(s.value for s in ACTIVE)
 
 
@@ -47,6 +50,36 @@ def usage_of(jobs: JobRecords, notebooks: NotebookReads, user: str) -> dict:
     notebooks' and the two together (:func:`gpulab.billing.user_usage`)."""
     minutes = jobs.usage(user)["jobs_billed_minutes"]
     return {"user": user, **user_usage(minutes, notebooks.billed_minutes(user))}
+
+
+def home_overview(
+    sup: JobSupervisor, notebooks: NotebookReads, user: str, *, with_notebooks: bool
+) -> dict:
+    """``user``'s home page's data: their ``notebooks`` (only ``with_notebooks``: the caller
+    may read them; else none), ``recent_jobs`` (the :data:`HOME_JOBS` newest), ``jobs_total``
+    and ``job_counts`` (how many in each state), their ``usage`` (:func:`usage_of`), and the
+    GPUs: ``gpus_free`` (None when the ledger cannot be read now), ``gpus_total`` and
+    ``shared`` (each shareable device's free and total slots; none when unreadable)."""
+    ledger = sup.ledger
+    recent, jobs_total = sup.records.page(user, None, None, HOME_JOBS, 0, True)
+    try:
+        free = ledger.free_count()
+    except Exception:
+        free = None
+    try:
+        shared = ledger.shared_free()
+    except Exception:
+        shared = {}
+    return {
+        "notebooks": notebooks.list(user) if with_notebooks else [],
+        "recent_jobs": recent,
+        "job_counts": sup.records.counts(user),
+        "jobs_total": jobs_total,
+        "usage": usage_of(sup.records, notebooks, user),
+        "gpus_free": free,
+        "gpus_total": len(ledger.devices),
+        "shared": shared,
+    }
 
 
 def admin_overview(sup: JobSupervisor, settings: GpulabSettings, notebooks: NotebookReads) -> dict:
