@@ -46,7 +46,8 @@
     for (;;) {
       if (gen !== generation) return;
       var follow = !isEnded(state);
-      logStatus.textContent = follow ? "live" : "complete";
+      // "complete" only once the ended job's whole log is on the page (below)
+      logStatus.textContent = follow ? "live" : "loading…";
       logStatus.className = follow ? "live" : "muted";
       try {
         controller = window.AbortController ? new AbortController() : null;
@@ -71,6 +72,7 @@
           if (atBottom) logs.scrollTop = logs.scrollHeight;
         }
         if (!logs.textContent) logs.textContent = follow ? "(waiting for output…)" : "(no output)";
+        if (!follow) logStatus.textContent = "complete";
       } catch (e) {
         if (gen !== generation) return;
         logStatus.textContent = "connection lost; retrying";
