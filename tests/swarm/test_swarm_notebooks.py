@@ -5,14 +5,13 @@ a pinned one-task service, and answers through the hub (the hub's proxy -> the n
 gateway on the manager -> the user's overlay), with no port published anywhere; its
 workspace follows it from one node to another through object storage; one user's notebook
 cannot connect to another user's; the hub and the service SIGKILLed find the notebook again;
-a worker killed under a notebook makes it ERROR with reason NODE_LOST and frees its GPU. The
-spawn time on a worker node is measured against a single-host hub in the same run.
+a worker killed under a notebook makes it ERROR with reason NODE_LOST and frees its GPU.
+(The spawn time on a worker node against a single-host hub: bench/bench_swarm_spawn.py.)
 """
 
 from __future__ import annotations
 
 import sqlite3
-import statistics
 import time
 
 import docker
@@ -255,26 +254,6 @@ def test_hub_and_service_sigkilled_find_the_notebook_again(hub, swarm_lab):
     assert hub.notebook("ana", "keep").json()["state"] == "RUNNING"
     assert _task_node(nb["container"]) == nb["node"]
     _stop(hub, "ana", "keep")
-
-
-def test_spawn_time_on_a_worker_node_against_the_single_host(hub, swarm_lab, s3, hub_with):
-    """Printed, not asserted: request to ready, the same image and options, one run."""
-    single = hub_with(_storage(s3.endpoint, s3.credentials), fresh=True)  # retired after
-    single.tokens = {"cy": single.create_user("cy")}
-    hub.tokens["cy"] = hub.create_user("cy")
-    times: dict[str, list[float]] = {"worker node (swarm)": [], "single host": []}
-    for i in range(3):
-        for label, h in (("worker node (swarm)", hub), ("single host", single)):
-            t0 = time.monotonic()
-            _start(h, "cy", f"t{i}", CPU)
-            times[label].append(time.monotonic() - t0)
-            _stop(h, "cy", f"t{i}")
-    med = {k: statistics.median(v) for k, v in times.items()}
-    print(
-        "\nspawn request -> ready, median of 3 (s): "
-        + ", ".join(f"{k} {v:.2f} {[round(x, 2) for x in times[k]]}" for k, v in med.items())
-        + f"; ratio {med['worker node (swarm)'] / med['single host']:.2f}"
-    )
 
 
 def test_a_worker_killed_under_a_notebook_makes_it_node_lost(hub, swarm_lab):
