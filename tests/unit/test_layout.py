@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
-import gpulab
-
-SRC = Path(gpulab.__file__).parent
+#: the tree under test (not whatever ``import gpulab`` finds: a shared editable install could
+#: point at another checkout)
+SRC = Path(__file__).resolve().parents[2] / "src" / "gpulab"
 ROOT = "gpulab"
 
 #: the pure core: values in, values out (LAYOUT.md, "core")
