@@ -9,6 +9,12 @@ It keeps workloads, volumes, networks and images in dicts, records every call in
     rt.vanish("job-3")                             # job-3 disappears behind gpulab's back
     rt.forget_image("gpulab/python:3.11")          # the image is gone
 
+A cluster (what :class:`~gpulab.runtime.swarm.SwarmRuntime` reports through the interface)::
+
+    rt = FakeRuntime.cluster({"a": ("0", "1"), "b": ("0",)})   # nodes and their GPU IDs
+    rt.node_down("b")                              # b's workloads are lost (no exit code)
+    rt.drain("a"); rt.node_up("b")                 # a takes nothing new; b is back
+
 and then reads back what happened: ``rt.names("create_and_start")``, ``rt.workloads[name]``,
 ``await rt.state(name)``.
 
@@ -21,8 +27,8 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpulab.gpus.inventory import GpuDevice
@@ -33,6 +39,7 @@ from gpulab.runtime.base import (
     EngineSurvey,
     ExecSession,
     HelperResult,
+    HelperSpec,
     Labelled,
     LogStream,
     Node,
@@ -194,8 +201,10 @@ class FakeRuntime(Runtime):
         self.volumes: set[tuple[str, str]] = set()
         #: network ID -> (instance, owner user or "", job ID or "")
         self.networks: dict[str, tuple[str, str, str]] = {}
-        #: helper runs: the configs given, and the results scripted for the next runs
-        self.helper_configs: list[dict] = []
+        #: helper runs: the specs given, the node each ran on ("" on one engine), and the
+        #: results scripted for the next runs
+        self.helper_configs: list[HelperSpec] = []
+        self.helper_nodes: list[str] = []
         self._helper_results: list[tuple[int, list[str]]] = []
         #: exec_run results scripted per workload: (exit code, output, cut)
         self._exec_results: dict[str, list[tuple[int | None, bytes, bool]]] = {}
@@ -207,6 +216,24 @@ class FakeRuntime(Runtime):
         self._lock = threading.Lock()
         #: what gpu_delivery_refusal answers (a test scripts an engine that cannot deliver)
         self.refusal: str | None = None
+
+    @classmethod
+    def cluster(cls, nodes: Mapping[str, Sequence[str]], **kw) -> FakeRuntime:
+        """A cluster as a Swarm's manager reports it: ``{hostname: its GPU IDs}``, every node
+        ready and active. Its GPUs come from :meth:`nodes` (none in ``devices``); a workload
+        runs on the node its spec names; a node that goes down or is drained loses what runs
+        there (see :meth:`node_down`); a node's volumes are not visible (as through a
+        manager: ``volume_exists`` is False, ``volumes_named`` empty)."""
+        rt = cls(
+            nodes=[
+                Node(id=f"id-{h}", hostname=h, ready=True, active=True, gpus=tuple(g))
+                for h, g in nodes.items()
+            ],
+            **kw,
+        )
+        rt.clustered = True
+        rt.images_at = "in the registry"
+        return rt
 
     # --- what a test scripts ---------------------------------------------------------------
 
@@ -237,6 +264,50 @@ class FakeRuntime(Runtime):
     def lose(self, name: str, error: str = "node down") -> None:
         """The workload's node is lost: it ends without an exit code."""
         self.workloads[name].end(None, error=error, lost=True)
+
+    def node_down(self, hostname: str) -> None:
+        """The node stops answering (Swarm: "down"): what ran there ends without an exit code,
+        lost; the manager no longer counts it running. Anything later pinned there is lost
+        too (its task cannot start); a helper there does not run."""
+        self._set_node(hostname, ready=False)
+
+    def drain(self, hostname: str) -> None:
+        """The node is drained: it takes nothing new, and what ran there is lost."""
+        self._set_node(hostname, active=False)
+
+    def node_up(self, hostname: str) -> None:
+        """The node is ready and active again. What it lost stays ended (the manager shut
+        those tasks down): without an exit code, no longer reported lost."""
+        self._set_node(hostname, ready=True, active=True)
+        for w in self.workloads.values():
+            if w.spec.node == hostname and w.lost:
+                w.lost, w.error = False, "task shutdown"
+
+    def _set_node(self, hostname: str, **change) -> None:
+        for i, n in enumerate(self.node_list):
+            if n.hostname == hostname:
+                self.node_list[i] = replace(n, **change)
+                break
+        else:
+            raise KeyError(f"no node {hostname!r} in the fake cluster")
+        why = self._node_trouble(hostname)
+        for w in self.workloads.values():
+            if why and w.spec.node == hostname and w.running:
+                w.end(None, error=why, lost=True)
+
+    def _node_trouble(self, hostname: str) -> str:
+        """Why a cluster's node loses its work ("" when it is fine; always "" on one engine),
+        in runtime.swarm_specs.task_state's words."""
+        if not self.clustered:
+            return ""
+        node = next((n for n in self.node_list if n.hostname == hostname), None)
+        if node is None:
+            return "not in the cluster"
+        if not node.ready:
+            return f"node {hostname} is down"
+        if not node.active:
+            return f"node {hostname} is drain"
+        return ""
 
     def vanish(self, name: str) -> None:
         """The workload disappears (removed behind gpulab's back)."""
@@ -302,7 +373,10 @@ class FakeRuntime(Runtime):
         w.running, w.exit_code, w.oom, w.error, w.lost = True, None, False, "", False
         w.started_at = self.clock()
         pending = self._pending_exits.pop(w.name, None)
-        if pending is not None:
+        why = self._node_trouble(w.spec.node)
+        if why:  # pinned to a node that cannot run it (Swarm: its task never starts)
+            w.end(None, error=why, lost=True)
+        elif pending is not None:
             w.end(pending[0], oom=pending[1])
 
     def _network_of(self, spec: WorkloadSpec) -> str:
@@ -336,7 +410,7 @@ class FakeRuntime(Runtime):
         self._enter("gpu_delivery_refusal")
         return self.refusal
 
-    async def survey(self, images, instance: str) -> EngineSurvey:
+    async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:
         """A runc-only engine that has the images it has (no labels), and its networks."""
         self._enter("survey", tuple(images), instance)
         return EngineSurvey(
@@ -496,7 +570,7 @@ class FakeRuntime(Runtime):
                 id="id-" + w.name,
                 name=w.name,
                 labels=dict(w.labels),
-                running=w.running,
+                running=w.running and not self._node_trouble(w.spec.node),
                 node=w.spec.node,
             )
             for w in self.workloads.values()
@@ -514,10 +588,18 @@ class FakeRuntime(Runtime):
 
     async def volume_exists(self, name: str, node: str = "") -> bool:
         self._enter("volume_exists", name, node=node)
+        if self.clustered:  # a node's volumes are not visible through a manager
+            return False
         return (name, node) in self.volumes
 
     async def remove_volume(self, name: str, node: str = "") -> bool:
         self._enter("remove_volume", name, node=node)
+        if self.clustered:  # emptied by a helper task on its node, which must be there
+            if self._node_trouble(node):
+                return False
+            present = (name, node) in self.volumes
+            self.volumes.discard((name, node))
+            return present
         if (name, node) not in self.volumes:
             return False
         for w in self.workloads.values():
@@ -528,11 +610,17 @@ class FakeRuntime(Runtime):
 
     async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
         self._enter("volumes_named", prefix)
+        if self.clustered:
+            return []  # not visible through a manager
         return sorted(v for v in self.volumes if v[0].startswith(prefix))
 
-    async def run_helper(self, config: dict, on_line, node: str = "") -> HelperResult:
-        self._enter("run_helper", config, node=node)
-        self.helper_configs.append(config)
+    async def run_helper(self, spec: HelperSpec, on_line, node: str = "") -> HelperResult:
+        self._enter("run_helper", spec, node=node)
+        why = self._node_trouble(node) if node else ""
+        if why:  # its task cannot start there
+            raise EngineError(f"the helper did not run: {why}")
+        self.helper_configs.append(spec)
+        self.helper_nodes.append(node)
         code, lines = self._helper_results.pop(0) if self._helper_results else (0, [])
         for line in lines:
             on_line(line)

@@ -7,7 +7,14 @@ import inspect
 import pytest
 
 from gpulab.names import L_INSTANCE, L_KIND, L_USER
-from gpulab.runtime.base import Mount, Runtime, WorkloadGone, WorkloadSpec, WorkloadState
+from gpulab.runtime.base import (
+    HelperSpec,
+    Mount,
+    Runtime,
+    WorkloadGone,
+    WorkloadSpec,
+    WorkloadState,
+)
 
 from ..conftest import run_async
 from ..support.fake_runtime import SIGKILL_EXIT, SIGTERM_EXIT, EngineError, FakeRuntime
@@ -38,6 +45,27 @@ def test_every_method_of_the_interface_is_implemented():
         assert inspect.iscoroutinefunction(getattr(FakeRuntime, name)) == (
             inspect.iscoroutinefunction(getattr(Runtime, name))
         ), name
+
+
+def abstract_methods() -> list[str]:
+    """The interface's methods that a backend must implement (their body only raises)."""
+    return [
+        n
+        for n in interface_methods()
+        if "raise NotImplementedError" in inspect.getsource(getattr(Runtime, n))
+    ]
+
+
+def test_the_fake_has_the_interface_s_exact_signatures():
+    """Every abstract method is implemented, and every method of the interface the fake
+    defines takes the interface's parameters (names, kinds, defaults, annotations) and
+    returns what it returns: the fake cannot drift from what the engine-side code calls."""
+    assert "run_helper" in abstract_methods() and "state" in abstract_methods()
+    for name in abstract_methods():
+        assert name in vars(FakeRuntime), f"FakeRuntime does not implement {name}"
+    for name in interface_methods():
+        ours, theirs = getattr(FakeRuntime, name), getattr(Runtime, name)
+        assert inspect.signature(ours) == inspect.signature(theirs), name
 
 
 def test_a_created_workload_runs_is_listed_with_its_labels_and_is_recorded():
@@ -193,7 +221,7 @@ def test_volumes_helpers_and_networks():
         with pytest.raises(EngineError):
             await rt.remove_volume("data-alice")
         vols = await rt.volumes_named("data-")
-        helper = await rt.run_helper({"image": "sync"}, seen.append)
+        helper = await rt.run_helper(HelperSpec("sync", ["pull"]), seen.append)
         await rt.remove("w1")
         gone = await rt.remove_user_network_if_unused("test", "alice")
         return addr, in_use, vols, helper, gone, await rt.remove_volume("data-alice")
@@ -202,4 +230,55 @@ def test_volumes_helpers_and_networks():
     assert addr.startswith("10.0.0.") and not in_use and gone and removed
     assert vols == [("data-alice", "")]
     assert (helper.exit_code, helper.lines, seen) == (1, ["pulling", "failed"], helper.lines)
-    assert rt.helper_configs == [{"image": "sync"}]
+    assert rt.helper_configs == [HelperSpec("sync", ["pull"])] and rt.helper_nodes == [""]
+
+
+def test_a_cluster_places_on_nodes_and_a_node_down_loses_its_work():
+    """What the Swarm backend reports: nodes with their GPUs, each workload on its node; a
+    node down or drained: what ran there ends without an exit code (lost), the manager no
+    longer counts it running, nothing new starts there, no helper runs there."""
+    rt = FakeRuntime.cluster({"a": ("0", "1"), "b": ("0",)})
+    assert rt.clustered and rt.devices == () and rt.images_at == "in the registry"
+    assert not FakeRuntime().clustered
+
+    async def go():
+        nodes = await rt.nodes()
+        await rt.create_and_start(spec("on-a", node="a", mounts=[Mount("vol-a", "/data")]))
+        await rt.create_and_start(spec("on-b", node="b"))
+        await rt.create_and_start(spec("done-b", node="b"))
+        rt.exits("done-b", 0)
+        rt.node_down("b")
+        states = {n: await rt.state(n) for n in ("on-a", "on-b", "done-b")}
+        listed = {x.name: x.running for x in await rt.labelled("test", "job")}
+        await rt.create_and_start(spec("late-b", node="b"))  # its task never starts
+        late = await rt.state("late-b")
+        with pytest.raises(EngineError, match="node b is down"):
+            await rt.run_helper(HelperSpec("sync", ["push"]), lambda _: None, "b")
+        hidden = await rt.volume_exists("vol-a", "a"), await rt.volumes_named("vol")
+        rt.drain("a")
+        drained = await rt.state("on-a")
+        return nodes, states, listed, late, hidden, drained
+
+    nodes, states, listed, late, hidden, drained = run_async(go())
+    assert [(n.hostname, n.gpus, n.ready, n.active) for n in nodes] == [
+        ("a", ("0", "1"), True, True),
+        ("b", ("0",), True, True),
+    ]
+    assert states["on-a"].running and states["on-a"].node == "a"
+    assert states["on-b"] == WorkloadState(
+        running=False,
+        started_at=states["on-b"].started_at,
+        node="b",
+        error="node b is down",
+        lost=True,
+    )
+    assert (states["done-b"].exit_code, states["done-b"].lost) == (0, False)  # ended before
+    assert listed == {"on-a": True, "on-b": False, "done-b": False}
+    assert (late.running, late.lost, late.error) == (False, True, "node b is down")
+    assert hidden == (False, []) and ("vol-a", "a") in rt.volumes
+    assert (drained.lost, drained.error) == (True, "node a is drain")
+    assert [(n.ready, n.active) for n in run_async(rt.nodes())] == [(True, False), (False, True)]
+    rt.node_up("b")
+    back = run_async(rt.state("on-b"))
+    assert (back.running, back.exit_code, back.lost) == (False, None, False)
+    assert run_async(rt.remove("on-b")) and run_async(rt.state("on-b")) is None
