@@ -8,6 +8,7 @@ import json
 import pytest
 from traitlets.config import Config
 
+from gpulab.data.sync import WorkloadData
 from gpulab.db import Database
 from gpulab.disk_ledger import DiskLedger
 from gpulab.gpus.inventory import GpuDevice
@@ -32,7 +33,7 @@ SYNC = "gpulab/sync:test"
 PUSHED = json.dumps({"event": "report", "ok": True, "completed": 1, "bytes_transferred": 10})
 
 
-def settings_for(tmp_path, workspace: bool = False) -> GpulabSettings:
+def settings_for(tmp_path, workspace: bool = False, s3: bool = False) -> GpulabSettings:
     c = Config()
     c.GpulabSettings.database_url = f"sqlite:///{tmp_path / 'g.sqlite'}"
     c.GpulabSettings.instance = "t"
@@ -41,7 +42,18 @@ def settings_for(tmp_path, workspace: bool = False) -> GpulabSettings:
     c.GpulabSettings.frameworks = [
         {"id": "python", "title": "Python", "versions": [{"id": "3.11", "image": IMAGE}]}
     ]
-    if workspace:
+    if s3:  # what a cluster needs: the workspace follows the notebook between nodes
+        creds = tmp_path / "s3-credentials"
+        creds.write_text("AWS_ACCESS_KEY_ID=k\nAWS_SECRET_ACCESS_KEY=s\n")
+        c.GpulabSettings.object_stores = {
+            "s3": {
+                "kind": "s3",
+                "endpoint_url": "http://s3.test",
+                "credentials": {"file": str(creds)},
+            }
+        }
+        c.GpulabSettings.workspace_store = "s3"
+    elif workspace:
         root = tmp_path / "objects"
         root.mkdir(exist_ok=True)
         c.GpulabSettings.object_stores = {"local": {"kind": "filesystem", "root": str(root)}}
@@ -55,12 +67,18 @@ def settings_for(tmp_path, workspace: bool = False) -> GpulabSettings:
 class World:
     """One notebook of alice's on a fake engine, with real records and ledgers (SQLite)."""
 
-    def __init__(self, tmp_path, workspace=False, images=(IMAGE, SYNC), server="nb"):
-        self.s = settings_for(tmp_path, workspace)
+    def __init__(
+        self, tmp_path, workspace=False, images=(IMAGE, SYNC), server="nb", cluster=None, s3=False
+    ):
+        self.s = settings_for(tmp_path, workspace, s3)
         db = Database(self.s.database_url)
-        self.rt = FakeRuntime(images=set(images))
+        if cluster is None:
+            self.rt = FakeRuntime(images=set(images))
+            self.ledger = GpuLedger(db, "t", [GpuDevice("0"), GpuDevice("1")])
+        else:  # a cluster's GPUs come from its nodes, as the hub's ledger reads them
+            self.rt = cluster
+            self.ledger = GpuLedger.for_runtime(db, self.s, cluster)
         self.records = NotebookRecords(db, "t")
-        self.ledger = GpuLedger(db, "t", [GpuDevice("0"), GpuDevice("1")])
         self.disk = DiskLedger(db, "t")
         self.events: list[tuple[int, str]] = []
         self.nb = Notebook(
@@ -388,3 +406,133 @@ def test_delete_with_the_engine_failing_is_error(tmp_path, answers):
     with pytest.raises(EngineError):
         run_async(life.delete(w.nb))
     assert w.record()["state"] == "ERROR" and w.last()["reason"] == "DELETE_FAILED"
+
+
+# --- on a cluster ---------------------------------------------------------------------------
+
+REPORT = json.dumps({"event": "report", "ok": True, "completed": 1})
+
+
+@pytest.fixture
+def listing(monkeypatch):
+    """The store's listing (what a pull brings, booked against the disk quota) is empty: no
+    S3 in unit tests (the helper, which would talk to it, is the fake engine's)."""
+    monkeypatch.setattr(WorkloadData, "listed_size", lambda self, vol: 0)
+
+
+def cluster_world(tmp_path, server="nb", s3=True, **nodes) -> World:
+    """alice's notebook on a fake cluster: nodes a (GPUs 0, 1) and b (GPU 0), unless told."""
+    rt = FakeRuntime.cluster(nodes or {"a": ("0", "1"), "b": ("0",)}, images={IMAGE, SYNC})
+    return World(tmp_path, server=server, cluster=rt, s3=s3)
+
+
+def test_on_a_cluster_a_gpu_notebook_runs_where_its_gpus_are(tmp_path, answers, listing):
+    w = cluster_world(tmp_path)
+    run_async(w.ledger.refresh(w.rt))
+    assert w.ledger.reserve("someone-else", "bob", "notebook", 1) == ["b/0"]  # b is full
+    w.rt.script_helper(0, [REPORT])  # the workspace's pull
+    w.start(gpus="1")
+    (held,) = w.held_gpus()
+    assert held in ("a/0", "a/1") and w.nb.held.node == "a"
+    assert w.record()["node"] == "a" and (25, "Placed on node a") in w.events
+    spec = w.rt.workloads[w.nb.container].spec
+    assert spec.node == "a" and spec.gpu_ids == [held.removeprefix("a/")]
+    (pull,) = w.rt.helper_configs
+    assert pull.command[0] == "pull" and w.rt.helper_nodes == ["a"]  # beside its volume
+    assert w.record()["state"] == "RUNNING"
+
+
+def test_on_a_cluster_a_cpu_notebook_goes_where_the_policy_says_never_to_a_node_down(
+    tmp_path, answers, listing
+):
+    w = cluster_world(tmp_path)
+    w.rt.script_helper(0, [REPORT])
+    w.start(gpus="0")
+    # pack: the node with the fewest free GPUs, keeping a's two for GPU work
+    assert w.nb.held.node == "b" and w.rt.workloads[w.nb.container].spec.node == "b"
+    other = cluster_world(tmp_path, server="two")
+    other.rt.node_down("b")
+    other.rt.script_helper(0, [REPORT])
+    other.start(gpus="0")
+    assert other.nb.held.node == "a" and other.record()["node"] == "a"
+
+
+def test_on_a_cluster_with_no_node_up_a_start_is_refused_no_node(tmp_path, answers, listing):
+    w = cluster_world(tmp_path)
+    w.rt.node_down("a")
+    w.rt.drain("b")
+    e = w.refused(w.start, gpus="0")
+    assert e.status == 503
+    assert e.message == "no node of the cluster takes workloads now (all down or drained)"
+    assert w.record()["state"] == "ERROR" and w.last()["reason"] == "NO_NODE"
+    assert w.rt.names("create_and_start") == [] and w.rt.helper_configs == []
+    # a GPU notebook is refused by the ledger first: no GPU of a node that takes work
+    g = cluster_world(tmp_path, server="gpu")
+    g.rt.node_down("a")
+    e = g.refused(g.start, gpus="2")
+    assert e.status == 409 and g.last()["reason"] == "NO_GPU_AVAILABLE"
+    assert g.held_gpus() == [] and g.rt.names("create_and_start") == []
+
+
+def test_on_a_cluster_a_workspace_off_s3_is_refused_config(tmp_path, answers):
+    w = cluster_world(tmp_path, s3=False)  # no workspace store: it could not follow the notebook
+    e = w.refused(w.start, gpus="1")
+    assert e.status == 503 and "the workspace must live in an S3 store" in e.message
+    assert w.record()["state"] == "ERROR" and w.last()["reason"] == "CONFIG"
+    assert w.rt.names("create_and_start") == [] and w.rt.helper_configs == []
+    assert w.nb.held.node == "" and not w.record()["node"]
+    run_async(life.stop(w.nb))  # the hub's stop gives back the GPU it reserved
+    assert w.held_gpus() == [] and w.record()["state"] == "ERROR"
+
+
+def sync_failed_on_a(tmp_path) -> World:
+    """alice's notebook ran on node a, whose GPUs then went to bob; its push failed there."""
+    w = cluster_world(tmp_path)
+    run_async(w.ledger.refresh(w.rt))
+    assert w.ledger.reserve("someone-else", "bob", "notebook", 1) == ["b/0"]
+    w.rt.script_helper(0, [REPORT])
+    w.start(gpus="1")
+    assert w.nb.held.node == "a"
+    w.rt.script_helper(1, ["store is down"])
+    run_async(life.stop(w.nb))
+    assert w.record()["state"] == "SYNC_FAILED" and w.record()["node"] == "a"
+    assert w.rt.helper_nodes[-1] == "a"
+    w.ledger.release("someone-else")
+    assert w.ledger.reserve("someone-else", "bob", "notebook", 2) == ["a/0", "a/1"]  # a is full
+    w.nb.held = Held()  # a hub restarted since: the record alone says where the data is
+    return w
+
+
+def test_a_start_first_pushes_the_data_its_failed_stop_left_on_its_node(tmp_path, answers, listing):
+    w = sync_failed_on_a(tmp_path)
+    helpers = len(w.rt.helper_configs)
+    w.rt.script_helper(0, [PUSHED])  # the push retried from node a
+    w.rt.script_helper(0, [REPORT])  # then the pull where the start is placed
+    w.start(gpus="1")
+    pushed, pulled = w.rt.helper_configs[helpers:]
+    assert pushed.command[0] == "push" and pulled.command[0] == "pull"
+    assert w.rt.helper_nodes[helpers:] == ["a", "b"]  # from the node that holds the data
+    assert w.nb.held.node == "b" and w.rt.workloads[w.nb.container].spec.node == "b"
+    reasons = [e["reason"] for e in w.record()["history"]]
+    assert reasons[-5:] == ["PUSH_FAILED", "PUSH_RETRY", "STOPPED", "SPAWN", "READY"]
+    assert w.record()["state"] == "RUNNING" and w.record()["node"] == "b"
+
+
+@pytest.mark.parametrize("why", ["push fails again", "its node is down"])
+def test_a_start_whose_left_data_cannot_be_pushed_is_refused_and_stays_sync_failed(
+    tmp_path, answers, listing, why
+):
+    w = sync_failed_on_a(tmp_path)
+    if why == "its node is down":
+        w.rt.node_down("a")
+        said = "sync helper failed: the helper did not run: node a is down"
+    else:
+        w.rt.script_helper(1, ["store is still down"])
+        said = "store is still down"
+    e = w.refused(w.start, gpus="1")
+    assert e.status == 409
+    assert e.message.startswith("its last push failed, and fails again from node a: ")
+    assert said in e.message
+    assert w.record()["state"] == "SYNC_FAILED" and w.last()["reason"] == "PUSH_FAILED"
+    assert w.record()["node"] == "a"  # where its data still is
+    assert w.held_gpus() == [] and list(w.rt.workloads) == []  # nothing was started
