@@ -1,12 +1,21 @@
-"""The hub's settling of notebook records that nobody works on any more (pure)."""
+"""The hub's settling of notebook records that nobody works on any more (pure), and its
+pass on a fake cluster: a notebook whose node is lost."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
-from gpulab.lifecycle import NOTEBOOK_TRANSITIONS, NotebookState
+import pytest
+
+from gpulab.lifecycle import LOST_AFTER, NOTEBOOK_TRANSITIONS, NotebookState
 from gpulab.names import notebook_workload_id
-from gpulab.notebooks.reconcile import PUSH_RETRY_STALE_AFTER, repairs
+from gpulab.notebooks import reconcile
+from gpulab.notebooks.reconcile import PUSH_RETRY_STALE_AFTER, NotebookReconciler, repairs
+
+from ..conftest import run_async
+from ..support.fake_runtime import EngineError
+from ..support.notebooks import REPORT, cluster_world, editor_answers, empty_store_listing
 
 S = NotebookState
 NOW = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)
@@ -67,3 +76,76 @@ def test_work_in_progress_is_left_alone():
     assert [r.state for r in repairs(old, set(), set(), NOW, "i")[0]] == [S.SYNC_FAILED]
     # stale_after is the operator's
     assert repairs([nb("recent", S.STOPPING, age=5)], set(), set(), NOW, "i", 1.0)[0]
+
+
+class Clock:
+    """The reconciler's monotonic clock, moved by the test."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def lab(tmp_path, monkeypatch):
+    """Two running notebooks of alice's on a fake cluster: "nb" on node b (its GPU b/0),
+    "two" on node a; the hub's reconciler on a clock of the test's."""
+    editor_answers(monkeypatch)
+    empty_store_listing(monkeypatch)
+    clock = Clock()
+    monkeypatch.setattr(reconcile, "time", SimpleNamespace(monotonic=clock.monotonic))
+    lost = cluster_world(tmp_path)
+    lost.rt.script_helper(0, [REPORT])
+    lost.start(gpus="1")
+    kept = cluster_world(tmp_path, server="two", runtime=lost.rt)
+    kept.rt.script_helper(0, [REPORT])
+    kept.start(gpus="1")
+    assert (lost.nb.held.node, kept.nb.held.node) == ("b", "a")
+    assert lost.held_gpus() == ["b/0"] and len(kept.held_gpus()) == 1
+    rec = NotebookReconciler(lost.s, lost.records, lost.ledger, lost.rt)
+    return SimpleNamespace(lost=lost, kept=kept, rt=lost.rt, rec=rec, clock=clock)
+
+
+def test_a_notebook_on_a_lost_node_is_node_lost_its_gpus_released_once_it_is_gone(lab):
+    lost, kept, rt = lab.lost, lab.kept, lab.rt
+    rt.node_down("b")
+    assert run_async(lab.rec.pass_once())["records"] == []  # seen lost: the clock starts
+    lab.clock.now += LOST_AFTER - 0.5
+    assert run_async(lab.rec.pass_once())["records"] == []  # not for long enough yet
+    assert lost.record()["state"] == "RUNNING" and lost.held_gpus() == ["b/0"]
+    assert lost.nb.container in rt.workloads and rt.names("remove") == []
+    held_at_remove = []
+    real_remove = rt.remove
+
+    async def remove(name):  # what the ledger holds when the engine is asked to remove it
+        held_at_remove.append(lost.held_gpus())
+        return await real_remove(name)
+
+    rt.remove = remove
+    lab.clock.now += 1.0
+    done = run_async(lab.rec.pass_once())
+    assert done["records"] == [f"{lost.nb.workload_id} RUNNING->ERROR (NODE_LOST)"]
+    record = lost.record()
+    assert record["state"] == "ERROR" and lost.last()["reason"] == "NODE_LOST"
+    assert lost.last()["message"].startswith("node b is down: the notebook is gone with it")
+    # removed first (the manager forgot its task), its GPUs released after
+    assert held_at_remove == [["b/0"]] and lost.nb.container not in rt.workloads
+    assert lost.held_gpus() == [] and rt.names("unreach") == [lost.nb.url_path]
+    # the notebook on a healthy node is left alone
+    assert kept.record()["state"] == "RUNNING" and len(kept.held_gpus()) == 1
+    assert kept.nb.container in rt.running()
+
+
+def test_a_lost_notebook_whose_removal_fails_keeps_its_gpus(lab):
+    lost, rt = lab.lost, lab.rt
+    rt.drain("b")
+    run_async(lab.rec.pass_once())
+    lab.clock.now += LOST_AFTER + 1
+    rt.fail("remove", EngineError("the manager did not answer"), name=lost.nb.container)
+    with pytest.raises(EngineError):
+        run_async(lab.rec.pass_once())
+    assert lost.record()["state"] == "ERROR" and lost.last()["reason"] == "NODE_LOST"
+    assert "node b is drain" in lost.last()["message"]
+    assert lost.held_gpus() == ["b/0"]  # not confirmed gone: still booked
