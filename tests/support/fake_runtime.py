@@ -253,6 +253,11 @@ class FakeRuntime(Runtime):
             error = EngineError(error or f"fake engine error in {method}")
         self._failures.append(_Failure(method, error, name, times))
 
+    def unfail(self, method: str) -> None:
+        """Forget the failures scripted for ``method``: its calls work again."""
+        with self._lock:
+            self._failures = [f for f in self._failures if f.method != method]
+
     def exits(self, name: str, code: int, oom: bool = False) -> None:
         """The workload ends with ``code`` now if it runs; else as soon as it is started."""
         w = self.workloads.get(name)

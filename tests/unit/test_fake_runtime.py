@@ -109,6 +109,12 @@ def test_a_scripted_engine_error_hits_the_named_call_once():
     assert run_async(go()).running
     with pytest.raises(AttributeError):
         rt.fail("no_such_method")
+    rt.fail("state", times=0)  # every call from now on, until unfail
+    for _ in range(3):
+        with pytest.raises(EngineError):
+            run_async(rt.state("w2"))
+    rt.unfail("state")
+    assert run_async(rt.state("w2")).running
 
 
 def test_exit_codes_now_or_on_start_and_oom():

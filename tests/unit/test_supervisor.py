@@ -99,8 +99,10 @@ class Lab:
         return self.ctx.container_name(job_id)
 
     async def place(self, job_id: str) -> None:
-        """One schedule pass as the lease holder: the job is placed and its task started."""
+        """One schedule pass as the lease holder: the job is placed and its task started
+        (on a cluster, on the nodes and GPUs the engine reports now)."""
         self.sv.leading.set()
+        await self.sv.refresh_inventory()
         await self.sv.schedule()
         assert self.job(job_id)["state"] != J.QUEUED.value, self.job(job_id)["message"]
 
@@ -719,3 +721,239 @@ def test_the_actions_a_user_takes_and_what_came_of_each(tmp_path):
             await actions.act(sv, s, copy.job, "restart", admin=False)
 
     lab_run(tmp_path, test)
+
+
+# --- distributed jobs: a gang of workloads ------------------------------------------------------
+
+
+async def until_true(check, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not reached"
+        await asyncio.sleep(0.01)
+
+
+def test_a_gang_runs_every_rank_and_is_done_only_when_all_exited_0(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(workers=2)
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        ranks = [name, f"{name}-r1"]
+        assert lab.rt.names("create_and_start") == ranks  # rank 0 first
+        specs = [lab.rt.workloads[n].spec for n in ranks]
+        assert sorted(g for s in specs for g in s.gpu_ids) == ["0", "1"] and lab.held() == [
+            "0",
+            "1",
+        ]
+        assert [s.env["RANK"] for s in specs] == ["0", "1"]
+        assert [s.aliases for s in specs] == [("worker-0",), ("worker-1",)]
+        assert {s.network_job for s in specs} == {job_id}
+        assert f"jobnet-{INSTANCE}-{job_id}" in lab.rt.networks
+        assert job["message"] == "the command runs in 2 workers"
+        lab.rt.workloads[ranks[0]].logs = b"rank 0 done\n"
+        lab.rt.exits(ranks[1], 0)
+        await asyncio.sleep(0.1)  # ten passes: one rank done, the other still runs
+        assert lab.job(job_id)["state"] == J.RUNNING.value and lab.held() == ["0", "1"]
+        lab.rt.exits(ranks[0], 0)
+        job = await lab.until(job_id, J.DONE)
+        assert (job["reason"], job["message"], job["exit_code"]) == ("EXITED", "exit code 0", 0)
+        assert lab.held() == [] and lab.rt.names("remove_job_network") == [INSTANCE]
+        assert b"rank 0 done" in lab.ctx.log_file(job_id, 0).read_bytes()
+
+    lab_run(tmp_path, test)
+
+
+def test_a_failed_rank_stops_the_others_and_fails_the_job_naming_it(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(workers=2)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        lab.rt.exits(f"{name}-r1", 3)
+        job = await lab.until(job_id, J.FAILED)
+        assert (job["reason"], job["message"], job["exit_code"]) == (
+            "EXITED",
+            "rank 1: exit code 3",
+            3,
+        )
+        # the rank still running was stopped (SIGTERM), confirmed, before the GPUs went
+        assert lab.rt.names("terminate") == [name, f"{name}-r1"]
+        assert lab.rt.workloads[name].exit_code == 143 and lab.held() == []
+
+    lab_run(tmp_path, test)
+
+
+def test_a_failed_rank_with_retries_left_restarts_the_whole_gang(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(workers=2, retries=1)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        ranks = [name, f"{name}-r1"]
+        lab.rt.exits(ranks[0], 1)
+        await until_true(lambda: all(lab.rt.workloads[n].starts == 2 for n in ranks))
+        job = await lab.until(job_id, J.RUNNING)
+        assert job["restarts"] == 1 and lab.rt.names("start_again") == ranks
+        (note,) = [e for e in job["history"] if e["reason"] == "AUTO_RESTART"]
+        assert note["message"] == "rank 0: exit code 1; restart 1 of 1 (all 2 workers)"
+        assert all(lab.rt.workloads[n].running for n in ranks) and lab.held() == ["0", "1"]
+        lab.rt.exits(ranks[1], 2)  # no restart left
+        job = await lab.until(job_id, J.FAILED)
+        assert job["message"] == "rank 1: exit code 2 after 1 restarts" and lab.held() == []
+
+    lab_run(tmp_path, test)
+
+
+def test_a_new_supervisor_judges_a_gang_as_one_with_recovery_combine(tmp_path):
+    """After a restart of the service the gang is one container for recovery.decide: a rank
+    missing is ABSENT (the job's container lost: ERROR, the rest stopped, GPUs released)."""
+
+    async def test(lab: Lab):
+        job_id = lab.submit(workers=2)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        await lab.close()  # the service dies; the ranks run on
+        name = lab.name(job_id)
+        lab.rt.vanish(f"{name}-r1")
+        again = JobSupervisor(lab.settings, lab.db, lab.rt, tmp_path / "logs", holder="next")
+        again.leading.set()
+        await housekeeping.recover(again.ctx)
+        job = await lab.until(job_id, J.ERROR)
+        assert (job["reason"], job["message"]) == (
+            "CONTAINER_LOST",
+            "the job's container disappeared",
+        )
+        assert not lab.rt.workloads[name].running and lab.held() == []
+        await asyncio.gather(*again.tasks.values())
+
+    lab_run(tmp_path, test)
+
+
+def test_a_gang_restart_cut_short_is_finished_for_every_rank(tmp_path):
+    """Found RESTARTING with one rank running and one left from the earlier run (STALE):
+    the restart is finished for the whole gang, never only for the rank that ended."""
+
+    async def test(lab: Lab):
+        job_id = lab.submit(workers=2, retries=1)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        await lab.close()  # the service dies as it restarts the gang
+        name = lab.name(job_id)
+        await lab.ctx.move(job_id, J.RESTARTING, expect=J.RUNNING, reason="AUTO_RESTART")
+        stale = lab.rt.workloads[f"{name}-r1"]
+        stale.end(1)
+        stale.started_at = 0.0  # it ran before the restart was recorded
+        again = JobSupervisor(lab.settings, lab.db, lab.rt, tmp_path / "logs", holder="next")
+        again.leading.set()
+        await housekeeping.recover(again.ctx)
+        job = await lab.until(job_id, J.RUNNING)
+        assert (job["reason"], job["message"]) == ("RESTARTED", "restarted (the service restarted)")
+        assert lab.rt.names("start_again") == [name, f"{name}-r1"]
+        assert [lab.rt.workloads[n].starts for n in (name, f"{name}-r1")] == [2, 2]
+        assert lab.held() == ["0", "1"]
+        for task in again.tasks.values():
+            task.cancel()
+        await asyncio.gather(*again.tasks.values(), return_exceptions=True)
+
+    lab_run(tmp_path, test)
+
+
+def two_nodes() -> FakeRuntime:
+    """A cluster of two nodes of one GPU each: a gang of two 1-GPU ranks needs both."""
+    return Engine.cluster({"a": ("0",), "b": ("0",)}, images={IMAGE})
+
+
+def test_a_gang_on_a_cluster_places_one_rank_per_node(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(workers=2)
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        assert lab.held() == ["a/0", "b/0"] and job["node"] == "a,b"
+        # each rank runs on the node of its GPU, as its record says
+        where = {w["rank"]: w["node"] for w in job["workers"]}
+        assert sorted(where.values()) == ["a", "b"]
+        assert where == {
+            0: lab.rt.workloads[name].spec.node,
+            1: lab.rt.workloads[f"{name}-r1"].spec.node,
+        }
+        assert [lab.rt.workloads[n].spec.gpu_ids for n in (name, f"{name}-r1")] == [["0"], ["0"]]
+        lab.rt.exits(name, 0)
+        lab.rt.exits(f"{name}-r1", 0)
+        await lab.until(job_id, J.DONE)
+        assert lab.held() == []
+
+    lab_run(tmp_path, test, runtime=two_nodes())
+
+
+def test_a_rank_s_node_lost_requeues_the_gang_released_once_every_rank_is_gone(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(life, "LOST_AFTER", 0.0)
+
+    async def test(lab: Lab):
+        job_id = lab.submit(workers=2, retries=1)
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        ranks = [name, f"{name}-r1"]
+        on_b = next(w for w in job["workers"] if w["node"] == "b")["rank"]
+        healthy = ranks[1 - on_b]  # the rank on node a, which keeps running
+        lab.rt.fail("remove", EngineError("the manager did not answer"), name=healthy, times=0)
+        lab.rt.node_down("b")
+        job = await lab.until(job_id, J.INTERRUPTING)
+        assert (job["reason"], job["message"]) == (
+            "NODE_LOST",
+            f"its node was lost (rank {on_b}'s node: node b is down)",
+        )
+        # a rank the engine has not confirmed gone keeps every GPU of the gang booked
+        await until_true(lambda: len(lab.rt.names("remove")) >= 4)  # tried, and again
+        assert lab.held() == ["a/0", "b/0"] and lab.job(job_id)["state"] == J.INTERRUPTING.value
+        assert lab.rt.workloads[healthy].running
+        lab.rt.unfail("remove")
+        job = await lab.until(job_id, J.QUEUED)
+        assert (job["reason"], job["restarts"]) == ("NODE_LOST", 1)
+        assert job["message"] == (
+            "queued again to run on another node: its node was lost "
+            f"(rank {on_b}'s node: node b is down); restart 1 of 1"
+        )
+        assert not set(ranks) & set(lab.rt.workloads) and lab.held() == []
+        await lab.settle(job_id)
+        # b is still down: the gang cannot be placed whole, it waits and says why
+        lab.sv.leading.set()
+        await lab.sv.refresh_inventory()
+        await lab.sv.schedule()
+        job = lab.job(job_id)
+        assert job["state"] == J.QUEUED.value and lab.held() == []
+        assert job["message"] == (
+            "waiting for 2 workers of 1 GPU(s), all placed at once: 1 of 1 GPUs free, "
+            "at most 1 on one node"
+        )
+        lab.rt.node_up("b")
+        await lab.place(job_id)  # made anew on both nodes
+        await lab.until(job_id, J.RUNNING)
+        assert lab.rt.names("create_and_start") == ranks * 2 and lab.held() == ["a/0", "b/0"]
+
+    lab_run(tmp_path, test, runtime=two_nodes())
+
+
+def test_a_rank_s_node_lost_with_no_restart_left_fails_the_job(tmp_path, monkeypatch):
+    monkeypatch.setattr(life, "LOST_AFTER", 0.0)
+
+    async def test(lab: Lab):
+        job_id = lab.submit(workers=2)
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.RUNNING)
+        on_a = next(w for w in job["workers"] if w["node"] == "a")["rank"]
+        lab.rt.drain("a")
+        job = await lab.until(job_id, J.FAILED)
+        assert (job["reason"], job["message"]) == (
+            "NODE_LOST",
+            f"its node was lost (rank {on_a}'s node: node a is drain)",
+        )
+        name = lab.name(job_id)
+        assert not {name, f"{name}-r1"} & set(lab.rt.workloads) and lab.held() == []
+        assert ("INTERRUPTING", "NODE_LOST") in reasons(job)
+
+    lab_run(tmp_path, test, runtime=two_nodes())
