@@ -23,7 +23,7 @@ from gpulab.jobs.spec import JobSpec
 from gpulab.jobs.supervisor import ending, engine, housekeeping, life
 from gpulab.jobs.supervisor.supervisor import JobSupervisor
 from gpulab.lifecycle import JobState
-from gpulab.runtime.base import HelperSpec, NetworkUnavailable, WorkloadRefused
+from gpulab.runtime.base import HelperSpec, NetworkUnavailable, StillRunning, WorkloadRefused
 from gpulab.settings import GpulabSettings
 from tests.conftest import run_async
 from tests.support.fake_runtime import EngineError, FakeRuntime
@@ -568,7 +568,7 @@ def test_gpus_stay_booked_while_the_engine_says_the_container_runs(tmp_path):
         await lab.place(job_id)
         await lab.until(job_id, J.RUNNING)
         await lab.close()  # this test drives the ending itself
-        with pytest.raises(engine.StillRunning):
+        with pytest.raises(StillRunning):
             await ending.finalize(lab.ctx, job_id, J.INTERRUPTED, "USER_INTERRUPT", "stop")
         assert lab.held() == ["0"] and lab.job(job_id)["state"] == J.RUNNING.value
         name = lab.name(job_id)

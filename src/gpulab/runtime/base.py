@@ -214,8 +214,9 @@ class EngineUnreachable(EngineError):
 
 class StillRunning(EngineError):
     """The engine did not confirm in time that a workload stopped (a Swarm's task kept
-    running): the caller keeps what the workload holds (its GPUs) and tries again, or kills
-    it."""
+    running, a container that outlived SIGKILL: the job supervisor's
+    ``engine.ensure_stopped``): the caller keeps what the workload holds (its GPUs) and tries
+    again, or kills it."""
 
 
 class HelperResult:

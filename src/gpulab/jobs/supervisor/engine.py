@@ -15,7 +15,7 @@ from ...faults import fault_point
 from ...gpus.inventory import device_id
 from ...names import rank_alias, rank_name, workload_labels
 from ...resources import container_limits
-from ...runtime.base import EngineError, Mount, WorkloadGone, WorkloadSpec
+from ...runtime.base import EngineError, Mount, StillRunning, WorkloadGone, WorkloadSpec
 from ..gang import Rank, distributed_env
 from ..logs import LOG_KEEP_BYTES, merge_logs, rank_log_share, read_tail
 from ..spec import JobSpec
@@ -24,10 +24,6 @@ from .context import JobContext
 from .git_sources import git_mounts
 
 log = logging.getLogger("gpulab.jobs.containers")
-
-
-class StillRunning(RuntimeError):
-    """The engine did not confirm that a container stopped: its GPUs stay booked."""
 
 
 def workload_spec(
