@@ -105,11 +105,6 @@ def runtime(driver_cuda: str = "11.8") -> FakeRuntime:
 LEDGER = SimpleNamespace(clustered=False, devices=("0",))
 
 
-@pytest.fixture(autouse=True)
-def fresh_image_cache(monkeypatch):
-    monkeypatch.setattr(form, "_images", ImageCache(30.0))
-
-
 def check(rt, options):
     return run_async(check_options(settings_with(SETTINGS), rt, LEDGER, "ann", [], options))
 
@@ -161,7 +156,7 @@ def test_a_gpu_job_on_a_too_new_image_is_refused_and_a_cpu_job_is_not():
     # the engine is not even asked when there is nothing to compare with
     rt = runtime("")
     assert run_async(cuda_too_new(SimpleNamespace(runtime=rt), job(NEW, 1))) is None
-    assert not [c for c in rt.calls if c.name == "image_labels"]
+    assert not [c for c in rt.calls if c.method == "image_labels"]
 
 
 def test_an_engine_that_cannot_tell_refuses_nothing():
@@ -188,12 +183,49 @@ def test_the_image_cache_keeps_what_it_read():
     assert again == {NEW: got[NEW], CPU: got[CPU]} and len(rt.calls) == calls
 
 
+def test_the_drivers_cuda_is_the_runtimes_inventorys():
+    assert runtime("11.8").driver_cuda == "11.8"
+    assert runtime("").driver_cuda == ""  # NVML did not say
+    rt = runtime()
+    rt.inventory = None  # a cluster: its nodes' drivers are not read here
+    assert rt.driver_cuda == ""
+
+
+def test_a_runtime_keeps_one_image_cache_that_the_form_the_options_and_the_pages_share():
+    def asked(rt, call):
+        return sorted(c.args[0] for c in rt.calls if c.method == call)
+
+    rt, each = runtime(), sorted([NEW, CPU, "gone:1"])
+    builds = run_async(rt.image_builds([NEW, CPU, "gone:1"]))
+    assert builds == {
+        NEW: ImageBuild("cuda", "12.8"),
+        CPU: ImageBuild("cpu"),
+        "gone:1": ImageBuild(),
+    }
+    assert run_async(rt.missing_images([NEW, CPU, "gone:1"])) == ["gone:1"]
+    assert asked(rt, "image_labels") == each
+    # the notebook options' CUDA check and a second reader find what was read: not asked again
+    with pytest.raises(OptionsRefused):
+        check(rt, {"framework": "new", "gpus": "1", "cpus": "1", "memory": "1G"})
+    assert run_async(rt.image_builds([NEW, CPU])) == {NEW: builds[NEW], CPU: builds[CPU]}
+    assert run_async(rt.missing_images([NEW, CPU])) == []
+    assert asked(rt, "image_labels") == each
+    assert asked(rt, "image_exists") == each
+    # a missing image is asked again (an image just built is offered at once)
+    assert run_async(rt.missing_images(["gone:1"])) == ["gone:1"]
+    assert asked(rt, "image_exists") == sorted([*each, "gone:1"])
+    # another runtime (another engine) has a cache of its own
+    other = runtime()
+    run_async(other.image_builds([NEW]))
+    assert asked(other, "image_labels") == [NEW]
+
+
 def test_the_admin_page_lists_each_image_with_its_build_and_whether_gpus_may_use_it():
     from gpulab.service.pages.base import image_rows
 
     catalog = settings_with(SETTINGS).catalog
     builds = {NEW: ImageBuild("cuda", "12.8"), CPU: ImageBuild("cpu")}
-    driver = Inventory((), "nvml", "520.61.05", "11.8")
+    driver = "11.8"  # the driver's CUDA (Runtime.driver_cuda)
     assert image_rows(catalog, builds, driver) == [
         {
             "framework": "New",
@@ -213,9 +245,9 @@ def test_the_admin_page_lists_each_image_with_its_build_and_whether_gpus_may_use
         },
     ]
     # a driver older in the minor version only: allowed, with what it falls short of
-    minor = image_rows(catalog, builds, Inventory((), "nvml", "550.54.15", "12.4"))
+    minor = image_rows(catalog, builds, "12.4")
     assert minor[0]["refused"] == "" and minor[0]["short"].startswith(
         f"{NEW} needs CUDA 12.8 and the driver supports CUDA 12.4: minor version compatibility"
     )
-    assert [r["refused"] for r in image_rows(catalog, builds, None)] == ["", ""]
+    assert [r["refused"] for r in image_rows(catalog, builds, "")] == ["", ""]  # unknown
     assert [r["flavour"] for r in image_rows(catalog, {}, driver)] == ["", ""]

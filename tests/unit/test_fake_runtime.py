@@ -27,13 +27,16 @@ def spec(name: str = "w1", kind: str = "job", user: str = "alice", **kw) -> Work
     return WorkloadSpec(name=name, image=IMAGE, command=["true"], labels=labels, **kw)
 
 
+#: what the interface does itself for every backend, on the engine's own methods (the pools,
+#: an image's name, the image cache): no backend implements them
+OWN = ("image_ref", "log_gpus", "run", "run_exec", "image_builds", "missing_images")
+
+
 def interface_methods() -> list[str]:
     return [
         n
         for n, f in vars(Runtime).items()
-        if not n.startswith("_")
-        and inspect.isfunction(f)
-        and n not in ("image_ref", "log_gpus", "run", "run_exec")
+        if not n.startswith("_") and inspect.isfunction(f) and n not in OWN
     ]
 
 

@@ -194,15 +194,15 @@ async def cuda_too_new(sup: JobSupervisor, spec: JobSpec) -> str | None:
     driver supports: frameworks.cuda_refusal, the rule notebooks share), or None. The image's
     labels are asked of the engine; an engine that cannot tell (a Swarm, a missing image, one
     that does not answer) and a driver whose CUDA version is unknown refuse nothing."""
-    inventory = sup.runtime.inventory
-    if not spec.resources.gpus or inventory is None or not inventory.cuda:
+    driver = sup.runtime.driver_cuda
+    if not spec.resources.gpus or not driver:
         return None
     try:
         labels = await sup.runtime.image_labels(sup.runtime.image_ref(spec.image))
     except EngineError:
         return None
     build = ImageBuild.from_labels(labels)
-    return cuda_refusal(spec.image, build.cuda, spec.resources.gpus, inventory.cuda)
+    return cuda_refusal(spec.image, build.cuda, spec.resources.gpus, driver)
 
 
 async def rerun(sup: JobSupervisor, settings: GpulabSettings, job: dict, *, admin: bool) -> dict:

@@ -10,22 +10,17 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from ..cuda import ImageBuild, cuda_refusal
+from ..cuda import cuda_refusal
 from ..durations import format_duration
 from ..gpus.ledger import GpuLedger
 from ..gpus.sharing import fraction_refusal, offered_fractions
 from ..resources import beyond_gpus, format_memory
 from ..runtime.base import Runtime
-from ..runtime.images import ImageCache
 from .options import NotebookOptions, OptionsError, parse_notebook_options
 
 log = logging.getLogger("gpulab.notebooks")
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
-#: seconds an answer of the engine about an image (there or not) is trusted
-IMAGE_CHECK_TTL = 30.0
-#: shared by a hub's spawners
-_images = ImageCache(IMAGE_CHECK_TTL)
 
 
 class OptionsRefused(ValueError):
@@ -52,21 +47,11 @@ def parse_options(settings, user: str, groups: list[str], user_options: dict) ->
 
 async def missing_images(settings, runtime: Runtime) -> dict[str, str]:
     """{image: reason} of the catalog's images the engine does not have (on a Swarm: the
-    registry), each asked at most every IMAGE_CHECK_TTL seconds."""
+    registry), each asked at most every IMAGE_CHECK_TTL seconds (the runtime's cache)."""
     s = settings
-    missing = await _images.missing(runtime, s.catalog.images(), runtime.image_ref)
-    return s.catalog.unavailable(missing, runtime.images_at)
-
-
-async def image_builds(settings, runtime: Runtime) -> dict[str, ImageBuild]:
-    """{image: its build (flavour, CUDA needed)} of the catalog's images, from their labels."""
-    return await _images.builds(runtime, settings.catalog.images(), runtime.image_ref)
-
-
-def driver_cuda(runtime: Runtime) -> str:
-    """The CUDA version this host's NVIDIA driver supports ("" unknown: configured GPUs, no
-    NVML, a cluster whose nodes' drivers are not read)."""
-    return runtime.inventory.cuda if runtime.inventory is not None else ""
+    return s.catalog.unavailable(
+        await runtime.missing_images(s.catalog.images()), runtime.images_at
+    )
 
 
 async def cuda_check(settings, runtime: Runtime, opts: NotebookOptions) -> None:
@@ -74,8 +59,8 @@ async def cuda_check(settings, runtime: Runtime, opts: NotebookOptions) -> None:
     (frameworks.cuda_refusal, the rule jobs share)."""
     if not opts.resources.gpus:
         return
-    build = (await _images.builds(runtime, [opts.image], runtime.image_ref))[opts.image]
-    why = cuda_refusal(opts.image, build.cuda, opts.resources.gpus, driver_cuda(runtime))
+    build = (await runtime.image_builds([opts.image]))[opts.image]
+    why = cuda_refusal(opts.image, build.cuda, opts.resources.gpus, runtime.driver_cuda)
     if why:
         framework = settings.catalog.frameworks.get(opts.framework)
         chosen = framework.version(opts.version).image if framework else None
@@ -130,8 +115,8 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
     return env.get_template("spawn_form.html").render(
         catalog=s.catalog,
         unavailable=unavailable,
-        builds=await image_builds(s, runtime),
-        driver_cuda=driver_cuda(runtime),
+        builds=await runtime.image_builds(s.catalog.images()),
+        driver_cuda=runtime.driver_cuda,
         unavailable_frameworks=s.catalog.unavailable_frameworks(unavailable),
         flavors=list(s.flavor_map.values()),
         idle={fid: format_duration(t) for fid, t in idle.items() if t > 0},

@@ -16,10 +16,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from ..cuda import ImageBuild
+from .images import ImageCache
 
 if TYPE_CHECKING:
     from ..gpus.inventory import GpuDevice, Inventory
@@ -291,6 +294,8 @@ class Runtime:
     #: where a missing image is missing, in a user's words ("on this host", "in the registry")
     images_at = "on this host"
     _executor: ThreadPoolExecutor | None = None
+    #: what this runtime knows of its engine's images (made on first use: :meth:`_images`)
+    _image_cache: ImageCache | None = None
 
     def __init__(self, workers: int = 32, registry: str = ""):
         self._workers = workers
@@ -371,6 +376,30 @@ class Runtime:
         """``image``'s labels (its flavour and the CUDA it needs, among others); None when the
         engine does not have it or cannot tell here (a Swarm's registry is not asked)."""
         return None
+
+    @property
+    def driver_cuda(self) -> str:
+        """The CUDA version this host's NVIDIA driver supports, from :attr:`inventory` (""
+        unknown: configured GPUs, no NVML, a cluster whose nodes' drivers are not read)."""
+        return self.inventory.cuda if self.inventory is not None else ""
+
+    async def image_builds(self, images: Iterable[str]) -> dict[str, ImageBuild]:
+        """{image: its build (flavour, CUDA needed), from its labels} of ``images``, by the
+        names the engine runs them by (:meth:`image_ref`); each asked at most every
+        ``IMAGE_CHECK_TTL`` seconds (this runtime's :class:`~.images.ImageCache`). An image the
+        engine lacks or cannot tell of has an empty :class:`~gpulab.cuda.ImageBuild`."""
+        return await self._images().builds(self, images, self.image_ref)
+
+    async def missing_images(self, images: Iterable[str]) -> list[str]:
+        """The ``images`` the engine does not have (on a Swarm: the registry), an image found
+        there trusted for ``IMAGE_CHECK_TTL`` seconds (this runtime's cache); an engine that
+        does not answer hides nothing."""
+        return await self._images().missing(self, images, self.image_ref)
+
+    def _images(self) -> ImageCache:
+        if self._image_cache is None:
+            self._image_cache = ImageCache()
+        return self._image_cache
 
     # --- workloads ----------------------------------------------------------------------------
 

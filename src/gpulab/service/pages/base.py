@@ -29,31 +29,29 @@ from ...jobs.gang import workers_of
 from ...jobs.records import ACTIVE, ENDED
 from ...lifecycle import JobState
 from ...runtime.base import Runtime
-from ...runtime.images import ImageCache
 from ..base import ApiError, BaseHandler
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
-#: what the pages know of the catalog's images (their flavour, the CUDA they need)
-_images = ImageCache(30.0)
 
 
 async def catalog_builds(settings, runtime: Runtime) -> dict[str, ImageBuild]:
     """{image: its build, from its labels} of the catalog's images, for the pages to show."""
-    return await _images.builds(runtime, settings.catalog.images(), runtime.image_ref)
+    return await runtime.image_builds(settings.catalog.images())
 
 
 async def catalog_images(settings, runtime: Runtime) -> list[dict]:
     """The catalog's images as the admin page lists them, with their builds (labels) and this
     host's driver (:func:`image_rows`)."""
-    return image_rows(settings.catalog, await catalog_builds(settings, runtime), runtime.inventory)
+    return image_rows(
+        settings.catalog, await catalog_builds(settings, runtime), runtime.driver_cuda
+    )
 
 
-def image_rows(catalog, builds, inventory) -> list[dict]:
+def image_rows(catalog, builds, driver: str) -> list[dict]:
     """The catalog's images as the admin page lists them: framework, version, image, its
     build (flavour, the CUDA it needs), why GPU workloads on it are refused here ("" if not)
     and, when they are not, what the driver falls short of ("" if nothing)."""
-    driver = inventory.cuda if inventory is not None else ""
     rows = []
     for f in catalog.frameworks.values():
         for v in f.versions:
