@@ -221,7 +221,7 @@ def test_a_runtime_keeps_one_image_cache_that_the_form_the_options_and_the_pages
 
 
 def test_the_admin_page_lists_each_image_with_its_build_and_whether_gpus_may_use_it():
-    from gpulab.service.pages.base import image_rows
+    from gpulab.jobs.overview import image_rows
 
     catalog = settings_with(SETTINGS).catalog
     builds = {NEW: ImageBuild("cuda", "12.8"), CPU: ImageBuild("cpu")}

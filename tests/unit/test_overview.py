@@ -1,5 +1,6 @@
 """What the service shows of a user's and everyone's workloads (gpulab.jobs.overview): a
-user's billed minutes and the admin's overview, read from real records on a SQLite file."""
+user's billed minutes, their home, the job submission form's offer and the admin's overview,
+read from real records on a SQLite file."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpulab.cuda import ImageBuild
 from gpulab.db import Database
 from gpulab.disk_ledger import DiskLedger
 from gpulab.gpus.inventory import GpuDevice
@@ -14,13 +16,30 @@ from gpulab.gpus.ledger import GpuLedger
 from gpulab.gpus.usage import DeviceUsage
 from gpulab.jobs import overview
 from gpulab.jobs.records import JobRecords
+from gpulab.jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from gpulab.lifecycle import JobState, NotebookState
 from gpulab.notebooks.records import NotebookRecords
 from gpulab.settings import GpulabSettings
 
+from ..conftest import run_async
+
 J, N = JobState, NotebookState
 RAN = [J.INITIALIZING, J.PENDING, J.RUNNING, J.FINALIZING, J.DONE]
 SPEC = {"image": "img", "command": ["true"], "resources": {"gpus": 1}, "workers": 1}
+#: what the engine's labels say of the default catalog's images (the rest: unlabelled)
+BUILDS = {
+    "gpulab/pytorch:2.13": ImageBuild("cuda", "12.8"),
+    "gpulab/python:3.11": ImageBuild("cpu"),
+}
+
+
+class Engine(SimpleNamespace):
+    """The runtime's part the overview reads: its inventory, its driver's CUDA and the
+    catalog's image builds (each call recorded)."""
+
+    async def image_builds(self, images):
+        self.asked.append(sorted(images))
+        return {i: BUILDS.get(i, ImageBuild()) for i in images}
 
 
 class Lab:
@@ -36,7 +55,7 @@ class Lab:
             records=self.jobs,
             ledger=GpuLedger(db, "t", devices, sharing={"1": 4}),
             disk=DiskLedger(db, "t"),
-            runtime=SimpleNamespace(inventory="the inventory"),
+            runtime=Engine(inventory="the inventory", driver_cuda="11.8", asked=[]),
             ctx=SimpleNamespace(gpu_usage=None if readings is None else lambda: readings),
         )
 
@@ -97,7 +116,7 @@ def test_the_admins_overview_of_gpus_workloads_and_users(tmp_path):
     ledger.reserve(f"t/job/{done}-gone", "bob", "job", 1)  # a job no longer listed
     lab.sup.disk.book("ann", "t/job/x", "vol", "", 3 * 1024**3, None)
 
-    got = overview.admin_overview(lab.sup, lab.settings, lab.notebooks)
+    got = run_async(overview.admin_overview(lab.sup, lab.settings, lab.notebooks))
 
     assert (got["gpus_total"], got["gpus_busy"], got["inventory"]) == (3, 3, "the inventory")
     assert [j["id"] for j in got["jobs"]] == [done, running, queued]  # newest first
@@ -139,6 +158,20 @@ def test_the_admins_overview_of_gpus_workloads_and_users(tmp_path):
     assert ann["quota"] == lab.settings.quota_for("ann", ["team"])
     assert users["bob"]["usage"]["jobs_billed_minutes"] == 1
     assert (users["cy"]["jobs"], users["cy"]["notebooks_running"]) == (0, 0)
+
+    # the catalog's images, their builds judged against the driver (image_rows)
+    catalog = lab.settings.catalog
+    assert lab.sup.runtime.asked == [sorted(catalog.images())]
+    images = {i["image"]: i for i in got["images"]}
+    assert got["images"] == overview.image_rows(catalog, BUILDS, "11.8")
+    assert [i["image"] for i in got["images"]] == [
+        v.image for f in catalog.frameworks.values() for v in f.versions
+    ]
+    assert images["gpulab/pytorch:2.13"]["refused"].startswith(
+        "image gpulab/pytorch:2.13 needs CUDA 12.8, newer than CUDA 11.8"
+    )
+    assert images["gpulab/python:3.11"]["flavour"] == "CPU"
+    assert images["gpulab/python:3.11"]["refused"] == images["gpulab/jax:0.7"]["refused"] == ""
 
 
 def test_the_users_table_counts_what_it_is_handed():
@@ -211,3 +244,33 @@ def test_a_home_shows_what_it_can_when_the_ledger_cannot_be_read(lab):
     lab.sup.ledger.shared_free = broken
     home = overview.home_overview(lab.sup, lab.notebooks, "ann", with_notebooks=True)
     assert (home["gpus_free"], home["gpus_total"], home["shared"]) == (None, 3, {})
+
+
+def test_what_the_submit_form_offers_a_user(tmp_path):
+    lab = Lab(tmp_path)
+    lab.settings = GpulabSettings(
+        instance="t", user_max_resources={"ann": {"cpus": 4, "memory": "8G", "gpus": 3}}
+    )
+    lab.sup.ledger.reserve("t/notebook/bob/", "bob", "notebook", 1)
+    got = run_async(overview.submit_form(lab.sup, lab.settings, "ann", ["team"]))
+    catalog = lab.settings.catalog
+    assert got["catalog"] is catalog
+    assert lab.sup.runtime.asked == [sorted(catalog.images())]
+    assert got["builds"] == {i: BUILDS.get(i, ImageBuild()) for i in catalog.images()}
+    assert got["default_env"] == "python/3.11"  # the default framework's default version
+    assert got["flavors"] == list(lab.settings.flavor_map.values())
+    assert got["limits"] == lab.settings.limits_for("ann", ["team"])
+    assert (got["limits"].gpus, got["limit_memory"]) == (3, "8G")
+    assert (got["gpus_free"], got["gpus_total"]) == (2, 3)
+    assert got["defaults"] == {"cpus": DEFAULT_CPUS, "memory": DEFAULT_MEMORY, "gpus": DEFAULT_GPUS}
+    assert (got["max_workers"], got["max_timeout"]) == (MAX_WORKERS, lab.settings.job_max_timeout)
+
+
+def test_the_submit_form_renders_when_the_ledger_cannot_be_read(lab):
+    def broken():
+        raise RuntimeError("no database")
+
+    lab.sup.ledger.free_count = broken
+    got = run_async(overview.submit_form(lab.sup, lab.settings, "ann", []))
+    assert (got["gpus_free"], got["gpus_total"]) == (None, 3)
+    assert got["limits"] == lab.settings.limits_for("ann", [])

@@ -2,30 +2,37 @@
 usage API, the home page and the admin's table alike: :func:`usage_of`), a user's home
 (:func:`home_overview`: their notebooks, recent jobs, billed minutes and the free GPUs) and
 the admin's overview of the platform (:func:`admin_overview`): every GPU and what holds it,
-every notebook and job, and each user's limits, quotas, GPUs, disk and billed minutes.
+every notebook and job, each user's limits, quotas, GPUs, disk and billed minutes, and the
+catalog's images with whether GPU workloads may use them on this host's driver; and what the
+job submission form offers a user (:func:`submit_form`).
 
 Here because the jobs' supervisor holds what both domains book (the GPU ledger, the disk
 bookings, this host's GPU readings); the notebooks' records are handed in
 (:class:`NotebookReads`: the domains never import each other). The rules read here are their
 owners': what is billed (:mod:`gpulab.billing`), a shared GPU's fractions
-(:meth:`gpulab.gpus.ledger.GpuLedger.holdings`), the quotas and limits (the settings).
-Blocking: each function reads the database (run them off the event loop).
+(:meth:`gpulab.gpus.ledger.GpuLedger.holdings`), the quotas and limits (the settings), the
+CUDA rule (:func:`gpulab.cuda.cuda_refusal`). Blocking: each function but the coroutines
+reads the database (run them off the event loop); the coroutines read it on a worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from typing import TYPE_CHECKING, Protocol
 
 from ..billing import user_usage
+from ..cuda import ImageBuild, cuda_refusal, cuda_shortfall
 from ..disk_quota import human
 from ..gpus.usage import usage_of as readings_of
 from ..lifecycle import JobState, NotebookState
 from ..resources import format_memory
 from .records import JobRecords
+from .spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from .states import ACTIVE
 
 if TYPE_CHECKING:
+    from ..frameworks import Catalog
     from ..settings import GpulabSettings
     from .supervisor import JobSupervisor
 
@@ -82,12 +89,59 @@ def home_overview(
     }
 
 
-def admin_overview(sup: JobSupervisor, settings: GpulabSettings, notebooks: NotebookReads) -> dict:
+async def submit_form(
+    sup: JobSupervisor, settings: GpulabSettings, user: str, groups: list[str]
+) -> dict:
+    """What the job submission form offers ``user`` (in ``groups``): the ``catalog``, its
+    images' ``builds`` (flavour, CUDA needed: the engine's labels, the runtime's cache),
+    ``default_env`` (the default framework's default version, "framework/version"),
+    ``flavors``, the user's ``limits`` (and ``limit_memory``, readable), the GPUs:
+    ``gpus_free`` (None when the ledger cannot be read now) and ``gpus_total``, a job's
+    ``defaults`` (cpus, memory, gpus), ``max_workers`` and ``max_timeout``."""
+    limits = settings.limits_for(user, groups)
+    ledger = sup.ledger
+    try:
+        free = await asyncio.to_thread(ledger.free_count)
+    except Exception:  # the form must render even if the ledger is unreachable
+        free = None
+    catalog = settings.catalog
+    default_env = f"{catalog.default_framework}/" + (
+        catalog.frameworks[catalog.default_framework].default_version.id
+        if catalog.default_framework in catalog.frameworks
+        else ""
+    )
+    return {
+        "catalog": catalog,
+        "builds": await sup.runtime.image_builds(catalog.images()),
+        "default_env": default_env,
+        "flavors": list(settings.flavor_map.values()),
+        "limits": limits,
+        "limit_memory": format_memory(limits.memory),
+        "gpus_free": free,
+        "gpus_total": len(ledger.devices),
+        "defaults": {"cpus": DEFAULT_CPUS, "memory": DEFAULT_MEMORY, "gpus": DEFAULT_GPUS},
+        "max_workers": MAX_WORKERS,
+        "max_timeout": settings.job_max_timeout,
+    }
+
+
+async def admin_overview(
+    sup: JobSupervisor, settings: GpulabSettings, notebooks: NotebookReads
+) -> dict:
     """The admin page's data: ``gpus`` (:func:`gpu_rows`), ``gpus_total`` and ``gpus_busy``
     (devices configured, and devices with a booking), ``inventory`` (where the devices came
     from), ``notebooks`` (every one), ``jobs`` (the :data:`RECENT_JOBS` newest) and
-    ``jobs_total``, ``users`` (:func:`user_rows`) and ``default_limits`` (a user's without
-    an override)."""
+    ``jobs_total``, ``users`` (:func:`user_rows`), ``default_limits`` (a user's without
+    an override) and ``images`` (:func:`image_rows`: the catalog's images, their builds
+    from the engine's labels, judged against this host's driver)."""
+    found = await asyncio.to_thread(_platform, sup, settings, notebooks)
+    runtime = sup.runtime
+    builds = await runtime.image_builds(settings.catalog.images())
+    return {**found, "images": image_rows(settings.catalog, builds, runtime.driver_cuda)}
+
+
+def _platform(sup: JobSupervisor, settings: GpulabSettings, notebooks: NotebookReads) -> dict:
+    """What :func:`admin_overview` reads of the records and ledgers (blocking)."""
     allocations = sup.ledger.allocations()
     nbs = notebooks.list(None)
     jobs = sup.records.list(None)
@@ -113,6 +167,30 @@ def admin_overview(sup: JobSupervisor, settings: GpulabSettings, notebooks: Note
         ),
         "default_limits": settings.limits_for("", []),
     }
+
+
+def image_rows(catalog: Catalog, builds: dict[str, ImageBuild], driver_cuda: str) -> list[dict]:
+    """The catalog's images as the admin reads them: framework, version, image, its
+    ``builds`` entry (flavour, the CUDA it needs), why GPU workloads on it are refused on a
+    driver that supports ``driver_cuda`` ("" unknown; "" if not refused) and, when they are
+    not, what the driver falls short of ("" if nothing)."""
+    rows = []
+    for f in catalog.frameworks.values():
+        for v in f.versions:
+            build = builds.get(v.image)
+            needed = build.cuda if build else ""
+            refused = cuda_refusal(v.image, needed, 1, driver_cuda) or ""
+            rows.append(
+                {
+                    "framework": f.title,
+                    "version": v.id,
+                    "image": v.image,
+                    "flavour": build.describe() if build else "",
+                    "refused": refused,
+                    "short": "" if refused else cuda_shortfall(v.image, needed, driver_cuda) or "",
+                }
+            )
+    return rows
 
 
 def gpu_rows(holdings: list[dict], readings: list, job_ids: set[str]) -> list[dict]:

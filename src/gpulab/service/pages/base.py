@@ -23,53 +23,14 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.utils import url_path_join
 from tornado import web
 
-from ...cuda import ImageBuild, cuda_refusal, cuda_shortfall
 from ...durations import format_duration
 from ...jobs.gang import workers_of
 from ...jobs.records import ACTIVE, ENDED
 from ...lifecycle import JobState
-from ...runtime.base import Runtime
 from ..base import ApiError, BaseHandler
 
 TEMPLATES = Path(__file__).parent / "templates"
 STATIC = Path(__file__).parent / "static"
-
-
-async def catalog_builds(settings, runtime: Runtime) -> dict[str, ImageBuild]:
-    """{image: its build, from its labels} of the catalog's images, for the pages to show."""
-    return await runtime.image_builds(settings.catalog.images())
-
-
-async def catalog_images(settings, runtime: Runtime) -> list[dict]:
-    """The catalog's images as the admin page lists them, with their builds (labels) and this
-    host's driver (:func:`image_rows`)."""
-    return image_rows(
-        settings.catalog, await catalog_builds(settings, runtime), runtime.driver_cuda
-    )
-
-
-def image_rows(catalog, builds, driver: str) -> list[dict]:
-    """The catalog's images as the admin page lists them: framework, version, image, its
-    build (flavour, the CUDA it needs), why GPU workloads on it are refused here ("" if not)
-    and, when they are not, what the driver falls short of ("" if nothing)."""
-    rows = []
-    for f in catalog.frameworks.values():
-        for v in f.versions:
-            build = builds.get(v.image)
-            needed = build.cuda if build else ""
-            refused = cuda_refusal(v.image, needed, 1, driver) or ""
-            rows.append(
-                {
-                    "framework": f.title,
-                    "version": v.id,
-                    "image": v.image,
-                    "flavour": build.describe() if build else "",
-                    "refused": refused,
-                    "short": "" if refused else cuda_shortfall(v.image, needed, driver) or "",
-                }
-            )
-    return rows
-
 
 _env = Environment(
     loader=FileSystemLoader(TEMPLATES),

@@ -8,11 +8,11 @@ import functools
 
 from ...jobs import actions, output
 from ...jobs.gang import workers_of
+from ...jobs.overview import submit_form
 from ...jobs.refusals import JobRefused
-from ...jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from ...resources import format_memory
 from ..base import JOBS_MANAGE, JOBS_READ, ApiError, answer_refusals, authenticated
-from .base import ACTIVE_STATES, ENDED_STATES, JOB_STATES, PageHandler, catalog_builds
+from .base import ACTIVE_STATES, ENDED_STATES, JOB_STATES, PageHandler
 from .job_form import FORM_FIELDS, form_field, form_to_job
 
 #: jobs the jobs page shows (the newest; the REST API pages through all of them)
@@ -78,37 +78,17 @@ class SubmitJobPage(PageHandler):
         self.redirect(self.page_url("jobs", job["id"]), status=303)
 
     async def show_form(self, form: dict, errors: dict, status: int = 200) -> None:
-        s = self.settings["gpulab"]
         me = self.current_user
-        limits = s.limits_for(me["name"], list(me.get("groups") or []))
-        ledger = self.supervisor.ledger
-        try:
-            free = await asyncio.to_thread(ledger.free_count)
-        except Exception:
-            free = None
-        catalog = s.catalog
-        default_env = f"{catalog.default_framework}/" + (
-            catalog.frameworks[catalog.default_framework].default_version.id
-            if catalog.default_framework in catalog.frameworks
-            else ""
+        offered = await submit_form(
+            self.supervisor, self.settings["gpulab"], me["name"], list(me.get("groups") or [])
         )
         self.render_page(
             "submit.html",
             status=status,
             form=form,
             errors=errors,
-            catalog=catalog,
-            builds=await catalog_builds(s, self.supervisor.runtime),
-            default_env=default_env,
-            flavors=list(s.flavor_map.values()),
             format_memory=format_memory,
-            limits=limits,
-            limit_memory=format_memory(limits.memory),
-            gpus_free=free,
-            gpus_total=len(ledger.devices),
-            defaults={"cpus": DEFAULT_CPUS, "memory": DEFAULT_MEMORY, "gpus": DEFAULT_GPUS},
-            max_workers=MAX_WORKERS,
-            max_timeout=s.job_max_timeout,
+            **offered,
         )
 
 
