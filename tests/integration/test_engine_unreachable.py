@@ -4,7 +4,6 @@ the hub and the gpulab service alike; one that does not answer is named in a 503
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from gpulab.runtime.base import EngineUnreachable
 from gpulab.runtime.docker import DockerRuntime
 
+from ..conftest import run_async
 from ..support.api import Api
 
 pytestmark = [pytest.mark.docker]
@@ -26,12 +26,12 @@ def test_docker_host_names_the_engine(monkeypatch, tmp_path):
     os.symlink(ENGINE, link)
     monkeypatch.setenv("DOCKER_HOST", f"unix://{link}")
     runtime = DockerRuntime()
-    assert asyncio.run(runtime.state("gpulab-no-such-workload")) is None
+    assert run_async(runtime.state("gpulab-no-such-workload")) is None
     assert runtime.engine.url == f"unix://{link}"
     wrong = f"unix://{tmp_path}/none.sock"
     monkeypatch.setenv("DOCKER_HOST", wrong)
     with pytest.raises(EngineUnreachable) as e:
-        asyncio.run(DockerRuntime().state("gpulab-no-such-workload"))
+        run_async(DockerRuntime().state("gpulab-no-such-workload"))
     assert str(e.value) == f"Docker engine at {wrong} is unreachable: No such file or directory"
 
 
