@@ -7,8 +7,9 @@ registry serves the gpulab images under the same names on the host and on every 
 leaves the host's engine as it was (not when the lab was already up before the session, or
 when SWARM_LAB_KEEP=1).
 
-Every test under tests/swarm/ is marked `swarm` (deselect with `-m "not swarm"`) and runs after
-all the other tests of a session, so the host engine is in swarm mode only at the very end.
+Every test under tests/swarm/ is marked `swarm` (deselect with `-m "not swarm"`; `make test` runs
+them in a pytest process of their own beside the others, scripts/run-tests.sh); in a session
+that collects both, it runs after all the others.
 When the lab cannot be built the tests skip, and FAIL under CI=true.
 """
 
