@@ -8,10 +8,9 @@ passes the check, and reports no groups): ``refuse_open_login_at_hub_start()`` a
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import sys
 
+from .hub_process import starting_hub
 from .identity import admin_by_groups, groups_of, open_login_refusal
 from .settings import GpulabSettings
 
@@ -42,14 +41,10 @@ def refuse_open_login_at_hub_start() -> None:
     hub before it serves anything when ``open_login_refusal`` says so, with the reason at
     CRITICAL in its log. Outside the hub's process (the service reads the same file),
     nothing."""
-    app = sys.modules.get("jupyterhub.app")
-    if app is None or not app.JupyterHub.initialized():
+    starting = starting_hub()
+    if starting is None:
         return
-    hub = app.JupyterHub.instance()
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # no event loop: the hub is not starting
-        return
+    hub, loop = starting
 
     def check():
         if not hub.trait_has_value("authenticator"):  # made in the hub's init_users

@@ -6,18 +6,17 @@ an error naming the fix; a store whose secret is wrong is an error that never sh
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import secrets
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
 
+from ..support.images import build_from
 from ..support.nvml import build_fake_nvml, nvml_env
 from ..support.s3 import CheckingS3Server
 
@@ -56,14 +55,8 @@ c.ConfigurableHTTPProxy.command = [{proxy!r}]
 
 @pytest.fixture(scope="module")
 def cuda_image(docker_client, images):
-    dockerfile = f"FROM {images}\nLABEL org.gpulab.flavour=cuda org.gpulab.cuda=12.4\n".encode()
-    ctx = io.BytesIO()
-    with tarfile.open(fileobj=ctx, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile))
-    ctx.seek(0)
-    docker_client.images.build(fileobj=ctx, custom_context=True, tag=CUDA_IMAGE, rm=True)
+    dockerfile = f"FROM {images}\nLABEL org.gpulab.flavour=cuda org.gpulab.cuda=12.4\n"
+    build_from(docker_client, dockerfile, CUDA_IMAGE)
     return CUDA_IMAGE
 
 

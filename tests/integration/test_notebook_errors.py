@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import io
-import tarfile
-
 import pytest
 
 from ..support.hub import SpawnFailed, login
+from ..support.images import build_from
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -32,15 +30,8 @@ c.GpulabSettings.group_max_resources = {{"big": {{"gpus": 8}}}}
 @pytest.fixture(scope="module")
 def broken_image(docker_client, images):
     """An image whose server process exits with code 3 as soon as it starts."""
-    dockerfile = b'FROM gpulab/python:3.11\nCMD ["sh", "-c", "echo boom >&2; exit 3"]\n'
-    ctx = io.BytesIO()
-    with tarfile.open(fileobj=ctx, mode="w") as tar:
-        info = tarfile.TarInfo("Dockerfile")
-        info.size = len(dockerfile)
-        tar.addfile(info, io.BytesIO(dockerfile))
-    ctx.seek(0)
-    docker_client.images.build(fileobj=ctx, custom_context=True, tag=BROKEN_IMAGE, rm=True)
-    return BROKEN_IMAGE
+    dockerfile = 'FROM gpulab/python:3.11\nCMD ["sh", "-c", "echo boom >&2; exit 3"]\n'
+    return build_from(docker_client, dockerfile, BROKEN_IMAGE)
 
 
 @pytest.fixture(scope="module")

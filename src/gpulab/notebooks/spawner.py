@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Callable
 from functools import cached_property
@@ -27,6 +26,7 @@ from .. import __version__
 from ..db import Database
 from ..disk_ledger import DiskLedger
 from ..gpus.ledger import GpuLedger
+from ..hub_process import starting_hub
 from ..metrics import NOTEBOOK_START
 from ..names import notebook_container_name, notebook_volume_name, notebook_workload_id
 from ..runtime import make_runtime
@@ -51,14 +51,10 @@ def report_at_hub_start() -> None:
     still start: they are given no GPU in any mode); and at WARNING each DockerSpawner option
     set that gpulab ignores. Outside the hub's process (the service reads the same file and
     checks for itself, refusing to start), nothing."""
-    app = sys.modules.get("jupyterhub.app")
-    if app is None or not app.JupyterHub.initialized():
+    starting = starting_hub()
+    if starting is None:
         return
-    hub = app.JupyterHub.instance()
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # no event loop: the hub is not starting
-        return
+    hub, loop = starting
 
     def report():  # the hub's whole configuration is read by now (its config is a new object)
         warn_ignored_options(hub.config, NotebookSpawner.mro(), log)
