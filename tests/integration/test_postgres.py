@@ -168,3 +168,63 @@ def test_hub_and_service_on_postgres(hub_with, postgres_url):
     assert job["state"] == "DONE", job
     hub.stop_server("pat", "pg")
     assert hub.notebook("pat", "pg").json()["state"] == "STOPPED"
+
+
+def test_backup_and_restore_on_postgres(postgres_url, postgres_server, tmp_path, monkeypatch):
+    """`gpulab admin backup` dumps a PostgreSQL database with pg_dump, given the URL as libpq
+    takes it (no SQLAlchemy driver; the password in PGPASSWORD, never on the command line),
+    and restore loads the dump into an empty database with psql, refusing one with tables."""
+    import secrets as stdlib_secrets
+
+    import psycopg
+
+    from gpulab.admin import backup as b
+
+    db = Database(postgres_url)
+    jobs = JobRecords(db, "pg")
+    job = jobs.create("alice", {"priority": 50}, None, ["team"])
+    jobs.transition(job["id"], JobState.INITIALIZING, expect=JobState.QUEUED)
+    GpuLedger(db, "pg", [GpuDevice("0")]).reserve(job["id"], "alice", "job", 1)
+    db.engine.dispose()
+
+    calls = []
+    real_run = b.subprocess.run
+
+    def spy(argv, env=None, **kw):
+        calls.append((list(argv), {k: env[k] for k in ("PGPASSWORD",) if env and k in env}))
+        return real_run(argv, env=env, **kw)
+
+    monkeypatch.setattr(b.subprocess, "run", spy)
+    manifest = b.backup(tmp_path / "bk", [b.Source("gpulab", postgres_url)], b.KeyPlace(), False)
+    dump = [argv for argv, _ in calls if argv[0] == "pg_dump"]
+    name = postgres_url.split("///")[1].split("?")[0]
+    assert dump and dump[0][-1] == f"postgresql:///{name}?host=/var/run/postgresql", dump
+    assert manifest["databases"]["gpulab"]["kind"] == "postgresql"
+    assert (tmp_path / "bk" / "gpulab.sql").read_text().count("CREATE TABLE") >= 5
+    # a password goes to pg_dump's environment, not its arguments
+    url, env = b.libpq("postgresql+psycopg://u:s3cret@db.example:5433/g")
+    assert url == "postgresql://u@db.example:5433/g" and env == {"PGPASSWORD": "s3cret"}
+
+    other = "gpulab_test_" + stdlib_secrets.token_hex(4)
+    with psycopg.connect(f"dbname=postgres {postgres_server}", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {other}")
+    target = f"postgresql+psycopg:///{other}?host=/var/run/postgresql"
+    try:
+        with pytest.raises(b.BackupError, match="--gpulab-db"):
+            b.restore(tmp_path / "bk", tmp_path / "data", {}, None)
+        with pytest.raises(b.BackupError, match="holds tables"):
+            b.restore(tmp_path / "bk", tmp_path / "data", {"gpulab": postgres_url}, None)
+        done = b.restore(tmp_path / "bk", tmp_path / "data", {"gpulab": target}, None)
+        assert any(line.startswith("gpulab database: ") for line in done), done
+        back = Database(target)
+        got = JobRecords(back, "pg").get(job["id"])
+        assert got["state"] == "INITIALIZING" and [e["state"] for e in got["history"]] == [
+            "QUEUED",
+            "INITIALIZING",
+        ]
+        held = GpuLedger(back, "pg", [GpuDevice("0")]).held_by(job["id"])
+        assert held == ["0"], held
+        back.engine.dispose()
+    finally:
+        with psycopg.connect(f"dbname=postgres {postgres_server}", autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {other} WITH (FORCE)")

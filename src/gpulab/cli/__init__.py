@@ -11,6 +11,7 @@
     gpulab usage [--user NAME]
     gpulab notebook list [--all | --user NAME]
     gpulab doctor [--config FILE] [--json]       (operators, on the hub's host) check the host
+    gpulab admin backup DEST | restore SRC DIR   (operators, on the hub's host) the databases
 
 Every command prints a human table by default and the API's JSON with ``-o json``.
 
@@ -31,9 +32,9 @@ the job).
 
 The package speaks the REST API and nothing else: it imports nothing of gpulab outside itself
 (``client`` the connection, ``output`` the tables, ``commands``, ``exec`` and ``secrets`` the
-commands, ``parser`` the command tree; tests/unit/test_cli.py checks it). ``gpulab doctor`` is
-the one command that does not speak the REST API: it runs ``python -m gpulab.doctor``, a
-program of its own (``doctor``).
+commands, ``parser`` the command tree; tests/unit/test_cli.py checks it). ``gpulab doctor`` and
+``gpulab admin`` are the commands that do not speak the REST API: they run ``python -m
+gpulab.doctor`` and ``python -m gpulab.admin``, programs of their own (``doctor``, ``admin``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 
+from .admin import run_admin
 from .client import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -111,9 +113,10 @@ def _ctrl_c_interrupts() -> Iterator[None]:
 
 def _run(argv: Sequence[str] | None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
-    if given[:1] == ["doctor"]:  # the doctor's options are its own (python -m gpulab.doctor)
+    programs = {"doctor": run_doctor, "admin": run_admin}
+    if given[:1] and given[0] in programs:  # their options are their own (python -m ...)
         try:
-            return run_doctor(given[1:])
+            return programs[given[0]](given[1:])
         except KeyboardInterrupt:
             note("gpulab: interrupted")
             return EXIT_INTERRUPTED

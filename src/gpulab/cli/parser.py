@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .admin import add_admin_command
 from .client import EXIT_USAGE
 from .commands import (
     cmd_job_delete,
@@ -216,4 +217,5 @@ def build_parser() -> argparse.ArgumentParser:
     nb_ls.set_defaults(func=cmd_notebook_list)
 
     add_doctor_command(top)
+    add_admin_command(top)
     return p
