@@ -149,7 +149,25 @@ class DiskBooking(Base):
     since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, upgrade: bool = False) -> Engine:
+    """An engine on ``url`` whose schema is this gpulab's (:func:`prepare_schema`)."""
+    engine = connect(url)
+    prepare_schema(engine, upgrade=upgrade)
+    return engine
+
+
+def upgrade_database(url: str) -> tuple[str | None, str]:
+    """Run the revisions ``url``'s database lacks (``gpulab admin upgrade-db``): the revision
+    it was at, and the one it is at now."""
+    engine = connect(url)
+    try:
+        return prepare_schema(engine, upgrade=True)
+    finally:
+        engine.dispose()
+
+
+def connect(url: str) -> Engine:
+    """An engine on ``url``, SQLite's pragmas and write lock set, the schema left as it is."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
@@ -174,50 +192,138 @@ def make_engine(url: str) -> Engine:
 
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    Base.metadata.create_all(engine)
-    add_missing_columns(engine)
     return engine
 
 
-def add_missing_columns(engine: Engine) -> list[str]:
-    """Upgrade in place: add the columns a newer gpulab declares to tables an older one made.
+# --- the schema's revision (Alembic; src/gpulab/migrations) -----------------------------------
 
-    ``create_all`` makes missing tables only. Every column added since the first release is
-    nullable or has a server default, so an ``ALTER TABLE ... ADD COLUMN`` is all an upgrade
-    needs (no data moves); returns ``table.column`` for each column added."""
-    added = []
-    have = inspect(engine)
-    for table in Base.metadata.sorted_tables:
+#: the revisions' directory (each one a frozen step; see gpulab/migrations/__init__.py)
+MIGRATIONS = Path(__file__).parent / "migrations"
+#: the revision of the first release's schema, which a database made before revisions has
+FIRST_REVISION = "0001"
+#: the key of the advisory lock that keeps two processes from preparing the schema at once
+_SCHEMA_LOCK = 0x6770756C6162  # "gpulab"
+
+
+class SchemaMismatch(RuntimeError):
+    """The database's schema is not this gpulab's: older (run ``gpulab admin upgrade-db``
+    after a backup) or newer (made by a later gpulab). The message says which and what to do."""
+
+
+def _scripts():
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory(str(MIGRATIONS))
+
+
+def head_revision() -> str:
+    """The newest revision: the schema the models declare."""
+    return _scripts().get_current_head()
+
+
+def _complete(conn, metadata) -> bool:
+    have = inspect(conn)
+    for table in metadata.sorted_tables:
         if not have.has_table(table.name):
-            continue
+            return False
         present = {c["name"] for c in have.get_columns(table.name)}
-        for column in table.columns:
-            if column.name in present:
-                continue
-            ddl = column.type.compile(dialect=engine.dialect)
-            default = column.server_default.arg if column.server_default is not None else None
-            clause = f" DEFAULT '{default}'" if default is not None else ""
-            try:
-                with engine.begin() as conn:
-                    conn.exec_driver_sql(
-                        f'ALTER TABLE {table.name} ADD COLUMN "{column.name}" {ddl}{clause}'
-                    )
-            except Exception:
-                # the hub and the service upgrade the same database at start-up: the other
-                # one may have added it a moment ago
-                fresh = {c["name"] for c in inspect(engine).get_columns(table.name)}
-                if column.name not in fresh:
-                    raise
-                continue
-            added.append(f"{table.name}.{column.name}")
-    return added
+        if any(c.name not in present for c in table.columns):
+            return False
+    return True
+
+
+def _first_schema():
+    """Revision 0001's own tables (its frozen copy), to recognise a database made before
+    revisions."""
+    import importlib.util
+
+    path = MIGRATIONS / "versions" / "0001_gpulab_0_1_0.py"
+    spec = importlib.util.spec_from_file_location("gpulab_revision_0001", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.tables()
+
+
+def _known(scripts, revision: str) -> bool:
+    from alembic.util import CommandError
+
+    try:
+        return scripts.get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+def prepare_schema(engine: Engine, upgrade: bool = False) -> tuple[str | None, str]:
+    """Make the database's schema this gpulab's, as JupyterHub does with its own: a database
+    without gpulab's tables is made from the models and stamped with the newest revision; one
+    that gpulab 0.1.0 made (no revision yet, every table and column of revision 0001) is
+    stamped 0001; one at an older revision is upgraded only when ``upgrade`` says so (``gpulab
+    admin upgrade-db``), else refused with :class:`SchemaMismatch`, like one made by a newer
+    gpulab. One process at a time: SQLite's write lock, PostgreSQL's advisory lock (the hub
+    and the service start together). Returns (the revision found, the revision now)."""
+    from alembic.config import Config
+    from alembic.runtime.environment import EnvironmentContext
+    from alembic.runtime.migration import MigrationContext
+
+    scripts = _scripts()
+    head = scripts.get_current_head()
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _SCHEMA_LOCK})
+        found = MigrationContext.configure(conn).get_current_revision()
+        if found is None:
+            ours = set(inspect(conn).get_table_names()) & set(Base.metadata.tables)
+            if not ours:
+                Base.metadata.create_all(conn)
+                MigrationContext.configure(conn).stamp(scripts, head)
+                return None, head
+            if _complete(conn, _first_schema()):  # made by gpulab 0.1.0, before revisions
+                MigrationContext.configure(conn).stamp(scripts, FIRST_REVISION)
+                found = FIRST_REVISION
+                if head == FIRST_REVISION:
+                    return None, head
+        if found == head:
+            return found, head
+        if found is not None and not _known(scripts, found):
+            raise SchemaMismatch(
+                f"gpulab's database {shown_url(str(engine.url))} is at schema revision "
+                f"{found}, which this gpulab (revision {head}) does not know: a newer gpulab "
+                "made it. Run that gpulab, or restore the backup taken before its upgrade"
+            )
+        if not upgrade:
+            raise SchemaMismatch(
+                f"gpulab's database {shown_url(str(engine.url))} is at schema revision "
+                f"{found or 'none (older than gpulab 0.1.0)'}, this gpulab needs {head}: back it "
+                "up (gpulab admin backup DEST), then run `gpulab admin upgrade-db` "
+                "(docs/upgrading.md)"
+            )
+
+        def steps(rev, _context):
+            return scripts._upgrade_revs(head, rev)
+
+        with EnvironmentContext(Config(), scripts, fn=steps, destination_rev=head) as env:
+            env.configure(connection=conn, target_metadata=Base.metadata)
+            env.run_migrations()
+        return found, head
+
+
+def schema_revision(url: str) -> str | None:
+    """The revision ``url``'s database is at, read without changing anything (None: none)."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
 
 
 class Database:
     """A session factory; each unit of work is one short transaction."""
 
-    def __init__(self, url: str):
-        self.engine = make_engine(url)
+    def __init__(self, url: str, upgrade: bool = False):
+        self.engine = make_engine(url, upgrade=upgrade)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         read_options: dict = {"gpulab_read_only": True}
         if self.engine.dialect.name == "postgresql":  # one snapshot for the whole read
@@ -347,7 +453,7 @@ def expected_schema() -> dict[str, frozenset[str]]:
 
 def read_schema(url: str) -> dict[str, frozenset[str]] | None:
     """The tables ``url``'s database has, each with its columns, read without changing
-    anything (no table made, no column added: :func:`make_engine` does that at start-up);
+    anything (no table made, no revision applied: :func:`make_engine` does that at start-up);
     None for a SQLite file that does not exist yet. Raises when the database does not answer."""
     from sqlalchemy.engine import make_url
 

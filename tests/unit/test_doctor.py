@@ -294,6 +294,16 @@ def test_database_schema_read_without_changing_it(tmp_path):
     assert "tables leases" in stale.found and "columns jobs.state" in stale.found
     down = c.check_database(DatabaseFacts("db", error="connection refused", expected=expected))
     assert down.status == ERROR
+    # the schema's revision: the doctor reads it, and an older one waits for upgrade-db
+    from gpulab.doctor.gather import database_facts
+
+    facts = database_facts(url)
+    assert facts.revision == facts.head and facts.head
+    assert "revision " + facts.head in c.check_database(facts).found
+    behind = c.check_database(
+        DatabaseFacts("db", tables=read_schema(url), expected=expected, revision="0", head="1")
+    )
+    assert behind.status == WARNING and "upgrade-db" in behind.todo
 
 
 def test_proxy(tmp_path):

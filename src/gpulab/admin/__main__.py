@@ -18,7 +18,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="gpulab admin",
         description="An operator's commands on the hub's host: back up and restore the hub's "
-        "and gpulab's databases (docs/upgrading.md).",
+        "and gpulab's databases, upgrade gpulab's schema (docs/upgrading.md).",
         epilog="Exit status: 0 done, 1 refused or failed (the reason on stderr), 2 bad usage.",
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -51,6 +51,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--key", metavar="FILE", help="the kept secrets key, copied to DATA_DIR")
     r.add_argument("--hub-db", metavar="URL", help="where the hub's database goes")
     r.add_argument("--gpulab-db", metavar="URL", help="where gpulab's database goes")
+    u = actions.add_parser(
+        "upgrade-db",
+        help="bring gpulab's database to this gpulab's schema (take a backup first)",
+        description="Run the schema revisions gpulab's database (database_url) lacks, as "
+        "`jupyterhub upgrade-db` does for the hub's: the hub and the service refuse to start "
+        "on an older schema until it has run. Stop the hub first, and back up. The hub's own "
+        "database is JupyterHub's: `jupyterhub upgrade-db` upgrades it.",
+    )
+    u.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     return p.parse_args(argv)
 
 
@@ -87,6 +96,17 @@ def main(argv: list[str] | None = None) -> int:
             print(key_advice(manifest))
             revision = manifest["databases"]["gpulab"]["revision"]
             print(f"gpulab {manifest['gpulab_version']}, schema revision {revision or 'none'}")
+        elif args.action == "upgrade-db":
+            from ..db import SchemaMismatch, shown_url, upgrade_database
+
+            found, _keys = sources(args.config)
+            url = found[1].url
+            try:
+                was, now = upgrade_database(url)
+            except SchemaMismatch as e:
+                raise BackupError(str(e)) from None
+            step = f"{now}, current" if was == now else f"{was or 'none'} -> {now}"
+            print(f"gpulab's database {shown_url(url)}: schema revision {step}")
         else:
             targets = {"hub": args.hub_db or "", "gpulab": args.gpulab_db or ""}
             key = Path(args.key) if args.key else None

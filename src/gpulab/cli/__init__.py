@@ -11,7 +11,7 @@
     gpulab usage [--user NAME]
     gpulab notebook list [--all | --user NAME]
     gpulab doctor [--config FILE] [--json]       (operators, on the hub's host) check the host
-    gpulab admin backup DEST | restore SRC DIR   (operators, on the hub's host) the databases
+    gpulab admin backup DEST | restore SRC DIR | upgrade-db   (operators) the databases
 
 Every command prints a human table by default and the API's JSON with ``-o json``.
 

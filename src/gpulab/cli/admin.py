@@ -1,4 +1,4 @@
-"""``gpulab admin backup|restore ...``: an operator's commands on the hub's host.
+"""``gpulab admin backup|restore|upgrade-db ...``: an operator's commands on the hub's host.
 
 Like ``gpulab doctor``, they read the hub's configuration and its databases rather than speak
 the REST API, so they are a program of their own, ``python -m gpulab.admin``
@@ -27,6 +27,6 @@ def add_admin_command(top) -> None:
     top.add_parser(
         "admin",
         add_help=False,
-        help="(operators, on the hub's host) back up and restore the databases: "
-        "gpulab admin backup DEST | restore SRC DATA_DIR",
+        help="(operators, on the hub's host) back up, restore, upgrade the databases: "
+        "gpulab admin backup DEST | restore SRC DATA_DIR | upgrade-db",
     ).set_defaults(func=lambda args: run_admin([]), needs_client=False)

@@ -107,6 +107,9 @@ class DatabaseFacts:
     tables: dict[str, frozenset[str]] | None = None
     #: what this gpulab declares
     expected: dict[str, frozenset[str]] = field(default_factory=dict)
+    #: its schema revision (alembic_version; None: none yet) and this gpulab's newest
+    revision: str | None = None
+    head: str = ""
 
 
 @dataclass(frozen=True)
@@ -600,10 +603,19 @@ def check_database(db: DatabaseFacts) -> Finding:
             name,
             WARNING,
             f"{db.url}: older than this gpulab, it lacks {'; '.join(parts)}",
-            "start the hub (or the service): each adds what is missing at start-up "
-            "(docs/upgrading.md)",
+            "back it up (gpulab admin backup DEST), then run `gpulab admin upgrade-db`: the hub "
+            "and the service refuse an older schema (docs/upgrading.md)",
         )
-    return Finding(name, OK, f"{db.url}: schema current ({len(db.expected)} tables)")
+    if db.head and db.revision is not None and db.revision != db.head:
+        return Finding(
+            name,
+            WARNING,
+            f"{db.url}: at schema revision {db.revision}, this gpulab's is {db.head}",
+            "back it up (gpulab admin backup DEST), then run `gpulab admin upgrade-db`: the hub "
+            "and the service refuse another schema (docs/upgrading.md)",
+        )
+    at = f", revision {db.revision}" if db.revision else ""
+    return Finding(name, OK, f"{db.url}: schema current ({len(db.expected)} tables{at})")
 
 
 def check_proxy(proxy: ProxyFacts) -> Finding:

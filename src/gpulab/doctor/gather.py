@@ -17,7 +17,7 @@ from pathlib import Path
 from traitlets.config import Config
 
 from ..data.sync import StorageCredentialsError, store_credentials
-from ..db import expected_schema, read_schema, shown_url
+from ..db import expected_schema, head_revision, read_schema, schema_revision, shown_url
 from ..gpus.inventory import discover_nvml, from_config
 from ..runtime import make_runtime
 from ..settings import GpulabSettings, load_config
@@ -102,9 +102,12 @@ def database_facts(url: str) -> DatabaseFacts:
     shown = shown_url(url)
     try:
         tables = read_schema(url)
+        revision = schema_revision(url) if tables else None
     except Exception as e:
         return DatabaseFacts(shown, error=_first_line(e), expected=expected_schema())
-    return DatabaseFacts(shown, tables=tables, expected=expected_schema())
+    return DatabaseFacts(
+        shown, tables=tables, expected=expected_schema(), revision=revision, head=head_revision()
+    )
 
 
 # --- stores ---------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 
 from .. import __version__, logscrub
 from ..bounds import body_backstop
-from ..db import Database
+from ..db import Database, SchemaMismatch
 from ..gpus.usage import NvmlUsage
 from ..jobs.supervisor.supervisor import JobSupervisor
 from ..metrics import GpuUsageCollector, StateCollector
@@ -97,9 +97,14 @@ async def main(argv: list[str] | None = None) -> None:
     # this host's GPUs' activity, read with NVML (hang detection, /metrics); a Swarm's nodes
     # are read by nobody yet (no agent per node): no reader there
     usage = NvmlUsage() if runtime.inventory is not None and runtime.inventory.devices else None
+    try:
+        database = Database(settings.database_url)
+    except SchemaMismatch as e:  # an older schema waits for `gpulab admin upgrade-db`
+        log.error("gpulab refuses to start: %s", e)
+        sys.exit(2)
     supervisor = JobSupervisor(
         settings,
-        Database(settings.database_url),
+        database,
         runtime,
         data_dir / "job-logs",
         gpu_usage=usage.read if usage else None,
