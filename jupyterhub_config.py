@@ -296,7 +296,8 @@ _local = c.GpulabSettings.object_stores.get("local")
 if isinstance(_local, dict) and _local.get("root") == "{data_dir}/objects":
     _local["root"] = str(data / "objects")
 # Users' secrets are encrypted at rest with this Fernet key (generated once, mode 0600). Keep a
-# copy apart from the database's backups: without it the secrets cannot be decrypted.
+# copy apart from the backups (`gpulab admin backup` leaves it out unless asked): without it the
+# secrets cannot be decrypted (docs/upgrading.md#back-up-and-restore).
 if "secrets_key_file" not in c.GpulabSettings:
     _key_file = data / "secrets.key"
     if not _key_file.exists():
