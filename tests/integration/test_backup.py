@@ -6,6 +6,7 @@ key). A real hub, the gpulab service, the Docker engine; the programs as an oper
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import sqlite3
@@ -69,13 +70,15 @@ def test_a_backup_taken_while_work_runs_restores_into_a_fresh_data_directory(hub
     )
     running = owner.wait(job["id"], {"RUNNING", *TERMINAL})
     assert running["state"] == "RUNNING", running
-    r = hub.spawn("owner", "nb", {"framework": "python", "flavor": "gpu-1"}, token=owner.token)
-    assert r.status_code in (201, 202), r.text
-
-    dest = tmp_path / "backup"
-    done = admin(hub, "backup", str(dest))
+    options = {"framework": "python", "flavor": "gpu-1"}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        spawn = pool.submit(hub.spawn, "owner", "nb", options, token=owner.token)
+        hub.wait_state("owner", "nb", "STARTING")  # the backup while the notebook starts
+        dest = tmp_path / "backup"
+        done = admin(hub, "backup", str(dest))
+        notebook = hub.notebook("owner", "nb").json()
+        assert spawn.result().status_code in (201, 202), spawn.result().text
     assert done.returncode == 0, done.stderr
-    notebook = hub.notebook("owner", "nb").json()
     assert "secrets key is NOT in this backup" in done.stdout, done.stdout
     key_file = hub.workdir / "data" / "secrets.key"
     assert str(key_file) in done.stdout and key_file.read_text().strip() not in done.stdout
@@ -90,7 +93,7 @@ def test_a_backup_taken_while_work_runs_restores_into_a_fresh_data_directory(hub
     assert rows(copy, f"SELECT state FROM jobs WHERE id = '{job['id']}'") == [("RUNNING",)]
     held = rows(copy, LEDGER)
     assert ("job", "owner") in {(k, o) for _, k, o, _ in held}, held
-    assert rows(copy, "SELECT user, server FROM notebooks") == [("owner", "nb")]
+    assert rows(copy, "SELECT user, server, state FROM notebooks") == [("owner", "nb", "STARTING")]
     history = owner.job(job["id"])["history"]
 
     hub.wait_ready("owner", "nb", timeout=180)
