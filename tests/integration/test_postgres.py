@@ -175,6 +175,7 @@ def test_backup_and_restore_on_postgres(postgres_url, postgres_server, tmp_path,
     takes it (no SQLAlchemy driver; the password in PGPASSWORD, never on the command line),
     and restore loads the dump into an empty database with psql, refusing one with tables."""
     import secrets as stdlib_secrets
+    from urllib.parse import unquote
 
     import psycopg
 
@@ -198,7 +199,8 @@ def test_backup_and_restore_on_postgres(postgres_url, postgres_server, tmp_path,
     manifest = b.backup(tmp_path / "bk", [b.Source("gpulab", postgres_url)], b.KeyPlace(), False)
     dump = [argv for argv, _ in calls if argv[0] == "pg_dump"]
     name = postgres_url.split("///")[1].split("?")[0]
-    assert dump and dump[0][-1] == f"postgresql:///{name}?host=/var/run/postgresql", dump
+    # libpq's URI, percent-encoded (libpq decodes it): no "+psycopg", the same database
+    assert dump and unquote(dump[0][-1]) == f"postgresql:///{name}?host=/var/run/postgresql"
     assert manifest["databases"]["gpulab"]["kind"] == "postgresql"
     assert (tmp_path / "bk" / "gpulab.sql").read_text().count("CREATE TABLE") >= 5
     # a password goes to pg_dump's environment, not its arguments

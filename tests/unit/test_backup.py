@@ -95,3 +95,12 @@ def test_gpulab_admin_is_its_own_program():
         timeout=60,
     )
     assert done.returncode == 0 and "--with-key" in done.stdout
+
+
+def test_a_postgresql_url_as_libpq_takes_it():
+    """pg_dump and psql get no SQLAlchemy driver and never the password on their command line
+    (where ps shows it): it goes in PGPASSWORD."""
+    url, env = b.libpq("postgresql+psycopg://u:s3cret@db.example:5433/g")
+    assert url == "postgresql://u@db.example:5433/g" and env == {"PGPASSWORD": "s3cret"}
+    url, env = b.libpq("postgresql+psycopg:///g?host=/var/run/postgresql")
+    assert url.startswith("postgresql:///g?host=") and env == {}

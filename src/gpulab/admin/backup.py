@@ -72,7 +72,14 @@ def libpq(url: str) -> tuple[str, dict[str, str]]:
     environment that carries its password (never on a command line, where ps shows it)."""
     parsed: URL = make_url(url)
     env = {"PGPASSWORD": parsed.password} if parsed.password else {}
-    plain = parsed.set(drivername="postgresql", password=None)
+    plain = URL.create(
+        "postgresql",
+        username=parsed.username,
+        host=parsed.host,
+        port=parsed.port,
+        database=parsed.database,
+        query=parsed.query,
+    )
     return plain.render_as_string(hide_password=False), env
 
 
