@@ -62,10 +62,17 @@ def _run_flags(image: str) -> list[str]:
     ]
 
 
+#: the engine's default address pools, as an operator configures a GPU server's
+#: (``default-address-pools``: 256 networks of /24, one per user; docs/scale-out.md)
+ADDRESS_POOL = "base=10.219.0.0/16,size=24"
+
+
 class GpuHost:
-    def __init__(self, workdir: Path, name: str):
+    def __init__(self, workdir: Path, name: str, address_pool: str = ADDRESS_POOL):
         self.workdir = workdir
         self.name = name
+        #: dockerd's --default-address-pool (a tiny one makes its pools run out)
+        self.address_pool = address_pool
         self.records_dir = workdir / "records"
         self.run_dir = workdir / "run"
         self.container = None
@@ -100,7 +107,7 @@ class GpuHost:
             + [image, "--host", "unix:///run/gpuhost/docker.sock"]
             + ["--add-runtime", "nvidia=/usr/local/bin/recording-runc"]
             + ["--default-runtime", "nvidia", "--bip", "10.218.0.1/24"]
-            + ["--default-address-pool", "base=10.219.0.0/16,size=24"],
+            + ["--default-address-pool", self.address_pool],
             capture_output=True,
             text=True,
             check=False,

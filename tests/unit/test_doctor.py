@@ -26,7 +26,7 @@ from gpulab.doctor.checks import (
     ProxyFacts,
     StoreFacts,
 )
-from gpulab.doctor.gather import _buckets, _root_state, proxy_facts, users_needed
+from gpulab.doctor.gather import _buckets, _root_state, proxy_facts
 from gpulab.gpus.inventory import GpuDevice, Inventory
 from gpulab.runtime.base import EngineError, EngineNetwork, EngineSurvey
 from gpulab.runtime.engine import EngineClient
@@ -231,12 +231,6 @@ def test_filesystem_stores(state, status):
 # --- address pools ------------------------------------------------------------------------
 
 
-def test_pool_capacity():
-    assert c.pool_capacity(c.DOCKER_DEFAULT_POOLS) == 31
-    assert c.pool_capacity([("10.201.0.0/16", 24)]) == 256
-    assert c.pool_capacity([("10.0.0.0/8", 4), ("junk", 24)]) == 0  # size above the base
-
-
 def _pools(networks, pools=None, users=50, **kw) -> c.Finding:
     engine = EngineSurvey(
         version="1", networks=tuple(networks), address_pools=pools, pools_from="docker info"
@@ -323,14 +317,6 @@ def test_proxy(tmp_path):
 
 
 # --- gathering without an engine ----------------------------------------------------------
-
-
-def test_users_counted(tmp_path):
-    assert users_needed(Config(), None) == (50, "")
-    cfg = Config()
-    cfg.JupyterHub.active_server_limit = 80
-    assert users_needed(cfg, None) == (80, "JupyterHub.active_server_limit")
-    assert users_needed(cfg, 7) == (7, "--users")
 
 
 def test_root_states(tmp_path):

@@ -89,6 +89,11 @@ def test_pool_exhaustion_is_explained_to_the_user_and_the_operator():
     msg = explain_create_error("gpulab-net-alice", POOL_EXHAUSTED)
     assert "gpulab-net-alice" in msg and "default-address-pools" in msg
     assert POOL_EXHAUSTED in msg
+    # the cause, then the operator's fix in daemon.json's own words
+    assert "address pools are used up" in msg
+    assert '{"default-address-pools": [{"base": "10.201.0.0/16", "size": 24}]}' in msg
+    newer = explain_create_error("n", "all predefined address pools have been fully subnetted")
+    assert "address pools are used up" in newer and "daemon.json" in newer
     other = explain_create_error("gpulab-net-alice", "permission denied")
     assert "default-address-pools" not in other and "permission denied" in other
 

@@ -10,35 +10,18 @@ facts name where credentials are (variables, a file), never their values.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from ..cuda import CPU, CUDA, CUDA_LABEL, FLAVOUR_LABEL, ImageBuild, cuda_gap, cuda_shortfall
 from ..gpus.inventory import GpuDevice, Inventory
-from ..runtime import gpu_delivery_refusal
+from ..runtime import DEFAULT_USERS, POOLS_FIX, gpu_delivery_refusal, pool_room
 from ..runtime.base import EngineSurvey
 
 OK = "ok"
 WARNING = "warning"
 ERROR = "error"
 _RANK = {OK: 0, WARNING: 1, ERROR: 2}
-
-#: Docker's built-in default address pools (moby's ipamutils): 172.17-19/16 and 172.20/14,
-#: 172.24/14, 172.28/14 cut in /16s (15 networks), 192.168.0.0/16 cut in /20s (16): 31 bridges
-DOCKER_DEFAULT_POOLS = (
-    ("172.17.0.0/16", 16),
-    ("172.18.0.0/16", 16),
-    ("172.19.0.0/16", 16),
-    ("172.20.0.0/14", 16),
-    ("172.24.0.0/14", 16),
-    ("172.28.0.0/14", 16),
-    ("192.168.0.0/16", 20),
-)
-#: the users counted on when no limit is configured (JupyterHub's active_server_limit)
-DEFAULT_USERS = 50
-#: what to put in daemon.json for more networks (256 bridges of 254 addresses)
-POOLS_EXAMPLE = '{"default-address-pools": [{"base": "10.201.0.0/16", "size": 24}]}'
 
 
 @dataclass(frozen=True)
@@ -501,34 +484,10 @@ def check_store(store: StoreFacts) -> list[Finding]:
 # --- address pools ----------------------------------------------------------------------------
 
 
-def _pool_networks(pools: Iterable[tuple[str, int]]) -> list[tuple[ipaddress.IPv4Network, int]]:
-    out = []
-    for base, size in pools:
-        try:
-            net = ipaddress.ip_network(base, strict=False)
-        except ValueError:
-            continue
-        if size >= net.prefixlen:
-            out.append((net, size))
-    return out
-
-
-def pool_capacity(pools: Iterable[tuple[str, int]]) -> int:
-    """How many networks the pools hold: each base cut into subnets of its size."""
-    return sum(2 ** (size - net.prefixlen) for net, size in _pool_networks(pools))
-
-
-def _in_pools(subnet: str, pools: list[tuple[ipaddress.IPv4Network, int]]) -> bool:
-    try:
-        net = ipaddress.ip_network(subnet, strict=False)
-    except ValueError:
-        return False
-    return any(net.version == p.version and net.subnet_of(p) for p, _ in pools)
-
-
 def check_address_pools(facts: Facts) -> Finding | None:
     """Room in the engine's address pools for one network per user (network_isolation
-    'user'): fewer than the users counted on is a warning."""
+    'user'): fewer than the users counted on is a warning (``runtime.pools``' rule, which the
+    service's start-up warning asks too)."""
     name = "address pools"
     if facts.network_isolation != "user":
         return Finding(
@@ -544,34 +503,12 @@ def check_address_pools(facts: Facts) -> Finding | None:
     engine = facts.engine
     if engine.error:
         return None
-    pools = engine.address_pools or DOCKER_DEFAULT_POOLS
-    described = (
-        ", ".join(f"{b} by /{s}" for b, s in pools) + f" ({engine.pools_from})"
-        if engine.address_pools
-        else "Docker's built-in pools"
-    )
-    split = _pool_networks(pools)
-    total = pool_capacity(pools)
-    others = sum(
-        1 for n in engine.networks if not n.ours and any(_in_pools(s, split) for s in n.subnets)
-    )
-    ours = sum(1 for n in engine.networks if n.ours)
-    room = max(total - others, 0)
+    room = pool_room(engine)
     counted = facts.users_from or "active_server_limit unset; --users N says how many"
     users = f"{facts.users_needed} users ({counted})"
-    found = (
-        f"room for {room} user networks: {total} in {described}, {others} taken by other "
-        f"networks, {ours} by gpulab's now"
-    )
-    if room < facts.users_needed:
-        return Finding(
-            name,
-            WARNING,
-            f"{found}; {users} may each need one",
-            f"give Docker more, smaller pools in /etc/docker/daemon.json: {POOLS_EXAMPLE} "
-            "(256 networks), then restart dockerd",
-        )
-    return Finding(name, OK, f"{found}; enough for {users}")
+    if room.short_of(facts.users_needed):
+        return Finding(name, WARNING, f"{room.found()}; {users} may each need one", POOLS_FIX)
+    return Finding(name, OK, f"{room.found()}; enough for {users}")
 
 
 # --- database and proxy -------------------------------------------------------------------------

@@ -19,11 +19,10 @@ from traitlets.config import Config
 from ..data.sync import StorageCredentialsError, store_credentials
 from ..db import expected_schema, head_revision, read_schema, schema_revision, shown_url
 from ..gpus.inventory import discover_nvml, from_config
-from ..runtime import make_runtime
+from ..runtime import make_runtime, users_counted
 from ..settings import GpulabSettings, load_config
 from ..volumes import ObjectStore
 from .checks import (
-    DEFAULT_USERS,
     BucketProbe,
     DatabaseFacts,
     Facts,
@@ -73,17 +72,6 @@ def image_needs(settings: GpulabSettings) -> tuple[ImageNeed, ...]:
         needs.setdefault(image, ImageNeed(image, "allowed", "allowed_images"))
     needs.setdefault(settings.sync_image, ImageNeed(settings.sync_image, "sync", "sync helper"))
     return tuple(needs.values())
-
-
-def users_needed(config: Config, given: int | None) -> tuple[int, str]:
-    """How many users may each hold a network at once: ``--users``, else JupyterHub's
-    active_server_limit, else DEFAULT_USERS."""
-    if given:
-        return given, "--users"
-    limit = config.JupyterHub.get("active_server_limit") if "JupyterHub" in config else None
-    if isinstance(limit, int) and limit > 0:
-        return limit, "JupyterHub.active_server_limit"
-    return DEFAULT_USERS, ""
 
 
 def proxy_facts(config: Config) -> ProxyFacts:
@@ -217,7 +205,7 @@ def gather(settings: GpulabSettings, config: Config, path: str, users: int | Non
         raise ConfigUnreadable(str(e)) from None
     needs = image_needs(settings)
     survey = asyncio.run(runtime.survey([n.image for n in needs], settings.instance))
-    needed, needed_from = users_needed(config, users)
+    needed, needed_from = users_counted(config, users)
     return Facts(
         config=path,
         gpu_mode=settings.gpu_mode,

@@ -10,10 +10,33 @@ from pathlib import Path
 from ..gpus.inventory import read_inventory
 from .base import EngineError, Runtime
 from .objects import gpu_delivery_refusal
+from .pools import (
+    DEFAULT_USERS,
+    DOCKER_DEFAULT_POOLS,
+    POOLS_FIX,
+    pool_capacity,
+    pool_room,
+    pools_warning,
+    users_counted,
+)
 
 #: gpu_delivery_refusal: the one rule of which engine runtimes can hand GPUs out in a gpu_mode
-#: (the start-up check, and ``gpulab doctor`` on what ``Runtime.survey`` read)
-__all__ = ["EngineError", "Runtime", "gpu_delivery_refusal", "make_runtime"]
+#: (the start-up check, and ``gpulab doctor`` on what ``Runtime.survey`` read); pool_room,
+#: users_counted and pools_warning: the one rule of room in the address pools for a network per
+#: user (the service's start-up warning, and the doctor's check)
+__all__ = [
+    "DEFAULT_USERS",
+    "DOCKER_DEFAULT_POOLS",
+    "POOLS_FIX",
+    "EngineError",
+    "Runtime",
+    "gpu_delivery_refusal",
+    "make_runtime",
+    "pool_capacity",
+    "pool_room",
+    "pools_warning",
+    "users_counted",
+]
 
 RUNNER = str(Path(__file__).resolve().parent / "job_runner.sh")
 

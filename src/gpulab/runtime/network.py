@@ -13,8 +13,9 @@ Why one network per user rather than one per workload or one shared network with
 inter-container traffic disabled (``enable_icc=false``): a user's own workloads working
 together is what people expect from "my notebooks and my jobs", and a network per workload
 would spend the engine's address pools several times faster. The cost is that each user with a
-container holds one network, and Docker's default address pools hold about 30 bridge networks:
-operators with more concurrent users configure ``default-address-pools`` (see SECURITY.md).
+container holds one network, and Docker's built-in address pools hold 31 bridge networks:
+operators with more concurrent users configure ``default-address-pools`` (``pools.py``; the
+service warns at start-up when the pools are short, docs/scale-out.md#address-pools).
 Networks are therefore removed (best effort) when a user's last gpulab container is gone.
 
 The network is created on demand by whichever process needs it first (the hub's spawner or
@@ -44,6 +45,7 @@ from ..names import (
     user_network_name,
 )
 from .base import NetworkUnavailable
+from .pools import POOLS_EXAMPLE, pools_exhausted
 
 log = logging.getLogger(__name__)
 
@@ -177,13 +179,17 @@ def network_for(mode: str, instance: str, user: str) -> str | None:
 
 
 def explain_create_error(name: str, explanation: str) -> str:
-    """What a user (and the operator reading the logs) is told when a network cannot be made."""
-    if "address pool" in explanation or "non-overlapping" in explanation:
+    """What a user (and the operator reading the logs) is told when a network cannot be made:
+    for used-up address pools (``pools.pools_exhausted``: each engine's words for it), the
+    cause and the operator's fix, the engine's own words last."""
+    if pools_exhausted(explanation):
         return (
-            f"no network could be created for your workloads ({name}): the container engine "
-            "has no free address range left (too many networks at once). Ask the operator to "
-            "configure default-address-pools with small subnets in Docker's daemon.json, or "
-            "stop some workloads and try again. Engine said: " + explanation
+            f"no network could be created for your workloads ({name}): the container engine's "
+            "address pools are used up (each user with a notebook or a job holds one network). "
+            "Ask the operator to give Docker more, smaller pools: default-address-pools in "
+            f"/etc/docker/daemon.json, for example {POOLS_EXAMPLE} (256 networks), then restart "
+            "dockerd (docs/scale-out.md#address-pools); or stop some workloads and try again. "
+            "Engine said: " + explanation
         )
     return f"no network could be created for your workloads ({name}): {explanation}"
 

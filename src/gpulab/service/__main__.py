@@ -28,7 +28,7 @@ from ..gpus.usage import NvmlUsage
 from ..jobs.supervisor.supervisor import JobSupervisor
 from ..metrics import GpuUsageCollector, StateCollector
 from ..notebooks.records import NotebookRecords
-from ..runtime import EngineError, make_runtime
+from ..runtime import EngineError, make_runtime, pools_warning, users_counted
 from ..secrets import store_for
 from ..settings import ConfigError, GpulabSettings, load_config
 from ..statelog import json_formatter, register_sensitive
@@ -57,6 +57,19 @@ def rotate_secrets(config: str | None) -> None:
     print(f"re-encrypted {count} secrets with the first key")
 
 
+async def warn_of_address_pools(runtime, settings: GpulabSettings, config) -> None:
+    """A WARNING when the engine's address pools hold fewer networks than the users counted
+    on (JupyterHub's active_server_limit, else 50), each holding one (``runtime.pools``' rule,
+    the one ``gpulab doctor`` judges by); nothing to say on a Swarm (its overlays come from
+    the swarm's own pool) or without a network per user."""
+    if settings.network_isolation != "user" or runtime.clustered:
+        return
+    users, counted = users_counted(config)
+    warning = pools_warning(await runtime.survey((), settings.instance), users, counted)
+    if warning:
+        log.warning("%s", warning)
+
+
 async def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gpulab-service", description=__doc__)
     parser.add_argument(
@@ -71,7 +84,8 @@ async def main(argv: list[str] | None = None) -> None:
         level=logging.INFO, format="[%(levelname).1s %(asctime)s %(name)s] %(message)s"
     )
     try:
-        settings = GpulabSettings(config=load_config(args.config))
+        config = load_config(args.config)
+        settings = GpulabSettings(config=config)
     except ConfigError as e:
         log.error("invalid configuration: %s", e)
         sys.exit(2)
@@ -94,6 +108,7 @@ async def main(argv: list[str] | None = None) -> None:
         if refusal:
             log.error("gpulab cannot hand out this host's GPUs: %s", refusal)
             sys.exit(2)
+    await warn_of_address_pools(runtime, settings, config)
     # this host's GPUs' activity, read with NVML (hang detection, /metrics); a Swarm's nodes
     # are read by nobody yet (no agent per node): no reader there
     usage = NvmlUsage() if runtime.inventory is not None and runtime.inventory.devices else None
