@@ -3,7 +3,8 @@ GPUs through the stand-in libnvidia-ml.so.1 (tests/support/fake_nvml.c) on its l
 whose utilization and memory use this test sets in a file the library reads at every call. A
 job holding a GPU that writes nothing and uses no CPU (``sleep``) is not restarted as hung
 while its GPU reads busy, and is once it reads idle for the hang period; /metrics shows the
-device's and the job's utilization and memory use meanwhile, and the admin page the device's."""
+device's and the job's utilization and memory use meanwhile, the admin page the device's, and
+the job's page and its API answer (``gpu_usage``) the job's."""
 
 from __future__ import annotations
 
@@ -89,6 +90,25 @@ def test_a_busy_gpu_keeps_a_silent_job_from_being_restarted_as_hung(hub_with, tm
     row = re.search(rf'<tr class="busy" data-device="{device}">(.*?)</tr>', page.text, re.S)
     assert row, page.text
     assert "now: 93 % busy, 19.5 GiB of " in row.group(1), row.group(1)
+
+    # the job's own page and its API answer: its device's figures now, from the same reader
+    mine = requests.get(
+        f"{hub.url}/services/gpulab/jobs/{job['id']}",
+        headers={"Authorization": f"token {carl.token}"},
+        timeout=30,
+    )
+    assert mine.status_code == 200, mine.text[:300]
+    shown = re.search(r'<dd id="job-gpu-usage">(.*?)</dd>', mine.text, re.S)
+    assert shown, mine.text
+    assert f"{device} now: 93 % busy, 19.5 GiB of " in shown.group(1), shown.group(1)
+    usage_now = carl.job(job["id"])["gpu_usage"]
+    assert len(usage_now) == 1, usage_now
+    assert usage_now[0]["device"] == device and usage_now[0]["rank"] == 0
+    assert usage_now[0]["utilization"] == 93 and usage_now[0]["memory_used"] == 20000 * MIB
+    total = usage_now[0]["memory_total"]
+    assert total > 20000 * MIB and f"19.5 GiB of {total / 1024**3:.1f} GiB used" in shown.group(1)
+    listed = carl.call("GET", "/jobs").json()["jobs"]
+    assert listed and all("gpu_usage" not in j for j in listed)  # not in lists
 
     set_usage(usage, {})  # every GPU idle now: output, CPU and GPU all quiet
     deadline = time.monotonic() + 3 * PERIOD

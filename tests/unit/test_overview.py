@@ -4,6 +4,7 @@ read from real records on a SQLite file."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -274,3 +275,102 @@ def test_the_submit_form_renders_when_the_ledger_cannot_be_read(lab):
     got = run_async(overview.submit_form(lab.sup, lab.settings, "ann", []))
     assert (got["gpus_free"], got["gpus_total"]) == (None, 3)
     assert got["limits"] == lab.settings.limits_for("ann", [])
+
+
+GIB = 1024**3
+
+
+def job_on(state: str, *workers: tuple[str, list[str]]) -> dict:
+    """A job's record as the API answers it: its state and each worker's (node, devices)."""
+    ws = [{"rank": k, "node": n, "devices": d} for k, (n, d) in enumerate(workers)]
+    return {"state": state, "devices": [d for w in ws for d in w["devices"]], "workers": ws}
+
+
+READINGS = [
+    DeviceUsage("0", 93, 20 * GIB, 80 * GIB, "GPU-aaa"),
+    DeviceUsage("1", 5, 1 * GIB, 80 * GIB, "GPU-bbb"),
+    DeviceUsage("MIG-ccc", None, 2 * GIB, 10 * GIB),
+]
+
+
+def test_a_running_jobs_gpus_now_each_device_it_holds_by_rank():
+    rows = overview.gpu_usage_rows(job_on("RUNNING", ("", ["1"]), ("", ["0", "GPU-bbb"])), READINGS)
+    assert rows == [
+        {"rank": 0, "device": "1", "utilization": 5, "memory_used": GIB, "memory_total": 80 * GIB},
+        {
+            "rank": 1,
+            "device": "0",
+            "utilization": 93,
+            "memory_used": 20 * GIB,
+            "memory_total": 80 * GIB,
+        },
+        # a GPU booked by its UUID is read by it too
+        {
+            "rank": 1,
+            "device": "GPU-bbb",
+            "utilization": 5,
+            "memory_used": GIB,
+            "memory_total": 80 * GIB,
+        },
+    ]
+
+
+def test_a_mig_device_shows_its_memory_and_no_utilization():
+    rows = overview.gpu_usage_rows(job_on("RUNNING", ("", ["MIG-ccc"])), READINGS)
+    assert rows == [
+        {
+            "rank": 0,
+            "device": "MIG-ccc",
+            "utilization": None,
+            "memory_used": 2 * GIB,
+            "memory_total": 10 * GIB,
+        }
+    ]
+
+
+@pytest.mark.parametrize(
+    "job, readings",
+    [
+        (job_on("QUEUED", ("", [])), READINGS),  # holds nothing yet
+        (job_on("FINALIZING", ("", ["0"])), READINGS),  # not RUNNING: what it did, not does
+        (job_on("RUNNING", ("", [])), READINGS),  # a CPU job
+        (job_on("RUNNING", ("", ["0"])), []),  # nothing read (no NVML)
+        (job_on("RUNNING", ("", ["7"])), READINGS),  # its device not among those read
+        (job_on("RUNNING", ("gpu-1", ["0"])), READINGS),  # on a Swarm node: not this host's "0"
+        (job_on("RUNNING", ("", ["0"]), ("gpu-1", ["0"])), READINGS),  # part of it there
+    ],
+)
+def test_nothing_is_shown_where_the_jobs_gpus_are_not_read_here(job, readings):
+    assert overview.gpu_usage_rows(job, readings) == []
+
+
+def with_usage(sup, job: dict) -> dict:
+    return asyncio.run(overview.with_gpu_usage(sup, job))
+
+
+def test_with_gpu_usage_reads_through_the_services_reader_only_for_a_running_gpu_job():
+    calls = []
+
+    def reader():
+        calls.append(1)
+        return READINGS
+
+    def sup(read):
+        return SimpleNamespace(ctx=SimpleNamespace(gpu_usage=read))
+
+    running = job_on("RUNNING", ("", ["0"]))
+    got = with_usage(sup(reader), running)
+    assert got == {**running, "gpu_usage": overview.gpu_usage_rows(running, READINGS)}
+    assert got["gpu_usage"][0]["utilization"] == 93 and "gpu_usage" not in running
+    assert calls == [1]
+    # a job not running, or with no GPU, is not read at all
+    assert with_usage(sup(reader), job_on("QUEUED", ("", [])))["gpu_usage"] == []
+    assert with_usage(sup(reader), job_on("RUNNING", ("", [])))["gpu_usage"] == []
+    assert calls == [1]
+    # no reader (no NVML, a Swarm), or one that fails: nothing, never an error
+    assert with_usage(sup(None), running)["gpu_usage"] == []
+
+    def broken():
+        raise RuntimeError("NVML went away")
+
+    assert with_usage(sup(broken), running)["gpu_usage"] == []

@@ -1,8 +1,9 @@
 """What the service shows of a user's, or everyone's, workloads: a user's billed minutes (the
 usage API, the home page and the admin's table alike: :func:`usage_of`), a user's home
-(:func:`home_overview`: their notebooks, recent jobs, billed minutes and the free GPUs) and
-the admin's overview of the platform (:func:`admin_overview`): every GPU and what holds it,
-every notebook and job, each user's limits, quotas, GPUs, disk and billed minutes, and the
+(:func:`home_overview`: their notebooks, recent jobs, billed minutes and the free GPUs), what a
+running job's GPUs do now (its page and ``GET /api/jobs/{id}`` alike: :func:`with_gpu_usage`)
+and the admin's overview of the platform (:func:`admin_overview`): every GPU and what holds
+it, every notebook and job, each user's limits, quotas, GPUs, disk and billed minutes, and the
 catalog's images with whether GPU workloads may use them on this host's driver; and what the
 job submission form offers a user (:func:`submit_form`).
 
@@ -18,6 +19,7 @@ reads the database (run them off the event loop); the coroutines read it on a wo
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     from ..frameworks import Catalog
     from ..settings import GpulabSettings
     from .supervisor import JobSupervisor
+
+log = logging.getLogger("gpulab.jobs")
 
 #: the newest jobs the admin's overview lists (the jobs page pages through all of them)
 RECENT_JOBS = 50
@@ -123,6 +127,47 @@ async def submit_form(
         "max_workers": MAX_WORKERS,
         "max_timeout": settings.job_max_timeout,
     }
+
+
+async def with_gpu_usage(sup: JobSupervisor, job: dict) -> dict:
+    """``job`` with ``gpu_usage``: what each of its GPUs does now (:func:`gpu_usage_rows`),
+    read through the service's NVML reader (the one hang detection and the admin page read;
+    on a worker thread); [] where nothing can be read (no reader: no NVML on the service's
+    host; a Swarm's nodes)."""
+    reader = sup.ctx.gpu_usage
+    readings: list = []
+    if reader is not None and job["state"] == JobState.RUNNING.value and job["devices"]:
+        try:
+            readings = await asyncio.to_thread(reader)
+        except Exception as e:  # a reading is shown, never a failure of the page
+            log.warning("GPU activity not read: %s", e)
+    return {**job, "gpu_usage": gpu_usage_rows(job, readings)}
+
+
+def gpu_usage_rows(job: dict, readings: list) -> list[dict]:
+    """What a RUNNING job's GPUs do now, from this host's NVML ``readings``: a row per device
+    its workers hold and NVML read (``rank``, ``device`` as booked, ``utilization`` in percent,
+    None for a MIG device, ``memory_used`` and ``memory_total`` in bytes), in rank then
+    booking order. Nothing for a job that is not RUNNING, nor for workers on a cluster's
+    nodes (the readings are the service's host's)."""
+    if job["state"] != JobState.RUNNING.value:
+        return []
+    rows = []
+    for w in job["workers"]:
+        if w["node"]:
+            return []
+        for device in w["devices"]:
+            for u in readings_of(readings, [device]):
+                rows.append(
+                    {
+                        "rank": w["rank"],
+                        "device": device,
+                        "utilization": u.utilization,
+                        "memory_used": u.memory_used,
+                        "memory_total": u.memory_total,
+                    }
+                )
+    return rows
 
 
 async def admin_overview(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 
 from ...jobs import actions
+from ...jobs.overview import with_gpu_usage
 from ..base import JOBS_MANAGE, JOBS_READ, BaseHandler, answer_refusals, authenticated, read
 
 
@@ -60,7 +61,9 @@ class JobsHandler(BaseHandler):
 class JobHandler(BaseHandler):
     @authenticated
     async def get(self, job_id: str):
-        self.write_json(await self.own_job(job_id))
+        """The job, with what its GPUs do now (``gpu_usage``: only here, not in lists)."""
+        job = await self.own_job(job_id)
+        self.write_json(await with_gpu_usage(self.supervisor, job))
 
     @authenticated
     async def delete(self, job_id: str):

@@ -413,6 +413,27 @@ def document(job_submission: dict | None = None) -> dict:
                                 },
                             },
                         },
+                        "gpu_usage": {
+                            "type": "array",
+                            "description": "in GET /api/jobs/{job_id} only: what each GPU of "
+                            "a RUNNING job does now, read with NVML on the service's host; "
+                            "empty when it cannot be read (no NVIDIA driver there, workers on "
+                            "a Swarm's nodes) or the job is not RUNNING",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "rank": {"type": "integer"},
+                                    "device": {"type": "string"},
+                                    "utilization": {
+                                        "type": ["integer", "null"],
+                                        "description": "percent of NVML's last sample period "
+                                        "a kernel ran; null for a MIG device (NVML has none)",
+                                    },
+                                    "memory_used": {"type": "integer", "description": "bytes"},
+                                    "memory_total": {"type": "integer", "description": "bytes"},
+                                },
+                            },
+                        },
                         "spec": {"type": "object"},
                         "ports": {
                             "type": "array",

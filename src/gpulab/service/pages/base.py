@@ -23,6 +23,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.utils import url_path_join
 from tornado import web
 
+from ...disk_quota import human
 from ...durations import format_duration
 from ...jobs.gang import workers_of
 from ...jobs.records import ACTIVE, ENDED
@@ -104,6 +105,7 @@ _env.filters["when"] = when
 _env.filters["workers"] = workers_of
 _env.filters["gpu_total"] = gpu_total
 _env.filters["ago"] = ago
+_env.filters["bytes"] = human
 _env.filters["state_class"] = state_class
 _env.filters["shjoin"] = lambda words: shlex.join(str(w) for w in words)
 _env.filters["duration"] = lambda s: format_duration(float(s)) if s is not None else "—"

@@ -8,7 +8,7 @@ import functools
 
 from ...jobs import actions, output
 from ...jobs.gang import workers_of
-from ...jobs.overview import submit_form
+from ...jobs.overview import submit_form, with_gpu_usage
 from ...jobs.refusals import JobRefused
 from ...resources import format_memory
 from ..base import JOBS_MANAGE, JOBS_READ, ApiError, answer_refusals, authenticated
@@ -96,6 +96,7 @@ class JobPage(PageHandler):
     @authenticated
     async def get(self, job_id: str):
         job = await self.own_job(job_id)
+        job = await with_gpu_usage(self.supervisor, job)  # with what its GPUs do now
         first = output.first_rank(job)  # None: every rank's output
         self.render_page(
             "job.html",
