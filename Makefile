@@ -33,7 +33,7 @@ SWARM_WORKERS ?= 2
 # PATH for the hub, the tests and the benchmarks: the proxy and the venv's scripts first.
 RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv proxy engine images browser postgres ldap setup run doctor test lint format \
+.PHONY: help venv proxy engine images browser postgres ldap nginx setup run doctor test lint format \
 	bench clean-images clean swarm-lab swarm-lab-down
 
 help: ## Show this help
@@ -90,7 +90,10 @@ postgres: ## Make sure a local PostgreSQL server runs (for the tests of gpulab o
 ldap: ## Make sure Debian's slapd and ldap-utils are installed (the log-in tests start their own directory)
 	scripts/ensure-slapd.sh
 
-test: setup browser postgres ldap ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=2)
+nginx: ## Make sure Debian's nginx is installed (the tests of a store behind TLS start their own)
+	scripts/ensure-nginx.sh
+
+test: setup browser postgres ldap nginx ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=2)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	PATH="$(RUN_PATH)" scripts/run-tests.sh $(TEST_WORKERS) $(PYTEST_ARGS)

@@ -6,6 +6,7 @@ flavors, limits, GPU inventory and database are defined once.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from functools import cached_property
@@ -29,6 +30,7 @@ from traitlets.config import Config, Configurable, PyFileConfigLoader
 
 from . import __version__
 from .bounds import MAX_REQUEST_BODY
+from .data.sync import check_stores
 from .disk_quota import DEFAULT_DISK_QUOTA, DEFAULT_GIT_MAX_BYTES, disk_quota_for, parse_size
 from .frameworks import Catalog
 from .gpus.sharing import check_sharing, fraction_refusal, sharing_mode_refusal
@@ -88,6 +90,11 @@ DEFAULT_FLAVORS = [
 
 class ConfigError(ValueError):
     """A setting that gpulab refuses; the message names it and says what is allowed."""
+
+
+log = logging.getLogger(__name__)
+#: the start-up warnings already logged by this process (settings are read more than once)
+_warned: set[str] = set()
 
 
 class GpulabSettings(Configurable):
@@ -675,10 +682,14 @@ class GpulabSettings(Configurable):
     object_stores = Dict(
         default_value={},
         help="""Object stores by name: {name: {kind: 's3' | 'filesystem', endpoint_url, region,
-        credentials: {access_key_env, secret_key_env} or {file}, root}}. Credentials are named
-        (environment variables or a file read by the hub), never written here, and users never
-        see them: only the short-lived sync helper container receives them. A 'filesystem'
-        store keeps objects under 'root' on this host (the embedded default).""",
+        credentials: {access_key_env, secret_key_env} or {file, profile}, ca_bundle, verify,
+        root}}. Credentials are named (environment variables, or an AWS credentials or config
+        file read by the hub: its profile, else [default]; a session token in it is used),
+        never written here, and users never see them: only the short-lived sync helper
+        container receives them, as a file. ca_bundle: a PEM file on this host of the CAs that
+        sign the endpoint's certificate (a private CA); verify=False turns the check off (a lab
+        only, logged at WARNING). A 'filesystem' store keeps objects under 'root' on this host
+        (the embedded default).""",
     ).tag(config=True)
 
     workspace_store = Unicode(
@@ -730,6 +741,25 @@ class GpulabSettings(Configurable):
         if check:
             self.check_idle()
             self.check_sharing()
+            self.check_stores()
+
+    def check_stores(self) -> None:
+        """What the object stores name on this host, checked at start-up: a ca_bundle that is
+        a PEM CA bundle, a credentials file's profile that it has (ConfigError naming the store
+        and the field); a store whose TLS certificate is not verified is logged at WARNING,
+        once per process."""
+        try:
+            stores = self.storage.stores
+        except ValueError:
+            return  # said where the storage is first read, as before
+        try:
+            warnings = check_stores(stores)
+        except ValueError as e:
+            raise ConfigError(f"c.GpulabSettings.object_stores: {e}") from None
+        for warning in warnings:
+            if warning not in _warned:
+                _warned.add(warning)
+                log.warning("%s", warning)
 
     def check_sharing(self) -> None:
         """gpu_sharing, its mode and the fractional flavors, checked at start-up: a flavor

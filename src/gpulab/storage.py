@@ -26,11 +26,11 @@ DEFAULT_SERVER_KEY = "_default"
 
 def _store(name: str, d: Mapping) -> ObjectStore:
     creds = d.get("credentials") or {}
-    unknown = set(creds) - {"access_key_env", "secret_key_env", "file"}
+    unknown = set(creds) - {"access_key_env", "secret_key_env", "file", "profile"}
     if unknown:
         raise ValueError(
             f"object store {name!r}: credentials take access_key_env, secret_key_env or file "
-            f"(names, never values), not {sorted(unknown)}"
+            f"and profile (names, never values), not {sorted(unknown)}"
         )
     return ObjectStore(
         name=name,
@@ -39,6 +39,8 @@ def _store(name: str, d: Mapping) -> ObjectStore:
         region=d.get("region", "us-east-1"),
         credentials=CredentialsSource(**creds),
         root=d.get("root"),
+        ca_bundle=d.get("ca_bundle") or None,
+        verify=d.get("verify", True),
     )
 
 

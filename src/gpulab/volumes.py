@@ -79,13 +79,15 @@ class VolumeAccessError(VolumeError):
 class CredentialsSource:
     """Where the sync helper finds the store's credentials: never the values themselves.
 
-    Either two environment variable names, or a file path (an AWS shared-credentials file or
-    ``KEY=VALUE`` lines). Holding only names keeps secrets out of any ``repr`` or log line.
+    Either two environment variable names, or a file path (an AWS shared-credentials or
+    config file, whose ``profile`` is used, else its ``[default]``; or ``KEY=VALUE`` lines).
+    Holding only names keeps secrets out of any ``repr`` or log line.
     """
 
     access_key_env: str = "AWS_ACCESS_KEY_ID"
     secret_key_env: str = "AWS_SECRET_ACCESS_KEY"
     file: str | None = None
+    profile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,10 @@ class ObjectStore:
     ``kind="s3"``: an S3-compatible endpoint (``endpoint_url`` None means AWS itself).
     ``kind="filesystem"``: the embedded default, objects persisted under the ``root`` directory
     with the same sync semantics as S3.
+
+    ``ca_bundle``: a PEM file on the hub's host of the CAs that sign the endpoint's TLS
+    certificate (a store behind a private CA); ``verify=False`` turns the certificate check
+    off (a lab only).
     """
 
     name: str
@@ -103,6 +109,8 @@ class ObjectStore:
     region: str = "us-east-1"
     credentials: CredentialsSource = field(default_factory=CredentialsSource)
     root: str | None = None
+    ca_bundle: str | None = None
+    verify: bool = True
 
     def __post_init__(self) -> None:
         if not _STORE_NAME_RE.fullmatch(self.name or ""):
@@ -124,6 +132,31 @@ class ObjectStore:
                     f"object store {self.name!r}: endpoint_url must be http(s)://host[:port] "
                     "without credentials in it"
                 )
+        if not isinstance(self.verify, bool):
+            raise VolumeError(f"object store {self.name!r}: verify must be True or False")
+        if self.ca_bundle is not None:
+            if not (isinstance(self.ca_bundle, str) and self.ca_bundle.startswith("/")):
+                raise VolumeError(
+                    f"object store {self.name!r}: ca_bundle must be an absolute path on the "
+                    "hub's host"
+                )
+            if not self.verify:
+                raise VolumeError(
+                    f"object store {self.name!r}: ca_bundle and verify=False contradict each "
+                    "other (a CA bundle is for verifying)"
+                )
+        if self.kind == "filesystem" and (self.ca_bundle or not self.verify):
+            raise VolumeError(
+                f"object store {self.name!r}: ca_bundle and verify are for S3 stores only"
+            )
+        profile = self.credentials.profile
+        if profile is not None and not (isinstance(profile, str) and profile.strip()):
+            raise VolumeError(f"object store {self.name!r}: credentials.profile must be a name")
+        if profile is not None and not self.credentials.file:
+            raise VolumeError(
+                f"object store {self.name!r}: credentials.profile names a profile of a "
+                "credentials file: give the file too"
+            )
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@
   (a wrong key or secret is refused as S3 refuses it).
 - :class:`FaultyProxy`: an HTTP proxy in front of a server that can corrupt or cut short the
   bodies of object GETs, to test that bad downloads are detected, and hold every request
-  until a gate opens. With ``verify_sha256`` it also does what S3 does and moto does not with
-  a PUT's ``x-amz-checksum-sha256``: checks it (400 BadDigest) and returns it.
+  until a gate opens; it records each request's session token header. With
+  ``verify_sha256`` it also does what S3 does and moto does not with a PUT's
+  ``x-amz-checksum-sha256``: checks it (400 BadDigest) and returns it.
 """
 
 from __future__ import annotations
@@ -219,6 +220,9 @@ class FaultyProxy:
         self.bad_digests = 0
         self.damaged = 0
         self.requests: list[str] = []  # "METHOD /path?query", in order
+        #: (method, its X-Amz-Security-Token header or "") of each request, in order: what
+        #: session token the client was configured with
+        self.tokens: list[tuple[str, str]] = []
         self.gate = threading.Event()
         self.gate.set()
         proxy = self
@@ -232,6 +236,7 @@ class FaultyProxy:
             def _forward(self) -> None:
                 proxy.gate.wait(timeout=60)
                 proxy.requests.append(f"{self.command} {self.path}")
+                proxy.tokens.append((self.command, self.headers.get("X-Amz-Security-Token", "")))
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 sent_sha = self.headers.get("x-amz-checksum-sha256")

@@ -217,11 +217,12 @@ def test_object_store_repr_has_no_secrets() -> None:
         endpoint_url="http://127.0.0.1:9000",
         credentials=CredentialsSource(access_key_env="MY_KEY", secret_key_env="MY_SECRET"),
     )
-    # Only the names of the variables are held, never values.
+    # Only the names of the variables (or of a file and its profile) are held, never values.
     assert {f.name for f in dataclasses.fields(CredentialsSource)} == {
         "access_key_env",
         "secret_key_env",
         "file",
+        "profile",
     }
     assert "MY_SECRET" in repr(store)
 

@@ -46,8 +46,15 @@ def sync_helper_spec(
     user: str = "1000:100",
     mirror: bool = False,
     max_bytes: int | None = None,
+    files: dict[str, bytes] | None = None,
+    store_args: list[str] | None = None,
 ) -> HelperSpec:
     """A short-lived ``gpulab-sync`` helper, for any backend's ``run_helper``.
+
+    ``files`` and ``store_args``: the store's secret files (its keys, its CA bundle) and the
+    arguments that name them where the helper finds them
+    (:func:`gpulab.data.sync.helper_store_files`): secrets travel as files, never in the
+    helper's environment or command line.
 
     ``max_bytes``: a pull refuses a prefix whose objects weigh more than this together (what
     the owner's disk quota booked for the volume: :mod:`gpulab.disk_ledger`).
@@ -90,7 +97,7 @@ def sync_helper_spec(
     else:
         if endpoint_url:
             command += ["--store-endpoint", endpoint_url]
-        command += ["--region", region]
+        command += ["--region", region, *(store_args or [])]
     return HelperSpec(
         image=image,
         command=command,
@@ -100,4 +107,5 @@ def sync_helper_spec(
         mounts=tuple(mounts),
         host_dirs=host_dirs,
         network="host",
+        files=dict(files or {}),
     )

@@ -16,18 +16,27 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..datasync.credentials import (
+    Credentials,
+    CredentialsError,
+    ProfileMissing,
+    ca_bundle_problem,
+)
+from ..datasync.models import tls_refusal
+from ..datasync.s3_settings import S3Settings
 from ..metrics import observe_sync
 from ..names import L_INSTANCE, L_KIND, L_WORKLOAD, volume_name
-from ..runtime.base import EngineError, Runtime
+from ..runtime.base import HELPER_FILES_DIR, EngineError, Runtime
 from ..statelog import register_sensitive
 from ..volumes import ObjectStore, VolumeSpec
 from .helper import filesystem_store_dirs, sync_helper_spec
 
 if TYPE_CHECKING:
+    from ..datasync.s3 import S3Remote
     from ..disk_ledger import DiskLedger
 
 log = logging.getLogger(__name__)
@@ -124,31 +133,117 @@ def prepare_store_dirs(store: ObjectStore, spec: VolumeSpec) -> str | None:
     return real
 
 
-def store_credentials(store: ObjectStore) -> dict[str, str]:
-    """Environment for the helper: the store's keys, read where the admin said they are."""
+def store_keys(store: ObjectStore) -> Credentials | None:
+    """The store's keys (and session token), read where the admin said they are: a
+    credentials file (its profile) or two environment variables. None for a filesystem store.
+    """
     if store.kind == "filesystem":
-        return {}
+        return None
     src = store.credentials
     if src.file:
         try:
-            text = Path(src.file).read_text()
-        except OSError as e:
-            raise StorageCredentialsError(
-                f"store {store.name}: cannot read its credentials file ({e.strerror})"
-            ) from None
-        values: dict[str, str] = {}
-        for line in text.splitlines():
-            if "=" in line and not line.lstrip().startswith(("#", "[")):
-                k, v = line.split("=", 1)
-                values[k.strip().upper()] = v.strip()
-        key, secret = values.get("AWS_ACCESS_KEY_ID"), values.get("AWS_SECRET_ACCESS_KEY")
+            creds = Credentials.from_file(src.file, src.profile)
+        except CredentialsError as e:
+            raise StorageCredentialsError(f"store {store.name}: {e}") from None
     else:
         key, secret = os.environ.get(src.access_key_env), os.environ.get(src.secret_key_env)
-    if not key or not secret:
-        where = src.file or f"${src.access_key_env} / ${src.secret_key_env}"
-        raise StorageCredentialsError(f"store {store.name}: no credentials in {where}")
-    register_sensitive([key, secret])  # never in a state change's logged message
-    return {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}
+        if not key or not secret:
+            where = f"${src.access_key_env} / ${src.secret_key_env}"
+            raise StorageCredentialsError(f"store {store.name}: no credentials in {where}")
+        creds = Credentials(key, secret)
+    # never in a state change's logged message
+    register_sensitive([v for v in astuple(creds) if v])
+    return creds
+
+
+def store_credentials(store: ObjectStore) -> dict[str, str]:
+    """The store's keys as the AWS environment variables name them ({} for a filesystem
+    store): what ``gpulab doctor`` probes with."""
+    creds = store_keys(store)
+    if creds is None:
+        return {}
+    env = {
+        "AWS_ACCESS_KEY_ID": creds.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": creds.secret_access_key,
+    }
+    if creds.session_token:
+        env["AWS_SESSION_TOKEN"] = creds.session_token
+    return env
+
+
+def store_verify(store: ObjectStore) -> bool | str:
+    """How the hub's own S3 clients check the store's TLS certificate: against its CA
+    bundle, the system's CAs (True), or not at all (``verify=False``, a lab)."""
+    return store.ca_bundle or store.verify
+
+
+def store_remote(store: ObjectStore, bucket: str, settings: S3Settings) -> S3Remote:
+    """An S3 client of ``bucket`` on ``store`` for the hub and the service (listings), with
+    the store's keys and its TLS settings."""
+    from ..datasync.s3 import S3Remote  # botocore, loaded when a store is first listed
+
+    return S3Remote(
+        bucket,
+        endpoint_url=store.endpoint_url,
+        region=store.region,
+        credentials=store_keys(store),
+        settings=settings,
+        verify=store_verify(store),
+    )
+
+
+#: the names of the store's files in the helper (under ``HELPER_FILES_DIR``)
+HELPER_CREDENTIALS, HELPER_CA_BUNDLE = "store-credentials", "store-ca.pem"
+
+
+def helper_store_files(store: ObjectStore) -> tuple[dict[str, bytes], list[str]]:
+    """What the sync helper is handed for ``store``: its secret files (the keys and session
+    token as a credentials file, the CA bundle's content) and the arguments that name them.
+    Files, never the helper's environment: ``docker inspect`` of a helper shows no key."""
+    creds = store_keys(store)
+    if creds is None:
+        return {}, []
+    files = {HELPER_CREDENTIALS: creds.to_file_text().encode()}
+    args = ["--credentials-file", f"{HELPER_FILES_DIR}/{HELPER_CREDENTIALS}"]
+    if store.ca_bundle:
+        try:
+            files[HELPER_CA_BUNDLE] = Path(store.ca_bundle).read_bytes()
+        except OSError as e:
+            raise StorageCredentialsError(
+                f"store {store.name}: cannot read its ca_bundle {store.ca_bundle} ({e.strerror})"
+            ) from None
+        args += ["--ca-bundle", f"{HELPER_FILES_DIR}/{HELPER_CA_BUNDLE}"]
+    elif not store.verify:
+        args.append("--no-verify-tls")
+    return files, args
+
+
+def check_stores(stores: dict[str, ObjectStore]) -> list[str]:
+    """The start-up check of what the stores' configuration names on this host: a
+    ``ca_bundle`` that exists and is a PEM CA bundle, a credentials file's ``profile`` that
+    the file has. Raises ValueError naming the store and the field; returns warnings (a
+    store whose certificate is not verified)."""
+    warnings = []
+    for store in stores.values():
+        if store.ca_bundle:
+            problem = ca_bundle_problem(store.ca_bundle)
+            if problem:
+                raise ValueError(f"object store {store.name!r}: ca_bundle {problem}")
+        if not store.verify:
+            warnings.append(
+                f"object store {store.name!r}: verify=False, its TLS certificate is not "
+                "verified (anyone on the path can read and change its data and keys): a lab "
+                "setting only; give it a ca_bundle instead"
+            )
+        src = store.credentials
+        if src.file and src.profile and os.access(src.file, os.R_OK):
+            try:
+                Credentials.from_file(src.file, src.profile)
+            except ProfileMissing as e:
+                raise ValueError(f"object store {store.name!r}: credentials.profile: {e}") from None
+            except CredentialsError:
+                pass  # the keys themselves: said at the first sync, and by gpulab doctor
+    return warnings
 
 
 @dataclass
@@ -246,18 +341,8 @@ class WorkloadData:
                 return True
             return top.is_dir() and not any(p.is_file() for p in top.rglob("*"))
         try:
-            import boto3
-            from botocore.config import Config
-
-            env = store_credentials(store)
-            client = boto3.client(
-                "s3",
-                endpoint_url=store.endpoint_url,
-                region_name=store.region,
-                aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                config=Config(connect_timeout=3, read_timeout=5, retries={"max_attempts": 1}),
-            )
+            quick = S3Settings(max_attempts=1, connect_timeout=3.0, read_timeout=5.0)
+            client = store_remote(store, spec.bucket, quick).client
             answer = client.list_objects_v2(
                 Bucket=spec.bucket, Prefix=f"{prefix}/" if prefix else "", MaxKeys=1
             )
@@ -290,18 +375,8 @@ class WorkloadData:
             return sum(o.size for o in remote.list(prefix))
         from botocore.exceptions import ClientError
 
-        from ..datasync.credentials import Credentials
-        from ..datasync.s3 import S3Remote
-        from ..datasync.s3_settings import S3Settings
-
-        env = store_credentials(store)
-        remote = S3Remote(
-            spec.bucket,
-            endpoint_url=store.endpoint_url,
-            region=store.region,
-            credentials=Credentials(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]),
-            settings=S3Settings(max_attempts=3, connect_timeout=5.0, read_timeout=30.0),
-        )
+        settings = S3Settings(max_attempts=3, connect_timeout=5.0, read_timeout=30.0)
+        remote = store_remote(store, spec.bucket, settings)
         try:
             return sum(o.size for o in remote.list(prefix))
         except ClientError as e:
@@ -323,11 +398,12 @@ class WorkloadData:
         except StorageCredentialsError as e:
             return SyncOutcome(vol, False, reason=str(e))
         except Exception as e:
+            why = tls_refusal(e) or f"{type(e).__name__}: {str(e)[:200]}"
             return SyncOutcome(
                 vol,
                 False,
                 reason=f"cannot list {vol.spec.bucket}/{vol.spec.prefix} to check your disk "
-                f"quota ({type(e).__name__}: {str(e)[:200]})",
+                f"quota ({why})",
             )
         owner, quota = await asyncio.to_thread(disk.owner_and_quota)
         try:
@@ -372,12 +448,12 @@ class WorkloadData:
     ) -> SyncOutcome:
         store = self.stores[vol.spec.store]
 
-        def prepare() -> tuple[dict[str, str], str | None]:
-            env = store_credentials(store)  # may read the admin's credentials file
-            return env, prepare_store_dirs(store, vol.spec)
+        def prepare() -> tuple[tuple[dict[str, bytes], list[str]], str | None]:
+            # may read the admin's credentials file and CA bundle
+            return helper_store_files(store), prepare_store_dirs(store, vol.spec)
 
         try:
-            env, store_root = await asyncio.to_thread(prepare)
+            (files, store_args), store_root = await asyncio.to_thread(prepare)
         except (StorageCredentialsError, StoreLayoutError, OSError) as e:
             return SyncOutcome(vol, False, reason=str(e))
         helper = sync_helper_spec(
@@ -396,7 +472,9 @@ class WorkloadData:
                 L_KIND: "sync-helper",
                 L_WORKLOAD: self.workload,
             },
-            environment=env,
+            environment={},
+            files=files,
+            store_args=store_args,
             # on a cluster a node's copy may be older than the store: pull deletions too
             mirror=bool(vol.node) and vol.spec.mode == "rwd",
             max_bytes=max_bytes,

@@ -7,7 +7,9 @@ or purge every object under a prefix.
     gpulab-sync git-clone --url URL --dest DIR ... (one git repository: see .gitclone)
 
 Credentials come only from the environment (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``)
-or from ``--credentials-file``; they are never accepted on the command line nor printed.
+or from ``--credentials-file`` (``--profile``; a session token is used); they are never
+accepted on the command line nor printed. ``--ca-bundle`` verifies a store behind a private CA
+(``--no-verify-tls``: no verification, a lab only).
 ``--store-endpoint file:///dir`` selects the embedded filesystem store.
 
 With ``--json-progress``, stdout carries one JSON object per line (``"event": "progress"``,
@@ -31,7 +33,7 @@ from urllib.parse import urlsplit
 
 from gpulab.volumes import VolumeError, validate_bucket_name
 
-from .credentials import Credentials, CredentialsError
+from .credentials import Credentials, CredentialsError, ca_bundle_problem
 from .models import SyncProgress, SyncReport
 from .s3_settings import MiB, S3Settings
 
@@ -79,6 +81,24 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--credentials-file", type=Path, help="AWS credentials file or KEY=VALUE file")
     p.add_argument(
+        "--profile",
+        default=None,
+        help="the profile of --credentials-file to use ([NAME] or [profile NAME]; "
+        "default: [default])",
+    )
+    tls = p.add_mutually_exclusive_group()
+    tls.add_argument(
+        "--ca-bundle",
+        type=Path,
+        default=None,
+        help="PEM file of the CAs that sign the store's TLS certificate (a private CA)",
+    )
+    tls.add_argument(
+        "--no-verify-tls",
+        action="store_true",
+        help="do not verify the store's TLS certificate (a lab only)",
+    )
+    p.add_argument(
         "--max-bytes",
         type=int,
         default=None,
@@ -125,7 +145,7 @@ def _remote(args: argparse.Namespace) -> Remote:
         raise UsageError("--store-endpoint must be http(s)://host[:port] (no credentials in it)")
     try:
         if args.credentials_file:
-            creds = Credentials.from_file(args.credentials_file)
+            creds = Credentials.from_file(args.credentials_file, args.profile)
         else:
             creds = Credentials.from_env()
     except CredentialsError as exc:
@@ -135,6 +155,12 @@ def _remote(args: argparse.Namespace) -> Remote:
             "no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
             "or pass --credentials-file"
         )
+    verify: bool | str = not args.no_verify_tls
+    if args.ca_bundle is not None:
+        problem = ca_bundle_problem(args.ca_bundle)
+        if problem:
+            raise UsageError(f"--ca-bundle: {problem}")
+        verify = str(args.ca_bundle)
     if min(args.multipart_threshold_mib, args.multipart_chunksize_mib) < 5:
         raise UsageError("multipart threshold and chunk size must be at least 5 MiB")
     settings = S3Settings(
@@ -154,6 +180,7 @@ def _remote(args: argparse.Namespace) -> Remote:
         region=args.region,
         credentials=creds,
         settings=settings,
+        verify=verify,
     )
 
 

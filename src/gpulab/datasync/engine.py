@@ -62,6 +62,7 @@ from .models import (
     SyncReport,
     Transferred,
     UnsafeKey,
+    tls_refusal,
 )
 
 ProgressCallback = Callable[[SyncProgress], None]
@@ -157,6 +158,9 @@ class _Run:
 
 
 def _reason(exc: BaseException) -> str:
+    tls = tls_refusal(exc)
+    if tls:
+        return tls
     if isinstance(exc, SyncError):
         return str(exc)
     if isinstance(exc, ClientError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -19,6 +20,27 @@ class IntegrityError(SyncError):
 
 class RemoteUnavailable(SyncError):
     """The object store could not be reached (after the client's own retries)."""
+
+
+#: OpenSSL's words in a failed handshake, as Python's ssl module writes them
+_SSL_RE = re.compile(r"\[SSL: ([A-Z_]+)\] ([^(\]\n]+)")
+
+
+def tls_refusal(exc: BaseException | str) -> str:
+    """A sentence naming the certificate problem when ``exc`` is a failed TLS handshake with
+    the store (its certificate not verified, most often signed by a CA the client does not
+    trust), else ''."""
+    found = _SSL_RE.search(str(exc))
+    if not found:
+        return ""
+    code, words = found.group(1), found.group(2).strip()
+    hint = ""
+    if code == "CERTIFICATE_VERIFY_FAILED" and ("issuer" in words or "self" in words):
+        hint = (
+            ": the store's certificate is not signed by a CA this client trusts (a private "
+            "CA? give the store its ca_bundle)"
+        )
+    return f"TLS handshake with the store failed, {words} [{code}]{hint}"
 
 
 class UnsafeKey(SyncError):

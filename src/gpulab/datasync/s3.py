@@ -142,15 +142,19 @@ class S3Remote:
         credentials: Credentials | None = None,
         settings: S3Settings | None = None,
         store_name: str | None = None,
+        verify: bool | str = True,
     ) -> None:
         """``store_name``, when given, names the store in :attr:`identity` instead of the
-        endpoint URL, so that a manifest stays valid if the store's address changes."""
+        endpoint URL, so that a manifest stays valid if the store's address changes.
+        ``verify``: the server's TLS certificate is checked against the system's CAs (True),
+        the CA bundle at this path (a store behind a private CA), or not at all (False)."""
         self.bucket = bucket
         self.store_name = store_name
         self.endpoint_url = endpoint_url
         self.region = region
         self.settings = settings or S3Settings()
         self._credentials = credentials
+        self.verify = verify
         #: the server answered a PUT with the SHA-256 it verified (see :meth:`digest`)
         self.server_verifies_sha256 = False
 
@@ -199,7 +203,9 @@ class S3Remote:
             request_checksum_calculation="when_supported",
             response_checksum_validation="when_supported",
         )
-        return session.client("s3", endpoint_url=self.endpoint_url, config=config)
+        return session.client(
+            "s3", endpoint_url=self.endpoint_url, config=config, verify=self.verify
+        )
 
     def __repr__(self) -> str:
         return f"S3Remote({self.identity!r})"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from ..data.sync import StorageCredentialsError, store_credentials
+from ..data.sync import StorageCredentialsError, store_credentials, store_remote
 from ..db import expected_schema, head_revision, read_schema, schema_revision, shown_url
 from ..gpus.inventory import discover_nvml, from_config
 from ..runtime import make_runtime, users_counted
@@ -177,20 +177,13 @@ def store_facts(settings: GpulabSettings, store: ObjectStore) -> StoreFacts:
         env = store_credentials(store)
     except StorageCredentialsError as e:
         return StoreFacts(store.name, store.kind, where, creds, credentials_error=str(e))
-    from ..datasync.credentials import Credentials
-    from ..datasync.s3 import S3Remote
     from ..datasync.s3_settings import S3Settings
 
-    key, secret = env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
-    client = S3Remote(
-        "",
-        endpoint_url=store.endpoint_url,
-        region=store.region,
-        credentials=Credentials(key, secret),
-        settings=S3Settings(max_attempts=2, connect_timeout=5.0, read_timeout=20.0),
-    ).client
+    secrets = tuple(env.values())
+    quick = S3Settings(max_attempts=2, connect_timeout=5.0, read_timeout=20.0)
+    client = store_remote(store, "", quick).client
     buckets = _buckets(settings, store.name) or [("", "the store", False)]
-    probes = tuple(_probe(client, b, p, ro, (key, secret)) for b, p, ro in buckets)
+    probes = tuple(_probe(client, b, p, ro, secrets) for b, p, ro in buckets)
     return StoreFacts(store.name, store.kind, where, creds, probes=probes)
 
 

@@ -163,7 +163,13 @@ class HelperSpec:
     runs, its labels and environment, the named volumes it mounts (``mounts``) and the host
     directories it binds (``host_dirs``: host path -> (path inside, read-only); one engine
     only), the network it joins ("host", "bridge" or a network's ID) and its limits.
-    Every helper runs unprivileged, without capabilities, as ``user``."""
+    Every helper runs unprivileged, without capabilities, as ``user``.
+
+    ``files``: secret files (store credentials, a CA bundle), name -> content, that the helper
+    reads at ``HELPER_FILES_DIR/<name>``, readable by ``user`` only. Backends deliver them
+    into the helper itself (a copy into the created container; a Swarm's secrets), never
+    through its environment or command line nor as a bind of a host path, so that an
+    inspection of the helper shows no secret."""
 
     image: str
     command: list[str]
@@ -175,6 +181,11 @@ class HelperSpec:
     network: str = "host"
     memory: int | None = None
     pids_limit: int | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+#: where a helper finds its :attr:`HelperSpec.files`
+HELPER_FILES_DIR = "/run/secrets"
 
 
 class EngineError(Exception):

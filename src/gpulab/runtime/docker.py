@@ -40,6 +40,7 @@ from .objects import (
     docker_epoch,
     gpu_delivery_refusal,
     helper_container_config,
+    helper_files_archive,
     workload_container_config,
 )
 from .survey import refs, survey_engine
@@ -371,7 +372,8 @@ class DockerRuntime(Runtime):
         def threadsafe(line: str) -> None:
             loop.call_soon_threadsafe(on_line, line)
 
-        return await self.engine.call(_run_helper_blocking, self.client, config, threadsafe)
+        files = helper_files_archive(spec) if spec.files else None
+        return await self.engine.call(_run_helper_blocking, self.client, config, threadsafe, files)
 
     # --- networks -----------------------------------------------------------------------------
 
@@ -395,14 +397,20 @@ class DockerRuntime(Runtime):
         return users + [f"job {j}" for j in jobs]
 
 
-def _run_helper_blocking(client: docker.APIClient, config: dict, on_line) -> HelperResult:
-    """Create, start and follow a helper container to its end; always remove it."""
+def _run_helper_blocking(
+    client: docker.APIClient, config: dict, on_line, files: bytes | None = None
+) -> HelperResult:
+    """Create, start and follow a helper container to its end; always remove it. ``files``
+    (its secret files, an archive) are copied into the created container before it starts:
+    they never appear in its configuration."""
     host_config = client.create_host_config(**config["host_config"])
     kwargs = {k: v for k, v in config.items() if k != "host_config"}
     container = client.create_container(host_config=host_config, **kwargs)
     cid = container["Id"]
     lines: list[str] = []
     try:
+        if files is not None:
+            client.put_archive(cid, "/", files)
         client.start(cid)
         fault_point("helper:started")
         buf = b""

@@ -6,10 +6,12 @@ a restart: who owns it, what kind of workload it is, which workload, which GPUs.
 
 from __future__ import annotations
 
+import io
+import tarfile
 from collections.abc import Mapping, Sequence
 
 from ..resources import CPU_PERIOD, MIN_CPU_QUOTA, ContainerLimits
-from .base import RUNNER_PATH, HelperSpec, WorkloadSpec
+from .base import HELPER_FILES_DIR, RUNNER_PATH, HelperSpec, WorkloadSpec
 
 #: NVIDIA_VISIBLE_DEVICES of a container that booked no GPU: the NVIDIA runtime and its hook
 #: hand it none, whatever its image says (every CUDA base image sets ``all``)
@@ -157,6 +159,30 @@ def helper_container_config(spec: HelperSpec) -> dict:
             **hardened_host_config(),
         },
     }
+
+
+def helper_files_archive(spec: HelperSpec) -> bytes:
+    """A helper's secret files as a tar archive to unpack at ``/`` of its created container
+    (pure): ``HELPER_FILES_DIR`` (0700) and each file (0400), owned by the helper's user."""
+    uid, _, gid = spec.user.partition(":")
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+
+        def entry(name: str, kind: bytes, mode: int, size: int = 0) -> tarfile.TarInfo:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.size = kind, mode, size
+            info.uid, info.gid = int(uid or 0), int(gid or 0)
+            return info
+
+        top = HELPER_FILES_DIR.strip("/")
+        tar.addfile(entry(top, tarfile.DIRTYPE, 0o700))
+        for name, content in sorted(spec.files.items()):
+            if not name or "/" in name or name in (".", ".."):
+                raise ValueError(f"a helper's file needs a plain name, not {name!r}")
+            tar.addfile(
+                entry(f"{top}/{name}", tarfile.REGTYPE, 0o400, len(content)), io.BytesIO(content)
+            )
+    return out.getvalue()
 
 
 def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) -> dict:

@@ -486,38 +486,56 @@ class SwarmRuntime(Runtime):
     async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
         return []  # not visible through the manager (see remove_volume)
 
-    def _helper_blocking(self, config: dict, node: str, on_line) -> HelperResult:
+    def _helper_blocking(
+        self, config: dict, node: str, on_line, files: dict[str, bytes] | None = None
+    ) -> HelperResult:
         client = self.client
-        body = helper_service_spec(config, node)
-        if not node:  # any node but the hub's own (a purge needs no volume)
-            body["TaskTemplate"]["Placement"]["Constraints"] = [f"node.id!={self._own_node_id()}"]
-        if not body["Name"]:
-            body["Name"] = f"gpulab-helper-{time.time_ns():x}"
-        sid = self._post_service(body)
-        lines: list[str] = []
+        name = config.get("name") or f"gpulab-helper-{time.time_ns():x}"
+        # the helper's secret files travel as the Swarm's secrets, one per file, made for
+        # this run only (labelled like the helper) and removed with it
+        secrets: list[tuple[str, str, str]] = []
+        sid = None
         try:
-            fault_point("helper:started")
-            deadline = time.monotonic() + HELPER_TIMEOUT
-            while True:
-                found = self._state_blocking(sid)
-                if found is not None and not found.running:
-                    break
-                if time.monotonic() > deadline:
-                    raise EngineError(f"helper {body['Name']} ran over {HELPER_TIMEOUT:g} s")
-                time.sleep(0.3)
-            res, chunks = self._open_logs(sid, False)
-            try:
-                buf = b"".join(chunks)
-            finally:
-                res.close()
-            for line in buf.decode(errors="replace").splitlines():
-                lines.append(line)
-                on_line(line)
-            if found.exit_code is None:
-                raise EngineError(f"the helper did not run: {found.error}")
-            return HelperResult(found.exit_code, lines)
+            for fname, content in sorted((files or {}).items()):
+                secret = f"{name}-{fname}"
+                made = client.create_secret(
+                    secret, content, labels=dict(config.get("labels") or {})
+                )
+                secrets.append((made["ID"], secret, fname))
+            body = helper_service_spec({**config, "name": name}, node, secrets)
+            if not node:  # any node but the hub's own (a purge needs no volume)
+                constraint = f"node.id!={self._own_node_id()}"
+                body["TaskTemplate"]["Placement"]["Constraints"] = [constraint]
+            sid = self._post_service(body)
+            return self._follow_helper(sid, name, on_line)
         finally:
-            with_suppress_notfound(client.remove_service, sid)
+            if sid is not None:
+                with_suppress_notfound(client.remove_service, sid)
+            for secret_id, _, _ in secrets:
+                _remove_secret(client, secret_id)
+
+    def _follow_helper(self, sid: str, name: str, on_line) -> HelperResult:
+        lines: list[str] = []
+        fault_point("helper:started")
+        deadline = time.monotonic() + HELPER_TIMEOUT
+        while True:
+            found = self._state_blocking(sid)
+            if found is not None and not found.running:
+                break
+            if time.monotonic() > deadline:
+                raise EngineError(f"helper {name} ran over {HELPER_TIMEOUT:g} s")
+            time.sleep(0.3)
+        res, chunks = self._open_logs(sid, False)
+        try:
+            buf = b"".join(chunks)
+        finally:
+            res.close()
+        for line in buf.decode(errors="replace").splitlines():
+            lines.append(line)
+            on_line(line)
+        if found.exit_code is None:
+            raise EngineError(f"the helper did not run: {found.error}")
+        return HelperResult(found.exit_code, lines)
 
     async def run_helper(self, spec: HelperSpec, on_line, node: str = "") -> HelperResult:
         config = helper_container_config(spec)
@@ -527,7 +545,9 @@ class SwarmRuntime(Runtime):
             loop.call_soon_threadsafe(on_line, line)
 
         config = {**config, "image": self.image_ref(config["image"])}
-        return await self.engine.call(self._helper_blocking, config, node, threadsafe)
+        return await self.engine.call(
+            self._helper_blocking, config, node, threadsafe, dict(spec.files)
+        )
 
 
 def _stopping(grace: float):
@@ -548,6 +568,20 @@ def _stopping(grace: float):
 
 def _named(obj: dict, name: str) -> bool:
     return (obj.get("Spec") or {}).get("Name") == name
+
+
+def _remove_secret(client, secret_id: str) -> None:
+    """Remove a helper's secret; its service's task may hold it a moment after the service
+    is removed."""
+    for _ in range(20):
+        try:
+            client.remove_secret(secret_id)
+            return
+        except NotFound:
+            return
+        except APIError:
+            time.sleep(0.25)
+    log.warning("could not remove the helper's secret %s", secret_id)
 
 
 def with_suppress_notfound(fn, *args) -> None:

@@ -4,6 +4,8 @@ by :class:`~gpulab.runtime.swarm.SwarmRuntime` and tested on their own."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..names import LABEL_PREFIX
 from .base import RUNNER_PATH, WorkloadSpec, WorkloadState
 from .objects import docker_epoch, visible_devices_env
@@ -103,10 +105,13 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
     }
 
 
-def helper_service_spec(config: dict, node: str) -> dict:
+def helper_service_spec(
+    config: dict, node: str, secrets: Sequence[tuple[str, str, str]] = ()
+) -> dict:
     """A helper (a ``HelperSpec``, as ``objects.helper_container_config`` makes it) as a
     one-task service on ``node``. Only named volumes travel: a filesystem store (host paths)
-    is refused."""
+    is refused. ``secrets``: the Swarm's secrets (ID, name, file name) that hold the helper's
+    secret files, each at ``HELPER_FILES_DIR/<file name>``, readable by its user only."""
     host = config["host_config"]
     mounts = []
     for source, bind in (host.get("binds") or {}).items():
@@ -133,6 +138,7 @@ def helper_service_spec(config: dict, node: str) -> dict:
             "User": config.get("user") or "1000:100",
             "Mounts": mounts,
             "CapabilityDrop": ["ALL"],
+            **_helper_secrets(config.get("user") or "1000:100", secrets),
         },
         "RestartPolicy": {"Condition": "none", "MaxAttempts": 0},
         "Placement": {"Constraints": [f"node.hostname=={node}"] if node else []},
@@ -159,6 +165,22 @@ def helper_service_spec(config: dict, node: str) -> dict:
         "Labels": labels,
         "TaskTemplate": task,
         "Mode": {"Replicated": {"Replicas": 1}},
+    }
+
+
+def _helper_secrets(user: str, secrets: Sequence[tuple[str, str, str]]) -> dict:
+    if not secrets:
+        return {}
+    uid, _, gid = user.partition(":")
+    return {
+        "Secrets": [
+            {
+                "SecretID": sid,
+                "SecretName": name,
+                "File": {"Name": fname, "UID": uid or "0", "GID": gid or "0", "Mode": 0o400},
+            }
+            for sid, name, fname in secrets
+        ]
     }
 
 

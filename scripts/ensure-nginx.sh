@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Debian's nginx for the tests of object stores behind TLS (tests/integration/test_store_tls.py),
+# which start a throwaway nginx of their own, a TLS-terminating proxy in front of a moto server
+# with a certificate from a CA the test makes. nginx-light is installed if missing
+# (idempotent, fast when present); the package's own server is stopped and left disabled.
+set -euo pipefail
+log() { printf '[ensure-nginx] %s\n' "$*" >&2; }
+
+if [ -x /usr/sbin/nginx ]; then
+    exit 0
+fi
+log "installing Debian's nginx-light"
+apt-get update -q
+# no server started by the package's scripts (the tests start their own)
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+fi
+DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light >/dev/null
+test -x /usr/sbin/nginx || { log "ERROR: /usr/sbin/nginx is still missing"; exit 1; }
+log "$(/usr/sbin/nginx -v 2>&1)"
