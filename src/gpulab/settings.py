@@ -124,7 +124,11 @@ class GpulabSettings(Configurable):
         True,
         help="""At start-up, ask the engine which runtimes it has (docker info) and refuse a
         gpu_mode that cannot hand out this host's GPUs: the service stops (and with it the
-        hub that manages it), saying what to configure; the hub refuses GPU notebooks. Turn
+        hub that manages it), saying what to configure; the hub refuses GPU notebooks. On a
+        Swarm each GPU node's own engine is asked instead (at swarm_node_engine), again every
+        few minutes: a node that cannot hand its GPUs out (its default runtime is not the
+        NVIDIA one), or whose engine does not answer, has its GPUs kept out of placement
+        until it can, named in the log with what to configure; the other nodes work. Turn
         it off only for an engine whose GPUs reach containers in a way docker info does not
         show (no NVIDIA runtime registered, only the toolkit's hook on dockerd's PATH) or for
         made-up gpu_devices on an engine without GPUs (the tests).""",

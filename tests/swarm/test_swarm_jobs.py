@@ -6,7 +6,8 @@ pinned one-task services; 2 nodes x 2 GPUs fill exactly and the fifth GPU waits,
 a request bigger than any node is refused naming the biggest; data is pulled and pushed by a
 sync helper on the node; the hub and the service SIGKILLed find every job again; a worker
 killed mid-job: the job is queued again and finishes on the other worker; exec and a shell
-reach a job on a worker through that node's own engine.
+reach a job on a worker through that node's own engine, which also says whether the node can
+hand its GPUs out (its runtimes).
 """
 
 from __future__ import annotations
@@ -520,3 +521,38 @@ def test_a_git_source_reaches_only_what_its_job_could(hub, ana, swarm_lab):
     assert "timed out" in mallory.call("GET", f"/jobs/{tried['id']}/logs").text
     assert heard() == before
     victim.call("POST", f"/jobs/{job['id']}/interrupt")
+
+
+def test_each_gpu_nodes_engine_is_asked_whether_it_can_hand_out_its_gpus(swarm_lab):
+    """check_gpu_runtime on a Swarm (issue 28 item 3): each GPU node's own engine is asked
+    (over TLS, as for an exec) which runtimes it has, by the one rule of one host. The lab's
+    workers run runc as their default runtime, so neither can hand GPUs out: each is named,
+    with what to configure, and its GPUs are kept out of placement while its CPUs stay; an
+    engine that does not answer keeps its node's GPUs out too. (The lab's hubs turn the check
+    off: their GPUs are made up.)"""
+    from gpulab.gpus.inventory import from_nodes
+    from gpulab.runtime.swarm import SwarmRuntime
+
+    workers = {w.hostname for w in swarm_lab.workers}
+    checked = SwarmRuntime(
+        swarm_lab.api(),
+        node_engine="tcp://{address}:2376",
+        node_tls=swarm_lab.engine_tls(),
+        check_gpus=True,
+    )
+    assert run_async(checked.gpu_delivery_refusal()) is None  # never the whole cluster
+    nodes = {n.hostname: n for n in run_async(checked.nodes())}
+    for name in workers:
+        refusal = nodes[name].gpus_refused
+        assert refusal.startswith(f"node {name} cannot hand out its GPUs: "), refusal
+        assert "the engine's default runtime is 'runc'" in refusal, refusal
+        assert "nvidia-ctk runtime configure --runtime=docker --set-as-default" in refusal
+    devices, usable = from_nodes(nodes.values())
+    assert devices == [] and workers <= set(usable)  # their CPUs still take workloads
+
+    silent = SwarmRuntime(
+        swarm_lab.api(), node_engine="tcp://{address}:2399", node_engine_plain=True, check_gpus=True
+    )
+    for n in run_async(silent.nodes()):
+        if n.hostname in workers:
+            assert "did not say which runtimes it has" in n.gpus_refused, n

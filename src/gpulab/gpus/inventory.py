@@ -164,9 +164,13 @@ def nvml_devices(nvml) -> list[GpuDevice]:
 def from_nodes(nodes) -> tuple[list[GpuDevice], list[str]]:
     """A cluster's GPUs and the nodes that take workloads now (ready and active), from the
     runtime's :class:`~gpulab.runtime.base.Node` list: a node that is down or drained offers
-    nothing to new placements (what it holds stays booked until its workloads are gone)."""
+    nothing to new placements, and one whose GPUs are refused (``gpus_refused``: its engine
+    cannot hand them out, or did not say) offers no GPU, only its CPUs (what either holds
+    stays booked until its workloads are gone)."""
     usable = sorted((n for n in nodes if n.ready and n.active), key=lambda n: n.hostname)
-    devices = [GpuDevice(id=g, node=n.hostname) for n in usable for g in n.gpus]
+    devices = [
+        GpuDevice(id=g, node=n.hostname) for n in usable if not n.gpus_refused for g in n.gpus
+    ]
     return devices, [n.hostname for n in usable]
 
 

@@ -81,6 +81,7 @@ def make_runtime(settings, client=None) -> Runtime:
             ),
             node_engine_plain=settings.swarm_node_engine_plain,
             encrypted=settings.swarm_overlay_encryption,
+            check_gpus=settings.check_gpu_runtime,
         )
         runtime.helper_image = settings.sync_image
         return runtime

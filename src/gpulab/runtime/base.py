@@ -123,6 +123,9 @@ class Node:
     #: the GPU device IDs the node offers (configured or advertised)
     gpus: tuple[str, ...] = ()
     address: str = ""
+    #: why its GPUs must not be handed out now ("" when they may): its engine cannot deliver
+    #: them, or did not say (a Swarm node's runtimes, ``check_gpu_runtime``)
+    gpus_refused: str = ""
 
 
 @dataclass(frozen=True)
@@ -366,8 +369,9 @@ class Runtime:
     async def gpu_delivery_refusal(self) -> str | None:
         """Why the engine cannot hand this runtime's GPUs to the containers that book them,
         with what to configure; None when it can, or has no GPU to hand out. Asked at
-        start-up (the hub and the service); not checked on a cluster, whose nodes' runtimes
-        its manager does not list."""
+        start-up (the hub and the service). A cluster is never refused as a whole: each
+        node's engine is asked instead, and a node that cannot deliver has its GPUs kept out
+        of placement (``Node.gpus_refused``)."""
         return None
 
     async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:

@@ -57,7 +57,11 @@ def _is_nvidia(name: str, runtime: Mapping | None) -> bool:
 
 
 def gpu_delivery_refusal(
-    mode: str, gpus: int, runtimes: Mapping[str, Mapping | None], default_runtime: str
+    mode: str,
+    gpus: int,
+    runtimes: Mapping[str, Mapping | None],
+    default_runtime: str,
+    swarm: bool = False,
 ) -> str | None:
     """Why an engine with these runtimes (``docker info``: ``Runtimes``, ``DefaultRuntime``)
     cannot hand ``gpus`` booked GPUs to containers in ``mode``, and what to configure; None
@@ -68,7 +72,11 @@ def gpu_delivery_refusal(
     books them. 'device_request' needs the engine's nvidia device driver, which Docker has
     when the NVIDIA Container Toolkit is installed (nvidia-container-runtime-hook on dockerd's
     PATH); ``docker info`` does not list drivers, so the toolkit's registered nvidia runtime
-    is what shows it (``nvidia-ctk runtime configure``, part of installing the toolkit)."""
+    is what shows it (``nvidia-ctk runtime configure``, part of installing the toolkit).
+
+    ``swarm``: the engine is a Swarm node's, asked in mode 'env' (a Swarm service has no
+    device requests: its tasks get their GPUs by NVIDIA_VISIBLE_DEVICES alone), so the way out
+    is the NVIDIA runtime as its default, not another gpu_mode."""
     if gpus <= 0:
         return None
     listed = ", ".join(sorted(runtimes)) or "none"
@@ -86,7 +94,12 @@ def gpu_delivery_refusal(
             f"runtime reads, and the engine's default runtime is {default_runtime or '?'!r} "
             f"({has}; runtimes: {listed}). Install the NVIDIA Container Toolkit and make it "
             "the default (nvidia-ctk runtime configure --runtime=docker --set-as-default, "
-            "then restart dockerd), or use gpu_mode 'device_request'"
+            "then restart dockerd)"
+            + (
+                " on that node: a Swarm service has no device requests"
+                if swarm
+                else ", or use gpu_mode 'device_request'"
+            )
         )
     if mode == "device_request":
         if nvidia:

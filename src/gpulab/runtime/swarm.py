@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import time
@@ -57,7 +58,7 @@ from .gateway import Gateway
 from .objects import helper_container_config
 from .survey import survey_engine
 from .swarm_network import SwarmNetwork, service_named
-from .swarm_nodes import NodeEngines
+from .swarm_nodes import GpuDeliveryChecks, NodeEngines
 from .swarm_specs import (
     HELPER_TIMEOUT,
     L_NODE,
@@ -93,12 +94,15 @@ class SwarmRuntime(Runtime):
         node_tls: TLSConfig | None = None,
         node_engine_plain: bool = False,
         encrypted: bool = True,
+        check_gpus: bool = False,
     ):
         super().__init__(workers, registry)
         #: the manager's API, its calls on this runtime's pools
         self.engine = EngineClient(self.run, self.run_exec, client)
         #: the nodes' own engines, for execs (runtime/swarm_nodes.py)
         self.node_engines = NodeEngines(node_engine, node_tls, plain=node_engine_plain)
+        #: whether each GPU node's engine can hand its GPUs out (check_gpu_runtime; None: off)
+        self.gpu_checks = GpuDeliveryChecks(self.node_engines.info) if check_gpus else None
         #: users' and distributed jobs' overlays carry their traffic between nodes in IPsec
         self.encrypted = encrypted
         #: how the hub reaches notebooks on the overlays (None: jobs only, no notebooks)
@@ -131,9 +135,12 @@ class SwarmRuntime(Runtime):
     async def nodes(self) -> list[Node]:
         """Every node; the hub's own node never takes workloads (``active`` False): it runs the
         hub, its proxy and the notebook gateway, and stays ``active`` in Swarm's eyes only
-        because a drained node cannot attach the gateway to overlays (moby#35889)."""
+        because a drained node cannot attach the gateway to overlays (moby#35889). With
+        ``check_gpus``, each ready and active node with GPUs is asked through its own engine
+        whether it can hand them out (:class:`~.swarm_nodes.GpuDeliveryChecks`, when due):
+        ``gpus_refused`` says why not."""
         own = await self.engine.call(self._own_node_id)
-        out = []
+        out, urls = [], {}
         for n in await self.engine.call(self._nodes):
             spec, status = n.get("Spec") or {}, n.get("Status") or {}
             labels = spec.get("Labels") or {}
@@ -148,7 +155,27 @@ class SwarmRuntime(Runtime):
                     address=status.get("Addr", ""),
                 )
             )
-        return out
+            urls[n["ID"]] = self.node_engines.url(n)
+        checks = self.gpu_checks
+        if checks is None:
+            return out
+        due = [n for n in out if n.ready and n.active and checks.due(n.id, len(n.gpus))]
+        # (on the engine pool; a check never raises: a node that does not answer is kept out)
+        await asyncio.gather(
+            *(
+                self.engine.call(checks.check, n.id, n.hostname, urls[n.id], len(n.gpus))
+                for n in due
+            )
+        )
+        return [dataclasses.replace(n, gpus_refused=checks.refusal(n.id, len(n.gpus))) for n in out]
+
+    async def gpu_delivery_refusal(self) -> str | None:
+        """None: a Swarm is never refused as a whole. Each GPU node's engine is asked instead
+        (:meth:`nodes`, here at start-up so that its log says it at once): a node that cannot
+        hand its GPUs out keeps them out of placement, named in an ERROR line with what to
+        configure, while the others work."""
+        await self.nodes()
+        return None
 
     async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:
         """The manager's engine; no image is asked about (they are in the registry, whose

@@ -1,4 +1,5 @@
-"""The engines of a Swarm's nodes, for what a manager cannot do: exec into a task's container.
+"""The engines of a Swarm's nodes, for what a manager cannot do: exec into a task's container,
+and say which runtimes a node has (:class:`GpuDeliveryChecks`: may its GPUs be handed out).
 
 A manager's API has no exec. gpulab finds the running task of the workload's service, the
 node it runs on and its container, and talks to that node's own Docker engine, at an address
@@ -12,19 +13,29 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import docker
 from docker.errors import NotFound
 from docker.tls import TLSConfig
 
-from .base import WorkloadGone
+from .base import EngineError, WorkloadGone
 from .engine import engine_errors, shown_url
+from .objects import gpu_delivery_refusal
 
 log = logging.getLogger(__name__)
 
 #: the fields a node engine template may use
 TEMPLATE_FIELDS = ("address", "hostname", "node_id")
+#: seconds a node's engine is given to say which runtimes it has
+CHECK_TIMEOUT = 5
+#: seconds before a node whose GPUs were kept out (refused, or its engine did not answer) is
+#: asked again, and before one that could hand them out is (its engine may have changed)
+RECHECK_KEPT_OUT = 30.0
+RECHECK_CLEARED = 300.0
 
 
 def node_tls(ca: str, cert: str, key: str) -> TLSConfig | None:
@@ -128,6 +139,18 @@ class NodeEngines:
                 found = self._clients.setdefault(url, found)
         return found
 
+    def info(self, url: str) -> dict:
+        """Blocking: the ``docker info`` of the engine at ``url`` (its runtimes), within
+        :data:`CHECK_TIMEOUT` seconds, on a client of its own; EngineError when it gives none."""
+        with engine_errors(shown_url(url)):
+            client = NodeClient(
+                base_url=url, version="auto", timeout=CHECK_TIMEOUT, tls=self.tls or False
+            )
+            try:
+                return client.info()
+            finally:
+                client.close()
+
     def locate(self, manager: docker.APIClient, name: str) -> tuple[docker.APIClient, str]:
         """Blocking: (a client of the node's engine, the container ID) of the running task
         of service ``name``. Raises WorkloadGone when it has none running."""
@@ -154,3 +177,92 @@ class NodeEngines:
         with engine_errors(shown_url(url)):  # the node's engine, not the manager, failed
             client = self.client(url)
         return client, task["Status"]["ContainerStatus"]["ContainerID"]
+
+
+def node_gpu_refusal(
+    hostname: str, gpus: int, info: Mapping | None, url: str = "", error: str = ""
+) -> str:
+    """Why node ``hostname``'s ``gpus`` GPUs are kept out of placement ("" when they may be
+    handed out), from what its engine's ``docker info`` said (``info``), or, when it gave no
+    answer (``info`` None), the ``error`` of asking it at ``url``. The one rule of
+    :func:`~.objects.gpu_delivery_refusal`, in mode 'env' (all a Swarm task gets), named for
+    the node (pure)."""
+    if gpus <= 0:
+        return ""
+    if info is None:
+        return (
+            f"node {hostname}: its engine at {shown_url(url)} did not say which runtimes it "
+            f"has ({error}); its GPUs are kept out of placement until it answers "
+            "(swarm_node_engine and its TLS settings say how gpulab reaches a node's engine)"
+        )
+    refusal = gpu_delivery_refusal(
+        "env",
+        gpus,
+        info.get("Runtimes") or {},
+        info.get("DefaultRuntime") or "",
+        swarm=True,
+    )
+    return f"node {hostname} cannot hand out its GPUs: {refusal}" if refusal else ""
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    refusal: str  # "" when the node may hand its GPUs out
+    answered: bool  # its engine answered (a refusal of its runtimes, not of its silence)
+    at: float
+    gpus: int
+
+
+class GpuDeliveryChecks:
+    """Whether each GPU node of a Swarm can hand its GPUs out, asked of the node's own engine
+    (its runtimes, ``docker info``), as one engine is asked at start-up: kept per node, asked
+    again after :data:`RECHECK_CLEARED` seconds for a node that could, after
+    :data:`RECHECK_KEPT_OUT` for one whose GPUs were kept out, and at once when its GPUs
+    change. Each change of a node's verdict is logged: a refusal at ERROR (what to
+    configure), an engine that does not answer at WARNING, a node cleared again at INFO.
+
+    ``ask(url)``: blocking, that engine's ``docker info``, raising EngineError when it gives
+    none."""
+
+    def __init__(self, ask: Callable[[str], Mapping], clock: Callable[[], float] = time.monotonic):
+        self.ask = ask
+        self.clock = clock
+        self._verdicts: dict[str, _Verdict] = {}
+        self._lock = threading.Lock()
+
+    def due(self, node_id: str, gpus: int) -> bool:
+        """Whether the node must be asked (again) before its verdict is read."""
+        with self._lock:
+            v = self._verdicts.get(node_id)
+        if v is None or v.gpus != gpus:
+            return gpus > 0
+        wait = RECHECK_KEPT_OUT if v.refusal else RECHECK_CLEARED
+        return self.clock() - v.at >= wait
+
+    def check(self, node_id: str, hostname: str, url: str, gpus: int) -> str:
+        """Blocking: ask the node's engine now; its verdict (:func:`node_gpu_refusal`)."""
+        try:
+            info, error = self.ask(url), ""
+        except EngineError as e:
+            info, error = None, str(e)
+        except Exception as e:  # a check never fails the caller's reading of the nodes
+            info, error = None, str(e) or type(e).__name__
+        refusal = node_gpu_refusal(hostname, gpus, info, url, error)
+        verdict = _Verdict(refusal, info is not None, self.clock(), gpus)
+        with self._lock:
+            before = self._verdicts.get(node_id)
+            self._verdicts[node_id] = verdict
+        if before is None or (before.refusal, before.answered) != (refusal, verdict.answered):
+            if refusal and verdict.answered:
+                log.error("GPUs kept out of placement: %s", refusal)
+            elif refusal:
+                log.warning("GPUs kept out of placement: %s", refusal)
+            elif before is not None and before.refusal:
+                log.info("node %s can hand out its GPUs now", hostname)
+        return refusal
+
+    def refusal(self, node_id: str, gpus: int) -> str:
+        """The node's last verdict ("" when it was never asked, or has no GPU)."""
+        with self._lock:
+            v = self._verdicts.get(node_id)
+        return v.refusal if v is not None and gpus > 0 else ""
