@@ -155,7 +155,8 @@ class SwarmRuntime(Runtime):
                     address=status.get("Addr", ""),
                 )
             )
-            urls[n["ID"]] = self.node_engines.url(n)
+            if self.gpu_checks is not None:
+                urls[n["ID"]] = self.node_engines.url(n)
         checks = self.gpu_checks
         if checks is None:
             return out
