@@ -149,7 +149,8 @@ def test_sync_helper_config_filesystem_and_s3():
     )
     assert "--local" not in s3["command"] and s3["host_config"]["binds"] == {}
     assert s3["command"][-4:] == ["--store-endpoint", "http://e:9000", "--region", "eu-west-1"]
-    # credentials travel in the helper's environment, never in its command line
+    # what the caller passes as environment is the helper's; never on its command line (a
+    # store's credentials are files: tests/unit/test_store_access.py)
     assert "k" not in s3["command"]
 
 
