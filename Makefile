@@ -90,7 +90,7 @@ postgres: ## Make sure a local PostgreSQL server runs (for the tests of gpulab o
 ldap: ## Make sure Debian's slapd and ldap-utils are installed (the log-in tests start their own directory)
 	scripts/ensure-slapd.sh
 
-nginx: ## Make sure Debian's nginx is installed (the tests of a store behind TLS start their own)
+nginx: ## Make sure Debian's nginx is installed (the tests of a store behind TLS and of the HTTPS front door start their own)
 	scripts/ensure-nginx.sh
 
 test: setup browser postgres ldap nginx ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=2)

@@ -276,6 +276,24 @@ os.chdir(data)  # hub db, cookie secret and proxy pid live here
 _unless_set(c.JupyterHub, "bind_url", site.bind_url)
 if site.public_url:
     _unless_set(c.JupyterHub, "public_url", site.public_url)
+# the proxies in front (the hub's own, a TLS front door): the hub logs the browser's address
+_unless_set(c.JupyterHub, "trusted_downstream_ips", list(site.trusted_proxies))
+if site.public_url.lower().startswith("https:"):
+    # behind the HTTPS front door (deploy/nginx/gpulab.conf, docs/https.md): JupyterHub marks
+    # its log-in cookie Secure from public_url, and these options the rest: its XSRF cookie,
+    # and (passed to each notebook as JUPYTERHUB_COOKIE_OPTIONS) the notebook's own cookies.
+    # The gpulab service marks its cookies from the scheme its trusted proxies forward.
+    _tornado = dict(c.JupyterHub.tornado_settings) if "tornado_settings" in c.JupyterHub else {}
+    _tornado["cookie_options"] = {"secure": True, **_tornado.get("cookie_options", {})}
+    c.JupyterHub.tornado_settings = _tornado
+    # and the notebook server's XSRF cookie, which it sets with its own tornado settings
+    _args = [
+        *(c.NotebookSpawner.args if "args" in c.NotebookSpawner else ()),
+        *(c.Spawner.args if "args" not in c.NotebookSpawner and "args" in c.Spawner else ()),
+    ]
+    if not any(str(a).startswith("--ServerApp.tornado_settings") for a in _args):
+        _args.append('--ServerApp.tornado_settings={"xsrf_cookie_kwargs": {"secure": True}}')
+    c.NotebookSpawner.args = _args
 # the hub API listens on the docker bridge only: reachable by notebook containers, not outside
 gateway = _docker_bridge_gateway()
 _unless_set(c.JupyterHub, "hub_ip", gateway)

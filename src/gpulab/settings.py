@@ -32,6 +32,7 @@ from . import __version__
 from .bounds import MAX_REQUEST_BODY
 from .data.sync import check_stores
 from .disk_quota import DEFAULT_DISK_QUOTA, DEFAULT_GIT_MAX_BYTES, disk_quota_for, parse_size
+from .forwarded import DEFAULT_TRUSTED_PROXIES, trusted_networks
 from .frameworks import Catalog
 from .gpus.sharing import check_sharing, fraction_refusal, sharing_mode_refusal
 from .idle import gpu_unused_timeout_for, idle_timeout_for
@@ -324,6 +325,33 @@ class GpulabSettings(Configurable):
     @default("service_port")
     def _default_service_port(self):
         return int(os.environ.get("GPULAB_SERVICE_PORT", "10101"))
+
+    trusted_proxies = List(
+        Unicode(),
+        default_value=list(DEFAULT_TRUSTED_PROXIES),
+        help="""Addresses or networks (CIDR) of the proxies whose X-Forwarded-For, -Proto and
+        -Host the gpulab service believes: the hub's proxy (on 127.0.0.1) and a TLS front
+        door in front of it (the shipped nginx site, deploy/nginx/gpulab.conf). The service
+        walks the forwarded hops from the nearest one out while each is in this list, so the
+        scheme and host a job's port app is told (X-Forwarded-Proto, -Host), and the cookies'
+        Secure flag, come from the outermost trusted proxy, never from what a client claims.
+        Default: loopback (127.0.0.1, ::1), for a front door on the hub's host; add the front
+        door's address where it runs on another one (docs/https.md). Every process that can
+        connect from a listed address is trusted like a proxy.""",
+    ).tag(config=True)
+
+    @validate("trusted_proxies")
+    def _check_trusted_proxies(self, proposal):
+        try:
+            trusted_networks(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"c.GpulabSettings.trusted_proxies: {e}") from None
+        return proposal["value"]
+
+    @cached_property
+    def trusted_proxy_networks(self) -> tuple:
+        """:attr:`trusted_proxies` as networks (gpulab.forwarded)."""
+        return trusted_networks(self.trusted_proxies)
 
     allow_any_identity = Bool(
         False,

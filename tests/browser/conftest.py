@@ -50,7 +50,8 @@ def _need(message: str):
 
 
 @pytest.fixture(scope="session")
-def browser():
+def playwright():
+    """Playwright's driver, one per session (a second one cannot start beside it)."""
     if not CHROMIUM.exists():
         _need(f"{CHROMIUM} is missing; run `make browser` (Debian's chromium)")
     try:
@@ -58,10 +59,22 @@ def browser():
     except ImportError:
         _need("the playwright package is missing; run `make venv`")
     pw = sync_playwright().start()
-    b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    yield pw
+    pw.stop()
+
+
+def launch(playwright, *extra_args: str):
+    """Debian's Chromium, headless, with the tests' arguments and ``extra_args``."""
+    return playwright.chromium.launch(
+        executable_path=str(CHROMIUM), args=[*CHROMIUM_ARGS, *extra_args]
+    )
+
+
+@pytest.fixture(scope="session")
+def browser(playwright):
+    b = launch(playwright)
     yield b
     b.close()
-    pw.stop()
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +119,7 @@ def new_page(browser, shots, request):
         ctx.set_default_timeout(30_000)
         contexts.append(ctx)
         page = ctx.new_page()
-        page.goto = _reloading_on_network_change(page.goto)
+        page.goto = reloading_on_network_change(page.goto)
         return page
 
     yield make
@@ -119,7 +132,7 @@ def new_page(browser, shots, request):
         ctx.close()
 
 
-def _reloading_on_network_change(goto):
+def reloading_on_network_change(goto):
     """``page.goto`` that loads once more, as a person would, when Chromium aborts the load with
     ERR_NETWORK_CHANGED: it does so whenever this host's network interfaces change, and the
     other tests' containers (and the swarm lab's nodes) add bridges and veths all the time."""
@@ -143,11 +156,41 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + rep.when, rep)
 
 
-def login(page, hub, user: str, admin: bool = False) -> None:
-    """Log in through the hub's own login page with the shared (or admin) password."""
+def login(page, hub, user: str, admin: bool = False, base: str | None = None) -> None:
+    """Log in through the hub's own login page with the shared (or admin) password, at the
+    hub's URL or at ``base`` (a front door's)."""
     pw = passwords(hub)["admin" if admin else "user"]
-    page.goto(f"{hub.url}/hub/login")
+    page.goto(f"{base or hub.url}/hub/login")
     page.fill("#username_input", user)
     page.fill("#password_input", pw)
     page.click("#login_submit")
     page.wait_for_url(re.compile(r".*/hub/(home|spawn|spawn-pending|user/).*|.*/user/.*"))
+
+
+#: VS Code's workbench, once code-server drew it
+WORKBENCH = ".monaco-workbench"
+
+
+def spawn_vscode_from_form(page, hub, user: str, server: str, base: str | None = None) -> None:
+    """Start ``server`` with VS Code from the spawn form (at the hub's URL or ``base``) and
+    wait until its workbench shows /workspace (the remote side, a websocket, is up)."""
+    page.goto(f"{base or hub.url}/hub/spawn/{user}/{server}")
+    page.wait_for_selector("#gpulab-framework")
+    page.select_option("#gpulab-framework", "python")
+    page.select_option("#gpulab-editor", "vscode")
+    page.select_option("#gpulab-flavor", "cpu-small")
+    page.click("#spawn_form button[type=submit]")
+    page.wait_for_url(re.compile(rf".*/user/{user}/{server}/vscode/.*"), timeout=180_000)
+    page.wait_for_selector(WORKBENCH, timeout=120_000)
+    # the explorer shows /workspace once the remote side (a websocket) is up
+    page.wait_for_selector(".explorer-folders-view", timeout=60_000)
+
+
+def run_command(page, title: str) -> None:
+    """Run a VS Code command through the command palette, by its title."""
+    page.keyboard.press("F1")
+    box = page.locator(".quick-input-widget input")
+    box.wait_for()
+    box.fill(">" + title)
+    # the row of that very command (a search also lists commands whose titles merely contain it)
+    page.locator(f'.quick-input-list .monaco-list-row[aria-label^="{title}"]').first.click()

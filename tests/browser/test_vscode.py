@@ -8,18 +8,15 @@ origin, get a 403."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import requests
 
 from ..support.containers import sh
 from ..support.s3 import MotoS3Server, credentials_file, workspace_store_config
-from .conftest import login, wait_until
+from .conftest import WORKBENCH, login, run_command, spawn_vscode_from_form, wait_until
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
-WORKBENCH = ".monaco-workbench"
 TEXT = "written in VS Code"
 
 
@@ -35,29 +32,6 @@ def s3():
 def hub(hub_with, tmp_path_factory, s3):
     credentials = credentials_file(tmp_path_factory.mktemp("vscode"))
     return hub_with(workspace_store_config(s3, credentials, "workspaces-vscode"))
-
-
-def spawn_vscode_from_form(page, hub, user: str, server: str) -> None:
-    page.goto(f"{hub.url}/hub/spawn/{user}/{server}")
-    page.wait_for_selector("#gpulab-framework")
-    page.select_option("#gpulab-framework", "python")
-    page.select_option("#gpulab-editor", "vscode")
-    page.select_option("#gpulab-flavor", "cpu-small")
-    page.click("#spawn_form button[type=submit]")
-    page.wait_for_url(re.compile(rf".*/user/{user}/{server}/vscode/.*"), timeout=180_000)
-    page.wait_for_selector(WORKBENCH, timeout=120_000)
-    # the explorer shows /workspace once the remote side (a websocket) is up
-    page.wait_for_selector(".explorer-folders-view", timeout=60_000)
-
-
-def run_command(page, title: str) -> None:
-    """Run a command through the command palette, by its title."""
-    page.keyboard.press("F1")
-    box = page.locator(".quick-input-widget input")
-    box.wait_for()
-    box.fill(">" + title)
-    # the row of that very command (a search also lists commands whose titles merely contain it)
-    page.locator(f'.quick-input-list .monaco-list-row[aria-label^="{title}"]').first.click()
 
 
 def test_vscode_from_the_form_file_survives_restart_and_terminal(

@@ -75,3 +75,26 @@ class Page(tornado.web.RequestHandler):
 tornado.web.Application([(r".*/ws", Ws), (r".*", Page)]).listen(8080)
 tornado.ioloop.IOLoop.current().start()
 """
+
+#: a job's web app that answers, on any path, the headers it received: as JSON for ?json=1,
+#: else a page that shows them (#http) and, from a websocket to ./ws, the websocket's (#ws)
+HEADERS_ECHO = r"""
+import json, tornado.escape, tornado.web, tornado.websocket, tornado.ioloop
+class Ws(tornado.websocket.WebSocketHandler):
+    def check_origin(self, origin): return True
+    def open(self): self.write_message(json.dumps(dict(self.request.headers)))
+PAGE = '''<html><body><pre id=http>%s</pre><pre id=ws>waiting</pre><script>
+const ws = new WebSocket(location.href.replace(/^http/, "ws").replace(/[^/]*$/, "") + "ws");
+ws.onmessage = (e) => { document.getElementById("ws").textContent = e.data; };
+</script></body></html>'''
+class Page(tornado.web.RequestHandler):
+    def get(self):
+        seen = json.dumps(dict(self.request.headers))
+        if self.get_argument("json", None):
+            self.set_header("Content-Type", "application/json")
+            self.write(seen)
+        else:
+            self.write(PAGE % tornado.escape.xhtml_escape(seen))
+tornado.web.Application([(r".*/ws", Ws), (r".*", Page)]).listen(8080)
+tornado.ioloop.IOLoop.current().start()
+"""

@@ -35,6 +35,7 @@ CORE = {
     "disk_quota",
     "cuda",
     "identity",
+    "forwarded",
 }
 #: what the core may never import: a database, an engine, the network, a web framework
 IO_MODULES = {

@@ -30,6 +30,7 @@ from tornado.log import app_log
 from ..bounds import MAX_REQUEST_BODY, body_too_large, page_window, shown
 from ..checks import json_object
 from ..errors import FieldError
+from ..forwarded import DEFAULT_TRUSTED_PROXIES, forwarded_origin, trusted_networks
 from ..jobs.exec import MAX_SHELLS
 from ..jobs.logs import MAX_LOG_STREAMS
 from ..jobs.refusals import JobRefused, engine_refusal
@@ -139,6 +140,7 @@ class BoundedApplication(web.Application):
     :class:`BodyTooLargeHandler` before their body is read."""
 
     def find_handler(self, request: httputil.HTTPServerRequest, **kwargs):
+        see_forwarded(request, self.settings)
         cap = request_cap(self.settings)
         declared = request.headers.get("Content-Length", "")
         if declared.isdigit() and len(declared) < 19 and cap < int(declared):
@@ -150,6 +152,26 @@ class BoundedApplication(web.Application):
                     request, BodyTooLargeHandler, {"cap": cap, "size": size}
                 )
         return super().find_handler(request, **kwargs)
+
+
+_DEFAULT_NETWORKS = trusted_networks(DEFAULT_TRUSTED_PROXIES)
+
+
+def see_forwarded(request: httputil.HTTPServerRequest, settings: dict) -> None:
+    """The request as the browser made it: the scheme, host and client that the trusted
+    proxies (``GpulabSettings.trusted_proxies``) forwarded, never what a client claimed
+    (:func:`gpulab.forwarded.forwarded_origin`). Its ``protocol`` then says ``https`` for a
+    browser on the TLS front door (what a job's port app is told, what marks cookies
+    Secure), its ``remote_ip`` names that browser."""
+    gpulab = settings.get("gpulab")
+    networks = gpulab.trusted_proxy_networks if gpulab is not None else _DEFAULT_NETWORKS
+    origin = forwarded_origin(
+        request.remote_ip or "", request.protocol, request.host, request.headers, networks
+    )
+    request.protocol, request.remote_ip = origin.scheme, origin.client
+    if origin.host != request.host:
+        request.host = origin.host
+        request.host_name = httputil.split_host_and_port(origin.host.lower())[0]
 
 
 def authenticated(method):
@@ -188,7 +210,18 @@ def authenticated(method):
     return wrapper
 
 
-class ScrubbedLogs(web.RequestHandler):
+class SecureCookies(web.RequestHandler):
+    """Every cookie the service sets (its OAuth cookie, the XSRF cookie, an OAuth state) is
+    ``Secure`` when the browser came over https (the scheme :func:`see_forwarded` believed):
+    JupyterHub marks its own OAuth cookie so, not the XSRF cookie it sets beside it."""
+
+    def set_cookie(self, name, value, *args, **kwargs) -> None:
+        if self.request.protocol == "https":
+            kwargs["secure"] = True
+        super().set_cookie(name, value, *args, **kwargs)
+
+
+class ScrubbedLogs(SecureCookies):
     """Tornado's log lines about a request (the access log, an HTTPError's warning, an
     uncaught exception's error) with no credential of its URI: JupyterHub takes ``?token=`` on
     WebSocket handshakes, so a refused one would put a live token in the log."""

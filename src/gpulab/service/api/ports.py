@@ -62,6 +62,21 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+#: request headers that say where a request came from: never passed on as the client sent
+#: them (the proxy sets X-Forwarded-For, -Host and -Proto itself, from what the service
+#: believed: service.base.see_forwarded)
+FORWARDING_HEADERS = frozenset(
+    {
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-forwarded-port",
+        "x-forwarded-prefix",
+        "x-real-ip",
+        "x-scheme",
+    }
+)
 #: query arguments that carry a hub token: never forwarded
 TOKEN_ARGS = frozenset({"token", "access_token"})
 #: request headers never forwarded: the viewer's credentials (cookies are filtered on their own)
@@ -238,7 +253,7 @@ class JobPortHandler(BaseHandler, websocket.WebSocketHandler):
             low = k.lower()
             if low in HOP_BY_HOP or low.startswith("sec-websocket-") or low == "content-length":
                 continue
-            if low in CREDENTIAL_HEADERS:
+            if low in CREDENTIAL_HEADERS or low in FORWARDING_HEADERS:
                 continue
             if low == "cookie":  # (HTTP/2 may split them over several headers)
                 if mine := app_cookies(v, namespace):

@@ -1,0 +1,259 @@
+"""gpulab behind its HTTPS front door, in headless Chromium: Debian's nginx running the shipped
+site (deploy/nginx/gpulab.conf) with a certificate from a CA this test makes, in front of a
+hub whose public_url is that https URL. Through https a user logs in, types in a job's shell,
+opens a job's port app (which is told X-Forwarded-Proto https), runs a JupyterLab cell (the
+kernel's websocket) and types in VS Code's terminal; every cookie the browser holds is Secure.
+A client that reaches the hub's proxy directly and claims https is not believed.
+
+nginx missing skips this module on a developer machine but FAILS in CI (CI=true):
+`make test` installs it (scripts/ensure-nginx.sh)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import re
+
+import pytest
+import requests
+
+from ..support.api import Api
+from ..support.containers import sh
+from ..support.nginx import NGINX, FrontDoor, make_certificates
+from ..support.ports import free_port
+from ..support.programs import HEADERS_ECHO
+from .conftest import (
+    HUB_CONFIG,
+    IN_CI,
+    launch,
+    login,
+    reloading_on_network_change,
+    run_command,
+    spawn_vscode_from_form,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.docker, pytest.mark.hub]
+
+SERVICE = "/services/gpulab"
+
+
+@pytest.fixture(scope="module")
+def front(hub_with, tmp_path_factory):
+    """(hub, front door): a hub whose public_url is the front door's https URL."""
+    if not NGINX.exists():
+        message = f"{NGINX} is missing; run scripts/ensure-nginx.sh (Debian's nginx)"
+        if IN_CI:
+            pytest.fail(message + " (CI=true: a missing nginx is a failure, not a skip)")
+        pytest.skip(message)
+    work = tmp_path_factory.mktemp("https")
+    certificates = make_certificates(work / "certs", names=("localhost",), ips=("127.0.0.1",))
+    https_port = free_port()
+    hub = hub_with(HUB_CONFIG, fresh=True, start=False)
+    # as an installation says it (its site file): users reach gpulab at the front door
+    hub.use_site_file(f'c.GpulabSettings.public_url = "https://127.0.0.1:{https_port}/"\n')
+    hub.start()
+    door = FrontDoor(work / "nginx", certificates, f"127.0.0.1:{hub.port}", https_port)
+    door.start()
+    yield hub, door
+    door.stop()
+
+
+@pytest.fixture(scope="module")
+def tls_browser(playwright, front):
+    """Chromium that trusts the front door's certificate (and no other one it would not)."""
+    _, door = front
+    b = launch(playwright, f"--ignore-certificate-errors-spki-list={door.certificates.spki}")
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def new_tls_page(tls_browser, shots, request):
+    """A fresh context of the browser that trusts the front door; a failing test keeps a shot."""
+    contexts = []
+
+    def make():
+        ctx = tls_browser.new_context(viewport={"width": 1280, "height": 900})
+        ctx.set_default_timeout(30_000)
+        contexts.append(ctx)
+        page = ctx.new_page()
+        page.goto = reloading_on_network_change(page.goto)
+        return page
+
+    yield make
+    failed = getattr(request.node, "rep_call", None)
+    for i, ctx in enumerate(contexts):
+        if failed is not None and failed.failed:
+            for page in ctx.pages:
+                with contextlib.suppress(Exception):
+                    shots(page, f"failure-{i}")
+        ctx.close()
+
+
+def assert_secure_cookies(page, *, at_least: set[str]) -> None:
+    """Every cookie the browser holds is Secure, and those named in ``at_least`` are there."""
+    cookies = page.context.cookies()
+    names = {c["name"] for c in cookies}
+    assert at_least <= names, (at_least, names)
+    plain = [(c["name"], c["path"]) for c in cookies if not c["secure"]]
+    assert not plain, f"cookies without Secure over https: {plain}"
+
+
+def test_plain_http_is_redirected_to_https(front):
+    hub, door = front
+    r = requests.get(f"http://127.0.0.1:{door.http_port}/hub/login?x=1", allow_redirects=False)
+    assert r.status_code == 301
+    assert r.headers["Location"] == f"{door.url}/hub/login?x=1"
+    # and the TLS side answers with the test CA's certificate, and HSTS
+    r = requests.get(f"{door.url}/hub/login", verify=str(door.certificates.ca), timeout=30)
+    assert r.status_code == 200 and "Strict-Transport-Security" in r.headers
+
+
+def test_login_job_shell_and_port_app_over_https(front, new_tls_page, shots):
+    hub, door = front
+    api = Api(hub, "tilda")
+    job = api.submit(
+        name="echo",
+        framework="python",
+        command=["python", "-c", HEADERS_ECHO],
+        ports=[{"port": 8080, "name": "web"}],
+    )
+    try:
+        api.wait(job["id"], {"RUNNING"}, timeout=120)
+        port_path = job["ports"][0]["url"]
+
+        page = new_tls_page()
+        login(page, hub, "tilda", base=door.url)
+        assert page.url.startswith(door.url + "/"), page.url
+        page.goto(f"{door.url}{SERVICE}/")
+        page.wait_for_selector("h1")
+        assert "Hello, tilda" in page.inner_text("h1")
+        # the hub's log-in cookie and the service's OAuth cookie, both Secure (so is the rest)
+        assert_secure_cookies(page, at_least={"jupyterhub-hub-login", "service-gpulab", "_xsrf"})
+
+        # the job page's shell: its websocket goes through nginx and the hub's proxy
+        page.goto(f"{door.url}{SERVICE}/jobs/{job['id']}")
+        page.click("#terminal-open")
+        page.wait_for_selector('#terminal-card[data-connected="true"]')
+        rows = page.locator("#terminal .xterm-rows")
+        wait_until(lambda: "$" in rows.inner_text(), timeout=30, what="the shell's prompt")
+        page.click("#terminal")
+        page.keyboard.type("echo $((6*7)) over-tls")
+        page.keyboard.press("Enter")
+        wait_until(lambda: "42 over-tls" in rows.inner_text(), timeout=30, what="the echo")
+        shots(page, "https-job-shell")
+
+        # the job's port app is told the scheme and host the browser used, over HTTP and its
+        # websocket alike
+        wait_until(
+            lambda: (
+                requests.get(
+                    hub.url + port_path + "?json=1",
+                    headers={"Authorization": f"token {api.token}"},
+                    timeout=30,
+                ).status_code
+                == 200
+            ),
+            timeout=120,
+            what="the app answering on its port",
+        )
+        page.goto(f"{door.url}{port_path}")
+        seen = json.loads(page.inner_text("#http"))
+        assert seen["X-Forwarded-Proto"] == "https", seen
+        assert seen["X-Forwarded-Host"] == f"127.0.0.1:{door.https_port}", seen
+        assert seen["X-Forwarded-For"] == "127.0.0.1", seen
+        wait_until(lambda: page.inner_text("#ws") != "waiting", timeout=30, what="the ws")
+        ws = json.loads(page.inner_text("#ws"))
+        assert ws["X-Forwarded-Proto"] == "https", ws
+        assert ws["Origin"] == door.url, ws
+        shots(page, "https-port-app")
+        assert_secure_cookies(page, at_least={"jupyterhub-hub-login"})
+
+        # a client at the hub's proxy itself (not through the front door, from an address
+        # that is no trusted proxy) claiming https is told what it used: http
+        conn = http.client.HTTPConnection("127.0.0.1", hub.port, source_address=("127.0.0.3", 0))
+        conn.request(
+            "GET",
+            port_path + "?json=1",
+            headers={
+                "Authorization": f"token {api.token}",
+                "X-Forwarded-Proto": "https",
+                "X-Forwarded-Host": "evil.example",
+                "X-Forwarded-For": "127.0.0.1",
+                "Forwarded": "proto=https;host=evil.example",
+                "X-Scheme": "https",
+            },
+        )
+        answer = conn.getresponse()
+        assert answer.status == 200
+        claimed = json.loads(answer.read())
+        conn.close()
+        assert claimed["X-Forwarded-Proto"] == "http", claimed
+        assert claimed["X-Forwarded-Host"] == f"127.0.0.1:{hub.port}", claimed
+        assert claimed["X-Forwarded-For"] == "127.0.0.3", claimed
+        assert "Forwarded" not in claimed and "X-Scheme" not in claimed, claimed
+    finally:
+        api.call("POST", f"/jobs/{job['id']}/interrupt")
+
+
+def test_jupyterlab_cell_over_https(front, new_tls_page, shots):
+    hub, door = front
+    page = new_tls_page()
+    login(page, hub, "lars", base=door.url)
+    page.goto(f"{door.url}/hub/spawn/lars/lab")
+    page.wait_for_selector("#gpulab-framework")
+    page.select_option("#gpulab-framework", "python")
+    page.select_option("#gpulab-flavor", "cpu-small")
+    page.click("#spawn_form button[type=submit]")
+    page.wait_for_url(re.compile(r".*/user/lars/lab/lab.*"), timeout=180_000)
+    assert page.url.startswith(door.url + "/"), page.url
+    page.wait_for_selector(".jp-LabShell", timeout=90_000)
+    # a new Python notebook from the launcher, one cell run: its output comes back over the
+    # kernel's websocket (wss through nginx)
+    page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
+    editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+    editor.wait_for(timeout=60_000)
+    # the kernel is connected (its websocket open) and idle before the cell is run: a cell
+    # run while the session is still starting is not queued
+    page.wait_for_selector('.jp-StatusBar-TextItem:has-text("| Idle")', timeout=90_000)
+    editor.click()
+    page.keyboard.type("print(6 * 7, 'from-the-kernel')")
+    page.keyboard.press("Shift+Enter")
+    output = page.locator(".jp-OutputArea-output").first
+    output.wait_for(timeout=90_000)
+    wait_until(
+        lambda: "42 from-the-kernel" in output.inner_text(), timeout=60, what="the cell's output"
+    )
+    shots(page, "https-jupyterlab-cell")
+    assert_secure_cookies(page, at_least={"jupyterhub-hub-login"})
+    # the notebook's own OAuth cookie (for its path) is among them
+    assert any(c["path"].startswith("/user/lars/") for c in page.context.cookies())
+
+
+def test_vscode_terminal_over_https(front, new_tls_page, shots, docker_client):
+    hub, door = front
+    page = new_tls_page()
+    login(page, hub, "vida", base=door.url)
+    spawn_vscode_from_form(page, hub, "vida", "code", base=door.url)
+    assert page.url.startswith(door.url + "/"), page.url
+    run_command(page, "Terminal: Create New Terminal")
+    page.wait_for_selector(".terminal-wrapper .xterm", timeout=30_000)
+    # keys go to the terminal once it has the focus (a shell not yet ready buffers them)
+    page.wait_for_function(
+        "() => document.activeElement && "
+        "document.activeElement.classList.contains('xterm-helper-textarea')",
+        timeout=30_000,
+    )
+    page.keyboard.type("echo $((6 * 7)) typed-over-tls | tee /workspace/tls.txt")
+    page.keyboard.press("Enter")
+    container = hub.notebook("vida", "code").json()["container"]
+
+    def typed():
+        code, out = sh(docker_client, container, "cat /workspace/tls.txt 2>/dev/null")
+        return out.strip() if code == 0 and out.strip() else None
+
+    assert wait_until(typed, timeout=60, what="the terminal's command") == "42 typed-over-tls"
+    shots(page, "https-vscode-terminal")
+    assert_secure_cookies(page, at_least={"jupyterhub-hub-login"})
