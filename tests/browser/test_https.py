@@ -20,9 +20,10 @@ import requests
 
 from ..support.api import Api
 from ..support.containers import sh
-from ..support.nginx import NGINX, FrontDoor, make_certificates
+from ..support.nginx import NGINX, FrontDoor, spki
 from ..support.ports import free_port
 from ..support.programs import HEADERS_ECHO
+from ..support.tls import make_ca
 from .conftest import (
     HUB_CONFIG,
     IN_CI,
@@ -48,13 +49,13 @@ def front(hub_with, tmp_path_factory):
             pytest.fail(message + " (CI=true: a missing nginx is a failure, not a skip)")
         pytest.skip(message)
     work = tmp_path_factory.mktemp("https")
-    certificates = make_certificates(work / "certs", names=("localhost",), ips=("127.0.0.1",))
+    pki = make_ca(work / "certs")
     https_port = free_port()
     hub = hub_with(HUB_CONFIG, fresh=True, start=False)
     # as an installation says it (its site file): users reach gpulab at the front door
     hub.use_site_file(f'c.GpulabSettings.public_url = "https://127.0.0.1:{https_port}/"\n')
     hub.start()
-    door = FrontDoor(work / "nginx", certificates, f"127.0.0.1:{hub.port}", https_port)
+    door = FrontDoor(work / "nginx", pki, f"127.0.0.1:{hub.port}", https_port)
     door.start()
     yield hub, door
     door.stop()
@@ -64,7 +65,7 @@ def front(hub_with, tmp_path_factory):
 def tls_browser(playwright, front):
     """Chromium that trusts the front door's certificate (and no other one it would not)."""
     _, door = front
-    b = launch(playwright, f"--ignore-certificate-errors-spki-list={door.certificates.spki}")
+    b = launch(playwright, f"--ignore-certificate-errors-spki-list={spki(door.pki.cert)}")
     yield b
     b.close()
 
@@ -107,7 +108,7 @@ def test_plain_http_is_redirected_to_https(front):
     assert r.status_code == 301
     assert r.headers["Location"] == f"{door.url}/hub/login?x=1"
     # and the TLS side answers with the test CA's certificate, and HSTS
-    r = requests.get(f"{door.url}/hub/login", verify=str(door.certificates.ca), timeout=30)
+    r = requests.get(f"{door.url}/hub/login", verify=str(door.pki.ca), timeout=30)
     assert r.status_code == 200 and "Strict-Transport-Security" in r.headers
 
 

@@ -1,13 +1,11 @@
-"""The HTTPS front door for tests: a CA of the test's own, a server certificate it signed for
-127.0.0.1 and localhost, and Debian's nginx running the shipped site (deploy/nginx/gpulab.conf)
-rendered for a free port, in front of a hub's proxy."""
+"""The HTTPS front door for tests: Debian's nginx running the shipped site
+(deploy/nginx/gpulab.conf) rendered for a free port, in front of a hub's proxy, with a
+certificate from a CA the test makes (:func:`tests.support.tls.make_ca`)."""
 
 from __future__ import annotations
 
 import base64
-import datetime
 import hashlib
-import ipaddress
 import os
 import re
 import signal
@@ -18,96 +16,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .ports import free_port
+from .tls import Pki
 
 REPO = Path(__file__).resolve().parents[2]
 NGINX = Path("/usr/sbin/nginx")
 SITE = REPO / "deploy" / "nginx" / "gpulab.conf"
 
 
-@dataclass(frozen=True)
-class TestCertificates:
-    """A CA's certificate, and a server certificate (full chain) and key it signed."""
-
-    ca: Path
-    cert: Path
-    key: Path
-    #: base64 of the SHA-256 of the server key's SubjectPublicKeyInfo: what Chromium's
-    #: --ignore-certificate-errors-spki-list takes to trust this one certificate
-    spki: str
-
-
-def make_certificates(directory: Path, names=("localhost",), ips=("127.0.0.1",)):
-    """A fresh CA and a server certificate for ``names`` and ``ips``, written in ``directory``."""
+def spki(cert: Path) -> str:
+    """base64 of the SHA-256 of a certificate's SubjectPublicKeyInfo: what Chromium's
+    --ignore-certificate-errors-spki-list takes to trust that one certificate."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import serialization
 
-    directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpulab test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
+    key = x509.load_pem_x509_certificate(cert.read_bytes()).public_key()
+    der = key.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    key = ec.generate_private_key(ec.SECP256R1())
-    sans = [x509.DNSName(n) for n in names] + [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    paths = TestCertificates(
-        ca=directory / "ca.pem",
-        cert=directory / "server-chain.pem",
-        key=directory / "server-key.pem",
-        spki=base64.b64encode(
-            hashlib.sha256(
-                key.public_key().public_bytes(
-                    serialization.Encoding.DER,
-                    serialization.PublicFormat.SubjectPublicKeyInfo,
-                )
-            ).digest()
-        ).decode(),
-    )
-    paths.ca.write_bytes(ca.public_bytes(pem))
-    paths.cert.write_bytes(cert.public_bytes(pem) + ca.public_bytes(pem))
-    paths.key.touch(mode=0o600)
-    paths.key.write_bytes(
-        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return paths
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
 
 
 def render_site(values: dict[str, str], template: str | None = None) -> str:
@@ -129,7 +55,7 @@ class FrontDoor:
     (both on 127.0.0.1), in front of the hub's proxy at ``hub_address`` (host:port)."""
 
     workdir: Path
-    certificates: TestCertificates
+    pki: Pki
     hub_address: str
     https_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
@@ -149,8 +75,8 @@ class FrontDoor:
                 "HTTPS_LISTEN": f"127.0.0.1:{self.https_port}",
                 "HTTP_LISTEN": f"127.0.0.1:{self.http_port}",
                 "HTTPS_PORT": f":{self.https_port}",
-                "CERT": str(self.certificates.cert),
-                "KEY": str(self.certificates.key),
+                "CERT": str(self.pki.cert),
+                "KEY": str(self.pki.key),
                 "HUB_ADDRESS": self.hub_address,
                 "MAX_BODY": "1g",
             }
