@@ -45,7 +45,6 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 
-from .admin import run_admin
 from .client import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -56,7 +55,7 @@ from .client import (
     write_config,
 )
 from .commands import build_submission
-from .doctor import run_doctor
+from .host import PROGRAMS, run_program
 from .output import duration, note, runtime, table
 from .parser import MAX_WORKERS, build_parser
 
@@ -113,10 +112,9 @@ def _ctrl_c_interrupts() -> Iterator[None]:
 
 def _run(argv: Sequence[str] | None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
-    programs = {"doctor": run_doctor, "admin": run_admin}
-    if given[:1] and given[0] in programs:  # their options are their own (python -m ...)
+    if given[:1] and given[0] in PROGRAMS:  # their options are their own (python -m ...)
         try:
-            return programs[given[0]](given[1:])
+            return run_program(given[0], given[1:])
         except KeyboardInterrupt:
             note("gpulab: interrupted")
             return EXIT_INTERRUPTED

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .admin import add_admin_command
 from .client import EXIT_USAGE
 from .commands import (
     cmd_job_delete,
@@ -22,8 +21,8 @@ from .commands import (
     cmd_notebook_list,
     cmd_usage,
 )
-from .doctor import add_doctor_command
 from .exec import add_exec_commands
+from .host import add_host_commands
 from .secrets import add_run_options, add_secret_commands
 
 #: the most workers (containers) of one distributed job: the API's limit
@@ -216,6 +215,5 @@ def build_parser() -> argparse.ArgumentParser:
     who.add_argument("--user", help="this user's notebooks (admins)")
     nb_ls.set_defaults(func=cmd_notebook_list)
 
-    add_doctor_command(top)
-    add_admin_command(top)
+    add_host_commands(top)
     return p
