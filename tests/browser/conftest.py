@@ -109,9 +109,10 @@ def shots(request):
     return Shots(request.node.name)
 
 
-@pytest.fixture
-def new_page(browser, shots, request):
-    """A fresh browser context (its own cookies) per user; a failing test keeps a last shot."""
+def pages_of(browser, shots, request):
+    """Yield ``make()``: a page in a fresh context of ``browser`` (its own cookies); after the
+    test, every context is closed, a failing test's pages shot first (for ``yield from`` in a
+    fixture)."""
     contexts = []
 
     def make():
@@ -130,6 +131,12 @@ def new_page(browser, shots, request):
                 with contextlib.suppress(Exception):
                     shots(page, f"failure-{i}")
         ctx.close()
+
+
+@pytest.fixture
+def new_page(browser, shots, request):
+    """A fresh browser context (its own cookies) per user; a failing test keeps a last shot."""
+    yield from pages_of(browser, shots, request)
 
 
 def reloading_on_network_change(goto):

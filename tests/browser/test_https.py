@@ -10,7 +10,6 @@ nginx missing skips this module on a developer machine but FAILS in CI (CI=true)
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import re
@@ -29,7 +28,7 @@ from .conftest import (
     IN_CI,
     launch,
     login,
-    reloading_on_network_change,
+    pages_of,
     run_command,
     spawn_vscode_from_form,
     wait_until,
@@ -73,24 +72,7 @@ def tls_browser(playwright, front):
 @pytest.fixture
 def new_tls_page(tls_browser, shots, request):
     """A fresh context of the browser that trusts the front door; a failing test keeps a shot."""
-    contexts = []
-
-    def make():
-        ctx = tls_browser.new_context(viewport={"width": 1280, "height": 900})
-        ctx.set_default_timeout(30_000)
-        contexts.append(ctx)
-        page = ctx.new_page()
-        page.goto = reloading_on_network_change(page.goto)
-        return page
-
-    yield make
-    failed = getattr(request.node, "rep_call", None)
-    for i, ctx in enumerate(contexts):
-        if failed is not None and failed.failed:
-            for page in ctx.pages:
-                with contextlib.suppress(Exception):
-                    shots(page, f"failure-{i}")
-        ctx.close()
+    yield from pages_of(tls_browser, shots, request)
 
 
 def assert_secure_cookies(page, *, at_least: set[str]) -> None:
