@@ -45,7 +45,7 @@ c.GpulabSettings.job_container_retention = 3600
 
 def _need(message: str):
     if IN_CI:
-        pytest.fail(message + " (CI=true: a missing browser is a failure, not a skip)")
+        pytest.fail(message + " (CI=true: a missing part is a failure, not a skip)")
     pytest.skip(message)
 
 
