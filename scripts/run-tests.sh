@@ -24,6 +24,12 @@ log=artifacts/swarm-pass.log
 mkdir -p artifacts
 
 t0=$SECONDS
+# every image event of the run (tag, untag, delete, with times), to tell afterwards which test
+# or script removed an image that another test still needed
+events=artifacts/docker-image-events.log
+docker events --filter type=image --format '{{.Time}} {{.Action}} {{.Actor.ID}} {{index .Actor.Attributes "name"}}' >"$events" 2>&1 &
+events_pid=$!
+trap 'kill "$events_pid" 2>/dev/null || true' EXIT
 if [ "$overlap" = 1 ]; then
     # started a few seconds after pass 1, so that pass 1's controller prunes leftover
     # networks before the lab makes its own

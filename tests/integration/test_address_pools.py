@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import secrets
 
@@ -21,6 +20,7 @@ from gpulab.runtime import make_runtime, pool_room, pools_warning
 from gpulab.runtime.base import NetworkUnavailable
 from gpulab.settings import GpulabSettings
 
+from ..conftest import run_async
 from ..support.gpu_host import GpuHost
 
 pytestmark = [pytest.mark.docker]
@@ -71,7 +71,7 @@ def test_a_user_past_the_last_network_is_told_the_cause_and_the_fix(tiny_engine)
             await runtime.ensure_user_network(settings.instance, "u4")
         return survey, room, made, refused.value
 
-    survey, room, made, refused = asyncio.run(scenario())
+    survey, room, made, refused = run_async(scenario())
     assert len(set(made)) == 4
     said = str(refused)
     assert said.startswith(f"no network could be created for your workloads ({settings.instance}")

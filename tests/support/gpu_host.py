@@ -129,9 +129,11 @@ class GpuHost:
 
     def load_image(self, host: docker.DockerClient, image: str) -> None:
         """Copy ``image`` from the host's engine into this one (no registry is reachable)."""
-        # the answer is a stream that ends when the engine has loaded the image: read to its
+        # saved under the name asked for: Image.save(named=True) names it by its first tag,
+        # which is the swarm lab registry's (127.0.0.1:PORT/...) while the lab runs beside.
+        # The answer is a stream that ends when the engine has loaded the image: read to its
         # end (a build started before that pulled the base from Docker Hub, and failed)
-        for chunk in self.client().load_image(host.images.get(image).save(named=True)):
+        for chunk in self.client().load_image(host.api.get_image(image)):
             if "error" in chunk:
                 raise RuntimeError(f"loading {image} into the GPU host: {chunk['error']}")
         self.client().inspect_image(image)  # there now, or NotFound says so

@@ -20,6 +20,8 @@ from gpulab.runtime import (
 from gpulab.runtime.base import EngineNetwork, EngineSurvey
 from gpulab.runtime.pools import pools_exhausted
 
+from ..conftest import run_async
+
 OTHERS = (EngineNetwork("bridge", ("172.17.0.0/16",)), EngineNetwork("host"))
 OURS = (EngineNetwork("gpulab-net-a", ("172.18.0.0/16",), ours=True),)
 ADDRESS = "unix:///var/run/docker.sock"
@@ -111,7 +113,6 @@ def test_other_network_errors_are_not_taken_for_used_up_pools():
 
 def test_the_service_warns_at_start_up_only_where_users_each_hold_a_network(caplog):
     """The service's start-up check on a runtime whose engine has Docker's built-in pools."""
-    import asyncio
     import logging
 
     from gpulab.service.__main__ import warn_of_address_pools
@@ -123,7 +124,7 @@ def test_the_service_warns_at_start_up_only_where_users_each_hold_a_network(capl
         caplog.clear()
         rt = FakeRuntime()
         with caplog.at_level(logging.WARNING, logger="gpulab.service"):
-            asyncio.run(warn_of_address_pools(rt, settings, config))
+            run_async(warn_of_address_pools(rt, settings, config))
         return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
 
     (said,) = warnings(GpulabSettings(), Config())

@@ -6,7 +6,6 @@ no GPU to placement."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
@@ -30,6 +29,7 @@ from gpulab.runtime.swarm_nodes import (
 )
 from gpulab.runtime.swarm_specs import helper_service_spec, service_spec
 
+from ..conftest import run_async
 from ..support.fake_runtime import FakeRuntime
 
 
@@ -231,11 +231,11 @@ def test_the_ledger_keeps_a_refused_nodes_gpus_out_until_it_can_deliver(tmp_path
         ]
     )
     ledger = GpuLedger(Database(f"sqlite:///{tmp_path / 'g.sqlite'}"), "t", [], "pack", [])
-    assert asyncio.run(ledger.refresh(runtime))
+    assert run_async(ledger.refresh(runtime))
     assert [d.key for d in ledger.devices] == ["w1/0"]
     assert ledger.biggest_node() == ("w1", 1)
     runtime.node_list[1] = dataclasses.replace(runtime.node_list[1], gpus_refused="")
-    assert asyncio.run(ledger.refresh(runtime))  # its engine was fixed: its GPUs come in
+    assert run_async(ledger.refresh(runtime))  # its engine was fixed: its GPUs come in
     assert [d.key for d in ledger.devices] == ["w1/0", "w2/0", "w2/1"]
 
 
@@ -276,10 +276,10 @@ def test_a_swarm_asks_each_ready_gpu_node_and_marks_those_that_cannot_deliver():
     engines = Engines(**{"tcp://10.0.0.2:2376": NVIDIA_INFO, "tcp://10.0.0.3:2376": RUNC_INFO})
     runtime = SwarmRuntime(lambda: manager, node_engine_plain=True, check_gpus=True)
     runtime.gpu_checks = GpuDeliveryChecks(engines)
-    assert asyncio.run(runtime.gpu_delivery_refusal()) is None  # never the whole cluster
+    assert run_async(runtime.gpu_delivery_refusal()) is None  # never the whole cluster
     # a node down, a node without GPUs, the manager's: not asked
     assert sorted(engines.asked) == ["tcp://10.0.0.2:2376", "tcp://10.0.0.3:2376"]
-    nodes = {n.hostname: n for n in asyncio.run(runtime.nodes())}
+    nodes = {n.hostname: n for n in run_async(runtime.nodes())}
     assert len(engines.asked) == 2  # not due again yet
     assert nodes["gpu-a"].gpus_refused == "" and nodes["cpu-d"].gpus_refused == ""
     assert nodes["gpu-b"].gpus_refused.startswith("node gpu-b cannot hand out its GPUs")
@@ -289,4 +289,4 @@ def test_a_swarm_asks_each_ready_gpu_node_and_marks_those_that_cannot_deliver():
     # check_gpu_runtime off: nobody is asked, every labelled GPU counts
     off = SwarmRuntime(lambda: manager, node_engine_plain=True)
     assert off.gpu_checks is None
-    assert all(n.gpus_refused == "" for n in asyncio.run(off.nodes()))
+    assert all(n.gpus_refused == "" for n in run_async(off.nodes()))

@@ -4,7 +4,6 @@ read from real records on a SQLite file."""
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 import pytest
@@ -345,7 +344,7 @@ def test_nothing_is_shown_where_the_jobs_gpus_are_not_read_here(job, readings):
 
 
 def with_usage(sup, job: dict) -> dict:
-    return asyncio.run(overview.with_gpu_usage(sup, job))
+    return run_async(overview.with_gpu_usage(sup, job))
 
 
 def test_with_gpu_usage_reads_through_the_services_reader_only_for_a_running_gpu_job():
