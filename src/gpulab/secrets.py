@@ -8,7 +8,8 @@ key is rotated by putting a new one first and re-encrypting (:meth:`SecretStore.
 What leaves this module:
 - :meth:`SecretStore.names` and the API built on it give names and times, never values;
 - :meth:`SecretStore.reveal` is called by the job supervisor alone, when it creates a job's
-  container (or a git clone helper): the value goes into that container's environment only.
+  container (the value goes into that container's environment only) or a git clone helper
+  (into that helper's secret files only, never its environment).
 
 The database row also binds the owner and name to the token (Fernet's associated data is not
 available, so the plaintext is framed as ``owner\\0name\\0value``): a token copied to another

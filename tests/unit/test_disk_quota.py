@@ -252,10 +252,10 @@ def test_helpers_are_told_their_booking():
     assert "--max-bytes" not in config("push", max_bytes=1234)
     src = GitSource("https://h/r.git", "/w/r", branch="main")
     cmd = clone_helper_spec(
-        image="i", source=src, volume="v", labels={}, environment={}, max_bytes=77, quota_bytes=55
+        image="i", source=src, volume="v", labels={}, files={}, max_bytes=77, quota_bytes=55
     ).command
     assert "--max-bytes=77" in cmd and "--quota-bytes=55" in cmd
-    cmd = clone_helper_spec(image="i", source=src, volume="v", labels={}, environment={})
+    cmd = clone_helper_spec(image="i", source=src, volume="v", labels={}, files={})
     assert not any(a.startswith("--quota-bytes") for a in cmd.command)
 
 

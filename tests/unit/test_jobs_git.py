@@ -14,7 +14,7 @@ from gpulab.jobs.supervisor.git_sources import (
     HELPER_DEST,
     TOKEN_USER,
     clone_helper_spec,
-    credential_env,
+    credential_files,
     git_mounts,
     git_volume_names,
     git_volume_prefix,
@@ -293,34 +293,35 @@ def test_volumes_and_mounts():
 
 
 def test_credentials():
-    assert credential_env("glpat-abc\n") == {
-        "GPULAB_GIT_USERNAME": TOKEN_USER,
-        "GPULAB_GIT_PASSWORD": "glpat-abc",
+    assert credential_files("glpat-abc\n") == {
+        "git-username": TOKEN_USER.encode(),
+        "git-password": b"glpat-abc",
     }
-    assert credential_env("alice:pa:ss") == {
-        "GPULAB_GIT_USERNAME": "alice",
-        "GPULAB_GIT_PASSWORD": "pa:ss",
+    assert credential_files("alice:pa:ss") == {
+        "git-username": b"alice",
+        "git-password": b"pa:ss",
     }
     # a lone colon is no user:password pair: the whole value is the token
-    assert credential_env(":tok")["GPULAB_GIT_PASSWORD"] == ":tok"
+    assert credential_files(":tok")["git-password"] == b":tok"
     with pytest.raises(ValueError):
-        credential_env("  \n")
+        credential_files("  \n")
 
 
-def test_helper_config_carries_the_credential_in_its_environment_only():
+def test_helper_config_carries_the_credential_in_its_secret_files_only():
     (src,) = parse([{"url": URL, "revision": "v1", "secret": "gitlab"}])
-    env = credential_env("alice:hunter2")
-    config = helper_container_config(
-        clone_helper_spec(
-            image="gpulab/sync:1",
-            source=src,
-            volume="gl-job-7-git-0",
-            labels={"org.gpulab.kind": "sync-helper"},
-            environment=env,
-        )
+    spec = clone_helper_spec(
+        image="gpulab/sync:1",
+        source=src,
+        volume="gl-job-7-git-0",
+        labels={"org.gpulab.kind": "sync-helper"},
+        files=credential_files("alice:hunter2"),
     )
-    assert config["environment"] == {**env, "NVIDIA_VISIBLE_DEVICES": "void"}  # and no GPU
-    assert "hunter2" not in repr({k: v for k, v in config.items() if k != "environment"})
+    config = helper_container_config(spec)
+    # the files are copied into the created helper (runtime.objects.helper_files_archive):
+    # nothing an inspection of the helper shows holds the credential
+    assert spec.files == {"git-username": b"alice", "git-password": b"hunter2"}
+    assert config["environment"] == {"NVIDIA_VISIBLE_DEVICES": "void"}  # and no GPU
+    assert "hunter2" not in repr(config) and "alice" not in repr(config)
     assert config["command"] == [
         "git-clone",
         f"--url={URL}",

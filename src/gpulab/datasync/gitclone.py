@@ -14,10 +14,12 @@ submodules).
   detached), or neither (the remote's default branch). Shallow (depth 1) when the revision is a
   ref or a full hash the server lets us fetch; an abbreviated hash, or a full one the server
   refuses to send alone, takes a full fetch.
-- Credentials: ``GPULAB_GIT_USERNAME`` and ``GPULAB_GIT_PASSWORD`` in the environment, never
-  on the command line; they are sent only to the URL's own origin (dulwich drops them on a
-  redirect elsewhere), never written to the clone's config, and every message printed is
-  scrubbed of them and of any ``user:password@`` in a URL.
+- Credentials: the files ``git-username`` and ``git-password`` in ``--credentials-dir``
+  (``/run/secrets``, where gpulab hands a helper its secret files), never the environment or
+  the command line, so that an inspection of the helper shows none; they are sent only to
+  the URL's own origin (dulwich drops them on a redirect elsewhere), never written to the
+  clone's config, and every message printed is scrubbed of them and of any
+  ``user:password@`` in a URL.
 - Safety of the checkout: dulwich refuses paths with ``..`` or ``.git`` components and any
   path whose leading directory is a symbolic link (git's own rule, CVE-2021-21300), so nothing
   is written outside ``--dest``; links themselves are created as links, as git does.
@@ -53,7 +55,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-ENV_USERNAME, ENV_PASSWORD = "GPULAB_GIT_USERNAME", "GPULAB_GIT_PASSWORD"
+#: the credential's files, in the directory the helper is handed its secret files in
+USERNAME_FILE, PASSWORD_FILE = "git-username", "git-password"
+CREDENTIALS_DIR = Path("/run/secrets")
 GiB = 1024**3
 #: defaults of the caps (the supervisor may pass others)
 DEFAULT_TIMEOUT = 1800.0
@@ -447,14 +451,20 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpulab-sync git-clone",
         description="Clone one git repository (smart HTTP) into a directory.",
-        epilog=f"Credentials: {ENV_USERNAME} and {ENV_PASSWORD} in the environment. Exit codes: "
-        "0 cloned, 1 failed, 2 bad usage.",
+        epilog=f"Credentials: the files {USERNAME_FILE} and {PASSWORD_FILE} in the credentials "
+        "directory, if there. Exit codes: 0 cloned, 1 failed, 2 bad usage.",
     )
     p.add_argument("--url", required=True, help="https:// or http:// URL of the repository")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--branch", help="branch to check out (default: the remote's default)")
     which.add_argument("--revision", help="tag, commit hash or refs/... to check out, detached")
     p.add_argument("--dest", type=Path, required=True, help="existing directory to clone into")
+    p.add_argument(
+        "--credentials-dir",
+        type=Path,
+        default=CREDENTIALS_DIR,
+        help=f"where the files {USERNAME_FILE} and {PASSWORD_FILE} are (default: %(default)s)",
+    )
     p.add_argument(
         "--replace",
         action="store_true",
@@ -473,6 +483,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _credential(path: Path) -> str | None:
+    """A credential file's value (its text without the line end); None where there is none."""
+    try:
+        return path.read_text().rstrip("\r\n") or None
+    except FileNotFoundError:
+        return None
+
+
 def _print(event: dict) -> None:
     print(json.dumps(event), flush=True)
 
@@ -483,8 +501,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("dulwich").setLevel(logging.CRITICAL)
     logging.getLogger("urllib3").setLevel(logging.CRITICAL)
     args = _parser().parse_args(argv)
-    username = os.environ.get(ENV_USERNAME) or None
-    password = os.environ.get(ENV_PASSWORD) or None
+    username = _credential(args.credentials_dir / USERNAME_FILE)
+    password = _credential(args.credentials_dir / PASSWORD_FILE)
     secrets = _auth_forms(username, password)
     url = scrub(args.url, secrets)
     words = (

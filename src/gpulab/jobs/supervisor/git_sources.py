@@ -10,8 +10,9 @@ data volumes are other volumes), and they go when the job's volumes go
 (:func:`git_volume_names`).
 
 The credential, when the entry names one of the owner's secrets, is read through
-``resolve_secret`` only here, just before its helper starts, and reaches that helper's
-environment only: not its command line, not the job's container, not any message. A secret
+``resolve_secret`` only here, just before its helper starts, and reaches that helper as its
+secret files only (:attr:`HelperSpec.files`, which the backend delivers into the helper):
+not its environment, not its command line, not the job's container, not any message. A secret
 holding ``user:password`` is sent as those; any other value is a token, sent as the password
 of user ``x-access-token`` (what GitHub and GitLab accept for tokens).
 
@@ -37,8 +38,8 @@ from typing import TYPE_CHECKING
 from ...datasync.gitclone import (
     DEFAULT_MAX_BYTES,
     DEFAULT_TIMEOUT,
-    ENV_PASSWORD,
-    ENV_USERNAME,
+    PASSWORD_FILE,
+    USERNAME_FILE,
     scrub,
 )
 from ...disk_ledger import DiskQuotaExceeded
@@ -91,15 +92,15 @@ def git_mounts(job_container_name: str, sources: Sequence[GitSource]) -> list[Mo
     ]
 
 
-def credential_env(value: str) -> dict[str, str]:
-    """The helper's environment for a secret's value: ``user:password``, or a token."""
+def credential_files(value: str) -> dict[str, bytes]:
+    """The helper's secret files for a secret's value: ``user:password``, or a token."""
     value = value.strip()
     if not value:
         raise ValueError("the secret is empty")
     user, sep, password = value.partition(":")
-    if sep and user and password:
-        return {ENV_USERNAME: user, ENV_PASSWORD: password}
-    return {ENV_USERNAME: TOKEN_USER, ENV_PASSWORD: value}
+    if not (sep and user and password):
+        user, password = TOKEN_USER, value
+    return {USERNAME_FILE: user.encode(), PASSWORD_FILE: password.encode()}
 
 
 def clone_helper_spec(
@@ -108,7 +109,7 @@ def clone_helper_spec(
     source: GitSource,
     volume: str,
     labels: dict[str, str],
-    environment: dict[str, str],
+    files: dict[str, bytes],
     network_mode: str = "bridge",
     timeout: float = DEFAULT_TIMEOUT,
     max_bytes: int = DEFAULT_MAX_BYTES,
@@ -135,8 +136,8 @@ def clone_helper_spec(
         image=image,
         command=command,
         labels={**labels, L_HELPER: "git-clone"},
-        env=environment,
         user=user,
+        files=files,
         mounts=(Mount(volume, HELPER_DEST),),
         network=network_mode,
         memory=HELPER_MEMORY,
@@ -162,10 +163,10 @@ async def clone_source(
 ) -> tuple[bool, str]:
     """Clone one repository into its volume on ``node``: (ok, message naming it)."""
     what = _describe(source)
-    environment: dict[str, str] = {}
+    files: dict[str, bytes] = {}
     if source.secret:
         try:
-            environment = credential_env(await resolve_secret(source.secret))
+            files = credential_files(await resolve_secret(source.secret))
         except LookupError:
             return False, (
                 f"clone of {what} failed: your secret {source.secret!r} is gone (deleted since "
@@ -176,7 +177,7 @@ async def clone_source(
                 f"clone of {what} failed: your secret {source.secret!r} cannot be read "
                 f"({type(e).__name__})"
             )
-    secrets = [v for k, v in environment.items() if k == ENV_PASSWORD]
+    secrets = [files[PASSWORD_FILE].decode()] if files else []
     volume = git_volume_name(job_container_name, index)
     disk = data.disk
     quota_bytes, quota, held = None, None, 0
@@ -204,7 +205,7 @@ async def clone_source(
         source=source,
         volume=volume,
         labels={L_INSTANCE: data.instance, L_KIND: "sync-helper", L_WORKLOAD: data.workload},
-        environment=environment,
+        files=files,
         network_mode=network_mode,
         timeout=timeout,
         max_bytes=max_bytes,
