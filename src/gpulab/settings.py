@@ -721,7 +721,8 @@ class GpulabSettings(Configurable):
         container receives them, as a file. ca_bundle: a PEM file on this host of the CAs that
         sign the endpoint's certificate (a private CA); verify=False turns the check off (a lab
         only, logged at WARNING). A 'filesystem' store keeps objects under 'root' on this host
-        (the embedded default).""",
+        (the embedded default). A key not listed here is refused at start-up (a misspelt one
+        would otherwise be ignored), and so is one in a volume grant.""",
     ).tag(config=True)
 
     workspace_store = Unicode(
@@ -782,8 +783,8 @@ class GpulabSettings(Configurable):
         once per process."""
         try:
             stores = self.storage.stores
-        except ValueError:
-            return  # said where the storage is first read, as before
+        except ValueError as e:  # a store, grant or workspace the configuration gets wrong
+            raise ConfigError(f"c.GpulabSettings.object_stores / volume_grants: {e}") from None
         try:
             warnings = check_stores(stores)
         except ValueError as e:

@@ -23,8 +23,21 @@ from .volumes import (
 
 DEFAULT_SERVER_KEY = "_default"
 
+#: what a store's and a grant's configuration may name (anything else is a typo, refused)
+STORE_KEYS = ("kind", "endpoint_url", "region", "credentials", "root", "ca_bundle", "verify")
+GRANT_KEYS = ("store", "bucket", "prefix", "modes", "users")
+
+
+def _known_keys(what: str, d: Mapping, known: Sequence[str]) -> None:
+    """A configured mapping names only ``known`` keys: a misspelt one (``endpoint`` for
+    ``endpoint_url``) would be ignored and its default used without a word."""
+    unknown = sorted(set(d) - set(known))
+    if unknown:
+        raise ValueError(f"{what}: unknown key(s) {unknown}; it takes {', '.join(known)}")
+
 
 def _store(name: str, d: Mapping) -> ObjectStore:
+    _known_keys(f"object store {name!r}", d, STORE_KEYS)
     creds = d.get("credentials") or {}
     unknown = set(creds) - {"access_key_env", "secret_key_env", "file", "profile"}
     if unknown:
@@ -60,6 +73,8 @@ class StorageConfig:
         workspace_root: str = "workspaces",
     ) -> StorageConfig:
         built = {name: _store(name, d) for name, d in stores.items()}
+        for i, g in enumerate(grants):
+            _known_keys(f"volume grant {i + 1} (of store {g.get('store')!r})", g, GRANT_KEYS)
         workspace = None
         if workspace_store:
             if workspace_store not in built:

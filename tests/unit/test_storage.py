@@ -84,6 +84,20 @@ def test_no_store_configured():
         parse_notebook_options({"volumes": ["a@b:/c"]}, CATALOG, FLAVORS, LIMITS, "cpu-small")
 
 
+def test_storage_config_refuses_keys_it_does_not_know():
+    with pytest.raises(ValueError) as e:
+        StorageConfig.from_config({"lab": {"kind": "s3", "endpoint": "https://s3.lab"}}, [])
+    assert str(e.value) == (
+        "object store 'lab': unknown key(s) ['endpoint']; it takes kind, endpoint_url, region, "
+        "credentials, root, ca_bundle, verify"
+    )
+    grant = {"store": "lab", "bucket": "b", "mode": ["ro"]}
+    with pytest.raises(ValueError, match=r"volume grant 1 \(of store 'lab'\): unknown key"):
+        StorageConfig.from_config({"lab": {"kind": "s3"}}, [grant])
+    ok = {"store": "lab", "bucket": "b", "prefix": "p", "modes": ["ro"], "users": ["a"]}
+    assert StorageConfig.from_config({"lab": {"kind": "s3"}}, [ok]).grants[0].prefix == "p"
+
+
 def test_storage_config_rejects_credential_values():
     with pytest.raises(ValueError, match="names, never values"):
         StorageConfig.from_config({"s3": {"credentials": {"secret": "x"}}}, [])
@@ -181,3 +195,18 @@ def test_notebook_volumes_and_verdict():
     ok, msg = push_verdict([SyncOutcome(bad, False, reason="store down")])
     assert not ok and "push of results failed: results: store down" in msg
     assert "Nothing local was deleted" in msg
+
+
+def test_a_misspelt_store_key_stops_the_start_naming_the_setting():
+    from traitlets.config import Config
+
+    from gpulab.settings import ConfigError, GpulabSettings
+
+    c = Config()
+    c.GpulabSettings.object_stores = {"lab": {"kind": "s3", "endpoint": "https://s3.lab"}}
+    with pytest.raises(ConfigError) as e:
+        GpulabSettings(config=c)
+    assert str(e.value).startswith(
+        "c.GpulabSettings.object_stores / volume_grants: object store 'lab': unknown key(s) "
+        "['endpoint']"
+    )
