@@ -131,3 +131,21 @@ def test_gpulab_admin_upgrade_db(tmp_path):
     again = upgrade_db()
     assert again.returncode == 0 and f"{head_revision()}, current" in again.stdout
     check_data(Database(url))
+
+
+def test_a_spawn_on_an_older_database_is_a_503_saying_what_to_run(tmp_path):
+    """The service stops at start-up on such a database; the hub's spawner answers a spawn
+    with a 503 that says what to run, not a 500 with a traceback."""
+    from tornado import web
+    from traitlets.config import Config
+
+    from gpulab.notebooks.spawner import NotebookSpawner
+
+    url = previous_release(tmp_path / "g.sqlite", (("jobs", "outcome"),))
+    c = Config()
+    c.GpulabSettings.database_url = url
+    with pytest.raises(web.HTTPError) as e:
+        NotebookSpawner(config=c).gpulab_db  # noqa: B018
+    assert e.value.status_code == 503
+    assert "gpulab admin upgrade-db" in e.value.log_message
+    assert schema_revision(url) is None  # nothing changed

@@ -23,7 +23,7 @@ from tornado import web
 from traitlets import Float, Unicode, default
 
 from .. import __version__
-from ..db import Database
+from ..db import Database, SchemaMismatch
 from ..disk_ledger import DiskLedger
 from ..gpus.ledger import GpuLedger
 from ..hub_process import starting_hub
@@ -249,7 +249,11 @@ class NotebookSpawner(DockerSpawner):
     def gpulab_db(self) -> Database:
         url = self.settings.database_url
         if url not in self._databases:
-            self._databases[url] = Database(url)
+            try:
+                self._databases[url] = Database(url)
+            except SchemaMismatch as e:  # the service stopped at start-up with the same words
+                self.log.error("gpulab's database cannot be used: %s", e)
+                raise web.HTTPError(503, f"gpulab is being upgraded: {e}") from None
         return self._databases[url]
 
     @cached_property
