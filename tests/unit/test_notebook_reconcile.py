@@ -149,3 +149,8 @@ def test_a_lost_notebook_whose_removal_fails_keeps_its_gpus(lab):
     assert lost.record()["state"] == "ERROR" and lost.last()["reason"] == "NODE_LOST"
     assert "node b is drain" in lost.last()["message"]
     assert lost.held_gpus() == ["b/0"]  # not confirmed gone: still booked
+    # the next pass tries the removal again; once it is confirmed, the GPUs go back
+    done = run_async(lab.rec.pass_once())
+    assert lost.nb.container not in rt.workloads and lost.held_gpus() == []
+    assert rt.names("unreach") == [lost.nb.url_path]
+    assert lost.record()["state"] == "ERROR" and done["records"] == []  # settled before

@@ -134,11 +134,11 @@ class NotebookReconciler:
         except EngineError as e:
             log.warning("notebooks not reconciled (engine): %s", e)
             return {}
-        lost = await self._settle_lost(records, containers)
+        lost, removed_again = await self._settle_lost(records, containers)
         running = {
             c.labels.get(L_WORKLOAD, "")
             for c in containers
-            if c.running and c.labels.get(L_WORKLOAD, "") not in lost
+            if c.running and c.labels.get(L_WORKLOAD, "") not in lost | removed_again
         }
         with contextlib.suppress(Exception):  # a gateway made anew: routes back
             put = await self.runtime.restore_routes(instance)
@@ -201,21 +201,28 @@ class NotebookReconciler:
         await asyncio.to_thread(disk.release_all_but, keep, notebook_prefix)
         return {"records": fixed, "helpers": removed, "gpus": gone}
 
-    async def _settle_lost(self, records: list[dict], containers) -> set[str]:
+    async def _settle_lost(self, records: list[dict], containers) -> tuple[set[str], set[str]]:
         """Running notebooks whose node is lost (a cluster only): ERROR NODE_LOST, their
-        workload removed, then their GPUs released. Returns their workload ids."""
+        workload removed, then their GPUs released. Returns their workload ids, and those of
+        notebooks settled so by an earlier pass whose workload is removed only now."""
         if not self.ledger.clustered:  # one host: its node is never lost
-            return set()
+            return set(), set()
         try:
             nodes = {n.hostname: n for n in await self.runtime.nodes()}
         except EngineError as e:
             log.warning("cluster nodes not read: %s", e)
-            return set()
+            return set(), set()
         by_workload = {c.labels.get(L_WORKLOAD, ""): c for c in containers}
-        now, out = time.monotonic(), set()
+        now, out, again = time.monotonic(), set(), set()
         for nb in records:
             workload = notebook_workload_id(self.s.instance, nb["user"], nb["server"])
             c = by_workload.get(workload)
+            if c is not None and workload not in self.busy and _lost_earlier(nb):
+                # settled NODE_LOST by an earlier pass whose removal failed: again, until the
+                # engine confirms it gone; its GPUs stay booked until then
+                await self._remove_lost(c, workload)
+                again.add(workload)
+                continue
             n = nodes.get(c.node) if c else None
             healthy = n is not None and n.ready and n.active
             if nb["state"] != S.RUNNING.value or c is None or workload in self.busy or healthy:
@@ -244,11 +251,24 @@ class NotebookReconciler:
                 continue  # stopped meanwhile: the stop settles it
             self._lost_since.pop(workload, None)
             log.error("notebook %s/%s: NODE_LOST: %s", nb["user"], nb["server"], found.error)
-            # GPUs go back once the manager has forgotten its task: remove() returns then
-            await self.runtime.remove(c.name)
-            await self.runtime.unreach(c.labels.get(L_ROUTE, ""))
-            released = await asyncio.to_thread(self.ledger.release, workload)
-            if released:
-                log.warning("released GPUs %s of lost notebook %s", ", ".join(released), workload)
+            await self._remove_lost(c, workload)
             out.add(workload)
-        return out
+        return out, again
+
+    async def _remove_lost(self, c, workload: str) -> None:
+        """Remove a lost notebook's workload, then release its GPUs: they go back once the
+        manager has forgotten its task (remove() returns then). An engine error leaves them
+        booked and comes up; the next pass tries again (the record is ERROR NODE_LOST)."""
+        await self.runtime.remove(c.name)
+        await self.runtime.unreach(c.labels.get(L_ROUTE, ""))
+        released = await asyncio.to_thread(self.ledger.release, workload)
+        if released:
+            log.warning("released GPUs %s of lost notebook %s", ", ".join(released), workload)
+
+
+def _lost_earlier(nb: dict) -> bool:
+    """A record an earlier pass settled ERROR NODE_LOST (its last event says so)."""
+    history = nb.get("history") or ()
+    return (
+        nb["state"] == S.ERROR.value and bool(history) and history[-1].get("reason") == "NODE_LOST"
+    )
