@@ -73,6 +73,9 @@ from .swarm_specs import (
 
 log = logging.getLogger(__name__)
 
+#: how long a removal waits for the manager to forget the service (then: an EngineError)
+REMOVE_TIMEOUT = 30.0
+
 
 class SwarmRuntime(Runtime):
     """A Swarm, through its manager: the manager's API through the
@@ -216,7 +219,8 @@ class SwarmRuntime(Runtime):
     def _create_blocking(self, spec: WorkloadSpec) -> None:
         client = self.client
         with_suppress_notfound(client.remove_service, spec.name)
-        self._wait_gone(spec.name, 30)
+        if not self._wait_gone(spec.name, REMOVE_TIMEOUT):
+            raise EngineError(f"service {spec.name} is still there: it cannot be made anew")
         network_id = None
         instance = spec.labels.get(L_INSTANCE, "")
         if spec.network_job:  # a distributed job's own overlay (its rank's alias on it)
@@ -347,10 +351,14 @@ class SwarmRuntime(Runtime):
 
         await self.engine.call(ask)
 
-    def _wait_gone(self, name: str, timeout: float) -> None:
+    def _wait_gone(self, name: str, timeout: float) -> bool:
+        """Whether the manager has forgotten the service within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while self._service(name) is not None and time.monotonic() < deadline:
+        while self._service(name) is not None:
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.2)
+        return True
 
     async def remove(self, name: str) -> bool:
         try:
@@ -359,7 +367,11 @@ class SwarmRuntime(Runtime):
             if e.not_found:
                 return False
             raise
-        await self.engine.call(self._wait_gone, name, 30)
+        # confirmed gone, or an error: what it held (GPUs) is released only after this
+        if not await self.engine.call(self._wait_gone, name, REMOVE_TIMEOUT):
+            raise EngineError(
+                f"service {name} is still there {REMOVE_TIMEOUT:g} s after its removal"
+            )
         return True
 
     async def restart_in_place(self, name: str) -> None:
