@@ -1,9 +1,12 @@
 """The layout's rules (ARCHITECTURE.md), checked on the import graph of ``src/gpulab``.
 
 The graph is read from the source's syntax tree, so every import counts: at the top of a
-module, inside a function, under ``TYPE_CHECKING``. An edge goes from a module to each gpulab
-module it names (``from . import x`` names the submodule ``x`` when there is one, not the
-package) and to the first component of each third-party or standard module it imports.
+module, inside a function, under ``TYPE_CHECKING``, and ``importlib.import_module`` of a
+constant name. An edge goes from a module to each gpulab module it names (``from . import x``
+names the submodule ``x`` when there is one, not the package) and to the first component of
+each third-party or standard module it imports. Circles are looked for between modules, and
+between the children (modules and subpackages taken whole) of every package at every depth;
+``test_the_graph_sees_a_circle_in_every_form_and_at_every_depth`` plants one of each form.
 """
 
 from __future__ import annotations
@@ -63,16 +66,20 @@ ADAPTERS = ("service",)
 RUNTIME_SURFACE = {f"{ROOT}.runtime", f"{ROOT}.runtime.base", f"{ROOT}.runtime.images"}
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
+def _modules_under(src: Path) -> dict[str, Path]:
+    """module name -> its file, for every module of the package at ``src``."""
+    out = {}
+    for path in sorted(src.rglob("*.py")):
+        parts = list(path.relative_to(src.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
 
 
 @cache
 def _modules() -> dict[str, Path]:
-    return {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+    return _modules_under(SRC)
 
 
 def _resolve(module: str, is_package: bool, level: int, name: str | None) -> str:
@@ -90,33 +97,76 @@ def _tree(module: str) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
-@cache
-def graph() -> dict[str, frozenset[str]]:
-    """module -> the modules it imports (gpulab's by full name, others by their top name)."""
-    modules = _modules()
+def _dynamic_import(node: ast.AST, module: str, is_package: bool) -> str | None:
+    """The module named by ``importlib.import_module("x")``, ``import_module(".x", __name__)``
+    (or ``__package__``) or ``__import__("x")`` with a constant name; None for any other node
+    (a name computed at run time is not seen: gpulab/datasync/__init__.py, which loads its
+    names so, imports each of them under ``TYPE_CHECKING`` too)."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+    first = node.args[0]
+    if called not in ("import_module", "__import__") or not isinstance(first, ast.Constant):
+        return None
+    if not isinstance(first.value, str):
+        return None
+    name = first.value.lstrip(".")
+    level = len(first.value) - len(name)
+    if not level:
+        return name
+    # relative to the package argument: __name__ is the module itself (a package's name in
+    # its __init__), __package__ the package it is in
+    anchor = node.args[1] if len(node.args) > 1 else None
+    as_package = is_package or (isinstance(anchor, ast.Name) and anchor.id == "__name__")
+    return _resolve(module, as_package, level, name or None)
+
+
+def _named(name: str, root: str, modules: Iterable[str]) -> str:
+    """What an import of the dotted ``name`` reaches: its deepest module of the package
+    (``a.b.c``: the module a.b.c, else a.b, which defines c), or a foreign one's top name."""
+    if name != root and not name.startswith(root + "."):
+        return name.split(".")[0]
+    while name not in modules and "." in name:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def import_graph(src: Path) -> dict[str, frozenset[str]]:
+    """module -> the modules it imports, for the package at ``src`` (its own modules by full
+    name, others by their top name): every ``import``, ``from ... import`` (relative at any
+    level; ``from . import x`` names the submodule ``x`` when there is one, else the package
+    that defines ``x``) and ``import_module``/``__import__`` of a constant name, wherever it
+    stands (inside a function or a class, under ``if TYPE_CHECKING``, in a ``try``)."""
+    root = src.name
+    modules = _modules_under(src)
     out: dict[str, frozenset[str]] = {}
     for module, path in modules.items():
         is_package = path.name == "__init__.py"
         found: set[str] = set()
-        for node in ast.walk(_tree(module)):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 for alias in node.names:
-                    name = alias.name
-                    found.add(name if name.startswith(ROOT + ".") else name.split(".")[0])
+                    found.add(_named(alias.name, root, modules))
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     target = _resolve(module, is_package, node.level, node.module)
                 else:
                     target = node.module or ""
-                if target != ROOT and not target.startswith(ROOT + "."):
-                    found.add(target.split(".")[0])
-                    continue
                 for alias in node.names:  # a submodule, or a name the target defines
-                    sub = f"{target}.{alias.name}"
-                    found.add(sub if sub in modules else target)
+                    name = target if alias.name == "*" else f"{target}.{alias.name}"
+                    found.add(_named(name, root, modules))
+            elif (name := _dynamic_import(node, module, is_package)) is not None:
+                found.add(_named(name, root, modules))
         found.discard(module)
         out[module] = frozenset(found)
     return out
+
+
+@cache
+def graph() -> dict[str, frozenset[str]]:
+    """module -> the modules it imports (gpulab's by full name, others by their top name)."""
+    return import_graph(SRC)
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -158,13 +208,34 @@ def _internal(targets: Iterable[str]) -> set[str]:
     return {t for t in targets if t in _modules()}
 
 
-def _package_of(module: str) -> str:
-    """A module's subpackage (``gpulab.jobs`` for ``gpulab.jobs.spec.fields``), or the module
-    itself for a top-level one (``gpulab.names``)."""
-    parts = module.split(".")
-    if len(parts) >= 2 and (SRC / parts[1] / "__init__.py").exists():
-        return ".".join(parts[:2])
-    return module
+def _child_of(module: str, package: str) -> str | None:
+    """The child of ``package`` (a module or a subpackage directly in it) that ``module`` is
+    or lies in; None when it lies outside, or is the package's own __init__."""
+    if not module.startswith(package + "."):
+        return None
+    return package + "." + module[len(package) + 1 :].split(".")[0]
+
+
+def package_cycles(g: dict[str, frozenset[str]]) -> dict[str, list[list[str]]]:
+    """In every package, at every depth (gpulab, gpulab.jobs, gpulab.jobs.supervisor, ...),
+    the circles among its children, each subpackage taken whole with all its modules: what
+    imports what between two children, wherever in them (package -> its circles)."""
+    packages = {m for m in g if any(t.startswith(m + ".") for t in g)}
+    found = {}
+    for package in sorted(packages):
+        edges: dict[str, set[str]] = {}
+        for module, targets in g.items():
+            mine = _child_of(module, package)
+            if mine is None:
+                continue
+            edges.setdefault(mine, set()).update(
+                theirs
+                for t in targets
+                if (theirs := _child_of(t, package)) is not None and theirs != mine
+            )
+        if cycles := _cycles(edges):
+            found[package] = cycles
+    return found
 
 
 def _under(module: str, *packages: str) -> bool:
@@ -264,6 +335,66 @@ def test_the_graph_sees_every_kind_of_import():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+#: a package with a circle of each form the graph must see (file -> its text)
+PLANTED = {
+    "__init__.py": "",
+    "core.py": "",
+    "jobs/__init__.py": "",
+    # `from . import x` one way, `from .x import name` inside a function the other
+    "jobs/actions.py": "from . import records\n",
+    "jobs/records.py": "def load():\n    from .actions import submit\n",
+    # `from .. import x` from a sub-subpackage, an absolute `import a.b.c as d` back
+    "jobs/supervisor/__init__.py": "",
+    "jobs/supervisor/life.py": "from .. import usage\n",
+    "jobs/usage.py": "import pkg.jobs.supervisor.life as life\n",
+    # an import under TYPE_CHECKING, and import_module of a constant name back
+    "jobs/supervisor/ending.py": (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .engine import Engine\n"
+    ),
+    "jobs/supervisor/engine.py": (
+        "import importlib\nclass Engine:\n    def end(self):\n"
+        "        return importlib.import_module('.ending', __package__)\n"
+    ),
+    # no circle between modules, one between two sub-subpackages: spec/ -> gang/ -> spec/
+    "jobs/spec/__init__.py": "",
+    "jobs/spec/fields.py": "from ..gang.ranks import RANKS\n",
+    "jobs/spec/base.py": "",
+    "jobs/gang/__init__.py": "",
+    "jobs/gang/ranks.py": "",
+    "jobs/gang/env.py": "try:\n    from pkg.jobs.spec import base\nexcept ImportError:\n    pass\n",
+    # one between two top-level subpackages, through their __init__ modules: jobs <-> service
+    "service/__init__.py": "from pkg.jobs import records\n",
+    "jobs/hooks.py": "from ..service import *\n",
+}
+
+
+def test_the_graph_sees_a_circle_in_every_form_and_at_every_depth(tmp_path):
+    for name, text in PLANTED.items():
+        path = tmp_path / "pkg" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    g = import_graph(tmp_path / "pkg")
+    edges = {m: {t for t in targets if t in g} for m, targets in g.items()}
+    assert _cycles(edges) == [
+        ["pkg.jobs.actions", "pkg.jobs.records"],
+        ["pkg.jobs.supervisor.ending", "pkg.jobs.supervisor.engine"],
+        ["pkg.jobs.supervisor.life", "pkg.jobs.usage"],
+    ]
+    assert (
+        "typing" in g["pkg.jobs.supervisor.ending"]
+        and "importlib" in g["pkg.jobs.supervisor.engine"]
+    )
+    assert package_cycles(g) == {
+        "pkg": [["pkg.jobs", "pkg.service"]],
+        "pkg.jobs": [
+            ["pkg.jobs.actions", "pkg.jobs.records"],
+            ["pkg.jobs.gang", "pkg.jobs.spec"],
+            ["pkg.jobs.supervisor", "pkg.jobs.usage"],
+        ],
+        "pkg.jobs.supervisor": [["pkg.jobs.supervisor.ending", "pkg.jobs.supervisor.engine"]],
+    }
+
+
 # --- the rules ---------------------------------------------------------------------------
 
 
@@ -273,16 +404,9 @@ def test_no_import_circle_between_modules():
 
 
 def test_no_circle_between_subpackages():
-    edges: dict[str, set[str]] = {}
-    for module, targets in graph().items():
-        mine = _package_of(module)
-        edges.setdefault(mine, set()).update(
-            _package_of(t) for t in _internal(targets) if _package_of(t) != mine
-        )
-    edges.pop(ROOT, None)  # gpulab/__init__.py: the version, imported by all and importing none
-    for targets in edges.values():
-        targets.discard(ROOT)
-    assert _cycles(edges) == []
+    """Between the subpackages and modules of every package, at every depth: gpulab's
+    (jobs/ and gpus/), jobs/'s (spec/ and supervisor/), service/'s (api/ and pages/) ..."""
+    assert package_cycles(graph()) == {}
 
 
 def test_the_core_is_pure_and_imports_only_the_core():
