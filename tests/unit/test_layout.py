@@ -61,6 +61,39 @@ UPPER_PACKAGES = ("gpus", "jobs", "notebooks", "service", "runtime", "data")
 DOMAINS = ("notebooks", "jobs")
 #: the service's REST API and pages, over the domains
 ADAPTERS = ("service",)
+#: the operator's programs (``gpulab doctor``, ``gpulab admin``): run as processes of their
+#: own, imported by nobody, importing no domain
+PROGRAMS = ("doctor", "admin")
+#: gpulab's layers, bottom to top (ARCHITECTURE.md, rule 1), each with the top-level modules
+#: and packages in it; every one is in exactly one, and no import reaches a higher layer
+LAYERS: list[tuple[str, frozenset[str]]] = [
+    ("the pure core", frozenset(CORE)),
+    (
+        "shared: the foundations",
+        frozenset(
+            {
+                "db",
+                "migrations",
+                "secrets",
+                "disk_ledger",
+                "metrics",
+                "statelog",
+                "logscrub",
+                "faults",
+                "hub_process",
+                "datasync",
+            }
+        ),
+    ),
+    ("shared: the GPUs", frozenset({"gpus"})),
+    ("shared: the runtime", frozenset({"runtime"})),
+    ("shared: a workload's data", frozenset({"data"})),
+    ("shared: the configuration", frozenset({"settings", "hub_login"})),
+    ("the operator's programs", frozenset(PROGRAMS)),
+    ("the domains", frozenset(DOMAINS)),
+    ("the service", frozenset(ADAPTERS)),
+    ("the CLI", frozenset({"cli"})),
+]
 #: what of runtime/ the layers above it may import: make_runtime and the interface's values
 #: (``gpulab.runtime``), the interface (``base``), the notebook images' availability (``images``)
 RUNTIME_SURFACE = {f"{ROOT}.runtime", f"{ROOT}.runtime.base", f"{ROOT}.runtime.images"}
@@ -249,17 +282,16 @@ def _is_cli(module: str) -> bool:
 
 
 def _layer(module: str) -> int:
-    """0 the pure core; 1 what both domains share (gpus/, data/, datasync/, runtime/,
-    settings, db, secrets, ...); 2 a domain; 3 the service; 4 the CLI (which speaks REST)."""
-    if _is_cli(module):
-        return 4
-    if _under(module, *ADAPTERS):
-        return 3
-    if _under(module, *DOMAINS):
-        return 2
-    if module.removeprefix(ROOT + ".") in CORE:
-        return 0
-    return 1
+    """The module's layer: its position in :data:`LAYERS` (0 the pure core, ... the CLI)."""
+    top = module.split(".")[1]
+    for i, (_, names) in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise LookupError(f"{module} is in no layer (LAYERS, ARCHITECTURE.md rule 1)")
+
+
+def _layer_of(name: str) -> int:
+    return next(i for i, (what, _) in enumerate(LAYERS) if what == name)
 
 
 def _upward(g: dict[str, frozenset[str]]) -> list[tuple[str, str]]:
@@ -484,19 +516,50 @@ def test_nothing_above_runtime_imports_the_docker_sdk_or_a_backend():
         assert bad == [], module
 
 
+def test_every_module_is_in_one_named_layer():
+    """A new top-level module or package is placed in a layer (here and in ARCHITECTURE.md)
+    before it lands, not left to fall into one."""
+    tops = {m.split(".")[1] for m in graph() if m != ROOT}
+    named = [n for _, names in LAYERS for n in names]
+    assert sorted(named) == sorted(set(named)), "a name in two layers"
+    assert tops == set(named), (sorted(tops - set(named)), sorted(set(named) - tops))
+
+
 def test_imports_follow_the_layers():
-    """core < what both domains share (gpus/, data/, runtime/, settings, db, secrets, ...) <
+    """core < what both domains share, in its own order (the foundations: db, secrets,
+    metrics, datasync/, ... < gpus/ < runtime/ < data/ < settings) < the operator's programs <
     the domains (notebooks/, jobs/) < the service < the CLI: no import reaches a higher layer,
-    so runtime/, data/, gpus/ and settings never import notebooks/, jobs/ or service/."""
-    assert _layer(f"{ROOT}.lifecycle") == 0 and _layer(f"{ROOT}.settings") == 1
-    assert _layer(f"{ROOT}.runtime.docker") == _layer(f"{ROOT}.data.sync") == 1
-    assert _layer(f"{ROOT}.gpus.ledger") == _layer(f"{ROOT}.secrets") == 1
-    assert _layer(f"{ROOT}.jobs.supervisor.life") == _layer(f"{ROOT}.notebooks.life") == 2
-    assert _layer(f"{ROOT}.service.app") == 3 and _layer(f"{ROOT}.cli.commands") == 4
+    so runtime/, data/, gpus/ and settings never import notebooks/, jobs/ or service/, gpus/
+    never imports runtime/ or data/, and runtime/ never data/ or settings."""
+    assert _layer(f"{ROOT}.lifecycle") == _layer_of("the pure core") == 0
+    assert _layer(f"{ROOT}.db") == _layer(f"{ROOT}.secrets") == _layer_of("shared: the foundations")
+    assert _layer(f"{ROOT}.datasync.engine") == _layer_of("shared: the foundations")
+    assert _layer(f"{ROOT}.gpus.ledger") < _layer(f"{ROOT}.runtime.docker")
+    assert _layer(f"{ROOT}.runtime.base") < _layer(f"{ROOT}.data.sync")
+    assert _layer(f"{ROOT}.data.sync") < _layer(f"{ROOT}.settings")
+    assert _layer(f"{ROOT}.settings") < _layer(f"{ROOT}.doctor.checks")
+    assert _layer(f"{ROOT}.doctor.checks") < _layer(f"{ROOT}.jobs.supervisor.life")
+    assert _layer(f"{ROOT}.jobs.supervisor.life") == _layer(f"{ROOT}.notebooks.life")
+    assert _layer(f"{ROOT}.notebooks.life") < _layer(f"{ROOT}.service.app")
+    assert _layer(f"{ROOT}.service.app") < _layer(f"{ROOT}.cli.commands") == len(LAYERS) - 1
     assert _upward(graph()) == []
-    # and it sees one: settings asking the jobs' scheduler (an arrow the issue found)
-    planted = {**graph(), f"{ROOT}.settings": frozenset({f"{ROOT}.jobs.scheduler"})}
-    assert _upward(planted) == [(f"{ROOT}.settings", f"{ROOT}.jobs.scheduler")]
+    # and it sees one: settings asking the jobs' scheduler (an arrow the issue found), the
+    # runtime reading the settings, the GPU ledger asking the data sync
+    for module, target in (
+        ("settings", "jobs.scheduler"),
+        ("runtime.docker", "settings"),
+        ("gpus.ledger", "data.sync"),
+    ):
+        planted = {**graph(), f"{ROOT}.{module}": frozenset({f"{ROOT}.{target}"})}
+        assert _upward(planted) == [(f"{ROOT}.{module}", f"{ROOT}.{target}")]
+
+
+def test_nobody_imports_the_operators_programs():
+    """doctor/ and admin/ run as programs of their own (the CLI starts them: cli/host.py)."""
+    for module, targets in graph().items():
+        if not _under(module, *PROGRAMS):
+            bad = sorted(t for t in _internal(targets) if _under(t, *PROGRAMS))
+            assert bad == [], module
 
 
 def test_above_runtime_only_make_runtime_and_the_interface_are_imported():
