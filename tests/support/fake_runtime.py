@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpulab.gpus.inventory import GpuDevice
+from gpulab.gpus.inventory import GpuDevice, Inventory
 from gpulab.names import L_INSTANCE, L_KIND, L_USER
 from gpulab.runtime.base import (
     EngineError,
@@ -179,10 +179,18 @@ class FakeRuntime(Runtime):
         gpus: tuple[str, ...] = (),
         registry: str = "",
         clock: Callable[[], float] = time.time,
+        inventory: Inventory | None = None,
+        clustered: bool = False,
     ):
         super().__init__(workers=4, registry=registry)
         #: one engine's GPUs, as make_runtime gives a DockerRuntime this host's
         self.devices = tuple(GpuDevice(g) for g in gpus)
+        #: how they were found (NVML's driver and CUDA versions), as make_runtime hands a
+        #: DockerRuntime its inventory; None: nothing read (a cluster's nodes say their own)
+        self.inventory = inventory
+        if clustered:  # a Swarm's manager: GPUs from nodes(), images pulled from the registry
+            self.clustered = True
+            self.images_at = "in the registry"
         self.node_list: list[Node] = (
             list(nodes)
             if nodes is not None
@@ -224,16 +232,14 @@ class FakeRuntime(Runtime):
         runs on the node its spec names; a node that goes down or is drained loses what runs
         there (see :meth:`node_down`); a node's volumes are not visible (as through a
         manager: ``volume_exists`` is False, ``volumes_named`` empty)."""
-        rt = cls(
+        return cls(
             nodes=[
                 Node(id=f"id-{h}", hostname=h, ready=True, active=True, gpus=tuple(g))
                 for h, g in nodes.items()
             ],
+            clustered=True,
             **kw,
         )
-        rt.clustered = True
-        rt.images_at = "in the registry"
-        return rt
 
     # --- what a test scripts ---------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import pytest
 from traitlets.config import Config
 
 from gpulab.cuda import CUDA_LABEL, FLAVOUR_LABEL, ImageBuild, cuda_refusal
-from gpulab.gpus.inventory import Inventory
+from gpulab.gpus.inventory import GpuDevice, Inventory
 from gpulab.jobs.actions import cuda_too_new
 from gpulab.jobs.spec import JobSpec
 from gpulab.notebooks import form
@@ -96,9 +96,9 @@ SETTINGS = [
 
 
 def runtime(driver_cuda: str = "11.8") -> FakeRuntime:
-    rt = FakeRuntime(gpus=("0",), images={NEW, CPU})
+    inventory = Inventory((GpuDevice("0"),), "nvml", "520.61.05", driver_cuda)
+    rt = FakeRuntime(gpus=("0",), images={NEW, CPU}, inventory=inventory)
     rt.image_label_sets = {NEW: NEW_LABELS, CPU: {FLAVOUR_LABEL: "cpu"}}
-    rt.inventory = Inventory(rt.devices, "nvml", "520.61.05", driver_cuda)
     return rt
 
 

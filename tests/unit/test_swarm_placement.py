@@ -208,10 +208,9 @@ def test_the_ledger_is_made_for_its_runtime():
     assert run_async(single.refresh(host)) is False  # one host's devices are fixed
     assert single.devices == [GpuDevice("0", "A100", "81920M"), GpuDevice("1")]
 
-    class Cluster(FakeRuntime):
-        clustered = True
-
-    cluster = Cluster(nodes=[Node("1", "w1", ready=True, active=True, gpus=("0", "1"))])
+    cluster = FakeRuntime(
+        nodes=[Node("1", "w1", ready=True, active=True, gpus=("0", "1"))], clustered=True
+    )
     swarm = GpuLedger.for_runtime(_DB(), settings, cluster)
     assert swarm.clustered and swarm.devices == [] and swarm.nodes == []
     assert run_async(swarm.refresh(cluster)) is True
@@ -220,3 +219,25 @@ def test_the_ledger_is_made_for_its_runtime():
     assert "the cluster's 1 node(s)" in swarm.gang_refusal(1, 3)
     cluster.node_list = []  # every node down or drained
     assert run_async(swarm.refresh(cluster)) is True and swarm.nodes == []
+
+
+def test_make_runtime_hands_each_backend_all_it_needs():
+    """A runtime is complete when made: one engine is handed its inventory (how its GPUs
+    were found), a Swarm its janitor's image (the sync helper's); nothing is set afterwards."""
+    from gpulab.runtime import make_runtime
+    from gpulab.settings import GpulabSettings
+
+    host = make_runtime(
+        GpulabSettings(gpu_devices=[{"id": "0"}], discover_gpus=False, sync_image="r/sync:9")
+    )
+    assert host.inventory.source == "configured"
+    assert host.devices == tuple(host.inventory.devices) == (GpuDevice("0"),)
+    swarm = make_runtime(
+        GpulabSettings(
+            runtime="swarm",
+            network_isolation="user",
+            swarm_node_engine_plain=True,
+            sync_image="r/sync:9",
+        )
+    )
+    assert swarm.clustered and swarm.helper_image == "r/sync:9" and swarm.inventory is None

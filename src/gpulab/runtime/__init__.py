@@ -62,7 +62,7 @@ def make_runtime(settings, client=None) -> Runtime:
         from .swarm import SwarmRuntime
         from .swarm_nodes import node_tls
 
-        runtime = SwarmRuntime(
+        return SwarmRuntime(
             client,
             registry=settings.image_registry,
             gpu_label=settings.swarm_gpu_label,
@@ -82,18 +82,14 @@ def make_runtime(settings, client=None) -> Runtime:
             node_engine_plain=settings.swarm_node_engine_plain,
             encrypted=settings.swarm_overlay_encryption,
             check_gpus=settings.check_gpu_runtime,
+            helper_image=settings.sync_image,
         )
-        runtime.helper_image = settings.sync_image
-        return runtime
     from .docker import DockerRuntime
 
-    inventory = read_inventory(settings.gpu_devices, settings.discover_gpus)
-    runtime = DockerRuntime(
+    return DockerRuntime(
         client,
         gpu_mode=settings.gpu_mode,
         runner_path=RUNNER,
-        devices=inventory.devices,
+        inventory=read_inventory(settings.gpu_devices, settings.discover_gpus),
         registry=settings.image_registry,
     )
-    runtime.inventory = inventory
-    return runtime

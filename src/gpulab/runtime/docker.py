@@ -16,7 +16,7 @@ import docker
 from docker.errors import APIError, NotFound
 
 from ..faults import fault_point
-from ..gpus.inventory import GpuDevice
+from ..gpus.inventory import Inventory
 from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
 from . import network as net
 from .base import (
@@ -59,7 +59,7 @@ class DockerRuntime(Runtime):
         workers: int = 32,
         gpu_mode: str = "device_request",
         runner_path: str = "",
-        devices: Sequence[GpuDevice] = (),
+        inventory: Inventory | None = None,
         registry: str = "",
     ):
         super().__init__(workers, registry)
@@ -68,8 +68,11 @@ class DockerRuntime(Runtime):
         self.gpu_mode = gpu_mode
         #: the job runner on this host, bind-mounted read-only into jobs' containers
         self.runner_path = runner_path
-        #: this host's GPUs (configured or NVML: make_runtime reads them once)
-        self.devices = tuple(devices)
+        #: how this host's GPUs were found (configured or NVML: make_runtime reads them once),
+        #: or why there is none; None: no GPU, nothing read
+        self.inventory = inventory
+        #: this host's GPUs, the inventory's
+        self.devices = tuple(inventory.devices) if inventory is not None else ()
 
     @property
     def client(self) -> docker.APIClient:

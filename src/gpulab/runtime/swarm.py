@@ -98,6 +98,7 @@ class SwarmRuntime(Runtime):
         node_engine_plain: bool = False,
         encrypted: bool = True,
         check_gpus: bool = False,
+        helper_image: str = "gpulab/sync",
     ):
         super().__init__(workers, registry)
         #: the manager's API, its calls on this runtime's pools
@@ -114,6 +115,8 @@ class SwarmRuntime(Runtime):
         self.network = SwarmNetwork(self.engine, gateway, encrypted)
         self.gpu_label = gpu_label
         self.runner_script = runner_script
+        #: the image of the janitor task that empties a node's volume (the sync helper's)
+        self.helper_image = helper_image
         self._runner_ref: dict | None = None
         self._own_node: str | None = None
 
@@ -519,9 +522,6 @@ class SwarmRuntime(Runtime):
             log.warning("volume %s on %s not emptied: %s", name, node, e)
             return False
         return result.exit_code == 0
-
-    #: the image of the janitor task (set by make_runtime to the sync helper's image)
-    helper_image = "gpulab/sync"
 
     async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
         return []  # not visible through the manager (see remove_volume)
