@@ -191,6 +191,7 @@ def _hub_configs(module) -> list[str]:
     return found
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the xdist_group marks
 def pytest_collection_modifyitems(session, config, items):
     order: dict[str, int] = {}
     wanted: dict[str, list[int]] = {}

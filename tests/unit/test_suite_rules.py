@@ -39,3 +39,32 @@ def test_the_rule_finds_a_call(tmp_path):
     (tmp_path / "test_x.py").write_text("import asyncio\nasyncio.run(main())\n")
     (tmp_path / "test_y.py").write_text('"""asyncio.run() in words"""  # asyncio.run(x)\n')
     assert calls_of_asyncio_run(tmp_path) == ["test_x.py:2"]
+
+
+def test_make_tests_workers_keep_each_modules_tests_together():
+    """`make test` runs ``-n 2 --dist loadgroup``: tests/conftest.py marks each test with its
+    module's group (modules that share a hub form one), and every test of a group must run
+    on one worker, else a module's shared hub and module fixtures are made on both (with
+    pytest 9.2, pytest-xdist dropped the groups silently: pytest-dev/pytest-xdist#1386)."""
+    import subprocess
+    import sys
+
+    modules = ["tests/unit/test_suite_rules.py", "tests/unit/test_swarm_remove.py"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2"]
+        + ["--dist", "loadgroup", "-v", "-k", "not workers_keep", *modules],
+        cwd=TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    workers: dict[str, set[str]] = {}
+    for line in run.stdout.splitlines():
+        if " PASSED " in line:
+            worker, nodeid = line.split()[0], line.split(" PASSED ")[1].strip()
+            assert "@" in nodeid, f"no group on {nodeid}: loadgroup does not group"
+            workers.setdefault(nodeid.split("::")[0], set()).add(worker)
+    assert set(workers) == set(modules)
+    assert all(len(w) == 1 for w in workers.values()), workers

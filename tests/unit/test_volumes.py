@@ -396,18 +396,25 @@ def test_many_volumes_are_checked_in_near_linear_time() -> None:
     """4,000 volumes were 8 million pair comparisons (seconds on the service's event loop);
     sorted, they are parsed and checked in milliseconds. The callers refuse more than 32
     before getting here; this bounds the check itself. A ratio, not a time (a loaded CI
-    machine is slow at both sizes alike): four times the volumes cost about four times as
-    much; a check of every pair would cost sixteen times."""
+    machine is slow at both sizes alike): eight times the volumes cost about eight times as
+    much (ten with the sort); a check of every pair would cost sixty-four times. The bound, 24,
+    leaves a loaded machine's noise room on both sides (4,000 against 1,000 with a bound of 8
+    once measured 11.8 under load)."""
+    import gc
     import time
 
-    def best_of_3(n: int) -> float:
+    def best_of_5(n: int) -> float:
         specs = [f"data@s3/p{i}:/data/v{i}/x:rw" for i in range(n)]
         times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            assert len(parse_volumes(specs, ["s3"])) == n
-            times.append(time.perf_counter() - start)
+        gc.disable()  # a collection inside one timing is noise, not the check's cost
+        try:
+            for _ in range(5):
+                start = time.perf_counter()
+                assert len(parse_volumes(specs, ["s3"])) == n
+                times.append(time.perf_counter() - start)
+        finally:
+            gc.enable()
         return min(times)
 
-    small, large = best_of_3(1000), best_of_3(4000)
-    assert large / small < 8, f"1,000 volumes {small:.4f} s, 4,000 volumes {large:.4f} s"
+    small, large = best_of_5(1000), best_of_5(8000)
+    assert large / small < 24, f"1,000 volumes {small:.4f} s, 8,000 volumes {large:.4f} s"
