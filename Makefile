@@ -13,7 +13,9 @@ NODE_DIR    := .build/node
 PROXY_BIN   := $(NODE_DIR)/node_modules/.bin
 CHP         := $(PROXY_BIN)/configurable-http-proxy
 CHP_VERSION ?= 5
-DATA_DIR    := data
+# gpulab's data directory (databases, secrets key, passwords, the local store) for `make run`
+# and `make doctor`: GPULAB_DATA_DIR from the environment, else data/ in the checkout.
+DATA_DIR    := $(abspath $(or $(GPULAB_DATA_DIR),data))
 
 # Port the hub listens on (read by jupyterhub_config.py).
 GPULAB_PORT ?= 8000
@@ -75,13 +77,13 @@ browser: ## Install Debian's chromium for the browser tests when /usr/bin/chromi
 
 setup: venv proxy engine images browser ## Everything run and test need
 
-run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in data/; a site file: GPULAB_SITE_CONFIG or /etc/gpulab/gpulab_config.py)
+run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in GPULAB_DATA_DIR, else data/; a site file: GPULAB_SITE_CONFIG or /etc/gpulab/gpulab_config.py)
 	mkdir -p $(DATA_DIR)
-	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(CURDIR)/$(DATA_DIR)" \
+	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(DATA_DIR)" \
 		exec $(VENV)/bin/jupyterhub -f jupyterhub_config.py
 
 doctor: venv ## Check what gpulab needs of this host with `make run`'s configuration (gpulab doctor; docs/doctor.md)
-	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(CURDIR)/$(DATA_DIR)" \
+	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(DATA_DIR)" \
 		$(VENV)/bin/gpulab doctor --config jupyterhub_config.py
 
 postgres: ## Make sure a local PostgreSQL server runs (for the tests of gpulab on PostgreSQL)

@@ -389,7 +389,9 @@ class GpulabSettings(Configurable):
     database_url = Unicode(
         "sqlite:///gpulab.sqlite",
         help="""SQLAlchemy URL of gpulab's own database (notebook history, GPU ledger, jobs).
-        SQLite by default; a postgresql:// URL is supported. Shared by the hub and the service.""",
+        SQLite by default; PostgreSQL with a postgresql+psycopg:// URL (psycopg 3, pip install
+        gpulab[postgres]; a bare postgresql:// asks SQLAlchemy for psycopg2, which gpulab does
+        not install). Shared by the hub and the service.""",
     ).tag(config=True)
 
     frameworks = List(
