@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import IN_CI, wait_until  # noqa: F401 (the browser tests import it here)
+from ..support.docshots import keep_for_docs
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -88,7 +89,9 @@ def passwords(hub) -> dict[str, str]:
 
 
 class Shots:
-    """Screenshots of a test's pages, numbered in order: artifacts/screenshots/<test>-NN-<what>.png"""
+    """Screenshots of a test's pages, numbered in order: artifacts/screenshots/<test>-NN-<what>.png;
+    the docs' pictures among them also go to docs/img with GPULAB_DOC_SHOTS=1
+    (tests/support/docshots.py)."""
 
     def __init__(self, test: str):
         self.test = re.sub(r"[^A-Za-z0-9_-]+", "_", test)
@@ -101,6 +104,7 @@ class Shots:
         self.n += 1
         path = SCREENSHOTS / f"{self.test}-{self.n:02d}-{what}.png"
         page.screenshot(path=str(path), full_page=True)
+        keep_for_docs(self.test, what, path)  # the docs' pictures (GPULAB_DOC_SHOTS=1)
         return path
 
 
