@@ -66,7 +66,7 @@ proxy: $(CHP) ## Install configurable-http-proxy (npm) into .build/node
 engine: ## Make sure a Docker engine runs (installs docker.io and starts dockerd if needed)
 	scripts/ensure-docker.sh
 
-images: engine ## Build the notebook images gpulab/{debian:bookworm,python:3.11,pytorch:2.13,tensorflow:2.20,jax:0.7} when missing or stale: CUDA builds on a host with an NVIDIA driver, else CPU (GPU=cuda|cpu chooses; REGISTRY=host:port also pushes them there)
+images: engine ## Build the images gpulab/{debian:bookworm,python:3.11,pytorch:2.13,tensorflow:2.20,jax:0.7} and the sync helper gpulab/sync:VERSION when missing or stale: CUDA builds on a host with an NVIDIA driver, else CPU (GPU=cuda|cpu chooses; REGISTRY=host:port also pushes them there)
 	scripts/build-images.sh $(if $(FORCE),--force) $(if $(GPU),--gpu $(GPU)) $(if $(REGISTRY),--push $(REGISTRY) debian python pytorch tensorflow jax sync proxy)
 
 browser: ## Install Debian's chromium for the browser tests when /usr/bin/chromium is missing

@@ -82,3 +82,21 @@ def test_the_states_reference_is_what_the_lifecycle_says():
         assert list(documented) == [s.value for s in states], heading
         for state in states:
             assert documented[state.value] == {s.value for s in table[state]}, (heading, state)
+
+
+def test_the_python_and_json_blocks_parse():
+    """A configuration example that is not even Python (or JSON) would stop the hub that
+    copies it; output and abridged documents are marked text."""
+    import json
+
+    bad = []
+    for page in pages():
+        for b in blocks(page):
+            try:
+                if b.lang == "python":
+                    compile(b.text, b.where, "exec")
+                elif b.lang == "json":
+                    json.loads(b.text)
+            except (SyntaxError, ValueError) as e:
+                bad.append(f"{b.where}: {e}")
+    assert not bad, "\n".join(bad)
