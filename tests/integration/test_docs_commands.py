@@ -18,6 +18,7 @@ status, an HTTP error from curl) fails its test. What the test sets for the bloc
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,15 @@ import pytest
 from ..support.docblocks import REPO, blocks, pages
 
 CONFIG = ""  # the repository's jupyterhub_config.py as it is (make run's)
+
+#: commands that install, build, change the host or serve forever: a block that holds one is
+#: never run here, and fails unless it says why it is not run
+NEVER_RUN = re.compile(
+    r"(^|[\s;&|(])(apt|apt-get|dpkg|pip3?|npm|make|systemctl|journalctl|install|sudo|nginx|"
+    r"certbot|jupyterhub|docker\s+(rmi|rm|system|volume|network|build|run|pull|push)|"
+    r"rm\s+-[a-z]*r|scripts/(install|build|ensure|swarm|serve)[\w.-]*)(?=$|[\s;&|)])",
+    re.M,
+)
 
 SHELL_BLOCKS = [b for page in pages() for b in blocks(page) if b.shell]
 TO_RUN = [b for b in SHELL_BLOCKS if b.not_run is None]
@@ -49,8 +59,18 @@ def test_every_shell_block_runs_or_says_why_not():
     assert TO_RUN, "no block of the docs runs here"
 
 
+def test_no_block_that_installs_or_serves_runs_here():
+    risky = [f"{b.where}: {m.group(2)}" for b in TO_RUN for m in [NEVER_RUN.search(b.text)] if m]
+    assert not risky, (
+        "blocks that install, build, change the host or serve, with no "
+        "'<!-- not run here: REASON -->' above them: " + ", ".join(risky)
+    )
+
+
 @pytest.mark.parametrize("block", TO_RUN, ids=[b.where for b in TO_RUN])
 def test_a_docs_shell_block_works(block, hub, alice, tmp_path):
+    if NEVER_RUN.search(block.text):
+        pytest.fail(f"{block.where} is not run: it installs, builds or serves (say why above it)")
     script = block.text.replace("http://127.0.0.1:8000", hub.url)
     prelude = 'curl() { command curl --fail-with-body -sS "$@"; }\nset -euo pipefail\n'
     env = {
