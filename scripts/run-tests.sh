@@ -11,6 +11,8 @@
 #      pages load once more (tests/browser/conftest.py). Its output is kept in
 #      artifacts/swarm-pass.log and printed after pass 1's. TEST_OVERLAP=0: after pass 1.
 # Each test process draws its servers' ports from a band of its own (tests/support/ports.py).
+# Each pass lists its 30 slowest tests' phases (--durations=30: setup, call, teardown), so that
+# a CI log says where the time went.
 # Both passes run; the exit status is the first pass's failure, else the second's. A pass that
 # selects no test (PYTEST_ARGS naming other tests) is not a failure unless neither ran any.
 #
@@ -33,10 +35,10 @@ trap 'kill "$events_pid" 2>/dev/null || true' EXIT
 if [ "$overlap" = 1 ]; then
     # started a few seconds after pass 1, so that pass 1's controller prunes leftover
     # networks before the lab makes its own
-    ( sleep 5; "$pytest" -ra -m swarm "$@" >"$log" 2>&1; echo $? >"$log.rc"; echo $((SECONDS - t0)) >"$log.s" ) &
+    ( sleep 5; "$pytest" -ra --durations=30 -m swarm "$@" >"$log" 2>&1; echo $? >"$log.rc"; echo $((SECONDS - t0)) >"$log.s" ) &
     swarm_pid=$!
 fi
-"$pytest" -ra -n "$workers" --dist loadgroup -m "not swarm" "$@"
+"$pytest" -ra --durations=30 -n "$workers" --dist loadgroup -m "not swarm" "$@"
 first=$?
 t1=$SECONDS
 if [ "$overlap" = 1 ]; then
@@ -46,7 +48,7 @@ if [ "$overlap" = 1 ]; then
     second=$(cat "$log.rc")
     echo "run-tests: pass 1 (${workers} workers) $((t1 - t0)) s, exit $first; pass 2 (swarm, beside it) $(cat "$log.s") s, exit $second; both $((SECONDS - t0)) s"
 else
-    "$pytest" -ra -m swarm "$@"
+    "$pytest" -ra --durations=30 -m swarm "$@"
     second=$?
     echo "run-tests: pass 1 (${workers} workers) $((t1 - t0)) s, exit $first; pass 2 (swarm) $((SECONDS - t1)) s, exit $second"
 fi
