@@ -12,11 +12,8 @@ deliver in both modes; this machine's own (runc only) can in neither."""
 
 from __future__ import annotations
 
-import contextlib
 import io
-import os
 import secrets
-import signal
 
 import pytest
 from traitlets.config import Config
@@ -184,16 +181,7 @@ def test_gpulab_refuses_to_start_on_an_engine_that_cannot_deliver(hub_with):
     """gpu_mode 'env' with GPUs, on this machine's runc engine: the hub says why at start-up
     (it would refuse GPU notebooks: tests/unit/test_notebook_life.py), the service stops with
     the same reason, and JupyterHub, whose managed service exited at start-up, stops too."""
-    hub = hub_with(REFUSING, start=False)
-    try:
-        with contextlib.suppress(RuntimeError):  # "hub exited": it may go before its API answers
-            hub.start(service=False)
-        assert hub.proc.wait(60) != 0
-    finally:  # JupyterHub exits so and leaves its proxy running
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((hub.workdir / "data" / "jupyterhub-proxy.pid").read_text())
-            os.kill(pid, signal.SIGTERM)
-    log = hub.log_file.read_text(errors="replace")
+    log = hub_with(REFUSING, start=False).start_refused(60)
     why = "gpu_mode 'env' hands GPUs out with NVIDIA_VISIBLE_DEVICES"
     assert f"gpulab.service] gpulab cannot hand out this host's GPUs: {why}" in log
     assert "nvidia-ctk runtime configure --runtime=docker --set-as-default" in log

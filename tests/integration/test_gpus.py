@@ -8,9 +8,6 @@ the engine was asked for.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
-import os
-import signal
 
 import pytest
 import requests
@@ -215,15 +212,6 @@ def test_a_site_that_still_asks_for_mps_does_not_start(hub_with):
     """MPS was removed: a configuration that still asks for it stops the service at start-up
     with the reason and what to use instead, and the hub, whose managed service exited, with
     it; nothing is shared without the limits the site expects."""
-    hub = hub_with(MPS, start=False)
-    try:
-        with contextlib.suppress(RuntimeError):  # "hub exited": it may go before its API answers
-            hub.start(service=False)
-        assert hub.proc.wait(60) != 0
-    finally:  # JupyterHub exits so and leaves its proxy running
-        with contextlib.suppress(OSError, ValueError):
-            pid = int((hub.workdir / "data" / "jupyterhub-proxy.pid").read_text())
-            os.kill(pid, signal.SIGTERM)
-    log = hub.log_file.read_text(errors="replace")
+    log = hub_with(MPS, start=False).start_refused(60)
     assert f"gpulab.service] invalid configuration: {MPS_REMOVED}" in log, log[-3000:]
     assert "Service gpulab exited with status 2" in log

@@ -5,10 +5,6 @@ is the groups' answer; admins are the admin group's members, never a user named 
 per-group limits name the provider's groups; and a hub that would let every account of its
 identity provider in refuses to start."""
 
-import contextlib
-import os
-import signal
-
 import pytest
 
 from ..support.api import Api, maxima
@@ -97,23 +93,17 @@ def test_every_account_of_the_directory_is_refused_unless_said(hub_with, ldap_di
     what to configure; with allow_any_identity it starts, and anyone of the directory is in."""
     hub = hub_with("", start=False)
     hub.use_site_file(ldap_directory.site_file("c.LDAPAuthenticator.allow_all = True\n"))
-    pid_file = hub.workdir / "data" / "jupyterhub-proxy.pid"
-    try:
-        with pytest.raises(RuntimeError, match="hub exited 3"):
-            hub.start(service=False)
-        log = hub.log_file.read_text(errors="replace")
-        assert (
-            "gpulab refuses to start: LDAPAuthenticator is configured with "
-            "c.Authenticator.allow_all = True: every account of the identity provider could "
-            "log in. Name who may log in instead: c.LDAPAuthenticator.allowed_groups (or "
-            "allowed_users), and drop allow_all; or, if the identity provider holds nobody "
-            "but your users, say so with c.GpulabSettings.allow_any_identity = True"
-        ) in log
-        assert "JupyterHub is now running" not in log
-        assert not pid_file.exists()  # no proxy was started
-    finally:  # had one been started, the hub's exit would have left it running
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    log = hub.start_refused(60)
+    assert hub.proc.returncode == 3
+    assert (
+        "gpulab refuses to start: LDAPAuthenticator is configured with "
+        "c.Authenticator.allow_all = True: every account of the identity provider could "
+        "log in. Name who may log in instead: c.LDAPAuthenticator.allowed_groups (or "
+        "allowed_users), and drop allow_all; or, if the identity provider holds nobody "
+        "but your users, say so with c.GpulabSettings.allow_any_identity = True"
+    ) in log
+    assert "JupyterHub is now running" not in log
+    assert not hub.proxy_pid_file.exists()  # no proxy was started
 
     hub.use_site_file(
         ldap_directory.site_file(

@@ -228,6 +228,37 @@ class Hub:
             time.sleep(0.2)
         raise TimeoutError(f"hub did not answer in {timeout} s:\n{self.tail()}")
 
+    def start_refused(self, timeout: float = 60) -> str:
+        """Start a hub that must refuse to: wait until it has exited (failing if it still runs
+        after ``timeout`` s, or exited 0), stop the proxy JupyterHub leaves running when it
+        exits so (its pid file stays, as the trace that a proxy was started), and return what
+        the hub and its service wrote to the log during this start. ``self.proc.returncode``
+        is its exit status."""
+        log_start = self.log_file.stat().st_size if self.log_file.exists() else 0
+        deadline = time.monotonic() + timeout
+        try:
+            with contextlib.suppress(RuntimeError):  # "hub exited": before its API answered
+                self.start(timeout=timeout, service=False)
+            try:
+                code = self.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    f"the hub still runs {timeout} s after its start:\n{self.tail()}"
+                ) from None
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(self.proxy_pid_file.read_text()), signal.SIGTERM)
+        with open(self.log_file, "rb") as f:
+            f.seek(log_start)
+            said = f.read().decode(errors="replace")
+        assert code != 0, f"the hub exited 0:\n{said[-3000:]}"
+        return said
+
+    @property
+    def proxy_pid_file(self) -> Path:
+        """Where JupyterHub writes the pid of the proxy it started."""
+        return self.workdir / "data" / "jupyterhub-proxy.pid"
+
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"token {self.admin_token}"}
 
