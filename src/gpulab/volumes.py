@@ -226,7 +226,9 @@ def _check_mount(spec: str, mount: str, workspace: str) -> str:
         raise VolumeError(
             f"volume {spec!r}: mount path {mount!r} must not contain empty, '.' or '..' segments"
         )
-    norm = posixpath.normpath(mount)
+    # every leading "/" as one: POSIX keeps exactly two ("//etc"), which would slip past the
+    # reserved paths and the workspace below, yet the engine mounts it at /etc
+    norm = posixpath.normpath("/" + mount.lstrip("/"))
     if norm == "/":
         raise VolumeError(f"volume {spec!r}: cannot mount a volume on '/'")
     for reserved in RESERVED_MOUNTS:

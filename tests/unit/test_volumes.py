@@ -162,6 +162,17 @@ def test_mount_reserved(mount: str) -> None:
     assert "data@s3:" in str(exc.value)
 
 
+@pytest.mark.parametrize("mount", ["//etc", "//etc/ssl", "//var", "//workspace", "//workspace/x"])
+def test_two_leading_slashes_are_one(mount: str) -> None:
+    """POSIX's normpath keeps exactly two leading slashes ("//etc"), which the engine mounts
+    at /etc: they count as one, for the reserved paths and the workspace alike."""
+    with pytest.raises(VolumeError, match="reserved|overlaps the workspace"):
+        parse(f"data@s3:{mount}")
+    assert parse("data@s3://data/").mount == "/data"
+    with pytest.raises(VolumeError, match="same mount"):
+        parse_volumes(["a12@s3:/data", "b12@s3://data"], ["s3"])
+
+
 @pytest.mark.parametrize("mount", ["/workspace", "/workspace/data"])
 def test_mount_workspace(mount: str) -> None:
     with pytest.raises(VolumeError, match="overlaps the workspace"):
