@@ -211,12 +211,20 @@ def secret_name(error: Error, field: str, name: object) -> str:
 
 
 def json_object(raw: bytes | None) -> dict:
-    """A request's body as a JSON object (an empty body is ``{}``); else a FieldError on
-    ``body``."""
+    """A request's body as a JSON object (an empty body is ``{}``) of Unicode text; else a
+    FieldError on ``body``."""
     try:
         data = json.loads(raw or b"{}")
     except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raise FieldError("body", "the body must be a JSON object") from None
     if not isinstance(data, dict):
         raise FieldError("body", "the body must be a JSON object")
+    try:  # JSON's \\u escapes can write half a surrogate pair, which is no Unicode text
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise FieldError(
+            "body", "the body holds an unpaired surrogate (\\ud800 to \\udfff): not Unicode text"
+        ) from None
+    except RecursionError:  # (as deep as the parser took, past what the encoder takes)
+        raise FieldError("body", "the body must be a JSON object") from None
     return data

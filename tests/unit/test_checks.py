@@ -114,3 +114,25 @@ def test_secret_names():
     with pytest.raises(FieldError, match="a secret's name is 1 to 63") as e:
         checks.secret_name(FieldError, "env.X", "Bad Name")
     assert e.value.field == "env.X"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"command": "\\ud800"}', b'{"env": {"\\udfff": "x"}}', b'{"a": ["\\ud83d"]}'],
+)
+def test_a_body_with_an_unpaired_surrogate_is_refused(raw):
+    """JSON's \\u escapes can write half a surrogate pair, which no UTF-8 encoder takes
+    (a 500 where a parser encoded it to count bytes); a pair is one character, and fine."""
+    with pytest.raises(FieldError) as e:
+        checks.json_object(raw)
+    assert e.value.field == "body" and "surrogate" in str(e.value)
+    assert checks.json_object(b'{"a": "\\ud83d\\ude00"}') == {"a": "\U0001f600"}
+
+
+def test_a_body_nested_deep_is_refused_not_a_crash():
+    for depth in (900, 5000, 100_000):
+        raw = b'{"a": ' + b"[" * depth + b"]" * depth + b"}"
+        try:
+            checks.json_object(raw)
+        except FieldError as e:
+            assert e.field == "body"
