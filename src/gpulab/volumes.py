@@ -66,6 +66,54 @@ _ENDPOINT_RE = re.compile(r"https?://[^/@\s]+(/.*)?")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _SYNTAX_HELP = "expected container@store[/prefix]:/mount/path[:ro|rw|rwd]"
 
+# --- the same rules as one pattern, for the OpenAPI document's JSON Schema --------------------
+# ECMA-262 and Python read these patterns alike (no \\s, \\d or \\w, whose meanings differ;
+# negative lookaheads only, which a generator of examples can skip and filter on). Unit tests
+# hold them to parse_volume and check_access.
+
+#: white space as str.strip() removes it from a spec's ends (what str.isspace() calls white
+#: space, as a regex class body; a unit test compares the two)
+SPACE_CLASS = r"\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+_CTRL_CLASS = r"\x00-\x1f\x7f"
+#: the rest of the spec is white space to its end (what strip() drops)
+_TO_END = rf"[{SPACE_CLASS}]*$"
+#: a bucket name by the S3 rules of :func:`validate_bucket_name` (it is followed by its "@")
+_BUCKET_PATTERN = (
+    r"(?![0-9]{1,3}(\.[0-9]{1,3}){3}@)(?![a-z0-9.-]*\.\.)[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
+)
+#: one segment of a key prefix (followed by "/" or the ":" before the mount): not . or ..
+_PREFIX_SEGMENT = rf"(?!\.\.?[/:])[^/:{_CTRL_CLASS}]+"
+_PREFIX_SEGMENTS = rf"{_PREFIX_SEGMENT}(/{_PREFIX_SEGMENT})*"
+#: any key prefix: none, "/" or "//" (the whole bucket), or segments with one trailing "/"
+_ANY_PREFIX = rf"(/({_PREFIX_SEGMENTS}/?|/)?)?"
+#: one segment of a mount path (followed by "/", the ":" of a mode, or the end): not . or ..
+_MOUNT_SEGMENT = rf"(?!\.\.?(/|:|{_TO_END}))[^/:{_CTRL_CLASS}]+"
+_MODE = "(:(" + "|".join(sorted(MODES, key=len, reverse=True)) + "))?"
+
+
+def _literal(text: str) -> str:
+    """``text`` matched as it is: its regex syntax characters escaped (only those: ECMA's
+    unicode mode refuses an escaped "-" or letter, which re.escape may write)."""
+    return re.sub(r"[\\^$.|?*+()\[\]{}]", lambda m: "\\" + m[0], text)
+
+
+def _mount_pattern(workspace: str) -> str:
+    """An absolute mount path (any number of leading "/", one between segments, any after),
+    not "/" and neither in nor above a reserved path or the workspace, then the mode."""
+    taken = [posixpath.normpath(p) for p in (*RESERVED_MOUNTS, workspace)]
+    above = sorted({p[:i] for p in taken for i in range(1, len(p)) if p[i] == "/"} - set(taken))
+    inside = "|".join(_literal(p[1:]) for p in taken)
+    refused = [rf"({inside})(/|:|{_TO_END})", rf"[{SPACE_CLASS}]*$"]
+    if above:
+        refused.append("(" + "|".join(_literal(p[1:]) for p in above) + rf")/*(:|{_TO_END})")
+    return f"/+(?!{'|'.join(refused)}){_MOUNT_SEGMENT}(/{_MOUNT_SEGMENT})*/*{_MODE}{_TO_END}"
+
+
+def volume_pattern(workspace: str = "/workspace") -> str:
+    """A spec's syntax as :func:`parse_volume` reads it, for a store of any name."""
+    store = _STORE_NAME_RE.pattern
+    return rf"^[{SPACE_CLASS}]*{_BUCKET_PATTERN}@{store}{_ANY_PREFIX}:{_mount_pattern(workspace)}"
+
 
 class VolumeError(ValueError):
     """A volume specification or store configuration is invalid (message names the spec)."""
@@ -406,3 +454,85 @@ def check_access(
         f"prefix {spec.prefix or '(whole bucket)'!r} on store {spec.store!r}; ask an "
         "administrator for access"
     )
+
+
+def _valid_prefix(prefix: str) -> bool:
+    """Whether ``prefix`` (normalized: no leading or trailing "/") is one a spec can give."""
+    return not prefix or (
+        not _CONTROL_RE.search(prefix)
+        and ":" not in prefix
+        and all(s not in ("", ".", "..") for s in prefix.split("/"))
+    )
+
+
+def _within(prefix: str) -> str:
+    """The key prefixes within ``prefix`` as a spec writes them (before its ":")."""
+    if not prefix:
+        return _ANY_PREFIX
+    return f"/{_literal(prefix)}(/{_PREFIX_SEGMENTS})?/?"
+
+
+def _equal(prefix: str) -> str:
+    """``prefix`` itself as a spec writes it, and the ":" after it (a lookahead's body)."""
+    return "/{0,2}:" if not prefix else f"/{_literal(prefix)}/?:"
+
+
+def access_pattern(
+    user: str,
+    stores: Iterable[str],
+    grants: Iterable[Grant],
+    workspaces: WorkspaceLocation | None = None,
+    workspace_dir: str = "/workspace",
+) -> str | None:
+    """The specs ``user`` may mount, as one pattern: :func:`volume_pattern`'s syntax with
+    what :func:`check_access` allows (their own workspace, the grants that cover them, each
+    with its modes) on the configured ``stores``. None where they may mount nothing.
+
+    What one spec alone cannot say stays with the parser: two volumes that share a mount
+    path or lie one inside the other."""
+    names = set(stores)
+    branches: list[str] = []
+
+    def branch(store: str, bucket: str, refused: list[str], within: str, modes) -> None:
+        modes = [m for m in MODES if m in modes]
+        if store not in names or _bucket_problem(bucket) or not modes:
+            return
+        others = [m for m in MODES if m not in modes]
+        barred = [rf":[^:]*:({'|'.join(others)}){_TO_END}"] if others else []
+        if "ro" not in modes:  # a spec without a mode is "ro"
+            barred.append(":[^:]*$")
+        text = f"{_literal(bucket)}@{_literal(store)}"
+        text += f"(?!{'|'.join(refused)})" if refused else ""
+        text += within + (f"(?!{'|'.join(barred)})" if barred else "")
+        if text not in branches:
+            branches.append(text)
+
+    # (check_access's own prefix, read as _prefix_within reads it: "" makes it the root's)
+    if workspaces is None:
+        # another user's workspace prefix, in any bucket
+        refused_everywhere = [f"/workspaces/(?!:)(?!{_literal(user)}[/:])"] if user else []
+    else:
+        refused_everywhere = []
+        root = workspaces.root.strip("/")
+        own = f"{root}/{user}".rstrip("/")
+        if root and _valid_prefix(own):
+            # (no user: every prefix strictly inside the root, as _prefix_within reads it)
+            within = _within(own) if user else f"/{_literal(root)}/{_PREFIX_SEGMENTS}/?"
+            branch(workspaces.store, workspaces.bucket, [], within, MODES)
+    for g in grants:
+        prefix = g.prefix.strip("/")
+        if (g.users is not None and user not in g.users) or not _valid_prefix(prefix):
+            continue
+        refused = list(refused_everywhere)
+        if workspaces is not None and (g.store, g.bucket) == (workspaces.store, workspaces.bucket):
+            root = workspaces.root.strip("/")
+            if not root:
+                continue  # every prefix there is refused
+            # within the root (not the root itself), or the root or a prefix above it
+            ancestors = {""} | {root[:i] for i, c in enumerate(root) if c == "/"} | {root}
+            refused.append(f"/{_literal(root)}/(?!:)")
+            refused += [_equal(a) for a in sorted(ancestors)]
+        branch(g.store, g.bucket, refused, _within(prefix), g.modes)
+    if not branches:
+        return None
+    return f"^[{SPACE_CLASS}]*({'|'.join(branches)}):{_mount_pattern(workspace_dir)}"

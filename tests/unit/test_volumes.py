@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from gpulab.volumes import (
+    SPACE_CLASS,
     CredentialsSource,
     Grant,
     ObjectStore,
@@ -12,10 +13,12 @@ from gpulab.volumes import (
     VolumeError,
     VolumeSpec,
     WorkspaceLocation,
+    access_pattern,
     check_access,
     parse_volume,
     parse_volumes,
     validate_bucket_name,
+    volume_pattern,
 )
 
 STORES = {"s3": ObjectStore(name="s3", endpoint_url="http://127.0.0.1:9000"), "local": None}
@@ -429,3 +432,122 @@ def test_many_volumes_are_checked_in_near_linear_time() -> None:
 
     small, large = best_of_5(1000), best_of_5(8000)
     assert large / small < 24, f"1,000 volumes {small:.4f} s, 8,000 volumes {large:.4f} s"
+
+
+# -- the same rules as patterns (the OpenAPI document's), held to the parser ------------------
+
+#: pieces of specs, near the edges of every rule: all their combinations are checked
+_BUCKETS = ["data", "ab", "a..b", "1.2.3.4", "1.2.3.45a", "Data", "my.bucket-1", "-ab", "a" * 64]
+_STORES = ["s3", "files", "x@y", "", "S3"]
+_PREFIXES = ["", "/", "//", "///", "/a", "/a/", "/a//b", "/./", "/a/.", "/..", "/. a", "/a b/c"]
+_PREFIXES += ["/a\nb", "/\u00e9", "/...", "/a@b"]
+_MOUNTS = ["/data", "//data", "///data", "/", "//", "/ ", "/data/ ", "/etc", "//etc", "/etc/x"]
+_MOUNTS += ["/var", "/var/", "/var//", "/var/run/x", "/var/x", "/workspace", "/workspace/a"]
+_MOUNTS += ["/workspaces", "data", "", "/a/../b", "/a//b", "/a/.", "/a/. ", "/a/. /b", "/. "]
+_MOUNTS += ["/...", "/da ta", "/data\n", "/data\t", "/d\x7f", "/ \u00a0", "/\u00a0x", "/etc "]
+_MODES = ["", ":ro", ":rw", ":rwd", ":", ":RO", ": ro", ":ro "]
+_ENDS = ["", " ", "\n", "\t \n", "\u3000", "\ufeff", "\x00", "\x1f"]
+
+
+def _agree(pattern: str, specs, accepted) -> None:
+    """The pattern (as ECMA-262 reads it, for the document's readers, and as Python's re
+    does, for the jsonschema package) accepts exactly the specs ``accepted`` accepts."""
+    import re
+
+    import jsonschema_rs
+
+    ecma = jsonschema_rs.validator_for({"type": "string", "pattern": pattern})
+    python = re.compile(pattern)
+    for spec in specs:
+        want = accepted(spec)
+        assert ecma.is_valid(spec) is want, (spec, want)
+        assert (python.search(spec) is not None) is want, (spec, want)
+
+
+def test_space_class_is_what_strip_removes():
+    import re
+
+    space = re.compile(f"[{SPACE_CLASS}]")
+    assert [c for c in map(chr, range(0x110000)) if space.fullmatch(c)] == [
+        c for c in map(chr, range(0x110000)) if c.isspace()
+    ]
+
+
+def test_the_volume_pattern_agrees_with_the_parser():
+    import itertools
+    import random
+
+    def accepted(spec: str) -> bool:  # (the pattern takes any store name: these are all)
+        try:
+            parse_volume(spec, ["s3", "files", "S3"], "/workspace")
+        except VolumeError:
+            return False
+        return True
+
+    every = itertools.product(_ENDS, _BUCKETS, _STORES, _PREFIXES, _MOUNTS, _MODES, _ENDS)
+    rnd = random.Random(7)  # a fixed sample of the 3 million combinations: a few seconds
+    specs = [f"{a}{b}@{s}{p}:{m}{o}{z}" for a, b, s, p, m, o, z in every if rnd.random() < 0.01]
+    _agree(volume_pattern("/workspace"), specs, accepted)
+
+
+_ACCESS = [
+    (
+        WorkspaceLocation("s3", "gpulab", "workspaces"),
+        [
+            Grant("s3", "datasets", "public", frozenset({"ro"})),
+            Grant("s3", "team-a", users=frozenset({"alice"})),
+            Grant("s3", "gpulab"),
+            Grant("files", "out", "", frozenset({"rw", "rwd"})),
+            Grant("s3", "gpulab", "shared/x"),
+        ],
+    ),
+    (
+        None,
+        [
+            Grant("s3", "shared"),
+            Grant("s3", "datasets", "a/b", frozenset({"rwd"})),
+            Grant("nostore", "xyz"),
+            Grant("s3", "bad", "a//b"),
+        ],
+    ),
+    (
+        WorkspaceLocation("files", "wsb", "a/b"),
+        [Grant("files", "wsb"), Grant("files", "wsb", "a"), Grant("files", "wsb", "c")],
+    ),
+]
+
+
+@pytest.mark.parametrize("user", ["alice", "bob", ""])
+@pytest.mark.parametrize("config", range(len(_ACCESS)))
+def test_the_access_pattern_agrees_with_the_grants(config: int, user: str):
+    import itertools
+
+    workspaces, grants = _ACCESS[config]
+    stores = ["s3", "files"]
+
+    def accepted(spec: str) -> bool:
+        try:
+            check_access(user, parse_volume(spec, stores, "/workspace"), grants, workspaces)
+        except VolumeError:
+            return False
+        return True
+
+    buckets = ["gpulab", "datasets", "team-a", "out", "shared", "wsb", "other", "bad", "xyz"]
+    prefixes = ["", "/", "//", "/public", "/public/", "/public/x", "/publicity", "/workspaces"]
+    prefixes += ["/workspaces/", "/workspaces/alice", "/workspaces/alice/p", "/workspaces/bob"]
+    prefixes += ["/workspaces/alicex", "/shared", "/shared/x/y", "/a", "/a/b", "/a/b/", "/c/d"]
+    prefixes += ["/a/b/alice", "/a/b/alice/", "/a/b/bob", "/a/bc", "/a/b/c", "/a//b", "/a/./b"]
+    specs = [
+        f"{b}@{s}{p}:{m}{o}"
+        for b, s, p, o, m in itertools.product(
+            buckets, [*stores, "nostore"], prefixes, ["", ":ro", ":rw", ":rwd"], ["/d", "/etc"]
+        )
+    ]
+    pattern = access_pattern(user, stores, grants, workspaces, "/workspace")
+    assert pattern is not None
+    _agree(pattern, specs, accepted)
+
+
+def test_no_grant_and_no_workspace_is_no_pattern():
+    assert access_pattern("bob", ["s3"], [Grant("s3", "team-a", users=frozenset({"al"}))]) is None
+    assert access_pattern("al", ["s3"], [], WorkspaceLocation("s3", "wsb", "")) is None
