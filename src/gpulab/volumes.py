@@ -486,7 +486,8 @@ def access_pattern(
 ) -> str | None:
     """The specs ``user`` may mount, as one pattern: :func:`volume_pattern`'s syntax with
     what :func:`check_access` allows (their own workspace, the grants that cover them, each
-    with its modes) on the configured ``stores``. None where they may mount nothing.
+    with its modes) on the configured ``stores``. None where they may mount nothing. No
+    ``user`` (""): what every user may mount, no workspace prefix.
 
     What one spec alone cannot say stays with the parser: two volumes that share a mount
     path or lie one inside the other."""
@@ -507,18 +508,17 @@ def access_pattern(
         if text not in branches:
             branches.append(text)
 
-    # (check_access's own prefix, read as _prefix_within reads it: "" makes it the root's)
+    # no user (the document read without a token): nobody's workspace is theirs
     if workspaces is None:
         # another user's workspace prefix, in any bucket
-        refused_everywhere = [f"/workspaces/(?!:)(?!{_literal(user)}[/:])"] if user else []
+        yours = f"(?!{_literal(user)}[/:])" if user else ""
+        refused_everywhere = [f"/workspaces/(?!:){yours}"]
     else:
         refused_everywhere = []
         root = workspaces.root.strip("/")
-        own = f"{root}/{user}".rstrip("/")
-        if root and _valid_prefix(own):
-            # (no user: every prefix strictly inside the root, as _prefix_within reads it)
-            within = _within(own) if user else f"/{_literal(root)}/{_PREFIX_SEGMENTS}/?"
-            branch(workspaces.store, workspaces.bucket, [], within, MODES)
+        own = f"{root}/{user}"
+        if root and user and _valid_prefix(own):
+            branch(workspaces.store, workspaces.bucket, [], _within(own), MODES)
     for g in grants:
         prefix = g.prefix.strip("/")
         if (g.users is not None and user not in g.users) or not _valid_prefix(prefix):
