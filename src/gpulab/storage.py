@@ -16,6 +16,7 @@ from .volumes import (
     VolumeError,
     VolumeSpec,
     WorkspaceLocation,
+    access_pattern,
     check_access,
     parse_volumes,
     validate_bucket_name,
@@ -106,6 +107,11 @@ class StorageConfig:
         ws = self.workspace
         prefix = f"{ws.root}/{user}/{server or DEFAULT_SERVER_KEY}".strip("/")
         return VolumeSpec(ws.bucket, ws.store, prefix, mount, "rwd")
+
+    def volume_pattern(self, user: str, workspace_dir: str) -> str | None:
+        """The volume specs ``user`` may mount, as one pattern (None: none at all), for the
+        OpenAPI document: :func:`~gpulab.volumes.access_pattern` of this configuration."""
+        return access_pattern(user, self.stores, self.grants, self.workspace, workspace_dir)
 
     def user_volumes(self, user: str, specs: Iterable[str], workspace_dir: str) -> list[VolumeSpec]:
         """Parse and authorise a user's volume specs; VolumeError says what is wrong."""

@@ -261,6 +261,32 @@ EXAMPLES = [
     [{"url": URL, "extra": 1}],
     [{"branch": "main"}],
     [{"url": URL, "path": f"/w/{i}"} for i in range(MAX_GIT_SOURCES + 1)],
+    # without a path, the URL's last part names the directory: it must be able to
+    [{"url": "https://h/org/repo.git/"}],
+    [{"url": "https://h:8080/a/b_c-1.d//"}],
+    [{"url": "https://h/org/x.git.git", "path": None}],
+    [{"url": "https://h/org/.git"}],
+    [{"url": "https://h/org/-x"}],
+    [{"url": "https://h/org/r%20x"}],
+    [{"url": "https://h"}],
+    [{"url": "https://h/"}],
+    [{"url": "https://h/org/r%20x", "path": ""}],
+    [{"url": "https://h/org/r%20x", "path": "/src/x"}],
+    # a bracketed host is an IPv6 address as ipaddress reads it; no white space anywhere (the
+    # parser's str.isspace()); no host character that NFKC turns into a separator (urlsplit)
+    [{"url": "https://[::1]:8080/r"}],
+    [{"url": "https://[fe80::1:2:3:4:5:6]/r"}],
+    [{"url": "https://[::ffff:1.2.3.4]/r"}],
+    [{"url": "https://[::ffff:01.2.3.4]/r"}],
+    [{"url": "https://[1.2.3.4]/r"}],
+    [{"url": "https://[12345::]/r"}],
+    [{"url": "https://[1:2:3:4:5:6:7:8:9]/r"}],
+    [{"url": "https://[abcdefg]/r"}],
+    [{"url": "https://h\u00a0x/r"}],
+    [{"url": "https://h/r\u2028x"}],
+    [{"url": "https://h\u2100x/r"}],
+    [{"url": "https://h\uff20x/r"}],
+    [{"url": "https://h\u00e9/r"}],
 ]
 
 

@@ -19,7 +19,7 @@ from gpulab.jobs.spec import (
 )
 from gpulab.resources import Flavor, Limits, Resources, parse_memory
 
-from ..support.jobspecs import CATALOG, FLAVORS, parse, refused
+from ..support.jobspecs import CATALOG, FLAVORS, STORAGE, parse, refused
 
 G = 1024**3
 
@@ -506,6 +506,11 @@ def test_schema_is_valid_draft_2020_12_and_agrees_on_examples():
         {"command": ["x"], "resources": {"cpus": 2, "memory": "8G", "gpus": 0}, "priority": 0},
         {"command": ["x"], "env": {"A_B": "1"}, "labels": {"a.b-c": "d"}, "retries": 128},
         parse({"command": ["x"], "volumes": ["datasets@s3:/d"]}).to_json(),
+        {"command": ["x"], "env": [{"name": "A", "value": "1"}, {"name": "B", "value": ""}]},
+        {"command": ["x"], "env": {"RANK": "1"}, "workers": 1},
+        {"command": ["x"], "env": [{"name": "RANK", "value": "1"}], "workers": None},
+        {"command": ["x"], "env": {"A": "1"}, "workers": 2},
+        {"command": ["x"], "volumes": [" datasets@s3/a/b/:/data/x/\n", "team@s3/vision://d2:rwd"]},
     ]
     for body in good:
         assert v.is_valid(body), body
@@ -527,6 +532,19 @@ def test_schema_is_valid_draft_2020_12_and_agrees_on_examples():
         {"command": ["x"], "timeout": 0},
         {"command": ["x"], "name": "Bad"},
         {"command": ["x"], "hang_restart": {"periods": 1}},
+        {"command": ["x"], "env": [{"name": "A"}]},
+        {"command": ["x"], "env": [{"name": "A", "value": "1", "secret": "s"}]},
+        {"command": ["x"], "env": [{"name": "A", "value": None}]},
+        {"command": ["x"], "env": [{"name": "1A", "value": "1"}]},
+        {"command": ["x"], "env": [{"value": "1"}]},
+        {"command": ["x"], "env": {"RANK": "1"}, "workers": 2},
+        {"command": ["x"], "env": [{"name": "MASTER_ADDR", "value": "h"}], "workers": 3.0},
+        {"command": ["x"], "volumes": ["datasets@s3:/da\nta"]},
+        {"command": ["x"], "volumes": ["datasets@s3:/etc"]},
+        {"command": ["x"], "volumes": ["datasets@s3://workspace"]},
+        {"command": ["x"], "volumes": ["datasets@s3/a/../b:/d"]},
+        {"command": ["x"], "volumes": ["Datasets@s3:/d"]},
+        {"command": ["x"], "volumes": ["datasets@s3:/d:rx"]},
     ]
     for body in bad:
         assert not v.is_valid(body), body
@@ -603,6 +621,37 @@ def test_the_deployments_schema_agrees_with_the_parser(quota):
         except JobSpecError:
             accepted = False
         assert v.is_valid(body) is accepted, (quota, body)
+
+
+@pytest.mark.parametrize("user", ["ann", "bob"])
+def test_the_callers_volumes_in_the_schema_are_their_grants(user):
+    """The served schema's volumes are the caller's grants and workspace (one pattern,
+    volumes.access_pattern), in the modes granted: what the parser accepts from them."""
+    jsonschema = pytest.importorskip("jsonschema")
+    limits = Limits(cpus=2, memory=parse_memory("16G"), gpus=2)
+    schema = job_spec_schema(
+        catalog=CATALOG,
+        flavors=FLAVORS,
+        limits=limits,
+        allowed_images=[],
+        host_gpus=2,
+        quota_gpus=None,
+        quota_jobs=None,
+        max_timeout=30 * 86400,
+        volumes=STORAGE.volume_pattern(user, "/workspace"),
+    )
+    v = jsonschema.Draft202012Validator(schema)
+    specs = ["datasets@s3:/d", "datasets@s3/x:/d:rw", "team@s3/vision/a:/d:rwd", "team@s3:/d"]
+    specs += [f"gpulab-workspaces@local/workspaces/{u}:/d:rw" for u in ("ann", "bob")]
+    specs += ["datasets@local:/d", "datasets@s3:/etc", "datasets@s3:/d\n:ro", "other@s3:/d"]
+    for spec in specs:
+        body = {"command": ["x"], "resources": {"gpus": 0}, "volumes": [spec]}
+        try:
+            parse(body, limits=limits, host_gpus=2, user=user)
+            accepted = True
+        except JobSpecError:
+            accepted = False
+        assert v.is_valid(body) is accepted, (user, spec)
 
 
 @pytest.mark.parametrize(

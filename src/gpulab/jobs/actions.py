@@ -30,7 +30,7 @@ from .gang import workers_of
 from .records import ACTIVE, ENDED, JobRecords, QueueFull
 from .refusals import Conflict, Invalid, JobRefused, NotAllowed, NotFound
 from .scheduler import can_ever_fit
-from .spec import MAX_PRIORITY, JobSpec, job_spec_schema, parse_job_spec
+from .spec import MAX_PRIORITY, WORKSPACE_DIR, JobSpec, job_spec_schema, parse_job_spec
 from .states import parse_state_filter
 from .supervisor.engine import release_network
 
@@ -119,7 +119,7 @@ async def submission_schema(
         quota_jobs=quota.jobs,
         max_timeout=s.job_max_timeout,
         max_priority=highest_priority(s, admin=admin),
-        volumes=bool(s.storage.stores),
+        volumes=bool(s.storage.stores) and s.storage.volume_pattern(owner, WORKSPACE_DIR),
         secret_names=(await secret_names(sup, owner) if owner else None) or [],
         git=s.job_git_sources,
         gang_slots=sup.ledger.gang_slots(),

@@ -19,6 +19,7 @@ from .base import (
     MAX_TIMEOUT,
     MAX_WORKERS,
     RESOURCE_FIELDS,
+    WORKSPACE_DIR,
     JobSpecError,
 )
 from .fields import HangRestart, parse_command
@@ -39,6 +40,7 @@ __all__ = [
     "MAX_TIMEOUT",
     "MAX_WORKERS",
     "RESOURCE_FIELDS",
+    "WORKSPACE_DIR",
     "GitSource",
     "HangRestart",
     "JobSpec",

@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from ... import checks
 from ...bounds import MAX_GIT_REF_CHARS, MAX_GIT_SOURCES, MAX_GIT_URL_CHARS, check_count, shown
+from ...volumes import SPACE_CLASS
 from .base import (
     MAX_PATH_CHARS,
     SYSTEM_DIRS,
@@ -61,15 +62,42 @@ _REF_RE = re.compile(REF_PATTERN)
 #: the URL's shape, for the parser (fullmatch) and the schema alike: http(s), a host (a name
 #: or a bracketed IPv6 address) without user info, an optional port up to 65535, a path, and
 #: no query or fragment
-_HOST = r"([^/?#@\[\]:\x00-\x20\x7f\\]+|\[[0-9A-Fa-f:.]+\])"
+#: urlsplit refuses a host with a character whose NFKC form holds one of "/?#@:" (U+2100
+#: "a/c", fullwidth "＠"...): these, as a regex class body
+_NFKC_SEPARATORS = (
+    r"\u2047-\u2049\u2100\u2101\u2105\u2106\u2a74\ufe13\ufe16\ufe55\ufe56\ufe5f\ufe6b"
+    r"\uff03\uff0f\uff1a\uff1f\uff20"
+)
+#: an IPv6 address as ipaddress reads it in brackets (RFC 3986's IPv6address; an embedded
+#: IPv4 address's numbers without leading zeros)
+_H16 = "[0-9A-Fa-f]{1,4}"
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+_LS32 = rf"({_H16}:{_H16}|{_OCTET}(\.{_OCTET}){{3}})"
+_IPV6 = "|".join(
+    [rf"({_H16}:){{6}}{_LS32}", rf"::({_H16}:){{5}}{_LS32}"]
+    + [
+        rf"(({_H16}:){{0,{k}}}{_H16})?::{tail}"
+        for k, tail in enumerate(
+            [rf"({_H16}:){{{4 - k}}}{_LS32}" for k in range(4)] + [_LS32, _H16, ""]
+        )
+    ]
+)
+#: no white space (what str.isspace() calls so: U+00A0, U+2028...) nor control characters
+_NOT_BLANK = rf"\x00-\x20\x7f{SPACE_CLASS}"
+_HOST = rf"([^/?#@\[\]:\\{_NOT_BLANK}{_NFKC_SEPARATORS}]+|\[({_IPV6})\])"
 _PORT = r"(:(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4}))?"
-URL_PATTERN = rf"^[hH][tT][tT][pP][sS]?://{_HOST}{_PORT}(/[^?#\x00-\x20\x7f]*)?$"
+URL_PATTERN = rf"^[hH][tT][tT][pP][sS]?://{_HOST}{_PORT}(/[^?#{_NOT_BLANK}]*)?$"
 _URL_RE = re.compile(URL_PATTERN)
 #: an absolute, normalized path, not a system directory (the parser says which and why)
 _SYSTEM_ALTERNATION = "|".join(re.escape(d[1:]) for d in SYSTEM_DIRS)
 PATH_PATTERN = rf"^(?!/({_SYSTEM_ALTERNATION})(/|$))(/(?!\.\.?(/|$))[^/\x00]+)+$"
 #: a repository name that can be a directory name as it is (the default path's last part)
 _REPO_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+#: a URL whose path's last part is such a name (".git" and any trailing "/" aside): one whose
+#: entry may leave out ``path`` (:func:`default_path`)
+NAMED_URL_PATTERN = (
+    rf"^[hH][tT][tT][pP][sS]?://{_HOST}{_PORT}(/[^?#{_NOT_BLANK}]*)?/{_REPO_NAME_RE.pattern}/*$"
+)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,8 @@ from ...bounds import (
 from ...checks import MAX_SECRET_NAME_CHARS, SECRET_NAME_PATTERN
 from ...frameworks import Catalog
 from ...resources import Flavor, Limits, Resources, format_memory, parse_memory
+from ...volumes import volume_pattern
+from ..gang import DISTRIBUTED_ENV
 from .base import (
     ABSENT_TEXT,
     BLANK_CLASS,
@@ -60,9 +62,10 @@ from .base import (
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     RESERVED_LABEL_PREFIXES,
+    WORKSPACE_DIR,
 )
+from .git import NAMED_URL_PATTERN, REF_PATTERN, URL_PATTERN
 from .git import PATH_PATTERN as GIT_PATH_PATTERN
-from .git import REF_PATTERN, URL_PATTERN
 from .ports import MAX_PORTS, MAX_PRINCIPAL_CHARS, MAX_SHARE_NAMES, PORT_NAME_RE
 
 __all__ = ["DURATION_FORMAT", "JOB_SPEC_SCHEMA", "SIZE_FORMAT", "job_spec_schema"]
@@ -124,6 +127,39 @@ PORTS_SCHEMA: dict = {
 }
 
 
+#: an environment variable's name (a JSON Schema for a string, without its type: the
+#: object form's propertyNames take it as it is)
+_ENV_NAME: dict = {
+    "pattern": ENV_NAME_RE.pattern,
+    "maxLength": MAX_ENV_NAME_CHARS,
+    "not": {
+        "anyOf": [{"pattern": f"^{p}"} for p in RESERVED_ENV_PREFIXES]
+        + [{"const": n} for n in sorted(RESERVED_ENV_NAMES)]
+    },
+}
+_ENV_TEXT: dict = {"type": "string", "maxLength": MAX_ENV_VALUE_BYTES, "pattern": _NO_NUL}
+_ENV_VALUE: dict = {"oneOf": [_ENV_TEXT, SECRET_REF_SCHEMA]}
+#: a distributed job's variables are gpulab's (jobs.gang.DISTRIBUTED_ENV): a job of more than
+#: one worker may not set them, in either form of ``env``
+WORKERS_ENV_SCHEMA: dict = {
+    "anyOf": [
+        {
+            "not": {
+                "required": ["workers"],
+                "properties": {"workers": {"type": "number", "minimum": 2}},
+            }
+        },
+        {
+            "properties": {
+                "env": {
+                    "propertyNames": {"not": {"enum": list(DISTRIBUTED_ENV)}},
+                    "items": {"properties": {"name": {"not": {"enum": list(DISTRIBUTED_ENV)}}}},
+                }
+            }
+        },
+    ]
+}
+
 _OPTIONAL_TEXT = ["string", "null"]
 
 #: JSON Schema (draft 2020-12) of the ``git`` field, for the OpenAPI document
@@ -134,6 +170,10 @@ GIT_SCHEMA: dict[str, Any] = {
         "type": "object",
         "required": ["url"],
         "additionalProperties": False,
+        "anyOf": [
+            {"required": ["path"], "properties": {"path": {"type": "string", "minLength": 1}}},
+            {"properties": {"url": {"pattern": NAMED_URL_PATTERN}}},
+        ],
         "not": {
             "required": ["branch", "revision"],
             "properties": {
@@ -168,7 +208,9 @@ GIT_SCHEMA: dict[str, Any] = {
                 "maxLength": MAX_PATH_CHARS,
                 "pattern": f"^$|{GIT_PATH_PATTERN}",
                 "description": "Where the job sees the clone (absolute; default "
-                "/workspace/<repository name>). Not a system directory; one per repository.",
+                "/workspace/<repository name>, which needs a URL whose last part is a plain "
+                "directory name). Not a system directory; one per repository: no two the same "
+                "or one inside another, nor a volume's mount path.",
             },
             "secret": {
                 "type": _OPTIONAL_TEXT,
@@ -207,6 +249,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
     "required": ["command"],
+    "allOf": [WORKERS_ENV_SCHEMA],
     "properties": {
         "name": {
             "type": ["string", "null"],
@@ -259,28 +302,40 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "maxItems": MAX_COMMAND_ITEMS,
         },
         "env": {
-            "type": ["object", "null"],
-            "maxProperties": MAX_ENV,
-            "propertyNames": {
-                "pattern": ENV_NAME_RE.pattern,
-                "maxLength": MAX_ENV_NAME_CHARS,
-                "not": {
-                    "anyOf": [{"pattern": f"^{p}"} for p in RESERVED_ENV_PREFIXES]
-                    + [{"const": n} for n in sorted(RESERVED_ENV_NAMES)]
+            "oneOf": [
+                {
+                    "type": "object",
+                    "maxProperties": MAX_ENV,
+                    "propertyNames": _ENV_NAME,
+                    "additionalProperties": _ENV_VALUE,
                 },
-            },
-            "additionalProperties": {
-                "oneOf": [
-                    {"type": "string", "maxLength": MAX_ENV_VALUE_BYTES, "pattern": _NO_NUL},
-                    SECRET_REF_SCHEMA,
-                ]
-            },
+                {
+                    "type": "array",
+                    "maxItems": MAX_ENV,
+                    "items": {
+                        "type": "object",
+                        "required": ["name"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", **_ENV_NAME},
+                            "value": _ENV_VALUE,
+                            "secret": SECRET_REF_SCHEMA["properties"]["secret"],
+                        },
+                        "oneOf": [{"required": ["value"]}, {"required": ["secret"]}],
+                    },
+                    "description": 'The same as a list: [{"name": NAME, "value": TEXT} or '
+                    '{"name": NAME, "secret": SECRET}], each name once (Kubernetes\' shape).',
+                },
+                {"type": "null"},
+            ],
             "description": f"Environment variables (values at most "
             f"{size_text(MAX_ENV_VALUE_BYTES)} in UTF-8, names and values at most "
             f"{size_text(MAX_ENV_BYTES)} together); names starting with "
-            f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved. Plain values are shown back by "
-            'the API: put credentials in a secret and refer to it as {"secret": NAME} (the '
-            "container gets the value; the API shows only the reference).",
+            f"{', '.join(RESERVED_ENV_PREFIXES)} are reserved, and a distributed job's "
+            f"({', '.join(DISTRIBUTED_ENV[:3])}...) are set by gpulab when `workers` is over "
+            "1. Plain values are shown back by the API: put credentials in a secret and refer "
+            'to it as {"secret": NAME} (the container gets the value; the API shows only the '
+            "reference).",
         },
         "labels": {
             "type": ["object", "null"],
@@ -343,9 +398,14 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "string",
                 "maxLength": MAX_VOLUME_SPEC_CHARS,
+                "pattern": volume_pattern(WORKSPACE_DIR),
                 "examples": ["datasets@s3/mnist:/data:ro"],
             },
-            "description": "container@store[/prefix]:/mount/path[:ro|rw|rwd]",
+            "description": "container@store[/prefix]:/mount/path[:ro|rw|rwd]: a bucket (S3's "
+            "naming rules) on one of the platform's object stores, an optional key prefix "
+            "(no empty, '.' or '..' parts), an absolute mount path (not in or above a system "
+            f"directory, nor {WORKSPACE_DIR}) and the sync mode (default ro). No control "
+            "characters. Two volumes may not share a mount path or lie one inside the other.",
         },
         "workers": {
             "type": ["integer", "null"],
@@ -545,7 +605,7 @@ def job_spec_schema(
     quota_jobs: int | None,
     max_timeout: float,
     max_priority: int = MAX_PRIORITY,
-    volumes: bool = True,
+    volumes: bool | str | None = True,
     secret_names: Iterable[str] | None = (),
     git: bool = True,
     gang_slots: Mapping[int, int] | None = None,
@@ -555,12 +615,17 @@ def job_spec_schema(
     catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
     the caller's resource limits and GPU quota, the host's GPUs, the longest time-out, the
     highest priority the caller may ask for, and no volumes where no object store is set.
+    ``volumes``: True (any store, the syntax alone), False or None (none: no store, or no
+    grant for the caller), or the pattern of what the caller may mount
+    (:meth:`gpulab.storage.StorageConfig.volume_pattern`).
 
     Combinations the parser refuses are ruled out too (``anyOf``): a version of another
     framework, an image that contradicts its framework, a flavor whose values exceed the
     limits unless ``resources`` override them, more GPUs than the quota unless preemptible.
-    What stays out of reach of a schema: the sums (command and args together, all of env),
-    and the grants and mount paths of volumes, refused with a 400 naming the field.
+    What stays out of reach of a schema: the sums (command and args together, all of env,
+    UTF-8 bytes where a cap counts them), and what one list entry is to another (volumes'
+    mount paths, repositories' paths, ports' names and numbers, env entries' names), each
+    refused with a 400 naming the field.
     """
     schema = copy.deepcopy(JOB_SPEC_SCHEMA)
     schema.pop("$schema", None)  # embedded in an OpenAPI 3.1 document, whose dialect it is
@@ -674,16 +739,32 @@ def job_spec_schema(
         props["volumes"] = {
             "type": ["array", "null"],
             "maxItems": 0,
-            "description": "No object store is configured on this platform: no data volumes.",
+            "description": "No object store is configured on this platform: no data volumes."
+            if volumes is False
+            else "No bucket is granted to you (and you have no workspace): no data volumes.",
         }
+    elif volumes is not True:  # the caller's grants, as one pattern (volumes.access_pattern)
+        item = props["volumes"]["items"]
+        item["pattern"] = volumes
+        item.pop("examples")
+        props["volumes"]["description"] += (
+            " Only the buckets and prefixes granted to you (and your own workspace), in the "
+            "modes granted."
+        )
     # secrets: only the caller's own can be referred to (none: secrets off, or none yet)
     names = sorted(secret_names or ())
-    env_values = props["env"]["additionalProperties"]["oneOf"]
+    as_object, as_list, _ = props["env"]["oneOf"]
+    entry = as_list["items"]
     if names:
-        env_values[1] = copy.deepcopy(env_values[1])
-        env_values[1]["properties"]["secret"] = {"enum": names}
+        ref = copy.deepcopy(SECRET_REF_SCHEMA)
+        ref["properties"]["secret"] = {"enum": names}
+        value: dict[str, Any] = {"oneOf": [_ENV_TEXT, ref]}
+        entry["properties"]["secret"] = {"enum": names}
     else:
-        props["env"]["additionalProperties"] = env_values[0]
+        value = _ENV_TEXT
+        del entry["properties"]["secret"], entry["oneOf"]
+        entry["required"] = ["name", "value"]
+    as_object["additionalProperties"] = entry["properties"]["value"] = value
     git_secret = props["git"]["items"]["properties"]["secret"]
     props["git"]["items"]["properties"]["secret"] = {
         "enum": [*names, None, ""],
@@ -696,6 +777,7 @@ def job_spec_schema(
             "description": "Git repositories are not enabled on this platform.",
         }
     schema["allOf"] = [
+        *schema["allOf"],
         {"anyOf": named},
         {"anyOf": sized},
         {"anyOf": _gang_branches(flavors, gpus_any, quota_gpus, quota_jobs, gang_slots or {})},

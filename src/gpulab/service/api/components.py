@@ -4,6 +4,7 @@ the error body, the job and page shapes, and the parameters several paths share.
 from __future__ import annotations
 
 from ...bounds import DEFAULT_PAGE, MAX_OFFSET, MAX_PAGE
+from ...checks import MAX_SECRET_NAME_CHARS, SECRET_NAME_PATTERN
 from ...jobs.spec import MAX_WORKERS
 from ...lifecycle import JobState
 
@@ -40,7 +41,7 @@ ERROR_TEXT = {
 
 
 #: a secret's name (gpulab/secrets.py)
-SECRET_NAME = {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,62}$", "maxLength": 63}
+SECRET_NAME = {"type": "string", "pattern": SECRET_NAME_PATTERN, "maxLength": MAX_SECRET_NAME_CHARS}
 SECRET_PARAMS = [{"name": "name", "in": "path", "required": True, "schema": SECRET_NAME}]
 
 

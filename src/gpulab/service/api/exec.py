@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from tornado import websocket
 
-from ...bounds import MiB, size_text
+from ...bounds import MAX_COMMAND_BYTES, MAX_COMMAND_ITEMS, MiB, size_text
 from ...jobs import exec as execs
 from ...jobs.exec import DEFAULT_EXEC_TIMEOUT, MAX_EXEC_OUTPUT, MAX_EXEC_TIMEOUT
 from ...jobs.spec import JOB_SPEC_SCHEMA
@@ -67,7 +67,10 @@ EXEC_RESULT = {
 EXEC_DESCRIPTION = (
     "The command runs as the job's user (1000:100) in its working directory, within its "
     "limits; past `timeout` it is killed with what it started (exit_code null, timed_out "
-    f"true). Output past {size_text(MAX_EXEC_OUTPUT)} is dropped (truncated true)."
+    f"true). Output past {size_text(MAX_EXEC_OUTPUT)} is dropped (truncated true). The "
+    f"command has a job's caps: at most {MAX_COMMAND_ITEMS} entries and "
+    f"{size_text(MAX_COMMAND_BYTES)} in UTF-8 together (a string counts as sh, -c and it), "
+    "which the schema's maxLength (characters) cannot state."
 )
 
 

@@ -8,10 +8,17 @@ test checks it. The job submission body is the JSON Schema kept beside its parse
 from __future__ import annotations
 
 from ... import __version__
-from ...bounds import MAX_ENV_VALUE_BYTES
+from ...bounds import (
+    MAX_COMMAND_BYTES,
+    MAX_COMMAND_ITEMS,
+    MAX_ENV_BYTES,
+    MAX_ENV_VALUE_BYTES,
+    size_text,
+)
 from ...jobs import actions
 from ...jobs.spec import JOB_SPEC_SCHEMA
 from ...lifecycle import JobState, NotebookState
+from ...secrets import MAX_SECRETS
 from ..base import BaseHandler
 from .components import (
     ALL,
@@ -34,6 +41,22 @@ from .components import (
     _ref,
 )
 from .exec import EXEC_DESCRIPTION, EXEC_REQUEST, EXEC_RESULT, MAX_TERMINAL_SIZE
+
+#: the rules of a submission that JSON Schema cannot state (refused with a 400 naming the
+#: field): tests/integration/test_api_contract.py leaves positive_data_acceptance out for
+#: exactly the bodies that break one of them
+SUBMISSION_BEYOND_THE_SCHEMA = (
+    "Beyond the schema, a submission is also refused (400, naming the field) when: `command` "
+    f"and `args` together hold more than {MAX_COMMAND_ITEMS} entries or "
+    f"{size_text(MAX_COMMAND_BYTES)} in UTF-8 (a string command counts as sh, -c and it); an "
+    f"env value is over {size_text(MAX_ENV_VALUE_BYTES)} in UTF-8, or names and values "
+    f"together over {size_text(MAX_ENV_BYTES)}; env's list form names a variable twice; two "
+    "ports share a name or a number; two volumes share a mount path or lie one inside the "
+    "other; two repositories' paths (given, or /workspace/<name> from their URLs) are the "
+    "same or nested, or one is a volume's mount path; the body is over the service's "
+    "max_request_body (413). The schema's maxLength counts characters where these caps "
+    "count bytes."
+)
 
 PATHS: dict[str, dict] = {
     "/api/health": {
@@ -130,6 +153,7 @@ PATHS: dict[str, dict] = {
         "post": {
             "operationId": "submitJob",
             "summary": "submit a job",
+            "description": SUBMISSION_BEYOND_THE_SCHEMA,
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": _ref("JobSubmission")}},
@@ -320,6 +344,9 @@ PATHS: dict[str, dict] = {
             "parameters": SECRET_PARAMS,
             "summary": "store or replace a secret; a job refers to it as "
             '{"env": {"VAR": {"secret": NAME}}}',
+            "description": f"The value is at most {MAX_ENV_VALUE_BYTES} bytes in UTF-8 (the "
+            "schema's maxLength counts characters). At most "
+            f"{MAX_SECRETS} secrets per user.",
             "requestBody": {
                 "required": True,
                 "content": {
