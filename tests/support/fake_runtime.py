@@ -214,6 +214,9 @@ class FakeRuntime(Runtime):
         self.helper_configs: list[HelperSpec] = []
         self.helper_nodes: list[str] = []
         self._helper_results: list[tuple[int, list[str]]] = []
+        #: what dead helpers left apart from themselves, per instance (a Swarm's secrets), as
+        #: names; remove_helper_leftovers takes them
+        self.helper_leftovers: dict[str, list[str]] = {}
         #: exec_run results scripted per workload: (exit code, output, cut)
         self._exec_results: dict[str, list[tuple[int | None, bytes, bool]]] = {}
         self.sessions: list[FakeExecSession] = []
@@ -636,6 +639,11 @@ class FakeRuntime(Runtime):
         for line in lines:
             on_line(line)
         return HelperResult(code, list(lines))
+
+    async def remove_helper_leftovers(self, instance: str) -> list[str]:
+        """What a test put in :attr:`helper_leftovers` for ``instance``, taken away."""
+        self._enter("remove_helper_leftovers", instance)
+        return self.helper_leftovers.pop(instance, [])
 
     # --- networks -------------------------------------------------------------------------------
 

@@ -154,3 +154,20 @@ def test_a_lost_notebook_whose_removal_fails_keeps_its_gpus(lab):
     assert lost.nb.container not in rt.workloads and lost.held_gpus() == []
     assert rt.names("unreach") == [lost.nb.url_path]
     assert lost.record()["state"] == "ERROR" and done["records"] == []  # settled before
+
+
+def test_a_pass_removes_what_dead_helpers_left_an_engine_error_is_a_warning(lab, caplog):
+    """After the orphaned helpers, what dead helpers left apart from themselves (a Swarm's
+    secrets holding store credentials: Runtime.remove_helper_leftovers) goes, this instance's
+    only; an engine that refuses is a warning, and the pass goes on."""
+    rt, instance = lab.rt, lab.lost.s.instance
+    rt.helper_leftovers = {instance: ["h1-store-credentials"], "other": ["o1-git-password"]}
+    with caplog.at_level("WARNING", "gpulab.notebooks"):
+        run_async(lab.rec.pass_once())
+        assert rt.names("remove_helper_leftovers") == [instance]
+        assert "removed what dead sync helpers left behind: h1-store-credentials" in caplog.text
+        assert rt.helper_leftovers == {"other": ["o1-git-password"]}
+        rt.fail("remove_helper_leftovers", EngineError("the manager did not answer"))
+        done = run_async(lab.rec.pass_once())
+    assert "what dead helpers left is not removed yet: the manager did not answer" in caplog.text
+    assert done["records"] == [] and lab.kept.record()["state"] == "RUNNING"

@@ -656,6 +656,27 @@ def test_recovery_removes_what_has_no_record(tmp_path):
     lab_run(tmp_path, test)
 
 
+def test_recovery_and_the_orphan_sweeps_remove_what_dead_helpers_left(tmp_path):
+    """A new leadership removes this instance's orphaned job helpers and then what dead
+    helpers left apart from themselves (a Swarm's secrets: Runtime.remove_helper_leftovers);
+    each later sweep for orphans does it again (what was too young to go at the first)."""
+
+    async def test(lab: Lab):
+        rt = lab.rt
+        rt.helper_leftovers = {INSTANCE: ["h1-store-credentials"], "other": ["o1"]}
+        await housekeeping.recover(lab.ctx)
+        assert rt.names("remove_helper_leftovers") == [INSTANCE]
+        assert rt.helper_leftovers == {"other": ["o1"]}
+        await housekeeping.cleanup(lab.ctx, time.time())  # no sweep due yet
+        assert rt.names("remove_helper_leftovers") == [INSTANCE]
+        rt.fail("remove_helper_leftovers", EngineError("the manager did not answer"))
+        assert await housekeeping.cleanup(lab.ctx, 0.0) > 0.0  # a warning, not a failure
+        await housekeeping.cleanup(lab.ctx, 0.0)
+        assert rt.names("remove_helper_leftovers") == [INSTANCE] * 3
+
+    lab_run(tmp_path, test)
+
+
 def test_the_whole_loop_places_runs_and_ends_a_job(tmp_path):
     async def test(lab: Lab):
         await lab.sv.start()

@@ -11,7 +11,9 @@ spawn or poll):
   if its container runs, else FAILED; a stop: its container stopped first if it still runs,
   then SYNC_FAILED, whose data stays in its volume for a retried push; a delete: ERROR, to
   be deleted again);
-- sync helpers of notebooks that are not starting or stopping in this process are removed;
+- sync helpers of notebooks that are not starting or stopping in this process are removed
+  (with the secret files they hold), and so is what dead helpers left apart from themselves
+  (``Runtime.remove_helper_leftovers``: a Swarm's secrets that no helper uses any more);
 - GPUs are released from notebooks that neither run a container nor are in transit;
 - on a cluster, a RUNNING notebook whose node has been down or drained for ``LOST_AFTER``
   seconds becomes ERROR with reason NODE_LOST: its service is removed, and once the manager
@@ -184,6 +186,13 @@ class NotebookReconciler:
                 removed.append(workload)
         if removed:
             log.warning("removed orphaned sync helpers of %s", ", ".join(removed))
+        try:  # and what dead helpers left apart from themselves (a Swarm's secrets)
+            left = await self.runtime.remove_helper_leftovers(instance)
+        except EngineError as e:
+            log.warning("what dead helpers left is not removed yet: %s", e)
+            left = []
+        if left:
+            log.warning("removed what dead sync helpers left behind: %s", ", ".join(left))
         live = running | transit | set(self.busy)
         gone = await asyncio.to_thread(
             self.ledger.reconcile, live, "notebook", self.s.gpu_reconcile_grace

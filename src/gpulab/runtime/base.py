@@ -515,6 +515,16 @@ class Runtime:
         volume it mounts; ``on_line`` is called on the event loop with each line it prints."""
         raise NotImplementedError
 
+    async def remove_helper_leftovers(self, instance: str) -> list[str]:
+        """Remove what ``instance``'s helpers left in the engine apart from themselves when
+        the process that ran them died (their :attr:`HelperSpec.files`, where the engine keeps
+        them outside the helper: a Swarm's secrets), once no helper uses it and it is old
+        enough that no helper being started now is about to; the names of what went. Called
+        by the sweeps of orphaned helpers, after they removed those (a helper's
+        :meth:`remove` takes its own files with it). One engine: nothing to do (a helper's
+        files are in its container, removed with it)."""
+        return []
+
     # --- networks -------------------------------------------------------------------------------
 
     async def ensure_user_network(self, instance: str, user: str) -> str:

@@ -66,7 +66,13 @@ from .swarm_specs import (
     LIVE,
     NOWHERE,
     START_TIMEOUT,
+    engine_time,
+    helper_secret_labels,
+    helper_secret_of,
     helper_service_spec,
+    leftover_helper_secrets,
+    made_for,
+    referenced_secrets,
     service_spec,
     task_state,
 )
@@ -364,18 +370,71 @@ class SwarmRuntime(Runtime):
         return True
 
     async def remove(self, name: str) -> bool:
+        """Remove the service, then, once the manager has forgotten it, the secrets gpulab
+        made for it (a helper's files: a helper whose process died, removed by the sweep of
+        orphaned helpers, leaves them otherwise)."""
+        return await self.engine.call(self._remove_blocking, name)
+
+    def _remove_blocking(self, name: str) -> bool:
+        svc = self._service(name)
+        if svc is None:
+            return False
         try:
-            await self.engine.call(self.client.remove_service, name)
-        except EngineError as e:
-            if e.not_found:
-                return False
-            raise
+            self.client.remove_service(svc["ID"])
+        except NotFound:
+            return False
         # confirmed gone, or an error: what it held (GPUs) is released only after this
-        if not await self.engine.call(self._wait_gone, name, REMOVE_TIMEOUT):
+        if not self._wait_gone(svc["ID"], REMOVE_TIMEOUT):
             raise EngineError(
                 f"service {name} is still there {REMOVE_TIMEOUT:g} s after its removal"
             )
+        self._remove_secrets_of(svc)
         return True
+
+    def _remove_secrets_of(self, svc: dict) -> None:
+        """The secrets that gpulab made for the removed service ``svc`` (labelled with its
+        instance and its name: :func:`~.swarm_specs.made_for`); never another's. One not
+        removed now stays for :meth:`remove_helper_leftovers`."""
+        for secret_id in referenced_secrets(svc):
+            try:
+                secret = self.client.inspect_secret(secret_id)
+            except NotFound:
+                continue
+            except APIError as e:
+                log.warning("helper secret %s not read: %s", secret_id, e.explanation or e)
+                continue
+            if made_for(secret, svc):
+                _remove_secret(self.client, secret_id)
+
+    async def remove_helper_leftovers(self, instance: str) -> list[str]:
+        """The secrets of ``instance``'s helpers that no service references, made at least
+        ``HELPER_SECRET_GRACE`` seconds ago by the manager's clock: a helper's process died
+        between making them and making its service, or its service was removed without them
+        (:func:`~.swarm_specs.leftover_helper_secrets`)."""
+        return await self.engine.call(self._remove_leftovers_blocking, instance)
+
+    def _remove_leftovers_blocking(self, instance: str) -> list[str]:
+        client = self.client
+        found = [
+            s
+            for s in client.secrets(filters={"label": f"{L_INSTANCE}={instance}"})
+            if helper_secret_of(s, instance)
+        ]
+        if not found:  # the usual case: no service listed
+            return []
+        now = engine_time(client.info().get("SystemTime") or "") or time.time()
+        removed = []
+        for s in leftover_helper_secrets(found, client.services(), instance, now):
+            name = (s.get("Spec") or {}).get("Name") or s["ID"]
+            try:
+                client.remove_secret(s["ID"])
+            except NotFound:  # its helper's own clean-up took it meanwhile
+                continue
+            except APIError as e:  # in use (a service made since): it is not a leftover
+                log.warning("helper secret %s not removed: %s", name, e.explanation or e)
+                continue
+            removed.append(name)
+        return removed
 
     async def restart_in_place(self, name: str) -> None:
         # no exec through a manager: a new task on the same node, with the same volumes
@@ -532,15 +591,16 @@ class SwarmRuntime(Runtime):
         client = self.client
         name = config.get("name") or f"gpulab-helper-{time.time_ns():x}"
         # the helper's secret files travel as the Swarm's secrets, one per file, made for
-        # this run only (labelled like the helper) and removed with it
+        # this run only (labelled like the helper, and with its name) and removed with it; if
+        # this process dies first, remove() of the orphaned helper takes them, or, made
+        # before its service, remove_helper_leftovers
         secrets: list[tuple[str, str, str]] = []
         sid = None
         try:
             for fname, content in sorted((files or {}).items()):
                 secret = f"{name}-{fname}"
-                made = client.create_secret(
-                    secret, content, labels=dict(config.get("labels") or {})
-                )
+                labels = helper_secret_labels(config.get("labels") or {}, name)
+                made = client.create_secret(secret, content, labels=labels)
                 secrets.append((made["ID"], secret, fname))
             body = helper_service_spec({**config, "name": name}, node, secrets)
             if not node:  # any node but the hub's own (a purge needs no volume)

@@ -4,9 +4,10 @@ by :class:`~gpulab.runtime.swarm.SwarmRuntime` and tested on their own."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from datetime import datetime
 
-from ..names import LABEL_PREFIX
+from ..names import L_INSTANCE, L_KIND, LABEL_PREFIX
 from .base import RUNNER_PATH, WorkloadSpec, WorkloadState
 from .objects import docker_epoch, visible_devices_env
 
@@ -24,6 +25,12 @@ LIVE = frozenset(
 START_TIMEOUT = 600.0
 #: seconds a helper may run (a pull of a big dataset) before it is given up
 HELPER_TIMEOUT = 3600.0
+#: on a Swarm secret that holds a helper's file (``HelperSpec.files``): the name of the helper
+#: service it was made for (the service that may take it away with itself)
+L_SECRET_OF = LABEL_PREFIX + "secret-of"
+#: seconds a helper's secret must have existed, referenced by no service, before a sweep
+#: removes it: a helper being started makes its secrets a moment before its service
+HELPER_SECRET_GRACE = 60.0
 
 
 def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str | None) -> dict:
@@ -184,6 +191,78 @@ def _helper_secrets(user: str, secrets: Sequence[tuple[str, str, str]]) -> dict:
     }
 
 
+def helper_secret_labels(labels: dict[str, str], service: str) -> dict[str, str]:
+    """The labels of the secrets made for the helper service ``service``: the helper's own
+    (its instance, its kind, its workload) and the service's name (:data:`L_SECRET_OF`)."""
+    return {**labels, L_SECRET_OF: service}
+
+
+def referenced_secrets(service: dict) -> list[str]:
+    """The IDs of the secrets a service's spec hands its tasks."""
+    container = ((service.get("Spec") or {}).get("TaskTemplate") or {}).get("ContainerSpec") or {}
+    return [s["SecretID"] for s in container.get("Secrets") or [] if s.get("SecretID")]
+
+
+def made_for(secret: dict, service: dict) -> bool:
+    """Whether gpulab made ``secret`` for ``service`` (pure): both of the same instance, and
+    the secret labelled with the service's name. A secret that someone else attached to it
+    is not its to take away."""
+    spec = service.get("Spec") or {}
+    labels = (secret.get("Spec") or {}).get("Labels") or {}
+    instance = (spec.get("Labels") or {}).get(L_INSTANCE, "")
+    return (
+        bool(instance)
+        and labels.get(L_INSTANCE) == instance
+        and labels.get(L_SECRET_OF) == spec.get("Name")
+    )
+
+
+def helper_secret_of(secret: dict, instance: str) -> bool:
+    """Whether ``secret`` holds a file of one of ``instance``'s helpers (pure): labelled with
+    the instance and with the helper service it was made for (or, made before that label, with
+    the helpers' kind ``sync-helper``: sync and git clone helpers alike)."""
+    labels = (secret.get("Spec") or {}).get("Labels") or {}
+    return (
+        bool(instance)
+        and labels.get(L_INSTANCE) == instance
+        and (L_SECRET_OF in labels or labels.get(L_KIND) == "sync-helper")
+    )
+
+
+def engine_time(stamp: str) -> float | None:
+    """An engine's RFC 3339 time ('Z' or an offset, up to nanoseconds) as epoch seconds;
+    None for its zero time or what does not read as a time."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return None
+
+
+def leftover_helper_secrets(
+    secrets: Iterable[dict],
+    services: Iterable[dict],
+    instance: str,
+    now: float,
+    grace: float = HELPER_SECRET_GRACE,
+) -> list[dict]:
+    """The secrets of ``instance``'s helpers that a sweep removes (pure): those that no
+    service references (their helper died before it made its service, or after its service
+    went without them) and that were made at least ``grace`` seconds before ``now`` (the
+    manager's clock: a helper being started has made its secrets a moment before its
+    service). Another's secrets, and one whose age cannot be read, stay."""
+    used = {sid for svc in services for sid in referenced_secrets(svc)}
+    out = []
+    for s in secrets:
+        made = engine_time(s.get("CreatedAt") or "")
+        if not helper_secret_of(s, instance) or s.get("ID") in used or made is None:
+            continue
+        if now - made >= grace:
+            out.append(s)
+    return out
+
+
 def task_state(tasks: list[dict], node: dict | None, stopped: bool = False) -> WorkloadState:
     """What a one-task service's tasks say (pure). ``node``: the node it is pinned to, as the
     manager reports it (None: not in the cluster any more). ``stopped``: the service was
@@ -244,13 +323,21 @@ def _node_trouble(node: dict) -> str:
 
 
 __all__ = [
+    "HELPER_SECRET_GRACE",
     "HELPER_TIMEOUT",
+    "L_SECRET_OF",
     "L_NODE",
     "L_STOPPED",
     "LIVE",
     "NOWHERE",
     "START_TIMEOUT",
+    "engine_time",
+    "helper_secret_labels",
+    "helper_secret_of",
     "helper_service_spec",
+    "leftover_helper_secrets",
+    "made_for",
+    "referenced_secrets",
     "service_spec",
     "task_state",
 ]

@@ -45,6 +45,7 @@ async def cleanup(ctx: JobContext, last_sweep: float) -> float:
     if now - last_sweep > ORPHAN_SWEEP_INTERVAL:
         last_sweep = now
         await remove_orphan_containers(ctx)
+        await remove_helper_leftovers(ctx)
     return last_sweep
 
 
@@ -113,6 +114,21 @@ async def remove_orphan_helpers(ctx: JobContext) -> None:
             continue
         log.warning("removing sync helper %s left by an earlier service", h.id[:12])
         await ctx.runtime.remove(h.id)
+    await remove_helper_leftovers(ctx)
+
+
+async def remove_helper_leftovers(ctx: JobContext) -> None:
+    """What dead helpers of this instance (jobs' and notebooks' alike) left in the engine
+    apart from themselves, their secret files on a Swarm: at a new leadership, after the
+    orphaned helpers, and with each sweep for orphans (what was too young at the first goes
+    at a later one). The engine's refusal is tried again at the next sweep."""
+    try:
+        left = await ctx.runtime.remove_helper_leftovers(ctx.settings.instance)
+    except EngineError as e:
+        log.warning("what dead helpers left is not removed yet: %s", e)
+        return
+    if left:
+        log.warning("removed what dead sync helpers left behind: %s", ", ".join(left))
 
 
 async def remove_orphan_containers(ctx: JobContext) -> None:
