@@ -60,6 +60,7 @@ from .survey import survey_engine
 from .swarm_network import SwarmNetwork, service_named
 from .swarm_nodes import GpuDeliveryChecks, NodeEngines
 from .swarm_specs import (
+    HELPER_SECRET_GRACE,
     HELPER_TIMEOUT,
     L_NODE,
     L_STOPPED,
@@ -90,6 +91,9 @@ class SwarmRuntime(Runtime):
 
     clustered = True
     images_at = "in the registry"
+    #: seconds a helper's secret that no service references is left alone (it may be a
+    #: helper's being started: :meth:`remove_helper_leftovers`)
+    helper_secret_grace = HELPER_SECRET_GRACE
 
     def __init__(
         self,
@@ -424,7 +428,8 @@ class SwarmRuntime(Runtime):
             return []
         now = engine_time(client.info().get("SystemTime") or "") or time.time()
         removed = []
-        for s in leftover_helper_secrets(found, client.services(), instance, now):
+        services = client.services()
+        for s in leftover_helper_secrets(found, services, instance, now, self.helper_secret_grace):
             name = (s.get("Spec") or {}).get("Name") or s["ID"]
             try:
                 client.remove_secret(s["ID"])
@@ -602,6 +607,7 @@ class SwarmRuntime(Runtime):
                 labels = helper_secret_labels(config.get("labels") or {}, name)
                 made = client.create_secret(secret, content, labels=labels)
                 secrets.append((made["ID"], secret, fname))
+            fault_point("helper:secrets")  # made, and no service holds them yet
             body = helper_service_spec({**config, "name": name}, node, secrets)
             if not node:  # any node but the hub's own (a purge needs no volume)
                 constraint = f"node.id!={self._own_node_id()}"
