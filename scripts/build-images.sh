@@ -519,12 +519,15 @@ build_python() {
 
 build_sync() {
     # gpulab's sync modules (stdlib + boto3 only) are copied in; their content is in the hash.
-    # datasync/cli.py imports gpulab.volumes, which imports bounds and errors (stdlib only)
+    # datasync/cli.py imports gpulab.volumes, which imports bounds and errors (stdlib only).
+    # The GPU agent of a Swarm's nodes (gpus/agent.py: usage.py, inventory.py; stdlib and
+    # nvidia-ml-py) runs from this image too
     local pkg=$BUILD/ctx-extra/sync before
-    rm -rf "$pkg" && mkdir -p "$pkg/gpulab/datasync"
+    rm -rf "$pkg" && mkdir -p "$pkg/gpulab/datasync" "$pkg/gpulab/gpus"
     cp "$ROOT/src/gpulab/__init__.py" "$ROOT/src/gpulab/volumes.py" "$ROOT/src/gpulab/bounds.py" \
         "$ROOT/src/gpulab/errors.py" "$pkg/gpulab/"
     cp "$ROOT"/src/gpulab/datasync/*.py "$pkg/gpulab/datasync/"
+    cp "$ROOT"/src/gpulab/gpus/{__init__,inventory,usage,agent}.py "$pkg/gpulab/gpus/"
     before=$(image_id "$SYNC_IMAGE")
     EXTRA_CONTEXT=$pkg EXTRA_HASH=$(cd "$pkg" && find . -type f | sort | xargs cat | sha) \
         build_dockerfile sync "$SYNC_IMAGE" "$BASE"

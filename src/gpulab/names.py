@@ -92,6 +92,12 @@ def job_network_name(instance: str, job_id: str, driver: str = "bridge") -> str:
     return f"{escape_name(instance)}-{middle}-{escape_name(job_id)}"
 
 
+def gpu_agent_service_name(instance: str) -> str:
+    """The global service whose task on each node of a Swarm reads that node's GPUs
+    (:mod:`gpulab.gpus.agent`)."""
+    return f"{escape_name(instance)}-gpu-agent"
+
+
 def gateway_container_name(instance: str) -> str:
     """The container on a Swarm manager through which the hub reaches notebooks on overlays
     (:mod:`gpulab.runtime.gateway`)."""

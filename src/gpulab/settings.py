@@ -255,6 +255,30 @@ class GpulabSettings(Configurable):
         workload is gone).""",
     ).tag(config=True)
 
+    swarm_gpu_agent = Bool(
+        True,
+        help="""On a Swarm: read each node's GPUs' usage (utilization, memory) with gpulab's GPU
+        agent, a global service (``<instance>-gpu-agent``, one task on every node but the
+        manager the service runs beside) that the service creates or updates at start-up and
+        reads through the manager's service logs; hang detection, the idle-GPU policy, the
+        jobs' and admin pages and /metrics then count the nodes' GPUs as on one host. Off: no
+        GPU usage on a Swarm, and the service removes the agent at its start-up.""",
+    ).tag(config=True)
+
+    swarm_gpu_agent_image = Unicode(
+        "",
+        help="""On a Swarm: the GPU agent's image (``python -m gpulab.gpus.agent`` with
+        nvidia-ml-py); empty: sync_image, which has both.""",
+    ).tag(config=True)
+
+    swarm_gpu_agent_interval = Float(
+        10.0,
+        min=1.0,
+        help="""On a Swarm: seconds between two readings of a node's GPUs by its agent. A
+        node's newest reading counts for three intervals and 10 s more; after that its GPUs'
+        usage is unknown (never taken as idle) until the agent reads again.""",
+    ).tag(config=True)
+
     discover_gpus = Bool(True, help="Discover GPUs with NVML when gpu_devices is empty.").tag(
         config=True
     )

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpulab.gpus.inventory import GpuDevice, Inventory
+from gpulab.gpus.usage import DeviceUsage
 from gpulab.names import L_INSTANCE, L_KIND, L_USER
 from gpulab.runtime.base import (
     EngineError,
@@ -227,6 +228,9 @@ class FakeRuntime(Runtime):
         self._lock = threading.Lock()
         #: what gpu_delivery_refusal answers (a test scripts an engine that cannot deliver)
         self.refusal: str | None = None
+        #: what gpu_usage answers: node ("" on one engine) -> its devices' readings, or a
+        #: function that gives it (a test's meter; it may raise)
+        self.gpu_readings: Mapping[str, Sequence[DeviceUsage]] | Callable[[], Mapping] = {}
 
     @classmethod
     def cluster(cls, nodes: Mapping[str, Sequence[str]], **kw) -> FakeRuntime:
@@ -423,6 +427,14 @@ class FakeRuntime(Runtime):
     async def gpu_delivery_refusal(self) -> str | None:
         self._enter("gpu_delivery_refusal")
         return self.refusal
+
+    async def gpu_usage(self) -> dict[str, list[DeviceUsage]]:
+        self._enter("gpu_usage")
+        found = self.gpu_readings() if callable(self.gpu_readings) else self.gpu_readings
+        return {node: list(usages) for node, usages in found.items()}
+
+    async def watch_gpus(self, instance: str) -> None:
+        self._enter("watch_gpus", instance)
 
     async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:
         """A runc-only engine that has the images it has (no labels), and its networks."""

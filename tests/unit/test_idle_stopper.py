@@ -175,6 +175,16 @@ def gpu_notebook(records, server="nb", unused=120.0) -> dict:
     return records.transition("ann", server, S.RUNNING)
 
 
+def asynced(read):
+    """A blocking reader as the stopper reads the GPUs: a coroutine function (the supervisor's
+    ``JobContext.gpu_readings``)."""
+
+    async def readings():
+        return read()
+
+    return readings
+
+
 def reader(percent: dict[str, int | None]):
     from gpulab.gpus.usage import DeviceUsage
 
@@ -190,7 +200,7 @@ def test_a_notebook_whose_gpus_stay_unused_is_stopped_even_while_its_kernel_is_a
         hub,
         clock=clock,
         ledger=FakeLedger({"test/notebook/ann/nb": ["0"]}),
-        gpu_usage=lambda: reader(percent)(),
+        gpu_usage=asynced(lambda: reader(percent)()),
     )
     assert check(stopper) == []  # the clock starts at the first look that finds them unused
     clock.tick(60)
@@ -209,7 +219,7 @@ def test_one_look_with_the_gpu_in_use_starts_its_clock_again(records):
         FakeHub(activity_ago=1),
         clock=clock,
         ledger=FakeLedger({"test/notebook/ann/nb": ["0"]}),
-        gpu_usage=lambda: reader(percent)(),
+        gpu_usage=asynced(lambda: reader(percent)()),
     )
     check(stopper)
     clock.tick(100)
@@ -234,7 +244,7 @@ def test_gpus_that_cannot_be_read_or_a_policy_that_is_off_stop_nobody(records):
         hub,
         clock=clock,
         ledger=FakeLedger({"test/notebook/ann/nb": ["MIG-1"], "test/notebook/ann/other": ["1"]}),
-        gpu_usage=reader({"MIG-1": None, "1": 0}),
+        gpu_usage=asynced(reader({"MIG-1": None, "1": 0})),
     )
     for _ in range(3):
         assert check(stopper) == []
@@ -260,9 +270,45 @@ def test_gpu_use_seen_at_the_last_look_withdraws_the_stop(records):
         hub,
         clock=clock,
         ledger=FakeLedger({"test/notebook/ann/nb": ["0"]}),
-        gpu_usage=read,
+        gpu_usage=asynced(read),
     )
     check(stopper)
     clock.tick(200)
     assert check(stopper) == [] and hub.stopped == []
     assert records.take_stop_reason("ann", "nb") == ("STOP", "stop requested")
+
+
+def test_on_a_cluster_a_notebooks_gpus_are_read_on_its_node(records):
+    """On a Swarm the GPUs' readings are its nodes' agents' (node -> devices, named as the
+    ledger names them by the supervisor's reader): another node's busy GPU "0" is not the
+    notebook's, and a node without a fresh reading stops nobody."""
+    from pathlib import Path
+
+    from gpulab.gpus.usage import DeviceUsage
+    from gpulab.jobs.supervisor.context import JobContext
+
+    from ..support.fake_runtime import FakeRuntime
+
+    gpu_notebook(records)
+    rt = FakeRuntime.cluster({"a": ("0",), "b": ("0",)})
+    percent = {"a": 0, "b": 90}
+    rt.gpu_readings = lambda: {
+        n: [DeviceUsage("0", p, 0, 80 * 1024**3)] for n, p in percent.items()
+    }
+    ctx = JobContext(None, None, None, None, rt, None, Path("."))
+    hub, clock = FakeHub(activity_ago=1), Clock()
+    stopper = IdleStopper(
+        records,
+        hub,
+        clock=clock,
+        ledger=FakeLedger({"test/notebook/ann/nb": ["a/0"]}),
+        gpu_usage=ctx.gpu_readings,
+    )
+    del percent["a"]  # node a's agent has no fresh reading: unknown, never idle
+    for _ in range(3):
+        assert check(stopper) == []
+        clock.tick(600)
+    percent["a"] = 0  # read again, and unused (node b's GPU "0" is busy: not the notebook's)
+    assert check(stopper) == []
+    clock.tick(121)
+    assert check(stopper) == [("ann", "nb")]

@@ -4,6 +4,7 @@ read from real records on a SQLite file."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,15 +14,17 @@ from gpulab.db import Database
 from gpulab.disk_ledger import DiskLedger
 from gpulab.gpus.inventory import GpuDevice
 from gpulab.gpus.ledger import GpuLedger
-from gpulab.gpus.usage import DeviceUsage
+from gpulab.gpus.usage import DeviceUsage, keyed
 from gpulab.jobs import overview
 from gpulab.jobs.records import JobRecords
 from gpulab.jobs.spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
+from gpulab.jobs.supervisor.context import JobContext
 from gpulab.lifecycle import JobState, NotebookState
 from gpulab.notebooks.records import NotebookRecords
 from gpulab.settings import GpulabSettings
 
 from ..conftest import run_async
+from ..support.fake_runtime import FakeRuntime
 
 J, N = JobState, NotebookState
 RAN = [J.INITIALIZING, J.PENDING, J.RUNNING, J.FINALIZING, J.DONE]
@@ -42,6 +45,14 @@ class Engine(SimpleNamespace):
         return {i: BUILDS.get(i, ImageBuild()) for i in images}
 
 
+def reading(readings) -> JobContext:
+    """A supervisor's context whose runtime reads ``readings`` (node -> its devices'; a
+    function that gives them, or raises; None: nothing can be read), as the pages read it."""
+    rt = FakeRuntime()
+    rt.gpu_readings = {} if readings is None else readings
+    return JobContext(None, None, None, None, rt, None, Path("."))
+
+
 class Lab:
     """Records, ledgers and a supervisor-shaped holder of them, on one database."""
 
@@ -56,7 +67,7 @@ class Lab:
             ledger=GpuLedger(db, "t", devices, sharing={"1": 4}),
             disk=DiskLedger(db, "t"),
             runtime=Engine(inventory="the inventory", driver_cuda="11.8", asked=[]),
-            ctx=SimpleNamespace(gpu_usage=None if readings is None else lambda: readings),
+            ctx=reading(None if readings is None else {"": readings}),
         )
 
     def job(self, owner: str, states=(), groups=()) -> str:
@@ -335,8 +346,9 @@ def test_a_mig_device_shows_its_memory_and_no_utilization():
         (job_on("RUNNING", ("", [])), READINGS),  # a CPU job
         (job_on("RUNNING", ("", ["0"])), []),  # nothing read (no NVML)
         (job_on("RUNNING", ("", ["7"])), READINGS),  # its device not among those read
-        (job_on("RUNNING", ("gpu-1", ["0"])), READINGS),  # on a Swarm node: not this host's "0"
-        (job_on("RUNNING", ("", ["0"]), ("gpu-1", ["0"])), READINGS),  # part of it there
+        (job_on("RUNNING", ("gpu-1", ["gpu-1/0"])), READINGS),  # a Swarm node's: not this host's
+        # a Swarm node's "0" is not another node's "0"
+        (job_on("RUNNING", ("gpu-1", ["gpu-1/0"])), keyed({"gpu-2": READINGS})),
     ],
 )
 def test_nothing_is_shown_where_the_jobs_gpus_are_not_read_here(job, readings):
@@ -352,10 +364,10 @@ def test_with_gpu_usage_reads_through_the_services_reader_only_for_a_running_gpu
 
     def reader():
         calls.append(1)
-        return READINGS
+        return {"": READINGS}
 
     def sup(read):
-        return SimpleNamespace(ctx=SimpleNamespace(gpu_usage=read))
+        return SimpleNamespace(ctx=reading(read))
 
     running = job_on("RUNNING", ("", ["0"]))
     got = with_usage(sup(reader), running)
@@ -366,10 +378,40 @@ def test_with_gpu_usage_reads_through_the_services_reader_only_for_a_running_gpu
     assert with_usage(sup(reader), job_on("QUEUED", ("", [])))["gpu_usage"] == []
     assert with_usage(sup(reader), job_on("RUNNING", ("", [])))["gpu_usage"] == []
     assert calls == [1]
-    # no reader (no NVML, a Swarm), or one that fails: nothing, never an error
+    # nothing read (no NVML, a Swarm node without a fresh reading), or a reader that fails:
+    # nothing, never an error
     assert with_usage(sup(None), running)["gpu_usage"] == []
 
     def broken():
         raise RuntimeError("NVML went away")
 
     assert with_usage(sup(broken), running)["gpu_usage"] == []
+
+
+def test_a_swarm_jobs_gpus_now_from_its_nodes_readings():
+    """On a Swarm each rank's devices are read on its node (the agents' readings, node ->
+    devices): a row per device read; a node without a reading (stale, missing) has none."""
+    readings = {
+        "gpu-1": [DeviceUsage("0", 71, 4 * GIB, 80 * GIB, "GPU-aaa")],
+        "gpu-2": [DeviceUsage("0", 0, 0, 80 * GIB, "GPU-bbb")],
+    }
+    job = job_on(
+        "RUNNING", ("gpu-1", ["gpu-1/0"]), ("gpu-2", ["gpu-2/GPU-bbb"]), ("gpu-3", ["gpu-3/0"])
+    )
+    got = with_usage(SimpleNamespace(ctx=reading(readings)), job)["gpu_usage"]
+    assert got == [
+        {
+            "rank": 0,
+            "device": "gpu-1/0",
+            "utilization": 71,
+            "memory_used": 4 * GIB,
+            "memory_total": 80 * GIB,
+        },
+        {
+            "rank": 1,
+            "device": "gpu-2/GPU-bbb",
+            "utilization": 0,
+            "memory_used": 0,
+            "memory_total": 80 * GIB,
+        },
+    ]

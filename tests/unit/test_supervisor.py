@@ -80,9 +80,9 @@ class Lab:
             **settings,
         )
         self.db = Database(f"sqlite:///{tmp_path / 'gpulab.sqlite'}")
-        self.sv = JobSupervisor(
-            self.settings, self.db, self.rt, tmp_path / "logs", holder="me", gpu_usage=gpu_usage
-        )
+        if gpu_usage is not None:  # this host's readings, as the runtime gives them
+            self.rt.gpu_readings = lambda: {"": gpu_usage()}
+        self.sv = JobSupervisor(self.settings, self.db, self.rt, tmp_path / "logs", holder="me")
         self.ctx = self.sv.ctx
 
     def submit(self, **kw) -> str:
@@ -428,6 +428,76 @@ def test_a_job_without_gpus_is_judged_without_asking_the_gpus(tmp_path):
         assert job["reason"] == "HANG" and meter.reads == 0
 
     lab_run(tmp_path, test, gpu_usage=meter)
+
+
+class NodeMeter:
+    """A cluster's GPU readings as its runtime gives them (its nodes' agents): node -> each
+    GPU's utilization; a node left out has no fresh reading (its agent stopped, or is late)."""
+
+    def __init__(self, nodes: dict[str, tuple[str, ...]], percent: int = 0):
+        self.percent = {n: dict.fromkeys(gpus, percent) for n, gpus in nodes.items()}
+        self.reads = 0
+
+    def __call__(self) -> dict[str, list[DeviceUsage]]:
+        self.reads += 1
+        return {
+            node: [DeviceUsage(g, p, 2**30, 80 * 2**30) for g, p in gpus.items()]
+            for node, gpus in self.percent.items()
+        }
+
+
+def cluster_with(meter: NodeMeter) -> FakeRuntime:
+    rt = Engine.cluster({"a": ("0",), "b": ("0",)}, images={IMAGE})
+    rt.gpu_readings = meter
+    return rt
+
+
+def test_on_a_cluster_a_busy_gpu_on_the_jobs_node_is_progress_an_idle_one_is_not(tmp_path):
+    """A Swarm job's GPU is read on its node (the agent's readings): busy, the silent job is
+    never restarted as hung (a Swarm reads no CPU time: output alone would have restarted it);
+    once it is idle, even while the other node's GPU "0" is busy, it is hung."""
+    meter = NodeMeter({"a": ("0",), "b": ("0",)}, percent=87)
+
+    async def test(lab: Lab):
+        job_id = lab.submit(hang_restart={"enabled": True, "period": 0.1})
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.RUNNING)
+        node = job["workers"][0]["node"]
+        other = ({"a", "b"} - {node}).pop()
+        assert job["devices"] == [f"{node}/0"]
+        w = lab.rt.workloads[lab.name(job_id)]
+        await asyncio.sleep(0.6)  # six periods: no output, a busy GPU on its node
+        assert meter.reads > 10 and w.restarts == 0
+        assert lab.job(job_id)["state"] == J.RUNNING.value
+        meter.percent[node]["0"], meter.percent[other]["0"] = 0, 100
+        job = await lab.until(job_id, J.FAILED, timeout=10)
+        assert (job["reason"], job["message"]) == ("HANG", hang.failure_message(0.1))
+        notes = [e["message"] for e in job["history"] if e["reason"] == "HANG_RESTART"]
+        assert notes[0] == (
+            "no output, no CPU progress and no GPU activity for 0.1 s: "
+            "command restarted in place (1 of 3)"
+        )
+
+    lab_run(tmp_path, test, runtime=cluster_with(meter))
+
+
+def test_on_a_cluster_a_node_without_a_fresh_reading_is_no_sign_either_way(tmp_path):
+    """A node whose agent has no fresh reading is unknown, never idle: the job is judged by
+    what can be read (its output), and the note does not claim an idle GPU."""
+    meter = NodeMeter({"a": ("0",), "b": ("0",)}, percent=0)
+    meter.percent = {}  # no agent has read anything lately
+
+    async def test(lab: Lab):
+        job_id = lab.submit(hang_restart={"enabled": True, "period": 0.05})
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED, timeout=10)
+        assert meter.reads > 0
+        notes = [e["message"] for e in job["history"] if e["reason"] == "HANG_RESTART"]
+        assert notes[0] == (
+            "no output and no CPU progress for 0.05 s: command restarted in place (1 of 3)"
+        )
+
+    lab_run(tmp_path, test, runtime=cluster_with(meter))
 
 
 def test_a_container_that_disappears_is_an_error(tmp_path):

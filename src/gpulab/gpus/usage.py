@@ -1,9 +1,9 @@
-"""What this host's GPUs are doing now: each device's utilization and memory use, read with
+"""What a host's GPUs are doing now: each device's utilization and memory use, read with
 NVML (nvidia-ml-py) on the host that has them.
 
-The service reads its own host's devices (one engine). On a Swarm each node's devices are
-read by nobody yet: that needs an agent per node (or an exec on it), which gpulab does not
-run; there, hang detection judges by output alone and no GPU usage is reported.
+The service reads its own host's devices (one engine); on a Swarm each node's are read by
+gpulab's GPU agent on that node (:mod:`.agent`). Either way they reach the domains through
+``Runtime.gpu_usage`` (node -> readings), named as the ledger names devices by :func:`keyed`.
 
 NVML's utilization is the share of its last sample period (1/6 s to 1 s, by model) during
 which a kernel ran on the device: a point in time, not an average over minutes, so a caller
@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .inventory import nvml_handles
@@ -44,6 +44,24 @@ def usage_of(usages: Iterable[DeviceUsage], devices: Iterable[str]) -> list[Devi
     GPU's or a MIG device's UUID), in their order; a device not read is left out."""
     by_name = {n: u for u in usages for n in u.names()}
     return [by_name[d] for d in devices if d in by_name]
+
+
+def keyed(readings: Mapping[str, Sequence[DeviceUsage]]) -> list[DeviceUsage]:
+    """``Runtime.gpu_usage``'s readings (node -> its devices', "" on one engine) as one list,
+    each device named as the GPU ledger names it: "node/id" (and "node/UUID") on a cluster,
+    as read on one engine; so that :func:`usage_of` finds a workload's booked devices on one
+    host and on a cluster alike."""
+    out = []
+    for node, usages in readings.items():
+        for u in usages:
+            if not node:
+                out.append(u)
+                continue
+            uuid = f"{node}/{u.uuid}" if u.uuid else ""
+            out.append(
+                DeviceUsage(f"{node}/{u.id}", u.utilization, u.memory_used, u.memory_total, uuid)
+            )
+    return out
 
 
 def busiest(usages: Sequence[DeviceUsage]) -> int | None:

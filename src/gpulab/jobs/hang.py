@@ -3,9 +3,10 @@
 At each look the supervisor gathers the job's signs of life since its last look (over all its
 workers): new output from the command, the CPU time it used since its last sign of progress,
 and how busy its GPUs are now (NVML's utilization, sampled at every look; None where it
-cannot be read: no GPU booked, no NVML, a MIG device, a Swarm node). Any one of them is
-progress. A job with none for a whole hang period is hung: its command is restarted in place,
-at most :data:`MAX_HANG_RESTARTS` times in a row, then the job fails.
+cannot be read: no GPU booked, no NVML, a MIG device, a Swarm node whose GPU agent has no
+fresh reading). Any one of them is progress. A job with none for a whole hang period is
+hung: its command is restarted in place, at most :data:`MAX_HANG_RESTARTS` times in a row,
+then the job fails.
 
 A GPU counts as busy from :data:`GPU_BUSY_PERCENT` of utilization: any kernel that ran during
 NVML's sample period. A job that keeps a kernel running (a silent GPU-bound phase, or a

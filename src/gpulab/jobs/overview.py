@@ -131,31 +131,26 @@ async def submit_form(
 
 async def with_gpu_usage(sup: JobSupervisor, job: dict) -> dict:
     """``job`` with ``gpu_usage``: what each of its GPUs does now (:func:`gpu_usage_rows`),
-    read through the service's NVML reader (the one hang detection and the admin page read;
-    on a worker thread); [] where nothing can be read (no reader: no NVML on the service's
-    host; a Swarm's nodes)."""
-    reader = sup.ctx.gpu_usage
+    read through the supervisor's reader (the one hang detection and the admin page read:
+    ``JobContext.gpu_readings``, this host's NVML or a cluster's nodes' agents); [] where
+    nothing can be read (no NVML, a node without a fresh reading)."""
     readings: list = []
-    if reader is not None and job["state"] == JobState.RUNNING.value and job["devices"]:
-        try:
-            readings = await asyncio.to_thread(reader)
-        except Exception as e:  # a reading is shown, never a failure of the page
-            log.warning("GPU activity not read: %s", e)
+    if job["state"] == JobState.RUNNING.value and job["devices"]:
+        readings = await sup.ctx.gpu_readings()
     return {**job, "gpu_usage": gpu_usage_rows(job, readings)}
 
 
 def gpu_usage_rows(job: dict, readings: list) -> list[dict]:
-    """What a RUNNING job's GPUs do now, from this host's NVML ``readings``: a row per device
-    its workers hold and NVML read (``rank``, ``device`` as booked, ``utilization`` in percent,
-    None for a MIG device, ``memory_used`` and ``memory_total`` in bytes), in rank then
-    booking order. Nothing for a job that is not RUNNING, nor for workers on a cluster's
-    nodes (the readings are the service's host's)."""
+    """What a RUNNING job's GPUs do now, from the ``readings`` (named as the ledger names
+    devices, as ``JobContext.gpu_readings`` gives them): a row per device its workers hold
+    and that was read (``rank``, ``device`` as booked, ``utilization`` in percent, None for a
+    MIG device, ``memory_used`` and ``memory_total`` in bytes), in rank then booking order;
+    a device without a reading (a node whose agent has none fresh) has no row. Nothing for
+    a job that is not RUNNING."""
     if job["state"] != JobState.RUNNING.value:
         return []
     rows = []
     for w in job["workers"]:
-        if w["node"]:
-            return []
         for device in w["devices"]:
             for u in readings_of(readings, [device]):
                 rows.append(
@@ -179,21 +174,21 @@ async def admin_overview(
     ``jobs_total``, ``users`` (:func:`user_rows`), ``default_limits`` (a user's without
     an override) and ``images`` (:func:`image_rows`: the catalog's images, their builds
     from the engine's labels, judged against this host's driver)."""
-    found = await asyncio.to_thread(_platform, sup, settings, notebooks)
+    readings = await sup.ctx.gpu_readings()  # what each device does now
+    found = await asyncio.to_thread(_platform, sup, settings, notebooks, readings)
     runtime = sup.runtime
     builds = await runtime.image_builds(settings.catalog.images())
     return {**found, "images": image_rows(settings.catalog, builds, runtime.driver_cuda)}
 
 
-def _platform(sup: JobSupervisor, settings: GpulabSettings, notebooks: NotebookReads) -> dict:
+def _platform(
+    sup: JobSupervisor, settings: GpulabSettings, notebooks: NotebookReads, readings: list
+) -> dict:
     """What :func:`admin_overview` reads of the records and ledgers (blocking)."""
     allocations = sup.ledger.allocations()
     nbs = notebooks.list(None)
     jobs = sup.records.list(None)
     jobs.sort(key=lambda j: j["submitted"] or "", reverse=True)
-    # what each device does now (NVML, this host's; none on a Swarm or without a driver)
-    reader = sup.ctx.gpu_usage
-    readings = reader() if reader is not None else []
     return {
         "gpus": gpu_rows(sup.ledger.holdings(allocations), readings, {j["id"] for j in jobs}),
         "gpus_total": len(sup.ledger.devices),

@@ -83,6 +83,12 @@ def make_runtime(settings, client=None) -> Runtime:
             encrypted=settings.swarm_overlay_encryption,
             check_gpus=settings.check_gpu_runtime,
             helper_image=settings.sync_image,
+            gpu_agent_image=(
+                (settings.swarm_gpu_agent_image or settings.sync_image)
+                if settings.swarm_gpu_agent
+                else ""
+            ),
+            gpu_agent_interval=settings.swarm_gpu_agent_interval,
         )
     from .docker import DockerRuntime
 

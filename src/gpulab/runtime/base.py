@@ -26,6 +26,7 @@ from .images import ImageCache
 
 if TYPE_CHECKING:
     from ..gpus.inventory import GpuDevice, Inventory
+    from ..gpus.usage import DeviceUsage
 
 #: the path of gpulab's job runner inside a job's container (see job_runner.sh)
 RUNNER_PATH = "/opt/gpulab/run.sh"
@@ -372,6 +373,19 @@ class Runtime:
         start-up (the hub and the service). A cluster is never refused as a whole: each
         node's engine is asked instead, and a node that cannot deliver has its GPUs kept out
         of placement (``Node.gpus_refused``)."""
+        return None
+
+    async def gpu_usage(self) -> dict[str, list[DeviceUsage]]:
+        """What the GPUs do now: node ("" on one engine) -> its devices' readings (utilization,
+        memory), each device named as its node's engine names it. A node whose GPUs cannot be
+        read now (no NVML there, no reading or only a stale one from a cluster's agent) is
+        left out: unknown, never idle. Never raises for a node it cannot read."""
+        return {}
+
+    async def watch_gpus(self, instance: str) -> None:
+        """Set up what reads the GPUs for :meth:`gpu_usage` (the service, at start-up; done
+        again, it changes nothing that is right already): nothing on one engine (the service
+        reads its host's NVML); a cluster's agent on each node (ARCHITECTURE.md)."""
         return None
 
     async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:

@@ -17,6 +17,7 @@ from docker.errors import APIError, NotFound
 
 from ..faults import fault_point
 from ..gpus.inventory import Inventory
+from ..gpus.usage import DeviceUsage, NvmlUsage
 from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
 from . import network as net
 from .base import (
@@ -73,6 +74,8 @@ class DockerRuntime(Runtime):
         self.inventory = inventory
         #: this host's GPUs, the inventory's
         self.devices = tuple(inventory.devices) if inventory is not None else ()
+        #: reads their usage with NVML (made at the first read: only the service reads)
+        self._usage: NvmlUsage | None = None
 
     @property
     def client(self) -> docker.APIClient:
@@ -83,6 +86,16 @@ class DockerRuntime(Runtime):
     async def nodes(self) -> list[Node]:
         gpus = tuple(d.id for d in self.devices)
         return [Node(id="", hostname="", ready=True, active=True, gpus=gpus)]
+
+    async def gpu_usage(self) -> dict[str, list[DeviceUsage]]:
+        """This host's devices, read with NVML in this process (the service runs beside the
+        engine); nothing when it has no GPU, or NVML cannot be read (said once, at WARNING)."""
+        if not self.devices:
+            return {}
+        if self._usage is None:
+            self._usage = NvmlUsage()
+        found = await asyncio.to_thread(self._usage.read)
+        return {"": found} if found else {}
 
     async def gpu_delivery_refusal(self) -> str | None:
         if not self.devices:

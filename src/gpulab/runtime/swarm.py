@@ -28,12 +28,18 @@ import time
 from collections.abc import Sequence
 
 import docker
+import requests
+import urllib3
 from docker.errors import APIError, NotFound
 from docker.tls import TLSConfig
 from docker.types.daemon import CancellableStream
 
+from .. import __version__
 from ..faults import fault_point
-from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER
+from ..gpus.agent import TAIL as AGENT_TAIL
+from ..gpus.agent import latest_readings, max_age
+from ..gpus.usage import DeviceUsage
+from ..names import L_INSTANCE, L_KIND, L_NETWORK, L_USER, gpu_agent_service_name
 from . import network as net
 from .base import (
     EngineError,
@@ -63,11 +69,13 @@ from .swarm_specs import (
     HELPER_SECRET_GRACE,
     HELPER_TIMEOUT,
     L_NODE,
+    L_SPEC,
     L_STOPPED,
     LIVE,
     NOWHERE,
     START_TIMEOUT,
     engine_time,
+    gpu_agent_spec,
     helper_secret_labels,
     helper_secret_of,
     helper_service_spec,
@@ -82,6 +90,10 @@ log = logging.getLogger(__name__)
 
 #: how long a removal waits for the manager to forget the service (then: an EngineError)
 REMOVE_TIMEOUT = 30.0
+#: seconds the manager may keep the GPU agents' output coming (a node that does not answer)
+AGENT_LOGS_TIMEOUT = 5.0
+#: the most bytes of it read (three lines per node)
+AGENT_LOGS_CAP = 4 * 1024**2
 
 
 class SwarmRuntime(Runtime):
@@ -109,6 +121,8 @@ class SwarmRuntime(Runtime):
         encrypted: bool = True,
         check_gpus: bool = False,
         helper_image: str = "gpulab/sync",
+        gpu_agent_image: str = "",
+        gpu_agent_interval: float = 10.0,
     ):
         super().__init__(workers, registry)
         #: the manager's API, its calls on this runtime's pools
@@ -129,6 +143,14 @@ class SwarmRuntime(Runtime):
         self.helper_image = helper_image
         self._runner_ref: dict | None = None
         self._own_node: str | None = None
+        #: the nodes' GPU agent (gpus/agent.py): its image ("" none), interval, service name
+        #: (known once watch_gpus was asked), and its last readings, kept a few seconds
+        self.gpu_agent_image = gpu_agent_image
+        self.gpu_agent_interval = gpu_agent_interval
+        self._agent_name = self._agent_instance = ""
+        self._agent_checked = 0.0
+        self._usage_lock: asyncio.Lock | None = None
+        self._usage: tuple[float, dict[str, list[DeviceUsage]]] = (-1e9, {})
 
     @property
     def client(self) -> docker.APIClient:
@@ -193,6 +215,107 @@ class SwarmRuntime(Runtime):
         configure, while the others work."""
         await self.nodes()
         return None
+
+    # --- the nodes' GPUs: the GPU agent ------------------------------------------------------
+
+    async def watch_gpus(self, instance: str) -> None:
+        """Make the GPU agent (``gpu_agent_spec``) as asked, or bring it up to date, or remove
+        it when it is turned off. The manager's failure to answer is logged, not raised: GPU
+        usage is then unknown, and :meth:`gpu_usage` tries again."""
+        self._agent_name = gpu_agent_service_name(instance)
+        self._agent_instance = instance
+        self._agent_checked = time.monotonic()
+        try:
+            await self.engine.call(self._watch_gpus_blocking, instance)
+        except EngineError as e:
+            log.warning("the GPU agent %s was not set up: %s", self._agent_name, e)
+
+    def _watch_gpus_blocking(self, instance: str) -> None:
+        name = self._agent_name
+        found = self._service(name)
+        if not self.gpu_agent_image:
+            if found is not None:
+                with_suppress_notfound(self.client.remove_service, found["ID"])
+                log.info("GPU agent %s removed (swarm_gpu_agent is off)", name)
+            return
+        body = gpu_agent_spec(
+            name,
+            self.image_ref(self.gpu_agent_image),
+            self.gpu_agent_interval,
+            instance,
+            self._own_node_id(),
+            __version__,
+        )
+        if found is None:
+            try:
+                self._post_service(body)
+            except APIError as e:
+                if e.status_code != 409:  # 409: another service process made it meanwhile
+                    raise
+            log.info("GPU agent %s started: a task on every node but this one", name)
+            return
+        if (found["Spec"].get("Labels") or {}).get(L_SPEC) == body["Labels"][L_SPEC]:
+            return
+        client = self.client
+        res = client._post_json(
+            client._url("/services/{0}/update", found["ID"]),
+            data=body,
+            params={"version": found["Version"]["Index"]},
+        )
+        client._raise_for_status(res)
+        log.info("GPU agent %s updated", name)
+
+    async def gpu_usage(self) -> dict[str, list[DeviceUsage]]:
+        """Each node's newest reading from its agent that is fresh enough (``max_age`` of the
+        interval), from the agent service's last lines per task; read at most every few
+        seconds (callers in between share it). A node without a fresh reading is left out
+        (unknown). An agent found missing is made again, at most once a minute."""
+        if not self.gpu_agent_image or not self._agent_name:
+            return {}
+        if self._usage_lock is None:
+            self._usage_lock = asyncio.Lock()
+        async with self._usage_lock:
+            at, readings = self._usage
+            if time.monotonic() - at < min(5.0, self.gpu_agent_interval / 2):
+                return readings
+            try:
+                lines = await self.engine.call(self._agent_lines, self._agent_name)
+            except EngineError as e:
+                log.warning("GPU usage not read from the agents: %s", e)
+                lines = []
+            if lines is None:  # no agent service (removed behind gpulab's back?)
+                lines = []
+                if time.monotonic() - self._agent_checked > 60:
+                    await self.watch_gpus(self._agent_instance)
+            readings = latest_readings(lines, time.time(), max_age(self.gpu_agent_interval))
+            self._usage = (time.monotonic(), readings)
+            return readings
+
+    def _agent_lines(self, name: str) -> list[bytes] | None:
+        """The agent tasks' last lines (None: no such service). A node that does not answer
+        within ``AGENT_LOGS_TIMEOUT`` leaves the lines that came."""
+        client = self.client
+        res = client._get(
+            client._url("/services/{0}/logs", name),
+            params=self._logs_params(False, None, AGENT_TAIL),
+            stream=True,
+            timeout=AGENT_LOGS_TIMEOUT,
+        )
+        if res.status_code == 404:
+            res.close()
+            return None
+        client._raise_for_status(res)
+        out = bytearray()
+        try:
+            for chunk in client._multiplexed_response_stream_helper(res):
+                out += chunk
+                if len(out) > AGENT_LOGS_CAP:
+                    break
+        except (OSError, requests.RequestException, urllib3.exceptions.HTTPError) as e:
+            log.info("GPU agents' output cut short (%s): the rest counts as unknown", e)
+        finally:
+            res.close()
+        return bytes(out).splitlines()
 
     async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:
         """The manager's engine; no image is asked about (they are in the registry, whose

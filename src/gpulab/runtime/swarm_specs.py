@@ -4,6 +4,8 @@ by :class:`~gpulab.runtime.swarm.SwarmRuntime` and tested on their own."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
@@ -23,6 +25,10 @@ LIVE = frozenset(
 )
 #: seconds a new task may take to start (its node pulls the image first)
 START_TIMEOUT = 600.0
+#: the kind label of the GPU agent's service
+GPU_AGENT_KIND = "gpu-agent"
+#: on the GPU agent's service: a digest of the spec gpulab asked for (unchanged: no update)
+L_SPEC = LABEL_PREFIX + "spec"
 #: seconds a helper may run (a pull of a big dataset) before it is given up
 HELPER_TIMEOUT = 3600.0
 #: on a Swarm secret that holds a helper's file (``HelperSpec.files``): the name of the helper
@@ -175,6 +181,45 @@ def helper_service_spec(
     }
 
 
+def gpu_agent_spec(
+    name: str, image: str, interval: float, instance: str, own_node_id: str, version: str
+) -> dict:
+    """The GPU agent (pure): a global service, one task on every node but the manager the
+    service runs beside (which takes no workloads), that prints its node's GPUs' usage every
+    ``interval`` seconds (:mod:`gpulab.gpus.agent`). It gets every GPU of its node for
+    reading only (the NVIDIA runtime's ``utility`` capability: NVML, no compute), runs as
+    nobody on a read-only root file system with no capability and no mount, within small
+    limits, restarted when it ends. ``Labels`` carry a digest of the rest (:data:`L_SPEC`),
+    so that an unchanged agent is never updated."""
+    labels = {L_INSTANCE: instance, L_KIND: GPU_AGENT_KIND, LABEL_PREFIX + "version": version}
+    task = {
+        "ContainerSpec": {
+            "Image": image,
+            # the image's entrypoint is gpulab-sync: the agent is another program of it
+            "Command": ["python", "-m", "gpulab.gpus.agent"],
+            "Args": ["--interval", f"{interval:g}"],
+            "Env": [
+                "GPULAB_NODE={{.Node.Hostname}}",
+                "NVIDIA_VISIBLE_DEVICES=all",
+                "NVIDIA_DRIVER_CAPABILITIES=utility",
+            ],
+            "Labels": dict(labels),
+            "User": "65534:65534",
+            "ReadOnly": True,
+            "CapabilityDrop": ["ALL"],
+            "Mounts": [],
+            "StopGracePeriod": int(5e9),
+        },
+        "Resources": {"Limits": {"NanoCPUs": int(0.2e9), "MemoryBytes": 128 * 1024**2, "Pids": 32}},
+        "RestartPolicy": {"Condition": "any", "Delay": int(10e9)},
+        "Placement": {"Constraints": [f"node.id!={own_node_id}"] if own_node_id else []},
+        "LogDriver": {"Name": "json-file", "Options": {"max-size": "1m", "max-file": "2"}},
+    }
+    body = {"Name": name, "TaskTemplate": task, "Mode": {"Global": {}}}
+    digest = hashlib.sha256(json.dumps([body, labels], sort_keys=True).encode()).hexdigest()
+    return {**body, "Labels": {**labels, L_SPEC: digest[:16]}}
+
+
 def _helper_secrets(user: str, secrets: Sequence[tuple[str, str, str]]) -> dict:
     if not secrets:
         return {}
@@ -324,9 +369,11 @@ def _node_trouble(node: dict) -> str:
 
 __all__ = [
     "HELPER_SECRET_GRACE",
+    "GPU_AGENT_KIND",
     "HELPER_TIMEOUT",
     "L_SECRET_OF",
     "L_NODE",
+    "L_SPEC",
     "L_STOPPED",
     "LIVE",
     "NOWHERE",
@@ -334,6 +381,7 @@ __all__ = [
     "engine_time",
     "helper_secret_labels",
     "helper_secret_of",
+    "gpu_agent_spec",
     "helper_service_spec",
     "leftover_helper_secrets",
     "made_for",

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -24,7 +25,6 @@ from prometheus_client import REGISTRY
 from .. import __version__, logscrub
 from ..bounds import body_backstop
 from ..db import Database, SchemaMismatch
-from ..gpus.usage import NvmlUsage
 from ..jobs.supervisor.supervisor import JobSupervisor
 from ..metrics import GpuUsageCollector, StateCollector
 from ..notebooks.records import NotebookRecords
@@ -55,6 +55,21 @@ def rotate_secrets(config: str | None) -> None:
     settings = GpulabSettings(config=load_config(config))
     count = store_for(settings, Database(settings.database_url)).rotate()
     print(f"re-encrypted {count} secrets with the first key")
+
+
+def readings_from(loop: asyncio.AbstractEventLoop, read) -> Callable[[], list]:
+    """A blocking reader of the GPUs' readings for the metrics' collector (which runs on a
+    worker thread): ``read`` (``JobContext.gpu_readings``) run on the service's loop; [] when
+    it takes longer than a scrape should wait."""
+
+    def blocking() -> list:
+        try:
+            return asyncio.run_coroutine_threadsafe(read(), loop).result(timeout=20)
+        except Exception as e:  # concurrent.futures.TimeoutError among them
+            log.warning("GPU usage not read for /metrics: %s", e)
+            return []
+
+    return blocking
 
 
 async def warn_of_address_pools(runtime, settings: GpulabSettings, config) -> None:
@@ -109,9 +124,9 @@ async def main(argv: list[str] | None = None) -> None:
             log.error("gpulab cannot hand out this host's GPUs: %s", refusal)
             sys.exit(2)
     await warn_of_address_pools(runtime, settings, config)
-    # this host's GPUs' activity, read with NVML (hang detection, /metrics); a Swarm's nodes
-    # are read by nobody yet (no agent per node): no reader there
-    usage = NvmlUsage() if runtime.inventory is not None and runtime.inventory.devices else None
+    # what reads the GPUs' activity (hang detection, the idle-GPU policy, pages, /metrics):
+    # nothing to set up on one engine (NVML in this process); a Swarm's agent on each node
+    await runtime.watch_gpus(settings.instance)
     try:
         database = Database(settings.database_url)
     except SchemaMismatch as e:  # an older schema waits for `gpulab admin upgrade-db`
@@ -122,7 +137,6 @@ async def main(argv: list[str] | None = None) -> None:
         database,
         runtime,
         data_dir / "job-logs",
-        gpu_usage=usage.read if usage else None,
     )
     await supervisor.start()
     notebooks = NotebookRecords(supervisor.records.db, settings.instance)
@@ -137,8 +151,13 @@ async def main(argv: list[str] | None = None) -> None:
             )
         )
     )
-    if usage is not None:
-        REGISTRY.register(GpuUsageCollector(usage.read, supervisor.ledger.allocations, devices))
+    REGISTRY.register(
+        GpuUsageCollector(
+            readings_from(asyncio.get_running_loop(), supervisor.ctx.gpu_readings),
+            supervisor.ledger.allocations,
+            devices,
+        )
+    )
     app = make_app(settings, supervisor)
     # tornado stops reading a chunked body past this; below it (and for any declared body up
     # to 64 times the cap) the answer is a JSON 413 that names max_request_body (service/base.py)

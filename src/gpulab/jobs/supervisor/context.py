@@ -19,7 +19,7 @@ from typing import Any
 from ...data.sync import DiskAccount, VolumeSync, WorkloadData
 from ...disk_ledger import DiskLedger
 from ...gpus.ledger import GpuLedger
-from ...gpus.usage import DeviceUsage, busiest, usage_of
+from ...gpus.usage import DeviceUsage, busiest, keyed, usage_of
 from ...lifecycle import JobState
 from ...names import job_container_name, job_workload_id, rank_name, volume_name
 from ...runtime.base import Runtime
@@ -48,9 +48,6 @@ class JobContext:
     spawn: Callable[[str, bool], None] = _no_task
     #: consecutive faults per job, for the backoff (reset once its command runs)
     fault_streak: dict[str, int] = field(default_factory=dict)
-    #: reads this host's GPUs' usage now (``gpus.usage.NvmlUsage.read``, blocking); None
-    #: where nobody can read them (no GPU, a Swarm: no agent on the nodes yet)
-    gpu_usage: Callable[[], list[DeviceUsage]] | None = None
 
     async def db(self, fn, *args, **kw):
         """A blocking database call, off the event loop."""
@@ -98,18 +95,24 @@ class JobContext:
         """Every saved log file of the job (a distributed job's ranks too)."""
         return [self.log_file(job_id), *self.logs_dir.glob(f"{job_id}.r*.log")]
 
+    async def gpu_readings(self) -> list[DeviceUsage]:
+        """What every GPU does now, named as the ledger names it (``Runtime.gpu_usage``: this
+        host's NVML, or each cluster node's agent); [] when nothing can be read. Hang
+        detection, the idle-GPU policy, the pages and /metrics all read here."""
+        try:
+            return keyed(await self.runtime.gpu_usage())
+        except Exception as e:  # a reading is a hint: never a fault of a job or a page
+            log.warning("GPU activity not read: %s", e)
+            return []
+
     async def gpu_activity(self, gang: list[Rank]) -> int | None:
         """The highest utilization (percent) of the job's GPUs now, over its workers; None when
-        it cannot be read (no reader, no GPU booked, workers on cluster nodes, MIG devices)."""
+        it cannot be read (no GPU booked; no reading of its devices: no NVML, a cluster node
+        whose agent's reading is missing or stale; MIG devices)."""
         devices = [d for r in gang for d in r.devices]
-        if self.gpu_usage is None or not devices or any(r.node for r in gang):
+        if not devices:
             return None
-        try:
-            usages = await asyncio.to_thread(self.gpu_usage)
-        except Exception as e:  # a reading is a hint: never a fault of the job
-            log.warning("GPU activity not read: %s", e)
-            return None
-        return busiest(usage_of(usages, devices))
+        return busiest(usage_of(await self.gpu_readings(), devices))
 
     async def move(self, job_id: str, state: JobState, **kw) -> dict:
         """A compare-and-set transition of the job's record (``expect``: the state seen)."""

@@ -47,7 +47,7 @@ PREEMPTIBLE = frozenset({J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING})
 
 
 class JobSupervisor:
-    def __init__(self, settings, db, runtime: Runtime, logs_dir: Path, holder=None, gpu_usage=None):
+    def __init__(self, settings, db, runtime: Runtime, logs_dir: Path, holder=None):
         self.s = settings
         logs_dir.mkdir(parents=True, exist_ok=True)
         self.ctx = JobContext(
@@ -59,7 +59,6 @@ class JobSupervisor:
             secrets=store_for(settings, db),  # revealed into a job's container only
             logs_dir=logs_dir,
             spawn=self.spawn_task,
-            gpu_usage=gpu_usage,
         )
         self.records, self.ledger, self.disk = self.ctx.records, self.ctx.ledger, self.ctx.disk
         self.runtime, self.secrets, self.logs_dir = runtime, self.ctx.secrets, logs_dir

@@ -12,8 +12,9 @@ servers' recorded activity, and for each one :func:`gpulab.idle.idle_notebooks` 
 
 The same pass stops the notebooks whose GPUs went unused for their time, where the admin
 turned that policy on (:func:`gpulab.idle.unused_gpu_notebooks`): it reads the GPUs' utilization
-through NVML (the reader the job supervisor's hang detection uses) for the devices each notebook
-holds in the ledger, and its last look before the stop reads them once more.
+(the reader the job supervisor's hang detection uses: this host's NVML, or a cluster's nodes'
+GPU agents) for the devices each notebook holds in the ledger, and its last look before the
+stop reads them once more.
 
 Nothing is kept in memory but the first-seen times of reported activity and of unused GPUs
 (gpulab.idle): after a restart of the hub and the service, the hub's recorded activity decides
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from urllib.parse import quote
 
@@ -50,14 +51,15 @@ class IdleStopper:
         hub: HubClient,
         clock: Callable[[], datetime] = utcnow,
         ledger: GpuLedger | None = None,
-        gpu_usage: Callable[[], list[DeviceUsage]] | None = None,
+        gpu_usage: Callable[[], Awaitable[list[DeviceUsage]]] | None = None,
     ):
         self.records = records
         self.hub = hub
         self.clock = clock
         self.seen: dict = {}
-        #: for the GPUs' policy: which devices a notebook holds, and what they do now (None:
-        #: nobody can read them here, and no notebook is stopped for its GPUs)
+        #: for the GPUs' policy: which devices a notebook holds, and what they do now (the
+        #: supervisor's ``JobContext.gpu_readings``, named as the ledger names devices; None:
+        #: nobody reads them, and no notebook is stopped for its GPUs)
         self.ledger = ledger
         self.gpu_usage = gpu_usage
         self.unused_since: dict = {}
@@ -67,7 +69,7 @@ class IdleStopper:
         if not notebooks or self.gpu_usage is None or self.ledger is None:
             return {}
         try:
-            usages = await asyncio.to_thread(self.gpu_usage)
+            usages = await self.gpu_usage()
         except Exception as e:  # a reading is a hint: never a reason to stop anyone
             log.warning("GPU activity not read: %s", e)
             return {}
@@ -149,7 +151,7 @@ async def idle_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None
         NotebookRecords(supervisor.records.db, settings.instance),
         HubClient(),
         ledger=supervisor.ledger,
-        gpu_usage=supervisor.ctx.gpu_usage,
+        gpu_usage=supervisor.ctx.gpu_readings,
     )
     while True:
         await asyncio.sleep(settings.idle_check_interval)
