@@ -3,6 +3,8 @@
 # Everything a fresh Debian 12 machine needs is installed by these targets: the virtualenv
 # (.venv), configurable-http-proxy from npm (.build/node), a Docker engine (apt docker.io,
 # started without systemd) and the notebook images (built offline, see scripts/build-images.sh).
+# `make run` is the local trial (set up, then serve); a server installs once (`make prereqs`,
+# `make install`) and serves with `make serve` or the systemd unit (docs/install.md).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -35,7 +37,8 @@ SWARM_WORKERS ?= 2
 # PATH for the hub, the tests and the benchmarks: the proxy and the venv's scripts first.
 RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv proxy engine images browser postgres ldap nginx setup run doctor test lint format \
+.PHONY: help venv proxy engine images browser postgres ldap nginx setup run prereqs install serve \
+	doctor test lint format \
 	bench clean-images clean swarm-lab swarm-lab-down
 
 help: ## Show this help
@@ -79,8 +82,16 @@ setup: venv proxy engine images browser ## Everything run and test need
 
 run: setup ## Run the hub on port GPULAB_PORT (default 8000; data in GPULAB_DATA_DIR, else data/; a site file: GPULAB_SITE_CONFIG or /etc/gpulab/gpulab_config.py)
 	mkdir -p $(DATA_DIR)
-	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(DATA_DIR)" \
-		exec $(VENV)/bin/jupyterhub -f jupyterhub_config.py
+	GPULAB_DATA_DIR="$(DATA_DIR)" exec scripts/serve.sh
+
+prereqs: ## On a server: install the system packages gpulab needs (Debian 12 / Ubuntu 24.04, as root; docs/install.md)
+	scripts/install-prereqs.sh
+
+install: ## On a server: put gpulab (.venv), its proxy and its images in place, only what is missing (GPU=cuda|cpu; docs/install.md)
+	scripts/install.sh $(if $(GPU),--gpu $(GPU))
+
+serve: ## Serve what `make install` put in place, installing nothing (what the systemd unit runs: scripts/serve.sh)
+	exec scripts/serve.sh
 
 doctor: venv ## Check what gpulab needs of this host with `make run`'s configuration (gpulab doctor; docs/doctor.md)
 	PATH="$(RUN_PATH)" GPULAB_DATA_DIR="$(DATA_DIR)" \

@@ -125,6 +125,9 @@ class Hub:
     service_port: int = field(default_factory=free_port)
     proxy_api_port: int = field(default_factory=free_port)
     env: dict[str, str] = field(default_factory=dict)
+    #: the command that starts the hub (default: jupyterhub -f config_file with this Python);
+    #: it is told the config file by GPULAB_CONFIG_FILE too (scripts/serve.sh reads that)
+    argv: list[str] | None = None
     proc: subprocess.Popen | None = None
 
     @property
@@ -204,7 +207,7 @@ class Hub:
         }
         log = open(self.log_file, "ab")  # noqa: SIM115 (handed to the hub process)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyterhub", "-f", str(self.config_file)],
+            self.argv or [sys.executable, "-m", "jupyterhub", "-f", str(self.config_file)],
             cwd=self.workdir,
             env=env,
             stdout=log,
