@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import IN_CI, wait_until  # noqa: F401 (the browser tests import it here)
+from ..conftest import IN_CI, _need, wait_until  # noqa: F401 (the browser tests import it here)
 from ..support.docshots import keep_for_docs
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -42,12 +42,6 @@ c.GpulabSettings.flavors = [
 c.GpulabSettings.supervisor_interval = 0.2
 c.GpulabSettings.job_container_retention = 3600
 """
-
-
-def _need(message: str):
-    if IN_CI:
-        pytest.fail(message + " (CI=true: a missing part is a failure, not a skip)")
-    pytest.skip(message)
 
 
 @pytest.fixture(scope="session")

@@ -256,13 +256,7 @@ class SwarmRuntime(Runtime):
             return
         if (found["Spec"].get("Labels") or {}).get(L_SPEC) == body["Labels"][L_SPEC]:
             return
-        client = self.client
-        res = client._post_json(
-            client._url("/services/{0}/update", found["ID"]),
-            data=body,
-            params={"version": found["Version"]["Index"]},
-        )
-        client._raise_for_status(res)
+        self._write_spec(found, body)
         log.info("GPU agent %s updated", name)
 
     async def gpu_usage(self) -> dict[str, list[DeviceUsage]]:
@@ -436,6 +430,11 @@ class SwarmRuntime(Runtime):
         svc = self.client.inspect_service(name)
         spec = svc["Spec"]
         change(spec)
+        self._write_spec(svc, spec)
+
+    def _write_spec(self, svc: dict, spec: dict) -> None:
+        """Write ``spec`` as the service's, at the version ``svc`` was read at (the raw call:
+        the SDK's update_service rebuilds a spec and drops what it does not model)."""
         client = self.client
         res = client._post_json(
             client._url("/services/{0}/update", svc["ID"]),
