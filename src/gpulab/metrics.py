@@ -106,6 +106,18 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("gpulab_gpus", "GPUs configured", value=len(devices))
 
 
+#: the series GpuUsageCollector writes, per device and per workload
+DEVICE_SERIES = (
+    "gpulab_gpu_utilization_percent",
+    "gpulab_gpu_memory_used_bytes",
+    "gpulab_gpu_memory_total_bytes",
+)
+WORKLOAD_SERIES = (
+    "gpulab_workload_gpu_utilization_percent",
+    "gpulab_workload_gpu_memory_used_bytes",
+)
+
+
 class GpuUsageCollector(Collector):
     """What this host's GPUs do at scrape time. ``read_usage`` returns the devices' readings
     (:class:`gpulab.gpus.usage.DeviceUsage`; [] when NVML cannot be read: then no series),
@@ -123,6 +135,16 @@ class GpuUsageCollector(Collector):
         devices: Sequence[str],
     ):
         self.read_usage, self.read_allocations, self.devices = read_usage, read_allocations, devices
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The series' names, for the registry, without reading anything: registering
+        calls this, on the service's event loop, where ``read_usage`` (which waits for that
+        loop) would stall the start-up until its time-out."""
+        labels = ["kind", "user", "workload", "device"]
+        for name in DEVICE_SERIES:
+            yield GaugeMetricFamily(name, "", labels=["device"])
+        for name in WORKLOAD_SERIES:
+            yield GaugeMetricFamily(name, "", labels=labels)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         usages = self.read_usage()

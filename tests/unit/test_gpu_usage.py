@@ -138,3 +138,21 @@ def test_metrics_per_device_and_per_workload_that_holds_one():
 def test_no_reading_no_gpu_series():
     got = scrape(GpuUsageCollector(list, lambda: [{"device": "0"}], ["0"]))
     assert not [k for k in got if "gpu" in k[0]]
+
+
+def test_registering_the_collector_reads_no_gpu():
+    """The service registers it on its event loop; a read there (which waits for that loop)
+    stalled every start-up 20 s, until the reader's time-out."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    reads = []
+
+    def read():
+        reads.append(1)
+        return [DeviceUsage("0", 50, 1, 2)]
+
+    registry = CollectorRegistry(auto_describe=True)  # as the global REGISTRY the service uses
+    registry.register(GpuUsageCollector(read, list, ["0"]))
+    assert reads == []
+    assert b'gpulab_gpu_utilization_percent{device="0"} 50.0' in generate_latest(registry)
+    assert reads == [1]
