@@ -19,6 +19,7 @@ import pytest
 from gpulab import __version__
 
 from .support.hub import Hub, HubLogErrors, HubPool, hub_groups
+from .support.timeline import Timeline
 
 IN_CI = os.environ.get("CI", "").lower() in ("true", "1", "yes")
 BASE_IMAGE = "gpulab/python:3.11"
@@ -42,6 +43,15 @@ def docker_client():
     except Exception as e:  # any failure to reach the engine
         _need(f"no Docker engine answers ({e}); run `make engine`")
     return client
+
+
+def pytest_configure(config):
+    """The controller (or the one process) keeps the run's timeline (tests/support/timeline.py)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        swarm = config.getoption("markexpr", "") == "swarm"
+        config.pluginmanager.register(
+            Timeline("timeline-swarm.tsv" if swarm else "timeline.tsv"), "gpulab-timeline"
+        )
 
 
 def pytest_sessionstart(session):

@@ -191,11 +191,29 @@ def spawn_vscode_from_form(page, hub, user: str, server: str, base: str | None =
     page.wait_for_selector(".explorer-folders-view", timeout=60_000)
 
 
-def run_command(page, title: str) -> None:
-    """Run a VS Code command through the command palette, by its title."""
-    page.keyboard.press("F1")
-    box = page.locator(".quick-input-widget input")
-    box.wait_for()
-    box.fill(">" + title)
+def run_command(page, title: str, timeout_s: float = 90) -> None:
+    """Run a VS Code command through the command palette, by its title.
+
+    The palette can open before the workbench has registered every command (the remote side
+    contributes some once its websocket is up), so a palette that does not list the command
+    is closed and opened again until ``timeout_s``."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    deadline = time.monotonic() + timeout_s
     # the row of that very command (a search also lists commands whose titles merely contain it)
-    page.locator(f'.quick-input-list .monaco-list-row[aria-label^="{title}"]').first.click()
+    row = page.locator(f'.quick-input-list .monaco-list-row[aria-label^="{title}"]').first
+    while True:
+        page.keyboard.press("F1")
+        box = page.locator(".quick-input-widget input")
+        box.wait_for()
+        box.fill(">" + title)
+        try:
+            row.wait_for(timeout=10_000)
+        except PlaywrightTimeoutError:
+            if time.monotonic() > deadline:
+                raise
+            page.keyboard.press("Escape")
+            time.sleep(1)
+            continue
+        row.click()
+        return

@@ -68,3 +68,29 @@ def test_make_tests_workers_keep_each_modules_tests_together():
             workers.setdefault(nodeid.split("::")[0], set()).add(worker)
     assert set(workers) == set(modules)
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+def test_the_timeline_sums_each_worker_and_work_unit():
+    from types import SimpleNamespace as NS
+
+    from ..support.timeline import Timeline, unit_of
+
+    assert unit_of("tests/a.py::t[x@y]") == "tests/a.py"
+    assert unit_of("tests/a.py::t[x]@tests.a") == "tests.a"
+    assert unit_of("tests/a.py::t@tests.b") == "tests.b"
+    timeline = Timeline()
+
+    def report(worker, nodeid, start, stop, when="call"):
+        node = NS(gateway=NS(id=worker))
+        return NS(node=node, nodeid=nodeid, start=start, stop=stop, when=when)
+
+    timeline.pytest_runtest_logreport(report("gw0", "tests/a.py::t1@g", 100, 110, "setup"))
+    timeline.pytest_runtest_logreport(report("gw0", "tests/a.py::t1@g", 110, 130))
+    timeline.pytest_runtest_logreport(report("gw1", "tests/b.py::t2", 100, 105))
+    lines = timeline.summary()
+    assert lines[:2] == [
+        "gw0: busy 30 s, last test ended at 30 s",
+        "gw1: busy 5 s, last test ended at 5 s",
+    ]
+    assert lines[2].split() == ["30.0", "s", "gw0", "g"]
+    assert lines[3].split() == ["5.0", "s", "gw1", "tests/b.py"]
