@@ -507,7 +507,7 @@ EOF
 
 build_python() {
     build_verified python "$PYTHON_IMAGE" "$BASE" \
-        'import jupyterhub, jupyterlab, jupyter_server_proxy; print("jupyterhub", jupyterhub.__version__, "jupyterlab", jupyterlab.__version__)' "jupyterhub 6.1.1"
+        'import sys, jupyterhub, jupyterlab, jupyter_server_proxy, jupyter_server.serverapp; print("slow start: the notebook server loads rfc3987_syntax (images/python/requirements.txt)" if "rfc3987_syntax" in sys.modules else "lean start:", "jupyterhub", jupyterhub.__version__, "jupyterlab", jupyterlab.__version__)' "lean start: jupyterhub 6.1.1"
     # VS Code runs in the image as the notebook user
     local cs
     cs=$(docker run --rm -e HOME=/tmp "$PYTHON_IMAGE" /opt/code-server/bin/node \
