@@ -64,7 +64,7 @@ def test_a_busy_gpu_keeps_a_silent_job_from_being_restarted_as_hung(hub_with, tm
     assert running["state"] == "RUNNING", running
     assert len(running["devices"]) == 1, running
     device = running["devices"][0]
-    time.sleep(2.5 * PERIOD)  # two and a half periods of a busy GPU
+    time.sleep(2 * PERIOD)  # two periods of a busy GPU (a hang would be seen after one)
     now = carl.job(job["id"])
     assert now["state"] == "RUNNING" and now["hang_restarts"] == 0, now["history"][-3:]
     assert not [e for e in now["history"] if e["kind"] == "fault-recovery"]
@@ -129,7 +129,8 @@ def test_a_busy_gpu_keeps_a_silent_job_from_being_restarted_as_hung(hub_with, tm
 
 
 #: seconds: the notebook's GPUs' unused time (gpu_unused_timeout), with a look every second
-UNUSED = 6
+#: (at least twice idle_check_interval, which the service checks at start-up)
+UNUSED = 4
 
 
 def test_a_notebook_whose_gpus_go_unused_is_stopped_and_one_in_use_is_not(
