@@ -1,12 +1,15 @@
 """Idle GPUs go back, and the images make no network calls of their own: a real hub, its proxy,
 the gpulab service, jupyterhub-idle-culler beside it, and notebooks on the Docker engine.
 
-GPU notebooks get fake GPUs (gpu mode 'env'), an idle time of 20 s and activity reports every
-5 s, so that an idle one is stopped within a minute.
+GPU notebooks get fake GPUs (gpu mode 'env'), an idle time of 12 s and activity reports every
+2 s, so that an idle one is stopped within a quarter of a minute. A running cell's notebook
+reports activity at most 5 s (the image's look at busy kernels) + 2 s (its report) old, well
+inside its idle time.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import re
 import threading
@@ -26,8 +29,11 @@ from ..support.kernels import start_code
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
-IDLE = 20  # seconds: the GPU flavor's idle time
-CULLER_TIMEOUT = 45  # jupyterhub-idle-culler's, on every server
+IDLE = 12  # seconds: the GPU flavor's idle time
+REPORT = 2  # seconds between a notebook's activity reports (IDLE must be at least twice it)
+#: jupyterhub-idle-culler's, on every server: well past IDLE plus gpulab's check, so that the
+#: GPU notebooks are stopped by gpulab (reason IDLE) before the culler would (reason STOP)
+CULLER_TIMEOUT = 30
 
 CONFIG = f"""
 import sys
@@ -35,7 +41,7 @@ c.GpulabSettings.gpu_devices = [{{"id": "0"}}, {{"id": "1"}}, {{"id": "2"}}]
 c.GpulabSettings.gpu_mode = "env"
 c.GpulabSettings.max_resources = {{"cpus": 2, "memory": "4G", "gpus": 3}}
 c.GpulabSettings.job_quota = {{"gpus": 3, "jobs": 4}}
-c.GpulabSettings.activity_report_interval = 5
+c.GpulabSettings.activity_report_interval = {REPORT}
 c.GpulabSettings.idle_check_interval = 2
 c.GpulabSettings.flavors = [
     {{"id": "cpu", "cpus": 0.5, "memory": "512M"}},
@@ -105,23 +111,27 @@ def start_long_cell(hub, user: str, server: str, token: str, seconds: int) -> st
 def test_idle_gpu_notebook_is_stopped_and_its_gpu_freed_a_running_cell_is_not(hub, docker_client):
     token = hub.create_user("alice")
     bob = hub.create_user("bob")
-    spawn_ready(hub, "alice", "idle", {"framework": "python", "flavor": "gpu"}, token)
-    spawn_ready(hub, "alice", "busy", {"framework": "python", "flavor": "gpu"}, token)
+    # both at once (the hub answers a spawn once it is ready, unless it takes long): the idle
+    # one's clock starts at its start, and what follows (writing a file, poking it, the
+    # other's cell) must happen well inside its idle time, however long a spawn takes
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        spawns = [
+            pool.submit(
+                spawn_ready, hub, "alice", server, {"framework": "python", "flavor": "gpu"}, token
+            )
+            for server in ("idle", "busy")
+        ]
+        for spawned in spawns:
+            spawned.result()
     idle_nb = hub.notebook("alice", "idle").json()
     assert idle_nb["options"]["idle_timeout"] == IDLE
     assert len(held_by(hub, "alice", "idle")) == 1
     assert len(held_by(hub, "alice", "busy")) == 1
     container = docker_client.containers.get(idle_nb["container"])
     env = dict(e.split("=", 1) for e in container.attrs["Config"]["Env"])
-    assert env["JUPYTERHUB_ACTIVITY_INTERVAL"] == "5"
+    assert env["JUPYTERHUB_ACTIVITY_INTERVAL"] == str(REPORT)
     # something to push (docker exec is no activity the hub hears of)
     container.exec_run(["sh", "-c", "echo written-before-idle > /workspace/kept.txt"])
-
-    # the cell outlasts the check below (at 2 * IDLE + 10 = 50 s) by 10 s; any longer is
-    # only waited for at the end (it was 75 s)
-    cell_seconds = 2 * IDLE + 20
-    started = time.monotonic()
-    start_long_cell(hub, "alice", "busy", token, cell_seconds)
 
     # meanwhile another user, and anyone unauthenticated, sends requests to alice's idle
     # notebook through the proxy: they must not make it look active
@@ -148,7 +158,12 @@ def test_idle_gpu_notebook_is_stopped_and_its_gpu_freed_a_running_cell_is_not(hu
 
     poker = threading.Thread(target=poke, daemon=True)
     poker.start()
+    # the cell outlasts the check below (at 2 * IDLE + 6 s) by 6 s; any longer is only
+    # waited for at the end
+    cell_seconds = 2 * IDLE + 12
     try:
+        started = time.monotonic()
+        start_long_cell(hub, "alice", "busy", token, cell_seconds)
         events = stopped_for(hub, "alice", "idle", timeout=IDLE + 60)
     finally:
         stop_poking.set()
@@ -161,7 +176,8 @@ def test_idle_gpu_notebook_is_stopped_and_its_gpu_freed_a_running_cell_is_not(hu
     assert [e["state"] for e in events][-2:] == ["STOPPING", "STOPPED"]
     stopping = events[-2]
     assert stopping["reason"] == "IDLE", events
-    assert "no activity for" in stopping["message"] and "its idle time: 20s" in stopping["message"]
+    assert "no activity for" in stopping["message"]
+    assert f"its idle time: {IDLE}s" in stopping["message"], stopping
     assert held_by(hub, "alice", "idle") == []
     assert not docker_client.containers.list(all=True, filters={"name": idle_nb["container"]})
     stored = hub.workdir / "data/objects/gpulab-workspaces/workspaces/alice/idle/kept.txt"
@@ -178,7 +194,7 @@ def test_idle_gpu_notebook_is_stopped_and_its_gpu_freed_a_running_cell_is_not(hu
 
     # the notebook running a long, silent cell is not stopped: well past its idle time it runs
     # on, its GPU held, and the hub has heard of its activity lately
-    wait_until(lambda: time.monotonic() - started > 2 * IDLE + 10, 120, 1, "time passing")
+    wait_until(lambda: time.monotonic() - started > 2 * IDLE + 6, 120, 0.5, "time passing")
     assert history(hub, "alice", "busy")[-1]["state"] == "RUNNING"
     assert len(held_by(hub, "alice", "busy")) == 1
     model = hub.server_model("alice", "busy")
@@ -300,7 +316,7 @@ def test_the_form_says_when_a_flavor_stops(hub):
     page = s.get(f"{hub.url}/hub/spawn/frank/f", timeout=30)
     assert page.status_code == 200, page.text[-500:]
     options = dict(re.findall(r'<option value="(cpu|gpu)"[^>]*>([^<]*)</option>', page.text))
-    assert options["gpu"].endswith("· stops after 20s idle"), options
+    assert options["gpu"].endswith(f"· stops after {IDLE}s idle"), options
     assert "stops after" not in options["cpu"], options
     # custom resources with GPUs get gpu_idle_timeout (1 h by default)
     assert "custom resources with GPUs stop after 1h idle" in page.text
