@@ -4,6 +4,16 @@ schemathesis loads the document from a real hub's gpulab service and runs every 
 with every check it has on (not only "no server error"): documented status codes, content
 types, headers and bodies; schema-valid data accepted and schema-invalid data refused;
 requests without credentials refused; JSON 405 (with Allow) for methods a path does not serve.
+
+Its budget (measured on 2 idle cores; about twice as long in CI, beside the other worker):
+~65 s, of which 9 s start its hub, ~50 s run the operations (~1,600 requests: about 1,000 cases
+of the coverage phase, MAX_EXAMPLES fuzzed ones per operation and mode, ~100 probes of
+ignored_auth) and 4 s the workflows. Nearly all of it is the fuzzer's own CPU (the hub and the
+service use ~9 s): preparing the strategies of the two large bodies (POST /api/jobs ~20 s, its
+exec ~9 s: schemathesis canonicalizes each branch of the submission schema, once) and building
+the coverage phase's cases. A fuzzed example past the first few costs ~10 ms, so fewer of them
+would save little and prove less: MAX_EXAMPLES stays at 25. No request starts a container
+(CONFIG: every image is absent, so a job ends FAILED before one is made).
 """
 
 from __future__ import annotations
