@@ -153,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--hang-restart",
         metavar="PERIOD",
-        help="restart the command in place after PERIOD with no output, no CPU progress and no GPU activity",
+        help=(
+            "restart the command in place after PERIOD with no output, no CPU progress and "
+            "no GPU activity"
+        ),
     )
     run.add_argument("--preemptible", action="store_true", help="may use idle GPUs beyond quota")
     run.add_argument("--priority", type=int, metavar="N", help="0-100 (default 50)")
