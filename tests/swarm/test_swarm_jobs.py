@@ -100,6 +100,12 @@ def test_two_nodes_of_two_gpus_fill_exactly_and_the_fifth_waits(hub, ana, swarm_
         assert _task_node(j) == j["node"]  # Swarm ran it where gpulab said
         ids = ",".join(d.split("/")[1] for d in j["devices"])
         assert _service_env(j)["NVIDIA_VISIBLE_DEVICES"] == ids
+    # a CPU job beside them gets no GPU at all: on nodes whose default runtime is nvidia an
+    # image's own NVIDIA_VISIBLE_DEVICES=all would otherwise hand it every device
+    cpu = ana.submit(command=["sleep", "600"], resources={"gpus": 0, "cpus": 0.2, "memory": "128M"})
+    cpu = ana.wait(cpu["id"], {"RUNNING"}, timeout=180)
+    assert cpu["devices"] == [] and _service_env(cpu)["NVIDIA_VISIBLE_DEVICES"] == "void", cpu
+    assert ana.call("POST", f"/jobs/{cpu['id']}/interrupt").status_code in (200, 202)
     # the fifth GPU request waits in the queue and says why
     fifth = _gpu_job(ana, 5)
     time.sleep(3)
