@@ -106,18 +106,6 @@ class StateCollector(Collector):
         yield GaugeMetricFamily("gpulab_gpus", "GPUs configured", value=len(devices))
 
 
-#: the series GpuUsageCollector writes, per device and per workload
-DEVICE_SERIES = (
-    "gpulab_gpu_utilization_percent",
-    "gpulab_gpu_memory_used_bytes",
-    "gpulab_gpu_memory_total_bytes",
-)
-WORKLOAD_SERIES = (
-    "gpulab_workload_gpu_utilization_percent",
-    "gpulab_workload_gpu_memory_used_bytes",
-)
-
-
 class GpuUsageCollector(Collector):
     """What this host's GPUs do at scrape time. ``read_usage`` returns the devices' readings
     (:class:`gpulab.gpus.usage.DeviceUsage`; [] when NVML cannot be read: then no series),
@@ -136,26 +124,10 @@ class GpuUsageCollector(Collector):
     ):
         self.read_usage, self.read_allocations, self.devices = read_usage, read_allocations, devices
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        """The series' names, for the registry, without reading anything: registering
-        calls this, on the service's event loop, where ``read_usage`` (which waits for that
-        loop) would stall the start-up until its time-out."""
-        labels = ["kind", "user", "workload", "device"]
-        for name in DEVICE_SERIES:
-            yield GaugeMetricFamily(name, "", labels=["device"])
-        for name in WORKLOAD_SERIES:
-            yield GaugeMetricFamily(name, "", labels=labels)
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        usages = self.read_usage()
-        if not usages:
-            return
-        known = set(self.devices)
-        by_name: dict[str, tuple[str, object]] = {}  # any name of a device -> (label, usage)
-        for u in usages:
-            label = next((n for n in u.names() if n in known), u.id)
-            for n in u.names():
-                by_name[n] = (label, u)
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        """Its series, empty: per device (utilization, memory used, memory total), then per
+        workload that holds a device (utilization, memory used)."""
         util = GaugeMetricFamily(
             "gpulab_gpu_utilization_percent",
             "Percent of NVML's last sample period during which a kernel ran, per device "
@@ -168,14 +140,6 @@ class GpuUsageCollector(Collector):
         total = GaugeMetricFamily(
             "gpulab_gpu_memory_total_bytes", "GPU memory, per device", labels=["device"]
         )
-        for label, u in sorted(dict(by_name.values()).items()):
-            if u.utilization is not None:
-                util.add_metric([label], u.utilization)
-            used.add_metric([label], u.memory_used)
-            total.add_metric([label], u.memory_total)
-        yield util
-        yield used
-        yield total
         labels = ["kind", "user", "workload", "device"]
         w_util = GaugeMetricFamily(
             "gpulab_workload_gpu_utilization_percent",
@@ -187,6 +151,33 @@ class GpuUsageCollector(Collector):
             "Memory in use on each device a workload (job or notebook) holds: the device's",
             labels=labels,
         )
+        return util, used, total, w_util, w_used
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The series' names, for the registry, without reading anything: registering
+        calls this, on the service's event loop, where ``read_usage`` (which waits for that
+        loop) would stall the start-up until its time-out."""
+        yield from self._families()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        usages = self.read_usage()
+        if not usages:
+            return
+        known = set(self.devices)
+        by_name: dict[str, tuple[str, object]] = {}  # any name of a device -> (label, usage)
+        for u in usages:
+            label = next((n for n in u.names() if n in known), u.id)
+            for n in u.names():
+                by_name[n] = (label, u)
+        util, used, total, w_util, w_used = self._families()
+        for label, u in sorted(dict(by_name.values()).items()):
+            if u.utilization is not None:
+                util.add_metric([label], u.utilization)
+            used.add_metric([label], u.memory_used)
+            total.add_metric([label], u.memory_total)
+        yield util
+        yield used
+        yield total
         seen = set()
         for a in self.read_allocations():
             found = by_name.get(a["device"])
