@@ -57,7 +57,7 @@ venv: $(VENV)/.installed ## Create .venv and install gpulab with its test extras
 $(CHP):
 	@command -v npm >/dev/null 2>&1 || { \
 		echo "npm not found: installing Debian's nodejs and npm"; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm; }
+		scripts/apt-install.sh nodejs npm; }
 	mkdir -p $(NODE_DIR)
 	npm install --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error \
 		configurable-http-proxy@$(CHP_VERSION)
@@ -75,7 +75,7 @@ images: engine ## Build the images gpulab/{debian:bookworm,python:3.11,pytorch:2
 browser: ## Install Debian's chromium for the browser tests when /usr/bin/chromium is missing
 	@test -x /usr/bin/chromium || { \
 		echo "chromium not found: installing Debian's chromium"; \
-		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+		scripts/apt-install.sh --log /tmp/gpulab-apt-chromium.log chromium; }
 	@test -x /usr/bin/chromium || { echo "ERROR: /usr/bin/chromium is still missing" >&2; exit 1; }
 
 setup: venv proxy engine images browser ## Everything run and test need

@@ -46,10 +46,8 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" = 0 ] || die "missing packages ${missing[*]} (apt-get install them as root)"
     log "apt-get install ${missing[*]} ..."
-    { DEBIAN_FRONTEND=noninteractive apt-get update -q \
-        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"; } \
-        >"$LOGS/apt-code-server.log" 2>&1 \
-        || { tail -n 20 "$LOGS/apt-code-server.log" >&2; die "apt-get install failed"; }
+    "$ROOT/scripts/apt-install.sh" --log "$LOGS/apt-code-server.log" "${missing[@]}" \
+        || die "apt-get install failed"
 fi
 
 # Node.js 24 from its wheel (a zip): bin/node, the npm it ships, and include/node for node-gyp.

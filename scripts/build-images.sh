@@ -108,10 +108,8 @@ ensure_debootstrap() {
     if ! command -v debootstrap >/dev/null; then
         [ "$(id -u)" = 0 ] || die "debootstrap is missing and installing it needs root"
         log "installing debootstrap (apt-get) ..."
-        DEBIAN_FRONTEND=noninteractive apt-get update -q >"$LOGS/apt-debootstrap.log" 2>&1 \
-            && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap \
-                >>"$LOGS/apt-debootstrap.log" 2>&1 \
-            || { tail -n 20 "$LOGS/apt-debootstrap.log" >&2; die "apt-get install debootstrap failed"; }
+        "$ROOT/scripts/apt-install.sh" --log "$LOGS/apt-debootstrap.log" debootstrap \
+            || die "apt-get install debootstrap failed"
     fi
 }
 
@@ -447,7 +445,7 @@ code_server_listing() {
 NEED_DEBIAN=0
 if [ -z "${BASE_IMAGE:-}" ] && selected debian && { [ "$FORCE" = 1 ] || ! image_exists "$DEBIAN_IMAGE"; }; then
     NEED_DEBIAN=1
-    ensure_debootstrap # before code-server's apt-get starts: one apt-get at a time
+    ensure_debootstrap # before code-server's apt-get starts (apt-install.sh takes turns anyway)
 fi
 selected python && start code-server "$ROOT/scripts/build-code-server.sh"
 if [ -n "${BASE_IMAGE:-}" ]; then

@@ -40,11 +40,7 @@ fi
 if ! command -v dockerd >/dev/null 2>&1; then
     log "dockerd not installed: installing Debian's docker.io (apt-get) ..."
     t0=$SECONDS
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >/tmp/gpulab-apt-update.log 2>&1 \
-        || { tail -n 20 /tmp/gpulab-apt-update.log >&2; die "apt-get update failed (log above)"; }
-    apt-get install -y -q docker.io >/tmp/gpulab-apt-docker.log 2>&1 \
-        || { tail -n 30 /tmp/gpulab-apt-docker.log >&2; die "apt-get install docker.io failed (log above)"; }
+    "$(dirname "$0")/apt-install.sh" --log /tmp/gpulab-apt-docker.log docker.io
     command -v dockerd >/dev/null 2>&1 || die "docker.io installed but dockerd is not on PATH"
     log "installed docker.io in $((SECONDS - t0)) s"
 fi

@@ -12,13 +12,7 @@ if [ -x /usr/sbin/nginx ]; then
     exit 0
 fi
 log "installing Debian's nginx-light"
-apt-get update -q
 # no server started by the package's scripts (the tests start their own)
-if [ ! -e /usr/sbin/policy-rc.d ]; then
-    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-    chmod +x /usr/sbin/policy-rc.d
-    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
-fi
-DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx-light >/dev/null
+"$(dirname "$0")/apt-install.sh" --no-start --log /tmp/gpulab-apt-nginx.log nginx-light
 test -x /usr/sbin/nginx || { log "ERROR: /usr/sbin/nginx is still missing"; exit 1; }
 log "$(/usr/sbin/nginx -v 2>&1)"

@@ -7,7 +7,7 @@ log() { printf '[ensure-postgres] %s\n' "$*" >&2; }
 
 if ! command -v pg_ctlcluster >/dev/null 2>&1; then
     log "installing Debian's postgresql"
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null
+    "$(dirname "$0")/apt-install.sh" --log /tmp/gpulab-apt-postgres.log postgresql
 fi
 version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
 [ -n "$version" ] || { log "no PostgreSQL cluster found in /etc/postgresql"; exit 1; }

@@ -10,9 +10,8 @@ if [ -x /usr/sbin/slapd ] && command -v ldapadd >/dev/null 2>&1 && command -v sl
     exit 0
 fi
 log "installing Debian's slapd and ldap-utils"
-apt-get update -q
 # no questions, and no server started by the package's scripts (the tests start their own)
-echo "slapd slapd/no_configuration boolean true" | debconf-set-selections
-DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get install -y -q slapd ldap-utils >/dev/null
+RUNLEVEL=1 "$(dirname "$0")/apt-install.sh" --no-start --log /tmp/gpulab-apt-slapd.log \
+    --debconf "slapd slapd/no_configuration boolean true" slapd ldap-utils
 test -x /usr/sbin/slapd || { log "ERROR: /usr/sbin/slapd is still missing"; exit 1; }
 log "$(/usr/sbin/slapd -VV 2>&1 | head -n 1)"
