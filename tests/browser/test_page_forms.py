@@ -54,6 +54,16 @@ def test_form_workers():
     assert form_field("workers") == "workers"
 
 
+def test_form_terminate_after_preemption():
+    raw, errors = form_to_job(
+        {"command": "true", "preemptible": "on", "terminate_after_preemption": "on"}
+    )
+    assert errors == {} and raw["terminate_after_preemption"] is True
+    raw, _ = form_to_job({"command": "true"})
+    assert "terminate_after_preemption" not in raw
+    assert form_field("terminate_after_preemption") == "terminate_after_preemption"
+
+
 def test_gpus_in_all():
     one = {"spec": {"resources": {"gpus": 2}}}
     assert workers_of(one) == 1 and gpu_total(one) == "2"

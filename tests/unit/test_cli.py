@@ -51,6 +51,12 @@ def test_run_builds_the_submission_body():
     }
 
 
+def test_run_terminate_after_preemption():
+    args = parse("job", "run", "--preemptible", "--terminate-after-preemption", "--", "true")
+    body = cli.build_submission(args)
+    assert body["preemptible"] is True and body["terminate_after_preemption"] is True
+
+
 def test_run_sends_only_what_was_given():
     # a flavor's values are not overridden by CLI defaults; numbers of seconds are numbers
     args = parse("job", "run", "--flavor", "small", "--timeout", "90", "--", "true")

@@ -38,7 +38,7 @@ def test_minimal_submission_gets_the_documented_defaults():
     assert spec.timeout == 7 * 86400
     assert spec.retries == 0
     assert spec.hang_restart == HangRestart(enabled=False, period=1800)
-    assert spec.preemptible is False
+    assert spec.preemptible is False and spec.terminate_after_preemption is False
     assert spec.priority == 50
 
 
@@ -59,9 +59,12 @@ def test_full_submission():
             "retries": 3,
             "hang_restart": {"enabled": True, "period": "10m"},
             "preemptible": True,
+            "terminate_after_preemption": True,
             "priority": 80,
         }
     )
+    assert spec.terminate_after_preemption is True
+    assert JobSpec.from_json(spec.to_json()) == spec
     assert spec.name == "resnet-50-run2"
     assert spec.image == "gpulab/pytorch:2.13"
     assert spec.command == ("sh", "-c", "python train.py --epochs 3")
@@ -94,6 +97,7 @@ def test_nulls_and_empty_strings_mean_absent():
             "retries": None,
             "hang_restart": {"enabled": None, "period": None},
             "preemptible": None,
+            "terminate_after_preemption": None,
             "priority": None,
         }
     )
@@ -378,6 +382,11 @@ def test_max_timeout_is_configurable_and_caps_the_default():
         ({"priority": "high"}, "priority", "whole number"),
         ({"preemptible": "yes"}, "preemptible", "true or false"),
         ({"preemptible": 1}, "preemptible", "true or false"),
+        (
+            {"terminate_after_preemption": "yes"},
+            "terminate_after_preemption",
+            "true or false",
+        ),
         ({"hang_restart": True}, "hang_restart", "must be an object"),
         ({"hang_restart": {"enabled": "on"}}, "hang_restart.enabled", "true or false"),
         ({"hang_restart": {"period": 5}}, "hang_restart.period", "at least 10s"),

@@ -599,6 +599,51 @@ def test_a_preempted_job_is_requeued_with_its_gpu_released(tmp_path):
     lab_run(tmp_path, test)
 
 
+def test_a_preempted_job_that_asked_to_terminate_ends_interrupted_never_requeued(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(preemptible=True, terminate_after_preemption=True)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        lab.ctx.records.ask(job_id, "preempt", states=frozenset({J.RUNNING}))
+        job = await lab.until(job_id, J.INTERRUPTED)
+        assert job["reason"] == "PREEMPTED" and "terminate_after_preemption" in job["message"]
+        assert [s for s, _ in reasons(job)][-3:] == ["INTERRUPTING", "FINALIZING", "INTERRUPTED"]
+        assert "QUEUED" not in [s for s, _ in reasons(job)[1:]]
+        assert lab.rt.names("stop") == [name] and lab.held() == [] and not job["devices"]
+        await lab.settle(job_id)
+        await lab.sv.schedule()  # nothing brings it back
+        assert lab.job(job_id)["state"] == J.INTERRUPTED.value
+        assert lab.rt.names("create_and_start") == [name]
+
+    lab_run(tmp_path, test)
+
+
+def test_a_terminating_preemption_keeps_the_gpu_until_the_engine_confirms(tmp_path):
+    """The rule on the recovery path too (a new supervisor finds it INTERRUPTING for a
+    preemption): its container outlives SIGKILL, so the GPU stays booked and the job stays
+    INTERRUPTING; once the engine says it is gone, it ends INTERRUPTED (PREEMPTED)."""
+
+    async def test(lab: Lab):
+        job_id = lab.submit(preemptible=True, terminate_after_preemption=True)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        await lab.close()  # this test drives the ending itself
+        lab.ctx.records.ask(job_id, "preempt", states=frozenset({J.RUNNING}))
+        job = lab.job(job_id)
+        spec = JobSpec.from_json(job["spec"])
+        with pytest.raises(StillRunning):
+            await ending.stop_by_request(lab.ctx, job_id, job, spec, lab.ctx.gang(job_id, job))
+        assert lab.held() == ["0"] and lab.job(job_id)["state"] == J.INTERRUPTING.value
+        lab.rt.workloads[lab.name(job_id)].end(143)
+        await life.carry_on(lab.ctx, job_id, "a test")
+        job = lab.job(job_id)
+        assert (job["state"], job["reason"]) == ("INTERRUPTED", "PREEMPTED")
+        assert lab.held() == []
+
+    lab_run(tmp_path, test, runtime=StubbornRuntime(images={IMAGE}, gpus=GPUS))
+
+
 def test_the_scheduler_preempts_over_quota_work_for_in_quota_work(tmp_path):
     async def test(lab: Lab):
         lab.settings.job_quota = {"gpus": 1}

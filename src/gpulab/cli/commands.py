@@ -85,6 +85,8 @@ def build_submission(args: argparse.Namespace) -> dict:
         body["hang_restart"] = {"enabled": True, "period": _duration_value(args.hang_restart)}
     if args.preemptible:
         body["preemptible"] = True
+    if args.terminate_after_preemption:
+        body["terminate_after_preemption"] = True
     if args.priority is not None:
         body["priority"] = args.priority
     add_run_fields(args, body)

@@ -210,7 +210,12 @@ def job_details(job: dict, hub_url: str = "") -> None:
             if hang.get("enabled")
             else "off",
         ),
-        ("Preemptible", "yes" if spec.get("preemptible") else "no"),
+        (
+            "Preemptible",
+            ("yes, ends when preempted" if spec.get("terminate_after_preemption") else "yes")
+            if spec.get("preemptible")
+            else "no",
+        ),
         ("Priority", spec.get("priority")),
         ("Submitted", when(job.get("submitted"))),
         ("Running since", when(job.get("running_since"))),

@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     run.add_argument("--preemptible", action="store_true", help="may use idle GPUs beyond quota")
+    run.add_argument(
+        "--terminate-after-preemption",
+        action="store_true",
+        help="when preempted, end INTERRUPTED instead of going back to the queue",
+    )
     run.add_argument("--priority", type=int, metavar="N", help="0-100 (default 50)")
     add_run_options(run)  # ports, secrets, git, working dir, read-only root
     run.add_argument("-f", "--follow", action="store_true", help="stream the output until it ends")

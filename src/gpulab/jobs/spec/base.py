@@ -73,6 +73,7 @@ JOB_SPEC_FIELDS = (
     "retries",
     "hang_restart",
     "preemptible",
+    "terminate_after_preemption",
     "priority",
     "ports",
     "git",

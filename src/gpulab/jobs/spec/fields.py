@@ -544,6 +544,13 @@ def parse_fields(
         if raw.get("preemptible") is None
         else checks.flag(JobSpecError, "preemptible", raw["preemptible"])
     )
+    terminate = (
+        False
+        if raw.get("terminate_after_preemption") is None
+        else checks.flag(
+            JobSpecError, "terminate_after_preemption", raw["terminate_after_preemption"]
+        )
+    )
     priority = (
         DEFAULT_PRIORITY
         if raw.get("priority") is None
@@ -566,6 +573,7 @@ def parse_fields(
         retries=retries,
         hang_restart=hang_restart,
         preemptible=preemptible,
+        terminate_after_preemption=terminate,
         priority=priority,
         secret_env=secret_env,
     )

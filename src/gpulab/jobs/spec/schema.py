@@ -444,6 +444,12 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "default": False,
             "description": "May run on idle GPUs beyond the owner's quota, and be preempted.",
         },
+        "terminate_after_preemption": {
+            "type": ["boolean", "null"],
+            "default": False,
+            "description": "When preempted, end INTERRUPTED (reason PREEMPTED) after the grace "
+            "period instead of going back to the queue.",
+        },
         "priority": {
             "type": ["integer", "null"],
             "minimum": 0,

@@ -77,6 +77,8 @@ class JobSpec:
     retries: int = 0
     hang_restart: HangRestart = field(default_factory=HangRestart)
     preemptible: bool = False
+    #: a preempted job ends INTERRUPTED (PREEMPTED) instead of going back to the queue
+    terminate_after_preemption: bool = False
     priority: int = DEFAULT_PRIORITY
     #: environment variables filled from the owner's secrets at start: NAME -> secret name
     secret_env: dict[str, str] = field(default_factory=dict)
@@ -110,6 +112,7 @@ class JobSpec:
             "retries": self.retries,
             "hang_restart": self.hang_restart.to_json(),
             "preemptible": self.preemptible,
+            "terminate_after_preemption": self.terminate_after_preemption,
             "priority": self.priority,
             "ports": [p.to_json() for p in self.ports],
             "git": [g.to_json() for g in self.git],
@@ -150,6 +153,7 @@ class JobSpec:
                 period=float(hang.get("period", DEFAULT_HANG_PERIOD)),
             ),
             preemptible=bool(d.get("preemptible", False)),
+            terminate_after_preemption=bool(d.get("terminate_after_preemption", False)),
             priority=int(d.get("priority", DEFAULT_PRIORITY)),
             ports=tuple(Port.from_json(p) for p in d.get("ports") or ()),
             git=tuple(GitSource.from_json(g) for g in d.get("git") or ()),

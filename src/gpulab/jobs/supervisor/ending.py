@@ -108,7 +108,22 @@ async def finish_lost(
 async def finish_preempt(ctx: JobContext, job_id: str, spec: JobSpec, gang: list[Rank]) -> None:
     """INTERRUPTING for a preemption: stop, push, remove the container, release the
     GPUs, then back to the queue, unless an interrupt came meanwhile: then the job ends
-    INTERRUPTED (the user's word wins over the scheduler's)."""
+    INTERRUPTED (the user's word wins over the scheduler's). A job submitted with
+    ``terminate_after_preemption`` is never re-queued: it ends INTERRUPTED (PREEMPTED)
+    through :func:`finalize` (stopped after its grace, output pushed, GPUs released once
+    the engine confirms the container stopped), as an interrupted job does."""
+    if spec.terminate_after_preemption:
+        if await ctx.requested(job_id) == "interrupt":
+            return await finalize(
+                ctx, job_id, J.INTERRUPTED, "USER_INTERRUPT", "interrupted by its owner"
+            )
+        return await finalize(
+            ctx,
+            job_id,
+            J.INTERRUPTED,
+            "PREEMPTED",
+            "preempted for in-quota work; not re-queued (terminate_after_preemption)",
+        )
     await gang_stopped(ctx, gang, ctx.settings.preemption_grace)
     await save_logs(ctx, job_id, gang)
     vols = ctx.volumes(job_id, spec, gang[0].node)  # rank 0's node holds the output

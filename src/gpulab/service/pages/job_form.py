@@ -99,6 +99,8 @@ def form_to_job(form: dict[str, str]) -> tuple[dict, dict[str, str]]:
         except ValueError:
             errors["retries"] = f"retries must be a whole number, not {retries!r}"
     raw["preemptible"] = form.get("preemptible") in ("on", "true", "1")
+    if form.get("terminate_after_preemption") in ("on", "true", "1"):
+        raw["terminate_after_preemption"] = True
     _reaching_in(form, raw, errors)
     return raw, errors
 
@@ -118,6 +120,7 @@ FORM_FIELDS = (
     "timeout",
     "retries",
     "preemptible",
+    "terminate_after_preemption",
     "secret_env",
     "ports",
     "share",
