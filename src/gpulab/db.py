@@ -17,6 +17,7 @@ from pathlib import Path
 from sqlalchemy import (
     BigInteger,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     String,
@@ -410,6 +411,20 @@ class Lease(Base):
     expires: Mapped[datetime] = mapped_column(UTCDateTime)
     # bumped at each take-over: a holder can tell that the lease changed hands meanwhile
     term: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class FairShareUsage(Base):
+    """A user's recent GPU use, for the fair share (gpulab.fairshare): GPU-seconds decayed
+    with the half-life as of ``as_of`` (read later, they decay further), and the groups the
+    user was last seen in (a JSON list)."""
+
+    __tablename__ = "fair_share_usage"
+
+    instance: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user: Mapped[str] = mapped_column(String(255), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    as_of: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    groups: Mapped[str] = mapped_column(Text, default="[]")
 
 
 class JobEvent(Base):

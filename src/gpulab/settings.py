@@ -566,6 +566,60 @@ class GpulabSettings(Configurable):
         "generous of their groups'.",
     ).tag(config=True)
 
+    fair_share_half_life = Float(
+        7 * 86400.0,
+        help="""Seconds after which a GPU-hour counts half in the fair share (Slurm's
+        PriorityDecayHalfLife; default 7 days). Each user's GPU-hours (jobs and notebooks,
+        a shared GPU's slot by its weight), decayed by this half-life, order queued jobs of
+        equal priority (the less a user and their groups used recently, the sooner) and
+        decide whose borrowed (over-quota) GPUs are taken back first. 0 turns decay off:
+        everything ever used counts the same (docs/jobs.md, "Fair share").""",
+    ).tag(config=True)
+
+    fair_share_interval = Float(
+        15.0,
+        help="""Seconds between two additions of the GPUs held (by jobs and notebooks) to
+        each user's recent usage in the fair share; the job supervisor makes them.""",
+    ).tag(config=True)
+
+    fair_share_user_weights = Dict(
+        default_value={},
+        help="""Each user's share of the GPUs in the fair share, before normalising: {user:
+        weight}; 1 for anyone not named. A user with weight 2 may use twice as much as one
+        with weight 1 before their work goes behind theirs.""",
+    ).tag(config=True)
+
+    fair_share_group_weights = Dict(
+        default_value={},
+        help="""Each group's share of the GPUs in the fair share, before normalising: {group:
+        weight}; 1 for any group not named. A group's usage is the sum of its members'; a job
+        is judged by the most-used of its owner's groups first, then by its owner.""",
+    ).tag(config=True)
+
+    @validate("fair_share_half_life", "fair_share_interval")
+    def _fair_share_half_life(self, proposal):
+        value = proposal["value"]
+        if not math.isfinite(value) or value < 0:
+            name = proposal["trait"].name
+            raise TraitError(f"{name} must be 0 or more seconds, not {value!r}")
+        return value
+
+    @validate("fair_share_user_weights", "fair_share_group_weights")
+    def _fair_share_weights(self, proposal):
+        name = proposal["trait"].name
+        for key, weight in proposal["value"].items():
+            if (
+                not isinstance(key, str)
+                or isinstance(weight, bool)
+                or not isinstance(weight, int | float)
+                or not math.isfinite(weight)
+                or weight <= 0
+            ):
+                raise TraitError(
+                    f"{name}: {key!r} needs a positive number as its weight, not {weight!r}"
+                )
+        return proposal["value"]
+
     disk_quota = Union(
         [Integer(), Unicode()],
         default_value=DEFAULT_DISK_QUOTA,

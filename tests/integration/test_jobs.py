@@ -15,6 +15,7 @@ CONFIG = """
 c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]
 c.GpulabSettings.gpu_mode = "env"
 c.GpulabSettings.supervisor_interval = 0.2
+c.GpulabSettings.fair_share_interval = 1
 c.GpulabSettings.preemption_grace = 2
 c.GpulabSettings.job_container_retention = 3600
 c.GpulabSettings.user_job_quotas = {"qa": {"gpus": 1}, "pre": {"gpus": 0}}
@@ -240,6 +241,33 @@ def test_preemptible_job_uses_idle_gpus_and_is_preempted_then_resumes(hub):
     assert ("INTERRUPTING", "PREEMPTED") in hist and ("QUEUED", "PREEMPTED") in hist
     pre.call("POST", f"/jobs/{borrower['id']}/interrupt")
     assert pre.wait(borrower["id"])["state"] == "INTERRUPTED"
+
+
+def test_fair_share_lets_the_lighter_user_go_first_and_shows_each_their_place(hub):
+    """heavy holds both GPUs for a few seconds (the supervisor adds them to heavy's recent
+    usage), then queues a job before light does: when the GPUs come free, light's starts
+    first, and the usage API shows each their factor and place in line."""
+    heavy, light = Api(hub, "heavy"), Api(hub, "light")
+    two = {"gpus": 2, "cpus": 0.5, "memory": "256M"}
+    blocker = heavy.submit(command=["sleep", "5"], resources=two)
+    heavy.wait(blocker["id"], {"RUNNING"})
+    time.sleep(2.5)  # at least two of the supervisor's additions (fair_share_interval 1 s)
+    first = heavy.submit(command=["true"], resources=two)
+    second = light.submit(command=["true"], resources=two)
+    mine, theirs = heavy.call("GET", "/usage").json(), light.call("GET", "/usage").json()
+    fh, fl = mine["fair_share"], theirs["fair_share"]
+    assert fh["gpu_hours"] > 0 and fh["factor"] < fl["factor"] == 1.0, (fh, fl)
+    assert [q["id"] for q in fh["queued"]] == [first["id"]]
+    assert [q["id"] for q in fl["queued"]] == [second["id"]]
+    assert fl["queued"][0]["place"] < fh["queued"][0]["place"]  # light is ahead
+    assert heavy.wait(blocker["id"])["state"] == "DONE"
+    done_light, done_heavy = light.wait(second["id"]), heavy.wait(first["id"])
+    assert done_light["state"] == done_heavy["state"] == "DONE"
+
+    def started(job):
+        return next(e["at"] for e in job["history"] if e["state"] == "INITIALIZING")
+
+    assert started(done_light) < started(done_heavy)
 
 
 def test_api_errors_are_json_for_api_clients(hub):

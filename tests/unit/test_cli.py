@@ -530,3 +530,28 @@ def test_ctrl_c_stops_following_a_silent_stream_at_once(stalled_service, tmp_pat
     assert took < 5
     assert out == ""
     assert "stopped following job j1abc, which keeps running" in err
+
+
+def test_the_fair_share_as_text():
+    from gpulab.cli.commands import fair_share_lines
+
+    fs = {
+        "gpu_hours": 3.2,
+        "used": 0.4,
+        "share": 0.25,
+        "factor": 0.33,
+        "group": {"name": "ml", "gpu_hours": 10.1, "used": 0.6, "share": 0.5, "factor": 0.44},
+        "half_life_hours": 168.0,
+        "queued": [{"id": "J1", "place": 3}, {"id": "J2", "place": 6}],
+        "queued_mine": 2,
+        "queued_total": 7,
+    }
+    assert fair_share_lines(fs) == [
+        "",
+        "fair share (half-life 168.0 h): 3.2 recent GPU-hours, 40% of everyone's for a share "
+        "of 25%: factor 0.33",
+        "group ml: 10.1 recent GPU-hours, 60% of everyone's for a share of 50%: factor 0.44",
+        "in line: 2 of your jobs among 7 queued (job, place: J1 3, J2 6)",
+    ]
+    assert fair_share_lines({**fs, "group": None, "queued": []})[2:] == []
+    assert fair_share_lines(None) == []  # an older service

@@ -39,6 +39,7 @@ CORE = {
     "cuda",
     "identity",
     "forwarded",
+    "fairshare",
 }
 #: what the core may never import: a database, an engine, the network, a web framework
 IO_MODULES = {

@@ -80,7 +80,11 @@ def test_a_new_database_is_made_at_the_newest_revision(tmp_path):
 def test_the_previous_release_database_is_taken_up_with_its_data(tmp_path):
     url = previous_release(tmp_path / "g.sqlite")
     assert schema_revision(url) is None
-    db = Database(url)  # what the hub and the service do at their start
+    # recognised as 0.1.0's (revision 0001), older than this gpulab: upgraded when asked
+    with pytest.raises(SchemaMismatch, match="revision 0001, .*gpulab admin upgrade-db"):
+        Database(url)  # what the hub and the service do at their start
+    assert schema_revision(url) is None  # refused: nothing changed
+    db = Database(url, upgrade=True)
     assert schema_revision(url) == head_revision()
     assert differences(db) == []
     check_data(db)

@@ -63,6 +63,7 @@ class Lab:
         self.notebooks = NotebookRecords(db, "t")
         self.settings = GpulabSettings(instance="t")
         self.sup = SimpleNamespace(
+            s=self.settings,
             records=self.jobs,
             ledger=GpuLedger(db, "t", devices, sharing={"1": 4}),
             disk=DiskLedger(db, "t"),
@@ -236,7 +237,13 @@ def test_a_users_home(lab):
     assert older not in {j["id"] for j in home["recent_jobs"]}
     assert home["jobs_total"] == 7
     assert home["job_counts"] == {"DONE": 1, "QUEUED": 5, "INITIALIZING": 1}
+    share = home["usage"].pop("fair_share")
     assert home["usage"] == overview.usage_of(lab.jobs, lab.notebooks, "ann")
+    # no GPU-hours recorded yet: a factor of 1, no group; ann's five queued jobs are the
+    # first five in line (bob's came last), in the order they were submitted
+    assert share["factor"] == 1.0 and share["gpu_hours"] == 0 and share["group"] is None
+    assert [p["place"] for p in share["queued"]] == [1, 2, 3, 4, 5]
+    assert (share["queued_mine"], share["queued_total"]) == (5, 6)
     # GPU 1 is shared in quarters: half of it is held; 0 and 2 are free
     assert (home["gpus_free"], home["gpus_total"]) == (2, 3)
     assert home["shared"] == {"1": (2, 4)}

@@ -22,7 +22,7 @@ from gpulab.jobs.refusals import Conflict, NotFound
 from gpulab.jobs.spec import JobSpec
 from gpulab.jobs.supervisor import ending, engine, housekeeping, life
 from gpulab.jobs.supervisor.supervisor import JobSupervisor
-from gpulab.lifecycle import JobState
+from gpulab.lifecycle import JobState, utcnow
 from gpulab.runtime.base import HelperSpec, NetworkUnavailable, StillRunning, WorkloadRefused
 from gpulab.settings import GpulabSettings
 from tests.conftest import run_async
@@ -1093,3 +1093,31 @@ def test_a_rank_s_node_lost_with_no_restart_left_fails_the_job(tmp_path, monkeyp
         assert ("INTERRUPTING", "NODE_LOST") in reasons(job)
 
     lab_run(tmp_path, test, runtime=two_nodes())
+
+
+def test_the_fair_share_adds_what_the_ledger_holds_and_starts_the_lighter_users_job(tmp_path):
+    """The supervisor's passes add what the GPU ledger's holders hold (a notebook's GPUs
+    here) to their recent usage; with the host full, the lighter user's job goes first even
+    though the heavier user's was submitted first (first come, first served would start it)."""
+    lab = Lab(tmp_path, fair_share_interval=0.0)
+
+    async def go():
+        lab.sv.leading.set()
+        await lab.sv.refresh_inventory()
+        lab.ctx.ledger.reserve("t/notebook/ann/", "ann", "notebook", 2)
+        await lab.sv.schedule()  # the first look sets the clock: nothing is added
+        assert lab.sv.recent.read(utcnow(), 3600)[0] == {}
+        await asyncio.sleep(0.2)
+        await lab.sv.schedule()
+        usage, _groups = lab.sv.recent.read(utcnow(), 3600)
+        assert set(usage) == {"ann"} and 0.3 < usage["ann"] < 2.0  # 2 GPUs for about 0.2 s
+        lab.ctx.ledger.release("t/notebook/ann/")
+        first = lab.ctx.records.create("ann", job_spec(gpus=2), None, ())["id"]
+        second = lab.ctx.records.create("bob", job_spec(gpus=2), None, ())["id"]
+        await lab.sv.schedule()
+        assert lab.job(second)["state"] != J.QUEUED.value
+        assert lab.job(first)["state"] == J.QUEUED.value
+        await lab.until(second, J.RUNNING)
+        await lab.sv.stop()
+
+    run_async(go())

@@ -394,7 +394,41 @@ def cmd_usage(args: argparse.Namespace, client: Client) -> int:
                 ]
             ],
         )
+        for line in fair_share_lines(data.get("fair_share")):
+            out(line)
     return EXIT_OK
+
+
+def _percent(x) -> str:
+    return f"{100 * x:.0f}%" if isinstance(x, int | float) else "?"
+
+
+def fair_share_lines(fs) -> list[str]:
+    """The usage API's ``fair_share`` as a few lines of text (none when it is missing)."""
+    if not isinstance(fs, dict):
+        return []
+    lines = [
+        "",
+        f"fair share (half-life {fs.get('half_life_hours')} h): {fs.get('gpu_hours')} recent "
+        f"GPU-hours, {_percent(fs.get('used'))} of everyone's for a share of "
+        f"{_percent(fs.get('share'))}: factor {fs.get('factor')}",
+    ]
+    group = fs.get("group")
+    if isinstance(group, dict):
+        lines.append(
+            f"group {group.get('name')}: {group.get('gpu_hours')} recent GPU-hours, "
+            f"{_percent(group.get('used'))} of everyone's for a share of "
+            f"{_percent(group.get('share'))}: factor {group.get('factor')}"
+        )
+    queued = fs.get("queued") or []
+    if queued:
+        places = ", ".join(f"{q.get('id')} {q.get('place')}" for q in queued[:10])
+        more = len(queued) > 10 or fs.get("queued_mine", 0) > len(queued)
+        lines.append(
+            f"in line: {fs.get('queued_mine')} of your jobs among {fs.get('queued_total')} "
+            f"queued (job, place: {places}{', ...' if more else ''})"
+        )
+    return lines
 
 
 def cmd_notebook_list(args: argparse.Namespace, client: Client) -> int:

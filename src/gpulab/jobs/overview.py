@@ -29,6 +29,7 @@ from ..disk_quota import human
 from ..gpus.usage import usage_of as readings_of
 from ..lifecycle import JobState, NotebookState
 from ..resources import format_memory
+from .queue import share_of
 from .records import JobRecords
 from .spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from .states import ACTIVE
@@ -63,12 +64,21 @@ def usage_of(jobs: JobRecords, notebooks: NotebookReads, user: str) -> dict:
     return {"user": user, **user_usage(minutes, notebooks.billed_minutes(user))}
 
 
+def usage_and_share(sup: JobSupervisor, notebooks: NotebookReads, user: str) -> dict:
+    """:func:`usage_of` and ``user``'s place in the fair share (``fair_share``:
+    :func:`gpulab.jobs.queue.share_of`): what the usage API answers and the home page shows."""
+    return {
+        **usage_of(sup.records, notebooks, user),
+        "fair_share": share_of(sup.s, sup.records, user),
+    }
+
+
 def home_overview(
     sup: JobSupervisor, notebooks: NotebookReads, user: str, *, with_notebooks: bool
 ) -> dict:
     """``user``'s home page's data: their ``notebooks`` (only ``with_notebooks``: the caller
     may read them; else none), ``recent_jobs`` (the :data:`HOME_JOBS` newest), ``jobs_total``
-    and ``job_counts`` (how many in each state), their ``usage`` (:func:`usage_of`), and the
+    and ``job_counts`` (how many in each state), their ``usage`` (:func:`usage_and_share`), and the
     GPUs: ``gpus_free`` (None when the ledger cannot be read now), ``gpus_total`` and
     ``shared`` (each shareable device's free and total slots; none when unreadable)."""
     ledger = sup.ledger
@@ -86,7 +96,7 @@ def home_overview(
         "recent_jobs": recent,
         "job_counts": sup.records.counts(user),
         "jobs_total": jobs_total,
-        "usage": usage_of(sup.records, notebooks, user),
+        "usage": usage_and_share(sup, notebooks, user),
         "gpus_free": free,
         "gpus_total": len(ledger.devices),
         "shared": shared,

@@ -8,18 +8,24 @@ held by notebooks or jobs are simply not free), calls :func:`plan` and carries t
 
 Rules
 -----
-1. **Order.** Queued jobs are considered by priority (highest first), then submission time
-   (oldest first: FIFO within a priority), then id (for determinism).
-2. **Quota.** A user's quota (:func:`~gpulab.resources.quota_for`: their own, else the most
+1. **Order.** Queued jobs are considered by priority (highest first), then fair share (the
+   owner's most-used group's factor, then the owner's own, higher first: see
+   :mod:`gpulab.fairshare`; 1 and 1 when not given), then submission time (oldest first:
+   FIFO within a priority and an owner), then id (for determinism).
+2. **Quota counts.** A user's non-preemptible jobs in the quota states (QUEUED, INITIALIZING,
+   PENDING, RUNNING) are capped by the quota's job count at submission
+   (:func:`quota_refusal`); here, the quota's GPUs and jobs cap what *starts*.
+3. **Quota.** A user's quota (:func:`~gpulab.resources.quota_for`: their own, else the most
    generous of their groups field by field, else the default; ``None`` means unlimited) caps
    the GPUs and the number of their *in-quota* active jobs (INITIALIZING, PENDING, RUNNING).
    The GPUs their notebooks hold (``held_outside``) count against the same GPU quota.
    Over-quota jobs do not count. A zero-GPU job needs no device but counts as one job.
-3. **In-quota first.** A first pass starts the jobs that fit within their owner's quota, in
+4. **In-quota first.** A first pass starts the jobs that fit within their owner's quota, in
    order, on free GPUs. A job that does not fit does not block lower ones that do (backfill).
-4. **Preemption.** When an in-quota job (preemptible or not) lacks free GPUs and over-quota
+5. **Preemption.** When an in-quota job (preemptible or not) lacks free GPUs and over-quota
    preemptible jobs hold enough GPUs to make up the difference, victims are chosen among them
-   (lowest priority first, then most recently started, then id) until enough GPUs would be
+   (lowest priority first, then the heaviest group's and user's by fair share, then most
+   recently started, then id) until enough GPUs would be
    free. They are listed in ``preempt``; the waiting job does **not** start in this plan but
    in a later one, once they are gone. Until then it keeps the free GPUs it will need and its
    share of its owner's quota: no lower job takes them in this plan. If the over-quota jobs
@@ -29,21 +35,21 @@ Rules
    they count towards a waiting job's need before any new victim is chosen (and the free GPUs
    stay held for it in the plans that follow the preemption, not only in the first one).
    Releasing jobs never count against a quota and are never chosen as victims.
-5. **Over quota.** A second pass, in the same order, starts preemptible jobs that are over
+6. **Over quota.** A second pass, in the same order, starts preemptible jobs that are over
    their owner's quota (GPUs or job count) on the GPUs still free, marked ``over_quota``. So
    idle GPUs are lent out only after all in-quota work had its turn, and a lent GPU is never
    taken back in the plan that lent it. A non-preemptible job never runs over quota.
-6. **Devices and node shape.** A job of ``workers`` ranks needs ``gpus / workers`` GPUs per
+7. **Devices and node shape.** A job of ``workers`` ranks needs ``gpus / workers`` GPUs per
    rank, each rank's on one node (several ranks may share a node): the free devices are
    grouped by ``node_of`` (one host: one node) and a job starts only when every rank fits
    (:func:`~gpulab.gpus.placement.choose_gang`, ``pack`` or ``spread`` as the ledger places them).
    A job that has enough free GPUs in count but not in shape (2 ranks of 2 GPUs on four nodes
    with one free each) does not start and holds nothing, so the jobs behind it may use those
-   GPUs (backfill), unless preempting over-quota jobs would give it its shape (rule 4).
+   GPUs (backfill), unless preempting over-quota jobs would give it its shape (rule 5).
    Within a node the devices are taken in the order the caller gave them
    (list them lowest first); a device is handed out at most once per plan.
    With ``node_of`` given, preemption checks the shape too: victims are chosen (in the order
-   of rule 4) until the free GPUs, those of the jobs already releasing and the victims' would
+   of rule 5) until the free GPUs, those of the jobs already releasing and the victims' would
    hold the waiting job's ranks; if even all of them would not, nothing is preempted (no
    job is preempted again and again for a gang that still would not fit).
 
@@ -66,6 +72,7 @@ __all__ = [
     "QueuedJob",
     "can_ever_fit",
     "plan",
+    "queue_order",
 ]
 
 
@@ -80,6 +87,8 @@ class QueuedJob:
     preemptible: bool = False
     #: ranks of a distributed job; ``gpus`` is the total, ``gpus // workers`` each rank's
     workers: int = 1
+    #: the owner's fair share: (their most-used group's factor, their own), higher first
+    standing: tuple[float, float] = (1.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,8 @@ class ActiveJob:
     releasing: bool = False
     #: the device keys it holds (what a preemption would free, for the node-shape check)
     devices: tuple[str, ...] = ()
+    #: the owner's fair share, as :attr:`QueuedJob.standing`: the lowest is preempted first
+    standing: tuple[float, float] = (1.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -138,8 +149,9 @@ def can_ever_fit(
     return None
 
 
-def _queue_order(job: QueuedJob) -> tuple:
-    return (-job.priority, job.submitted, job.id)
+def queue_order(job: QueuedJob) -> tuple:
+    """The order in which queued jobs are considered (rule 1)."""
+    return (-job.priority, -job.standing[0], -job.standing[1], job.submitted, job.id)
 
 
 def plan(
@@ -175,7 +187,7 @@ def plan(
             jobs_used[a.owner] = jobs_used.get(a.owner, 0) + 1
     victims_left = sorted(
         (a for a in active if a.over_quota and a.preemptible and a.gpus > 0 and not a.releasing),
-        key=lambda a: (a.priority, -a.started, a.id),
+        key=lambda a: (a.priority, a.standing, -a.started, a.id),
     )
     result = Plan()
     over_quota: list[QueuedJob] = []
@@ -221,7 +233,7 @@ def plan(
             free.remove(d)
         return tuple(chosen)
 
-    for job in sorted(queued, key=_queue_order):
+    for job in sorted(queued, key=queue_order):
         used_g, used_j = gpus_used.get(job.owner, 0), jobs_used.get(job.owner, 0)
         if not quota(job.owner, job.groups).allows(used_g, used_j, job.gpus):
             if job.preemptible:

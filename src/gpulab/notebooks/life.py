@@ -27,6 +27,7 @@ from ..data.sync import DiskAccount, progress_message
 from ..disk_ledger import DiskLedger
 from ..gpus.inventory import node_of
 from ..gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
+from ..gpus.recent_usage import RecentUsage
 from ..gpus.sharing import is_fraction
 from ..lifecycle import InvalidTransition, NotebookState
 from ..names import L_NETWORK, notebook_workload_id
@@ -259,6 +260,12 @@ async def _reserve_gpus(nb: Notebook, res) -> None:
     except NoGpuAvailable as e:
         raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", str(e), 409) from None
     if nb.held.gpu_ids:
+        # the fair share counts this notebook's GPUs towards the user's groups too
+        recent = RecentUsage(nb.ledger.db, nb.ledger.instance)
+        try:
+            await nb.db(recent.note_groups, nb.user, nb.groups)
+        except Exception:  # never a reason to refuse the spawn
+            log.warning("%s: the fair share did not note its groups", nb.workload_id, exc_info=True)
         share = f" ({res.gpus:g} of it, shared)" if is_fraction(res.gpus) else ""
         nb.progress(20, f"GPUs reserved: {', '.join(nb.held.gpu_ids)}{share}")
     if nb.ledger.clustered:

@@ -20,17 +20,21 @@ import asyncio
 import contextlib
 import logging
 import time
+from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 
 from ...disk_ledger import DiskLedger
 from ...gpus.inventory import node_of
 from ...gpus.ledger import GpuLedger, NoGpuAvailable
 from ...gpus.placement import choose_gang
+from ...gpus.recent_usage import RecentUsage
 from ...lifecycle import InvalidTransition, JobState
 from ...metrics import JOB_QUEUE_WAIT
 from ...runtime.base import EngineUnreachable, Runtime
 from ...secrets import store_for
 from ..gang import decode_devices, encode_devices
+from ..queue import fair_share_now
 from ..records import JobRecords
 from ..scheduler import ActiveJob, QueuedJob, plan
 from . import housekeeping
@@ -74,6 +78,8 @@ class JobSupervisor:
         self._last_sweep = 0.0
         self._adopted: dict[str, float] = {}  # job id -> when a task-less job was last adopted
         self._waiting: dict[str, str] = {}  # job id -> the waiting message last written
+        self.recent = RecentUsage(db, settings.instance)
+        self._accrued_at: float | None = None  # the fair share's last look (None: not yet)
 
     # --- what the service asks -----------------------------------------------------------
 
@@ -227,8 +233,33 @@ class JobSupervisor:
                     await self.wake.wait()
             self.wake.clear()
 
+    async def accrue_usage(self, jobs: list[dict]) -> None:
+        """Add what the GPU ledger's holders held since the last look to their recent usage
+        (the fair share), at most every ``fair_share_interval`` seconds; the first look
+        after a start only sets the clock (time the service was down is not counted)."""
+        now = time.time()
+        last = self._accrued_at
+        if last is not None and now - last < self.s.fair_share_interval:
+            return
+        self._accrued_at = now
+        if last is None:
+            return
+        held: dict[str, float] = {}
+        for a in await self.db(self.ledger.allocations):
+            held[a["owner"]] = held.get(a["owner"], 0.0) + a["gpus"]
+        groups = {j["owner"]: j["groups"] for j in jobs}  # what jobs say of their owners
+        await self.db(
+            self.recent.accrue,
+            held,
+            now - last,
+            datetime.fromtimestamp(now, UTC),
+            self.s.fair_share_half_life,
+            groups,
+        )
+
     async def schedule(self) -> None:
         jobs = await self.db(self.records.active_and_queued)
+        await self.accrue_usage(jobs)
         self._adopt([j for j in jobs if j["state"] != J.QUEUED.value])
         queued, active = [], []
         cap = self.s.max_job_workers
@@ -286,6 +317,11 @@ class JobSupervisor:
                 )
         if not queued:
             return
+        fs = await self.db(
+            fair_share_now, self.s, self.recent, [(j.owner, j.groups) for j in queued]
+        )
+        queued = [replace(j, standing=fs.of(j.owner, j.groups)) for j in queued]
+        active = [replace(a, standing=fs.of(a.owner, a.groups)) for a in active]
         allocations = await self.db(self.ledger.allocations)
         held = {a["device"] for a in allocations}
         # jobs take whole GPUs: the devices no one holds any share of, unshareable ones first

@@ -176,6 +176,45 @@ SERVER = {
 }
 PUBLIC = {"413": _error(413)}
 
+#: one user's or group's standing in the fair share (gpulab.fairshare.Standing.to_json)
+STANDING = {
+    "gpu_hours": {"type": "number", "minimum": 0},
+    "used": {"type": "number", "minimum": 0, "maximum": 1},
+    "share": {"type": "number", "minimum": 0, "maximum": 1},
+    "factor": {"type": "number", "minimum": 0, "maximum": 1},
+}
+
+#: a user's place in the fair share (gpulab.jobs.queue.share_of)
+FAIR_SHARE = {
+    "type": "object",
+    "description": "the user's place in the fair share: their recent GPU-hours (decayed with "
+    "the half-life), their part of everyone's recent usage and their entitled share (0 to "
+    "1), their factor (1 unused, 0.5 at their share, less beyond it), the same for the group "
+    "that judges them (null when in no group), and each of their queued jobs' place in line "
+    "(at most 100 listed; queued_mine counts them all)",
+    "properties": {
+        **STANDING,
+        "group": {
+            "type": ["object", "null"],
+            "properties": {"name": {"type": "string"}, **STANDING},
+        },
+        "half_life_hours": {"type": "number"},
+        "queued": {
+            "type": "array",
+            "maxItems": 100,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "string"},
+                    "place": {"type": "integer", "minimum": 1},
+                },
+            },
+        },
+        "queued_mine": {"type": "integer", "minimum": 0},
+        "queued_total": {"type": "integer", "minimum": 0},
+    },
+}
+
 EVENT = {
     "type": "object",
     "properties": {
