@@ -40,7 +40,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--latency", type=int, default=10, help="jobs timed one by one")
     ap.add_argument("--jobs", type=int, default=200, help="short jobs queued at once")
-    ap.add_argument("--concurrency", type=int, default=16, help="the user's job quota")
+    ap.add_argument(
+        "--concurrency", type=int, default=16, help="the user's jobs at once (max_job_workers)"
+    )
     ap.add_argument("--clients", type=int, default=50, help="concurrent API clients")
     ap.add_argument("--requests", type=int, default=20, help="requests per client")
     args = ap.parse_args()
@@ -48,7 +50,9 @@ def main() -> None:
     config = (
         "c.GpulabSettings.supervisor_interval = 0.1\n"
         "c.GpulabSettings.job_container_retention = 0\n"
-        f'c.GpulabSettings.job_quota = {{"gpus": None, "jobs": {args.concurrency}}}\n'
+        # the quota counts QUEUED jobs: none here, and max_job_workers caps what runs at once
+        'c.GpulabSettings.job_quota = {"gpus": None, "jobs": None}\n'
+        f"c.GpulabSettings.max_job_workers = {args.concurrency}\n"
     )
     hub = Hub(workdir=Path(tempfile.mkdtemp(prefix="gpulab-bench-jobs-")), extra_config=config)
     try:

@@ -239,7 +239,9 @@ def effective_limits(
 
 @dataclass(frozen=True)
 class Quota:
-    """Most GPUs and most active jobs a user may hold in quota; None means unlimited."""
+    """Most GPUs a user may hold in quota, and most jobs they may have in the quota states
+    (QUEUED, INITIALIZING, PENDING, RUNNING: checked at submission, and of the active ones
+    when a job starts); None means unlimited."""
 
     gpus: int | None = None
     jobs: int | None = None

@@ -547,12 +547,15 @@ class GpulabSettings(Configurable):
     ).tag(config=True)
 
     job_quota = Dict(
-        default_value={"gpus": 2, "jobs": 4},
+        default_value={"gpus": 2, "jobs": 10},
         help="""Default quota of a user: {gpus, jobs}. ``gpus``: the most GPUs the user may hold
         in quota, their notebooks and their INITIALIZING, PENDING and RUNNING jobs together;
-        ``jobs``: the most of those jobs at once. None means unlimited (not advised on a shared
-        host). Preemptible jobs may go beyond it on idle GPUs and are preempted for in-quota
-        work.""",
+        ``jobs``: the most jobs they may have in the quota states at once, QUEUED included
+        (the job concept: QUEUED, INITIALIZING, PENDING and RUNNING count against the quota),
+        checked at submission (409) and again when a job starts. None means unlimited (not
+        advised on a shared host). Preemptible jobs may go beyond it on idle GPUs (their
+        submission is never refused for the quota, and those running beyond it do not count)
+        and are preempted for in-quota work.""",
     ).tag(config=True)
 
     user_job_quotas = Dict(

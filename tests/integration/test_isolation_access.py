@@ -22,7 +22,8 @@ c.GpulabSettings.gpu_mode = "env"
 c.GpulabSettings.supervisor_interval = 0.2
 c.GpulabSettings.preemption_grace = 1
 c.GpulabSettings.max_resources = {"cpus": 1, "memory": "1G", "gpus": 2}
-c.GpulabSettings.job_quota = {"gpus": 1, "jobs": 2}
+c.GpulabSettings.job_quota = {"gpus": 1, "jobs": 4}
+c.GpulabSettings.user_job_quotas = {"gina": {"gpus": 1, "jobs": 2}}
 c.GpulabSettings.max_queued_jobs = 3
 c.GpulabSettings.job_container_retention = 2
 c.GpulabSettings.container_log_max_size = "1m"
@@ -151,6 +152,29 @@ def test_queue_cap_is_atomic_priority_ceiling_and_pages(hub):
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
         codes = list(pool.map(submit, range(10)))
     assert sorted(codes) == [201] * 3 + [409] * 7, codes
+
+    # the quota counts QUEUED jobs too (gina's allows 2), as atomically; a preemptible job
+    # is never refused for the quota (it may only borrow idle GPUs)
+    gina = Api(hub, "gina")
+
+    def submit_gina(_):
+        r = gina.call("POST", "/jobs", json={"command": ["sleep", "30"], "resources": SMALL})
+        return r.status_code, r.json().get("message", "")
+
+    with concurrent.futures.ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(submit_gina, range(10)))
+    assert sorted(c for c, _ in answers) == [201] * 2 + [409] * 8, answers
+    assert all("your quota allows 2 jobs queued or running" in m for c, m in answers if c == 409), (
+        answers
+    )
+    borrow = gina.call(
+        "POST",
+        "/jobs",
+        json={"command": ["sleep", "30"], "resources": SMALL, "preemptible": True},
+    )
+    assert borrow.status_code == 201, borrow.text
+    for j in gina.call("GET", "/jobs").json()["jobs"]:
+        gina.call("POST", f"/jobs/{j['id']}/interrupt")
 
     page = dave.call("GET", "/jobs", params={"limit": 2}).json()
     assert len(page["jobs"]) == 2 and page["total"] == 3 and page["next"], page

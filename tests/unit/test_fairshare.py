@@ -268,3 +268,27 @@ def test_simulation_no_user_starves_and_heavy_users_yield_to_light_ones():
     fs = fair_share(fair.usage, {})
     heavy_factor = fs.users["heavy"].factor
     assert all(heavy_factor < s.factor for u, s in fs.users.items() if u != "heavy")
+
+
+def test_the_quota_counts_queued_jobs_but_not_those_running_beyond_it(tmp_path):
+    """JobRecords.create with the quota's job count: QUEUED, INITIALIZING, PENDING and
+    RUNNING count (the job concept); ended jobs and jobs running beyond the quota do not."""
+    from gpulab.db import Database
+    from gpulab.jobs.records import JobRecords, QuotaFull
+    from gpulab.lifecycle import JobState as J
+
+    jobs = JobRecords(Database(f"sqlite:///{tmp_path / 'g.sqlite'}"), "t")
+    spec = {"priority": 50, "resources": {"gpus": 1}}
+    a = jobs.create("ann", spec, None, (), quota_jobs=2)["id"]
+    jobs.create("ann", spec, None, (), quota_jobs=2)
+    with pytest.raises(QuotaFull, match="your quota allows 2 jobs queued or running at once"):
+        jobs.create("ann", spec, None, (), quota_jobs=2)
+    jobs.create("bob", spec, None, (), quota_jobs=2)  # per owner
+    jobs.transition(a, J.INITIALIZING, expect=J.QUEUED, over_quota=1)  # borrowed GPUs
+    jobs.create("ann", spec, None, (), quota_jobs=2)
+    with pytest.raises(QuotaFull):
+        jobs.create("ann", spec, None, (), quota_jobs=2)
+    jobs.transition(a, J.FAILED, expect=J.INITIALIZING)
+    with pytest.raises(QuotaFull):  # a was not counted anyway
+        jobs.create("ann", spec, None, (), quota_jobs=2)
+    assert jobs.create("ann", spec, None, (), quota_jobs=None)  # no quota on jobs

@@ -27,7 +27,7 @@ from ..lifecycle import InvalidTransition, JobState
 from ..resources import Quota
 from ..runtime.base import EngineError
 from .gang import workers_of
-from .records import ACTIVE, ENDED, JobRecords, QueueFull
+from .records import ACTIVE, ENDED, JobRecords, QueueFull, QuotaFull
 from .refusals import Conflict, Invalid, JobRefused, NotAllowed, NotFound
 from .scheduler import can_ever_fit
 from .spec import MAX_PRIORITY, WORKSPACE_DIR, JobSpec, job_spec_schema, parse_job_spec
@@ -182,8 +182,11 @@ async def submit(
             spec.name,
             groups,
             max_unfinished=s.max_queued_jobs,
+            # QUEUED counts against the quota (the job concept); a preemptible job may wait
+            # for idle GPUs beyond it, so its submission is never refused for it
+            quota_jobs=None if spec.preemptible else s.quota_for(owner, groups).jobs,
         )
-    except QueueFull as e:
+    except (QueueFull, QuotaFull) as e:
         raise Conflict(str(e)) from None
     sup.wake.set()
     return job

@@ -11,7 +11,13 @@ from sqlalchemy.orm import selectinload
 from ..billing import billed_minutes
 from ..db import Database, Job, JobEvent
 from ..faults import fault_point
-from ..lifecycle import InvalidTransition, JobState, check_job_transition, utcnow
+from ..lifecycle import (
+    JOB_QUOTA_STATES,
+    InvalidTransition,
+    JobState,
+    check_job_transition,
+    utcnow,
+)
 from ..statelog import state_change
 from .gang import ranks, spec_workers
 from .spec.ports import job_path
@@ -43,6 +49,18 @@ class RequestChanged(InvalidTransition):
         ValueError.__init__(self, f"the job's request changed meanwhile (now {request or 'none'})")
         self.request = request
         self.old = self.new = None
+
+
+class QuotaFull(Exception):
+    """The owner's quota counts as many jobs as it allows (QUEUED included)."""
+
+    def __init__(self, count: int, cap: int):
+        self.count, self.cap = count, cap
+        super().__init__(
+            f"your quota allows {cap} jobs queued or running at once (QUEUED counts) and you "
+            f"have {count}: wait for one to end, or submit this one as preemptible (it may "
+            "wait for idle GPUs beyond the quota)"
+        )
 
 
 class QueueFull(Exception):
@@ -161,16 +179,33 @@ class JobRecords:
         name: str | None,
         groups=(),
         max_unfinished: int | None = None,
+        quota_jobs: int | None = None,
     ) -> dict:
         """Insert a QUEUED job. ``max_unfinished``: the most jobs ``owner`` may have queued or
-        active; counted and inserted in one transaction serialized per owner, so that
-        concurrent submissions cannot overshoot it (QueueFull)."""
+        active (QueueFull); ``quota_jobs``: the most jobs their quota counts, those in the
+        quota states (QUEUED, INITIALIZING, PENDING, RUNNING) except any running beyond the
+        quota (QuotaFull). Counted and inserted in one transaction serialized per owner, so
+        that concurrent submissions cannot overshoot either."""
         job_id = "j" + secrets.token_hex(6)
         name = name or f"job-{job_id[1:]}"  # unnamed jobs are named after their unique id
         now = utcnow()
         with self.db.session() as s:
-            if max_unfinished is not None:
+            if max_unfinished is not None or quota_jobs is not None:
                 self.db.serialize(s, "gpulab-queue", self.instance, owner)
+            if quota_jobs is not None:
+                counted = s.scalar(
+                    select(func.count())
+                    .select_from(Job)
+                    .where(
+                        Job.instance == self.instance,
+                        Job.owner == owner,
+                        Job.state.in_([st.value for st in JOB_QUOTA_STATES]),
+                        Job.over_quota == 0,
+                    )
+                )
+                if counted >= quota_jobs:
+                    raise QuotaFull(counted, quota_jobs)
+            if max_unfinished is not None:
                 unfinished = s.scalar(
                     select(func.count())
                     .select_from(Job)

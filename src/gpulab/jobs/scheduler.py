@@ -12,9 +12,10 @@ Rules
    owner's most-used group's factor, then the owner's own, higher first: see
    :mod:`gpulab.fairshare`; 1 and 1 when not given), then submission time (oldest first:
    FIFO within a priority and an owner), then id (for determinism).
-2. **Quota counts.** A user's non-preemptible jobs in the quota states (QUEUED, INITIALIZING,
-   PENDING, RUNNING) are capped by the quota's job count at submission
-   (:func:`quota_refusal`); here, the quota's GPUs and jobs cap what *starts*.
+2. **Quota counts.** A user's jobs in the quota states (QUEUED, INITIALIZING, PENDING,
+   RUNNING; those running beyond the quota aside) are capped by the quota's job count at
+   submission (``JobRecords.create``; a preemptible job is never refused for it); here, the
+   quota's GPUs and jobs cap what *starts*.
 3. **Quota.** A user's quota (:func:`~gpulab.resources.quota_for`: their own, else the most
    generous of their groups field by field, else the default; ``None`` means unlimited) caps
    the GPUs and the number of their *in-quota* active jobs (INITIALIZING, PENDING, RUNNING).
