@@ -36,6 +36,7 @@ from .forwarded import DEFAULT_TRUSTED_PROXIES, trusted_networks
 from .frameworks import Catalog
 from .gpus.sharing import check_sharing, fraction_refusal, sharing_mode_refusal
 from .idle import gpu_unused_timeout_for, idle_timeout_for
+from .notices import NotifyRules, check_host_patterns, check_networks
 from .resources import (
     Flavor,
     Limits,
@@ -744,6 +745,114 @@ class GpulabSettings(Configurable):
         clones them from the sync image, on the default bridge network). Off: a job with `git`
         is refused with a 400, and the API's schema says so.""",
     ).tag(config=True)
+
+    notify_webhook_hosts = List(
+        Unicode(),
+        default_value=[],
+        help="""Hosts a job's notify.webhook may name (docs/jobs.md#notifications): '*' any
+        host, '*.example.org' its subdomains, 'hooks.example.org' or an address that one;
+        with ':8443' (or ':*') another port than the scheme's default. Whatever the host, a
+        webhook connects only to public addresses, each resolved address checked when it is
+        sent: never to loopback, private, link-local (169.254.169.254), shared or reserved
+        ones (the hub, the engine, a cloud's metadata) unless notify_webhook_networks lists
+        them. Empty (default): webhooks are off, and a job asking for one is refused.""",
+    ).tag(config=True)
+
+    @validate("notify_webhook_hosts")
+    def _check_webhook_hosts(self, proposal):
+        try:
+            check_host_patterns(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"c.GpulabSettings.notify_webhook_hosts: {e}") from None
+        return proposal["value"]
+
+    notify_webhook_networks = List(
+        Unicode(),
+        default_value=[],
+        help="""Networks (CIDR) or addresses that webhooks may connect to although they are
+        not public, for a receiver inside the site (a chat server at 10.1.2.3). Every process
+        that listens there can then be sent a job's notice by any user whose webhook host
+        notify_webhook_hosts allows: list as little as you can. Empty (default): public
+        addresses only.""",
+    ).tag(config=True)
+
+    @validate("notify_webhook_networks")
+    def _check_webhook_networks(self, proposal):
+        try:
+            check_networks(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"c.GpulabSettings.notify_webhook_networks: {e}") from None
+        return proposal["value"]
+
+    notify_smtp_host = Unicode(
+        "",
+        help="""The site's SMTP server, through which e-mail notices go (with
+        notify_mail_domains). Empty (default): e-mail notices are off.""",
+    ).tag(config=True)
+
+    notify_smtp_port = Integer(
+        0,
+        help="Port of the SMTP server; 0: the security's usual one (587 for starttls, 465 "
+        "for tls, 25 for none).",
+    ).tag(config=True)
+
+    notify_smtp_security = Enum(
+        ["starttls", "tls", "none"],
+        default_value="starttls",
+        help="""How the connection to the SMTP server is secured: 'starttls' (plain, then
+        STARTTLS; refused if the server does not offer it), 'tls' (TLS from the start) or
+        'none' (a relay on this host or a trusted network only). The server's certificate is
+        checked against the system's CAs.""",
+    ).tag(config=True)
+
+    notify_smtp_user = Unicode(
+        "", help="User name to log in to the SMTP server with; empty: no log-in."
+    ).tag(config=True)
+
+    notify_smtp_password_env = Unicode(
+        "",
+        help="""The environment variable of the service that holds the SMTP password (the
+        password itself is never written in the configuration, nor logged).""",
+    ).tag(config=True)
+
+    notify_smtp_password_file = Unicode(
+        "",
+        help="""A file (mode 0600) whose first line is the SMTP password, read when a mail is
+        sent; used when notify_smtp_password_env is empty.""",
+    ).tag(config=True)
+
+    notify_mail_from = Unicode(
+        "",
+        help="The From address of e-mail notices; empty: gpulab@ and this host's name.",
+    ).tag(config=True)
+
+    notify_mail_domains = List(
+        Unicode(),
+        default_value=[],
+        help="""Domains a job's notify.email may be in ('example.org', '*.example.org' its
+        subdomains, '*' any): the site's mail server sends only to these, so that it cannot
+        be made to mail strangers. Empty (default): e-mail notices are off.""",
+    ).tag(config=True)
+
+    @validate("notify_mail_domains")
+    def _check_mail_domains(self, proposal):
+        try:
+            check_host_patterns(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"c.GpulabSettings.notify_mail_domains: {e}") from None
+        if any(":" in d for d in proposal["value"]):
+            raise TraitError("c.GpulabSettings.notify_mail_domains: a domain has no port")
+        return proposal["value"]
+
+    @property
+    def notify_rules(self) -> NotifyRules:
+        """Where a job's notices may go (gpulab.notices), from the notify_* settings."""
+        return NotifyRules(
+            webhook_hosts=tuple(self.notify_webhook_hosts),
+            webhook_networks=tuple(self.notify_webhook_networks),
+            mail=bool(self.notify_smtp_host),
+            mail_domains=tuple(self.notify_mail_domains),
+        )
 
     secrets_keys = List(
         Unicode(),

@@ -457,6 +457,34 @@ def test_to_json_is_json_and_from_json_round_trips():
     assert JobSpec.from_json(json.loads(json.dumps(d))) == spec
 
 
+def test_notify_round_trips_and_is_refused_where_the_site_sends_nothing():
+    from gpulab.notices import NotifyRules
+
+    rules = NotifyRules(webhook_hosts=("*.example.org",), mail=True, mail_domains=("*",))
+    raw = {
+        "command": ["x"],
+        "notify": {"on": ["failed"], "webhook": "https://hooks.example.org/a?t=1"},
+    }
+    spec = parse(raw, notify_rules=rules)
+    assert spec.to_json()["notify"] == {
+        "on": ["failed"],
+        "webhook": "https://hooks.example.org/a?t=1",
+        "email": None,
+    }
+    assert JobSpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+    assert parse(spec.to_json(), notify_rules=rules) == spec
+    assert parse({"command": ["x"]}).notify is None
+    # the default rules send nothing: webhooks and e-mail are the admin's to open
+    refused(raw, "notify.webhook", "webhooks are not enabled")
+    refused({"command": ["x"], "notify": {"email": "a@b.org"}}, "notify.email", "not enabled")
+    refused(
+        {"command": ["x"], "notify": {"webhook": "http://169.254.169.254/"}},
+        "notify.webhook",
+        "may not go to",
+        notify_rules=rules,
+    )
+
+
 def test_from_json_does_not_recheck_access_or_limits():
     spec = parse({"command": ["x"], "volumes": ["team@s3/vision:/t"], "resources": {"gpus": 2}})
     d = spec.to_json()
@@ -590,6 +618,9 @@ DEPLOYMENT_BODIES = [
     {"command": "ok\x00"},
     {"command": ["x"], "labels": {"org.gpulab.owner": "me"}},
     {"command": ["x"], "name": ""},
+    {"command": ["x"], "notify": None},
+    {"command": ["x"], "notify": {"email": "ann@example.org"}},
+    {"command": ["x"], "notify": {"webhook": "https://hooks.example.org/x"}},
 ]
 
 

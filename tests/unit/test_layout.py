@@ -40,6 +40,7 @@ CORE = {
     "identity",
     "forwarded",
     "fairshare",
+    "notices",
 }
 #: what the core may never import: a database, an engine, the network, a web framework
 IO_MODULES = {
@@ -83,6 +84,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                 "faults",
                 "hub_process",
                 "datasync",
+                "notifier",
             }
         ),
     ),

@@ -124,6 +124,7 @@ async def submission_schema(
         git=s.job_git_sources,
         gang_slots=sup.ledger.gang_slots(),
         max_workers=s.max_job_workers,
+        notify_rules=s.notify_rules,
     )
 
 
@@ -157,6 +158,7 @@ async def submit(
             gpu_home=gpu_home,
             secret_names=frozenset(names) if names is not None else None,
             git_allowed=s.job_git_sources,
+            notify_rules=s.notify_rules,
         )
     except FieldError as e:
         raise Invalid(str(e), field=e.field) from None
@@ -235,8 +237,8 @@ async def interrupt(sup: JobSupervisor, job: dict) -> tuple[dict, bool]:
     with _changed_meanwhile(job_id):
         if state is J.QUEUED:
             try:
-                result = await asyncio.to_thread(
-                    records.transition,
+                # through the supervisor's one door of transitions: its notice too
+                result = await sup.ctx.move(
                     job_id,
                     J.INTERRUPTED,
                     reason="USER_INTERRUPT",

@@ -79,6 +79,7 @@ JOB_SPEC_FIELDS = (
     "git",
     "working_dir",
     "read_only_rootfs",
+    "notify",
 )
 RESOURCE_FIELDS = ("cpus", "memory", "gpus")
 HANG_RESTART_FIELDS = ("enabled", "period")

@@ -39,6 +39,14 @@ from ...bounds import (
 )
 from ...checks import MAX_SECRET_NAME_CHARS, SECRET_NAME_PATTERN
 from ...frameworks import Catalog
+from ...notices import (
+    EMAIL_PATTERN,
+    EVENTS,
+    MAX_EMAIL_CHARS,
+    MAX_URL_CHARS,
+    NotifyRules,
+)
+from ...notices import URL_PATTERN as WEBHOOK_PATTERN
 from ...resources import Flavor, Limits, Resources, format_memory, parse_memory
 from ...volumes import volume_pattern
 from ..gang import DISTRIBUTED_ENV
@@ -224,6 +232,49 @@ GIT_SCHEMA: dict[str, Any] = {
     },
     "description": "Git repositories cloned before the job starts, each into a volume of its "
     "own mounted read-write at its path. Clones are inputs: they are not pushed to any store.",
+}
+
+
+#: JSON Schema of the ``notify`` field (gpulab.notices); a deployment's says where it may go
+NOTIFY_SCHEMA: dict[str, Any] = {
+    "type": ["object", "null"],
+    "additionalProperties": False,
+    "properties": {
+        "on": {
+            "type": ["array", "null"],
+            "items": {"enum": list(EVENTS)},
+            "minItems": 1,
+            "maxItems": 2 * len(EVENTS),
+            "default": list(EVENTS),
+            "description": "The events to be told of: done (ended DONE), failed (FAILED, ERROR "
+            "or SYNC_FAILED), interrupted (INTERRUPTED: by its owner, an admin or its "
+            "time-out), preempted (its GPUs taken back: SIGTERM, then the grace period to "
+            "checkpoint). Default: all.",
+        },
+        "webhook": {
+            "type": ["string", "null"],
+            "maxLength": MAX_URL_CHARS,
+            "pattern": WEBHOOK_PATTERN,
+            "description": "An https:// (or http://) URL that gets a JSON POST per event (the "
+            "job's id, name, owner, state, reason, message, exit code and times), only to the "
+            "hosts the admin allows and never to a private address; no user:password@ in it.",
+        },
+        "email": {
+            "type": ["string", "null"],
+            "maxLength": MAX_EMAIL_CHARS,
+            "pattern": EMAIL_PATTERN,
+            "description": "An e-mail address in a domain the admin allows, mailed through the "
+            "site's SMTP server.",
+        },
+    },
+    "anyOf": [
+        {"required": ["webhook"], "properties": {"webhook": {"type": "string", "minLength": 1}}},
+        {"required": ["email"], "properties": {"email": {"type": "string", "minLength": 1}}},
+        {"type": "null"},
+    ],
+    "description": "Tell the job's owner when it ends, fails or is preempted, by webhook "
+    "and/or e-mail. Sent in the background, retried a few times; a notice that cannot be "
+    "delivered never holds the job up.",
 }
 
 
@@ -471,6 +522,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "description": "Mount the image's file system read-only: only /workspace, the "
             "volumes, git checkouts and a small /tmp are writable.",
         },
+        "notify": NOTIFY_SCHEMA,
     },
 }
 
@@ -616,11 +668,13 @@ def job_spec_schema(
     git: bool = True,
     gang_slots: Mapping[int, int] | None = None,
     max_workers: int = MAX_WORKERS,
+    notify_rules: NotifyRules | None = None,
 ) -> dict[str, Any]:
     """:data:`JOB_SPEC_SCHEMA` narrowed to what this deployment accepts from one caller: the
     catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
     the caller's resource limits and GPU quota, the host's GPUs, the longest time-out, the
-    highest priority the caller may ask for, and no volumes where no object store is set.
+    highest priority the caller may ask for, no volumes where no object store is set, and
+    no webhook or e-mail notices where the admin allows none (``notify_rules``).
     ``volumes``: True (any store, the syntax alone), False or None (none: no store, or no
     grant for the caller), or the pattern of what the caller may mount
     (:meth:`gpulab.storage.StorageConfig.volume_pattern`).
@@ -630,8 +684,9 @@ def job_spec_schema(
     limits unless ``resources`` override them, more GPUs than the quota unless preemptible.
     What stays out of reach of a schema: the sums (command and args together, all of env,
     UTF-8 bytes where a cap counts them), and what one list entry is to another (volumes'
-    mount paths, repositories' paths, ports' names and numbers, env entries' names), each
-    refused with a 400 naming the field.
+    mount paths, repositories' paths, ports' names and numbers, env entries' names), and
+    where a notice may go (a webhook's host and address, an e-mail's domain: the admin's
+    patterns are in the descriptions), each refused with a 400 naming the field.
     """
     schema = copy.deepcopy(JOB_SPEC_SCHEMA)
     schema.pop("$schema", None)  # embedded in an OpenAPI 3.1 document, whose dialect it is
@@ -789,4 +844,30 @@ def job_spec_schema(
         {"anyOf": _gang_branches(flavors, gpus_any, quota_gpus, quota_jobs, gang_slots or {})},
     ]
     props["workers"]["maximum"] = max(1, min(MAX_WORKERS, max_workers))
+    _narrow_notify(props["notify"], notify_rules or NotifyRules())
     return schema
+
+
+def _narrow_notify(notify: dict[str, Any], rules: NotifyRules) -> None:
+    """The ``notify`` field as this site takes it: the hosts and domains the admin allows
+    said in the descriptions (a pattern cannot say them all), a channel that is off shut."""
+    props = notify["properties"]
+    off = {"type": ["string", "null"], "maxLength": 0}
+    if rules.webhook_hosts:
+        props["webhook"]["description"] += (
+            f" Hosts allowed here: {', '.join(rules.webhook_hosts)} (a pattern without a "
+            "port: the scheme's default port)."
+        )
+    else:
+        props["webhook"] = {**off, "description": "Webhooks are not enabled on this platform."}
+    if rules.mail and rules.mail_domains:
+        props["email"]["description"] += f" Domains allowed here: {', '.join(rules.mail_domains)}."
+    else:
+        props["email"] = {**off, "description": "E-mail is not enabled on this platform."}
+    branches = {
+        "webhook": bool(rules.webhook_hosts),
+        "email": rules.mail and bool(rules.mail_domains),
+    }
+    notify["anyOf"] = [b for b in notify["anyOf"] if branches.get(b.get("required", [""])[0])] + [
+        {"type": "null"}
+    ]

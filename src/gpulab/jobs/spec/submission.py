@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...frameworks import Catalog
+from ...notices import Notify, NotifyRules, parse_notify
 from ...resources import Flavor, Limits, Resources, parse_memory
 from ...storage import StorageConfig
 from ...volumes import VolumeSpec, parse_volume
@@ -86,6 +87,8 @@ class JobSpec:
     git: tuple[GitSource, ...] = ()
     working_dir: str | None = None
     read_only_rootfs: bool = False
+    #: whom to tell of its end, failure or preemption (gpulab.notices); None: nobody
+    notify: Notify | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -118,6 +121,7 @@ class JobSpec:
             "git": [g.to_json() for g in self.git],
             "working_dir": self.working_dir,
             "read_only_rootfs": self.read_only_rootfs,
+            "notify": self.notify.to_json() if self.notify else None,
         }
 
     @classmethod
@@ -159,6 +163,7 @@ class JobSpec:
             git=tuple(GitSource.from_json(g) for g in d.get("git") or ()),
             working_dir=d.get("working_dir") or None,
             read_only_rootfs=bool(d.get("read_only_rootfs", False)),
+            notify=Notify.from_json(d.get("notify")),
         )
 
 
@@ -183,6 +188,7 @@ def parse_job_spec(
     gpu_home: str = "this host",
     secret_names: frozenset[str] | None = None,
     git_allowed: bool = True,
+    notify_rules: NotifyRules | None = None,
 ) -> JobSpec:
     """Turn a raw submission into a :class:`JobSpec` or raise :class:`JobSpecError`.
 
@@ -190,6 +196,7 @@ def parse_job_spec(
     ``name`` may be absent (None): the caller then generates one. ``timeout`` defaults to 7 days
     (or ``max_timeout`` if lower) and may not exceed ``max_timeout``. ``secret_names``: the
     owner's secrets (None: secrets are not enabled, and a reference to one is refused).
+    ``notify_rules``: where notices may go on this site (None: nowhere, ``notify`` is refused).
     """
     fields = parse_fields(
         raw,
@@ -222,4 +229,5 @@ def parse_job_spec(
         git=git,
         working_dir=parse_working_dir(raw),
         read_only_rootfs=parse_read_only(raw),
+        notify=parse_notify(raw.get("notify"), notify_rules or NotifyRules(), JobSpecError),
     )

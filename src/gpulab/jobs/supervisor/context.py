@@ -22,10 +22,13 @@ from ...gpus.ledger import GpuLedger
 from ...gpus.usage import DeviceUsage, busiest, keyed, usage_of
 from ...lifecycle import JobState
 from ...names import job_container_name, job_workload_id, rank_name, volume_name
+from ...notices import Notify, job_event, job_notice
+from ...notifier import Notifier
 from ...runtime.base import Runtime
 from ..gang import Rank
 from ..records import JobRecords
 from ..spec import JobSpec
+from ..spec.ports import job_path
 
 log = logging.getLogger("gpulab.jobs")
 
@@ -48,6 +51,8 @@ class JobContext:
     spawn: Callable[[str, bool], None] = _no_task
     #: consecutive faults per job, for the backoff (reset once its command runs)
     fault_streak: dict[str, int] = field(default_factory=dict)
+    #: sends the notices a job's owner asked for (its spec's ``notify``); None: none sent
+    notifier: Notifier | None = None
 
     async def db(self, fn, *args, **kw):
         """A blocking database call, off the event loop."""
@@ -115,8 +120,28 @@ class JobContext:
         return busiest(usage_of(await self.gpu_readings(), devices))
 
     async def move(self, job_id: str, state: JobState, **kw) -> dict:
-        """A compare-and-set transition of the job's record (``expect``: the state seen)."""
-        return await self.db(self.records.transition, job_id, state, **kw)
+        """A compare-and-set transition of the job's record (``expect``: the state seen),
+        then the notice its owner asked for, if it is one (:meth:`announce`)."""
+        job = await self.db(self.records.transition, job_id, state, **kw)
+        self.announce(job)
+        return job
+
+    def announce(self, job: dict) -> None:
+        """Hand the notice of ``job``'s transition (its record, just written) to the
+        notifier, when it is an event its spec's ``notify`` asks for: the one place a job's
+        end, failure or preemption is told. Never waits for the sending, never raises."""
+        if self.notifier is None:
+            return
+        try:
+            notify = Notify.from_json((job.get("spec") or {}).get("notify"))
+            event = job_event(job["state"], job["reason"])
+            if notify is None or not notify.wants(event):
+                return
+            s = self.settings
+            url = f"{(s.public_url or s.bind_url).rstrip('/')}{job_path(job['id'])}"
+            self.notifier.post(job_notice(job, str(event), url), notify)
+        except Exception as e:  # a notice is a courtesy: never a fault of the job
+            log.warning("notice of job %s not sent: %s", job.get("id"), e)
 
     async def requested(self, job_id: str) -> str:
         """What the job's owner or the scheduler asked of it ("interrupt", "preempt", "")."""

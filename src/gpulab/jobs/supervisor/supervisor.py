@@ -31,6 +31,7 @@ from ...gpus.placement import choose_gang
 from ...gpus.recent_usage import RecentUsage
 from ...lifecycle import InvalidTransition, JobState
 from ...metrics import JOB_QUEUE_WAIT
+from ...notifier import Notifier
 from ...runtime.base import EngineUnreachable, Runtime
 from ...secrets import store_for
 from ..gang import decode_devices, encode_devices
@@ -63,6 +64,7 @@ class JobSupervisor:
             secrets=store_for(settings, db),  # revealed into a job's container only
             logs_dir=logs_dir,
             spawn=self.spawn_task,
+            notifier=Notifier.from_settings(settings),
         )
         self.records, self.ledger, self.disk = self.ctx.records, self.ctx.ledger, self.ctx.disk
         self.runtime, self.secrets, self.logs_dir = runtime, self.ctx.secrets, logs_dir
@@ -157,6 +159,8 @@ class JobSupervisor:
         await self._abdicate()
         with contextlib.suppress(Exception):
             await self.db(self.lease.release)
+        if self.ctx.notifier is not None:
+            await self.ctx.notifier.close()
 
     async def _abdicate(self) -> None:
         """Lost the lease (or stopping): stop every job task; the containers run on, and
