@@ -64,6 +64,30 @@ def test_form_terminate_after_preemption():
     assert form_field("terminate_after_preemption") == "terminate_after_preemption"
 
 
+def test_form_notify():
+    raw, errors = form_to_job(
+        {
+            "command": "true",
+            "notify_webhook": " https://hooks.example.org/x ",
+            "notify_failed": "on",
+            "notify_preempted": "on",
+        }
+    )
+    assert errors == {}
+    assert raw["notify"] == {
+        "webhook": "https://hooks.example.org/x",
+        "on": ["failed", "preempted"],
+    }
+    raw, _ = form_to_job({"command": "true", "notify_email": "ann@example.org"})
+    assert raw["notify"] == {"email": "ann@example.org"}  # none ticked: the API's default, all
+    raw, _ = form_to_job({"command": "true", "notify_done": "on"})
+    assert raw["notify"] == {"on": ["done"]}  # for the API to refuse: it names no one
+    assert "notify" not in form_to_job({"command": "true"})[0]
+    assert form_field("notify.webhook") == "notify_webhook"
+    assert form_field("notify.on") == "notify_on"
+    assert form_field("notify") == "notify_webhook"
+
+
 def test_gpus_in_all():
     one = {"spec": {"resources": {"gpus": 2}}}
     assert workers_of(one) == 1 and gpu_total(one) == "2"

@@ -7,7 +7,9 @@ import time
 import pytest
 import requests
 
+from ..conftest import wait_until
 from ..support.api import TERMINAL, Api, states
+from ..support.receivers import WebhookReceiver
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -20,6 +22,8 @@ c.GpulabSettings.preemption_grace = 2
 c.GpulabSettings.job_container_retention = 3600
 c.GpulabSettings.user_job_quotas = {"qa": {"gpus": 1}, "pre": {"gpus": 0}}
 c.GpulabSettings.max_resources = {"cpus": 2, "memory": "4G", "gpus": 2}
+c.GpulabSettings.notify_webhook_hosts = ["127.0.0.1:*"]
+c.GpulabSettings.notify_webhook_networks = ["127.0.0.1/32"]
 """
 
 
@@ -82,6 +86,21 @@ def test_happy_path_pulls_input_and_pushes_output(hub, alice, docker_client):
     # the OpenAPI document is served and names every route
     doc = alice.call("GET", "/openapi.json").json()
     assert "/api/jobs/{job_id}/logs" in doc["paths"]
+
+
+def test_a_jobs_webhook_gets_one_notice_when_it_ends(alice):
+    """The supervisor's transition to DONE hands the notice to the service's sender, which
+    POSTs it to a receiver on this host (allowed by the hub's notify_webhook_* settings)."""
+    with WebhookReceiver() as hooks:
+        job = alice.submit(
+            command=["true"], notify={"on": ["done", "failed"], "webhook": hooks.url("/h/t")}
+        )
+        assert job["spec"]["notify"]["webhook"] == hooks.url("/h/t")
+        assert alice.wait(job["id"])["state"] == "DONE"
+        [body] = wait_until(hooks.delivered, timeout=20, what="the job's notice")
+        assert (body["id"], body["event"], body["state"]) == (job["id"], "done", "DONE")
+        assert body["exit_code"] == 0 and "spec" not in body
+        assert [p["path"] for p in hooks.posts] == ["/h/t"]
 
 
 def test_failure_is_retried_then_failed(alice):
@@ -189,6 +208,12 @@ def test_users_do_not_see_each_others_jobs(hub, alice):
         ({"command": ["true"], "image": "alpine:3"}, "image"),
         ({"command": ["true"], "framework": "caffe"}, "framework"),
         ({"command": ["true"], "surprise": 1}, "surprise"),
+        ({"command": ["true"], "notify": {"webhook": "http://169.254.169.254/"}}, "notify.webhook"),
+        ({"command": ["true"], "notify": {"email": "alice@example.org"}}, "notify.email"),
+        (
+            {"command": ["true"], "notify": {"webhook": "http://127.0.0.1/", "on": ["x"]}},
+            "notify.on",
+        ),
     ],
 )
 def test_bad_values_are_400_naming_the_field(alice, body, field):

@@ -225,6 +225,22 @@ def test_workers_go_to_the_submission_only_when_given():
     assert parse("job", "run", "--workers", "64", "--", "true").workers == 64
 
 
+def test_notify_options_make_the_notify_field():
+    args = parse(
+        "job", "run", "--notify-webhook", "https://h.example.org/x", "--notify-on",
+        "done, failed", "--", "true",
+    )  # fmt: skip
+    assert cli.build_submission(args)["notify"] == {
+        "webhook": "https://h.example.org/x",
+        "on": ["done", "failed"],
+    }
+    args = parse("job", "run", "--notify-email", "ann@example.org", "--", "true")
+    assert cli.build_submission(args)["notify"] == {"email": "ann@example.org"}
+    assert "notify" not in cli.build_submission(parse("job", "run", "--", "true"))
+    with pytest.raises(cli.CliError, match="--notify-on needs"):
+        cli.build_submission(parse("job", "run", "--notify-on", "done", "--", "true"))
+
+
 def test_the_cli_knows_the_apis_worker_limit():
     from gpulab.jobs.spec import MAX_WORKERS
 

@@ -90,6 +90,17 @@ def build_submission(args: argparse.Namespace) -> dict:
     if args.priority is not None:
         body["priority"] = args.priority
     add_run_fields(args, body)
+    notify = {
+        k: v
+        for k, v in (("webhook", args.notify_webhook), ("email", args.notify_email))
+        if v is not None
+    }
+    if args.notify_on is not None:
+        if not notify:
+            raise CliError("--notify-on needs --notify-webhook or --notify-email", EXIT_USAGE)
+        notify["on"] = [e.strip() for e in args.notify_on.split(",") if e.strip()]
+    if notify:
+        body["notify"] = notify
     return body
 
 

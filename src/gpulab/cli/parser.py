@@ -166,6 +166,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--priority", type=int, metavar="N", help="0-100 (default 50)")
     add_run_options(run)  # ports, secrets, git, working dir, read-only root
+    run.add_argument(
+        "--notify-webhook", metavar="URL", help="POST a JSON notice here when the job ends"
+    )
+    run.add_argument(
+        "--notify-email", metavar="ADDRESS", help="mail a notice here when the job ends"
+    )
+    run.add_argument(
+        "--notify-on",
+        metavar="A,B",
+        help="which events: done, failed, interrupted, preempted (default: all)",
+    )
     run.add_argument("-f", "--follow", action="store_true", help="stream the output until it ends")
     run.add_argument("command", nargs="*", metavar="CMD", help=argparse.SUPPRESS)
     run.set_defaults(func=cmd_job_run)

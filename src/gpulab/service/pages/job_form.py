@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...jobs.spec import MAX_WORKERS
+from ...notices import EVENTS
 
 # form field -> the spec fields whose errors are shown next to it
 _FIELD_OF = {
@@ -24,6 +25,10 @@ _FIELD_OF = {
     "git": "git",
     "working_dir": "working_dir",
     "read_only_rootfs": "read_only",
+    "notify": "notify_webhook",
+    "notify.webhook": "notify_webhook",
+    "notify.email": "notify_email",
+    "notify.on": "notify_on",
 }
 
 
@@ -102,7 +107,23 @@ def form_to_job(form: dict[str, str]) -> tuple[dict, dict[str, str]]:
     if form.get("terminate_after_preemption") in ("on", "true", "1"):
         raw["terminate_after_preemption"] = True
     _reaching_in(form, raw, errors)
+    _notify(form, raw)
     return raw, errors
+
+
+def _notify(form: dict[str, str], raw: dict[str, Any]) -> None:
+    """The notice fields (a webhook, an e-mail address, the events ticked: none ticked
+    means all) into the job body ``raw``; none given, no ``notify``."""
+    notify: dict[str, Any] = {
+        key: form[f"notify_{key}"].strip()
+        for key in ("webhook", "email")
+        if form.get(f"notify_{key}", "").strip()
+    }
+    on = [e for e in EVENTS if form.get(f"notify_{e}") in ("on", "true", "1")]
+    if on:  # events without a webhook or an address: the API's refusal says what is missing
+        notify["on"] = on
+    if notify:
+        raw["notify"] = notify
 
 
 #: the submit form's fields
@@ -127,6 +148,9 @@ FORM_FIELDS = (
     "git",
     "working_dir",
     "read_only",
+    "notify_webhook",
+    "notify_email",
+    *(f"notify_{e}" for e in EVENTS),
 )
 
 
