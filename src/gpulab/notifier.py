@@ -3,12 +3,13 @@ e-mail through the site's SMTP server.
 
 :meth:`Notifier.post` is what a workload's transition calls: it checks nothing slow, starts
 one delivery task per channel and returns at once, so a job's lifecycle never waits for a
-notice nor fails because of one. The outbox is bounded (:data:`CAPACITY` deliveries pending;
-past it a notice is dropped and logged), at most :data:`CONCURRENCY` attempts run at once,
-and a delivery is tried again after each of :data:`DELAYS` when it failed for a reason that
-may pass (no answer, a time-out, a 5xx, 408 or 429); a refusal (the rules, a 4xx, a
-redirect, the mail server's 5xx) is not retried. Pending notices are lost when the service
-stops: they are a courtesy, the job's record is the truth.
+notice nor fails because of one. The outbox is bounded (:data:`CAPACITY` deliveries
+pending, :data:`PER_OWNER` of one owner; past it a notice is dropped and logged), at most
+:data:`CONCURRENCY` attempts run at once, and a delivery is tried again after each of
+:data:`DELAYS` when it failed for a reason that may pass (no answer, a time-out, a 5xx, 408
+or 429); a refusal (the rules, a 4xx, a redirect, the mail server's 5xx) is not retried.
+Pending notices are lost when the service stops: they are a courtesy, the job's record is
+the truth.
 
 A webhook is sent by tornado's own HTTP client with short time-outs, no redirect followed,
 no proxy, and the answer's body read and thrown away; its host name is resolved by
@@ -49,6 +50,9 @@ log = logging.getLogger("gpulab.notifier")
 DELAYS = (5.0, 30.0, 120.0)
 #: deliveries pending at once (attempting or waiting to retry); a notice past it is dropped
 CAPACITY = 256
+#: deliveries pending for one owner: one user's many jobs (or a slow receiver of theirs) never
+#: fill the outbox that everyone's notices share
+PER_OWNER = 32
 #: attempts running at once (a slow receiver holds one of them, for its time-out at most)
 CONCURRENCY = 4
 CONNECT_TIMEOUT = 5.0
@@ -183,11 +187,14 @@ class Notifier:
         *,
         delays: Sequence[float] = DELAYS,
         capacity: int = CAPACITY,
+        per_owner: int = PER_OWNER,
         concurrency: int = CONCURRENCY,
         timeout: float = REQUEST_TIMEOUT,
     ):
         self.rules, self.smtp = rules, smtp
         self.delays, self.capacity, self.timeout = tuple(delays), capacity, timeout
+        self.per_owner = per_owner
+        self._owners: dict[str, int] = {}  # owner -> deliveries pending
         self._slots = asyncio.Semaphore(concurrency)
         self._pending: set[asyncio.Task] = set()
         self._http: SimpleAsyncHTTPClient | None = None
@@ -205,13 +212,16 @@ class Notifier:
         for channel, target in (("webhook", notify.webhook), ("email", notify.email)):
             if not target:
                 continue
-            if len(self._pending) >= self.capacity:
+            owner = str(notice.get("owner") or "")
+            full = len(self._pending) >= self.capacity
+            if full or self._owners.get(owner, 0) >= self.per_owner:
                 self.tally["dropped"] += 1
                 log.warning(
-                    "notice of %s %s dropped: %d notices are pending already",
+                    "notice of %s %s dropped: %d notices are pending already%s",
                     notice.get("kind"),
                     notice.get("id"),
-                    len(self._pending),
+                    len(self._pending) if full else self.per_owner,
+                    "" if full else f" for {owner}",
                 )
                 continue
             try:
@@ -222,9 +232,18 @@ class Notifier:
                 self.tally["dropped"] += 1
                 continue
             self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self._owners[owner] = self._owners.get(owner, 0) + 1
+            task.add_done_callback(lambda t, o=owner: self._done(t, o))
             started += 1
         return started
+
+    def _done(self, task: asyncio.Task, owner: str) -> None:
+        self._pending.discard(task)
+        left = self._owners.get(owner, 1) - 1
+        if left > 0:
+            self._owners[owner] = left
+        else:
+            self._owners.pop(owner, None)
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait for every pending delivery to end (the tests; a clean stop)."""

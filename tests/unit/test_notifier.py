@@ -111,6 +111,19 @@ def test_the_outbox_is_bounded():
         assert run_async(main()) == (1, 0)
         assert notifier.tally == {"sent": 1, "failed": 0, "dropped": 1}
         assert len(hooks.posts) == 1
+        # and one owner's share of it: another owner's notice still goes
+        notifier = Notifier(LOOPBACK, delays=FAST, per_owner=1)
+
+        async def two_owners():
+            sent = [
+                notifier.post({**NOTICE, "owner": o}, Notify(webhook=hooks.url())) for o in "aab"
+            ]
+            await notifier.drain(timeout=10)
+            await notifier.close()
+            return sent
+
+        assert run_async(two_owners()) == [1, 0, 1]
+        assert notifier._owners == {}  # every pending delivery counted out once ended
 
 
 def test_a_mail_goes_through_the_sites_smtp_server():
