@@ -4,7 +4,8 @@ e-mail through the site's SMTP server.
 :meth:`Notifier.post` is what a workload's transition calls: it checks nothing slow, starts
 one delivery task per channel and returns at once, so a job's lifecycle never waits for a
 notice nor fails because of one. The outbox is bounded (:data:`CAPACITY` deliveries
-pending, :data:`PER_OWNER` of one owner; past it a notice is dropped and logged), at most
+pending, :data:`PER_OWNER` of one owner, and :data:`PER_OWNER_HOUR` started for one owner
+in an hour; past them a notice is dropped and logged), at most
 :data:`CONCURRENCY` attempts run at once, and a delivery is tried again after each of
 :data:`DELAYS` when it failed for a reason that may pass (no answer, a time-out, a 5xx, 408
 or 429); a refusal (the rules, a 4xx, a redirect, the mail server's 5xx) is not retried.
@@ -23,12 +24,14 @@ token), the address's local part or the SMTP password.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import os
 import smtplib
 import socket
 import ssl
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from email.message import EmailMessage
@@ -53,6 +56,9 @@ CAPACITY = 256
 #: deliveries pending for one owner: one user's many jobs (or a slow receiver of theirs) never
 #: fill the outbox that everyone's notices share
 PER_OWNER = 32
+#: deliveries one owner may start in an hour: an interrupt/resume loop cannot make the site's
+#: mail server (or its webhooks) flood anyone
+PER_OWNER_HOUR = 120
 #: attempts running at once (a slow receiver holds one of them, for its time-out at most)
 CONCURRENCY = 4
 CONNECT_TIMEOUT = 5.0
@@ -188,12 +194,14 @@ class Notifier:
         delays: Sequence[float] = DELAYS,
         capacity: int = CAPACITY,
         per_owner: int = PER_OWNER,
+        per_owner_hour: int = PER_OWNER_HOUR,
         concurrency: int = CONCURRENCY,
         timeout: float = REQUEST_TIMEOUT,
     ):
         self.rules, self.smtp = rules, smtp
         self.delays, self.capacity, self.timeout = tuple(delays), capacity, timeout
-        self.per_owner = per_owner
+        self.per_owner, self.per_owner_hour = per_owner, per_owner_hour
+        self._recent: dict[str, collections.deque[float]] = {}  # owner -> start times
         self._owners: dict[str, int] = {}  # owner -> deliveries pending
         self._slots = asyncio.Semaphore(concurrency)
         self._pending: set[asyncio.Task] = set()
@@ -213,15 +221,11 @@ class Notifier:
             if not target:
                 continue
             owner = str(notice.get("owner") or "")
-            full = len(self._pending) >= self.capacity
-            if full or self._owners.get(owner, 0) >= self.per_owner:
+            why = self._no_room(owner)
+            if why:
                 self.tally["dropped"] += 1
                 log.warning(
-                    "notice of %s %s dropped: %d notices are pending already%s",
-                    notice.get("kind"),
-                    notice.get("id"),
-                    len(self._pending) if full else self.per_owner,
-                    "" if full else f" for {owner}",
+                    "notice of %s %s dropped: %s", notice.get("kind"), notice.get("id"), why
                 )
                 continue
             try:
@@ -236,6 +240,22 @@ class Notifier:
             task.add_done_callback(lambda t, o=owner: self._done(t, o))
             started += 1
         return started
+
+    def _no_room(self, owner: str) -> str | None:
+        """Why another delivery for ``owner`` may not start now, or None (and it is counted
+        as started)."""
+        if len(self._pending) >= self.capacity:
+            return f"{len(self._pending)} notices are pending already"
+        if self._owners.get(owner, 0) >= self.per_owner:
+            return f"{self.per_owner} notices of {owner} are pending already"
+        now = time.monotonic()
+        recent = self._recent.setdefault(owner, collections.deque())
+        while recent and recent[0] < now - 3600:
+            recent.popleft()
+        if len(recent) >= self.per_owner_hour:
+            return f"{owner} was sent {self.per_owner_hour} notices in the last hour"
+        recent.append(now)
+        return None
 
     def _done(self, task: asyncio.Task, owner: str) -> None:
         self._pending.discard(task)

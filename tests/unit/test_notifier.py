@@ -124,6 +124,18 @@ def test_the_outbox_is_bounded():
 
         assert run_async(two_owners()) == [1, 0, 1]
         assert notifier._owners == {}  # every pending delivery counted out once ended
+        # and one owner's deliveries in an hour: a loop of interrupts floods no one
+        notifier = Notifier(LOOPBACK, delays=FAST, per_owner_hour=2)
+
+        async def a_loop():
+            sent = [
+                notifier.post({**NOTICE, "owner": o}, Notify(webhook=hooks.url())) for o in "aaab"
+            ]
+            await notifier.drain(timeout=10)
+            await notifier.close()
+            return sent
+
+        assert run_async(a_loop()) == [1, 1, 0, 1]
 
 
 def test_a_mail_goes_through_the_sites_smtp_server():
