@@ -413,6 +413,26 @@ class Lease(Base):
     term: Mapped[int] = mapped_column(Integer, default=1)
 
 
+class GpuWait(Base):
+    """A notebook waiting for GPUs in the queue it shares with jobs (gpus/waits.py): the job
+    supervisor plans it with the queued jobs, books its GPUs in the ledger when its turn
+    comes and marks it ``granted``; its spawn, which polls the row, then goes on. ``place``
+    and ``message`` are what the supervisor last said of its place in line."""
+
+    __tablename__ = "gpu_waits"
+
+    instance: Mapped[str] = mapped_column(String(64), primary_key=True)
+    workload: Mapped[str] = mapped_column(String(255), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    groups: Mapped[str] = mapped_column(Text, default="[]")
+    gpus: Mapped[int] = mapped_column(Integer)
+    since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    until: Mapped[datetime] = mapped_column(UTCDateTime)
+    granted: Mapped[int] = mapped_column(Integer, default=0)
+    place: Mapped[int] = mapped_column(Integer, default=0)
+    message: Mapped[str] = mapped_column(Text, default="")
+
+
 class FairShareUsage(Base):
     """A user's recent GPU use, for the fair share (gpulab.fairshare): GPU-seconds decayed
     with the half-life as of ``as_of`` (read later, they decay further), and the groups the

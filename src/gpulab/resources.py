@@ -95,6 +95,9 @@ class Flavor:
     #: seconds its GPUs may go unused before its notebooks stop (0: never); None: the site's
     #: (GpulabSettings.gpu_unused_timeout)
     gpu_unused_timeout: float | None = None
+    #: seconds its notebooks may wait in the queue for their GPUs (0: they never wait); None:
+    #: the site's (GpulabSettings.notebook_gpu_wait)
+    gpu_wait: float | None = None
 
     @classmethod
     def from_config(cls, d: Mapping) -> Flavor:
@@ -106,6 +109,7 @@ class Flavor:
             )
             idle = d.get("idle_timeout")
             unused = d.get("gpu_unused_timeout")
+            wait = d.get("gpu_wait")
             return cls(
                 id=str(d["id"]),
                 title=str(d.get("title", d["id"])),
@@ -116,6 +120,9 @@ class Flavor:
                 gpu_unused_timeout=None
                 if unused is None
                 else check_idle_timeout(unused, f"flavor {d['id']!r}: gpu_unused_timeout"),
+                gpu_wait=None
+                if wait is None
+                else check_gpu_wait(wait, f"flavor {d['id']!r}: gpu_wait"),
             )
         except KeyError as e:
             raise ValueError(f"flavor {d!r} lacks {e.args[0]!r}") from None
@@ -148,6 +155,30 @@ def check_idle_timeout(value, name: str) -> float:
     if value < 0:
         raise ValueError(f"{name} cannot be negative (0 turns the idle stop off), not {value}")
     return float(value)
+
+
+def check_gpu_wait(value, name: str) -> float:
+    """How long a notebook may wait for its GPUs, in seconds: a finite number, 0 (it never
+    waits: no GPU free now fails it at once) or more."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(
+            f"{name} must be a number of seconds (0: a notebook never waits for GPUs), "
+            f"not {value!r}"
+        )
+    if value < 0:
+        raise ValueError(f"{name} cannot be negative (0: a notebook never waits), not {value}")
+    return float(value)
+
+
+def gpu_wait_for(flavor: Flavor | None, resources: Resources, default: float) -> float:
+    """Seconds a notebook may wait in the queue for its GPUs (always 0 without GPUs): the
+    flavor's own ``gpu_wait`` when the notebook asks for the flavor's GPUs, else the site's."""
+    if resources.gpus <= 0:
+        return 0.0
+    own = flavor.gpu_wait if flavor is not None else None
+    if own is not None and resources.gpus == flavor.resources.gpus:
+        return own
+    return default
 
 
 def beyond_gpus(

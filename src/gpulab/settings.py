@@ -43,6 +43,7 @@ from .resources import (
     Quota,
     Quotas,
     Resources,
+    check_gpu_wait,
     check_idle_timeout,
     effective_limits,
 )
@@ -442,11 +443,31 @@ class GpulabSettings(Configurable):
         Dict(),
         default_value=DEFAULT_FLAVORS,
         help="""Resource flavors: a list of {id, title, cpus, memory ('8G'), gpus,
-        idle_timeout}. ``idle_timeout`` (seconds, optional): a notebook of this flavor with no
-        kernel, terminal or editor activity for that long is stopped like a user stop (reason
-        IDLE); 0 never stops it; absent: gpu_idle_timeout for flavors with GPUs,
-        cpu_idle_timeout for the others.""",
+        idle_timeout, gpu_unused_timeout, gpu_wait}. ``idle_timeout`` (seconds, optional): a
+        notebook of this flavor with no kernel, terminal or editor activity for that long is
+        stopped like a user stop (reason IDLE); 0 never stops it; absent: gpu_idle_timeout for
+        flavors with GPUs, cpu_idle_timeout for the others. ``gpu_unused_timeout`` and
+        ``gpu_wait`` (seconds, optional): the flavor's own gpu_unused_timeout and
+        notebook_gpu_wait.""",
     ).tag(config=True)
+
+    notebook_gpu_wait = Float(
+        600.0,
+        help="""Seconds a notebook asking for GPUs may wait for them when none are free: it waits
+        in the queue it shares with jobs (priority 50, then fair share, then since when), its
+        place shown in the spawn's progress, until its turn comes, it is cancelled (its server
+        stopped) or this time passes (then it fails with NO_GPU_AVAILABLE, saying it waited).
+        0: it never waits (no GPU free now fails it at once). A flavor's own ``gpu_wait``
+        wins for its notebooks. The hub's start timeout of such a notebook grows by the
+        same time.""",
+    ).tag(config=True)
+
+    @validate("notebook_gpu_wait")
+    def _notebook_gpu_wait(self, proposal):
+        try:
+            return check_gpu_wait(proposal["value"], "c.GpulabSettings.notebook_gpu_wait")
+        except ValueError as e:
+            raise TraitError(str(e)) from None
 
     gpu_idle_timeout = Float(
         3600.0,

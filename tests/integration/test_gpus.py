@@ -8,6 +8,8 @@ the engine was asked for.
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import time
 
 import pytest
 import requests
@@ -30,26 +32,79 @@ def _visible_devices(container) -> str:
     return env.get("NVIDIA_VISIBLE_DEVICES", "")
 
 
-def test_eight_concurrent_spawns_on_four_gpus(hub_with, docker_client):
-    hub = hub_with(FOUR_GPUS % "env", fresh=True)
+def _usage(hub, user: str, token: str) -> dict:
+    r = requests.get(
+        f"{hub.url}/services/gpulab/api/usage",
+        headers={"Authorization": f"token {token}"},
+        timeout=30,
+    )
+    r.raise_for_status()
+    return r.json()
+
+
+def _progress_until(hub, user: str, token: str, text: str, timeout: float = 60) -> str:
+    """The first message of the spawn's progress (the hub's event stream, which replays what
+    was said) that holds ``text``."""
+    r = requests.get(
+        f"{hub.api}/users/{user}/servers/gpu/progress",
+        headers={"Authorization": f"token {token}"},
+        stream=True,
+        timeout=timeout,
+    )
+    r.raise_for_status()
+    for line in r.iter_lines(decode_unicode=True):
+        if line and line.startswith("data:"):
+            message = json.loads(line[5:]).get("message", "")
+            if text in message:
+                r.close()
+                return message
+    raise AssertionError(f"{user}: no progress message with {text!r}")
+
+
+def _ready_ones(hub, users, n: int, timeout: float = 180) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready = [u for u in users if (hub.server_model(u, "gpu") or {}).get("ready")]
+        if len(ready) >= n:
+            return ready
+        time.sleep(0.3)
+    raise AssertionError(f"not {n} ready in {timeout} s")
+
+
+def test_eight_concurrent_spawns_on_four_gpus_four_wait_in_line(hub_with, docker_client):
+    """Eight users ask for a GPU at once on four: four start, four wait in the queue shared
+    with jobs, told their place; a stop gives its GPU to the first in line, and stopping a
+    waiting server cancels its wait, leaving nothing booked or in line."""
+    hub = hub_with(
+        FOUR_GPUS % "env"
+        + "c.GpulabSettings.notebook_gpu_wait = 300\nc.GpulabSettings.supervisor_interval = 0.2\n",
+        fresh=True,
+    )
     users = [f"u{i}" for i in range(8)]
     tokens = {u: hub.create_user(u) for u in users}
     options = {"cpus": 0.2, "memory": "512M", "gpus": 1}
 
-    def spawn(user):
-        r = hub.spawn(user, "gpu", options, token=tokens[user])
-        try:
-            hub.wait_ready(user, "gpu", timeout=180)
-            return user, "ready", r.status_code
-        except SpawnFailed:
-            return user, "failed", r.status_code
-
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(spawn, users))
-    ready = [u for u, outcome, _ in results if outcome == "ready"]
-    failed = [u for u, outcome, _ in results if outcome == "failed"]
-    assert len(ready) == 4 and len(failed) == 4, results
-    assert all(code in (201, 202, 409) for _, _, code in results), results
+        codes = list(pool.map(lambda u: hub.spawn(u, "gpu", options, token=tokens[u]), users))
+    assert all(r.status_code in (201, 202) for r in codes), [r.text for r in codes]
+    ready = _ready_ones(hub, users, 4)
+    waiting = [u for u in users if u not in ready]
+    assert len(ready) == 4 and len(waiting) == 4
+    time.sleep(1)  # a few of the supervisor's passes: each waiting one told its place
+    for u in waiting:
+        assert (hub.server_model(u, "gpu") or {}).get("pending") == "spawn", u
+    places = {u: _usage(hub, u, tokens[u])["fair_share"]["queued"] for u in waiting}
+    assert sorted(q[0]["place"] for q in places.values()) == [1, 2, 3, 4], places
+    assert all(q[0]["notebook"] == "gpu" for q in places.values())
+    first = next(u for u, q in places.items() if q[0]["place"] == 1)
+    told = _progress_until(hub, first, tokens[first], "in line")
+    assert "1st in line of 4" in told and "0 of 4 GPUs free now" in told, told
+    admin = requests.get(
+        f"{hub.url}/services/gpulab/admin",
+        headers={"Authorization": f"token {hub.admin_token}"},
+        timeout=30,
+    )
+    assert admin.status_code == 200 and "Waiting for GPUs (4)" in admin.text
 
     devices = []
     for u in ready:
@@ -59,18 +114,32 @@ def test_eight_concurrent_spawns_on_four_gpus(hub_with, docker_client):
         devices.append(_visible_devices(container))
     assert sorted(devices) == ["0", "1", "2", "3"]
 
-    for u in failed:
-        nb = hub.wait_state(u, "gpu", "FAILED")
-        last = nb["history"][-1]
-        assert last["reason"] == "NO_GPU_AVAILABLE"
-        assert "4 of 4 in use, 0 free" in last["message"], last
-
-    # a stop gives the GPU back, and a waiting user can have it
+    # a stop gives the GPU back, and the first in line has it
     hub.stop_server(ready[0], "gpu")
-    hub.spawn(failed[0], "gpu", options, token=tokens[failed[0]])
-    hub.wait_ready(failed[0], "gpu", timeout=120)
-    nb = hub.notebook(failed[0], "gpu").json()
+    hub.wait_ready(first, "gpu", timeout=120)
+    nb = hub.notebook(first, "gpu").json()
     assert _visible_devices(docker_client.containers.get(nb["container"])) == devices[0]
+    assert [h["state"] for h in nb["history"]] == ["STARTING", "RUNNING"]
+
+    # stopping a waiting server cancels its wait: nothing booked, nothing left in line
+    for u in waiting:
+        if u != first:
+            hub.stop_server(u, "gpu")
+    admin = requests.get(
+        f"{hub.url}/services/gpulab/admin",
+        headers={"Authorization": f"token {hub.admin_token}"},
+        timeout=30,
+    )
+    assert "Nothing waits for GPUs" in admin.text
+    held = {
+        c.labels["org.gpulab.gpus"]
+        for c in docker_client.containers.list(filters={"label": "org.gpulab.kind=notebook"})
+        if c.labels.get("org.gpulab.instance") == hub.instance
+    }
+    assert held == {"0", "1", "2", "3"}
+    for u in waiting:
+        if u != first:
+            assert _usage(hub, u, tokens[u])["fair_share"]["queued"] == []
 
 
 def test_device_request_mode_asks_for_explicit_devices(hub_with, docker_client):
@@ -109,6 +178,7 @@ c.GpulabSettings.gpu_devices = [
 c.GpulabSettings.gpu_sharing = {"0": 4}
 c.GpulabSettings.max_resources = {"cpus": 1, "memory": "1G", "gpus": 2}
 c.GpulabSettings.gpu_mode = "env"
+c.GpulabSettings.notebook_gpu_wait = 0
 """
 
 

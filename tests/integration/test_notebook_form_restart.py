@@ -78,6 +78,7 @@ def test_hub_killed_and_restarted(hub_with, docker_client):
         # fred's four notebooks fit his limits and GPU quota: the ledger is what refuses one
         'c.GpulabSettings.max_resources = {"cpus": 8, "memory": "16G", "gpus": 4}\n'
         'c.GpulabSettings.job_quota = {"gpus": 4, "jobs": 4}\n'
+        "c.GpulabSettings.notebook_gpu_wait = 0\n"  # no GPU free fails a spawn at once
     )
     hub = hub_with(extra, fresh=True)
     token = hub.create_user("fred")

@@ -548,3 +548,26 @@ def test_random_cluster_plans_give_each_rank_one_node_and_never_double_allocate(
                 per_node[node(d)] = per_node.get(node(d), 0) + 1
             assert all(n % each == 0 for n in per_node.values()), (job, s.devices)
     assert set(p.preempt) <= {j.id for j in active if j.gpus}
+
+
+def test_a_waiting_notebook_is_planned_in_line_and_needs_gpu_quota_not_a_job():
+    """A notebook waiting for GPUs (kind "notebook") takes its place in the same line as
+    jobs; it needs its owner's GPU quota but is not one of their jobs, and in-quota it may
+    have borrowed GPUs taken back (preemption) like an in-quota job."""
+    nb = QueuedJob("notebook:t/notebook/ann/", "ann", frozenset(), 1, 50, 5.0, kind="notebook")
+    job = QueuedJob("j1", "ann", frozenset(), 1, 50, 1.0)
+    # ann's quota: 2 GPUs, 1 job: the job and the notebook both start (the notebook is no job)
+    p = plan([nb, job], [], ["0", "1"], default_quota=Quota(gpus=2, jobs=1))
+    assert [s.job_id for s in p.start] == ["j1", nb.id]
+    # the job was submitted first: with one GPU free, it goes first
+    p = plan([nb, job], [], ["0"], default_quota=Quota(gpus=2, jobs=1))
+    assert [s.job_id for s in p.start] == ["j1"]
+    # GPU quota: one GPU left to ann, held by her job: the notebook waits
+    p = plan([nb], [], ["1"], default_quota=Quota(gpus=1), held_outside={"ann": 1})
+    assert p.start == []
+    # a borrowed GPU is taken back for an in-quota notebook
+    borrower = ActiveJob(
+        "b1", "bob", frozenset(), 1, True, 50, 0.0, over_quota=True, devices=("0",)
+    )
+    p = plan([nb], [borrower], [], default_quota=Quota(gpus=1))
+    assert p.preempt == ["b1"] and p.start == []

@@ -3,15 +3,19 @@ path of a start, what a stop and a delete give back and when."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from gpulab.gpus.waits import GpuWaits
+from gpulab.jobs.supervisor.supervisor import JobSupervisor
 from gpulab.notebooks import life
+from gpulab.notebooks.container import HubSide
 from gpulab.notebooks.life import Held
 
 from ..conftest import run_async
-from ..support.fake_runtime import EngineError
+from ..support.fake_runtime import EngineError, FakeRuntime
 from ..support.notebooks import (
     IMAGE,
     PUSHED,
@@ -105,6 +109,7 @@ def test_engine_unreachable_at_the_image_check_is_error(tmp_path, answers):
 
 def test_no_gpu_available_is_failed(tmp_path, answers):
     w = World(tmp_path)
+    w.s.notebook_gpu_wait = 0  # a site whose notebooks never wait for GPUs
     w.ledger.reserve("someone-else", "bob", "notebook", 2)
     e = w.refused(w.start, gpus="1")
     assert e.status == 409
@@ -411,3 +416,122 @@ def test_a_start_whose_left_data_cannot_be_pushed_is_refused_and_stays_sync_fail
     assert w.record()["state"] == "SYNC_FAILED" and w.last()["reason"] == "PUSH_FAILED"
     assert w.record()["node"] == "a"  # where its data still is
     assert w.held_gpus() == [] and list(w.rt.workloads) == []  # nothing was started
+
+
+# --- waiting for GPUs in the queue shared with jobs -------------------------------------------
+
+
+def hub_side(w) -> HubSide:
+    return HubSide(
+        env={"JUPYTERHUB_API_TOKEN": "x"},
+        command=[],
+        args=["--port=8888"],
+        base_url=w.nb.url_path,
+        port=8888,
+        user="1000",
+    )
+
+
+def supervisor_beside(w, tmp_path) -> JobSupervisor:
+    """The job supervisor of the same site and database, leading, on a fake engine."""
+    sv = JobSupervisor(
+        w.s, w.ledger.db, FakeRuntime(images={IMAGE}, gpus=("0", "1")), tmp_path / "logs", "me"
+    )
+    sv.leading.set()
+    return sv
+
+
+async def until(check, timeout: float = 5.0):
+    for _ in range(int(timeout / 0.02)):
+        got = check()
+        if got:
+            return got
+        await asyncio.sleep(0.02)
+    raise AssertionError("not in time")
+
+
+def test_a_notebook_waits_in_line_and_starts_when_the_supervisor_books_its_gpus(
+    tmp_path, answers, monkeypatch
+):
+    monkeypatch.setattr(life, "GPU_WAIT_POLL", 0.02)
+    w = World(tmp_path)
+    w.s.notebook_gpu_wait = 30
+    w.ledger.reserve("t/job/j1", "bob", "job", 2)  # a job holds both GPUs
+    sv = supervisor_beside(w, tmp_path)
+    waits = GpuWaits(w.ledger.db, "t")
+
+    async def go():
+        spawn = asyncio.create_task(life.start(w.nb, w.options(gpus="1"), hub_side(w), {}))
+        row = await until(lambda: waits.get(w.nb.workload_id))
+        assert row["gpus"] == 1 and row["owner"] == "alice" and not row["granted"]
+        await sv.refresh_inventory()
+        await sv.schedule()  # no GPU free: it stays in line, told its place
+        row = waits.get(w.nb.workload_id)
+        assert row["place"] == 1 and not row["granted"]
+        assert row["message"].startswith("waiting for 1 GPU(s): 1st in line of 1")
+        await until(lambda: any("1st in line" in m for _, m in w.events))
+        assert w.record()["state"] == "STARTING" and w.held_gpus() == []
+        w.ledger.release("t/job/j1")
+        await sv.schedule()  # its turn: booked by the supervisor, the spawn goes on
+        ip, port = await asyncio.wait_for(spawn, 10)
+        assert port == 8888
+
+    run_async(go())
+    assert w.record()["state"] == "RUNNING"
+    assert w.held_gpus() == ["0"] and waits.get(w.nb.workload_id) is None
+    assert any("No GPU free" in m or "waiting for 1 GPU(s) for up to" in m for _, m in w.events)
+
+
+def test_a_waiting_notebook_stopped_leaves_no_row_and_no_gpu(tmp_path, answers, monkeypatch):
+    monkeypatch.setattr(life, "GPU_WAIT_POLL", 0.02)
+    w = World(tmp_path)
+    w.s.notebook_gpu_wait = 30
+    w.ledger.reserve("t/job/j1", "bob", "job", 2)
+    sv = supervisor_beside(w, tmp_path)
+    waits = GpuWaits(w.ledger.db, "t")
+
+    async def go():
+        spawn = asyncio.create_task(life.start(w.nb, w.options(gpus="1"), hub_side(w), {}))
+        wait = await until(lambda: waits.get(w.nb.workload_id))
+        spawn.cancel()  # what the hub does when the server is stopped while it starts
+        with pytest.raises(asyncio.CancelledError):
+            await spawn
+        assert waits.get(w.nb.workload_id) is None
+        # a grant that comes after the spawn gave up books nothing for good
+        w.ledger.release("t/job/j1")
+        await sv.refresh_inventory()
+        await sv._grant(wait)
+        assert w.held_gpus() == []
+
+    run_async(go())
+
+
+def test_the_wait_limit_fails_it_saying_it_waited(tmp_path, answers, monkeypatch):
+    monkeypatch.setattr(life, "GPU_WAIT_POLL", 0.02)
+    w = World(tmp_path)
+    w.s.notebook_gpu_wait = 0.2
+    w.ledger.reserve("t/job/j1", "bob", "job", 2)
+    e = w.refused(w.start, gpus="1")
+    assert e.status == 409 and "waited 0.2s for 1 GPU(s) and none came free" in e.message
+    assert w.record()["state"] == "FAILED" and w.last()["reason"] == "NO_GPU_AVAILABLE"
+    assert GpuWaits(w.ledger.db, "t").get(w.nb.workload_id) is None and w.held_gpus() == []
+
+
+def test_a_share_of_a_gpu_waits_for_a_free_slot(tmp_path, answers, monkeypatch):
+    monkeypatch.setattr(life, "GPU_WAIT_POLL", 0.02)
+    w = World(tmp_path)
+    w.s.notebook_gpu_wait = 30
+    w.s.gpu_sharing = {"0": 2}  # GPU 0 in two slots; GPU 1 whole
+    w.ledger.sharing = {"0": 2}
+    w.ledger.reserve("t/notebook/bob/a", "bob", "notebook", 0.5)
+    w.ledger.reserve("t/notebook/bob/b", "bob", "notebook", 0.5)
+    w.ledger.reserve("t/job/j1", "bob", "job", 1)
+
+    async def go():
+        spawn = asyncio.create_task(life.start(w.nb, w.options(gpus="0.5"), hub_side(w), {}))
+        await until(lambda: any("share of a GPU" in m for _, m in w.events))
+        w.ledger.release("t/notebook/bob/b")
+        await asyncio.wait_for(spawn, 10)
+
+    run_async(go())
+    assert w.record()["state"] == "RUNNING" and w.held_gpus() == ["0"]

@@ -166,6 +166,16 @@ class GpuLedger:
             return "this host", len(self.devices)
         return placement.biggest_node(self.devices, self.nodes or [])
 
+    def could_fit(self, count: float) -> bool:
+        """Whether ``count`` GPUs would fit when every device is free: whole GPUs on the biggest
+        node that takes workloads now, a share on a shareable device (what is worth waiting
+        for; a node down or drained offers nothing until it is back)."""
+        if count <= 0:
+            return True
+        if is_fraction(count):
+            return any(self.slots(d) > 0 for d in self.devices)
+        return count <= self.biggest_node()[1]
+
     def gpu_home(self) -> tuple[int, str]:
         """(the most GPUs one workload can have, what has them): for refusal messages."""
         node, gpus = self.biggest_node()

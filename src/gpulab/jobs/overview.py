@@ -29,7 +29,7 @@ from ..disk_quota import human
 from ..gpus.usage import usage_of as readings_of
 from ..lifecycle import JobState, NotebookState
 from ..resources import format_memory
-from .queue import share_of
+from .queue import admin_line, share_of
 from .records import JobRecords
 from .spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from .states import ACTIVE
@@ -182,8 +182,9 @@ async def admin_overview(
     (devices configured, and devices with a booking), ``inventory`` (where the devices came
     from), ``notebooks`` (every one), ``jobs`` (the :data:`RECENT_JOBS` newest) and
     ``jobs_total``, ``users`` (:func:`user_rows`), ``default_limits`` (a user's without
-    an override) and ``images`` (:func:`image_rows`: the catalog's images, their builds
-    from the engine's labels, judged against this host's driver)."""
+    an override), ``queue`` (:func:`gpulab.jobs.queue.admin_line`: queued jobs and
+    notebooks waiting for GPUs, in line) and ``images`` (:func:`image_rows`: the catalog's
+    images, their builds from the engine's labels, judged against this host's driver)."""
     readings = await sup.ctx.gpu_readings()  # what each device does now
     found = await asyncio.to_thread(_platform, sup, settings, notebooks, readings)
     runtime = sup.runtime
@@ -216,6 +217,7 @@ def _platform(
             lambda name: usage_of(sup.records, notebooks, name),
         ),
         "default_limits": settings.limits_for("", []),
+        "queue": admin_line(settings, sup.records),
     }
 
 

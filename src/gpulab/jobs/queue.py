@@ -1,19 +1,27 @@
-"""The queue as its users see it: the fair share's standings now (read from each user's recent
-usage: :mod:`gpulab.gpus.recent_usage`, the rules: :mod:`gpulab.fairshare`) and each queued
-job's place in the order the scheduler considers them (:func:`.scheduler.queue_order`)."""
+"""The queue as its users see it: queued jobs and notebooks waiting for GPUs in one line, the
+fair share's standings now (read from each user's recent usage:
+:mod:`gpulab.gpus.recent_usage`, the rules: :mod:`gpulab.fairshare`), and each entry's place
+in the order the scheduler considers them (:func:`.scheduler.queue_order`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 
 from ..fairshare import SOLO, FairShare, Standing, accounts, fair_share
 from ..gpus.recent_usage import RecentUsage
+from ..gpus.waits import GpuWaits
 from ..lifecycle import JobState, utcnow
 from .scheduler import QueuedJob, queue_order
 
-#: the most of a user's queued jobs listed with their place (the total is always given)
+#: the most of a user's entries listed with their place (the total is always given)
 MAX_PLACES = 100
+#: the most entries the admin's view of the line lists (the total is always given)
+MAX_LINE = 200
+#: the prefix of a waiting notebook's id in the line (no job id has a colon)
+NOTEBOOK = "notebook:"
+#: the priority a waiting notebook is planned with (jobs' default)
+NOTEBOOK_PRIORITY = 50
 
 
 def fair_share_now(
@@ -35,47 +43,83 @@ def _ts(iso: str | None) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else 0.0
 
 
-def in_line(jobs: Iterable[dict], fs: FairShare) -> list[QueuedJob]:
-    """The QUEUED ones of ``jobs`` (records' dicts), in the order the scheduler considers
-    them."""
-    queued = [
+def waiting_notebooks(rows: Iterable[dict], fs: FairShare | None = None) -> list[QueuedJob]:
+    """The waiting notebooks' rows (:meth:`GpuWaits.waiting`) as entries of the line."""
+    return [
+        QueuedJob(
+            NOTEBOOK + w["workload"],
+            w["owner"],
+            frozenset(w["groups"]),
+            w["gpus"],
+            NOTEBOOK_PRIORITY,
+            w["since"].timestamp(),
+            standing=fs.of(w["owner"], w["groups"]) if fs else (1.0, 1.0),
+            kind="notebook",
+        )
+        for w in rows
+    ]
+
+
+def queued_jobs(jobs: Iterable[dict], fs: FairShare | None = None) -> list[QueuedJob]:
+    """The QUEUED ones of ``jobs`` (records' dicts) as entries of the line."""
+    return [
         QueuedJob(
             j["id"],
             j["owner"],
             frozenset(j["groups"]),
-            0,
+            int(j["spec"]["resources"]["gpus"]) * int(j["spec"].get("workers") or 1),
             int(j["spec"].get("priority", 50)),
             _ts(j["submitted"]),
-            standing=fs.of(j["owner"], j["groups"]),
+            standing=fs.of(j["owner"], j["groups"]) if fs else (1.0, 1.0),
         )
         for j in jobs
         if j["state"] == JobState.QUEUED.value
     ]
-    return sorted(queued, key=queue_order)
+
+
+def _line(settings, records) -> tuple[list[QueuedJob], FairShare, dict[str, dict]]:
+    """Every waiting entry in order, the fair share they were ordered by, and the notebooks'
+    rows by workload."""
+    recent = RecentUsage(records.db, records.instance)
+    jobs = [j for j in records.active_and_queued() if j["state"] == JobState.QUEUED.value]
+    rows = GpuWaits(records.db, records.instance).waiting()
+    fs = fair_share_now(
+        settings,
+        recent,
+        [(j["owner"], j["groups"]) for j in jobs] + [(w["owner"], w["groups"]) for w in rows],
+    )
+    line = sorted(queued_jobs(jobs, fs) + waiting_notebooks(rows, fs), key=queue_order)
+    return line, fs, {w["workload"]: w for w in rows}
 
 
 def _standing(s: Standing | None) -> dict:
     return (s or Standing(0.0, 0.0, 0.0, 1.0)).to_json()
 
 
+def _place(entry: QueuedJob, place: int) -> dict:
+    if entry.kind == "notebook":
+        server = entry.id.removeprefix(NOTEBOOK).split("/", 3)[-1]
+        return {"notebook": server, "place": place}
+    return {"id": entry.id, "place": place}
+
+
 def share_of(settings, records, user: str) -> dict:
     """``user``'s place in the fair share, as the usage API and page show it: their recent
     GPU-hours (decayed), their part of everyone's and their entitled share, their factor,
     the same for the group that judges them (the most-used of theirs; none when they are in
-    no group), and each of their queued jobs' place in line (no other user is named)."""
-    recent = RecentUsage(records.db, records.instance)
-    jobs = records.active_and_queued()
-    queued = [j for j in jobs if j["state"] == JobState.QUEUED.value]
-    fs = fair_share_now(settings, recent, [(j["owner"], j["groups"]) for j in queued])
-    _usage, groups_of = recent.read(utcnow(), settings.fair_share_half_life)
-    mine = [j for j in queued if j["owner"] == user]
-    groups = mine[-1]["groups"] if mine else groups_of.get(user, [])
+    no group), and the place in line of each of their queued jobs and of their notebooks
+    waiting for GPUs (no other user is named)."""
+    line, fs, _rows = _line(settings, records)
+    mine = [e for e in line if e.owner == user]
+    if mine:
+        groups = sorted(mine[-1].groups)
+    else:
+        groups = RecentUsage(records.db, records.instance).read(utcnow(), 0)[1].get(user, [])
     judged_by = min(
         accounts(user, groups),
         key=lambda g: fs.groups[g].factor if g in fs.groups else 1.0,
     )
-    line = in_line(queued, fs)
-    places = [{"id": j.id, "place": i + 1} for i, j in enumerate(line) if j.owner == user]
+    places = [_place(e, i + 1) for i, e in enumerate(line) if e.owner == user]
     return {
         **_standing(fs.users.get(user)),
         "group": None
@@ -86,3 +130,31 @@ def share_of(settings, records, user: str) -> dict:
         "queued_mine": len(places),
         "queued_total": len(line),
     }
+
+
+def admin_line(settings, records) -> dict:
+    """The line as the admin page shows it: every queued job and waiting notebook in the
+    order the scheduler considers them (the first :data:`MAX_LINE`), with its owner, GPUs,
+    priority, since when it waits, its owner's fair-share factor and, for a notebook, what
+    its spawn was last told; ``total`` counts them all."""
+    line, fs, rows = _line(settings, records)
+    out = []
+    for place, e in enumerate(line[:MAX_LINE], start=1):
+        row = {
+            "place": place,
+            "kind": e.kind,
+            "owner": e.owner,
+            "gpus": e.gpus,
+            "priority": e.priority,
+            "since": datetime.fromtimestamp(e.submitted, UTC).isoformat().replace("+00:00", "Z"),
+            "factor": round(e.standing[1], 4),
+            "group_factor": round(e.standing[0], 4),
+        }
+        if e.kind == "notebook":
+            w = rows[e.id.removeprefix(NOTEBOOK)]
+            row["server"] = e.id.removeprefix(NOTEBOOK).split("/", 3)[-1]
+            row["message"] = w["message"]
+        else:
+            row["id"] = e.id
+        out.append(row)
+    return {"rows": out, "total": len(line)}

@@ -21,6 +21,9 @@ Rules
    the GPUs and the number of their *in-quota* active jobs (INITIALIZING, PENDING, RUNNING).
    The GPUs their notebooks hold (``held_outside``) count against the same GPU quota.
    Over-quota jobs do not count. A zero-GPU job needs no device but counts as one job.
+   A notebook waiting for GPUs (``kind`` "notebook") is planned like an in-quota,
+   non-preemptible job of its owner: it needs their GPU quota, not a job of their count,
+   and may have over-quota jobs preempted for it (rule 5).
 4. **In-quota first.** A first pass starts the jobs that fit within their owner's quota, in
    order, on free GPUs. A job that does not fit does not block lower ones that do (backfill).
 5. **Preemption.** When an in-quota job (preemptible or not) lacks free GPUs and over-quota
@@ -90,6 +93,9 @@ class QueuedJob:
     workers: int = 1
     #: the owner's fair share: (their most-used group's factor, their own), higher first
     standing: tuple[float, float] = (1.0, 1.0)
+    #: "job", or "notebook": a notebook waiting for GPUs (gpus/waits.py) is planned in the
+    #: same order; it counts against its owner's GPU quota only (it is no job)
+    kind: str = "job"
 
 
 @dataclass(frozen=True)
@@ -236,7 +242,10 @@ def plan(
 
     for job in sorted(queued, key=queue_order):
         used_g, used_j = gpus_used.get(job.owner, 0), jobs_used.get(job.owner, 0)
-        if not quota(job.owner, job.groups).allows(used_g, used_j, job.gpus):
+        q = quota(job.owner, job.groups)
+        if job.kind != "job":
+            q = Quota(gpus=q.gpus)
+        if not q.allows(used_g, used_j, job.gpus):
             if job.preemptible:
                 over_quota.append(job)
             continue
@@ -264,7 +273,8 @@ def plan(
                 result.preempt.append(victim.id)
             take(len(free))  # held for this job until the victims are gone
         gpus_used[job.owner] = used_g + job.gpus
-        jobs_used[job.owner] = used_j + 1
+        if job.kind == "job":
+            jobs_used[job.owner] = used_j + 1
 
     for job in over_quota:
         devices = place(job) if job.gpus > 0 else ()

@@ -42,6 +42,7 @@ def parse_options(settings, user: str, groups: list[str], user_options: dict) ->
         gpu_idle_timeout=s.gpu_idle_timeout,
         cpu_idle_timeout=s.cpu_idle_timeout,
         gpu_unused_timeout=s.gpu_unused_timeout,
+        gpu_wait=s.notebook_gpu_wait,
     )
 
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import partial
 from typing import Any
 
@@ -25,11 +26,13 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from ..data.sync import DiskAccount, progress_message
 from ..disk_ledger import DiskLedger
+from ..durations import format_duration
 from ..gpus.inventory import node_of
 from ..gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from ..gpus.recent_usage import RecentUsage
 from ..gpus.sharing import is_fraction
-from ..lifecycle import InvalidTransition, NotebookState
+from ..gpus.waits import GpuWaits
+from ..lifecycle import InvalidTransition, NotebookState, utcnow
 from ..names import L_NETWORK, notebook_workload_id
 from ..resources import format_memory
 from ..runtime import EngineError
@@ -232,6 +235,72 @@ async def _open_record(nb: Notebook, opts, summary: str, user_options: dict) -> 
         raise nb.refuse(409, msg) from None
 
 
+#: seconds between two looks of a waiting spawn at its row (or, for a share of a GPU, at the
+#: ledger)
+GPU_WAIT_POLL = 1.0
+
+
+async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> list[str]:
+    """Wait up to ``limit`` seconds for ``count`` GPUs (gpus/waits.py): whole GPUs in the
+    queue shared with jobs, where the job supervisor books them when the notebook's turn
+    comes and says its place in line (shown as the spawn's progress); a share of a GPU by
+    asking the ledger again at each look (shares are notebooks' alone: no job takes a slot).
+    The wait ends FAILED ``NO_GPU_AVAILABLE`` after ``limit``; cancelled (the server stopped
+    while it waits), it leaves no row and no GPU booked behind."""
+    s = nb.settings
+    waits = GpuWaits(nb.ledger.db, nb.ledger.instance)
+    whole = not is_fraction(count)
+    deadline = time.monotonic() + limit
+    if whole:
+        until = utcnow() + timedelta(seconds=limit)
+        await nb.db(waits.add, nb.workload_id, nb.user, nb.groups, int(count), until)
+    what = f"{count:g} GPU(s)" if whole else f"a {count:g} share of a GPU"
+    nb.progress(15, f"{why}: waiting for {what} for up to {format_duration(round(limit, 1))}")
+    said = ""
+    try:
+        while True:
+            if whole:
+                row = await nb.db(waits.get, nb.workload_id)
+                if row is None:
+                    msg = "the wait for GPUs was cancelled (its queue entry was removed)"
+                    raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", msg, 409)
+                if row["granted"]:
+                    await nb.db(waits.remove, nb.workload_id)
+                    return await nb.db(nb.ledger.held_by, nb.workload_id)
+                if row["message"] and row["message"] != said:
+                    said = row["message"]
+                    nb.progress(15, said[:1].upper() + said[1:])
+            else:
+                try:
+                    return await nb.db(
+                        nb.ledger.reserve,
+                        nb.workload_id,
+                        nb.user,
+                        "notebook",
+                        count,
+                        quota=s.gpu_quota_for(nb.user, nb.groups),
+                    )
+                except NoGpuAvailable:
+                    pass
+            if time.monotonic() >= deadline:
+                msg = (
+                    f"waited {format_duration(round(limit, 1))} for {what} and none came free "
+                    "(the wait limit: the flavor's gpu_wait or notebook_gpu_wait); try again "
+                    "later, or ask for fewer GPUs"
+                )
+                raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", msg, 409)
+            await asyncio.sleep(GPU_WAIT_POLL)
+    except BaseException:
+        # given up (the limit, a cancellation, a fault): no row, and nothing a grant booked
+        # meanwhile, is left behind; plain calls, so that a cancellation cannot skip them
+        if whole:
+            with contextlib.suppress(Exception):
+                waits.remove(nb.workload_id)
+            with contextlib.suppress(Exception):
+                nb.ledger.release(nb.workload_id)
+        raise
+
+
 async def _reserve_gpus(nb: Notebook, res) -> None:
     """GPUs from the ledger (with the user's quota), then the node: where the GPUs are; for a
     CPU notebook on a cluster, the one the placement policy picks."""
@@ -258,7 +327,10 @@ async def _reserve_gpus(nb: Notebook, res) -> None:
     except GpuQuotaExceeded as e:
         raise await nb.fail(S.FAILED, "GPU_QUOTA_EXCEEDED", str(e), 409) from None
     except NoGpuAvailable as e:
-        raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", str(e), 409) from None
+        limit = nb.options.gpu_wait if nb.options is not None else 0.0
+        if limit <= 0 or not nb.ledger.could_fit(res.gpus):  # nothing worth waiting for
+            raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", str(e), 409) from None
+        nb.held.gpu_ids = await wait_for_gpus(nb, res.gpus, limit, str(e))
     if nb.held.gpu_ids:
         # the fair share counts this notebook's GPUs towards the user's groups too
         recent = RecentUsage(nb.ledger.db, nb.ledger.instance)

@@ -27,7 +27,7 @@ from ..bounds import (
 from ..errors import FieldError
 from ..frameworks import Catalog
 from ..idle import gpu_unused_timeout_for, idle_timeout_for
-from ..resources import Flavor, Limits, Resources
+from ..resources import Flavor, Limits, Resources, gpu_wait_for
 from ..storage import StorageConfig
 from ..volumes import VolumeSpec
 
@@ -81,6 +81,9 @@ class NotebookOptions:
     #: seconds its GPUs may go unused before it is stopped (0: never): from its flavor or the
     #: site's policy (gpulab.idle), never from the user
     gpu_unused_timeout: float = 0.0
+    #: seconds it may wait in the queue for its GPUs (0: it never waits): from its flavor or
+    #: the site's (GpulabSettings.notebook_gpu_wait), never from the user
+    gpu_wait: float = 0.0
 
     def to_json(self) -> dict:
         return {
@@ -94,6 +97,7 @@ class NotebookOptions:
             "volumes": [str(v) for v in self.volumes],
             "idle_timeout": self.idle_timeout,
             "gpu_unused_timeout": self.gpu_unused_timeout,
+            "gpu_wait": self.gpu_wait,
         }
 
 
@@ -127,6 +131,7 @@ def parse_notebook_options(
     gpu_idle_timeout: float = 0.0,
     cpu_idle_timeout: float = 0.0,
     gpu_unused_timeout: float = 0.0,
+    gpu_wait: float = 0.0,
 ) -> NotebookOptions:
     """Turn raw user options into validated :class:`NotebookOptions` or raise OptionsError.
 
@@ -178,6 +183,7 @@ def parse_notebook_options(
         gpu_unused_timeout=gpu_unused_timeout_for(
             flavors.get(flavor) if flavor else None, res, gpu_unused_timeout
         ),
+        gpu_wait=gpu_wait_for(flavors.get(flavor) if flavor else None, res, gpu_wait),
     )
 
 

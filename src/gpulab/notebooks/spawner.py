@@ -229,6 +229,8 @@ class NotebookSpawner(DockerSpawner):
     _progress_events: list[dict] | None = None
     _progress_signal: asyncio.Event | None = None
     _progress_done = False
+    #: start_timeout as configured, before a GPU wait was added to it
+    _base_start_timeout: int | None = None
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -360,6 +362,11 @@ class NotebookSpawner(DockerSpawner):
         self.gpulab_options = opts
         self.image = opts.image
         self.default_url = opts.default_url
+        # JupyterHub gives start() start_timeout seconds: a notebook that may wait for its
+        # GPUs in the queue gets that wait on top
+        if self._base_start_timeout is None:
+            self._base_start_timeout = self.start_timeout
+        self.start_timeout = int(self._base_start_timeout + opts.gpu_wait)
 
     async def render_options_form(self) -> str:
         """JupyterHub awaits an async options_form: the ledger is read off the event loop."""

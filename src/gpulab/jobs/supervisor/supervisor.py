@@ -25,19 +25,21 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ...disk_ledger import DiskLedger
+from ...durations import format_duration
 from ...gpus.inventory import node_of
-from ...gpus.ledger import GpuLedger, NoGpuAvailable
+from ...gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
 from ...gpus.placement import choose_gang
 from ...gpus.recent_usage import RecentUsage
+from ...gpus.waits import GpuWaits
 from ...lifecycle import InvalidTransition, JobState
 from ...metrics import JOB_QUEUE_WAIT
 from ...notifier import Notifier
 from ...runtime.base import EngineUnreachable, Runtime
 from ...secrets import store_for
 from ..gang import decode_devices, encode_devices
-from ..queue import fair_share_now
+from ..queue import NOTEBOOK, fair_share_now, waiting_notebooks
 from ..records import JobRecords
-from ..scheduler import ActiveJob, QueuedJob, plan
+from ..scheduler import ActiveJob, QueuedJob, plan, queue_order
 from . import housekeeping
 from .context import JobContext
 from .lease import SupervisorLease
@@ -81,6 +83,8 @@ class JobSupervisor:
         self._adopted: dict[str, float] = {}  # job id -> when a task-less job was last adopted
         self._waiting: dict[str, str] = {}  # job id -> the waiting message last written
         self.recent = RecentUsage(db, settings.instance)
+        self.waits = GpuWaits(db, settings.instance)
+        self._told: dict[str, tuple[int, str]] = {}  # waiting notebook -> (place, message)
         self._accrued_at: float | None = None  # the fair share's last look (None: not yet)
 
     # --- what the service asks -----------------------------------------------------------
@@ -319,6 +323,8 @@ class JobSupervisor:
                         ),
                     )
                 )
+        waits = {w["workload"]: w for w in await self.db(self.waits.waiting)}
+        queued += waiting_notebooks(waits.values())
         if not queued:
             return
         fs = await self.db(
@@ -357,12 +363,18 @@ class JobSupervisor:
             with contextlib.suppress(InvalidTransition, KeyError):
                 await self.db(self.records.ask, victim, "preempt", states=PREEMPTIBLE)
         workers = {j["id"]: int(j["spec"].get("workers") or 1) for j in jobs}
-        await self._say_why_waiting(queued, p, free, workers)
+        await self._say_why_waiting([j for j in queued if j.kind == "job"], p, free, workers)
+        for placement in p.start:
+            if placement.job_id.startswith(NOTEBOOK):
+                await self._grant(waits[placement.job_id.removeprefix(NOTEBOOK)])
+        await self._tell_waiting_notebooks(queued, p, free, jobs)
         owners = {j["id"]: (j["owner"], j["groups"]) for j in jobs}
         specs = {j["id"]: j["spec"] for j in jobs}
         queued_since = {j["id"]: ts(j["updated"]) for j in jobs}
         for placement in p.start:
             job_id = placement.job_id
+            if job_id.startswith(NOTEBOOK):
+                continue
             owner, groups = owners[job_id]
             spec = specs[job_id]
             workers = int(spec.get("workers") or 1)
@@ -454,6 +466,61 @@ class JobSupervisor:
                 msg = f"waiting for {job.gpus} GPU(s): {len(free)} of {total} free"
             await self._say(job.id, msg)
 
+    async def _grant(self, wait: dict) -> None:
+        """A waiting notebook's turn: its GPUs booked in the ledger (the ledger chooses them,
+        with the owner's GPU quota checked again in the same transaction), then its row marked
+        granted; a row gone meanwhile (the spawn gave up) gets nothing: released again."""
+        workload, owner = wait["workload"], wait["owner"]
+        try:
+            await self.db(
+                self.ledger.reserve,
+                workload,
+                owner,
+                "notebook",
+                wait["gpus"],
+                quota=self.s.gpu_quota_for(owner, wait["groups"]),
+            )
+        except (NoGpuAvailable, GpuQuotaExceeded):  # taken meanwhile: the next pass plans again
+            return
+        if await self.db(self.waits.grant, workload):
+            log.info("notebook %s: %s GPU(s) booked after its wait", workload, wait["gpus"])
+        else:
+            await self.db(self.ledger.release, workload)
+
+    async def _tell_waiting_notebooks(
+        self, queued: list[QueuedJob], p, free: list[str], jobs: list[dict]
+    ) -> None:
+        """Each waiting notebook's place in line (the order the plan considered the queue
+        in) and what it waits for, written to its row when it changes; its spawn shows it."""
+        starting = {pl.job_id for pl in p.start}
+        line = [q for q in sorted(queued, key=queue_order) if q.id not in starting]
+        total = len(self.ledger.devices)
+        soonest = None  # seconds until the first GPU job reaches its time-out
+        now = time.time()
+        for j in jobs:
+            if j["state"] == J.RUNNING.value and int(j["spec"]["resources"]["gpus"]) > 0:
+                left = ts(j["running_since"]) + float(j["spec"].get("timeout") or 0) - now
+                if left > 0 and (soonest is None or left < soonest):
+                    soonest = left
+        said: dict[str, tuple[int, str]] = {}
+        for place, q in enumerate(line, start=1):
+            if q.kind != "notebook":
+                continue
+            workload = q.id.removeprefix(NOTEBOOK)
+            msg = (
+                f"waiting for {q.gpus} GPU(s): {ordinal(place)} in line of {len(line)} "
+                f"(jobs and notebooks); {len(free)} of {total} GPUs free now"
+            )
+            if soonest is not None:
+                msg += f"; a running job reaches its time-out in {format_duration(round(soonest))}"
+            if self._told.get(workload) != (place, msg):
+                said[workload] = (place, msg)
+        if said:
+            await self.db(self.waits.note, said)
+            self._told.update(said)
+        if len(self._told) > 10_000:
+            self._told.clear()
+
     async def _say(self, job_id: str, msg: str) -> None:
         """A queued job's waiting message, written only when it changes."""
         if self._waiting.get(job_id) != msg:
@@ -521,3 +588,9 @@ class JobSupervisor:
         finally:
             self.tasks.pop(job_id, None)
             self.wake.set()
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

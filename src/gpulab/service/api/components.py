@@ -190,8 +190,8 @@ FAIR_SHARE = {
     "description": "the user's place in the fair share: their recent GPU-hours (decayed with "
     "the half-life), their part of everyone's recent usage and their entitled share (0 to "
     "1), their factor (1 unused, 0.5 at their share, less beyond it), the same for the group "
-    "that judges them (null when in no group), and each of their queued jobs' place in line "
-    "(at most 100 listed; queued_mine counts them all)",
+    "that judges them (null when in no group), and the place in line of each of their queued "
+    "jobs and notebooks waiting for GPUs (at most 100 listed; queued_mine counts them all)",
     "properties": {
         **STANDING,
         "group": {
@@ -205,7 +205,11 @@ FAIR_SHARE = {
             "items": {
                 "type": "object",
                 "properties": {
-                    "id": {"type": "string"},
+                    "id": {"type": "string", "description": "a queued job's"},
+                    "notebook": {
+                        "type": "string",
+                        "description": "a notebook waiting for GPUs: its server's name",
+                    },
                     "place": {"type": "integer", "minimum": 1},
                 },
             },

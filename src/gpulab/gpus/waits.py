@@ -1,0 +1,124 @@
+"""Notebooks that wait for GPUs, in the queue they share with jobs.
+
+A notebook spawn that finds too few GPUs free (and may wait: ``notebook_gpu_wait``, or its
+flavor's ``gpu_wait``) adds a row here and polls it. The job supervisor plans the rows with the
+queued jobs (one order: priority, fair share, then since when), writes each row's place in
+line, and when a notebook's turn comes books its GPUs in the ledger and marks the row
+``granted``; the spawn sees that, removes the row and goes on with the GPUs it holds.
+
+Who frees what, whatever happens first:
+- the supervisor books, then marks: a row already gone (the spawn gave up: its wait limit,
+  its server stopped) marks nothing, and the supervisor releases what it booked;
+- the spawn that gives up removes its row, then releases whatever its workload holds (booked
+  by a grant it did not see).
+So GPUs booked for a notebook that no longer waits are always released, and a GPU is never
+booked twice: every booking is the ledger's one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
+from sqlalchemy import delete, select, update
+
+from ..db import Database, GpuWait
+from ..lifecycle import utcnow
+
+#: the most groups kept per row (a hub's groups are few; the cap bounds a row)
+MAX_GROUPS = 64
+
+
+def _row(r: GpuWait) -> dict:
+    try:
+        groups = [g for g in json.loads(r.groups or "[]") if isinstance(g, str)]
+    except ValueError:
+        groups = []
+    return {
+        "workload": r.workload,
+        "owner": r.owner,
+        "groups": groups,
+        "gpus": r.gpus,
+        "since": r.since,
+        "until": r.until,
+        "granted": bool(r.granted),
+        "place": r.place,
+        "message": r.message,
+    }
+
+
+class GpuWaits:
+    """The ``gpu_waits`` rows of one gpulab instance."""
+
+    def __init__(self, db: Database, instance: str) -> None:
+        self.db = db
+        self.instance = instance
+
+    def _mine(self, workload: str):
+        return (GpuWait.instance == self.instance, GpuWait.workload == workload)
+
+    def add(
+        self, workload: str, owner: str, groups: Iterable[str], gpus: int, until: datetime
+    ) -> dict:
+        """Start waiting (again: a row left by an earlier spawn is replaced)."""
+        with self.db.session() as s:
+            s.execute(delete(GpuWait).where(*self._mine(workload)))
+            row = GpuWait(
+                instance=self.instance,
+                workload=workload,
+                owner=owner,
+                groups=json.dumps(sorted(set(groups))[:MAX_GROUPS]),
+                gpus=int(gpus),
+                since=utcnow(),
+                until=until,
+                granted=0,
+                place=0,
+                message="",
+            )
+            s.add(row)
+            s.flush()
+            return _row(row)
+
+    def get(self, workload: str) -> dict | None:
+        with self.db.read() as s:
+            r = s.scalars(select(GpuWait).where(*self._mine(workload))).first()
+            return _row(r) if r is not None else None
+
+    def remove(self, workload: str) -> bool:
+        """Stop waiting; False when there was no row."""
+        with self.db.session() as s:
+            return s.execute(delete(GpuWait).where(*self._mine(workload))).rowcount > 0
+
+    def waiting(self) -> list[dict]:
+        """The rows not granted yet, oldest first."""
+        with self.db.read() as s:
+            rows = s.scalars(
+                select(GpuWait)
+                .where(GpuWait.instance == self.instance, GpuWait.granted == 0)
+                .order_by(GpuWait.since, GpuWait.workload)
+            )
+            return [_row(r) for r in rows]
+
+    def grant(self, workload: str) -> bool:
+        """Mark a row granted (its GPUs are booked); False when it is gone or was already
+        granted: then the caller releases what it booked."""
+        with self.db.session() as s:
+            done = s.execute(
+                update(GpuWait)
+                .where(*self._mine(workload), GpuWait.granted == 0)
+                .values(granted=1, message="GPUs booked: starting")
+            )
+            return done.rowcount > 0
+
+    def note(self, said: Mapping[str, tuple[int, str]]) -> None:
+        """Write each waiting row's place in line and message (workload -> (place, text))."""
+        if not said:
+            return
+        with self.db.session() as s:
+            for workload, (place, message) in said.items():
+                s.execute(
+                    update(GpuWait)
+                    .where(*self._mine(workload), GpuWait.granted == 0)
+                    .values(place=place, message=message[:500])
+                )
