@@ -87,6 +87,13 @@ refuse_open_login_at_hub_start()
 
 # --- notebooks -------------------------------------------------------------------------------
 c.JupyterHub.spawner_class = "gpulab"
+# the spawn page's Stop button stops the server the page is about (a notebook waiting there for
+# GPUs: docs/notebooks.md#waiting-for-a-gpu), not the user's default one; a site that sets its
+# own template_paths keeps them
+if "template_paths" not in c.JupyterHub:
+    import gpulab  # noqa: E402
+
+    c.JupyterHub.template_paths = [str(Path(gpulab.__file__).parent / "templates" / "hub")]
 # the sync helper's image: GPULAB_SYNC_IMAGE, as scripts/build-images.sh names it (default
 # gpulab/sync:VERSION)
 if os.environ.get("GPULAB_SYNC_IMAGE"):

@@ -16,7 +16,7 @@ import requests
 
 from gpulab.gpus.sharing import MPS_REMOVED
 
-from ..support.hub import SpawnFailed
+from ..support.hub import SpawnFailed, login
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -105,6 +105,10 @@ def test_eight_concurrent_spawns_on_four_gpus_four_wait_in_line(hub_with, docker
         timeout=30,
     )
     assert admin.status_code == 200 and "Waiting for GPUs (4)" in admin.text
+    # the spawn page's Stop button stops this named server (JupyterHub's: the default one)
+    page = login(hub, first).get(f"{hub.url}/hub/spawn-pending/{first}/gpu", timeout=30)
+    assert page.status_code == 200 and "Stop Server" in page.text
+    assert 'var server = "gpu";' in page.text and "api.stop_named_server(user, server" in page.text
 
     devices = []
     for u in ready:
