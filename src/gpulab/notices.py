@@ -373,6 +373,45 @@ def job_notice(job: Mapping, event: str, url: str | None = None) -> dict:
     }
 
 
+#: the notebook states that are events: it ended (stopped by its owner, for idleness or its
+#: maximum run time), or it failed
+_NOTEBOOK_EVENTS = {
+    "STOPPED": "done",
+    "FAILED": "failed",
+    "ERROR": "failed",
+    "SYNC_FAILED": "failed",
+}
+
+
+def notebook_event(state: str) -> str | None:
+    """The event a notebook's transition to ``state`` is, or None."""
+    return _NOTEBOOK_EVENTS.get(state)
+
+
+def notebook_notice(nb: Mapping, event: str, url: str | None = None) -> dict:
+    """What a notice of a notebook (its record) says: its user, server name, state and the
+    transition's reason and message; never its options (volumes, image) nor its output."""
+    last = (nb.get("history") or [{}])[-1]
+    message = str(last.get("message") or "")
+    if len(message) > MAX_NOTICE_MESSAGE:
+        message = message[: MAX_NOTICE_MESSAGE - 3] + "..."
+    server = nb.get("server") or ""
+    return {
+        "kind": "notebook",
+        "event": event,
+        "id": f"{nb.get('user')}/{server}" if server else str(nb.get("user")),
+        "name": server or "default",
+        "owner": nb.get("user"),
+        "state": nb.get("state"),
+        "reason": last.get("reason") or "",
+        "message": message,
+        "exit_code": last.get("exit_code"),
+        "submitted": nb.get("created"),
+        "at": nb.get("updated"),
+        "url": url,
+    }
+
+
 def _plain(text: object) -> str:
     """One line of plain text: control characters (a header's CR LF above all) as spaces."""
     return re.sub(r"[\x00-\x1f\x7f]", " ", str(text))

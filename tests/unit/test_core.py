@@ -185,6 +185,37 @@ def test_invalid_options_name_their_field(raw, field):
     assert e.value.field == field
 
 
+def test_notebook_notify_options_as_the_form_and_the_api_give_them():
+    from gpulab.notices import NotifyRules
+
+    rules = NotifyRules(webhook_hosts=("*.example.org",), mail=True, mail_domains=("*",))
+    opts = parse(
+        form_to_options({"notify_on": ["done", "failed"], "notify_email": ["a@b.org"]}),
+        notify_rules=rules,
+    )
+    assert opts.to_json()["notify"] == {
+        "on": ["done", "failed"],
+        "webhook": None,
+        "email": "a@b.org",
+    }
+    api = {"notify_webhook": "https://h.example.org/x", "notify_on": ["failed"]}
+    assert parse(api, notify_rules=rules).notify.on == ("failed",)
+    assert parse({}).notify is None and parse({}).to_json()["notify"] is None
+    off = NotifyRules()  # the default: nothing is sent anywhere
+    for raw, given, field, words in [
+        ({"notify_on": "done"}, rules, "notify_webhook", "give notify_webhook or notify_email"),
+        ({"notify_webhook": "https://h.example.org/x"}, off, "notify_webhook", "not enabled"),
+        ({"notify_email": "a@b.org"}, off, "notify_email", "not enabled"),
+        ({"notify_webhook": "http://169.254.169.254/"}, rules, "notify_webhook", "may not go"),
+        ({"notify_email": "a@b.org", "notify_on": "ended"}, rules, "notify_on", "unknown event"),
+        ({"notify_email": "a@b.org", "notify_on": []}, rules, "notify_on", "the events, from"),
+    ]:
+        with pytest.raises(OptionsError) as e:
+            parse(raw, notify_rules=given)
+        assert e.value.field == field and words in str(e.value), str(e.value)
+        assert str(e.value).startswith(f"{field}:"), str(e.value)  # what the form's script reads
+
+
 def test_second_editor_needs_no_redesign():
     catalog = Catalog.from_config(
         [
@@ -310,6 +341,9 @@ def test_notebook_options_at_every_cap_are_accepted():
         ({"cpus": "1" * 33}, "cpus", "cpus: at most 32 characters"),
         ({"memory": "1" * 33}, "memory", "at most 32 characters"),
         ({"auto_restart": "t" * 33}, "auto_restart", "at most 32 characters"),
+        ({"notify_webhook": "h" * 2049}, "notify_webhook", "at most 2048 characters"),
+        ({"notify_email": "e" * 255}, "notify_email", "at most 254 characters"),
+        ({"notify_on": "d" * 129}, "notify_on", "at most 128 characters"),
         ({"x" * 100_000: 1}, "x" * 64 + "...", "unknown option 'xxxx"),
         ({"privileged": True, **{f"f{i}": 1 for i in range(50_000)}}, "privileged", "unknown"),
     ],

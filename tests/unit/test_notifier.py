@@ -195,3 +195,39 @@ def test_a_jobs_transition_never_waits_for_its_notice(tmp_path):
         assert body["id"] == job_id and body["event"] == "interrupted"
         assert body["url"] == f"https://lab.example.org/services/gpulab/jobs/{job_id}"
         assert "spec" not in body and "x" not in body.values()
+
+
+def test_a_notebooks_stop_is_told_through_its_records(tmp_path):
+    """NotebookRecords.transition (the one door of a notebook's states, in the hub) tells
+    the announcer, which hands the notice to the notifier on the loop: one for STOPPED, none
+    for the states before it."""
+    from gpulab.lifecycle import NotebookState as S
+    from gpulab.notebooks.announce import Announcer
+    from gpulab.notebooks.records import NotebookRecords
+    from gpulab.resources import Limits, Resources
+
+    settings = GpulabSettings(instance="t", public_url="https://lab.example.org/")
+    with WebhookReceiver() as hooks:
+        notifier = Notifier(LOOPBACK, delays=FAST)
+
+        async def main():
+            loop = asyncio.get_running_loop()
+            db = Database(f"sqlite:///{tmp_path / 'db.sqlite'}")
+            records = NotebookRecords(db, "t", observer=Announcer(settings, notifier, loop))
+            notify = {"on": ["done"], "webhook": hooks.url("/nb"), "email": None}
+            options = {"resources": {"cpus": 1.0, "memory": "1G", "gpus": 0}, "notify": notify}
+            records.start(
+                "ann", "", Resources(1, 1024**3, 0), Limits(4, 8 * 1024**3, 0), options=options
+            )
+            for state in (S.RUNNING, S.STOPPING, S.STOPPED):
+                await asyncio.to_thread(records.transition, "ann", "", state, reason="IDLE")
+            await asyncio.sleep(0.05)  # the hop onto the loop
+            await notifier.drain(timeout=10)
+            await notifier.close()
+
+        run_async(main())
+        [body] = hooks.delivered()
+        assert (body["kind"], body["event"], body["state"]) == ("notebook", "done", "STOPPED")
+        assert body["owner"] == "ann" and body["reason"] == "IDLE"
+        assert body["url"] == "https://lab.example.org/hub/home"
+        assert "options" not in body

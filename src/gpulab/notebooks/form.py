@@ -43,6 +43,7 @@ def parse_options(settings, user: str, groups: list[str], user_options: dict) ->
         cpu_idle_timeout=s.cpu_idle_timeout,
         gpu_unused_timeout=s.gpu_unused_timeout,
         gpu_wait=s.notebook_gpu_wait,
+        notify_rules=s.notify_rules,
     )
 
 
@@ -140,4 +141,7 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
         workspace_dir=s.workspace_dir,
         gpu_idle_timeout=s.gpu_idle_timeout,
         cpu_idle_timeout=s.cpu_idle_timeout,
+        # the notices a notebook may ask for: the admin's hosts and domains (none: hidden)
+        notify_webhooks=s.notify_rules.webhook_hosts,
+        notify_mail=s.notify_rules.mail_domains if s.notify_rules.mail else (),
     )

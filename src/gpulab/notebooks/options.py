@@ -27,6 +27,7 @@ from ..bounds import (
 from ..errors import FieldError
 from ..frameworks import Catalog
 from ..idle import gpu_unused_timeout_for, idle_timeout_for
+from ..notices import EVENTS, MAX_EMAIL_CHARS, MAX_URL_CHARS, Notify, NotifyRules, parse_notify
 from ..resources import Flavor, Limits, Resources, gpu_wait_for
 from ..storage import StorageConfig
 from ..volumes import VolumeSpec
@@ -42,6 +43,9 @@ KNOWN_OPTIONS = (
     "image",
     "auto_restart",
     "volumes",
+    "notify_webhook",
+    "notify_email",
+    "notify_on",
 )
 _KNOWN = frozenset(KNOWN_OPTIONS)
 #: the longest text each option may be (volumes are capped per entry and in number)
@@ -55,6 +59,9 @@ _TEXT_CAPS = {
     "memory": MAX_NUMBER_CHARS,
     "gpus": MAX_NUMBER_CHARS,
     "auto_restart": MAX_NUMBER_CHARS,
+    "notify_webhook": MAX_URL_CHARS,
+    "notify_email": MAX_EMAIL_CHARS,
+    "notify_on": 128,
 }
 #: the form sends volumes as one spec per line
 _MAX_VOLUMES_TEXT = MAX_VOLUMES * (MAX_VOLUME_SPEC_CHARS + 1)
@@ -84,6 +91,8 @@ class NotebookOptions:
     #: seconds it may wait in the queue for its GPUs (0: it never waits): from its flavor or
     #: the site's (GpulabSettings.notebook_gpu_wait), never from the user
     gpu_wait: float = 0.0
+    #: whom to tell when it stops or fails (gpulab.notices); None: nobody
+    notify: Notify | None = None
 
     def to_json(self) -> dict:
         return {
@@ -98,6 +107,7 @@ class NotebookOptions:
             "idle_timeout": self.idle_timeout,
             "gpu_unused_timeout": self.gpu_unused_timeout,
             "gpu_wait": self.gpu_wait,
+            "notify": self.notify.to_json() if self.notify else None,
         }
 
 
@@ -132,6 +142,7 @@ def parse_notebook_options(
     cpu_idle_timeout: float = 0.0,
     gpu_unused_timeout: float = 0.0,
     gpu_wait: float = 0.0,
+    notify_rules: NotifyRules | None = None,
 ) -> NotebookOptions:
     """Turn raw user options into validated :class:`NotebookOptions` or raise OptionsError.
 
@@ -184,7 +195,30 @@ def parse_notebook_options(
             flavors.get(flavor) if flavor else None, res, gpu_unused_timeout
         ),
         gpu_wait=gpu_wait_for(flavors.get(flavor) if flavor else None, res, gpu_wait),
+        notify=_notify(raw, notify_rules or NotifyRules()),
     )
+
+
+def _notify(raw: Mapping, rules: NotifyRules) -> Notify | None:
+    """``notify_webhook``, ``notify_email`` and ``notify_on`` (a list, or names separated by
+    commas: the form's) as a :class:`~gpulab.notices.Notify`, refused as a job's ``notify``
+    is, naming the option; none of them: None."""
+    given = {k: raw.get(f"notify_{k}") for k in ("webhook", "email", "on")}
+    if all(v is None or v == "" or v == [] for v in given.values()):
+        return None
+    on = given["on"]
+    if isinstance(on, str):
+        on = [e.strip() for e in on.split(",") if e.strip()] or None
+    try:
+        return parse_notify({**given, "on": on}, rules, OptionsError)
+    except OptionsError as e:
+        field = e.field.replace("notify.", "notify_") if "." in e.field else "notify_webhook"
+        message = str(e).replace("notify.", "notify_")
+        if e.field == "notify":  # events alone: no one to tell
+            message = "notify_webhook: give notify_webhook or notify_email (or both) to be told"
+        elif field == "notify_on" and not on:
+            message = f"notify_on: the events, from {', '.join(EVENTS)}"
+        raise OptionsError(field, message) from None
 
 
 def _volumes(raw, storage: StorageConfig | None, user: str, workspace_dir: str) -> list:
@@ -207,7 +241,10 @@ def form_to_options(formdata: Mapping[str, list[str]]) -> dict:
     for key, values in formdata.items():
         if key.startswith("_") or not values:
             continue
-        value = values[0].strip()
+        if key == "notify_on":  # a box per event: every one ticked
+            value = ",".join(v.strip() for v in values if v.strip())
+        else:
+            value = values[0].strip()
         if value != "":
             out[key] = value
     # the custom fields only count when "custom" is chosen as the flavor

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from datetime import timedelta
 
 from sqlalchemy import func, select
@@ -14,6 +16,7 @@ from ..resources import Limits, Resources, format_memory, parse_memory
 from ..statelog import state_change
 
 S = NotebookState
+log = logging.getLogger("gpulab.notebooks")
 #: notebook states in which a notebook's container may hold CPUs, memory and GPUs
 HOLDING_COMPUTE = frozenset({S.STARTING.value, S.RUNNING.value, S.STOPPING.value})
 
@@ -95,9 +98,12 @@ def _logged(user: str, server: str, changes) -> None:
 class NotebookRecords:
     """Reads and writes notebook states for one gpulab instance."""
 
-    def __init__(self, db: Database, instance: str):
+    def __init__(self, db: Database, instance: str, observer: Callable[[dict], None] | None = None):
         self.db = db
         self.instance = instance
+        #: told of every committed transition (the record after it), from the thread that
+        #: made it: the hub's notices (notebooks/announce.py); it never fails a transition
+        self.observer = observer
 
     def _find(self, s, user: str, server: str, lock: bool = False) -> Notebook | None:
         """The notebook with its events; ``lock``: its row locked for this transaction (a
@@ -136,6 +142,11 @@ class NotebookRecords:
             s.flush()
             result = notebook_json(nb)
         _logged(user, server, [(old, state, reason, message, exit_code)])
+        if self.observer is not None:
+            try:
+                self.observer(result)
+            except Exception as e:  # a notice is a courtesy: never a fault of the notebook
+                log.warning("%s/%s: notice not handed on: %s", user, server, e)
         return result
 
     def _apply(

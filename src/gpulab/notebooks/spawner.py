@@ -33,6 +33,7 @@ from ..runtime import make_runtime
 from ..runtime.base import EngineError, Runtime, WorkloadState
 from ..settings import ConfigError, GpulabSettings
 from . import form, life
+from .announce import announcer_for
 from .container import HubSide
 from .life import Held, Notebook, NotebookRefused
 from .options import NotebookOptions, form_to_options
@@ -265,7 +266,10 @@ class NotebookSpawner(DockerSpawner):
 
     @cached_property
     def records(self) -> NotebookRecords:
-        return NotebookRecords(self.gpulab_db, self.settings.instance)
+        # every transition it records is told to the notices' announcer (notebooks/announce)
+        return NotebookRecords(
+            self.gpulab_db, self.settings.instance, observer=announcer_for(self.settings)
+        )
 
     @property
     def runtime(self) -> Runtime:
