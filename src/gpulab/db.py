@@ -395,10 +395,32 @@ class Job(Base):
     # in FINALIZING and SYNC_FAILED: the state the job ends in once its output is pushed
     outcome: Mapped[str] = mapped_column(String(32), default="", server_default="")
     groups: Mapped[str] = mapped_column(Text, default="")  # the owner's groups at submission
+    # billed minutes already added to its owner's monthly totals (BilledMonth): the
+    # commenced minutes of its closed billed periods (gpulab.billing.settled_minutes)
+    settled_minutes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     events: Mapped[list[JobEvent]] = relationship(
         back_populates="job", order_by="JobEvent.id", cascade="all, delete-orphan"
     )
+
+
+class BilledMonth(Base):
+    """A user's billed job minutes settled in one month (UTC), kept apart from the job
+    records so that deleting records (retention, a user's delete) never changes what was
+    billed: each row grows in the same transaction as a job's billed period closes
+    (gpulab.jobs.records; the rule is gpulab.billing's)."""
+
+    __tablename__ = "billed_months"
+    __table_args__ = (UniqueConstraint("instance", "owner", "month"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(64))
+    owner: Mapped[str] = mapped_column(String(255), index=True)
+    month: Mapped[str] = mapped_column(String(7))  # "2026-11"
+    # minutes billed (per commenced minute of each job's running time), and those times
+    # every worker's GPUs
+    minutes: Mapped[int] = mapped_column(BigInteger, default=0)
+    gpu_minutes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class Lease(Base):

@@ -83,6 +83,14 @@ def test_happy_path_pulls_input_and_pushes_output(hub, alice, docker_client):
     assert alice.call("GET", "/jobs", params={"label": "project=other"}).json()["jobs"] == []
     usage = alice.call("GET", "/usage").json()
     assert usage["jobs_billed_minutes"] >= 1
+    # this month's report, from the kept totals: a user sees only their own row
+    report = alice.call("GET", "/usage/report").json()
+    assert [r["user"] for r in report["users"]] == ["alice"], report
+    assert report["users"][0]["jobs_billed_minutes"] >= 1
+    bad = alice.call("GET", "/usage/report", params={"month": "2026-13"})
+    assert bad.status_code == 400 and bad.json()["field"] == "month", bad.text
+    other = alice.call("GET", "/usage/report", params={"user": "bob"})
+    assert other.status_code == 403
     # the OpenAPI document is served and names every route
     doc = alice.call("GET", "/openapi.json").json()
     assert "/api/jobs/{job_id}/logs" in doc["paths"]

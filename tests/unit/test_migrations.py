@@ -90,6 +90,51 @@ def test_the_previous_release_database_is_taken_up_with_its_data(tmp_path):
     check_data(db)
 
 
+def test_the_billing_totals_are_filled_from_the_records_found(tmp_path):
+    """Revision 0004 settles every closed billed period of the jobs it finds in the month
+    it closed (one job across a month boundary, a gang of 2 x 2 GPUs, one still running),
+    so that usage reads the same before and after the upgrade."""
+    path = tmp_path / "g.sqlite"
+    url = previous_release(path)
+    conn = sqlite3.connect(path)
+    spec = '{"command": ["x"], "resources": {"gpus": 2}, "workers": 2}'
+    jobs = {
+        # Oct 31 23:59:30 to Nov 1 00:01:00, re-queued, then 30 s more in November: 2 min
+        "J0003": [
+            ("2026-10-31 23:59:00", "QUEUED"),
+            ("2026-10-31 23:59:30", "RUNNING"),
+            ("2026-10-31 23:59:50", "QUEUED"),  # 20 s: 1 minute settled in October
+            ("2026-11-01 00:00:00", "RUNNING"),
+            ("2026-11-01 00:01:10", "FINALIZING"),  # 90 s in all: 2 minutes, 1 more
+            ("2026-11-01 00:02:00", "DONE"),
+        ],
+    }
+    for job_id, events in jobs.items():
+        conn.execute(
+            "INSERT INTO jobs VALUES(?,'lab','bob','t',?,?,50,?,?,NULL,'','','',0,0,0,0,'',"
+            "'','','','')",
+            (job_id, spec, events[-1][1], events[0][0], events[-1][0]),
+        )
+        for at, state in events:
+            conn.execute(
+                "INSERT INTO job_events (job_id, at, kind, state, reason, message) "
+                "VALUES (?, ?, 'transition', ?, '', '')",
+                (job_id, at + ".000000", state),
+            )
+    conn.commit()
+    conn.close()
+    db = Database(url, upgrade=True)
+    records = JobRecords(db, "lab")
+    assert records.month_usage("2026-10") == [
+        {"user": "bob", "jobs_billed_minutes": 1, "jobs_billed_gpu_minutes": 4}
+    ]
+    assert records.month_usage("2026-11", "bob") == [
+        {"user": "bob", "jobs_billed_minutes": 1, "jobs_billed_gpu_minutes": 4}
+    ]
+    assert records.usage("bob")["jobs_billed_minutes"] == records.get("J0003")["billed_minutes"]
+    assert records.usage("ann")["jobs_billed_minutes"] == records.get("J0001")["billed_minutes"]
+
+
 def test_an_older_database_is_refused_until_upgraded(tmp_path):
     drop = (("jobs", "outcome"), ("jobs", "node"), ("notebooks", "node"))
     url = previous_release(tmp_path / "g.sqlite", drop)

@@ -8,7 +8,7 @@
     gpulab job exec [--timeout S] [--rank K] ID -- CMD [ARGS...]   run a command in a RUNNING job
     gpulab job shell [--rank K] ID                an interactive terminal in a RUNNING job
     gpulab secret set NAME | list | delete NAME   secrets a job's env refers to (--secret-env)
-    gpulab usage [--user NAME]
+    gpulab usage [--user NAME] [--month YYYY-MM]
     gpulab notebook list [--all | --user NAME]
     gpulab doctor [--config FILE] [--json]       (operators, on the hub's host) check the host
     gpulab admin backup DEST | restore SRC DIR | upgrade-db   (operators) the databases

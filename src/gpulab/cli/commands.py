@@ -390,6 +390,8 @@ def cmd_job_delete(args: argparse.Namespace, client: Client) -> int:
 
 def cmd_usage(args: argparse.Namespace, client: Client) -> int:
     params = [("user", args.user)] if args.user else []
+    if args.month is not None:
+        return _month_report(args, client, params)
     data = client.json("GET", "/usage", params=params)
     if args.output == "json":
         print_json(data)
@@ -440,6 +442,28 @@ def fair_share_lines(fs) -> list[str]:
             f"queued (job, place: {places}{', ...' if more else ''})"
         )
     return lines
+
+
+def _month_report(args: argparse.Namespace, client: Client, params: list) -> int:
+    if args.month != "now":
+        params.append(("month", args.month))
+    data = client.json("GET", "/usage/report", params=params)
+    if args.output == "json":
+        print_json(data)
+    else:
+        table(
+            ["MONTH", "USER", "JOB MINUTES", "GPU MINUTES"],
+            [
+                [
+                    data.get("month"),
+                    r.get("user"),
+                    r.get("jobs_billed_minutes"),
+                    r.get("jobs_billed_gpu_minutes"),
+                ]
+                for r in data.get("users") or []
+            ],
+        )
+    return EXIT_OK
 
 
 def cmd_notebook_list(args: argparse.Namespace, client: Client) -> int:

@@ -223,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     usage = top.add_parser("usage", parents=[common], help="your billed minutes")
     usage.add_argument("--user", help="this user's (admins)")
+    usage.add_argument(
+        "--month",
+        metavar="YYYY-MM",
+        help="one month's billed job minutes and GPU-minutes (UTC; 'now': this month), "
+        "everyone's for admins",
+    )
     usage.set_defaults(func=cmd_usage)
 
     nb = top.add_parser("notebook", aliases=["notebooks"], parents=[common], help="notebooks")

@@ -23,14 +23,15 @@ import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Protocol
 
-from ..billing import user_usage
+from ..billing import month_of, parse_month, user_usage
 from ..cuda import ImageBuild, cuda_refusal, cuda_shortfall
 from ..disk_quota import human
 from ..gpus.usage import usage_of as readings_of
-from ..lifecycle import JobState, NotebookState
+from ..lifecycle import JobState, NotebookState, utcnow
 from ..resources import format_memory
 from .queue import admin_line, share_of
 from .records import JobRecords
+from .refusals import Invalid
 from .spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
 from .states import ACTIVE
 
@@ -71,6 +72,20 @@ def usage_and_share(sup: JobSupervisor, notebooks: NotebookReads, user: str) -> 
         **usage_of(sup.records, notebooks, user),
         "fair_share": share_of(sup.s, sup.records, user),
     }
+
+
+def month_usage(jobs: JobRecords, month: str | None, user: str | None) -> dict:
+    """The monthly usage report: every user's (``user``: only theirs) billed job minutes and
+    GPU-minutes in ``month`` ("YYYY-MM", UTC; None: this month), from the kept totals
+    (:func:`gpulab.jobs.usage.month_report`). A month that is not one is refused
+    (:class:`~gpulab.jobs.refusals.Invalid`, field ``month``)."""
+    if month is None or month == "":
+        month = month_of(utcnow())
+    try:
+        month = parse_month(month)
+    except ValueError as e:
+        raise Invalid(str(e), field="month") from None
+    return {"month": month, "users": jobs.month_usage(month, user)}
 
 
 def home_overview(

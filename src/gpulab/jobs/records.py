@@ -8,7 +8,7 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import selectinload
 
-from ..billing import billed_minutes
+from ..billing import BILLED_STATES, billed_minutes
 from ..db import Database, Job, JobEvent
 from ..faults import fault_point
 from ..lifecycle import (
@@ -22,7 +22,7 @@ from ..statelog import state_change
 from .gang import ranks, spec_workers
 from .spec.ports import job_path
 from .states import ACTIVE, ENDED
-from .usage import bills_of, owner_usage
+from .usage import bills_of, month_report, owner_usage, settle
 
 #: what a user or the scheduler may ask of an active job ("" for nothing)
 REQUESTS = frozenset({"", "interrupt", "preempt"})
@@ -288,6 +288,8 @@ class JobRecords:
                     at=now, state=state.value, reason=reason, message=message, exit_code=exit_code
                 )
             )
+            if state not in BILLED_STATES:  # a billed period may have closed: settle it
+                settle(self.db, s, job, now)
             s.flush()
             result = job_json(job, now, history=True)
         owner = result["owner"]
@@ -453,6 +455,11 @@ class JobRecords:
     def usage(self, owner: str) -> dict:
         """Billed minutes of the owner's jobs (:func:`~gpulab.jobs.usage.owner_usage`)."""
         return owner_usage(self.db, self.instance, owner)
+
+    def month_usage(self, month: str, owner: str | None = None) -> list[dict]:
+        """Each user's (or ``owner``'s) billed job minutes in ``month`` ("YYYY-MM")
+        (:func:`~gpulab.jobs.usage.month_report`)."""
+        return month_report(self.db, self.instance, month, owner)
 
     def counts(self, owner: str | None = None) -> dict[str, int]:
         """How many of the owner's (or everyone's) jobs are in each state (one grouped query)."""

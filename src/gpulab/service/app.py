@@ -28,7 +28,7 @@ from .api.notebooks import NotebookHandler, NotebookPushHandler, NotebooksHandle
 from .api.openapi import OpenAPIHandler
 from .api.ports import CUT_RELAYS, JobPortHandler
 from .api.secrets import SecretHandler, SecretsHandler
-from .api.usage import UsageHandler
+from .api.usage import UsageHandler, UsageReportHandler
 from .base import BoundedApplication, NotFoundHandler, ScrubbedLogs
 from .pages.admin import AdminPage
 from .pages.base import StaticHandler
@@ -65,6 +65,7 @@ ROUTES: list[tuple[str, str, type]] = [
         JobActionHandler,
     ),
     ("/api/usage", r"api/usage", UsageHandler),
+    ("/api/usage/report", r"api/usage/report", UsageReportHandler),
     ("/api/secrets", r"api/secrets/?", SecretsHandler),
     ("/api/secrets/{name}", r"api/secrets/([^/]+)", SecretHandler),
 ]

@@ -317,6 +317,25 @@ PATHS: dict[str, dict] = {
             "responses": {"200": _json(_ref("Usage"), "usage"), **_errors()},
         }
     },
+    "/api/usage/report": {
+        "get": {
+            "operationId": "getUsageReport",
+            "summary": "one month's billed job minutes by user, from totals kept apart from "
+            "the job records (deleting records never changes them): everyone's for an admin, "
+            "the caller's own otherwise",
+            "parameters": [
+                {
+                    "name": "month",
+                    "in": "query",
+                    "description": "YYYY-MM (UTC); default: this month, with live jobs' "
+                    "running time so far",
+                    "schema": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$"},
+                },
+                {"name": "user", "in": "query", "schema": {"type": "string"}},
+            ],
+            "responses": {"200": _json(_ref("UsageReport"), "the report"), **_errors(400, 403)},
+        }
+    },
     "/api/secrets": {
         "get": {
             "operationId": "listSecrets",
@@ -520,6 +539,23 @@ def document(job_submission: dict | None = None) -> dict:
                         "jobs_billed_minutes": {"type": "integer"},
                         "notebooks_billed_minutes": {"type": "integer"},
                         "fair_share": FAIR_SHARE,
+                    },
+                },
+                "UsageReport": {
+                    "type": "object",
+                    "properties": {
+                        "month": {"type": "string"},
+                        "users": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "user": {"type": "string"},
+                                    "jobs_billed_minutes": {"type": "integer"},
+                                    "jobs_billed_gpu_minutes": {"type": "integer"},
+                                },
+                            },
+                        },
                     },
                 },
             },
