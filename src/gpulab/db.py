@@ -398,6 +398,9 @@ class Job(Base):
     # billed minutes already added to its owner's monthly totals (BilledMonth): the
     # commenced minutes of its closed billed periods (gpulab.billing.settled_minutes)
     settled_minutes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # when the retention sweep deletes it, for an ended job that set its own
+    # auto_delete_after (None: the site's job_retention from its end, or kept)
+    delete_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
 
     events: Mapped[list[JobEvent]] = relationship(
         back_populates="job", order_by="JobEvent.id", cascade="all, delete-orphan"

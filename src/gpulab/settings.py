@@ -756,6 +756,54 @@ class GpulabSettings(Configurable):
         "the job's record and saved logs stay.",
     ).tag(config=True)
 
+    job_retention = Float(
+        None,
+        allow_none=True,
+        help="""Seconds an ended job's record, history, events and saved logs are kept after
+        its end before the service deletes them in the background (a job's own
+        `auto_delete_after` wins). None (the default): kept forever, as before this setting:
+        deleting what users may still want to read is the operator's choice, not a default.
+        Billing is kept apart (monthly totals), so deleting records never changes what was
+        billed. A job whose push failed (SYNC_FAILED) is never deleted.""",
+    ).tag(config=True)
+
+    job_retention_max = Float(
+        None,
+        allow_none=True,
+        help="""The longest `auto_delete_after` a job may ask for (seconds; a longer one is a
+        400 naming the field). None: up to ten years. With `job_retention`, it bounds what the
+        database and the log directory hold.""",
+    ).tag(config=True)
+
+    job_retention_interval = Float(
+        60.0,
+        help="""Seconds between the service's looks for ended jobs whose retention is over.
+        Each look deletes them in batches of `job_retention_batch`, pausing between
+        batches so that no batch holds the database's write lock long.""",
+    ).tag(config=True)
+
+    job_retention_batch = Integer(
+        100,
+        help="Ended jobs deleted per transaction by the retention sweep (1 to 1000).",
+    ).tag(config=True)
+
+    @validate("job_retention", "job_retention_max", "job_retention_interval")
+    def _job_retention(self, proposal):
+        value = proposal["value"]
+        name = proposal["trait"].name
+        if value is None and name != "job_retention_interval":
+            return value
+        if value is None or not math.isfinite(value) or value <= 0:
+            raise TraitError(f"{name} must be a positive number of seconds, not {value!r}")
+        return value
+
+    @validate("job_retention_batch")
+    def _job_retention_batch(self, proposal):
+        value = proposal["value"]
+        if not 1 <= value <= 1000:
+            raise TraitError(f"job_retention_batch must be from 1 to 1000, not {value!r}")
+        return value
+
     job_max_timeout = Float(30 * 86400.0, help="Longest time-out a job may ask for (seconds).").tag(
         config=True
     )

@@ -62,6 +62,9 @@ def test_form_terminate_after_preemption():
     raw, _ = form_to_job({"command": "true"})
     assert "terminate_after_preemption" not in raw
     assert form_field("terminate_after_preemption") == "terminate_after_preemption"
+    raw, _ = form_to_job({"command": "true", "auto_delete_after": " 30d "})
+    assert raw["auto_delete_after"] == "30d"
+    assert form_field("auto_delete_after") == "auto_delete_after"
 
 
 def test_form_notify():

@@ -51,10 +51,12 @@ def test_run_builds_the_submission_body():
     }
 
 
-def test_run_terminate_after_preemption():
+def test_run_terminate_after_preemption_and_auto_delete_after():
     args = parse("job", "run", "--preemptible", "--terminate-after-preemption", "--", "true")
     body = cli.build_submission(args)
     assert body["preemptible"] is True and body["terminate_after_preemption"] is True
+    args = parse("job", "run", "--auto-delete-after", "30d", "--", "true")
+    assert cli.build_submission(args)["auto_delete_after"] == "30d"
 
 
 def test_run_sends_only_what_was_given():

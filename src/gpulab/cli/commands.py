@@ -87,6 +87,8 @@ def build_submission(args: argparse.Namespace) -> dict:
         body["preemptible"] = True
     if args.terminate_after_preemption:
         body["terminate_after_preemption"] = True
+    if args.auto_delete_after is not None:
+        body["auto_delete_after"] = _duration_value(args.auto_delete_after)
     if args.priority is not None:
         body["priority"] = args.priority
     add_run_fields(args, body)

@@ -202,6 +202,12 @@ def job_details(job: dict, hub_url: str = "") -> None:
         ("Env", ", ".join(_env_text(k, v) for k, v in (spec.get("env") or {}).items()) or "-"),
         ("Labels", ", ".join(f"{k}={v}" for k, v in (spec.get("labels") or {}).items()) or "-"),
         ("Timeout", duration(float(spec["timeout"])) if spec.get("timeout") else "-"),
+        (
+            "Deleted",
+            f"{duration(float(spec['auto_delete_after']))} after it ends"
+            if isinstance(spec.get("auto_delete_after"), int | float)
+            else "as the site keeps jobs",
+        ),
         ("Retries", f"{job.get('restarts', 0)} of {spec.get('retries', 0)} used"),
         (
             "Hang restart",

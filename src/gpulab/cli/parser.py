@@ -165,6 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="when preempted, end INTERRUPTED instead of going back to the queue",
     )
     run.add_argument("--priority", type=int, metavar="N", help="0-100 (default 50)")
+    run.add_argument(
+        "--auto-delete-after",
+        metavar="DURATION",
+        help="delete the job's record and logs this long after it ends (default: the site's)",
+    )
     add_run_options(run)  # ports, secrets, git, working dir, read-only root
     run.add_argument(
         "--notify-webhook", metavar="URL", help="POST a JSON notice here when the job ends"

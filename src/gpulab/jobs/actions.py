@@ -125,6 +125,7 @@ async def submission_schema(
         gang_slots=sup.ledger.gang_slots(),
         max_workers=s.max_job_workers,
         notify_rules=s.notify_rules,
+        max_retention=s.job_retention_max,
     )
 
 
@@ -159,6 +160,7 @@ async def submit(
             secret_names=frozenset(names) if names is not None else None,
             git_allowed=s.job_git_sources,
             notify_rules=s.notify_rules,
+            max_retention=s.job_retention_max,
         )
     except FieldError as e:
         raise Invalid(str(e), field=e.field) from None

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import secrets
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import selectinload
 
 from ..billing import BILLED_STATES, billed_minutes
@@ -28,6 +28,10 @@ from .usage import bills_of, month_report, owner_usage, settle
 REQUESTS = frozenset({"", "interrupt", "preempt"})
 
 UNFINISHED_VALUES = frozenset({JobState.QUEUED.value} | {x.value for x in ACTIVE})
+#: the ended states whose records retention deletes: never SYNC_FAILED (its output waits
+#: for a push, and a record is how its owner retries it)
+RETAINED = frozenset(ENDED - {JobState.SYNC_FAILED})
+_RETAINED_VALUES = [s.value for s in RETAINED]
 
 
 class _Rows:
@@ -290,6 +294,11 @@ class JobRecords:
             )
             if state not in BILLED_STATES:  # a billed period may have closed: settle it
                 settle(self.db, s, job, now)
+            own = (job.spec or {}).get("auto_delete_after")
+            if state in RETAINED and isinstance(own, int | float) and not isinstance(own, bool):
+                job.delete_at = now + timedelta(seconds=own)
+            else:
+                job.delete_at = None
             s.flush()
             result = job_json(job, now, history=True)
         owner = result["owner"]
@@ -516,6 +525,31 @@ class JobRecords:
             out = job_json(job, history=False)
             s.delete(job)
             return out
+
+    def delete_expired(self, now: datetime, default: float | None, limit: int) -> list[dict]:
+        """Delete up to ``limit`` ended jobs whose retention is over, with their events, in
+        one transaction; their (id, node, spec) as :meth:`delete` returns them. Over: an own
+        ``auto_delete_after`` (``delete_at``) reached, else ``default`` seconds (None: never)
+        since the job ended. Only DONE, FAILED, INTERRUPTED and ERROR jobs (never one that is
+        not ended, nor SYNC_FAILED), checked in the same statement that picks them, the rows
+        locked: a job resumed meanwhile is not in it."""
+        due = [Job.delete_at <= now]
+        if default is not None:
+            due.append(Job.delete_at.is_(None) & (Job.updated <= now - timedelta(seconds=default)))
+        with self.db.session() as s:
+            rows = s.execute(
+                select(Job.id, Job.node, Job.spec, Job.owner, Job.container)
+                .where(Job.instance == self.instance, Job.state.in_(_RETAINED_VALUES), or_(*due))
+                .order_by(Job.updated)
+                .limit(limit)
+                .with_for_update()
+            ).all()
+            if not rows:
+                return []
+            ids = [r.id for r in rows]
+            s.execute(delete(JobEvent).where(JobEvent.job_id.in_(ids)))
+            s.execute(delete(Job).where(Job.instance == self.instance, Job.id.in_(ids)))
+        return [{"id": r.id, "node": r.node or "", "spec": r.spec, "owner": r.owner} for r in rows]
 
     def with_volumes(self) -> set[str]:
         """Ids of the jobs whose volumes may still be on a node: every job but the ended ones

@@ -34,6 +34,7 @@ from ..settings import ConfigError, GpulabSettings, load_config
 from ..statelog import json_formatter, register_sensitive
 from .app import make_app
 from .tasks.idle import idle_loop
+from .tasks.retention import retention_loop
 from .tasks.watchdog import watchdog_loop
 
 log = logging.getLogger("gpulab.service")
@@ -168,7 +169,10 @@ async def main(argv: list[str] | None = None) -> None:
     )
     log.info("gpulab service %s listening on %s", __version__, url.geturl())
     await asyncio.gather(
-        watchdog_loop(settings, supervisor), idle_loop(settings, supervisor), follow_parent()
+        watchdog_loop(settings, supervisor),
+        idle_loop(settings, supervisor),
+        retention_loop(settings, supervisor),
+        follow_parent(),
     )
 
 

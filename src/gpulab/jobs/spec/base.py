@@ -28,6 +28,11 @@ MAX_RETRIES = 128
 MAX_WORKERS = 64
 DEFAULT_PRIORITY = 50
 MAX_PRIORITY = 100
+#: how long after its end a job's record, history and saved logs may be kept, when it says
+#: (``auto_delete_after``): at least a minute (the service looks once a minute), at most ten
+#: years (a site's ``job_retention_max`` may say less)
+MIN_RETENTION = 60.0
+MAX_RETENTION = 3650 * 86400.0
 DEFAULT_CPUS = 1.0
 DEFAULT_MEMORY = "4G"
 DEFAULT_GPUS = 1
@@ -80,6 +85,7 @@ JOB_SPEC_FIELDS = (
     "working_dir",
     "read_only_rootfs",
     "notify",
+    "auto_delete_after",
 )
 RESOURCE_FIELDS = ("cpus", "memory", "gpus")
 HANG_RESTART_FIELDS = ("enabled", "period")

@@ -57,9 +57,11 @@ from .base import (
     LABEL_KEY_RE,
     MAX_PATH_CHARS,
     MAX_PRIORITY,
+    MAX_RETENTION,
     MAX_RETRIES,
     MAX_WORKERS,
     MIN_HANG_PERIOD,
+    MIN_RETENTION,
     NAME_RE,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
@@ -494,6 +496,16 @@ def parse_read_only(raw: Mapping) -> bool:
     if value is None:
         return False
     return checks.flag(JobSpecError, "read_only_rootfs", value)
+
+
+def parse_auto_delete(raw: Mapping, max_retention: float | None) -> float | None:
+    """``auto_delete_after``: a duration from :data:`MIN_RETENTION` to the site's
+    ``max_retention`` (None: :data:`MAX_RETENTION`); absent: None (the site's default)."""
+    value = raw.get("auto_delete_after")
+    if value is None or value == "":
+        return None
+    high = MAX_RETENTION if max_retention is None else min(max_retention, MAX_RETENTION)
+    return _duration(value, "auto_delete_after", MIN_RETENTION, high)
 
 
 def parse_fields(

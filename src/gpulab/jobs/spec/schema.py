@@ -63,10 +63,12 @@ from .base import (
     LABEL_KEY_RE,
     MAX_PATH_CHARS,
     MAX_PRIORITY,
+    MAX_RETENTION,
     MAX_RETRIES,
     MAX_WORKERS,
     MEMORY_PATTERN,
     MIN_HANG_PERIOD,
+    MIN_RETENTION,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     RESERVED_LABEL_PREFIXES,
@@ -523,6 +525,12 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "volumes, git checkouts and a small /tmp are writable.",
         },
         "notify": NOTIFY_SCHEMA,
+        "auto_delete_after": {
+            **_DURATION_SCHEMA,
+            "description": "How long after its end the job's record, history and saved logs "
+            "are kept before the service deletes them (at least 1 minute; default: the site's "
+            "job_retention, which may be forever). What was billed stays billed.",
+        },
     },
 }
 
@@ -669,6 +677,7 @@ def job_spec_schema(
     gang_slots: Mapping[int, int] | None = None,
     max_workers: int = MAX_WORKERS,
     notify_rules: NotifyRules | None = None,
+    max_retention: float | None = None,
 ) -> dict[str, Any]:
     """:data:`JOB_SPEC_SCHEMA` narrowed to what this deployment accepts from one caller: the
     catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
@@ -796,6 +805,12 @@ def job_spec_schema(
         "default": DEFAULT_HANG_PERIOD,
     }
     props["priority"]["maximum"] = max_priority
+    props["auto_delete_after"] = _duration_schema(
+        MIN_RETENTION,
+        False,
+        MAX_RETENTION if max_retention is None else min(max_retention, MAX_RETENTION),
+        props["auto_delete_after"]["description"],
+    )
     if not volumes:
         props["volumes"] = {
             "type": ["array", "null"],

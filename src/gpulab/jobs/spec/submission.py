@@ -48,7 +48,13 @@ from .base import (
     JobSpecError,
     check_secret,
 )
-from .fields import HangRestart, parse_fields, parse_read_only, parse_working_dir
+from .fields import (
+    HangRestart,
+    parse_auto_delete,
+    parse_fields,
+    parse_read_only,
+    parse_working_dir,
+)
 from .git import GitSource, check_git_mounts, parse_git
 from .ports import Port, parse_ports
 
@@ -89,6 +95,9 @@ class JobSpec:
     read_only_rootfs: bool = False
     #: whom to tell of its end, failure or preemption (gpulab.notices); None: nobody
     notify: Notify | None = None
+    #: seconds after its end when the service deletes its record, history and saved logs
+    #: (None: the site's ``job_retention``)
+    auto_delete_after: float | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -122,6 +131,7 @@ class JobSpec:
             "working_dir": self.working_dir,
             "read_only_rootfs": self.read_only_rootfs,
             "notify": self.notify.to_json() if self.notify else None,
+            "auto_delete_after": self.auto_delete_after,
         }
 
     @classmethod
@@ -164,7 +174,12 @@ class JobSpec:
             working_dir=d.get("working_dir") or None,
             read_only_rootfs=bool(d.get("read_only_rootfs", False)),
             notify=Notify.from_json(d.get("notify")),
+            auto_delete_after=_stored_seconds(d.get("auto_delete_after")),
         )
+
+
+def _stored_seconds(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _stored_volume(spec: str) -> VolumeSpec:
@@ -189,6 +204,7 @@ def parse_job_spec(
     secret_names: frozenset[str] | None = None,
     git_allowed: bool = True,
     notify_rules: NotifyRules | None = None,
+    max_retention: float | None = None,
 ) -> JobSpec:
     """Turn a raw submission into a :class:`JobSpec` or raise :class:`JobSpecError`.
 
@@ -197,6 +213,7 @@ def parse_job_spec(
     (or ``max_timeout`` if lower) and may not exceed ``max_timeout``. ``secret_names``: the
     owner's secrets (None: secrets are not enabled, and a reference to one is refused).
     ``notify_rules``: where notices may go on this site (None: nowhere, ``notify`` is refused).
+    ``max_retention``: the longest ``auto_delete_after`` the site allows (None: ten years).
     """
     fields = parse_fields(
         raw,
@@ -230,4 +247,5 @@ def parse_job_spec(
         working_dir=parse_working_dir(raw),
         read_only_rootfs=parse_read_only(raw),
         notify=parse_notify(raw.get("notify"), notify_rules or NotifyRules(), JobSpecError),
+        auto_delete_after=parse_auto_delete(raw, max_retention),
     )

@@ -106,6 +106,8 @@ def form_to_job(form: dict[str, str]) -> tuple[dict, dict[str, str]]:
     raw["preemptible"] = form.get("preemptible") in ("on", "true", "1")
     if form.get("terminate_after_preemption") in ("on", "true", "1"):
         raw["terminate_after_preemption"] = True
+    if form.get("auto_delete_after", "").strip():
+        raw["auto_delete_after"] = form["auto_delete_after"].strip()
     _reaching_in(form, raw, errors)
     _notify(form, raw)
     return raw, errors
@@ -142,6 +144,7 @@ FORM_FIELDS = (
     "retries",
     "preemptible",
     "terminate_after_preemption",
+    "auto_delete_after",
     "secret_env",
     "ports",
     "share",
