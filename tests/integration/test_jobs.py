@@ -91,6 +91,12 @@ def test_happy_path_pulls_input_and_pushes_output(hub, alice, docker_client):
     assert bad.status_code == 400 and bad.json()["field"] == "month", bad.text
     other = alice.call("GET", "/usage/report", params={"user": "bob"})
     assert other.status_code == 403
+    page = requests.get(
+        f"{hub.url}/services/gpulab/admin",
+        headers={"Authorization": f"token {hub.admin_token}"},
+        timeout=30,
+    )
+    assert page.status_code == 200 and 'data-month-user="alice"' in page.text, page.text[:300]
     # the OpenAPI document is served and names every route
     doc = alice.call("GET", "/openapi.json").json()
     assert "/api/jobs/{job_id}/logs" in doc["paths"]

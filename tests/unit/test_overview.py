@@ -169,6 +169,8 @@ def test_the_admins_overview_of_gpus_workloads_and_users(tmp_path):
     assert ann["limits"] == lab.settings.limits_for("ann", ["team"])
     assert ann["quota"] == lab.settings.quota_for("ann", ["team"])
     assert users["bob"]["usage"]["jobs_billed_minutes"] == 1
+    assert got["month_report"] == overview.month_usage(lab.jobs, None, None)
+    assert [r["user"] for r in got["month_report"]["users"]] == ["ann", "bob"]  # ann runs
     assert (users["cy"]["jobs"], users["cy"]["notebooks_running"]) == (0, 0)
 
     # the catalog's images, their builds judged against the driver (image_rows)

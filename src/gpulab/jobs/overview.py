@@ -198,8 +198,9 @@ async def admin_overview(
     from), ``notebooks`` (every one), ``jobs`` (the :data:`RECENT_JOBS` newest) and
     ``jobs_total``, ``users`` (:func:`user_rows`), ``default_limits`` (a user's without
     an override), ``queue`` (:func:`gpulab.jobs.queue.admin_line`: queued jobs and
-    notebooks waiting for GPUs, in line) and ``images`` (:func:`image_rows`: the catalog's
-    images, their builds from the engine's labels, judged against this host's driver)."""
+    notebooks waiting for GPUs, in line), ``month_report`` (this month's billed job minutes
+    by user: :func:`month_usage`) and ``images`` (:func:`image_rows`: the catalog's images,
+    their builds from the engine's labels, judged against this host's driver)."""
     readings = await sup.ctx.gpu_readings()  # what each device does now
     found = await asyncio.to_thread(_platform, sup, settings, notebooks, readings)
     runtime = sup.runtime
@@ -233,6 +234,8 @@ def _platform(
         ),
         "default_limits": settings.limits_for("", []),
         "queue": admin_line(settings, sup.records),
+        # this month's billed job minutes by user, from the kept totals (the report's API)
+        "month_report": month_usage(sup.records, None, None),
     }
 
 
