@@ -21,10 +21,11 @@ classic ``F = 2 ** (-used / share)``: 1 for no recent use, 0.5 for exactly its s
 Order (``jobs.scheduler``). Among queued jobs of equal priority, the group with the higher
 factor goes first, then within it the user with the higher factor, then the oldest
 submission; among over-quota jobs of equal priority, the heaviest group's and user's are
-preempted first. A heavy user therefore yields to light ones, and never starves: while they
-wait their usage decays and the others' grows with every GPU-second they hold, so their
-factor rises above the others' in bounded time (``tests/unit/test_fairshare.py`` simulates
-many users over many days).
+preempted first. A heavy user therefore yields to light ones without being starved by them:
+while they wait their usage decays and the others' grows with every GPU-second they hold, so
+their factor rises above the others' in bounded time (``tests/unit/test_fairshare.py``
+simulates many users over many days, with one-GPU jobs; a wide request behind a stream of
+narrow ones can wait longer: backfill, ``jobs.scheduler``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from dataclasses import dataclass
 #: the key of a user's own group, when they are in none (never a hub group's name: "/" is
 #: not allowed in those)
 SOLO = "user/"
+#: GPU-seconds below which a user who does not wait now is left out of the standings: their
+#: use has decayed away, and counting everyone ever seen would spread the shares thin
+FORGOTTEN = 1.0
 
 
 def decayed(value: float, elapsed: float, half_life: float) -> float:
@@ -135,6 +139,8 @@ def fair_share(
     (``groups_of``), and the owners of waiting work with their groups (``waiting``).
     ``group_weights`` names hub groups; a user's own group takes the user's weight."""
     waiting = [(u, tuple(gs)) for u, gs in waiting]
+    waiters = {u for u, _ in waiting}
+    usage = {u: v for u, v in usage.items() if v >= FORGOTTEN or u in waiters}
     members = {u: accounts(u, groups_of.get(u, ())) for u in usage}
     for u, gs in waiting:
         members.setdefault(u, accounts(u, gs))

@@ -880,8 +880,9 @@ class GpulabSettings(Configurable):
 
     notify_smtp_password_env = Unicode(
         "",
-        help="""The environment variable of the service that holds the SMTP password (the
-        password itself is never written in the configuration, nor logged).""",
+        help="""The environment variable that holds the SMTP password, in the service (jobs'
+        notices) and in the hub (notebooks'); the password itself is never written in the
+        configuration, nor logged.""",
     ).tag(config=True)
 
     notify_smtp_password_file = Unicode(

@@ -560,8 +560,12 @@ def test_the_fair_share_as_text():
         "factor": 0.33,
         "group": {"name": "ml", "gpu_hours": 10.1, "used": 0.6, "share": 0.5, "factor": 0.44},
         "half_life_hours": 168.0,
-        "queued": [{"id": "J1", "place": 3}, {"id": "J2", "place": 6}],
-        "queued_mine": 2,
+        "queued": [
+            {"id": "J1", "place": 3},
+            {"notebook": "big", "place": 4},
+            {"id": "J2", "place": 6},
+        ],
+        "queued_mine": 3,
         "queued_total": 7,
     }
     assert fair_share_lines(fs) == [
@@ -569,7 +573,7 @@ def test_the_fair_share_as_text():
         "fair share (half-life 168.0 h): 3.2 recent GPU-hours, 40% of everyone's for a share "
         "of 25%: factor 0.33",
         "group ml: 10.1 recent GPU-hours, 60% of everyone's for a share of 50%: factor 0.44",
-        "in line: 2 of your jobs among 7 queued (job, place: J1 3, J2 6)",
+        "in line: 3 of yours among 7 waiting (place: J1 3, notebook big 4, J2 6)",
     ]
     assert fair_share_lines({**fs, "group": None, "queued": []})[2:] == []
     assert fair_share_lines(None) == []  # an older service

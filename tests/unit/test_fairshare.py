@@ -292,3 +292,60 @@ def test_the_quota_counts_queued_jobs_but_not_those_running_beyond_it(tmp_path):
     with pytest.raises(QuotaFull):  # a was not counted anyway
         jobs.create("ann", spec, None, (), quota_jobs=2)
     assert jobs.create("ann", spec, None, (), quota_jobs=None)  # no quota on jobs
+
+
+def test_the_kept_usage_after_many_looks_is_the_exact_decayed_integral(tmp_path):
+    """RecentUsage.accrue, called at every look of the supervisor, keeps what one accrual
+    over the whole time gives (the closed form): the stored value is decayed once, not once
+    more at every look (it was, and heavy users looked half as heavy)."""
+    from datetime import timedelta
+
+    from gpulab.db import Database
+    from gpulab.gpus.recent_usage import RecentUsage
+    from gpulab.lifecycle import utcnow
+
+    recent = RecentUsage(Database(f"sqlite:///{tmp_path / 'g.sqlite'}"), "t")
+    start = utcnow()
+    step, looks = 3600.0, 24 * 28  # every hour for 4 weeks
+    for i in range(1, looks + 1):
+        recent.accrue({"hal": 1.0}, step, start + timedelta(seconds=i * step), 7 * DAY)
+    end = start + timedelta(seconds=looks * step)
+    got = recent.read(end, 7 * DAY)[0]["hal"]
+    exact = 7 * DAY / math.log(2) * (1 - 2 ** (-looks * step / (7 * DAY)))  # 1 GPU, 4 weeks
+    assert got == pytest.approx(exact, rel=1e-6)
+    assert got / HOUR == pytest.approx(227.2, abs=0.1)
+    # a week without GPUs halves it, read or written
+    later = end + timedelta(days=7)
+    assert recent.read(later, 7 * DAY)[0]["hal"] == pytest.approx(exact / 2, rel=1e-6)
+    recent.accrue({"hal": 1.0}, 60, later, 7 * DAY)  # one more minute held
+    assert recent.read(later, 7 * DAY)[0]["hal"] == pytest.approx(exact / 2 + 60, rel=1e-3)
+
+
+def test_users_whose_use_has_decayed_away_do_not_thin_the_shares():
+    usage = {"ann": 3600.0, "bob": 3600.0, **{f"old{i}": 0.001 for i in range(1000)}}
+    fs = fair_share(usage, {}, waiting=[("cy", [])])
+    assert set(fs.users) == {"ann", "bob", "cy"}
+    assert fs.users["ann"].share == pytest.approx(1 / 3)
+    assert fs.users["ann"].factor == pytest.approx(2**-1.5)  # half of the use, a third share
+
+
+def test_a_job_queued_again_counts_like_a_new_one(tmp_path):
+    """Resuming goes through the same count as a submission (transition's ``counts``): queue
+    two, interrupt them, submit two more, and the first two cannot be resumed past the quota."""
+    from gpulab.db import Database
+    from gpulab.jobs.records import JobRecords, QueueFull, QuotaFull
+    from gpulab.lifecycle import JobState as J
+
+    jobs = JobRecords(Database(f"sqlite:///{tmp_path / 'g.sqlite'}"), "t")
+    spec = {"priority": 50, "resources": {"gpus": 1}}
+    first = [jobs.create("ann", spec, None, (), quota_jobs=2)["id"] for _ in range(2)]
+    for job_id in first:
+        jobs.transition(job_id, J.INTERRUPTED, expect=J.QUEUED)
+    [jobs.create("ann", spec, None, (), quota_jobs=2) for _ in range(2)]
+    resume = {"reason": "RESUMED", "expect": J.INTERRUPTED}
+    with pytest.raises(QuotaFull):
+        jobs.transition(first[0], J.QUEUED, counts=("ann", None, 2), **resume)
+    with pytest.raises(QueueFull):
+        jobs.transition(first[0], J.QUEUED, counts=("ann", 2, None), **resume)
+    assert jobs.get(first[0])["state"] == "INTERRUPTED"  # refused: nothing changed
+    assert jobs.transition(first[0], J.QUEUED, counts=("ann", 5, 3), **resume)["state"] == "QUEUED"

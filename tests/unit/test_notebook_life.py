@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import timedelta
 
 import pytest
 
 from gpulab.gpus.waits import GpuWaits
 from gpulab.jobs.supervisor.supervisor import JobSupervisor
+from gpulab.lifecycle import utcnow
 from gpulab.notebooks import life
 from gpulab.notebooks.container import HubSide
 from gpulab.notebooks.life import Held
@@ -531,6 +533,81 @@ def test_a_share_of_a_gpu_waits_for_a_free_slot(tmp_path, answers, monkeypatch):
         spawn = asyncio.create_task(life.start(w.nb, w.options(gpus="0.5"), hub_side(w), {}))
         await until(lambda: any("share of a GPU" in m for _, m in w.events))
         w.ledger.release("t/notebook/bob/b")
+        await asyncio.wait_for(spawn, 10)
+
+    run_async(go())
+    assert w.record()["state"] == "RUNNING" and w.held_gpus() == ["0"]
+
+
+def test_a_new_spawn_goes_behind_those_waiting_in_line(tmp_path, answers, monkeypatch):
+    """GPUs came free between two of the supervisor's passes: a new spawn does not take them
+    past a notebook already waiting; the supervisor gives them in line order."""
+    monkeypatch.setattr(life, "GPU_WAIT_POLL", 0.02)
+    w = World(tmp_path)
+    w.s.notebook_gpu_wait = 30
+    sv = supervisor_beside(w, tmp_path)
+    waits = GpuWaits(w.ledger.db, "t")
+    until_ = utcnow() + timedelta(seconds=30)
+    waits.add("t/notebook/bob/nb", "bob", [], 2, until_)  # bob waits for both GPUs
+
+    async def go():
+        spawn = asyncio.create_task(life.start(w.nb, w.options(gpus="1"), hub_side(w), {}))
+        row = await until(lambda: waits.get(w.nb.workload_id))
+        assert not row["granted"] and w.held_gpus() == []  # both GPUs free, yet it waits
+        assert any("other notebooks wait in line" in m for _, m in w.events)
+        await sv.refresh_inventory()
+        await sv.schedule()  # bob first (in line first): both GPUs
+        assert waits.get("t/notebook/bob/nb")["granted"]
+        assert not waits.get(w.nb.workload_id)["granted"]
+        w.ledger.release("t/notebook/bob/nb")  # bob's notebook ends
+        waits.remove("t/notebook/bob/nb")
+        await sv.schedule()
+        await asyncio.wait_for(spawn, 10)
+
+    run_async(go())
+    assert w.record()["state"] == "RUNNING" and w.held_gpus() == ["0"]
+
+
+def test_a_spawn_gone_with_its_hub_leaves_a_row_that_expires(tmp_path):
+    """A row whose spawn died with its hub (nobody removes it) is not planned past its wait
+    limit, and the supervisor removes it."""
+    w = World(tmp_path)
+    sv = supervisor_beside(w, tmp_path)
+    waits = GpuWaits(w.ledger.db, "t")
+    waits.add("t/notebook/bob/nb", "bob", [], 1, utcnow() - timedelta(seconds=120))
+    waits.add("t/notebook/cy/nb", "cy", [], 1, utcnow() + timedelta(seconds=60))
+    w.ledger.reserve("t/job/j1", "dee", "job", 2)
+    assert [r["workload"] for r in waits.waiting()] == ["t/notebook/cy/nb"]
+
+    async def go():
+        await sv.refresh_inventory()
+        await sv.schedule()
+
+    run_async(go())
+    assert waits.get("t/notebook/bob/nb") is None
+    assert waits.get("t/notebook/cy/nb")["place"] == 1
+
+
+def test_a_grant_meant_for_an_earlier_spawn_is_not_taken(tmp_path, answers, monkeypatch):
+    """A row marked granted while its workload holds nothing (the grant was meant for an
+    earlier spawn of the server, which gave up and gave the GPUs back): the spawn waits
+    again, and starts only with GPUs of its own."""
+    monkeypatch.setattr(life, "GPU_WAIT_POLL", 0.02)
+    w = World(tmp_path)
+    w.s.notebook_gpu_wait = 30
+    w.ledger.reserve("t/job/j1", "bob", "job", 2)
+    sv = supervisor_beside(w, tmp_path)
+    waits = GpuWaits(w.ledger.db, "t")
+
+    async def go():
+        spawn = asyncio.create_task(life.start(w.nb, w.options(gpus="1"), hub_side(w), {}))
+        await until(lambda: waits.get(w.nb.workload_id))
+        assert waits.grant(w.nb.workload_id)  # granted, yet nothing booked for it
+        await until(lambda: (waits.get(w.nb.workload_id) or {}).get("granted") is False)
+        assert not spawn.done() and w.held_gpus() == []
+        w.ledger.release("t/job/j1")
+        await sv.refresh_inventory()
+        await sv.schedule()
         await asyncio.wait_for(spawn, 10)
 
     run_async(go())

@@ -437,11 +437,15 @@ def fair_share_lines(fs) -> list[str]:
         )
     queued = fs.get("queued") or []
     if queued:
-        places = ", ".join(f"{q.get('id')} {q.get('place')}" for q in queued[:10])
+        places = ", ".join(
+            f"{q['id'] if 'id' in q else 'notebook ' + str(q.get('notebook') or '(default)')} "
+            f"{q.get('place')}"
+            for q in queued[:10]
+        )
         more = len(queued) > 10 or fs.get("queued_mine", 0) > len(queued)
         lines.append(
-            f"in line: {fs.get('queued_mine')} of your jobs among {fs.get('queued_total')} "
-            f"queued (job, place: {places}{', ...' if more else ''})"
+            f"in line: {fs.get('queued_mine')} of yours among {fs.get('queued_total')} "
+            f"waiting (place: {places}{', ...' if more else ''})"
         )
     return lines
 

@@ -76,7 +76,10 @@ class RecentUsage:
                     s.add(row)
                 gpus = held.get(user, 0.0)
                 if gpus > 0:
-                    base = decayed(row.gpu_seconds, (now - row.as_of).total_seconds(), half_life)
+                    # the stored value decays to the start of the step (``elapsed`` before
+                    # ``now``); accrued() decays it over the step and adds what was held
+                    since = (now - row.as_of).total_seconds() - elapsed
+                    base = decayed(row.gpu_seconds, max(0.0, since), half_life)
                     row.gpu_seconds = accrued(base, gpus, elapsed, half_life)
                     row.as_of = now
                 if user in groups:

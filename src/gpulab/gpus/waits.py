@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import delete, select, update
 
@@ -91,14 +91,33 @@ class GpuWaits:
             return s.execute(delete(GpuWait).where(*self._mine(workload))).rowcount > 0
 
     def waiting(self) -> list[dict]:
-        """The rows not granted yet, oldest first."""
+        """The rows not granted yet whose wait limit has not passed, oldest first."""
         with self.db.read() as s:
             rows = s.scalars(
                 select(GpuWait)
-                .where(GpuWait.instance == self.instance, GpuWait.granted == 0)
+                .where(
+                    GpuWait.instance == self.instance,
+                    GpuWait.granted == 0,
+                    GpuWait.until > utcnow(),
+                )
                 .order_by(GpuWait.since, GpuWait.workload)
             )
             return [_row(r) for r in rows]
+
+    def anyone_waiting(self) -> bool:
+        """Whether a notebook waits in line now (a new spawn then joins the line behind it)."""
+        return bool(self.waiting())
+
+    def expire(self, slack: float = 60.0) -> int:
+        """Remove the rows whose wait limit passed more than ``slack`` seconds ago: their spawn
+        gave up without removing its row (the hub was killed while it waited). Returns how
+        many."""
+        cutoff = utcnow() - timedelta(seconds=slack)
+        with self.db.session() as s:
+            done = s.execute(
+                delete(GpuWait).where(GpuWait.instance == self.instance, GpuWait.until < cutoff)
+            )
+            return done.rowcount
 
     def grant(self, workload: str) -> bool:
         """Mark a row granted (its GPUs are booked); False when it is gone or was already

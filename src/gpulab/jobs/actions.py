@@ -262,25 +262,34 @@ async def interrupt(sup: JobSupervisor, job: dict) -> tuple[dict, bool]:
 
 
 async def resume(sup: JobSupervisor, job: dict) -> dict:
-    """Queue an INTERRUPTED job again, its restart counts and exit code cleared."""
+    """Queue an INTERRUPTED job again, its restart counts and exit code cleared; it counts as
+    a new submission against its owner's queue and quota (409 beyond them)."""
     job_id, state = job["id"], JobState(job["state"])
     if state is not J.INTERRUPTED:
         raise Conflict(
             f"only an INTERRUPTED job can be resumed; this one is "
             f"{state.value} (rerun makes a copy of any job)",
         )
-    with _changed_meanwhile(job_id):
-        result = await asyncio.to_thread(
-            sup.records.transition,
-            job_id,
-            J.QUEUED,
-            reason="RESUMED",
-            message="resumed by its owner",
-            restarts=0,
-            hang_restarts=0,
-            exit_code=None,
-            expect=frozenset({J.INTERRUPTED}),
-        )
+    s = sup.s
+    owner, groups = job["owner"], list(job.get("groups") or [])
+    preemptible = bool(job["spec"].get("preemptible"))
+    quota_jobs = None if preemptible else s.quota_for(owner, groups).jobs
+    try:
+        with _changed_meanwhile(job_id):
+            result = await asyncio.to_thread(
+                sup.records.transition,
+                job_id,
+                J.QUEUED,
+                reason="RESUMED",
+                message="resumed by its owner",
+                restarts=0,
+                hang_restarts=0,
+                exit_code=None,
+                expect=frozenset({J.INTERRUPTED}),
+                counts=(owner, s.max_queued_jobs, quota_jobs),
+            )
+    except (QueueFull, QuotaFull) as e:
+        raise Conflict(str(e)) from None
     sup.wake.set()
     return result
 

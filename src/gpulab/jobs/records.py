@@ -194,33 +194,7 @@ class JobRecords:
         name = name or f"job-{job_id[1:]}"  # unnamed jobs are named after their unique id
         now = utcnow()
         with self.db.session() as s:
-            if max_unfinished is not None or quota_jobs is not None:
-                self.db.serialize(s, "gpulab-queue", self.instance, owner)
-            if quota_jobs is not None:
-                counted = s.scalar(
-                    select(func.count())
-                    .select_from(Job)
-                    .where(
-                        Job.instance == self.instance,
-                        Job.owner == owner,
-                        Job.state.in_([st.value for st in JOB_QUOTA_STATES]),
-                        Job.over_quota == 0,
-                    )
-                )
-                if counted >= quota_jobs:
-                    raise QuotaFull(counted, quota_jobs)
-            if max_unfinished is not None:
-                unfinished = s.scalar(
-                    select(func.count())
-                    .select_from(Job)
-                    .where(
-                        Job.instance == self.instance,
-                        Job.owner == owner,
-                        Job.state.in_(UNFINISHED_VALUES),
-                    )
-                )
-                if unfinished >= max_unfinished:
-                    raise QueueFull(unfinished, max_unfinished)
+            self._check_counts(s, owner, max_unfinished, quota_jobs)
             job = Job(
                 id=job_id,
                 instance=self.instance,
@@ -244,6 +218,42 @@ class JobRecords:
         state_change("job", job_id, owner, None, result["state"], "SUBMITTED", result["message"])
         return result
 
+    def _check_counts(
+        self, s, owner: str, max_unfinished: int | None, quota_jobs: int | None
+    ) -> None:
+        """In the caller's transaction, serialized per owner: refuse one more job of
+        ``owner`` beyond ``max_unfinished`` queued or active jobs (QueueFull) or beyond
+        ``quota_jobs`` jobs in the quota states, those running beyond the quota aside
+        (QuotaFull)."""
+        if max_unfinished is None and quota_jobs is None:
+            return
+        self.db.serialize(s, "gpulab-queue", self.instance, owner)
+        if quota_jobs is not None:
+            counted = s.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(
+                    Job.instance == self.instance,
+                    Job.owner == owner,
+                    Job.state.in_([st.value for st in JOB_QUOTA_STATES]),
+                    Job.over_quota == 0,
+                )
+            )
+            if counted >= quota_jobs:
+                raise QuotaFull(counted, quota_jobs)
+        if max_unfinished is not None:
+            unfinished = s.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(
+                    Job.instance == self.instance,
+                    Job.owner == owner,
+                    Job.state.in_(UNFINISHED_VALUES),
+                )
+            )
+            if unfinished >= max_unfinished:
+                raise QueueFull(unfinished, max_unfinished)
+
     def transition(
         self,
         job_id: str,
@@ -254,10 +264,13 @@ class JobRecords:
         reason: str = "",
         message: str = "",
         exit_code: int | None = None,
+        counts: tuple[str, int | None, int | None] | None = None,
         **fields,
     ) -> dict:
         """Compare-and-set: move a job from a state in ``expect`` to ``state``, record why and
-        set ``fields``, all in one transaction.
+        set ``fields``, all in one transaction. ``counts`` (owner, max_unfinished,
+        quota_jobs): check them first in the same transaction, as :meth:`create` does (a job
+        queued again counts as a new one).
 
         ``expect`` is the state (or states) the caller saw; ``expect_request``, if given, the
         requests it saw. Anything else means that a concurrent change won the race, and raises
@@ -265,6 +278,8 @@ class JobRecords:
         """
         expected = frozenset({expect}) if isinstance(expect, JobState) else expect
         with self.db.session() as s:
+            if counts is not None:
+                self._check_counts(s, *counts)
             job, old = self._locked(s, job_id, expected, state)
             if expect_request is not None and job.request not in expect_request:
                 raise RequestChanged(job.request)

@@ -265,8 +265,18 @@ async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> l
                     msg = "the wait for GPUs was cancelled (its queue entry was removed)"
                     raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", msg, 409)
                 if row["granted"]:
-                    await nb.db(waits.remove, nb.workload_id)
-                    return await nb.db(nb.ledger.held_by, nb.workload_id)
+                    held = await nb.db(nb.ledger.held_by, nb.workload_id)
+                    if len(held) == int(count):
+                        await nb.db(waits.remove, nb.workload_id)
+                        return held
+                    # a grant meant for an earlier spawn of this server that gave up: what it
+                    # booked was released; wait again, in its place
+                    log.warning("%s: a stale grant; waiting again", nb.workload_id)
+                    await nb.db(nb.ledger.release, nb.workload_id)
+                    remaining = max(1.0, deadline - time.monotonic())
+                    until = utcnow() + timedelta(seconds=remaining)
+                    await nb.db(waits.add, nb.workload_id, nb.user, nb.groups, int(count), until)
+                    continue
                 if row["message"] and row["message"] != said:
                     said = row["message"]
                     nb.progress(15, said[:1].upper() + said[1:])
@@ -301,6 +311,11 @@ async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> l
         raise
 
 
+def _line_waits(nb: Notebook) -> bool:
+    """Whether notebooks wait in line for whole GPUs now (blocking)."""
+    return GpuWaits(nb.ledger.db, nb.ledger.instance).anyone_waiting()
+
+
 async def _reserve_gpus(nb: Notebook, res) -> None:
     """GPUs from the ledger (with the user's quota), then the node: where the GPUs are; for a
     CPU notebook on a cluster, the one the placement policy picks."""
@@ -315,6 +330,16 @@ async def _reserve_gpus(nb: Notebook, res) -> None:
         msg = f"the container engine did not answer: {e}"
         err = await nb.fail(S.ERROR, "ENGINE_UNREACHABLE", f"container engine error: {e}", 503)
         raise NotebookRefused(err.status, msg) from None
+    limit = nb.options.gpu_wait if nb.options is not None else 0.0
+    # others waiting in line for whole GPUs: a new spawn goes behind them, never past them
+    # (its booking below still checks the quota and the count, then is given back)
+    queue_first = (
+        limit > 0
+        and res.gpus > 0
+        and not is_fraction(res.gpus)
+        and not await nb.db(nb.ledger.held_by, nb.workload_id)
+        and await nb.db(_line_waits, nb)
+    )
     try:
         nb.held.gpu_ids = await nb.db(
             nb.ledger.reserve,
@@ -324,10 +349,14 @@ async def _reserve_gpus(nb: Notebook, res) -> None:
             res.gpus,
             quota=s.gpu_quota_for(nb.user, nb.groups),
         )
+        if queue_first:
+            await nb.db(nb.ledger.release, nb.workload_id)
+            nb.held.gpu_ids = []
+            why = "other notebooks wait in line for GPUs"
+            nb.held.gpu_ids = await wait_for_gpus(nb, res.gpus, limit, why)
     except GpuQuotaExceeded as e:
         raise await nb.fail(S.FAILED, "GPU_QUOTA_EXCEEDED", str(e), 409) from None
     except NoGpuAvailable as e:
-        limit = nb.options.gpu_wait if nb.options is not None else 0.0
         if limit <= 0 or not nb.ledger.could_fit(res.gpus):  # nothing worth waiting for
             raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", str(e), 409) from None
         nb.held.gpu_ids = await wait_for_gpus(nb, res.gpus, limit, str(e))

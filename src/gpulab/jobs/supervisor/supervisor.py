@@ -323,6 +323,8 @@ class JobSupervisor:
                         ),
                     )
                 )
+        if await self.db(self.waits.expire):
+            log.info("removed the queue entries of notebook spawns that are gone")
         waits = {w["workload"]: w for w in await self.db(self.waits.waiting)}
         queued += waiting_notebooks(waits.values())
         if not queued:
