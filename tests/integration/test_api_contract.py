@@ -82,8 +82,9 @@ c.GpulabSettings.sync_image = "gpulab-test/absent-sync:1"
 # fuzzer sends in valid requests, within every field's range here (time-outs up to 30 days and
 # hang periods from 10 s; memory from 32M up to the default limit, 16G)
 DURATIONS = st.one_of(
-    st.integers(10, 86400).map(str),
-    st.builds("{}{}".format, st.integers(10, 600), st.sampled_from(["s", "m", "h", "S", "M"])),
+    # from 60: the shortest auto_delete_after (a minute) and every other duration's least
+    st.integers(60, 86400).map(str),
+    st.builds("{}{}".format, st.integers(60, 600), st.sampled_from(["s", "m", "h", "S", "M"])),
     st.sampled_from(["1h30m", "1d", " 2h ", "1d 2h 3m 4s", "1.5h", "90.5"]),
 )
 SIZES = st.one_of(

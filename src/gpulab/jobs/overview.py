@@ -79,7 +79,7 @@ def month_usage(jobs: JobRecords, month: str | None, user: str | None) -> dict:
     GPU-minutes in ``month`` ("YYYY-MM", UTC; None: this month), from the kept totals
     (:func:`gpulab.jobs.usage.month_report`). A month that is not one is refused
     (:class:`~gpulab.jobs.refusals.Invalid`, field ``month``)."""
-    if month is None or month == "":
+    if month is None:  # an empty one is refused below: no silent default
         month = month_of(utcnow())
     try:
         month = parse_month(month)

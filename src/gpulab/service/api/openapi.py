@@ -329,7 +329,10 @@ PATHS: dict[str, dict] = {
                     "in": "query",
                     "description": "YYYY-MM (UTC); default: this month, with live jobs' "
                     "running time so far",
-                    "schema": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$"},
+                    "schema": {
+                        "type": "string",
+                        "pattern": "^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])$",
+                    },
                 },
                 {"name": "user", "in": "query", "schema": {"type": "string"}},
             ],
