@@ -401,6 +401,11 @@ class Job(Base):
     # when the retention sweep deletes it, for an ended job that set its own
     # auto_delete_after (None: the site's job_retention from its end, or kept)
     delete_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
+    # "job"; "array": a sweep, whose state is derived from its tasks' (it runs nothing itself);
+    # "task": one of an array's, ``parent`` its array and ``task_index`` its index
+    kind: Mapped[str] = mapped_column(String(8), default="job", server_default="job")
+    parent: Mapped[str] = mapped_column(String(32), default="", server_default="", index=True)
+    task_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     events: Mapped[list[JobEvent]] = relationship(
         back_populates="job", order_by="JobEvent.id", cascade="all, delete-orphan"

@@ -59,6 +59,49 @@ def test_run_terminate_after_preemption_and_auto_delete_after():
     assert cli.build_submission(args)["auto_delete_after"] == "30d"
 
 
+def test_run_a_job_array(tmp_path, capsys):
+    args = parse("job", "run", "--completions", "8", "--parallelism", "2", "--", "true")
+    body = cli.build_submission(args)
+    assert (body["completions"], body["parallelism"]) == (8, 2)
+    sets = tmp_path / "sets.json"
+    sets.write_text('[{"lr": 0.1}, {"lr": 0.01, "model": "vit"}]')
+    body = cli.build_submission(parse("job", "run", "--parameters", str(sets), "--", "true"))
+    assert body["parameters"] == [{"lr": 0.1}, {"lr": 0.01, "model": "vit"}]
+    sets.write_text("[{")
+    with pytest.raises(cli.CliError, match="is not JSON"):
+        cli.build_submission(parse("job", "run", "--parameters", str(sets), "--", "true"))
+    with pytest.raises(cli.CliError, match="cannot read"):
+        cli.build_submission(parse("job", "run", "--parameters", str(tmp_path / "no"), "--", "x"))
+    with pytest.raises(SystemExit):
+        parse("job", "run", "--completions", "0", "--", "true")
+
+
+def test_job_get_of_an_array_lists_its_tasks(capsys):
+    array = {
+        "id": "ja",
+        "name": "sweep",
+        "kind": "array",
+        "state": "RUNNING",
+        "spec": {"resources": {"gpus": 1}, "completions": 2, "parallelism": 1},
+        "task_counts": {"RUNNING": 1, "QUEUED": 1},
+        "tasks": [
+            {"index": 0, "id": "jt0", "state": "RUNNING", "parameters": {"lr": 0.1}},
+            {"index": 1, "id": "jt1", "state": "QUEUED", "parameters": {}, "message": "waits"},
+        ],
+    }
+    job_details(array)
+    lines = capsys.readouterr().out.splitlines()
+    tasks = "Tasks: 2, at most 1 at once: 1 RUNNING, 1 QUEUED (below)"
+    assert any(" ".join(line.split()) == tasks for line in lines)
+    head = next(i for i, line in enumerate(lines) if line.startswith("INDEX"))
+    assert lines[head + 1].split() == ["0", "jt0", "RUNNING", "-", "0", '{"lr":', "0.1}"]
+    assert lines[head + 2].split() == ["1", "jt1", "QUEUED", "-", "0", "-", "waits"]
+    task = {"id": "jt0", "kind": "task", "array": "ja", "task_index": 0, "state": "RUNNING"}
+    job_details({**task, "spec": {"completions": 2, "task": {"parameters": {"lr": 0.1}}}})
+    text = capsys.readouterr().out
+    assert "ja, task 0 of 2" in text and '{"lr": 0.1}' in text
+
+
 def test_run_sends_only_what_was_given():
     # a flavor's values are not overridden by CLI defaults; numbers of seconds are numbers
     args = parse("job", "run", "--flavor", "small", "--timeout", "90", "--", "true")

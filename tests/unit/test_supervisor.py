@@ -1121,3 +1121,132 @@ def test_the_fair_share_adds_what_the_ledger_holds_and_starts_the_lighter_users_
         await lab.sv.stop()
 
     run_async(go())
+
+
+# --- job arrays (sweeps) --------------------------------------------------------------------
+
+
+async def submit_array(lab: Lab, **body) -> dict:
+    raw = {"image": IMAGE, "command": ["python", "sweep.py"], "resources": {"gpus": 0}, **body}
+    return await actions.submit(lab.sv, lab.settings, raw, owner="ann", groups=[], admin=False)
+
+
+def test_an_arrays_tasks_run_parallelism_at_once_told_their_index_and_parameters(tmp_path):
+    async def test(lab: Lab):
+        sets = [{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}]
+        array = await submit_array(lab, parameters=sets, parallelism=2, retries=1)
+        assert array["kind"] == "array" and array["state"] == "QUEUED"
+        tasks = lab.job(array["id"])["tasks"]
+        assert [(t["index"], t["state"], t["parameters"]) for t in tasks] == [
+            (i, "QUEUED", sets[i]) for i in range(3)
+        ]
+        ids = [t["id"] for t in tasks]
+        first = lab.job(ids[0])
+        assert first["kind"] == "task" and first["array"] == array["id"]
+        assert first["task_index"] == 0 and first["spec"]["task"]["parameters"] == sets[0]
+        await lab.place(ids[0])
+        await lab.until(ids[1], J.RUNNING)
+        await lab.sv.schedule()
+        assert lab.job(ids[2])["state"] == "QUEUED"  # its turn comes when one ends
+        assert lab.job(ids[2])["message"] == (
+            "waiting for its turn: 2 tasks of its array run (parallelism 2)"
+        )
+        env = lab.rt.workloads[lab.name(ids[1])].spec.env
+        assert env["GPULAB_JOB_ID"] == ids[1] and env["GPULAB_ARRAY_ID"] == array["id"]
+        assert (env["GPULAB_TASK_INDEX"], env["GPULAB_TASK_COUNT"]) == ("1", "3")
+        assert env["GPULAB_PARAM_LR"] == "0.01" and env["GPULAB_TASK_PARAMS"] == '{"lr":0.01}'
+        assert lab.job(array["id"])["state"] == "RUNNING"
+        # a retry is the task's own: task 1 fails once and runs again, alone
+        lab.rt.exits(lab.name(ids[1]), 3)
+        await until_true(lambda: lab.job(ids[1])["restarts"] == 1)
+        await lab.until(ids[1], J.RUNNING)
+        lab.rt.exits(lab.name(ids[0]), 0)
+        await lab.until(ids[0], J.DONE)
+        await lab.sv.schedule()
+        await lab.until(ids[2], J.RUNNING)
+        assert lab.rt.workloads[lab.name(ids[2])].spec.env["GPULAB_PARAM_LR"] == "0.001"
+        for i in (1, 2):
+            lab.rt.exits(lab.name(ids[i]), 0)
+        for i in (1, 2):
+            await lab.until(ids[i], J.DONE)
+        done = lab.job(array["id"])
+        assert (done["state"], done["reason"], done["exit_code"]) == ("DONE", "TASKS_DONE", 0)
+        assert done["task_counts"] == {"DONE": 3}
+        assert [t["restarts"] for t in done["tasks"]] == [0, 1, 0]
+        assert [e["state"] for e in done["history"]] == ["QUEUED", "RUNNING", "DONE"]
+        # lists show the array as one row, with its counts
+        rows, total = lab.ctx.records.page("ann", None, None, 10, 0)
+        assert total == 1 and rows[0]["id"] == array["id"]
+        assert rows[0]["task_counts"] == {"DONE": 3} and "tasks" not in rows[0]
+
+    lab_run(tmp_path, test)
+
+
+def test_a_failed_task_fails_its_array_once_all_have_ended(tmp_path):
+    async def test(lab: Lab):
+        array = await submit_array(lab, completions=2)
+        ids = [t["id"] for t in lab.job(array["id"])["tasks"]]
+        await lab.place(ids[0])
+        await lab.until(ids[1], J.RUNNING)
+        lab.rt.exits(lab.name(ids[1]), 7)
+        await lab.until(ids[1], J.FAILED)
+        assert lab.job(array["id"])["state"] == "RUNNING"  # task 0 still runs
+        lab.rt.exits(lab.name(ids[0]), 0)
+        await lab.until(ids[0], J.DONE)
+        failed = lab.job(array["id"])
+        assert (failed["state"], failed["reason"], failed["exit_code"]) == (
+            "FAILED",
+            "TASK_FAILED",
+            7,
+        )
+        assert failed["message"] == "task 1 FAILED; 1 DONE, 1 FAILED"
+
+    lab_run(tmp_path, test)
+
+
+def test_stopping_an_array_stops_its_tasks_and_deleting_it_deletes_them(tmp_path):
+    async def test(lab: Lab):
+        s, sv = lab.settings, lab.sv
+        array = await submit_array(lab, completions=3, parallelism=1)
+        ids = [t["id"] for t in lab.job(array["id"])["tasks"]]
+        await lab.place(ids[0])
+        await lab.until(ids[0], J.RUNNING)
+        task0 = lab.job(ids[0])
+        with pytest.raises(Conflict, match="rerun the array"):
+            await actions.act(sv, s, task0, "rerun", admin=False)
+        with pytest.raises(Conflict, match="delete the array"):
+            await actions.delete(sv, task0)
+        acted = await actions.act(sv, s, lab.job(array["id"]), "interrupt", admin=False)
+        assert acted.pending and acted.job["state"] == "INTERRUPTING"
+        for i in (1, 2):  # the queued ones at once
+            assert lab.job(ids[i])["state"] == "INTERRUPTED"
+        await lab.until(ids[0], J.INTERRUPTED)  # the started one by the supervisor
+        await lab.until(array["id"], J.INTERRUPTED)
+        assert lab.job(array["id"])["reason"] == "USER_INTERRUPT"
+        assert lab.rt.running() == []
+        # resumed: every interrupted task is queued again; stopped again at once
+        acted = await actions.act(sv, s, lab.job(array["id"]), "resume", admin=False)
+        assert acted.job["state"] == "QUEUED"
+        assert {lab.job(i)["state"] for i in ids} == {"QUEUED"}
+        acted = await actions.act(sv, s, acted.job, "interrupt", admin=False)
+        assert acted.job["state"] == "INTERRUPTED" and not acted.pending
+        await actions.delete(sv, lab.job(array["id"]))
+        assert all(lab.job(i) is None for i in [array["id"], *ids])
+        assert lab.ctx.records.ids() == set()
+
+    lab_run(tmp_path, test)
+
+
+def test_an_array_counts_as_one_job_against_the_quota_and_its_tasks_fill_the_queue(tmp_path):
+    async def test(lab: Lab):
+        lab.settings.job_quota = {"gpus": 2, "jobs": 2}
+        lab.settings.max_queued_jobs = 6
+        await submit_array(lab, completions=4)  # one job in quota, four in the queue
+        await submit_array(lab, completions=2)
+        with pytest.raises(Conflict, match="your quota allows 2 jobs"):
+            await submit_array(lab, completions=1)
+        lab.settings.job_quota = {"gpus": 2, "jobs": 5}
+        with pytest.raises(Conflict, match="you have 6 jobs queued or running"):
+            await submit_array(lab, completions=1)
+
+    lab_run(tmp_path, test)

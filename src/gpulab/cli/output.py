@@ -165,6 +165,50 @@ def workers_table(job: dict) -> None:
     )
 
 
+def _counts(counts: dict) -> str:
+    return ", ".join(f"{n} {state}" for state, n in counts.items())
+
+
+def _array_fields(job: dict, spec: dict) -> list[tuple[str, Any]]:
+    """A job array's line (its tasks and their states), or a task's (its array)."""
+    if job.get("kind") == "array":
+        text = f"{spec.get('completions')}, at most {spec.get('parallelism')} at once"
+        if job.get("task_counts"):
+            text += f": {_counts(job['task_counts'])}"
+        return [("Tasks", text + " (below)")]
+    if job.get("kind") == "task":
+        task = spec.get("task") or {}
+        params = json.dumps(task.get("parameters") or {})
+        return [
+            (
+                "Array",
+                f"{job.get('array')}, task {job.get('task_index')} of {spec.get('completions')}",
+            ),
+            ("Parameters", params),
+        ]
+    return []
+
+
+def tasks_table(tasks: list[dict]) -> None:
+    """One line per task of a job array: its index, id, state, exit code, restarts and
+    parameters."""
+    table(
+        ["INDEX", "ID", "STATE", "EXIT", "RESTARTS", "PARAMETERS", "MESSAGE"],
+        [
+            [
+                t.get("index"),
+                t.get("id"),
+                t.get("state"),
+                _exit(t),
+                t.get("restarts", 0),
+                json.dumps(t.get("parameters") or {}) if t.get("parameters") else "-",
+                t.get("message") or "",
+            ]
+            for t in tasks
+        ],
+    )
+
+
 def job_details(job: dict, hub_url: str = "") -> None:
     spec = job.get("spec") or {}
     res = spec.get("resources") or {}
@@ -197,6 +241,7 @@ def job_details(job: dict, hub_url: str = "") -> None:
             + each,
         ),
         ("Workers", f"{n} (a distributed job: ranks below)" if n > 1 else n),
+        *_array_fields(job, spec),
         ("Devices", ",".join(job.get("devices") or []) or "-"),
         ("Volumes", ", ".join(spec.get("volumes") or []) or "-"),
         ("Env", ", ".join(_env_text(k, v) for k, v in (spec.get("env") or {}).items()) or "-"),
@@ -239,6 +284,9 @@ def job_details(job: dict, hub_url: str = "") -> None:
     if n > 1 and job.get("workers"):
         out()
         workers_table(job)
+    if job.get("tasks"):
+        out()
+        tasks_table(job["tasks"])
     if job.get("history"):
         out()
         events_table(job["history"])

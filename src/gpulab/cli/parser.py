@@ -28,6 +28,8 @@ from .secrets import add_run_options, add_secret_commands
 #: the most workers (containers) of one distributed job: the API's limit
 #: (``gpulab.jobs.spec.MAX_WORKERS``, not imported: the CLI stays light)
 MAX_WORKERS = 64
+#: the most tasks of a job array (``gpulab.jobs.spec.array.MAX_COMPLETIONS``)
+MAX_COMPLETIONS = 1000
 
 # --- the parser ---------------------------------------------------------------------------------
 
@@ -138,6 +140,25 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"containers of a distributed job, each with the --gpu/--cpu/--memory given "
         f"(1-{MAX_WORKERS}, default 1); placed all together, each told MASTER_ADDR, "
         "WORLD_SIZE and its RANK",
+    )
+    run.add_argument(
+        "--completions",
+        type=_int_range(1, MAX_COMPLETIONS),
+        metavar="N",
+        help=f"a job array (a sweep): run N tasks (1-{MAX_COMPLETIONS}), each told "
+        "GPULAB_TASK_INDEX (0 to N-1) and GPULAB_TASK_COUNT",
+    )
+    run.add_argument(
+        "--parallelism",
+        type=_int_range(1, MAX_COMPLETIONS),
+        metavar="K",
+        help="most tasks of the array running at once (default: all, as GPUs and quota allow)",
+    )
+    run.add_argument(
+        "--parameters",
+        metavar="FILE",
+        help="a JSON file (- for stdin) with a list of parameter sets, one task per set, "
+        "each told GPULAB_TASK_PARAMS and one GPULAB_PARAM_<KEY> per key",
     )
     run.add_argument(
         "-v",

@@ -178,6 +178,12 @@ async def submit(
     why = await cuda_too_new(sup, spec)
     if why:
         raise Invalid(why, field="framework" if spec.framework else "image")
+    # a job array: one record for it and one per task (each a job to the supervisor)
+    tasks = (
+        [spec.task_spec(i).to_json() for i in range(spec.completions or 0)]
+        if spec.is_array
+        else None
+    )
     try:
         job = await asyncio.to_thread(
             sup.records.create,
@@ -187,8 +193,10 @@ async def submit(
             groups,
             max_unfinished=s.max_queued_jobs,
             # QUEUED counts against the quota (the job concept); a preemptible job may wait
-            # for idle GPUs beyond it, so its submission is never refused for it
+            # for idle GPUs beyond it, so its submission is never refused for it. An array
+            # counts as one job
             quota_jobs=None if spec.preemptible else s.quota_for(owner, groups).jobs,
+            tasks=tasks,
         )
     except (QueueFull, QuotaFull) as e:
         raise Conflict(str(e)) from None
@@ -215,6 +223,11 @@ async def cuda_too_new(sup: JobSupervisor, spec: JobSpec) -> str | None:
 async def rerun(sup: JobSupervisor, settings: GpulabSettings, job: dict, *, admin: bool) -> dict:
     """A copy of ``job`` submitted anew: it belongs to the job's owner (also when an admin
     asks for it), and is admitted as any submission is."""
+    if job.get("kind") == "task":
+        raise Conflict(
+            f"job {job['id']} is task {job['task_index']} of array {job['array']}: rerun the "
+            "array (its tasks run again, each with its own parameters)"
+        )
     groups = list(job.get("groups") or [])
     return await submit(sup, settings, job["spec"], owner=job["owner"], groups=groups, admin=admin)
 
@@ -236,6 +249,8 @@ async def interrupt(sup: JobSupervisor, job: dict) -> tuple[dict, bool]:
     supervisor (it stops it, then INTERRUPTED). The job's record, and whether it was stopped
     at once (False: asked, the supervisor is on it)."""
     job_id, state, records = job["id"], JobState(job["state"]), sup.records
+    if job.get("kind") == "array":
+        return await _stop_array(sup, job)
     with _changed_meanwhile(job_id):
         if state is J.QUEUED:
             try:
@@ -261,9 +276,25 @@ async def interrupt(sup: JobSupervisor, job: dict) -> tuple[dict, bool]:
     return result, False
 
 
+async def _stop_array(sup: JobSupervisor, job: dict) -> tuple[dict, bool]:
+    """Stop every unfinished task of an array: the queued ones at once, the started ones
+    through the supervisor (``records.stop_array``). Stopped at once: nothing had started."""
+    job_id = job["id"]
+    try:
+        result = await asyncio.to_thread(sup.records.stop_array, job_id)
+    except KeyError:
+        raise NotFound(f"no job {job_id}") from None
+    except InvalidTransition as e:
+        now = e.old.value if e.old else job["state"]
+        raise Conflict(f"job {job_id} is {now}: nothing to interrupt") from None
+    sup.wake.set()
+    return result, JobState(result["state"]) is J.INTERRUPTED
+
+
 async def resume(sup: JobSupervisor, job: dict) -> dict:
     """Queue an INTERRUPTED job again, its restart counts and exit code cleared; it counts as
-    a new submission against its owner's queue and quota (409 beyond them)."""
+    a new submission against its owner's queue and quota (409 beyond them). An array: its
+    interrupted tasks."""
     job_id, state = job["id"], JobState(job["state"])
     if state is not J.INTERRUPTED:
         raise Conflict(
@@ -274,6 +305,16 @@ async def resume(sup: JobSupervisor, job: dict) -> dict:
     owner, groups = job["owner"], list(job.get("groups") or [])
     preemptible = bool(job["spec"].get("preemptible"))
     quota_jobs = None if preemptible else s.quota_for(owner, groups).jobs
+    if job.get("kind") == "array":
+        try:
+            with _changed_meanwhile(job_id):
+                result = await asyncio.to_thread(
+                    sup.records.resume_array, job_id, (owner, s.max_queued_jobs, quota_jobs)
+                )
+        except (QueueFull, QuotaFull) as e:
+            raise Conflict(str(e)) from None
+        sup.wake.set()
+        return result
     try:
         with _changed_meanwhile(job_id):
             result = await asyncio.to_thread(
@@ -298,6 +339,12 @@ async def retry_push(sup: JobSupervisor, job: dict) -> dict:
     """Push a SYNC_FAILED job's volumes again; the job's record after the push (SYNC_FAILED
     again if it failed again; FINALIZING on a service in standby, whose leader carries it)."""
     job_id, state = job["id"], JobState(job["state"])
+    if job.get("kind") == "array":
+        failed = [t["id"] for t in job.get("tasks") or () if t["state"] == J.SYNC_FAILED.value]
+        raise Conflict(
+            f"job {job_id} is an array: retry the push of each SYNC_FAILED task"
+            + (f" ({', '.join(failed[:10])})" if failed else "")
+        )
     if state is not J.SYNC_FAILED:
         raise Conflict(
             f"only a SYNC_FAILED job's push can be retried; this one is {state.value}",
@@ -309,8 +356,14 @@ async def retry_push(sup: JobSupervisor, job: dict) -> dict:
 async def delete(sup: JobSupervisor, job: dict) -> None:
     """Delete an ended job: its record, saved logs, containers, volumes and network."""
     job_id = job["id"]
+    if job.get("kind") == "task":
+        raise Conflict(
+            f"job {job_id} is task {job['task_index']} of array {job['array']}: delete the array"
+        )
     if JobState(job["state"]) not in ENDED:
         raise Conflict(f"job {job_id} is {job['state']}: interrupt it first")
+    if job.get("kind") == "array":
+        return await _delete_array(sup, job_id)
     # the record goes first, in one compare-and-set on its ended state: a resume racing
     # this delete either wins (409 here) or finds no job (404 there); what the engine
     # still holds is removed below, or by the supervisor's sweep of orphaned containers
@@ -320,6 +373,12 @@ async def delete(sup: JobSupervisor, job: dict) -> None:
         raise NotFound(f"no job {job_id}") from None
     except InvalidTransition as e:
         raise Conflict(f"job {job_id} changed meanwhile: {e}") from None
+    await _remove_remains(sup, job)
+
+
+async def _remove_remains(sup: JobSupervisor, job: dict) -> None:
+    """What the engine and the logs directory still hold of a deleted job."""
+    job_id = job["id"]
     await sup.remove_from_engine(job_id, job["spec"], job.get("node") or "")
     await release_network(sup.ctx, job_id, workers_of(job))  # if still there
 
@@ -328,6 +387,19 @@ async def delete(sup: JobSupervisor, job: dict) -> None:
             path.unlink(missing_ok=True)
 
     await asyncio.to_thread(unlink)
+
+
+async def _delete_array(sup: JobSupervisor, job_id: str) -> None:
+    """An ended array and its tasks: the records in one compare-and-set, then each task's
+    remains (the sweep of orphaned containers takes what a fault leaves)."""
+    try:
+        _, tasks = await asyncio.to_thread(sup.records.delete_array, job_id)
+    except KeyError:
+        raise NotFound(f"no job {job_id}") from None
+    except InvalidTransition as e:
+        raise Conflict(f"job {job_id} changed meanwhile: {e}") from None
+    for task in tasks:
+        await _remove_remains(sup, task)
 
 
 #: what a user may ask of an existing job, by the name the API and the pages give it

@@ -120,6 +120,8 @@ def _target(sup: JobSupervisor, job: dict, rank: str) -> tuple[str, str]:
     """The container a command runs in (``rank`` of a distributed job, as the caller wrote
     it) and how the events name it ("" for a one-container job), if the job is RUNNING;
     else :class:`Conflict`."""
+    if job.get("kind") == "array":
+        raise Conflict(f"job {job['id']} is an array: it runs in its tasks, run it in one of them")
     if job["state"] != JobState.RUNNING.value:
         raise Conflict(f"job {job['id']} is {job['state']}: only a RUNNING job can run commands")
     workers = int(job["spec"].get("workers") or 1)

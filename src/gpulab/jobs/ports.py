@@ -113,6 +113,8 @@ async def open_port(
     if port is None:
         names = ", ".join(p.name for p in spec.ports) or "none"
         raise NotFound(f"job {job_id} has no port {name!r} (its ports: {names})")
+    if job.get("kind") == "array":
+        raise Unavailable(f"job {job_id} is an array: each of its tasks opens its own ports")
     if job["state"] != JobState.RUNNING.value:
         raise Unavailable(f"job {job_id} is {job['state']}: its ports answer while it is RUNNING")
     host, number = await _where(sup, settings, job, port.name, port.port, path)

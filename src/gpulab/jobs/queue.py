@@ -71,6 +71,7 @@ def queued_jobs(jobs: Iterable[dict], fs: FairShare | None = None) -> list[Queue
             int(j["spec"].get("priority", 50)),
             _ts(j["submitted"]),
             standing=fs.of(j["owner"], j["groups"]) if fs else (1.0, 1.0),
+            index=j.get("task_index") or 0,
         )
         for j in jobs
         if j["state"] == JobState.QUEUED.value

@@ -21,13 +21,16 @@ from ..lifecycle import (
 from ..statelog import state_change
 from .gang import ranks, spec_workers
 from .spec.ports import job_path
-from .states import ACTIVE, ENDED
+from .states import ACTIVE, ENDED, array_state
 from .usage import bills_of, month_report, owner_usage, settle
 
 #: what a user or the scheduler may ask of an active job ("" for nothing)
 REQUESTS = frozenset({"", "interrupt", "preempt"})
 
-UNFINISHED_VALUES = frozenset({JobState.QUEUED.value} | {x.value for x in ACTIVE})
+UNFINISHED_STATES = frozenset({JobState.QUEUED} | ACTIVE)
+UNFINISHED_VALUES = frozenset(x.value for x in UNFINISHED_STATES)
+#: a task its array's stop asks to stop (until FINALIZING: its outcome is decided then)
+INTERRUPTIBLE_TASK = frozenset(ACTIVE - {JobState.FINALIZING})
 #: the ended states whose records retention deletes: never SYNC_FAILED (its output waits
 #: for a push, and a record is how its owner retries it)
 RETAINED = frozenset(ENDED - {JobState.SYNC_FAILED})
@@ -70,10 +73,12 @@ class QuotaFull(Exception):
 class QueueFull(Exception):
     """The owner already has as many queued or active jobs as allowed."""
 
-    def __init__(self, count: int, cap: int):
+    def __init__(self, count: int, cap: int, adding: int = 1):
         self.count, self.cap = count, cap
+        more = f" and this array has {adding} tasks" if adding > 1 else ""
         super().__init__(
-            f"you have {count} jobs queued or running; the most is {cap}: wait for some to end"
+            f"you have {count} jobs queued or running{more}; the most is {cap}: wait for some "
+            "to end"
         )
 
 
@@ -104,6 +109,10 @@ def job_json(
         "id": j.id,
         "name": j.name,
         "owner": j.owner,
+        # "job", "array" (a sweep: its tasks run) or "task" (one of an array's)
+        "kind": j.kind or "job",
+        "array": j.parent or None,
+        "task_index": j.task_index,
         "state": j.state,
         "reason": j.reason,
         "message": j.message,
@@ -148,6 +157,19 @@ def job_json(
     return out
 
 
+def _with_tasks(out: dict, tasks: list[dict], listed: bool = False) -> None:
+    """An array's view: its tasks (index, id, state, exit code, parameters... ; in a list,
+    only the counts), how many are in each state, and the bill of them all."""
+    counts: dict[str, int] = {}
+    for t in tasks:
+        counts[t["state"]] = counts.get(t["state"], 0) + 1
+    out["task_counts"] = counts
+    out["billed_minutes"] = sum(t["billed_minutes"] for t in tasks)
+    out["billed_gpu_minutes"] = sum(t["billed_gpu_minutes"] for t in tasks)
+    if not listed:
+        out["tasks"] = tasks
+
+
 class JobRecords:
     def __init__(self, db: Database, instance: str):
         self.db = db
@@ -184,8 +206,12 @@ class JobRecords:
         groups=(),
         max_unfinished: int | None = None,
         quota_jobs: int | None = None,
+        tasks: list[dict] | None = None,
     ) -> dict:
-        """Insert a QUEUED job. ``max_unfinished``: the most jobs ``owner`` may have queued or
+        """Insert a QUEUED job; with ``tasks`` (their specs), a job array and its tasks, each
+        a QUEUED job of its own (named after the array and its index; told the array's id in
+        its spec's ``task``). Quotas count an array as one job and the queue's cap counts its
+        tasks (what runs). ``max_unfinished``: the most jobs ``owner`` may have queued or
         active (QueueFull); ``quota_jobs``: the most jobs their quota counts, those in the
         quota states (QUEUED, INITIALIZING, PENDING, RUNNING) except any running beyond the
         quota (QuotaFull). Counted and inserted in one transaction serialized per owner, so
@@ -194,37 +220,39 @@ class JobRecords:
         name = name or f"job-{job_id[1:]}"  # unnamed jobs are named after their unique id
         now = utcnow()
         with self.db.session() as s:
-            self._check_counts(s, owner, max_unfinished, quota_jobs)
-            job = Job(
-                id=job_id,
-                instance=self.instance,
-                owner=owner,
-                groups=",".join(groups),
-                name=name,
-                spec=spec,
-                state=JobState.QUEUED.value,
-                priority=int(spec.get("priority", 50)),
-                submitted=now,
-                updated=now,
-                reason="SUBMITTED",
-                message="accepted, waiting for resources",
+            self._check_counts(
+                s, owner, max_unfinished, quota_jobs, adding=len(tasks) if tasks else 1
             )
-            job.events.append(
-                JobEvent(at=now, state=job.state, reason=job.reason, message=job.message)
-            )
+            job = self._new(job_id, owner, groups, name, spec, now)
+            if tasks:
+                job.kind = "array"
+                job.message = f"{len(tasks)} tasks queued"
+                job.events[0].message = job.message
             s.add(job)
+            for i, task_spec in enumerate(tasks or ()):
+                task_id = "j" + secrets.token_hex(6)
+                task_spec = {**task_spec, "task": {**task_spec["task"], "array": job_id}}
+                task = self._new(task_id, owner, groups, f"{name[:56]}-{i}", task_spec, now)
+                task.kind, task.parent, task.task_index = "task", job_id, i
+                s.add(task)
             s.flush()
             result = job_json(job, now, history=True)
         state_change("job", job_id, owner, None, result["state"], "SUBMITTED", result["message"])
         return result
 
     def _check_counts(
-        self, s, owner: str, max_unfinished: int | None, quota_jobs: int | None
+        self,
+        s,
+        owner: str,
+        max_unfinished: int | None,
+        quota_jobs: int | None,
+        adding: int = 1,
     ) -> None:
         """In the caller's transaction, serialized per owner: refuse one more job of
         ``owner`` beyond ``max_unfinished`` queued or active jobs (QueueFull) or beyond
         ``quota_jobs`` jobs in the quota states, those running beyond the quota aside
-        (QuotaFull)."""
+        (QuotaFull). An array counts as one job against the quota, and its ``adding`` tasks
+        (what runs) against the queue's cap."""
         if max_unfinished is None and quota_jobs is None:
             return
         self.db.serialize(s, "gpulab-queue", self.instance, owner)
@@ -237,6 +265,7 @@ class JobRecords:
                     Job.owner == owner,
                     Job.state.in_([st.value for st in JOB_QUOTA_STATES]),
                     Job.over_quota == 0,
+                    Job.kind != "task",  # an array counts as one job, its tasks not
                 )
             )
             if counted >= quota_jobs:
@@ -249,10 +278,29 @@ class JobRecords:
                     Job.instance == self.instance,
                     Job.owner == owner,
                     Job.state.in_(UNFINISHED_VALUES),
+                    Job.kind != "array",  # what runs: its tasks, each counted
                 )
             )
-            if unfinished >= max_unfinished:
-                raise QueueFull(unfinished, max_unfinished)
+            if unfinished + adding > max_unfinished:
+                raise QueueFull(unfinished, max_unfinished, adding)
+
+    def _new(self, job_id: str, owner: str, groups, name: str, spec: dict, now) -> Job:
+        job = Job(
+            id=job_id,
+            instance=self.instance,
+            owner=owner,
+            groups=",".join(groups),
+            name=name,
+            spec=spec,
+            state=JobState.QUEUED.value,
+            priority=int(spec.get("priority", 50)),
+            submitted=now,
+            updated=now,
+            reason="SUBMITTED",
+            message="accepted, waiting for resources",
+        )
+        job.events.append(JobEvent(at=now, state=job.state, reason=job.reason, message=job.message))
+        return job
 
     def transition(
         self,
@@ -265,12 +313,14 @@ class JobRecords:
         message: str = "",
         exit_code: int | None = None,
         counts: tuple[str, int | None, int | None] | None = None,
+        array_changes: list[dict] | None = None,
         **fields,
     ) -> dict:
         """Compare-and-set: move a job from a state in ``expect`` to ``state``, record why and
         set ``fields``, all in one transaction. ``counts`` (owner, max_unfinished,
         quota_jobs): check them first in the same transaction, as :meth:`create` does (a job
-        queued again counts as a new one).
+        queued again counts as a new one). A task's array is derived again in it; where its
+        state changed, its record is appended to ``array_changes`` (when given).
 
         ``expect`` is the state (or states) the caller saw; ``expect_request``, if given, the
         requests it saw. Anything else means that a concurrent change won the race, and raises
@@ -280,6 +330,7 @@ class JobRecords:
         with self.db.session() as s:
             if counts is not None:
                 self._check_counts(s, *counts)
+            array = self._lock_array_of(s, job_id)
             job, old = self._locked(s, job_id, expected, state)
             if expect_request is not None and job.request not in expect_request:
                 raise RequestChanged(job.request)
@@ -315,11 +366,218 @@ class JobRecords:
             else:
                 job.delete_at = None
             s.flush()
+            if array is not None and self._derive(s, array, now) and array_changes is not None:
+                array_changes.append(job_json(array, now, history=False))
             result = job_json(job, now, history=True)
         owner = result["owner"]
         state_change("job", job_id, owner, old.value, state.value, reason, message, exit_code)
         fault_point(f"transition:{state.value}")
         return result
+
+    # --- job arrays ------------------------------------------------------------------------
+
+    def _lock_array_of(self, s, job_id: str) -> Job | None:
+        """A task's array, its row locked (None for any other job). Taken before the task's
+        own row by every writer, so that two writers never wait for each other in turn."""
+        parent = s.scalar(select(Job.parent).where(Job.instance == self.instance, Job.id == job_id))
+        if not parent:
+            return None
+        q = select(Job).where(Job.instance == self.instance, Job.id == parent)
+        return s.scalar(q.with_for_update(of=Job))
+
+    def _tasks(self, s, array_id: str, lock: bool = False) -> list[Job]:
+        q = select(Job).where(Job.instance == self.instance, Job.parent == array_id)
+        if lock:
+            q = q.with_for_update(of=Job)
+        return list(s.scalars(q.order_by(Job.task_index)))
+
+    def _derive(self, s, array: Job, now: datetime) -> bool:
+        """The array's state from its tasks' (:func:`~gpulab.jobs.states.array_state`), in
+        the transaction that changed one; a change is recorded as an event of kind "array"
+        (never billed: the tasks are)."""
+        rows = s.execute(
+            select(Job.task_index, Job.state, Job.exit_code).where(
+                Job.instance == self.instance, Job.parent == array.id
+            )
+        ).all()
+        state, reason, message, code = array_state(
+            [(i, st, c) for i, st, c in rows], array.request == "interrupt"
+        )
+        changed = state.value != array.state
+        if not changed and (reason, message) == (array.reason, array.message):
+            return False
+        old = array.state
+        array.state, array.reason, array.message = state.value, reason, message
+        array.exit_code = code
+        array.updated = now
+        if state is JobState.RUNNING and array.running_since is None:
+            array.running_since = now
+        if state in ENDED or state is JobState.QUEUED:
+            array.running_since = None
+        if state in ENDED:
+            array.request = ""  # decided: a task resumed later starts a new life
+        # retention (delete_expired) takes an ended array with its tasks, after its own
+        # auto_delete_after where it set one
+        own = (array.spec or {}).get("auto_delete_after")
+        if state in RETAINED and isinstance(own, int | float) and not isinstance(own, bool):
+            array.delete_at = now + timedelta(seconds=own)
+        else:
+            array.delete_at = None
+        if changed:
+            array.events.append(
+                JobEvent(
+                    at=now,
+                    kind="array",
+                    state=state.value,
+                    reason=reason,
+                    message=message,
+                    exit_code=code,
+                )
+            )
+            state_change("job", array.id, array.owner, old, state.value, reason, message, code)
+        return changed
+
+    def stop_array(self, array_id: str) -> dict:
+        """Stop a job array: its queued tasks end INTERRUPTED at once and its started ones are
+        asked to stop (the supervisor stops each, as any job's interrupt), all in one
+        transaction; the array is INTERRUPTING until they have ended, then INTERRUPTED.
+        InvalidTransition when nothing of it is unfinished, KeyError if it is gone."""
+        with self.db.session() as s:
+            array, _ = self._locked(s, array_id, UNFINISHED_STATES, JobState.INTERRUPTING)
+            now = utcnow()
+            array.request = "interrupt"
+            stopped = []
+            for task in self._tasks(s, array_id, lock=True):
+                st = JobState(task.state)
+                if st is JobState.QUEUED:
+                    check_job_transition(st, JobState.INTERRUPTED)
+                    task.state, task.updated = JobState.INTERRUPTED.value, now
+                    task.reason, task.message = "USER_INTERRUPT", "its array was stopped"
+                    task.running_since, task.request, task.outcome = None, "", ""
+                    task.events.append(
+                        JobEvent(at=now, state=task.state, reason=task.reason, message=task.message)
+                    )
+                    stopped.append(task.id)
+                elif st in INTERRUPTIBLE_TASK:
+                    task.request = "interrupt"
+            s.flush()
+            self._derive(s, array, now)
+            result = job_json(array, now, history=True)
+        for task_id in stopped:
+            state_change(
+                "job",
+                task_id,
+                result["owner"],
+                "QUEUED",
+                "INTERRUPTED",
+                "USER_INTERRUPT",
+                "its array was stopped",
+            )
+        return result
+
+    def resume_array(
+        self, array_id: str, counts: tuple[str, int | None, int | None] | None = None
+    ) -> dict:
+        """Queue an INTERRUPTED array's interrupted tasks again (their restart counts and exit
+        codes cleared); its other tasks keep their end. ``counts`` (owner, max_unfinished,
+        quota_jobs): checked first, as :meth:`transition` does (the array one job, its tasks
+        queued again each one in the queue). InvalidTransition unless the array is
+        INTERRUPTED, KeyError if it is gone."""
+        with self.db.session() as s:
+            if counts is not None:
+                again = s.scalar(
+                    select(func.count())
+                    .select_from(Job)
+                    .where(
+                        Job.instance == self.instance,
+                        Job.parent == array_id,
+                        Job.state == JobState.INTERRUPTED.value,
+                    )
+                )
+                self._check_counts(s, *counts, adding=max(1, again))
+            array, _ = self._locked(s, array_id, frozenset({JobState.INTERRUPTED}), JobState.QUEUED)
+            now = utcnow()
+            for task in self._tasks(s, array_id, lock=True):
+                if task.state != JobState.INTERRUPTED.value:
+                    continue
+                task.state, task.updated = JobState.QUEUED.value, now
+                task.reason, task.message = "RESUMED", "its array was resumed"
+                task.restarts = task.hang_restarts = 0
+                task.exit_code = None
+                task.request, task.outcome = "", ""
+                task.events.append(
+                    JobEvent(at=now, state=task.state, reason=task.reason, message=task.message)
+                )
+            array.request = ""
+            s.flush()
+            self._derive(s, array, now)
+            return job_json(array, now, history=True)
+
+    def delete_array(self, array_id: str) -> tuple[dict, list[dict]]:
+        """Compare-and-set: delete an ended array and its tasks (every one ended); the array
+        and its tasks as they were, for the caller to remove what the engine holds of them.
+        InvalidTransition if a task is not ended, KeyError if it is gone."""
+        with self.db.session() as s:
+            array, _ = self._locked(s, array_id, ENDED, JobState.DONE)
+            tasks = self._tasks(s, array_id, lock=True)
+            for task in tasks:
+                if JobState(task.state) not in ENDED:
+                    raise InvalidTransition("job", JobState(task.state), JobState.DONE)
+            out = job_json(array, history=False)
+            gone = [job_json(t, history=False) for t in tasks]
+            for task in tasks:
+                s.delete(task)
+            s.delete(array)
+            return out, gone
+
+    def tasks_of(self, array_id: str, s=None) -> list[dict]:
+        """An array's tasks, as its view shows them (index order), with their billed minutes."""
+        if s is None:
+            with self.db.read() as s2:
+                return self.tasks_of(array_id, s2)
+        jobs = Job.__table__
+        conn = s.connection()
+        rows = conn.execute(
+            select(
+                jobs.c.id,
+                jobs.c.name,
+                jobs.c.task_index,
+                jobs.c.state,
+                jobs.c.reason,
+                jobs.c.message,
+                jobs.c.exit_code,
+                jobs.c.restarts,
+                jobs.c.updated,
+                jobs.c.spec,
+                jobs.c.node,
+                jobs.c.devices,
+            )
+            .where(jobs.c.instance == self.instance, jobs.c.parent == array_id)
+            .order_by(jobs.c.task_index)
+        ).all()
+        bills = bills_of(conn, [(r.id, r.state, r.updated) for r in rows], utcnow())
+        out = []
+        for r in rows:
+            spec = r.spec or {}
+            gpus = int((spec.get("resources") or {}).get("gpus") or 0) * spec_workers(spec)
+            out.append(
+                {
+                    "index": r.task_index,
+                    "id": r.id,
+                    "name": r.name,
+                    "state": r.state,
+                    "reason": r.reason,
+                    "message": r.message,
+                    "exit_code": r.exit_code,
+                    "restarts": r.restarts,
+                    "node": r.node or "",
+                    "devices": [d for d in (r.devices or "").replace(";", ",").split(",") if d],
+                    "parameters": (spec.get("task") or {}).get("parameters") or {},
+                    "billed_minutes": bills[r.id],
+                    "billed_gpu_minutes": bills[r.id] * gpus,
+                }
+            )
+        return out
 
     def ask(self, job_id: str, request: str, *, states: frozenset[JobState]) -> dict:
         """Compare-and-set a request ("interrupt" or "preempt") on an active job.
@@ -400,7 +658,10 @@ class JobRecords:
             evs = conn.execute(
                 select(events).where(events.c.job_id == job_id).order_by(events.c.id)
             ).all()
-        return job_json(_Rows(row, evs), history=history)
+            out = job_json(_Rows(row, evs), history=history)
+            if out["kind"] == "array":
+                _with_tasks(out, self.tasks_of(job_id, s))
+        return out
 
     def list(
         self,
@@ -409,7 +670,8 @@ class JobRecords:
         labels: dict[str, str] | None = None,
     ) -> list[dict]:
         with self.db.read() as s:
-            q = select(Job).where(Job.instance == self.instance)
+            # what runs: plain jobs and arrays' tasks, never an array (it holds nothing)
+            q = select(Job).where(Job.instance == self.instance, Job.kind != "array")
             if owner is not None:
                 q = q.where(Job.owner == owner)
             if states:
@@ -440,7 +702,8 @@ class JobRecords:
         are loaded whole, so a long history of jobs costs one page's work per request.
         """
         with self.db.read() as s:
-            where = [Job.instance == self.instance]
+            # an array is one row (its tasks are in its view)
+            where = [Job.instance == self.instance, Job.kind != "task"]
             if owner is not None:
                 where.append(Job.owner == owner)
             if states:
@@ -474,6 +737,9 @@ class JobRecords:
             now = utcnow()
             bills = bills_of(s, [(j.id, j.state, j.updated) for j in rows], now)
             by_id = {j.id: job_json(j, now, billed=bills[j.id]) for j in rows}
+            for j in rows:
+                if j.kind == "array":
+                    _with_tasks(by_id[j.id], self.tasks_of(j.id, s), listed=True)
             return [by_id[i] for i in wanted if i in by_id], total
 
     def usage(self, owner: str) -> dict:
@@ -487,7 +753,7 @@ class JobRecords:
 
     def counts(self, owner: str | None = None) -> dict[str, int]:
         """How many of the owner's (or everyone's) jobs are in each state (one grouped query)."""
-        where = [Job.instance == self.instance]
+        where = [Job.instance == self.instance, Job.kind != "task"]  # an array counts once
         if owner is not None:
             where.append(Job.owner == owner)
         with self.db.read() as s:
@@ -500,10 +766,15 @@ class JobRecords:
         """What the scheduler needs, without histories (it runs several times a second)."""
         wanted = {JobState.QUEUED.value} | {s.value for s in ACTIVE}
         with self.db.read() as s:
-            q = select(Job).where(Job.instance == self.instance, Job.state.in_(wanted))
+            q = select(Job).where(
+                Job.instance == self.instance, Job.state.in_(wanted), Job.kind != "array"
+            )
             return [
                 {
                     "id": j.id,
+                    # a task's array ("" for a plain job): its spec's parallelism caps them
+                    "array": j.parent,
+                    "task_index": j.task_index,
                     "owner": j.owner,
                     "state": j.state,
                     "spec": j.spec,
@@ -553,18 +824,46 @@ class JobRecords:
             due.append(Job.delete_at.is_(None) & (Job.updated <= now - timedelta(seconds=default)))
         with self.db.session() as s:
             rows = s.execute(
-                select(Job.id, Job.node, Job.spec, Job.owner, Job.container)
-                .where(Job.instance == self.instance, Job.state.in_(_RETAINED_VALUES), or_(*due))
+                select(Job.id, Job.node, Job.spec, Job.owner, Job.container, Job.kind)
+                .where(
+                    Job.instance == self.instance,
+                    Job.state.in_(_RETAINED_VALUES),
+                    Job.kind != "task",  # a task goes with its array, never alone
+                    or_(*due),
+                )
                 .order_by(Job.updated)
                 .limit(limit)
                 .with_for_update()
             ).all()
+            rows = self._with_tasks_retained(s, rows)
             if not rows:
                 return []
             ids = [r.id for r in rows]
             s.execute(delete(JobEvent).where(JobEvent.job_id.in_(ids)))
             s.execute(delete(Job).where(Job.instance == self.instance, Job.id.in_(ids)))
         return [{"id": r.id, "node": r.node or "", "spec": r.spec, "owner": r.owner} for r in rows]
+
+    def _with_tasks_retained(self, s, rows: list) -> list:
+        """Retention's picks, each array with its tasks when every one of them is retained
+        (ended, not SYNC_FAILED); an array with another task is kept whole for now."""
+        arrays = [r.id for r in rows if r.kind == "array"]
+        if not arrays:
+            return rows
+        tasks: dict[str, list] = {a: [] for a in arrays}
+        for t in s.execute(
+            select(Job.id, Job.node, Job.spec, Job.owner, Job.container, Job.kind, Job.parent)
+            .add_columns(Job.state)
+            .where(Job.instance == self.instance, Job.parent.in_(arrays))
+            .with_for_update()
+        ).all():
+            tasks[t.parent].append(t)
+        out = []
+        for r in rows:
+            if r.kind != "array":
+                out.append(r)
+            elif all(t.state in _RETAINED_VALUES for t in tasks[r.id]):
+                out.extend([r, *tasks[r.id]])
+        return out
 
     def with_volumes(self) -> set[str]:
         """Ids of the jobs whose volumes may still be on a node: every job but the ended ones

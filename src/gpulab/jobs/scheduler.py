@@ -11,7 +11,8 @@ Rules
 1. **Order.** Queued jobs are considered by priority (highest first), then fair share (the
    owner's most-used group's factor, then the owner's own, higher first: see
    :mod:`gpulab.fairshare`; 1 and 1 when not given), then submission time (oldest first:
-   FIFO within a priority and an owner), then id (for determinism).
+   FIFO within a priority and an owner), then a task's index in its array, then id (for
+   determinism).
 2. **Quota counts.** A user's jobs in the quota states (QUEUED, INITIALIZING, PENDING,
    RUNNING; those running beyond the quota aside) are capped by the quota's job count at
    submission (``JobRecords.create``; a preemptible job is never refused for it); here, the
@@ -57,6 +58,13 @@ Rules
    hold the waiting job's ranks; if even all of them would not, nothing is preempted (no
    job is preempted again and again for a gang that still would not fit).
 
+8. **Job arrays.** A task of an array (``array``: its id) starts only while fewer than its
+   ``parallelism`` tasks of that array are active (releasing ones included: their container
+   still runs) or started or held for in this plan; one that waits for its turn holds
+   nothing and preempts nothing. An array counts as **one** job against its owner's quota's
+   job count, however many of its tasks are active in quota (rule 3); each task's GPUs count
+   as any job's.
+
 Known trade-off of backfill: a large in-quota job may wait while smaller ones keep starting;
 only over-quota work is ever preempted for it.
 """
@@ -96,6 +104,11 @@ class QueuedJob:
     #: "job", or "notebook": a notebook waiting for GPUs (gpus/waits.py) is planned in the
     #: same order; it counts against its owner's GPU quota only (it is no job)
     kind: str = "job"
+    #: a task's array ("" for a plain job) and the most of its tasks active at once
+    array: str = ""
+    parallelism: int = 0
+    #: a task's index in its array: an array's tasks (submitted together) go in index order
+    index: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,6 +129,8 @@ class ActiveJob:
     devices: tuple[str, ...] = ()
     #: the owner's fair share, as :attr:`QueuedJob.standing`: the lowest is preempted first
     standing: tuple[float, float] = (1.0, 1.0)
+    #: a task's array ("" for a plain job)
+    array: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,7 +173,7 @@ def can_ever_fit(
 
 def queue_order(job: QueuedJob) -> tuple:
     """The order in which queued jobs are considered (rule 1)."""
-    return (-job.priority, -job.standing[0], -job.standing[1], job.submitted, job.id)
+    return (-job.priority, -job.standing[0], -job.standing[1], job.submitted, job.index, job.id)
 
 
 def plan(
@@ -188,10 +203,19 @@ def plan(
     jobs_used: dict[str, int] = {}
     incoming = sum(a.gpus for a in active if a.releasing)  # GPUs about to be free
     arriving_devices = [d for a in active if a.releasing for d in a.devices]
+    #: the arrays counted in their owner's jobs (rule 8: one job each), and each array's
+    #: tasks active, started or held for (its parallelism caps them)
+    counted: set[str] = set()
+    array_active: dict[str, int] = {}
     for a in active:
+        if a.array:
+            array_active[a.array] = array_active.get(a.array, 0) + 1
         if not a.over_quota and not a.releasing:
             gpus_used[a.owner] = gpus_used.get(a.owner, 0) + a.gpus
-            jobs_used[a.owner] = jobs_used.get(a.owner, 0) + 1
+            if not a.array or a.array not in counted:
+                jobs_used[a.owner] = jobs_used.get(a.owner, 0) + 1
+                if a.array:
+                    counted.add(a.array)
     victims_left = sorted(
         (a for a in active if a.over_quota and a.preemptible and a.gpus > 0 and not a.releasing),
         key=lambda a: (a.priority, a.standing, -a.started, a.id),
@@ -240,12 +264,24 @@ def plan(
             free.remove(d)
         return tuple(chosen)
 
+    def its_turn(job: QueuedJob) -> bool:
+        """Whether fewer than its parallelism of its array's tasks are active (rule 8)."""
+        return not job.array or array_active.get(job.array, 0) < max(1, job.parallelism)
+
+    def taken(job: QueuedJob) -> None:
+        if job.array:
+            array_active[job.array] = array_active.get(job.array, 0) + 1
+
     for job in sorted(queued, key=queue_order):
+        if not its_turn(job):
+            continue
         used_g, used_j = gpus_used.get(job.owner, 0), jobs_used.get(job.owner, 0)
         q = quota(job.owner, job.groups)
         if job.kind != "job":
             q = Quota(gpus=q.gpus)
-        if not q.allows(used_g, used_j, job.gpus):
+        # a notebook is no job, and a task of an array already counted adds no job
+        new_job = 0 if job.kind != "job" or (job.array and job.array in counted) else 1
+        if not q.allows(used_g, used_j - 1 + new_job, job.gpus):
             if job.preemptible:
                 over_quota.append(job)
             continue
@@ -273,11 +309,16 @@ def plan(
                 result.preempt.append(victim.id)
             take(len(free))  # held for this job until the victims are gone
         gpus_used[job.owner] = used_g + job.gpus
-        if job.kind == "job":
-            jobs_used[job.owner] = used_j + 1
+        jobs_used[job.owner] = used_j + new_job
+        if job.array:
+            counted.add(job.array)
+        taken(job)
 
     for job in over_quota:
+        if not its_turn(job):
+            continue
         devices = place(job) if job.gpus > 0 else ()
         if devices is not None:
             result.start.append(Placement(job.id, devices, over_quota=True))
+            taken(job)
     return result

@@ -50,6 +50,15 @@ from ...notices import URL_PATTERN as WEBHOOK_PATTERN
 from ...resources import Flavor, Limits, Resources, format_memory, parse_memory
 from ...volumes import volume_pattern
 from ..gang import DISTRIBUTED_ENV
+from .array import (
+    MAX_COMPLETIONS,
+    MAX_PARAMETER_KEY_CHARS,
+    MAX_PARAMETER_KEYS,
+    MAX_PARAMETER_SET_BYTES,
+    MAX_PARAMETER_VALUE_CHARS,
+    MAX_PARAMETERS_BYTES,
+    PARAMETER_KEY_RE,
+)
 from .base import (
     ABSENT_TEXT,
     BLANK_CLASS,
@@ -468,6 +477,48 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "description": "Containers of a distributed job, each with `resources`, placed "
             "all together or not at all; each is told MASTER_ADDR, MASTER_PORT, WORLD_SIZE, "
             "RANK, LOCAL_RANK and NODE_RANK (torch.distributed's env:// and torchrun).",
+        },
+        "completions": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": MAX_COMPLETIONS,
+            "description": "A job array (a sweep): run this many tasks, each a job of its own "
+            "(scheduled, retried and billed alone) told GPULAB_ARRAY_ID, GPULAB_TASK_INDEX (0 "
+            "to completions-1), GPULAB_TASK_COUNT and GPULAB_TASK_PARAMS. With parameters: "
+            "their number (another value is refused). Shown as one job with its tasks.",
+        },
+        "parallelism": {
+            "type": ["integer", "null"],
+            "minimum": 1,
+            "maximum": MAX_COMPLETIONS,
+            "description": "Most tasks of the array running at once (at most completions; "
+            "default: completions, as GPUs and the quota allow). Needs completions or "
+            "parameters.",
+        },
+        "parameters": {
+            "type": ["array", "null"],
+            "minItems": 1,
+            "maxItems": MAX_COMPLETIONS,
+            "items": {
+                "type": "object",
+                "maxProperties": MAX_PARAMETER_KEYS,
+                "propertyNames": {
+                    "pattern": PARAMETER_KEY_RE.pattern,
+                    "maxLength": MAX_PARAMETER_KEY_CHARS,
+                },
+                "additionalProperties": {
+                    "anyOf": [
+                        {"type": "string", "maxLength": MAX_PARAMETER_VALUE_CHARS},
+                        {"type": "number"},
+                    ]
+                },
+            },
+            "description": "A job array with one task per parameter set: task i is told its "
+            "set as GPULAB_TASK_PARAMS (JSON) and one GPULAB_PARAM_<KEY> per key (upper-cased; "
+            "two keys that differ only in case are refused). At most "
+            f"{size_text(MAX_PARAMETER_SET_BYTES)} a set and {size_text(MAX_PARAMETERS_BYTES)} "
+            "in all, as JSON.",
+            "examples": [[{"lr": 0.01, "model": "resnet18"}, {"lr": 0.001, "model": "resnet50"}]],
         },
         "timeout": {
             **_DURATION_SCHEMA,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...frameworks import Catalog
@@ -36,6 +36,7 @@ from ...resources import Flavor, Limits, Resources, parse_memory
 from ...storage import StorageConfig
 from ...volumes import VolumeSpec, parse_volume
 from ..gang import DISTRIBUTED_ENV
+from .array import Task, parse_array
 from .base import (
     DEFAULT_CPUS,
     DEFAULT_GPUS,
@@ -79,6 +80,11 @@ class JobSpec:
     )
     #: containers of a distributed job, each with ``resources`` (placed all or none)
     workers: int = 1
+    #: a job array (a sweep): its tasks, at most ``parallelism`` at once, each with its set of
+    #: ``parameters`` where given (None, None, None: a plain job)
+    completions: int | None = None
+    parallelism: int | None = None
+    parameters: tuple[Mapping[str, Any], ...] | None = None
     volumes: tuple[VolumeSpec, ...] = ()
     timeout: float = DEFAULT_TIMEOUT
     retries: int = 0
@@ -98,6 +104,21 @@ class JobSpec:
     #: seconds after its end when the service deletes its record, history and saved logs
     #: (None: the site's ``job_retention``)
     auto_delete_after: float | None = None
+    #: one task of an array (its index and parameters; None for any other job): never
+    #: submitted, made by :meth:`task_spec`
+    task: Task | None = None
+
+    @property
+    def is_array(self) -> bool:
+        """An array's own spec (its tasks run; it runs nothing itself)."""
+        return self.completions is not None and self.task is None
+
+    def task_spec(self, index: int) -> JobSpec:
+        """The spec of the array's task ``index``: the array's, with its parameter set alone
+        (the list stays with the array) and no notices (the array's end is told once)."""
+        sets = self.parameters or ()
+        params = dict(sets[index]) if index < len(sets) else {}
+        return replace(self, parameters=None, notify=None, task=Task(index, params))
 
     @property
     def total_gpus(self) -> int:
@@ -119,6 +140,9 @@ class JobSpec:
             "flavor": self.flavor,
             "resources": self.resources.to_json(),
             "workers": self.workers,
+            "completions": self.completions,
+            "parallelism": self.parallelism,
+            "parameters": None if self.parameters is None else [dict(p) for p in self.parameters],
             "volumes": [str(v) for v in self.volumes],
             "timeout": self.timeout,
             "retries": self.retries,
@@ -132,6 +156,8 @@ class JobSpec:
             "read_only_rootfs": self.read_only_rootfs,
             "notify": self.notify.to_json() if self.notify else None,
             "auto_delete_after": self.auto_delete_after,
+            # a task's own part (not a submission field: a task is rerun with its array)
+            **({"task": self.task.to_json()} if self.task is not None else {}),
         }
 
     @classmethod
@@ -159,6 +185,11 @@ class JobSpec:
                 gpus=int(res.get("gpus", DEFAULT_GPUS)),
             ),
             workers=int(d.get("workers") or 1),
+            completions=None if d.get("completions") is None else int(d["completions"]),
+            parallelism=None if d.get("parallelism") is None else int(d["parallelism"]),
+            parameters=None
+            if d.get("parameters") is None
+            else tuple(dict(p) for p in d["parameters"]),
             volumes=tuple(_stored_volume(s) for s in d.get("volumes") or ()),
             timeout=float(d.get("timeout", DEFAULT_TIMEOUT)),
             retries=int(d.get("retries", 0)),
@@ -175,6 +206,7 @@ class JobSpec:
             read_only_rootfs=bool(d.get("read_only_rootfs", False)),
             notify=Notify.from_json(d.get("notify")),
             auto_delete_after=_stored_seconds(d.get("auto_delete_after")),
+            task=Task.from_json(d["task"]) if d.get("task") else None,
         )
 
 
@@ -240,8 +272,12 @@ def parse_job_spec(
         raise JobSpecError("git", "git repositories are not enabled on this platform")
     git = parse_git(raw.get("git"), secret_names)
     check_git_mounts(git, [v.mount for v in fields["volumes"]])
+    completions, parallelism, parameters = parse_array(raw)
     return JobSpec(
         **fields,
+        completions=completions,
+        parallelism=parallelism,
+        parameters=parameters,
         ports=parse_ports(raw),
         git=git,
         working_dir=parse_working_dir(raw),

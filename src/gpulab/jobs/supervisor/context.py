@@ -121,9 +121,13 @@ class JobContext:
 
     async def move(self, job_id: str, state: JobState, **kw) -> dict:
         """A compare-and-set transition of the job's record (``expect``: the state seen),
-        then the notice its owner asked for, if it is one (:meth:`announce`)."""
-        job = await self.db(self.records.transition, job_id, state, **kw)
+        then the notice its owner asked for, if it is one (:meth:`announce`); for a task of
+        an array, its array's (a task's spec asks for none)."""
+        arrays: list[dict] = []  # a task's array whose state changed with it
+        job = await self.db(self.records.transition, job_id, state, array_changes=arrays, **kw)
         self.announce(job)
+        for array in arrays:  # a task is never told of itself: its array's end is
+            self.announce(array)
         return job
 
     def announce(self, job: dict) -> None:

@@ -19,6 +19,7 @@ from ...runtime.base import EngineError, Mount, StillRunning, WorkloadGone, Work
 from ..gang import Rank, distributed_env
 from ..logs import LOG_KEEP_BYTES, merge_logs, rank_log_share, read_tail
 from ..spec import JobSpec
+from ..spec.array import task_env
 from ..spec.ports import job_path, port_env
 from .context import JobContext
 from .git_sources import git_mounts
@@ -43,6 +44,8 @@ def workload_spec(
         "GPULAB_JOB_ID": job_id,
         "GPULAB_JOB_NAME": spec.name,
         **(distributed_env(rank, spec.workers) if distributed else {}),
+        # a task of an array: its index and parameters (GPULAB_ names: none set by the user)
+        **(task_env(spec.task, spec.completions or 1) if spec.task is not None else {}),
     }
     return WorkloadSpec(
         name=rank_name(name, rank),

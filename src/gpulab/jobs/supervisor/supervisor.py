@@ -299,6 +299,9 @@ class JobSupervisor:
                         ts(j["submitted"]),
                         bool(spec["preemptible"]),
                         workers=n,
+                        array=j["array"],
+                        parallelism=int(spec.get("parallelism") or 0),
+                        index=j["task_index"] or 0,
                     )
                 )
             elif j["state"] != J.FINALIZING.value:
@@ -321,6 +324,7 @@ class JobSupervisor:
                             for ds in decode_devices(j["devices"], int(spec.get("workers") or 1))
                             for d in ds
                         ),
+                        array=j["array"],
                     )
                 )
         if await self.db(self.waits.expire):
@@ -365,6 +369,7 @@ class JobSupervisor:
             with contextlib.suppress(InvalidTransition, KeyError):
                 await self.db(self.records.ask, victim, "preempt", states=PREEMPTIBLE)
         workers = {j["id"]: int(j["spec"].get("workers") or 1) for j in jobs}
+        await self._say_turns(jobs, queued, p)
         await self._say_why_waiting([j for j in queued if j.kind == "job"], p, free, workers)
         for placement in p.start:
             if placement.job_id.startswith(NOTEBOOK):
@@ -522,6 +527,22 @@ class JobSupervisor:
             self._told.update(said)
         if len(self._told) > 10_000:
             self._told.clear()
+
+    async def _say_turns(self, jobs: list[dict], queued: list[QueuedJob], p) -> None:
+        """A queued task whose array runs as many tasks as its parallelism says so."""
+        busy: dict[str, int] = {}
+        for j in jobs:
+            if j["array"] and j["state"] not in (J.QUEUED.value, J.FINALIZING.value):
+                busy[j["array"]] = busy.get(j["array"], 0) + 1
+        starting = {pl.job_id for pl in p.start}
+        for job in queued:
+            n = busy.get(job.array, 0)
+            if job.array and job.id not in starting and n >= job.parallelism:
+                await self._say(
+                    job.id,
+                    f"waiting for its turn: {n} tasks of its array run (parallelism "
+                    f"{job.parallelism})",
+                )
 
     async def _say(self, job_id: str, msg: str) -> None:
         """A queued job's waiting message, written only when it changes."""

@@ -433,6 +433,55 @@ def document(job_submission: dict | None = None) -> dict:
                         "id": {"type": "string"},
                         "name": {"type": "string"},
                         "owner": {"type": "string"},
+                        "kind": {
+                            "type": "string",
+                            "enum": ["job", "array", "task"],
+                            "description": "job; array: a sweep (completions, parameters), "
+                            "which runs in its tasks and whose state is derived from theirs "
+                            "(QUEUED until one starts, RUNNING while any is unfinished, "
+                            "INTERRUPTING once stopped, then DONE when all are DONE, else "
+                            "FAILED, ERROR, SYNC_FAILED or INTERRUPTED); task: one of an "
+                            "array's, a job of its own (its retries, its logs)",
+                        },
+                        "array": {
+                            "type": ["string", "null"],
+                            "description": "a task's array (its job id)",
+                        },
+                        "task_index": {
+                            "type": ["integer", "null"],
+                            "description": "a task's index in its array (GPULAB_TASK_INDEX)",
+                        },
+                        "task_counts": {
+                            "type": "object",
+                            "additionalProperties": {"type": "integer"},
+                            "description": "an array's tasks in each state (lists too)",
+                        },
+                        "tasks": {
+                            "type": "array",
+                            "description": "in GET /api/jobs/{job_id} of an array only: its "
+                            "tasks in index order (each a job: GET /api/jobs/{id}, its logs)",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "index": {"type": "integer"},
+                                    "id": {"type": "string"},
+                                    "name": {"type": "string"},
+                                    "state": {
+                                        "type": "string",
+                                        "enum": [s.value for s in JobState],
+                                    },
+                                    "reason": {"type": "string"},
+                                    "message": {"type": "string"},
+                                    "exit_code": {"type": ["integer", "null"]},
+                                    "restarts": {"type": "integer"},
+                                    "node": {"type": "string"},
+                                    "devices": {"type": "array", "items": {"type": "string"}},
+                                    "parameters": {"type": "object"},
+                                    "billed_minutes": {"type": "integer"},
+                                    "billed_gpu_minutes": {"type": "integer"},
+                                },
+                            },
+                        },
                         "state": {"type": "string", "enum": [s.value for s in JobState]},
                         "reason": {"type": "string"},
                         "message": {"type": "string"},
@@ -445,10 +494,14 @@ def document(job_submission: dict | None = None) -> dict:
                         },
                         "restarts": {"type": "integer"},
                         "hang_restarts": {"type": "integer"},
-                        "billed_minutes": {"type": "integer"},
+                        "billed_minutes": {
+                            "type": "integer",
+                            "description": "an array's: its tasks' together",
+                        },
                         "billed_gpu_minutes": {
                             "type": "integer",
-                            "description": "billed minutes x GPUs of all its workers",
+                            "description": "billed minutes x GPUs of all its workers (an "
+                            "array's: its tasks' together)",
                         },
                         "workers": {
                             "type": "array",
