@@ -726,6 +726,21 @@ class GpulabSettings(Configurable):
             raise TraitError(f"max_job_workers must be from 1 to 64, not {value}")
         return value
 
+    max_job_tasks = Integer(
+        1000,
+        help="""Most tasks of one job array (a sweep: its completions, or its parameter
+        sets); more is refused at submission (400, field completions or parameters). Each
+        task is a job record, and a user's queued and active tasks also count against
+        max_queued_jobs. From 1 to 1000.""",
+    ).tag(config=True)
+
+    @validate("max_job_tasks")
+    def _check_max_job_tasks(self, proposal):
+        value = proposal["value"]
+        if not 1 <= value <= 1000:
+            raise TraitError(f"max_job_tasks must be from 1 to 1000, not {value}")
+        return value
+
     max_request_body = Integer(
         MAX_REQUEST_BODY,
         help="""Largest request body (bytes) the gpulab service accepts; a larger one is

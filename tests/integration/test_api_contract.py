@@ -39,6 +39,7 @@ from gpulab.bounds import (
     MAX_ENV_VALUE_BYTES,
     MAX_REQUEST_BODY,
 )
+from gpulab.jobs.spec.array import MAX_PARAMETER_SET_BYTES, MAX_PARAMETERS_BYTES
 from gpulab.jobs.spec.git import default_path
 from gpulab.jobs.spec.schema import DURATION_FORMAT, SIZE_FORMAT
 
@@ -50,6 +51,8 @@ CONFIG = """
 c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]
 c.GpulabSettings.gpu_mode = "env"
 c.GpulabSettings.supervisor_interval = 0.2
+# a fuzzed job array has at most 3 tasks (the default 1,000 would be a thousand jobs a case)
+c.GpulabSettings.max_job_tasks = 3
 # every job the fuzzer submits ends FAILED (IMAGE_MISSING) before any container is made
 c.GpulabSettings.frameworks = [
     {"id": "absent", "title": "Absent", "editors": ["jupyterlab"],
@@ -210,6 +213,9 @@ def beyond_the_schema(case) -> str | None:
         sizes = [_utf8(v) if isinstance(v, str) else 0 for v in refs]
         if sum(len(str(k)) + 1 for k in env) + sum(sizes) > MAX_ENV_BYTES:
             return "env: names and values together"
+    array = _array_rule(body)
+    if array:
+        return array
     ports = [p for p in body.get("ports") or () if isinstance(p, dict)]
     for key in ("name", "port"):
         seen = [json.dumps(_whole(p.get(key))) for p in ports]
@@ -226,6 +232,29 @@ def beyond_the_schema(case) -> str | None:
         return "git: the same or nested paths"
     if set(paths) & set(mounts):
         return "git: a path that is also a volume's mount"
+    return None
+
+
+def _array_rule(body: dict) -> str | None:
+    """A job array's rules beyond the schema: completions against the parameter sets,
+    parallelism against the tasks, keys that differ only in case, a set's and the list's
+    size as JSON."""
+    completions, parallelism = _whole(body.get("completions")), _whole(body.get("parallelism"))
+    sets = body.get("parameters")
+    n = len(sets) if isinstance(sets, list) else None
+    if n is not None and completions is not None and completions != n:
+        return "completions: not the number of parameter sets"
+    tasks = completions if completions is not None else n
+    if parallelism is not None and (tasks is None or parallelism > tasks):
+        return "parallelism: over the tasks, or without an array"
+    for entry in sets or ():
+        if isinstance(entry, dict):
+            if len({str(k).upper() for k in entry}) != len(entry):
+                return "parameters: keys that differ only in case"
+            if len(json.dumps(entry).encode()) > MAX_PARAMETER_SET_BYTES:
+                return "parameters: a set's size"
+    if n and len(json.dumps(sets).encode()) > MAX_PARAMETERS_BYTES:
+        return "parameters: the list's size"
     return None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -124,6 +125,38 @@ def test_failure_is_retried_then_failed(alice):
     assert states(end).count("RESTARTING") == 2
     assert "exit code 3 after 2 restarts" in end["message"]
     assert alice.call("GET", f"/jobs/{job['id']}/logs").text.count("attempt") == 3
+
+
+def test_an_array_runs_its_tasks_two_at_once_each_told_its_index_and_parameters(alice):
+    sets = [{"lr": 0.1}, {"lr": 0.01, "model": "vit"}, {"lr": 0.001}]
+    job = alice.submit(
+        command='echo "task $GPULAB_TASK_INDEX of $GPULAB_TASK_COUNT lr=$GPULAB_PARAM_LR '
+        '$GPULAB_TASK_PARAMS"',
+        parameters=sets,
+        parallelism=2,
+    )
+    assert job["kind"] == "array" and job["spec"]["completions"] == 3
+    end = alice.wait(job["id"])
+    assert (end["state"], end["exit_code"], end["task_counts"]) == ("DONE", 0, {"DONE": 3}), end
+    tasks = end["tasks"]
+    assert [(t["index"], t["state"], t["parameters"]) for t in tasks] == [
+        (i, "DONE", sets[i]) for i in range(3)
+    ]
+    for t in tasks:
+        i, params = t["index"], json.dumps(sets[t["index"]], separators=(",", ":"))
+        log = alice.call("GET", f"/jobs/{t['id']}/logs").text
+        assert log == f"task {i} of 3 lr={sets[i]['lr']} {params}\n", log
+    # the third started only once one of the first two had ended (parallelism 2)
+    seen = [alice.job(t["id"])["history"] for t in tasks]
+
+    def first(history, state):
+        return min(e["at"] for e in history if e["state"] == state)
+
+    assert first(seen[2], "INITIALIZING") >= min(first(h, "FINALIZING") for h in seen[:2])
+    # one row in the list, its tasks each a job of their own
+    listed = [j["id"] for j in alice.call("GET", "/jobs").json()["jobs"]]
+    assert job["id"] in listed and not {t["id"] for t in tasks} & set(listed)
+    assert alice.job(tasks[1]["id"])["array"] == job["id"]
 
 
 def test_timeout_interrupts(alice):

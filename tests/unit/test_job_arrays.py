@@ -6,6 +6,7 @@ job against the quota). The supervisor's side, on the fake engine: tests/unit/te
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from gpulab.jobs.spec import JOB_SPEC_SCHEMA, JobSpec, JobSpecError
 from gpulab.jobs.spec.array import MAX_COMPLETIONS, Task, task_env
 from gpulab.jobs.states import array_state
 from gpulab.lifecycle import JobState
+from gpulab.notices import Notify
 from gpulab.resources import Quota
 
 from ..support.jobspecs import parse as parse_body
@@ -53,6 +55,8 @@ def test_parameters_give_completions_and_each_task_its_set():
     task = spec.task_spec(1)
     assert task.task == Task(1, sets[1]) and task.parameters is None  # the list stays
     assert not task.is_array and task.completions == 2
+    told = replace(spec, notify=Notify(webhook="http://127.0.0.1/h"))
+    assert told.task_spec(0).notify is None  # the array's end is told, once
     assert JobSpec.from_json(task.to_json()) == task
     env = task_env(Task(1, sets[1], array="jabc"), 2)
     assert env == {
@@ -238,3 +242,12 @@ def test_over_quota_tasks_keep_to_their_parallelism():
     queued = [task(f"t{i}", parallelism=2, preemptible=True, t=i) for i in range(4)]
     p = plan(queued, [], ["0", "1", "2", "3"], default_quota=Quota(gpus=0, jobs=None))
     assert started(p) == ["t0", "t1"] and all(s.over_quota for s in p.start)
+
+
+def test_the_sites_cap_on_tasks():
+    refused_ = [({"completions": 4}, "completions"), ({"parameters": [{}] * 4}, "parameters")]
+    for raw, field in refused_:
+        with pytest.raises(JobSpecError) as e:
+            parse_body({"command": ["x"], **raw}, max_tasks=3)
+        assert e.value.field == field and "3" in str(e.value)
+    assert parse_body({"command": ["x"], "completions": 3}, max_tasks=3).completions == 3

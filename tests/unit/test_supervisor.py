@@ -1250,3 +1250,34 @@ def test_an_array_counts_as_one_job_against_the_quota_and_its_tasks_fill_the_que
             await submit_array(lab, completions=1)
 
     lab_run(tmp_path, test)
+
+
+def test_an_arrays_end_is_told_once_and_its_tasks_tell_nothing(tmp_path):
+    class Posts(list):
+        def post(self, notice, notify):
+            self.append(notice)
+
+    async def test(lab: Lab):
+        lab.ctx.notifier = posts = Posts()
+        notify = {"on": ["done", "failed"], "webhook": "http://127.0.0.1:9/h", "email": None}
+        spec = job_spec(gpus=0, completions=2, parallelism=2, notify=notify)
+        tasks = [
+            {**job_spec(gpus=0, completions=2, parallelism=2), "task": {"index": i}}
+            for i in range(2)
+        ]
+        array = lab.ctx.records.create("ann", spec, "sweep", (), tasks=tasks)
+        ids = [t["id"] for t in lab.job(array["id"])["tasks"]]
+        await lab.place(ids[0])
+        for i in ids:
+            await lab.until(i, J.RUNNING)
+            lab.rt.exits(lab.name(i), 0)
+        for i in ids:
+            await lab.until(i, J.DONE)
+        await until_true(lambda: len(posts) == 1)
+        assert (posts[0]["id"], posts[0]["event"], posts[0]["state"]) == (
+            array["id"],
+            "done",
+            "DONE",
+        )
+
+    lab_run(tmp_path, test)

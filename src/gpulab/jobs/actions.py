@@ -126,6 +126,7 @@ async def submission_schema(
         max_workers=s.max_job_workers,
         notify_rules=s.notify_rules,
         max_retention=s.job_retention_max,
+        max_tasks=s.max_job_tasks,
     )
 
 
@@ -161,6 +162,7 @@ async def submit(
             git_allowed=s.job_git_sources,
             notify_rules=s.notify_rules,
             max_retention=s.job_retention_max,
+            max_tasks=s.max_job_tasks,
         )
     except FieldError as e:
         raise Invalid(str(e), field=e.field) from None

@@ -131,11 +131,15 @@ def _parameter_set(value: object, key: str) -> dict[str, Any]:
     return out
 
 
-def parse_array(raw: Mapping) -> tuple[int | None, int | None, tuple[dict[str, Any], ...] | None]:
+def parse_array(
+    raw: Mapping, max_tasks: int = MAX_COMPLETIONS
+) -> tuple[int | None, int | None, tuple[dict[str, Any], ...] | None]:
     """(completions, parallelism, parameters) of a submission; (None, None, None) for a plain
     job. ``parameters`` gives completions (its length; a ``completions`` that disagrees is
     refused, naming it); ``parallelism`` defaults to completions (every task may run at once,
-    as GPUs and the quota allow: Slurm's default) and needs completions or parameters."""
+    as GPUs and the quota allow: Slurm's default) and needs completions or parameters.
+    ``max_tasks``: the site's cap (``max_job_tasks``), at most MAX_COMPLETIONS."""
+    cap = max(1, min(max_tasks, MAX_COMPLETIONS))
     completions = raw.get("completions")
     parallelism = raw.get("parallelism")
     params = raw.get("parameters")
@@ -147,10 +151,8 @@ def parse_array(raw: Mapping) -> tuple[int | None, int | None, tuple[dict[str, A
                 "parameters must be a non-empty list of objects (one parameter set per task), "
                 f"not {shown(params)}",
             )
-        if len(params) > MAX_COMPLETIONS:
-            raise JobSpecError(
-                "parameters", f"parameters: at most {MAX_COMPLETIONS} sets (got {len(params)})"
-            )
+        if len(params) > cap:
+            raise JobSpecError("parameters", f"parameters: at most {cap} sets (got {len(params)})")
         sets = tuple(_parameter_set(p, f"parameters[{i}]") for i, p in enumerate(params))
         size = len(json.dumps(list(sets)).encode())
         if size > MAX_PARAMETERS_BYTES:
@@ -160,7 +162,7 @@ def parse_array(raw: Mapping) -> tuple[int | None, int | None, tuple[dict[str, A
                 "bytes); pass large inputs through a volume",
             )
     if completions is not None:
-        completions = _count(completions, "completions", 1, MAX_COMPLETIONS)
+        completions = _count(completions, "completions", 1, cap)
         if sets is not None and completions != len(sets):
             raise JobSpecError(
                 "completions",

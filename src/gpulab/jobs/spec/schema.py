@@ -727,6 +727,7 @@ def job_spec_schema(
     git: bool = True,
     gang_slots: Mapping[int, int] | None = None,
     max_workers: int = MAX_WORKERS,
+    max_tasks: int = MAX_COMPLETIONS,
     notify_rules: NotifyRules | None = None,
     max_retention: float | None = None,
 ) -> dict[str, Any]:
@@ -910,6 +911,10 @@ def job_spec_schema(
         {"anyOf": _gang_branches(flavors, gpus_any, quota_gpus, quota_jobs, gang_slots or {})},
     ]
     props["workers"]["maximum"] = max(1, min(MAX_WORKERS, max_workers))
+    tasks = max(1, min(MAX_COMPLETIONS, max_tasks))  # a job array's, the site's cap
+    for key in ("completions", "parallelism"):
+        props[key]["maximum"] = tasks
+    props["parameters"]["maxItems"] = tasks
     _narrow_notify(props["notify"], notify_rules or NotifyRules())
     return schema
 

@@ -36,7 +36,7 @@ from ...resources import Flavor, Limits, Resources, parse_memory
 from ...storage import StorageConfig
 from ...volumes import VolumeSpec, parse_volume
 from ..gang import DISTRIBUTED_ENV
-from .array import Task, parse_array
+from .array import MAX_COMPLETIONS, Task, parse_array
 from .base import (
     DEFAULT_CPUS,
     DEFAULT_GPUS,
@@ -237,6 +237,7 @@ def parse_job_spec(
     git_allowed: bool = True,
     notify_rules: NotifyRules | None = None,
     max_retention: float | None = None,
+    max_tasks: int = MAX_COMPLETIONS,
 ) -> JobSpec:
     """Turn a raw submission into a :class:`JobSpec` or raise :class:`JobSpecError`.
 
@@ -246,6 +247,7 @@ def parse_job_spec(
     owner's secrets (None: secrets are not enabled, and a reference to one is refused).
     ``notify_rules``: where notices may go on this site (None: nowhere, ``notify`` is refused).
     ``max_retention``: the longest ``auto_delete_after`` the site allows (None: ten years).
+    ``max_tasks``: the most tasks of a job array (``max_job_tasks``).
     """
     fields = parse_fields(
         raw,
@@ -272,7 +274,7 @@ def parse_job_spec(
         raise JobSpecError("git", "git repositories are not enabled on this platform")
     git = parse_git(raw.get("git"), secret_names)
     check_git_mounts(git, [v.mount for v in fields["volumes"]])
-    completions, parallelism, parameters = parse_array(raw)
+    completions, parallelism, parameters = parse_array(raw, max_tasks)
     return JobSpec(
         **fields,
         completions=completions,

@@ -17,6 +17,7 @@ from ...bounds import (
 )
 from ...jobs import actions
 from ...jobs.spec import JOB_SPEC_SCHEMA
+from ...jobs.spec.array import MAX_PARAMETER_SET_BYTES, MAX_PARAMETERS_BYTES
 from ...lifecycle import JobState, NotebookState
 from ...secrets import MAX_SECRETS
 from ..base import BaseHandler
@@ -54,7 +55,11 @@ SUBMISSION_BEYOND_THE_SCHEMA = (
     f"together over {size_text(MAX_ENV_BYTES)}; env's list form names a variable twice; two "
     "ports share a name or a number; two volumes share a mount path or lie one inside the "
     "other; two repositories' paths (given, or /workspace/<name> from their URLs) are the "
-    "same or nested, or one is a volume's mount path; the body is over the service's "
+    "same or nested, or one is a volume's mount path; `completions` is not the number of "
+    "`parameters` sets, or `parallelism` is over the tasks (or given without either); two keys "
+    f"of a parameter set differ only in case, or a set is over "
+    f"{size_text(MAX_PARAMETER_SET_BYTES)} or the list over {size_text(MAX_PARAMETERS_BYTES)} "
+    "as JSON; the body is over the service's "
     "max_request_body (413). The schema's maxLength counts characters where these caps "
     "count bytes."
 )
