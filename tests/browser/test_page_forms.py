@@ -111,3 +111,25 @@ def test_filters():
     assert when("2024-05-01T10:00:00.123Z") == "2024-05-01 10:00:00"
     assert when(None) == "—" and ago(None) == ""
     assert state_class("DONE") == "ok" and state_class("FAILED") == "bad"
+
+
+def test_form_sweep():
+    raw, errors = form_to_job(
+        {
+            "command": "python t.py",
+            "completions": " 3 ",
+            "parallelism": "2",
+            "parameters": '[{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}]',
+        }
+    )
+    assert errors == {}
+    assert (raw["completions"], raw["parallelism"]) == (3, 2)
+    assert raw["parameters"] == [{"lr": 0.1}, {"lr": 0.01}, {"lr": 0.001}]
+    raw, errors = form_to_job({"command": "true", "completions": "", "parameters": " "})
+    assert errors == {} and not {"completions", "parallelism", "parameters"} & set(raw)
+    _, errors = form_to_job({"command": "true", "parallelism": "two", "parameters": "[{"})
+    assert set(errors) == {"parallelism", "parameters"}
+    assert errors["parameters"].startswith("write a JSON list of objects")
+    # the API's refusals land next to their field
+    assert form_field("parameters[2].lr") == "parameters"
+    assert form_field("completions") == "completions"

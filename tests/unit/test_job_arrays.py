@@ -251,3 +251,35 @@ def test_the_sites_cap_on_tasks():
             parse_body({"command": ["x"], **raw}, max_tasks=3)
         assert e.value.field == field and "3" in str(e.value)
     assert parse_body({"command": ["x"], "completions": 3}, max_tasks=3).completions == 3
+
+
+# --- the pages: the job page's tasks table, a task's array, the list's row ---------------------
+
+
+def test_the_job_page_shows_an_arrays_tasks_and_a_tasks_array(tmp_path):
+    from gpulab.db import Database
+    from gpulab.jobs.records import JobRecords
+    from gpulab.service.pages.base import _env
+
+    records = JobRecords(Database(f"sqlite:///{tmp_path / 'db.sqlite'}"), "t")
+    spec = parse({"parameters": [{"lr": 0.1}, {"lr": 0.01}], "parallelism": 1})
+    tasks = [spec.task_spec(i).to_json() for i in range(2)]
+    array = records.create("ann", spec.to_json(), "sweep", (), tasks=tasks)
+    array = records.get(array["id"])
+    task = records.get(array["tasks"][1]["id"])
+    page = _env.get_template("job.html")
+    common = dict(
+        prefix="/p/", static="/s/", xsrf_form_html=lambda: "", workers=1, first_rank="",
+        ended_states=["DONE"], can_manage=True, api="/api", me={"name": "ann"}, hub="/h/",
+        request_path="/p/jobs", users_prefix="/u/", is_admin=False, xsrf_token="",
+    )  # fmt: skip
+    html = page.render(job=array, ended=False, **common)
+    assert 'id="tasks-card"' in html and 'id="logs-card"' not in html
+    assert f'href="/p/jobs/{task["id"]}"' in html and '{"lr": 0.01}' in html
+    assert "2, at most 1 at once: 2 QUEUED" in html and 'id="action-rerun"' in html
+    html = page.render(job=task, ended=False, **common)
+    assert f'href="/p/jobs/{array["id"]}">{array["id"]}</a>, task 1 of 2' in html
+    assert 'id="logs-card"' in html and 'id="action-rerun"' not in html
+    rows, _ = records.page("ann", None, None, 10, 0)
+    listed = str(_env.get_template("_macros.html").module.job_table(rows, "/p/"))
+    assert "2 tasks · 2 QUEUED" in listed

@@ -126,7 +126,8 @@ async def submit_form(
     ``default_env`` (the default framework's default version, "framework/version"),
     ``flavors``, the user's ``limits`` (and ``limit_memory``, readable), the GPUs:
     ``gpus_free`` (None when the ledger cannot be read now) and ``gpus_total``, a job's
-    ``defaults`` (cpus, memory, gpus), ``max_workers`` and ``max_timeout``."""
+    ``defaults`` (cpus, memory, gpus), ``max_workers``, ``max_tasks`` (of a job array) and
+    ``max_timeout``."""
     limits = settings.limits_for(user, groups)
     ledger = sup.ledger
     try:
@@ -150,6 +151,7 @@ async def submit_form(
         "gpus_total": len(ledger.devices),
         "defaults": {"cpus": DEFAULT_CPUS, "memory": DEFAULT_MEMORY, "gpus": DEFAULT_GPUS},
         "max_workers": MAX_WORKERS,
+        "max_tasks": settings.max_job_tasks,
         "max_timeout": settings.job_max_timeout,
     }
 

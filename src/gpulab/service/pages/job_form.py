@@ -4,6 +4,7 @@ field as the form field it is shown next to. Pure: no handler, no request."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ...jobs.spec import MAX_WORKERS
@@ -81,6 +82,7 @@ def form_to_job(form: dict[str, str]) -> tuple[dict, dict[str, str]]:
             errors["workers"] = (
                 f"workers must be a whole number from 1 to {MAX_WORKERS}, not {workers!r}"
             )
+    _sweep(form, raw, errors)
     env: dict[str, str] = {}
     for n, line in enumerate(form.get("env", "").splitlines(), 1):
         if not line.strip():
@@ -128,6 +130,25 @@ def _notify(form: dict[str, str], raw: dict[str, Any]) -> None:
         raw["notify"] = notify
 
 
+def _sweep(form: dict[str, str], raw: dict[str, Any], errors: dict[str, str]) -> None:
+    """A job array's fields: tasks, at most at once, and parameter sets (a JSON list)."""
+    for key in ("completions", "parallelism"):
+        value = form.get(key, "").strip()
+        if value:
+            try:
+                raw[key] = int(value)
+            except ValueError:
+                errors[key] = f"{key} must be a whole number, not {value!r}"
+    text = form.get("parameters", "").strip()
+    if text:
+        try:
+            raw["parameters"] = json.loads(text)
+        except ValueError as e:
+            errors["parameters"] = (
+                f'write a JSON list of objects, such as [{{"lr": 0.1}}, {{"lr": 0.01}}] ({e})'
+            )
+
+
 #: the submit form's fields
 FORM_FIELDS = (
     "name",
@@ -138,6 +159,9 @@ FORM_FIELDS = (
     "memory",
     "gpus",
     "workers",
+    "completions",
+    "parallelism",
+    "parameters",
     "env",
     "volumes",
     "timeout",

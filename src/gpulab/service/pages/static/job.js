@@ -114,6 +114,20 @@
     });
   }
 
+  function renderTasks(tasks) {
+    // a job array's tasks table: each task's state, exit code, restarts and message now
+    (tasks || []).forEach(function (t) {
+      var row = document.querySelector('#tasks tr[data-index="' + t.index + '"]');
+      if (!row) return;
+      var cell = row.querySelector(".t-state");
+      cell.textContent = ""; cell.appendChild(badge(t.state));
+      row.querySelector(".t-exit").textContent =
+        t.exit_code === null || t.exit_code === undefined ? "" : String(t.exit_code);
+      row.querySelector(".t-restarts").textContent = String(t.restarts || 0);
+      row.querySelector(".t-message").textContent = t.message || "";
+    });
+  }
+
   function renderEvents(events) {
     var body = document.querySelector("#events tbody");
     body.textContent = "";
@@ -153,6 +167,7 @@
         text("job-billed", String(job.billed_minutes));
         text("job-billed-gpu", String(job.billed_gpu_minutes));
         renderWorkers(job.workers);
+        renderTasks(job.tasks);
         text("job-running-since", job.running_since ? when(job.running_since) + " UTC" : "—");
         if (job.history) renderEvents(job.history);
         var changed = job.state !== state;
@@ -167,6 +182,6 @@
     }
   }
 
-  followLogs(generation);
+  if (logs) followLogs(generation);  // an array has none: its tasks do
   pollJob();
 })();
