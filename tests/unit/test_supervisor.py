@@ -1178,6 +1178,10 @@ def test_an_arrays_tasks_run_parallelism_at_once_told_their_index_and_parameters
         rows, total = lab.ctx.records.page("ann", None, None, 10, 0)
         assert total == 1 and rows[0]["id"] == array["id"]
         assert rows[0]["task_counts"] == {"DONE": 3} and "tasks" not in rows[0]
+        # the owner counts one job; what runs (the metrics) counts three
+        assert lab.ctx.records.counts("ann") == {"DONE": 1}
+        assert lab.ctx.records.counts(runs=True) == {"DONE": 3}
+        assert lab.ctx.records.usage("ann")["jobs"] == 3
 
     lab_run(tmp_path, test)
 

@@ -751,9 +751,11 @@ class JobRecords:
         (:func:`~gpulab.jobs.usage.month_report`)."""
         return month_report(self.db, self.instance, month, owner)
 
-    def counts(self, owner: str | None = None) -> dict[str, int]:
-        """How many of the owner's (or everyone's) jobs are in each state (one grouped query)."""
-        where = [Job.instance == self.instance, Job.kind != "task"]  # an array counts once
+    def counts(self, owner: str | None = None, *, runs: bool = False) -> dict[str, int]:
+        """How many of the owner's (or everyone's) jobs are in each state (one grouped query):
+        an array once, as its owner sees it; ``runs``: what runs instead, each task of an
+        array and never the array (the metrics' gpulab_jobs)."""
+        where = [Job.instance == self.instance, Job.kind != ("array" if runs else "task")]
         if owner is not None:
             where.append(Job.owner == owner)
         with self.db.read() as s:

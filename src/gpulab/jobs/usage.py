@@ -88,7 +88,8 @@ def owner_usage(db: Database, instance: str, owner: str) -> dict:
     """Billed minutes of the owner's jobs (in ``instance``), all time: their kept totals plus
     their live jobs' open periods; ``jobs``: how many job records they have now."""
     now = utcnow()
-    mine = (Job.instance == instance, Job.owner == owner)
+    # what ran: an array's tasks are billed, the array itself never (its events are not)
+    mine = (Job.instance == instance, Job.owner == owner, Job.kind != "array")
     with db.read() as s:
         conn = s.connection()  # plain rows: no ORM work per row
         kept = conn.execute(

@@ -145,7 +145,7 @@ async def main(argv: list[str] | None = None) -> None:
     REGISTRY.register(
         StateCollector(
             lambda: (
-                supervisor.records.counts(),
+                supervisor.records.counts(runs=True),
                 notebooks.counts(),
                 supervisor.ledger.allocations(),
                 devices,
