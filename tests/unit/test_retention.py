@@ -110,6 +110,39 @@ def test_a_job_resumed_after_its_end_is_not_deleted_and_a_new_end_counts_again(
     assert lab.sweep(default=None) == [job_id] and lab.records.get(job_id) is None
 
 
+def test_an_array_goes_whole_once_every_task_may_go_and_never_a_task_alone(tmp_path, monkeypatch):
+    lab = Lab(tmp_path, monkeypatch)
+    spec = {"command": ["x"], "resources": {"gpus": 1}, "completions": 2, "parallelism": 2}
+
+    def array(own=None, first=J.DONE, second=J.DONE) -> tuple[str, list[str]]:
+        tasks = [{**spec, "task": {"index": i}} for i in range(2)]
+        array = lab.records.create("ann", {**spec, "auto_delete_after": own}, "a", tasks=tasks)
+        ids = [t["id"] for t in lab.records.get(array["id"])["tasks"]]
+        for task_id, end in zip(ids, (first, second), strict=True):
+            state = J.QUEUED
+            for new in [*RUN, end]:
+                lab.at += timedelta(seconds=90)
+                lab.records.transition(task_id, new, expect=state)
+                state = new
+            (lab.logs / f"{task_id}.log").write_text("output\n")
+        return array["id"], ids
+
+    done, done_tasks = array()
+    # FAILED (its first task's end), its second task's output waiting for a push
+    pushing, pushing_tasks = array(first=J.FAILED, second=J.SYNC_FAILED)
+    own, own_tasks = array(own=60)
+    assert lab.records.get(done)["state"] == "DONE"
+    assert lab.records.get(own)["state"] == "DONE"
+    assert lab.records.get(pushing)["state"] == "FAILED"
+    lab.at += timedelta(seconds=60)
+    assert set(lab.sweep(default=None)) == {own, *own_tasks}  # its own minute, tasks with it
+    lab.at += timedelta(days=8)
+    assert set(lab.sweep(default=7 * DAY)) == {done, *done_tasks}
+    assert not any(lab.saved_logs(t)[0].exists() for t in done_tasks)
+    # the array whose task waits for a push stays whole, its FAILED task too
+    assert lab.kept(pushing, *pushing_tasks) == [True, True, True]
+
+
 def seed(lab: Lab, n: int) -> list[str]:
     """``n`` DONE jobs of 7 users, each with the 6 events of a run, in one transaction (the
     records' own transitions would cost a transaction each)."""
