@@ -22,6 +22,7 @@ import json
 import posixpath
 import re
 import time
+from urllib.parse import quote
 
 import pytest
 import requests
@@ -319,6 +320,17 @@ def test_workflows_keep_the_contract(api_schema, hub, auth):
                 return
             if isinstance(job, dict) and "id" in job and job.get("state") not in (None, *ENDED):
                 _until_ended(hub, auth, job["id"])
+
+        def setup(self):
+            """Every scenario starts with none of the fuzzer's secrets: a secret one scenario
+            (or the test before) stored changed what GET /api/secrets answered the next, and
+            so which secret a later DELETE drew (FlakyStrategyDefinition on a replay)."""
+            super().setup()
+            base = f"{hub.url}/services/gpulab/api/secrets"
+            listed = requests.get(base, headers=auth, timeout=30)
+            for secret in listed.json().get("secrets", []) if listed.ok else []:
+                name = quote(secret["name"], safe="")
+                requests.delete(f"{base}/{name}", headers=auth, timeout=30)
 
         def validate_response(self, response, case, additional_checks=None, **kwargs):
             case.validate_response(
