@@ -49,6 +49,8 @@ log = logging.getLogger("gpulab.jobs.supervisor")
 J = JobState
 #: seconds between two adoptions of the same task-less active job
 ADOPT_EVERY = 5.0
+#: seconds between two removals of queue entries whose spawn is gone (past their wait limit)
+EXPIRE_EVERY = 30.0
 #: states in which the scheduler may ask a job to give its GPUs back
 PREEMPTIBLE = frozenset({J.INITIALIZING, J.PENDING, J.RUNNING, J.RESTARTING})
 
@@ -85,6 +87,7 @@ class JobSupervisor:
         self.recent = RecentUsage(db, settings.instance)
         self.waits = GpuWaits(db, settings.instance)
         self._told: dict[str, tuple[int, str]] = {}  # waiting notebook -> (place, message)
+        self._expired_at = 0.0  # when the queue's expired rows were last removed
         self._accrued_at: float | None = None  # the fair share's last look (None: not yet)
 
     # --- what the service asks -----------------------------------------------------------
@@ -327,8 +330,11 @@ class JobSupervisor:
                         array=j["array"],
                     )
                 )
-        if await self.db(self.waits.expire):
-            log.info("removed the queue entries of notebook spawns that are gone")
+        # a write, so not at every pass: an expired row is left out of waiting() meanwhile
+        if time.time() - self._expired_at >= EXPIRE_EVERY:
+            self._expired_at = time.time()
+            if await self.db(self.waits.expire):
+                log.info("removed the queue entries of notebook spawns that are gone")
         waits = {w["workload"]: w for w in await self.db(self.waits.waiting)}
         queued += waiting_notebooks(waits.values())
         if not queued:
