@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from .data.sync import check_stores
 from .disk_quota import DEFAULT_DISK_QUOTA, DEFAULT_GIT_MAX_BYTES, disk_quota_for, parse_size
 from .forwarded import DEFAULT_TRUSTED_PROXIES, trusted_networks
 from .frameworks import Catalog
+from .gpus.placement import MODEL_PATTERN, POOL_RE
 from .gpus.sharing import check_sharing, fraction_refusal, sharing_mode_refusal
 from .idle import gpu_unused_timeout_for, idle_timeout_for
 from .notices import NotifyRules, check_host_patterns, check_networks
@@ -284,6 +286,48 @@ class GpulabSettings(Configurable):
     discover_gpus = Bool(True, help="Discover GPUs with NVML when gpu_devices is empty.").tag(
         config=True
     )
+
+    gpu_models = Dict(
+        default_value={},
+        help="""Each GPU's model, as users ask for it (a job's or a notebook's gpu_model):
+        {device: model}, a device named as the GPU ledger names it ("0" on one host,
+        "node/0" on a Swarm). It fills in or overrides NVML's name (give short names, such
+        as {"0": "A100", "1": "T4"}); on a Swarm a node's label org.gpulab.gpu-model names
+        the model of all its GPUs, which this setting overrides per device. A request matches
+        a model by its name with case, spaces, hyphens and underscores folded, never a part
+        of it. Empty (default): NVML's names, or the labels.""",
+    ).tag(config=True)
+
+    node_pools = List(
+        Unicode(),
+        default_value=[],
+        help="""The node pools this host is in (one host; a Swarm node's pools are its label
+        org.gpulab.pools, names separated by commas), for requests that ask for a node_pool.
+        Names of letters, digits, '.', '_' and '-', compared without case. Empty (default):
+        in no pool (a request for a pool is refused).""",
+    ).tag(config=True)
+
+    @validate("gpu_models")
+    def _gpu_models(self, proposal):
+        for key, model in proposal["value"].items():
+            if not isinstance(key, str) or not isinstance(model, str):
+                raise TraitError(f"gpu_models: {key!r}: {model!r} must map a device to a name")
+            if not re.fullmatch(MODEL_PATTERN.strip("^$"), model):
+                raise TraitError(
+                    f"gpu_models: {key!r}: {model!r} is no model name (letters, digits, spaces, "
+                    "'.', '_' and '-', at most 64)"
+                )
+        return proposal["value"]
+
+    @validate("node_pools")
+    def _node_pools(self, proposal):
+        for name in proposal["value"]:
+            if not POOL_RE.fullmatch(name):
+                raise TraitError(
+                    f"node_pools: {name!r} is no pool name (letters, digits, '.', '_' and '-', "
+                    "at most 63)"
+                )
+        return proposal["value"]
 
     # --- the installation: where the hub listens and keeps its state (read by
     # jupyterhub_config.py once the site file is read), and who may log in ---

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -13,6 +13,8 @@ class GpuDevice:
     model: str = ""
     memory: str = ""
     node: str = ""  # the cluster node that has it ("" on one host)
+    #: the node pools its node is in (``node_pools`` on one host, a Swarm node's label)
+    pools: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -23,6 +25,8 @@ class GpuDevice:
         out = {"id": self.id, "model": self.model, "memory": self.memory}
         if self.node:
             out["node"] = self.node
+        if self.pools:
+            out["pools"] = list(self.pools)
         return out
 
 
@@ -161,15 +165,37 @@ def nvml_devices(nvml) -> list[GpuDevice]:
     ]
 
 
+def described(
+    devices: Sequence[GpuDevice], models: Mapping[str, str], pools: Sequence[str] = ()
+) -> list[GpuDevice]:
+    """``devices`` with the admin's names: ``models`` (``gpu_models``: ledger key -> model)
+    fills in or overrides each one's model (NVML's name, a node's label), and ``pools``
+    (``node_pools``, one host) are the pools of a device whose node gave none."""
+    return [
+        replace(d, model=models.get(d.key) or d.model, pools=d.pools or tuple(pools))
+        for d in devices
+    ]
+
+
+def node_pools_of(nodes) -> dict[str, tuple[str, ...]]:
+    """{hostname: its pools} of the nodes (the runtime's :class:`~gpulab.runtime.base.Node`
+    list) that take workloads now."""
+    return {n.hostname: tuple(n.pools) for n in nodes if n.ready and n.active}
+
+
 def from_nodes(nodes) -> tuple[list[GpuDevice], list[str]]:
     """A cluster's GPUs and the nodes that take workloads now (ready and active), from the
-    runtime's :class:`~gpulab.runtime.base.Node` list: a node that is down or drained offers
+    runtime's :class:`~gpulab.runtime.base.Node` list (each device with its node's GPU model
+    and pools, from its labels): a node that is down or drained offers
     nothing to new placements, and one whose GPUs are refused (``gpus_refused``: its engine
     cannot hand them out, or did not say) offers no GPU, only its CPUs (what either holds
     stays booked until its workloads are gone)."""
     usable = sorted((n for n in nodes if n.ready and n.active), key=lambda n: n.hostname)
     devices = [
-        GpuDevice(id=g, node=n.hostname) for n in usable if not n.gpus_refused for g in n.gpus
+        GpuDevice(id=g, node=n.hostname, model=n.gpu_model, pools=tuple(n.pools))
+        for n in usable
+        if not n.gpus_refused
+        for g in n.gpus
     ]
     return devices, [n.hostname for n in usable]
 

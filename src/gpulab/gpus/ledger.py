@@ -22,7 +22,8 @@ from ..lifecycle import utcnow
 from ..names import job_workload_id
 from ..resources import beyond_gpus
 from . import placement
-from .inventory import GpuDevice, from_nodes
+from .inventory import GpuDevice, described, from_nodes, node_pools_of
+from .placement import ANY, Want
 from .sharing import is_fraction, pick_shared, share_of, slots_of
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,19 @@ def too_big_message(asked: int, node: str, gpus: int) -> str:
         f"{asked} GPUs requested but a workload runs on one node and the biggest node "
         f"({node}) has {gpus}: ask for {gpus} or fewer"
     )
+
+
+class NoWantedGpu(NoGpuAvailable):
+    """Too few devices of the model and pool a request asks for are free now."""
+
+    def __init__(self, asked: int, want: Want, devices: Sequence[GpuDevice], busy: set[str]):
+        in_use = sum(1 for d in devices if d.key in busy)
+        self.asked, self.total, self.in_use = asked, len(devices), in_use
+        RuntimeError.__init__(
+            self,
+            f"no {asked} GPU(s){want.text()} free at once now: {in_use} of {len(devices)} "
+            "such GPUs in use; try again later or ask for fewer",
+        )
 
 
 class NoGpuShareAvailable(NoGpuAvailable):
@@ -112,10 +126,18 @@ class GpuLedger:
         policy: str = "pack",
         nodes: Sequence[str] | None = None,
         sharing: Mapping[str, int] | None = None,
+        models: Mapping[str, str] | None = None,
+        pools: Sequence[str] = (),
     ):
         self.db = db
         self.instance = instance
-        self.devices = list(devices)
+        #: the admin's names of the GPUs' models (gpu_models: ledger key -> model)
+        self.models: dict[str, str] = dict(models or {})
+        self.devices = described(devices, self.models, pools)
+        #: each node's pools (node -> names): one host's are ``node_pools``
+        self.node_pools: dict[str, tuple[str, ...]] = (
+            {"": tuple(pools)} if nodes is None else {n: () for n in nodes}
+        )
         self.policy = policy
         #: the cluster's nodes that take workloads (None: one host, no node to choose)
         self.nodes: list[str] | None = list(nodes) if nodes is not None else None
@@ -135,6 +157,8 @@ class GpuLedger:
             settings.placement,
             [] if runtime.clustered else None,
             sharing=settings.gpu_sharing,
+            models=settings.gpu_models,
+            pools=() if runtime.clustered else settings.node_pools,
         )
 
     async def refresh(self, runtime) -> bool:
@@ -143,9 +167,12 @@ class GpuLedger:
         raises what ``nodes()`` raises (gpulab's EngineError)."""
         if not self.clustered:
             return False
-        devices, nodes = from_nodes(await runtime.nodes())
-        changed = nodes != self.nodes or devices != self.devices
-        self.devices, self.nodes = devices, nodes
+        found = await runtime.nodes()
+        devices, nodes = from_nodes(found)
+        devices = described(devices, self.models)
+        pools = node_pools_of(found)
+        changed = nodes != self.nodes or devices != self.devices or pools != self.node_pools
+        self.devices, self.nodes, self.node_pools = devices, nodes, pools
         return changed
 
     def slots(self, device: GpuDevice) -> int:
@@ -166,15 +193,44 @@ class GpuLedger:
             return "this host", len(self.devices)
         return placement.biggest_node(self.devices, self.nodes or [])
 
-    def could_fit(self, count: float) -> bool:
-        """Whether ``count`` GPUs would fit when every device is free: whole GPUs on the biggest
-        node that takes workloads now, a share on a shareable device (what is worth waiting
-        for; a node down or drained offers nothing until it is back)."""
+    def could_fit(self, count: float, want: Want = ANY) -> bool:
+        """Whether ``count`` GPUs (of the model and pool ``want`` asks for) would fit when
+        every device is free: whole GPUs on the biggest node that takes workloads now, a share
+        on a shareable device (what is worth waiting for; a node down or drained offers
+        nothing until it is back)."""
         if count <= 0:
             return True
+        mine = [d for d in self.devices if want.matches(d)]
         if is_fraction(count):
-            return any(self.slots(d) > 0 for d in self.devices)
-        return count <= self.biggest_node()[1]
+            return any(self.slots(d) > 0 for d in mine)
+        return count <= max(placement.capacity(mine).values(), default=0)
+
+    def wanted(self, want: Want) -> list[GpuDevice]:
+        """The devices ``want`` may be given (all of them when it asks for nothing)."""
+        return [d for d in self.devices if want.matches(d)] if want else list(self.devices)
+
+    def want_refusal(
+        self, want: Want, per_worker: float, workers: int = 1
+    ) -> tuple[str, str] | None:
+        """Why ``workers`` ranks of ``per_worker`` GPUs that ``want`` a model or a pool can
+        never be placed here, as (field, message); None when they could (checked at
+        submission and at a notebook's spawn; busy devices are waited for)."""
+        why = placement.want_refusal(want, self.devices, self.node_pools, per_worker, workers)
+        if why or not want or not is_fraction(per_worker):
+            return why
+        if not any(self.slots(d) > 0 for d in self.wanted(want)):
+            return "gpu_model" if want.model else "node_pool", (
+                f"no GPU{want.text()} is shared here: ask for whole GPUs, or another model or pool"
+            )
+        return None
+
+    def known_models(self) -> list[str]:
+        """The models of the devices, each named once (what requests may ask for)."""
+        return placement.known_models(self.devices)
+
+    def known_pools(self) -> list[str]:
+        """The pools of the nodes that take workloads now."""
+        return placement.known_pools(self.node_pools)
 
     def gpu_home(self) -> tuple[int, str]:
         """(the most GPUs one workload can have, what has them): for refusal messages."""
@@ -183,19 +239,23 @@ class GpuLedger:
             return gpus, "this host"
         return gpus, f"a workload runs on one node and the biggest ({node})"
 
-    def choose(self, free: Sequence[GpuDevice], count: int) -> list[GpuDevice]:
+    def choose(self, free: Sequence[GpuDevice], count: int, want: Want = ANY) -> list[GpuDevice]:
         """Pick ``count`` of the ``free`` devices, all on one node, by the placement policy.
         Empty when no node has enough (one host: the first free ones). Devices that are not
         shareable go first, so that whole GPUs leave the shareable ones to fractions."""
         shared = (lambda d: self.slots(d) > 0) if self.sharing else None
+        if want:
+            free = [d for d in free if want.matches(d)]
         return placement.choose_devices(free, count, self.policy, self.clustered, shared)
 
-    def node_for_cpu(self) -> str:
-        """The node for a workload without GPUs: where GPUs are fewest free (pack; keeps the
-        free GPUs' nodes for GPU work) or most free (spread)."""
+    def node_for_cpu(self, want: Want = ANY) -> str:
+        """The node for a workload without GPUs (in the pool ``want`` asks for): where GPUs
+        are fewest free (pack; keeps the free GPUs' nodes for GPU work) or most free
+        (spread)."""
         if not self.clustered:
             return ""
-        if not self.nodes:
+        nodes = [n for n in self.nodes or [] if want.in_pool(self.node_pools.get(n, ()))]
+        if not nodes:
             raise NoGpuAvailable(0, 0, 0, ("none", 0))
         with self.db.read() as s:
             busy = set(
@@ -203,14 +263,20 @@ class GpuLedger:
                     select(GpuAllocation.device).where(GpuAllocation.instance == self.instance)
                 )
             )
-        free = {n: 0 for n in self.nodes}
+        free = {n: 0 for n in nodes}
         for d in self.devices:
             if d.key not in busy and d.node in free:
                 free[d.node] += 1
         return placement.node_for_cpu(free, self.policy)
 
     def reserve(
-        self, workload: str, owner: str, kind: str, count: float, quota: int | None = None
+        self,
+        workload: str,
+        owner: str,
+        kind: str,
+        count: float,
+        quota: int | None = None,
+        want: Want = ANY,
     ) -> list[str]:
         """Give ``count`` free devices to ``workload`` (the ones it holds if it has some).
 
@@ -220,18 +286,21 @@ class GpuLedger:
         (None: no limit). GPUs lent to the owner's over-quota (preemptible) jobs do not count.
         The count and the insert are one transaction, serialized per owner, so that two
         reservations at once cannot overshoot it (GpuQuotaExceeded).
+
+        ``want``: only devices of that model and/or pool are taken.
         """
         if count <= 0:
             return []
         if is_fraction(count):
-            return self._reserve(workload, owner, kind, count, quota, None)[0]
+            return self._reserve(workload, owner, kind, count, quota, None, want=want)[0]
         ranks = self._reserve(
             workload,
             owner,
             kind,
             count,
             quota,
-            lambda free: [[d.key for d in self.choose(free, count)]],
+            lambda free: [[d.key for d in self.choose(free, count, want)]],
+            want=want,
         )
         return sorted(ranks[0]) if len(ranks) == 1 else sorted(sum(ranks, []))
 
@@ -243,22 +312,27 @@ class GpuLedger:
         per_worker: int,
         workers: int,
         quota: int | None = None,
+        want: Want = ANY,
     ) -> list[list[str]]:
         """Book ``workers`` ranks of ``per_worker`` devices each for ``workload``, every
-        rank's on one node, all in one transaction or none (a distributed job). Returns each
-        rank's devices (what it holds already, regrouped, if it holds some)."""
+        rank's on one node, all in one transaction or none (a distributed job), of the model
+        and pool ``want`` asks for. Returns each rank's devices (what it holds already,
+        regrouped, if it holds some)."""
         if per_worker <= 0:
             return [[] for _ in range(workers)]
 
         def pick(free: Sequence[GpuDevice]) -> list[list[str]]:
             by_node: dict[str, list[str]] = {}
             for d in free:
-                by_node.setdefault(d.node, []).append(d.key)
+                if want.matches(d):
+                    by_node.setdefault(d.node, []).append(d.key)
             return placement.choose_gang(
                 by_node, per_worker, workers, spread=self.policy == "spread"
             )
 
-        return self._reserve(workload, owner, kind, per_worker * workers, quota, pick, workers)
+        return self._reserve(
+            workload, owner, kind, per_worker * workers, quota, pick, workers, want
+        )
 
     def gang_slots(self) -> dict[int, int]:
         """Workers of g GPUs (g from 1 to the biggest node's) the nodes hold at once."""
@@ -288,6 +362,7 @@ class GpuLedger:
         quota: int | None,
         pick: Callable[[Sequence[GpuDevice]], list[list[str]]] | None,
         workers: int = 1,
+        want: Want = ANY,
     ) -> list[list[str]]:
         """The reservation's one transaction: ``pick`` chooses whole devices among the free
         ones (per rank); without it, ``count`` is a fraction of one shareable device."""
@@ -324,7 +399,7 @@ class GpuLedger:
                         if in_quota + count > quota + 1e-9:
                             raise GpuQuotaExceeded(count, round(in_quota, 4), quota)
                     if pick is None:
-                        rows = self._pick_share(held, count)
+                        rows = self._pick_share(held, count, want)
                         chosen = [[rows[0][0]]]
                     else:
                         busy = {d for d, _, _, _ in held}
@@ -332,6 +407,8 @@ class GpuLedger:
                         chosen = [ds for ds in pick(free) if ds]
                         if not chosen:
                             biggest = self.biggest_node() if self.clustered else None
+                            if want:
+                                raise NoWantedGpu(int(count), want, self.wanted(want), busy)
                             raise NoGpuAvailable(int(count), len(self.devices), len(busy), biggest)
                         rows = [(d, 0) for ds in chosen for d in ds]
                     for dev, share in rows:
@@ -361,7 +438,7 @@ class GpuLedger:
         slots = self.slots(dev) if dev is not None else 0
         return 1 / slots if slots else 1.0
 
-    def _pick_share(self, held, fraction: float) -> list[tuple[str, int]]:
+    def _pick_share(self, held, fraction: float, want: Want = ANY) -> list[tuple[str, int]]:
         """The rows (device, slot number) that give ``fraction`` of a shareable device, from
         the ledger's rows ``held`` (device, workload, owner, share); NoGpuShareAvailable when no
         shareable device has them free."""
@@ -371,6 +448,9 @@ class GpuLedger:
             if sh:
                 taken.setdefault(d, set()).add(sh)
         counts = self.slot_counts()
+        if want:
+            ok = {d.key for d in self.wanted(want)}
+            counts = {k: n for k, n in counts.items() if k in ok}
         free = {k: n - len(taken.get(k, ())) for k, n in counts.items() if k not in whole}
         picked = pick_shared(free, counts, fraction, spread=self.policy == "spread")
         if picked is None:

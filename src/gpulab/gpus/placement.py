@@ -6,24 +6,161 @@ Devices are ledger keys ("node/id", "id" on one host) or :class:`~.inventory.Gpu
 
 Policies: ``pack`` fills the fullest node that still fits (keeping whole nodes free for big
 work); ``spread`` takes the node with the most free.
+
+A request may ask for a GPU model and/or a node pool (:class:`Want`): only the devices that
+match are candidates, before pack or spread chooses among them. A model matches by its
+normalised name (:func:`model_key`: case, spaces, hyphens and underscores folded), exactly: an
+admin gives short names (``gpu_models``, a node's ``gpulab.gpu-model`` label) and users pick
+one of the names listed (:func:`known_models`); "A100" never silently matches an
+"A100-SXM4-80GB" and an "A100 MIG 1g.10gb" alike. A pool matches a device whose node is in it
+(names compared without case).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from .inventory import GpuDevice, node_of
 
 __all__ = [
+    "ANY",
+    "MODEL_PATTERN",
+    "POOL_PATTERN",
+    "Want",
     "biggest_node",
     "capacity",
     "choose_devices",
     "choose_gang",
     "gang_fits",
     "gang_slots",
+    "known_models",
+    "known_pools",
+    "model_key",
     "node_for_cpu",
     "regroup",
+    "want_refusal",
 ]
+
+#: what a request's ``gpu_model`` may be (the JSON Schema's pattern; the parsers fullmatch it)
+MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$"
+#: what a ``node_pool`` may be, in a request, a node's label or ``node_pools``
+POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+POOL_RE = re.compile(POOL_PATTERN)
+
+
+def model_key(name: str) -> str:
+    """A model's name as requests are matched on: case folded, runs of spaces, hyphens and
+    underscores made one space ("nvidia a100-80gb" and "NVIDIA_A100 80GB" are one model)."""
+    return " ".join(part for part in re.split(r"[\s_-]+", name.casefold()) if part)
+
+
+@dataclass(frozen=True)
+class Want:
+    """What a request asks of its devices beyond a count: a GPU ``model`` and/or a node
+    ``pool`` ("" for any). False when it asks for neither."""
+
+    model: str = ""
+    pool: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.model or self.pool)
+
+    def in_pool(self, pools: Iterable[str]) -> bool:
+        """Whether a node of ``pools`` is one this request may run on."""
+        return not self.pool or self.pool.casefold() in {p.casefold() for p in pools}
+
+    def matches(self, device: GpuDevice) -> bool:
+        """Whether ``device`` may be given to this request."""
+        if self.model and model_key(device.model) != model_key(self.model):
+            return False
+        return self.in_pool(device.pools)
+
+    def text(self) -> str:
+        """ " of model 'A100' in pool 'big'", for messages ("" when it asks for neither)."""
+        out = f" of model {self.model!r}" if self.model else ""
+        return out + (f" in pool {self.pool!r}" if self.pool else "")
+
+    def to_json(self) -> dict:
+        return {"gpu_model": self.model or None, "node_pool": self.pool or None}
+
+
+#: a request that asks for no model and no pool
+ANY = Want()
+
+
+def known_models(devices: Iterable[GpuDevice]) -> list[str]:
+    """The models of ``devices``, one name each (the first spelling met), sorted."""
+    seen: dict[str, str] = {}
+    for d in devices:
+        if d.model:
+            seen.setdefault(model_key(d.model), d.model)
+    return sorted(seen.values(), key=str.casefold)
+
+
+def known_pools(node_pools: Mapping[str, Sequence[str]]) -> list[str]:
+    """The pools of the nodes (node -> its pools), sorted, each once."""
+    seen: dict[str, str] = {}
+    for pools in node_pools.values():
+        for p in pools:
+            seen.setdefault(p.casefold(), p)
+    return sorted(seen.values(), key=str.casefold)
+
+
+def want_refusal(
+    want: Want,
+    devices: Sequence[GpuDevice],
+    node_pools: Mapping[str, Sequence[str]],
+    per_worker: float,
+    workers: int = 1,
+) -> tuple[str, str] | None:
+    """Why a request for ``workers`` ranks of ``per_worker`` GPUs that ``want`` a model or a
+    pool can never be placed, even with every device free, as (field, message); None when it
+    could. ``devices``: every device that may be handed out; ``node_pools``: each node's pools
+    (one host: ``{"": node_pools}``). Only what no node could ever give is refused: devices
+    merely busy are waited for."""
+    if not want:
+        return None
+    models = known_models(devices)
+    if want.model and not any(model_key(d.model) == model_key(want.model) for d in devices):
+        listed = ", ".join(models) or "none is named (the admin sets gpu_models)"
+        return "gpu_model", f"gpu_model: no GPU of model {want.model!r} here; models: {listed}"
+    if want.pool and not any(want.in_pool(ps) for ps in node_pools.values()):
+        listed = ", ".join(known_pools(node_pools)) or "none"
+        return "node_pool", f"node_pool: no node in pool {want.pool!r} here; pools: {listed}"
+    if per_worker <= 0:
+        if want.model:
+            return "gpu_model", (
+                f"gpu_model: {want.model!r} asks for a GPU model but no GPU is requested: "
+                "ask for at least one GPU, or no model"
+            )
+        return None
+    mine = [d for d in devices if want.matches(d)]
+    if not mine:  # a model and a pool that each exist, never together
+        there = known_models(d for d in devices if want.in_pool(d.pools))
+        return "node_pool", (
+            f"node_pool: no GPU of model {want.model!r} in pool {want.pool!r}; that pool has "
+            f"{', '.join(there) or 'no GPU'}"
+        )
+    if per_worker < 1:
+        return None  # a share of a device: whether one is shareable is the ledger's to say
+    cap = capacity(mine)
+    if gang_fits(cap, int(per_worker), workers):
+        return None
+    most = max(cap.values())
+    if workers > 1:
+        slots = sum(c // int(per_worker) for c in cap.values())
+        return "workers", (
+            f"{workers} workers of {int(per_worker)} GPU(s){want.text()} requested but at "
+            f"most {slots} such workers fit at once ({len(mine)} such GPUs, at most {most} "
+            "on one node): ask for fewer workers or fewer GPUs each"
+        )
+    where = "on one node" if len(cap) > 1 or "" not in cap else "here"
+    return "resources.gpus", (
+        f"{int(per_worker)} GPU(s){want.text()} requested but there are at most {most} {where}"
+        f": ask for {most} or fewer"
+    )
 
 
 def capacity(devices: Iterable[GpuDevice]) -> dict[str, int]:

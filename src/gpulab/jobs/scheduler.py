@@ -65,6 +65,13 @@ Rules
    job count, however many of its tasks are active in quota (rule 3); each task's GPUs count
    as any job's.
 
+9. **Models and pools.** A job or a notebook that asks for a GPU model and/or a node pool
+   (``want``) is placed on matching devices only (``devices``: each device key's
+   :class:`~gpulab.gpus.inventory.GpuDevice`, for its model and pool; a key not in it matches
+   no request that asks for one). It waits while they are busy, however many others are free
+   (which the jobs behind it may take), is held for only the matching free devices, and
+   preempts only over-quota jobs that hold matching devices, counting only those.
+
 Known trade-off of backfill: a large in-quota job may wait while smaller ones keep starting;
 only over-quota work is ever preempted for it.
 """
@@ -74,7 +81,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..gpus.placement import choose_gang
+from ..gpus.inventory import GpuDevice
+from ..gpus.placement import Want, choose_gang
 from ..resources import Quota, beyond_gpus, quota_for
 
 __all__ = [
@@ -109,6 +117,8 @@ class QueuedJob:
     parallelism: int = 0
     #: a task's index in its array: an array's tasks (submitted together) go in index order
     index: int = 0
+    #: the GPU model and/or node pool it asks for (rule 9)
+    want: Want = Want()
 
 
 @dataclass(frozen=True)
@@ -187,10 +197,14 @@ def plan(
     held_outside: Mapping[str, int] | None = None,
     node_of: Callable[[str], str] | None = None,
     spread: bool = False,
+    devices: Mapping[str, GpuDevice] | None = None,
 ) -> Plan:
     """Decide what starts now and what is preempted (see the module's rules).
     ``node_of``: a device's node (None: all on one host); ``spread``: the ledger's placement
-    policy, so that the devices set aside in a plan are the ones the ledger will book."""
+    policy, so that the devices set aside in a plan are the ones the ledger will book;
+    ``devices``: each device key's device, for the requests that ask for a model or a pool
+    (rule 9)."""
+    known: Mapping[str, GpuDevice] = devices or {}
     default_quota = default_quota or Quota()
     user_quotas = user_quotas or {}
     group_quotas = group_quotas or {}
@@ -228,6 +242,12 @@ def plan(
         del free[:n]
         return devices
 
+    def ok(job: QueuedJob) -> Callable[[str], bool]:
+        """Whether a device key may be given to ``job`` (rule 9)."""
+        if not job.want:
+            return lambda key: True
+        return lambda key: key in known and job.want.matches(known[key])
+
     def fits(job: QueuedJob, devices: Sequence[str]) -> bool:
         """Whether every rank of ``job`` would fit on ``devices`` (node shape)."""
         by_node: dict[str, list[str]] = {}
@@ -243,18 +263,22 @@ def plan(
             return False
         if node_of is None:
             return True  # one host: a count is a shape
-        return fits(job, [*free, *arriving_devices, *(d for v in victims for d in v.devices)])
+        usable = ok(job)
+        around = [*free, *arriving_devices, *(d for v in victims for d in v.devices)]
+        return fits(job, [d for d in around if usable(d)])
 
     def place(job: QueuedJob) -> tuple[str, ...] | None:
         """The devices of every rank of ``job`` from the free ones, taken; None if it does
         not fit now (in count or in shape)."""
-        if job.gpus > len(free):
+        usable = ok(job)
+        mine = [d for d in free if usable(d)] if job.want else free
+        if job.gpus > len(mine):
             return None
         workers = max(1, job.workers)
-        if node_of is None and workers == 1:
+        if node_of is None and workers == 1 and not job.want:
             return take(job.gpus)
         by_node: dict[str, list[str]] = {}
-        for key in free:
+        for key in mine:
             by_node.setdefault(node_of(key) if node_of else "", []).append(key)
         ranks = choose_gang(by_node, job.gpus // workers, workers, spread=spread)
         if not ranks:
@@ -290,24 +314,42 @@ def plan(
             result.start.append(Placement(job.id, devices))
         else:
             # short in count, or (on a cluster) enough GPUs but not in the shape it needs
-            missing = max(0, job.gpus - len(free))
-            arriving = min(incoming, missing)
+            usable = ok(job)
+            mine = [d for d in free if usable(d)]
+            missing = max(0, job.gpus - len(mine))
+            if job.want:  # only the matching devices of the jobs on their way out count
+                coming = sum(1 for d in arriving_devices if usable(d))
+                arriving = min(coming, missing)
+            else:
+                arriving = min(incoming, missing)
             missing -= arriving
             chosen: list[ActiveJob] = []
             for victim in victims_left:
                 if enough(job, missing, chosen):
                     break
+                gives = sum(1 for d in victim.devices if usable(d)) if job.want else victim.gpus
+                if gives == 0:
+                    continue  # holds nothing this job could use: never preempted for it
                 chosen.append(victim)
-                missing -= victim.gpus
+                missing -= gives
             if not enough(job, missing, chosen):
                 continue  # preempting all borrowed GPUs would not be enough: wait, hold nothing
-            if not chosen and not arriving and not any(a.releasing for a in active):
+            if job.want:
+                releasing = any(usable(d) for d in arriving_devices)
+            else:
+                releasing = any(a.releasing for a in active)
+            if not chosen and not arriving and not releasing:
                 continue  # nothing will come free for it: wait, hold nothing
-            incoming -= arriving
+            if not job.want:
+                incoming -= arriving
             for victim in chosen:
                 victims_left.remove(victim)
                 result.preempt.append(victim.id)
-            take(len(free))  # held for this job until the victims are gone
+            if job.want:  # held for this job until the victims are gone: what it can use
+                for d in mine:
+                    free.remove(d)
+            else:
+                take(len(free))
         gpus_used[job.owner] = used_g + job.gpus
         jobs_used[job.owner] = used_j + new_job
         if job.array:

@@ -127,6 +127,10 @@ class Node:
     #: why its GPUs must not be handed out now ("" when they may): its engine cannot deliver
     #: them, or did not say (a Swarm node's runtimes, ``check_gpu_runtime``)
     gpus_refused: str = ""
+    #: the model of its GPUs and the node pools it is in (a Swarm node's labels
+    #: ``gpulab.gpu-model`` and ``gpulab.pools``; none on one host: the settings say)
+    gpu_model: str = ""
+    pools: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

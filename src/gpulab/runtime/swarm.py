@@ -64,7 +64,7 @@ from .gateway import Gateway
 from .objects import helper_container_config
 from .survey import survey_engine
 from .swarm_network import SwarmNetwork, service_named
-from .swarm_nodes import GpuDeliveryChecks, NodeEngines
+from .swarm_nodes import GpuDeliveryChecks, NodeEngines, labelled_model, labelled_pools
 from .swarm_specs import (
     HELPER_SECRET_GRACE,
     HELPER_TIMEOUT,
@@ -191,6 +191,8 @@ class SwarmRuntime(Runtime):
                     active=spec.get("Availability") == "active" and n["ID"] != own,
                     gpus=gpus,
                     address=status.get("Addr", ""),
+                    gpu_model=labelled_model(labels),
+                    pools=labelled_pools(labels),
                 )
             )
             if self.gpu_checks is not None:

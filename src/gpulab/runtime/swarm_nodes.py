@@ -12,6 +12,7 @@ production it must take TLS with client certificates only (dockerd ``--tlsverify
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ import docker
 from docker.errors import NotFound
 from docker.tls import TLSConfig
 
+from ..gpus.placement import MODEL_PATTERN, POOL_RE
 from .base import EngineError, WorkloadGone
 from .engine import engine_errors, shown_url
 from .objects import gpu_delivery_refusal
@@ -36,6 +38,34 @@ CHECK_TIMEOUT = 5
 #: asked again, and before one that could hand them out is (its engine may have changed)
 RECHECK_KEPT_OUT = 30.0
 RECHECK_CLEARED = 300.0
+#: the node labels that name its GPUs' model and its node pools (beside swarm_gpu_label's
+#: ``org.gpulab.gpus``), set with ``docker node update --label-add``
+MODEL_LABEL = "org.gpulab.gpu-model"
+POOLS_LABEL = "org.gpulab.pools"
+
+
+def labelled_pools(labels: Mapping[str, str]) -> tuple[str, ...]:
+    """A node's pools from its labels: :data:`POOLS_LABEL`, names separated by commas; a name
+    that is not one (:data:`~gpulab.gpus.placement.POOL_PATTERN`) is left out, logged."""
+    out: list[str] = []
+    for name in (p.strip() for p in (labels.get(POOLS_LABEL) or "").split(",")):
+        if not name:
+            continue
+        if POOL_RE.fullmatch(name) and name not in out:
+            out.append(name)
+        else:
+            log.warning("node label %s: %r is no pool name; left out", POOLS_LABEL, name[:80])
+    return tuple(out)
+
+
+def labelled_model(labels: Mapping[str, str]) -> str:
+    """A node's GPU model from its label :data:`MODEL_LABEL` ("" without one, or when it is
+    no model name)."""
+    name = (labels.get(MODEL_LABEL) or "").strip()
+    if name and not re.fullmatch(MODEL_PATTERN.strip("^$"), name):
+        log.warning("node label %s: %r is no model name; left out", MODEL_LABEL, name[:80])
+        return ""
+    return name
 
 
 def node_tls(ca: str, cert: str, key: str) -> TLSConfig | None:
