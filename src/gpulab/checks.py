@@ -18,7 +18,16 @@ from typing import Any
 from .bounds import MAX_VOLUME_SPEC_CHARS, MAX_VOLUMES, check_chars, check_count, shown
 from .errors import FieldError
 from .frameworks import Catalog, CatalogError, Editor, Framework, FrameworkVersion
-from .resources import Flavor, Limits, ResourceError, Resources, resolve_resources
+from .resources import (
+    Flavor,
+    Limits,
+    ResourceError,
+    Resources,
+    check_gpu_model,
+    check_node_pool,
+    model_key,
+    resolve_resources,
+)
 from .storage import StorageConfig
 from .volumes import VolumeError, VolumeSpec
 
@@ -91,6 +100,40 @@ def optional_text(
     if form and isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     return text(error, field, value, cap, typed=not form if typed is None else typed)
+
+
+def want(
+    error: Error,
+    gpu_model: object,
+    node_pool: object,
+    flavor: Flavor | None,
+    *,
+    form: bool = False,
+) -> tuple[str, str]:
+    """A request's ``gpu_model`` and ``node_pool`` ("" for any), each a name (refused naming
+    its field); a ``flavor``'s are the default, which a request may repeat but not change
+    (a flavor such as "a100-large" stands for its model: it is not widened nor swapped)."""
+    out = []
+    for field, value, check, fixed, same in (
+        ("gpu_model", gpu_model, check_gpu_model, flavor and flavor.gpu_model, model_key),
+        ("node_pool", node_pool, check_node_pool, flavor and flavor.node_pool, str.casefold),
+    ):
+        given = optional_text(error, field, value, 64, form=form)
+        if given is not None:
+            try:
+                check(given, field)
+            except ValueError as e:
+                raise error(field, str(e)) from None
+        if fixed:
+            if given is not None and same(given) != same(fixed):
+                raise error(
+                    field,
+                    f"{field}: flavor {flavor.id!r} runs on {fixed!r}: leave {field} out, or "
+                    "choose another flavor",
+                )
+            given = fixed
+        out.append(given or "")
+    return out[0], out[1]
 
 
 def flag(error: Error, field: str, value: object, *, words: bool = False) -> bool:

@@ -84,6 +84,40 @@ class Resources:
         return {"cpus": self.cpus, "memory": format_memory(self.memory), "gpus": self.gpus}
 
 
+#: what a request's ``gpu_model`` may be (the JSON Schema's pattern; the parsers fullmatch it)
+MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$"
+#: what a ``node_pool`` may be, in a request, a node's label or ``node_pools``
+POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+MODEL_RE = re.compile(MODEL_PATTERN.strip("^$"))
+POOL_RE = re.compile(POOL_PATTERN.strip("^$"))
+
+
+def model_key(name: str) -> str:
+    """A model's name as requests are matched on: case folded, runs of spaces, hyphens and
+    underscores made one space ("nvidia a100-80gb" and "NVIDIA_A100 80GB" are one model)."""
+    return " ".join(part for part in re.split(r"[\s_-]+", name.casefold()) if part)
+
+
+def check_gpu_model(value: object, name: str) -> str:
+    """A GPU model's name as an admin or a user gives it (ValueError naming ``name``)."""
+    if not isinstance(value, str) or not MODEL_RE.fullmatch(value):
+        raise ValueError(
+            f"{name} must be a GPU model's name (letters, digits, spaces, '.', '_' and '-', "
+            f"at most 64), not {str(value)[:80]!r}"
+        )
+    return value
+
+
+def check_node_pool(value: object, name: str) -> str:
+    """A node pool's name (ValueError naming ``name``)."""
+    if not isinstance(value, str) or not POOL_RE.fullmatch(value):
+        raise ValueError(
+            f"{name} must be a node pool's name (letters, digits, '.', '_' and '-', at most "
+            f"63), not {str(value)[:80]!r}"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class Flavor:
     id: str
@@ -98,6 +132,10 @@ class Flavor:
     #: seconds its notebooks may wait in the queue for their GPUs (0: they never wait); None:
     #: the site's (GpulabSettings.notebook_gpu_wait)
     gpu_wait: float | None = None
+    #: the GPU model and the node pool its workloads ask for ("" for any): a default a user
+    #: may repeat but not change (:func:`gpulab.checks.want`)
+    gpu_model: str = ""
+    node_pool: str = ""
 
     @classmethod
     def from_config(cls, d: Mapping) -> Flavor:
@@ -123,6 +161,12 @@ class Flavor:
                 gpu_wait=None
                 if wait is None
                 else check_gpu_wait(wait, f"flavor {d['id']!r}: gpu_wait"),
+                gpu_model=check_gpu_model(d["gpu_model"], f"flavor {d['id']!r}: gpu_model")
+                if d.get("gpu_model")
+                else "",
+                node_pool=check_node_pool(d["node_pool"], f"flavor {d['id']!r}: node_pool")
+                if d.get("node_pool")
+                else "",
             )
         except KeyError as e:
             raise ValueError(f"flavor {d!r} lacks {e.args[0]!r}") from None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 from functools import cached_property
 from pathlib import Path
 
@@ -35,7 +34,6 @@ from .data.sync import check_stores
 from .disk_quota import DEFAULT_DISK_QUOTA, DEFAULT_GIT_MAX_BYTES, disk_quota_for, parse_size
 from .forwarded import DEFAULT_TRUSTED_PROXIES, trusted_networks
 from .frameworks import Catalog
-from .gpus.placement import MODEL_PATTERN, POOL_RE
 from .gpus.sharing import check_sharing, fraction_refusal, sharing_mode_refusal
 from .idle import gpu_unused_timeout_for, idle_timeout_for
 from .notices import NotifyRules, check_host_patterns, check_networks
@@ -45,8 +43,10 @@ from .resources import (
     Quota,
     Quotas,
     Resources,
+    check_gpu_model,
     check_gpu_wait,
     check_idle_timeout,
+    check_node_pool,
     effective_limits,
 )
 from .storage import StorageConfig
@@ -312,21 +312,19 @@ class GpulabSettings(Configurable):
         for key, model in proposal["value"].items():
             if not isinstance(key, str) or not isinstance(model, str):
                 raise TraitError(f"gpu_models: {key!r}: {model!r} must map a device to a name")
-            if not re.fullmatch(MODEL_PATTERN.strip("^$"), model):
-                raise TraitError(
-                    f"gpu_models: {key!r}: {model!r} is no model name (letters, digits, spaces, "
-                    "'.', '_' and '-', at most 64)"
-                )
+            try:
+                check_gpu_model(model, f"gpu_models: {key!r}")
+            except ValueError as e:
+                raise TraitError(str(e)) from None
         return proposal["value"]
 
     @validate("node_pools")
     def _node_pools(self, proposal):
         for name in proposal["value"]:
-            if not POOL_RE.fullmatch(name):
-                raise TraitError(
-                    f"node_pools: {name!r} is no pool name (letters, digits, '.', '_' and '-', "
-                    "at most 63)"
-                )
+            try:
+                check_node_pool(name, "node_pools")
+            except ValueError as e:
+                raise TraitError(str(e)) from None
         return proposal["value"]
 
     # --- the installation: where the hub listens and keeps its state (read by

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import pytest
 
+from gpulab import cli
 from gpulab.db import Database
 from gpulab.gpus.inventory import GpuDevice, described, from_nodes, node_pools_of
 from gpulab.gpus.ledger import GpuLedger, NoGpuAvailable
-from gpulab.gpus.placement import Want, known_models, model_key, want_refusal
+from gpulab.gpus.placement import Want, free_by_model, known_models, model_key, want_refusal
+from gpulab.jobs.actions import Invalid, admission_refusal
 from gpulab.jobs.scheduler import ActiveJob, QueuedJob, plan
+from gpulab.jobs.spec import JobSpec, job_spec_schema
+from gpulab.resources import Flavor, Limits, Quota, parse_memory
 from gpulab.runtime.base import Node
 from gpulab.runtime.swarm_nodes import labelled_model, labelled_pools
+from gpulab.service.pages.job_form import form_field, form_to_job
+
+from ..support.jobspecs import CATALOG, FLAVORS, parse, refused
 
 #: two nodes: a has two A100s (pool big), b one A100 and two T4s (pools small, cheap)
 CLUSTER = [
@@ -216,3 +223,99 @@ def test_only_jobs_holding_the_model_asked_are_preempted_for_it():
     ]
     p = plan([wants, nxt], releasing, ["b/2"], node_of=_node, devices=DEVICES)
     assert p.preempt == [] and [pl.job_id for pl in p.start] == ["next"]
+
+
+# --- what a job asks for: the spec, the flavor's rule, admission, the CLI, the form ----------
+
+A100_FLAVOR = Flavor.from_config(
+    {"id": "a100", "cpus": 2, "memory": "8G", "gpus": 1, "gpu_model": "A100", "node_pool": "big"}
+)
+CMD = {"command": "python train.py"}
+
+
+def test_a_job_asks_for_a_model_and_a_pool_and_a_flavor_fixes_them():
+    job = parse(CMD | {"gpu_model": "A100", "node_pool": "big"})
+    assert (job.gpu_model, job.node_pool) == ("A100", "big")
+    body = job.to_json()
+    assert body["gpu_model"] == "A100" and body["node_pool"] == "big"
+    assert JobSpec.from_json(body).gpu_model == "A100"
+    assert job.task_spec(0).node_pool == "big"  # an array's tasks carry the request
+    plain = parse(CMD).to_json()
+    assert plain["gpu_model"] is None and plain["node_pool"] is None
+    assert JobSpec.from_json(plain).gpu_model == ""
+    flavors = FLAVORS | {"a100": A100_FLAVOR}
+    fixed = parse(CMD | {"flavor": "a100"}, flavors=flavors)
+    assert (fixed.gpu_model, fixed.node_pool) == ("A100", "big")
+    assert parse(CMD | {"flavor": "a100", "gpu_model": "a100"}, flavors=flavors).gpu_model == (
+        "A100"
+    )
+    refused(
+        CMD | {"flavor": "a100", "gpu_model": "T4"},
+        "gpu_model",
+        "gpu_model: flavor 'a100' runs on 'A100': leave gpu_model out, or choose another flavor",
+        flavors=flavors,
+    )
+    refused(CMD | {"node_pool": "no pool!"}, "node_pool", "node_pool must be a node pool's name")
+    refused(CMD | {"gpu_model": 100}, "gpu_model", "must be a string")
+    refused(CMD | {"gpu_model": "x" * 65}, "gpu_model", "gpu_model")
+    with pytest.raises(ValueError, match="flavor 'f': gpu_model must be a GPU model's name"):
+        Flavor.from_config({"id": "f", "cpus": 1, "memory": "1G", "gpu_model": "-bad"})
+
+
+def test_admission_refuses_what_no_node_could_ever_give_naming_the_field(ledger):
+    def admit(job):
+        return admission_refusal(
+            job,
+            quota=Quota(),
+            max_workers=8,
+            max_priority=100,
+            host_gpus=3,
+            gpu_home="this host",
+            gang_refusal=lambda per_worker, workers: None,
+            want_refusal=ledger.want_refusal,
+        )
+
+    assert admit(parse(CMD | {"gpu_model": "A100", "resources": {"gpus": 2}})) is None
+    why = admit(parse(CMD | {"gpu_model": "H100"}))
+    assert isinstance(why, Invalid) and why.field == "gpu_model"
+    assert str(why) == "gpu_model: no GPU of model 'H100' here; models: A100, Tesla T4"
+    why = admit(parse(CMD | {"gpu_model": "Tesla T4", "workers": 3}))
+    assert why.field == "workers" and "at most 2 such workers" in str(why)
+    assert admit(parse(CMD | {"node_pool": "huge"})).field == "node_pool"
+
+
+def test_the_cli_and_the_form_send_the_model_and_the_pool():
+    args = cli.build_parser().parse_args(
+        ["job", "run", "--gpu-model", "A100", "--node-pool", "big", "--", "true"]
+    )
+    body = cli.build_submission(args)
+    assert body["gpu_model"] == "A100" and body["node_pool"] == "big"
+    raw, errors = form_to_job({"command": "true", "gpu_model": "A100", "node_pool": ""})
+    assert raw["gpu_model"] == "A100" and "node_pool" not in raw and not errors
+    assert form_field("gpu_model") == "gpu_model"
+    assert known_models(described(CLUSTER, {})) == ["A100", "Tesla T4"]
+
+
+def test_the_schema_offers_the_known_models_and_pools():
+    schema = job_spec_schema(
+        catalog=CATALOG,
+        flavors=FLAVORS,
+        limits=Limits(cpus=4, memory=parse_memory("16G"), gpus=2),
+        allowed_images=(),
+        host_gpus=2,
+        quota_gpus=None,
+        quota_jobs=None,
+        max_timeout=86400,
+        gpu_models=["A100", "Tesla T4"],
+        node_pools=["big"],
+    )
+    assert schema["properties"]["gpu_model"]["enum"] == ["A100", "Tesla T4", None, ""]
+    assert schema["properties"]["node_pool"]["enum"] == ["big", None, ""]
+
+
+def test_the_forms_count_free_gpus_per_model():
+    rows = free_by_model(CLUSTER, {"a/0", "b/1"})
+    assert rows == [
+        {"model": "A100", "free": 2, "total": 3},
+        {"model": "Tesla T4", "free": 1, "total": 2},
+    ]

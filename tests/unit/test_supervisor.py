@@ -1285,3 +1285,25 @@ def test_an_arrays_end_is_told_once_and_its_tasks_tell_nothing(tmp_path):
         )
 
     lab_run(tmp_path, test)
+
+
+# --- GPU models (issue 30 item 2) --------------------------------------------------------------
+
+
+def test_a_job_for_a_model_gets_its_device_and_waits_while_it_is_busy(tmp_path):
+    async def test(lab: Lab):
+        first = lab.submit(gpu_model="t4")
+        await lab.place(first)
+        await lab.until(first, J.RUNNING)
+        assert lab.held() == ["1"]  # the T4, though the A100 ("0") comes first
+        second = lab.submit(gpu_model="T4")
+        plain = lab.submit()
+        await lab.sv.schedule()
+        assert lab.job(second)["state"] == J.QUEUED.value
+        assert lab.job(second)["message"] == (
+            "waiting for 1 GPU(s) of model 'T4': 0 of 1 such GPUs free"
+        )
+        await lab.until(plain, J.RUNNING)  # the A100 goes to the job behind it
+        assert lab.held() == ["0", "1"]
+
+    lab_run(tmp_path, test, gpu_models={"0": "A100", "1": "T4"})

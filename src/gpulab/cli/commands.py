@@ -70,6 +70,9 @@ def build_submission(args: argparse.Namespace) -> dict:
     }
     if resources:
         body["resources"] = resources
+    for key in ("gpu_model", "node_pool"):
+        if getattr(args, key, None) is not None:
+            body[key] = getattr(args, key)
     if getattr(args, "workers", None) is not None:
         body["workers"] = args.workers
     for key in ("completions", "parallelism"):

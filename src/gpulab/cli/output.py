@@ -209,6 +209,10 @@ def tasks_table(tasks: list[dict]) -> None:
     )
 
 
+#: what a job asks of its GPUs beyond a count, shown when it asks (spec key, title)
+_WANT_FIELDS = (("gpu_model", "GPU model"), ("node_pool", "Node pool"))
+
+
 def job_details(job: dict, hub_url: str = "") -> None:
     spec = job.get("spec") or {}
     res = spec.get("resources") or {}
@@ -240,6 +244,7 @@ def job_details(job: dict, hub_url: str = "") -> None:
             + (f" (flavor {spec['flavor']})" if spec.get("flavor") else "")
             + each,
         ),
+        *[(title, spec[key]) for key, title in _WANT_FIELDS if spec.get(key)],
         ("Workers", f"{n} (a distributed job: ranks below)" if n > 1 else n),
         *_array_fields(job, spec),
         ("Devices", ",".join(job.get("devices") or []) or "-"),

@@ -134,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--cpu", "--cpus", type=_positive_float, metavar="N", help="CPUs (default 1)")
     run.add_argument("--memory", metavar="SIZE", help="memory, such as 512M or 8G (default 4G)")
     run.add_argument(
+        "--gpu-model",
+        metavar="MODEL",
+        help="run on GPUs of this model only (as the platform names them, e.g. A100)",
+    )
+    run.add_argument(
+        "--node-pool", metavar="POOL", help="run on a node of this pool only (every worker)"
+    )
+    run.add_argument(
         "--workers",
         type=_int_range(1, MAX_WORKERS),
         metavar="N",

@@ -228,6 +228,15 @@ class GpuLedger:
         """The models of the devices, each named once (what requests may ask for)."""
         return placement.known_models(self.devices)
 
+    def free_by_model(self) -> list[dict]:
+        """Per model: how many of its devices are free now, of how many
+        (:func:`~.placement.free_by_model`)."""
+        with self.db.read() as s:
+            busy = s.scalars(
+                select(GpuAllocation.device).where(GpuAllocation.instance == self.instance)
+            ).all()
+        return placement.free_by_model(self.devices, busy)
+
     def known_pools(self) -> list[str]:
         """The pools of the nodes that take workloads now."""
         return placement.known_pools(self.node_pools)

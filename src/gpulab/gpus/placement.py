@@ -18,16 +18,17 @@ one of the names listed (:func:`known_models`); "A100" never silently matches an
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..resources import MODEL_PATTERN, POOL_PATTERN, POOL_RE, model_key
 from .inventory import GpuDevice, node_of
 
 __all__ = [
     "ANY",
     "MODEL_PATTERN",
     "POOL_PATTERN",
+    "POOL_RE",
     "Want",
     "biggest_node",
     "capacity",
@@ -35,6 +36,7 @@ __all__ = [
     "choose_gang",
     "gang_fits",
     "gang_slots",
+    "free_by_model",
     "known_models",
     "known_pools",
     "model_key",
@@ -42,18 +44,6 @@ __all__ = [
     "regroup",
     "want_refusal",
 ]
-
-#: what a request's ``gpu_model`` may be (the JSON Schema's pattern; the parsers fullmatch it)
-MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$"
-#: what a ``node_pool`` may be, in a request, a node's label or ``node_pools``
-POOL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
-POOL_RE = re.compile(POOL_PATTERN)
-
-
-def model_key(name: str) -> str:
-    """A model's name as requests are matched on: case folded, runs of spaces, hyphens and
-    underscores made one space ("nvidia a100-80gb" and "NVIDIA_A100 80GB" are one model)."""
-    return " ".join(part for part in re.split(r"[\s_-]+", name.casefold()) if part)
 
 
 @dataclass(frozen=True)
@@ -97,6 +87,21 @@ def known_models(devices: Iterable[GpuDevice]) -> list[str]:
         if d.model:
             seen.setdefault(model_key(d.model), d.model)
     return sorted(seen.values(), key=str.casefold)
+
+
+def free_by_model(devices: Iterable[GpuDevice], busy: Iterable[str]) -> list[dict]:
+    """Per model (each named once, sorted): ``model``, ``free`` (its devices that no workload
+    holds any share of, by ledger key in ``busy``) and ``total``; devices without a model
+    apart. What a form shows beside its model choice."""
+    held = set(busy)
+    rows: dict[str, dict] = {}
+    for d in devices:
+        if not d.model:
+            continue
+        row = rows.setdefault(model_key(d.model), {"model": d.model, "free": 0, "total": 0})
+        row["total"] += 1
+        row["free"] += d.key not in held
+    return sorted(rows.values(), key=lambda r: r["model"].casefold())
 
 
 def known_pools(node_pools: Mapping[str, Sequence[str]]) -> list[str]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from ..bounds import page_window
 from ..cuda import ImageBuild, cuda_refusal
 from ..errors import FieldError
+from ..gpus.placement import Want
 from ..lifecycle import InvalidTransition, JobState
 from ..resources import Quota
 from ..runtime.base import EngineError
@@ -52,12 +53,15 @@ def admission_refusal(
     host_gpus: int,
     gpu_home: str,
     gang_refusal: Callable[[int, int], str | None],
+    want_refusal: Callable[[Want, float, int], tuple[str, str] | None] | None = None,
 ) -> JobRefused | None:
     """Why a parsed job is not admitted, or None: its priority against ``max_priority`` (None:
     the caller is an admin, who may ask for any), its workers against ``max_workers`` (one
     user's jobs together), its gang's shape against the nodes (``gang_refusal(gpus per
-    worker, workers)``, the ledger's), its GPUs against the biggest node (``host_gpus``, on
-    ``gpu_home``) and against the owner's ``quota`` (a preemptible job may go beyond it)."""
+    worker, workers)``, the ledger's), the GPU model and node pool it asks for against the
+    devices and nodes (``want_refusal``, the ledger's), its GPUs against the biggest node
+    (``host_gpus``, on ``gpu_home``) and against the owner's ``quota`` (a preemptible job may
+    go beyond it)."""
     if max_priority is not None and spec.priority > max_priority:
         return NotAllowed(
             f"priority {spec.priority} is above {max_priority}, the highest a user "
@@ -70,6 +74,11 @@ def admission_refusal(
             f"{max_workers} together",
             field="workers",
         )
+    want = Want(spec.gpu_model, spec.node_pool)
+    if want and want_refusal is not None:
+        refused = want_refusal(want, spec.resources.gpus, spec.workers)
+        if refused:
+            return Invalid(refused[1], field=refused[0])
     # a gang's size is checked against every node by the ledger; its sum against the quota
     fits_on = host_gpus if spec.workers == 1 else spec.total_gpus
     why = gang_refusal(spec.resources.gpus, spec.workers)
@@ -127,6 +136,8 @@ async def submission_schema(
         notify_rules=s.notify_rules,
         max_retention=s.job_retention_max,
         max_tasks=s.max_job_tasks,
+        gpu_models=sup.ledger.known_models(),
+        node_pools=sup.ledger.known_pools(),
     )
 
 
@@ -174,6 +185,7 @@ async def submit(
         host_gpus=host_gpus,
         gpu_home=gpu_home,
         gang_refusal=sup.ledger.gang_refusal,
+        want_refusal=sup.ledger.want_refusal,
     )
     if refused:
         raise refused

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..billing import month_of, parse_month, user_usage
 from ..cuda import ImageBuild, cuda_refusal, cuda_shortfall
 from ..disk_quota import human
+from ..gpus import placement
 from ..gpus.usage import usage_of as readings_of
 from ..lifecycle import JobState, NotebookState, utcnow
 from ..resources import format_memory
@@ -125,15 +126,21 @@ async def submit_form(
     images' ``builds`` (flavour, CUDA needed: the engine's labels, the runtime's cache),
     ``default_env`` (the default framework's default version, "framework/version"),
     ``flavors``, the user's ``limits`` (and ``limit_memory``, readable), the GPUs:
-    ``gpus_free`` (None when the ledger cannot be read now) and ``gpus_total``, a job's
+    ``gpus_free`` (None when the ledger cannot be read now) and ``gpus_total``, the
+    ``models`` (each one's free and total GPUs: :meth:`GpuLedger.free_by_model`) and node
+    ``pools`` a job may ask for, a job's
     ``defaults`` (cpus, memory, gpus), ``max_workers``, ``max_tasks`` (of a job array) and
     ``max_timeout``."""
     limits = settings.limits_for(user, groups)
     ledger = sup.ledger
     try:
         free = await asyncio.to_thread(ledger.free_count)
+        models = await asyncio.to_thread(ledger.free_by_model)
     except Exception:  # the form must render even if the ledger is unreachable
-        free = None
+        free, models = (
+            None,
+            [{**m, "free": None} for m in placement.free_by_model(ledger.devices, ())],
+        )
     catalog = settings.catalog
     default_env = f"{catalog.default_framework}/" + (
         catalog.frameworks[catalog.default_framework].default_version.id
@@ -149,6 +156,8 @@ async def submit_form(
         "limit_memory": format_memory(limits.memory),
         "gpus_free": free,
         "gpus_total": len(ledger.devices),
+        "models": models,
+        "pools": ledger.known_pools(),
         "defaults": {"cpus": DEFAULT_CPUS, "memory": DEFAULT_MEMORY, "gpus": DEFAULT_GPUS},
         "max_workers": MAX_WORKERS,
         "max_tasks": settings.max_job_tasks,

@@ -5,10 +5,11 @@ in the order the scheduler considers them (:func:`.scheduler.queue_order`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
 from ..fairshare import SOLO, FairShare, Standing, accounts, fair_share
+from ..gpus.placement import Want
 from ..gpus.recent_usage import RecentUsage
 from ..gpus.waits import GpuWaits
 from ..lifecycle import JobState, utcnow
@@ -43,6 +44,11 @@ def _ts(iso: str | None) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() if iso else 0.0
 
 
+def want_of(spec: Mapping) -> Want:
+    """The GPU model and node pool a stored job spec (or a notebook's queue row) asks for."""
+    return Want(spec.get("gpu_model") or "", spec.get("node_pool") or "")
+
+
 def waiting_notebooks(rows: Iterable[dict], fs: FairShare | None = None) -> list[QueuedJob]:
     """The waiting notebooks' rows (:meth:`GpuWaits.waiting`) as entries of the line."""
     return [
@@ -55,6 +61,7 @@ def waiting_notebooks(rows: Iterable[dict], fs: FairShare | None = None) -> list
             w["since"].timestamp(),
             standing=fs.of(w["owner"], w["groups"]) if fs else (1.0, 1.0),
             kind="notebook",
+            want=want_of(w),
         )
         for w in rows
     ]
@@ -72,6 +79,7 @@ def queued_jobs(jobs: Iterable[dict], fs: FairShare | None = None) -> list[Queue
             _ts(j["submitted"]),
             standing=fs.of(j["owner"], j["groups"]) if fs else (1.0, 1.0),
             index=j.get("task_index") or 0,
+            want=want_of(j["spec"]),
         )
         for j in jobs
         if j["state"] == JobState.QUEUED.value

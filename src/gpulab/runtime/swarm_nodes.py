@@ -12,7 +12,6 @@ production it must take TLS with client certificates only (dockerd ``--tlsverify
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -23,7 +22,7 @@ import docker
 from docker.errors import NotFound
 from docker.tls import TLSConfig
 
-from ..gpus.placement import MODEL_PATTERN, POOL_RE
+from ..resources import MODEL_RE, POOL_RE
 from .base import EngineError, WorkloadGone
 from .engine import engine_errors, shown_url
 from .objects import gpu_delivery_refusal
@@ -62,7 +61,7 @@ def labelled_model(labels: Mapping[str, str]) -> str:
     """A node's GPU model from its label :data:`MODEL_LABEL` ("" without one, or when it is
     no model name)."""
     name = (labels.get(MODEL_LABEL) or "").strip()
-    if name and not re.fullmatch(MODEL_PATTERN.strip("^$"), name):
+    if name and not MODEL_RE.fullmatch(name):
         log.warning("node label %s: %r is no model name; left out", MODEL_LABEL, name[:80])
         return ""
     return name

@@ -72,6 +72,8 @@ JOB_SPEC_FIELDS = (
     "labels",
     "flavor",
     "resources",
+    "gpu_model",
+    "node_pool",
     "workers",
     "completions",
     "parallelism",

@@ -538,6 +538,9 @@ def parse_fields(
     env, secret_env = _env(raw)
     labels = _labels(raw)
     flavor, resources = _resources(raw, flavors, limits, default_flavor, host_gpus, gpu_home)
+    gpu_model, node_pool = checks.want(
+        JobSpecError, raw.get("gpu_model"), raw.get("node_pool"), flavors.get(flavor or "")
+    )
     workers = (
         1 if raw.get("workers") is None else _integer(raw["workers"], "workers", 1, MAX_WORKERS)
     )
@@ -579,6 +582,8 @@ def parse_fields(
         labels=labels,
         flavor=flavor,
         resources=resources,
+        gpu_model=gpu_model,
+        node_pool=node_pool,
         workers=workers,
         volumes=volumes,
         timeout=timeout,

@@ -47,7 +47,15 @@ from ...notices import (
     NotifyRules,
 )
 from ...notices import URL_PATTERN as WEBHOOK_PATTERN
-from ...resources import Flavor, Limits, Resources, format_memory, parse_memory
+from ...resources import (
+    MODEL_PATTERN,
+    POOL_PATTERN,
+    Flavor,
+    Limits,
+    Resources,
+    format_memory,
+    parse_memory,
+)
 from ...volumes import volume_pattern
 from ..gang import DISTRIBUTED_ENV
 from .array import (
@@ -454,6 +462,23 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
                 },
             },
         },
+        "gpu_model": {
+            "type": ["string", "null"],
+            "maxLength": 64,
+            "pattern": MODEL_PATTERN,
+            "description": "The model of the GPUs to run on (every worker's), one of the "
+            "platform's (this document's enum lists them); compared with case, spaces, '-' and "
+            "'_' folded. A flavor that names a model runs on it: another one is refused. Refused "
+            "(400) when no node has that many GPUs of it; waits while they are busy.",
+        },
+        "node_pool": {
+            "type": ["string", "null"],
+            "maxLength": 64,
+            "pattern": POOL_PATTERN,
+            "description": "The node pool to run in (every worker), one of the platform's "
+            "(this document's enum lists them); compared without case. "
+            "A flavor that names a pool runs in it. Refused (400) when no node is in it.",
+        },
         "volumes": {
             "type": ["array", "null"],
             "maxItems": MAX_VOLUMES,
@@ -730,6 +755,8 @@ def job_spec_schema(
     max_tasks: int = MAX_COMPLETIONS,
     notify_rules: NotifyRules | None = None,
     max_retention: float | None = None,
+    gpu_models: Iterable[str] = (),
+    node_pools: Iterable[str] = (),
 ) -> dict[str, Any]:
     """:data:`JOB_SPEC_SCHEMA` narrowed to what this deployment accepts from one caller: the
     catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
@@ -747,7 +774,9 @@ def job_spec_schema(
     UTF-8 bytes where a cap counts them), and what one list entry is to another (volumes'
     mount paths, repositories' paths, ports' names and numbers, env entries' names), and
     where a notice may go (a webhook's host and address, an e-mail's domain: the admin's
-    patterns are in the descriptions), each refused with a 400 naming the field.
+    patterns are in the descriptions), how many GPUs of a model (``gpu_models``, the names
+    offered) or in a pool (``node_pools``) a node has, and a model other than the one a
+    flavor names, each refused with a 400 naming the field.
     """
     schema = copy.deepcopy(JOB_SPEC_SCHEMA)
     schema.pop("$schema", None)  # embedded in an OpenAPI 3.1 document, whose dialect it is
@@ -857,6 +886,8 @@ def job_spec_schema(
         "default": DEFAULT_HANG_PERIOD,
     }
     props["priority"]["maximum"] = max_priority
+    for key, names in (("gpu_model", gpu_models), ("node_pool", node_pools)):
+        props[key]["enum"] = [*dict.fromkeys(names), *_NOTHING]
     props["auto_delete_after"] = _duration_schema(
         MIN_RETENTION,
         False,

@@ -78,6 +78,9 @@ class JobSpec:
     resources: Resources = field(
         default_factory=lambda: Resources(DEFAULT_CPUS, parse_memory(DEFAULT_MEMORY), DEFAULT_GPUS)
     )
+    #: the GPU model and the node pool its GPUs (every worker's) must be of ("" for any)
+    gpu_model: str = ""
+    node_pool: str = ""
     #: containers of a distributed job, each with ``resources`` (placed all or none)
     workers: int = 1
     #: a job array (a sweep): its tasks, at most ``parallelism`` at once, each with its set of
@@ -139,6 +142,8 @@ class JobSpec:
             "labels": dict(self.labels),
             "flavor": self.flavor,
             "resources": self.resources.to_json(),
+            "gpu_model": self.gpu_model or None,
+            "node_pool": self.node_pool or None,
             "workers": self.workers,
             "completions": self.completions,
             "parallelism": self.parallelism,
@@ -184,6 +189,8 @@ class JobSpec:
                 memory=parse_memory(res.get("memory", DEFAULT_MEMORY)),
                 gpus=int(res.get("gpus", DEFAULT_GPUS)),
             ),
+            gpu_model=d.get("gpu_model") or "",
+            node_pool=d.get("node_pool") or "",
             workers=int(d.get("workers") or 1),
             completions=None if d.get("completions") is None else int(d["completions"]),
             parallelism=None if d.get("parallelism") is None else int(d["parallelism"]),

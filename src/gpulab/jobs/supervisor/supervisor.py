@@ -37,7 +37,7 @@ from ...notifier import Notifier
 from ...runtime.base import EngineUnreachable, Runtime
 from ...secrets import store_for
 from ..gang import decode_devices, encode_devices
-from ..queue import NOTEBOOK, fair_share_now, waiting_notebooks
+from ..queue import NOTEBOOK, fair_share_now, waiting_notebooks, want_of
 from ..records import JobRecords
 from ..scheduler import ActiveJob, QueuedJob, plan, queue_order
 from . import housekeeping
@@ -305,6 +305,7 @@ class JobSupervisor:
                         array=j["array"],
                         parallelism=int(spec.get("parallelism") or 0),
                         index=j["task_index"] or 0,
+                        want=want_of(spec),
                     )
                 )
             elif j["state"] != J.FINALIZING.value:
@@ -368,6 +369,7 @@ class JobSupervisor:
             held_outside=notebook_gpus,
             node_of=node_of if self.ledger.clustered else None,
             spread=self.ledger.policy == "spread",
+            devices={d.key: d for d in self.ledger.devices},
         )
         for victim in p.preempt:
             log.info("preempting %s for in-quota work", victim)
@@ -376,7 +378,10 @@ class JobSupervisor:
                 await self.db(self.records.ask, victim, "preempt", states=PREEMPTIBLE)
         workers = {j["id"]: int(j["spec"].get("workers") or 1) for j in jobs}
         await self._say_turns(jobs, queued, p)
-        await self._say_why_waiting([j for j in queued if j.kind == "job"], p, free, workers)
+        await self._say_why_waiting_for_model([j for j in queued if j.kind == "job"], p, free)
+        await self._say_why_waiting(
+            [j for j in queued if j.kind == "job" and not j.want], p, free, workers
+        )
         for placement in p.start:
             if placement.job_id.startswith(NOTEBOOK):
                 await self._grant(waits[placement.job_id.removeprefix(NOTEBOOK)])
@@ -405,12 +410,17 @@ class JobSupervisor:
                     len(placement.devices) // workers,
                     workers,
                     quota=quota,
+                    want=want_of(spec),
                 )
                 devices = [d for ds in per_rank for d in ds]
                 # each worker's node, by rank (a CPU job's workers: all on one node), kept
                 # after the GPUs go: the end of the job finds each node's volumes by it
                 nodes = [node_of(ds[0]) for ds in per_rank if ds]
-                node = ",".join(nodes) if devices else await self.db(self.ledger.node_for_cpu)
+                node = (
+                    ",".join(nodes)
+                    if devices
+                    else await self.db(self.ledger.node_for_cpu, want_of(spec))
+                )
             except NoGpuAvailable:
                 # a notebook took a GPU meanwhile, or no single node has enough free: plan
                 # again next pass (the scheduler counts GPUs; the ledger finds the nodes)
@@ -478,6 +488,29 @@ class JobSupervisor:
             else:
                 msg = f"waiting for {job.gpus} GPU(s): {len(free)} of {total} free"
             await self._say(job.id, msg)
+
+    async def _say_why_waiting_for_model(self, queued: list[QueuedJob], p, free: list[str]):
+        """A queued job that asks for a GPU model or a node pool and waits for such GPUs
+        says so: how many it asked for, and how many of those are free of how many."""
+        starting = {pl.job_id for pl in p.start}
+        for job in queued:
+            if not job.want or job.id in starting or job.gpus == 0:
+                continue
+            mine = self.ledger.wanted(job.want)
+            keys = {d.key for d in mine}
+            per_node: dict[str, list[str]] = {}
+            for key in free:
+                if key in keys:
+                    per_node.setdefault(node_of(key), []).append(key)
+            idle = sum(len(ds) for ds in per_node.values())
+            n = max(1, job.workers)
+            if choose_gang(per_node, job.gpus // n, n):
+                continue  # not waiting for GPUs (a quota, a preemption under way)
+            await self._say(
+                job.id,
+                f"waiting for {job.gpus} GPU(s){job.want.text()}: {idle} of {len(mine)} "
+                "such GPUs free" + (" (all placed at once)" if job.workers > 1 else ""),
+            )
 
     async def _grant(self, wait: dict) -> None:
         """A waiting notebook's turn: its GPUs booked in the ledger (the ledger chooses them,

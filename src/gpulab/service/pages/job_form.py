@@ -74,6 +74,9 @@ def form_to_job(form: dict[str, str]) -> tuple[dict, dict[str, str]]:
         resources["memory"] = form["memory"].strip()
     if resources:
         raw["resources"] = resources
+    for key in ("gpu_model", "node_pool"):  # a choice of the form's lists; "" for any
+        if form.get(key, "").strip():
+            raw[key] = form[key].strip()
     workers = form.get("workers", "").strip()
     if workers:
         try:
@@ -158,6 +161,8 @@ FORM_FIELDS = (
     "cpus",
     "memory",
     "gpus",
+    "gpu_model",
+    "node_pool",
     "workers",
     "completions",
     "parallelism",
