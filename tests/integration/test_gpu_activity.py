@@ -4,12 +4,13 @@ whose utilization and memory use this test sets in a file the library reads at e
 job holding a GPU that writes nothing and uses no CPU (``sleep``) is not restarted as hung
 while its GPU reads busy, and is once it reads idle for the hang period; /metrics shows the
 device's and the job's utilization and memory use meanwhile, the admin page the device's, and
-the job's page and its API answer (``gpu_usage``) the job's."""
+the job's page and its API answer (``gpu_usage``) the job's. Both tests share one hub.
 
 from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -44,15 +45,38 @@ def metrics(hub) -> dict[tuple[str, tuple], float]:
     }
 
 
-def test_a_busy_gpu_keeps_a_silent_job_from_being_restarted_as_hung(hub_with, tmp_path_factory):
-    usage = tmp_path_factory.mktemp("usage") / "usage"
-    set_usage(usage, {"0": (93, 20000), "1": (93, 20000)})  # busy, whichever the job gets
-    hub = hub_with(CONFIG, start=False)
+#: seconds: the notebook's GPUs' unused time (gpu_unused_timeout), with a look every second
+#: (at least twice idle_check_interval, which the service checks at start-up); a policy for
+#: notebooks only, so the job's test shares the hub
+UNUSED = 4
+POLICY = f"""
+c.GpulabSettings.gpu_unused_timeout = {UNUSED}
+c.GpulabSettings.idle_check_interval = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def usage(tmp_path_factory) -> Path:
+    """The file the stand-in NVML reads its utilization and memory use from (set_usage)."""
+    path = tmp_path_factory.mktemp("usage") / "usage"
+    set_usage(path, {})
+    return path
+
+
+@pytest.fixture(scope="module")
+def hub(hub_with, usage, tmp_path_factory):
+    """One hub for the module, its service seeing two GPUs through the stand-in."""
+    hub = hub_with(CONFIG + POLICY, start=False)
     hub.env.update(
         nvml_env(build_fake_nvml(tmp_path_factory.mktemp("nvml")), FAKE_NVML_USAGE=str(usage))
     )
     hub.env["GPULAB_SERVICE_ENV"] = "FAKE_NVML_GPUS,FAKE_NVML_USAGE"
     hub.start()
+    return hub
+
+
+def test_a_busy_gpu_keeps_a_silent_job_from_being_restarted_as_hung(hub, usage):
+    set_usage(usage, {"0": (93, 20000), "1": (93, 20000)})  # busy, whichever the job gets
     carl = Api(hub, "carl")
 
     job = carl.submit(
@@ -64,7 +88,7 @@ def test_a_busy_gpu_keeps_a_silent_job_from_being_restarted_as_hung(hub_with, tm
     assert running["state"] == "RUNNING", running
     assert len(running["devices"]) == 1, running
     device = running["devices"][0]
-    time.sleep(2 * PERIOD)  # two periods of a busy GPU (a hang would be seen after one)
+    time.sleep(1.5 * PERIOD)  # a period and a half of a busy GPU (a hang is seen after one)
     now = carl.job(job["id"])
     assert now["state"] == "RUNNING" and now["hang_restarts"] == 0, now["history"][-3:]
     assert not [e for e in now["history"] if e["kind"] == "fault-recovery"]
@@ -128,23 +152,8 @@ def test_a_busy_gpu_keeps_a_silent_job_from_being_restarted_as_hung(hub_with, tm
     assert carl.wait(job["id"])["state"] == "INTERRUPTED"
 
 
-#: seconds: the notebook's GPUs' unused time (gpu_unused_timeout), with a look every second
-#: (at least twice idle_check_interval, which the service checks at start-up)
-UNUSED = 4
-
-
-def test_a_notebook_whose_gpus_go_unused_is_stopped_and_one_in_use_is_not(
-    hub_with, tmp_path_factory
-):
-    usage = tmp_path_factory.mktemp("usage") / "usage"
+def test_a_notebook_whose_gpus_go_unused_is_stopped_and_one_in_use_is_not(hub, usage):
     set_usage(usage, {"0": (40, 1000), "1": (40, 1000)})  # in use, whichever it gets
-    policy = f"c.GpulabSettings.gpu_unused_timeout = {UNUSED}\nc.GpulabSettings.idle_check_interval = 1\n"
-    hub = hub_with(CONFIG + policy, start=False)
-    hub.env.update(
-        nvml_env(build_fake_nvml(tmp_path_factory.mktemp("nvml")), FAKE_NVML_USAGE=str(usage))
-    )
-    hub.env["GPULAB_SERVICE_ENV"] = "FAKE_NVML_GPUS,FAKE_NVML_USAGE"
-    hub.start()
     token = hub.create_user("dana")
     r = hub.spawn("dana", "nb", {"cpus": 0.5, "memory": "512M", "gpus": 1}, token=token)
     assert r.status_code in (201, 202), r.text
