@@ -4,7 +4,7 @@ whose utilization and memory use this test sets in a file the library reads at e
 job holding a GPU that writes nothing and uses no CPU (``sleep``) is not restarted as hung
 while its GPU reads busy, and is once it reads idle for the hang period; /metrics shows the
 device's and the job's utilization and memory use meanwhile, the admin page the device's, and
-the job's page and its API answer (``gpu_usage``) the job's. Both tests share one hub.
+the job's page and its API answer (``gpu_usage``) the job's. Both tests share one hub."""
 
 from __future__ import annotations
 
