@@ -241,3 +241,26 @@ def test_make_runtime_hands_each_backend_all_it_needs():
         )
     )
     assert swarm.clustered and swarm.helper_image == "r/sync:9" and swarm.inventory is None
+
+
+def test_a_service_removed_between_its_two_reads_is_gone_not_an_error():
+    """The state's read of a service, then of its tasks: a service its stop or its clean-up
+    removed between the two is gone (None), as if the first read had not found it; the tasks'
+    404 is no engine error (it came up through the hub's poll as a traceback)."""
+    from docker.errors import NotFound
+
+    from gpulab.runtime.swarm import SwarmRuntime
+
+    class Client:
+        def inspect_service(self, name):
+            return {"ID": "s1", "Spec": {"Name": name, "Labels": {}}}
+
+        def tasks(self, filters=None):
+            raise NotFound("service s1 not found")
+
+    class Engine:
+        client = Client()
+
+    swarm = SwarmRuntime.__new__(SwarmRuntime)
+    swarm.engine = Engine()
+    assert swarm._state_blocking("nb-x") is None

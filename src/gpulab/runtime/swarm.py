@@ -412,7 +412,10 @@ class SwarmRuntime(Runtime):
         svc = self._service(name)
         if svc is None:
             return None
-        tasks = self.client.tasks(filters={"service": svc["ID"]})
+        try:
+            tasks = self.client.tasks(filters={"service": svc["ID"]})
+        except NotFound:  # removed between the two reads (its stop or its clean-up): gone
+            return None
         hostname = (svc["Spec"].get("Labels") or {}).get(L_NODE, "")
         nodes = self._nodes()
         if hostname:
