@@ -461,6 +461,9 @@ class GpuWait(Base):
     granted: Mapped[int] = mapped_column(Integer, default=0)
     place: Mapped[int] = mapped_column(Integer, default=0)
     message: Mapped[str] = mapped_column(Text, default="")
+    #: the GPU model and node pool it waits for ("" for any)
+    gpu_model: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    node_pool: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
 
 class FairShareUsage(Base):

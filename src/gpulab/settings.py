@@ -485,12 +485,15 @@ class GpulabSettings(Configurable):
         Dict(),
         default_value=DEFAULT_FLAVORS,
         help="""Resource flavors: a list of {id, title, cpus, memory ('8G'), gpus,
-        idle_timeout, gpu_unused_timeout, gpu_wait}. ``idle_timeout`` (seconds, optional): a
+        idle_timeout, gpu_unused_timeout, gpu_wait, gpu_model, node_pool}. ``idle_timeout``
+        (seconds, optional): a
         notebook of this flavor with no kernel, terminal or editor activity for that long is
         stopped like a user stop (reason IDLE); 0 never stops it; absent: gpu_idle_timeout for
         flavors with GPUs, cpu_idle_timeout for the others. ``gpu_unused_timeout`` and
         ``gpu_wait`` (seconds, optional): the flavor's own gpu_unused_timeout and
-        notebook_gpu_wait.""",
+        notebook_gpu_wait. ``gpu_model`` and ``node_pool`` (optional): the GPU model and node
+        pool its notebooks and jobs run on (see gpu_models, node_pools); a request may repeat
+        them, never ask for another.""",
     ).tag(config=True)
 
     notebook_gpu_wait = Float(

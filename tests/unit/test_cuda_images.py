@@ -128,7 +128,12 @@ def test_the_same_notebook_without_gpu_a_cpu_image_or_a_new_driver_starts():
 def test_the_spawn_form_shows_each_versions_flavour_and_the_drivers_cuda():
     rt = runtime()
     ledger = SimpleNamespace(
-        clustered=False, devices=("0",), free_count=lambda: 1, shared_free=lambda: {}
+        clustered=False,
+        devices=("0",),
+        free_count=lambda: 1,
+        shared_free=lambda: {},
+        free_by_model=lambda: [],
+        known_pools=lambda: [],
     )
     page = run_async(form.render_form(settings_with(SETTINGS), rt, ledger, "ann", []))
     assert 'data-framework="new" selected data-cuda="12.8">New 1 · CUDA 12.8</option>' in page

@@ -13,6 +13,8 @@ from gpulab.gpus.placement import Want, free_by_model, known_models, model_key, 
 from gpulab.jobs.actions import Invalid, admission_refusal
 from gpulab.jobs.scheduler import ActiveJob, QueuedJob, plan
 from gpulab.jobs.spec import JobSpec, job_spec_schema
+from gpulab.notebooks.form import refusal_text
+from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
 from gpulab.resources import Flavor, Limits, Quota, parse_memory
 from gpulab.runtime.base import Node
 from gpulab.runtime.swarm_nodes import labelled_model, labelled_pools
@@ -319,3 +321,25 @@ def test_the_forms_count_free_gpus_per_model():
         {"model": "A100", "free": 2, "total": 3},
         {"model": "Tesla T4", "free": 1, "total": 2},
     ]
+
+
+def test_notebook_options_ask_for_a_model_and_a_pool_as_a_job_does():
+    limits = Limits(cpus=4, memory=parse_memory("16G"), gpus=2)
+    flavors = FLAVORS | {"a100": A100_FLAVOR}
+
+    def options(**raw):
+        return parse_notebook_options(raw, CATALOG, flavors, limits, None)
+
+    opts = options(flavor="a100")
+    assert (opts.gpu_model, opts.node_pool) == ("A100", "big")
+    assert opts.to_json()["gpu_model"] == "A100"
+    opts = options(cpus="1", memory="1G", gpus="1", gpu_model="T4")
+    assert (opts.gpu_model, opts.node_pool) == ("T4", "")
+    assert options(cpus="1", memory="1G").to_json()["node_pool"] is None
+    with pytest.raises(OptionsError) as e:
+        options(flavor="a100", node_pool="small")
+    assert e.value.field == "node_pool" and "flavor 'a100' runs on 'big'" in str(e.value)
+    raw = form_to_options({"flavor": ["a100"], "gpu_model": ["A100"], "node_pool": [""]})
+    assert raw == {"flavor": "a100", "gpu_model": "A100"}
+    assert refusal_text("resources.gpus", "3 GPU(s) ...") == "gpus: 3 GPU(s) ..."
+    assert refusal_text("gpu_model", "gpu_model: no GPU") == "gpu_model: no GPU"

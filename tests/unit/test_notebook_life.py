@@ -9,12 +9,14 @@ from datetime import timedelta
 
 import pytest
 
+from gpulab.gpus.inventory import described
+from gpulab.gpus.placement import Want
 from gpulab.gpus.waits import GpuWaits
 from gpulab.jobs.supervisor.supervisor import JobSupervisor
 from gpulab.lifecycle import utcnow
 from gpulab.notebooks import life
 from gpulab.notebooks.container import HubSide
-from gpulab.notebooks.life import Held
+from gpulab.notebooks.life import Held, NotebookRefused
 
 from ..conftest import run_async
 from ..support.fake_runtime import EngineError, FakeRuntime
@@ -612,3 +614,39 @@ def test_a_grant_meant_for_an_earlier_spawn_is_not_taken(tmp_path, answers, monk
 
     run_async(go())
     assert w.record()["state"] == "RUNNING" and w.held_gpus() == ["0"]
+
+
+# --- GPU models (issue 30 item 2) --------------------------------------------------------------
+
+
+def test_a_notebook_for_a_model_waits_for_that_model_only(tmp_path, answers, monkeypatch):
+    monkeypatch.setattr(life, "GPU_WAIT_POLL", 0.02)
+    w = World(tmp_path)
+    w.s.notebook_gpu_wait = 30
+    w.s.gpu_models = {"0": "A100", "1": "T4"}
+    w.ledger.devices = described(w.ledger.devices, w.s.gpu_models)
+    w.ledger.reserve("t/job/j1", "bob", "job", 1, want=Want("T4"))  # a job holds the T4
+    sv = supervisor_beside(w, tmp_path)
+    waits = GpuWaits(w.ledger.db, "t")
+    with pytest.raises(NotebookRefused) as e:  # a model no device has: refused, never waits
+        w.start(gpus="1", gpu_model="H100")
+    assert e.value.status == 400
+    assert str(e.value).endswith("gpu_model: no GPU of model 'H100' here; models: A100, T4")
+
+    async def go():
+        opts = w.options(gpus="1", gpu_model="t4")
+        spawn = asyncio.create_task(life.start(w.nb, opts, hub_side(w), {}))
+        row = await until(lambda: waits.get(w.nb.workload_id))  # the A100 is free: no matter
+        assert (row["gpu_model"], row["node_pool"]) == ("t4", "")
+        await sv.refresh_inventory()
+        await sv.schedule()
+        assert waits.get(w.nb.workload_id)["message"] == (
+            "waiting for 1 GPU(s) of model 't4': 1st in line of 1 (jobs and notebooks); "
+            "0 of 1 such GPUs free now"
+        )
+        w.ledger.release("t/job/j1")
+        await sv.schedule()  # its turn: the T4 is booked for it
+        await asyncio.wait_for(spawn, 10)
+
+    run_async(go())
+    assert w.held_gpus() == ["1"]

@@ -45,6 +45,8 @@ def _row(r: GpuWait) -> dict:
         "granted": bool(r.granted),
         "place": r.place,
         "message": r.message,
+        "gpu_model": r.gpu_model or "",
+        "node_pool": r.node_pool or "",
     }
 
 
@@ -59,9 +61,17 @@ class GpuWaits:
         return (GpuWait.instance == self.instance, GpuWait.workload == workload)
 
     def add(
-        self, workload: str, owner: str, groups: Iterable[str], gpus: int, until: datetime
+        self,
+        workload: str,
+        owner: str,
+        groups: Iterable[str],
+        gpus: int,
+        until: datetime,
+        gpu_model: str = "",
+        node_pool: str = "",
     ) -> dict:
-        """Start waiting (again: a row left by an earlier spawn is replaced)."""
+        """Start waiting (again: a row left by an earlier spawn is replaced), for ``gpus``
+        GPUs of ``gpu_model`` in ``node_pool`` ("" for any)."""
         with self.db.session() as s:
             s.execute(delete(GpuWait).where(*self._mine(workload)))
             row = GpuWait(
@@ -75,6 +85,8 @@ class GpuWaits:
                 granted=0,
                 place=0,
                 message="",
+                gpu_model=gpu_model,
+                node_pool=node_pool,
             )
             s.add(row)
             s.flush()

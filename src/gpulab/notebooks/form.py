@@ -13,6 +13,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from ..cuda import cuda_refusal
 from ..durations import format_duration
 from ..gpus.ledger import GpuLedger
+from ..gpus.placement import Want
 from ..gpus.sharing import fraction_refusal, offered_fractions
 from ..resources import beyond_gpus, format_memory
 from ..runtime.base import Runtime
@@ -25,6 +26,17 @@ TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 class OptionsRefused(ValueError):
     """Options the hub answers 400 to; the message starts with the field at fault."""
+
+
+def want_of(opts: NotebookOptions) -> Want:
+    """The GPU model and node pool a notebook's options ask for."""
+    return Want(opts.gpu_model, opts.node_pool)
+
+
+def refusal_text(field: str, message: str) -> str:
+    """A refusal of :meth:`GpuLedger.want_refusal` as an option's: "OPTION: message"."""
+    option = "gpus" if field in ("resources.gpus", "workers") else field
+    return message if message.startswith(f"{option}: ") else f"{option}: {message}"
 
 
 def parse_options(settings, user: str, groups: list[str], user_options: dict) -> NotebookOptions:
@@ -94,6 +106,11 @@ async def check_options(
     )
     if too_many:
         raise OptionsRefused(f"gpus: {too_many}")
+    want = want_of(opts)
+    if want and not ledger.clustered:  # a cluster's devices are read at the reservation
+        why = ledger.want_refusal(want, opts.resources.gpus)
+        if why:
+            raise OptionsRefused(refusal_text(*why))
     unavailable = await missing_images(settings, runtime)
     if opts.image in unavailable:
         raise OptionsRefused(f"version: {unavailable[opts.image]}")
@@ -108,9 +125,10 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
     try:
         free = await asyncio.to_thread(ledger.free_count)
         shared = await asyncio.to_thread(ledger.shared_free)
+        models = await asyncio.to_thread(ledger.free_by_model)
     except Exception:  # the form must render even if the ledger is unreachable
         log.exception("cannot read the GPU ledger")
-        free, shared = None, {}
+        free, shared, models = None, {}, []
     idle = {f.id: s.idle_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
     unused = {f.id: s.gpu_unused_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
     unavailable = await missing_images(s, runtime)
@@ -131,6 +149,9 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
         limit_memory=format_memory(limits.memory),
         gpus_total=len(ledger.devices),
         gpus_free=free,
+        # the models (each with its free and total GPUs) and pools a notebook may ask for
+        models=models,
+        pools=ledger.known_pools(),
         fractions=offered_fractions(list(s.gpu_sharing.values())),
         shared=shared,
         # the biggest share one shared GPU has free now (for the form's warning)

@@ -29,6 +29,7 @@ from ..disk_ledger import DiskLedger
 from ..durations import format_duration
 from ..gpus.inventory import node_of
 from ..gpus.ledger import GpuLedger, GpuQuotaExceeded, NoGpuAvailable
+from ..gpus.placement import Want
 from ..gpus.recent_usage import RecentUsage
 from ..gpus.sharing import is_fraction
 from ..gpus.waits import GpuWaits
@@ -251,10 +252,13 @@ async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> l
     waits = GpuWaits(nb.ledger.db, nb.ledger.instance)
     whole = not is_fraction(count)
     deadline = time.monotonic() + limit
+    want = _want(nb)
+    row_of = (want.model, want.pool)  # what its queue row waits for
     if whole:
         until = utcnow() + timedelta(seconds=limit)
-        await nb.db(waits.add, nb.workload_id, nb.user, nb.groups, int(count), until)
+        await nb.db(waits.add, nb.workload_id, nb.user, nb.groups, int(count), until, *row_of)
     what = f"{count:g} GPU(s)" if whole else f"a {count:g} share of a GPU"
+    what += want.text()
     nb.progress(15, f"{why}: waiting for {what} for up to {format_duration(round(limit, 1))}")
     said = ""
     try:
@@ -275,7 +279,9 @@ async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> l
                     await nb.db(nb.ledger.release, nb.workload_id)
                     remaining = max(1.0, deadline - time.monotonic())
                     until = utcnow() + timedelta(seconds=remaining)
-                    await nb.db(waits.add, nb.workload_id, nb.user, nb.groups, int(count), until)
+                    await nb.db(
+                        waits.add, nb.workload_id, nb.user, nb.groups, int(count), until, *row_of
+                    )
                     continue
                 if row["message"] and row["message"] != said:
                     said = row["message"]
@@ -289,6 +295,7 @@ async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> l
                         "notebook",
                         count,
                         quota=s.gpu_quota_for(nb.user, nb.groups),
+                        want=want,
                     )
                 except NoGpuAvailable:
                     pass
@@ -311,6 +318,12 @@ async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> l
         raise
 
 
+def _want(nb: Notebook) -> Want:
+    """The GPU model and node pool its options ask for."""
+    opts = nb.options
+    return Want(opts.gpu_model, opts.node_pool) if opts is not None else Want()
+
+
 def _line_waits(nb: Notebook) -> bool:
     """Whether notebooks wait in line for whole GPUs now (blocking)."""
     return GpuWaits(nb.ledger.db, nb.ledger.instance).anyone_waiting()
@@ -330,6 +343,12 @@ async def _reserve_gpus(nb: Notebook, res) -> None:
         msg = f"the container engine did not answer: {e}"
         err = await nb.fail(S.ERROR, "ENGINE_UNREACHABLE", f"container engine error: {e}", 503)
         raise NotebookRefused(err.status, msg) from None
+    want = _want(nb)
+    why = nb.ledger.want_refusal(want, res.gpus) if want else None
+    if why:  # no node could ever give it (one host's options were checked before already)
+        option = "gpus" if why[0] in ("resources.gpus", "workers") else why[0]
+        msg = why[1] if why[1].startswith(f"{option}: ") else f"{option}: {why[1]}"
+        raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", msg, 400)
     limit = nb.options.gpu_wait if nb.options is not None else 0.0
     # others waiting in line for whole GPUs: a new spawn goes behind them, never past them
     # (its booking below still checks the quota and the count, then is given back)
@@ -348,6 +367,7 @@ async def _reserve_gpus(nb: Notebook, res) -> None:
             "notebook",
             res.gpus,
             quota=s.gpu_quota_for(nb.user, nb.groups),
+            want=want,
         )
         if queue_first:
             await nb.db(nb.ledger.release, nb.workload_id)
@@ -357,7 +377,7 @@ async def _reserve_gpus(nb: Notebook, res) -> None:
     except GpuQuotaExceeded as e:
         raise await nb.fail(S.FAILED, "GPU_QUOTA_EXCEEDED", str(e), 409) from None
     except NoGpuAvailable as e:
-        if limit <= 0 or not nb.ledger.could_fit(res.gpus):  # nothing worth waiting for
+        if limit <= 0 or not nb.ledger.could_fit(res.gpus, want):  # nothing worth waiting for
             raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", str(e), 409) from None
         nb.held.gpu_ids = await wait_for_gpus(nb, res.gpus, limit, str(e))
     if nb.held.gpu_ids:
@@ -390,7 +410,7 @@ async def _place(nb: Notebook) -> None:
     if nb.held.gpu_ids:
         nb.held.node = node_of(nb.held.gpu_ids[0])
     else:
-        nb.held.node = await nb.db(nb.ledger.node_for_cpu)
+        nb.held.node = await nb.db(nb.ledger.node_for_cpu, _want(nb))
     await nb.db(nb.records.set_node, nb.user, nb.server, nb.held.node)
     nb.progress(25, f"Placed on node {nb.held.node}")
 

@@ -40,6 +40,8 @@ KNOWN_OPTIONS = (
     "cpus",
     "memory",
     "gpus",
+    "gpu_model",
+    "node_pool",
     "image",
     "auto_restart",
     "volumes",
@@ -58,6 +60,8 @@ _TEXT_CAPS = {
     "cpus": MAX_NUMBER_CHARS,
     "memory": MAX_NUMBER_CHARS,
     "gpus": MAX_NUMBER_CHARS,
+    "gpu_model": 64,
+    "node_pool": 64,
     "auto_restart": MAX_NUMBER_CHARS,
     "notify_webhook": MAX_URL_CHARS,
     "notify_email": MAX_EMAIL_CHARS,
@@ -93,6 +97,9 @@ class NotebookOptions:
     gpu_wait: float = 0.0
     #: whom to tell when it stops or fails (gpulab.notices); None: nobody
     notify: Notify | None = None
+    #: the GPU model and node pool its GPUs must be of ("" for any; a flavor's by default)
+    gpu_model: str = ""
+    node_pool: str = ""
 
     def to_json(self) -> dict:
         return {
@@ -108,6 +115,8 @@ class NotebookOptions:
             "gpu_unused_timeout": self.gpu_unused_timeout,
             "gpu_wait": self.gpu_wait,
             "notify": self.notify.to_json() if self.notify else None,
+            "gpu_model": self.gpu_model or None,
+            "node_pool": self.node_pool or None,
         }
 
 
@@ -174,6 +183,13 @@ def parse_notebook_options(
         flavor = default_flavor
     res = checks.resources(OptionsError, flavors, limits, flavor, explicit)
 
+    gpu_model, node_pool = checks.want(
+        OptionsError,
+        raw.get("gpu_model"),
+        raw.get("node_pool"),
+        flavors.get(flavor) if flavor else None,
+        form=True,
+    )
     volumes = _volumes(raw.get("volumes"), storage, user, workspace_dir)
 
     return NotebookOptions(
@@ -196,6 +212,8 @@ def parse_notebook_options(
         ),
         gpu_wait=gpu_wait_for(flavors.get(flavor) if flavor else None, res, gpu_wait),
         notify=_notify(raw, notify_rules or NotifyRules()),
+        gpu_model=gpu_model,
+        node_pool=node_pool,
     )
 
 

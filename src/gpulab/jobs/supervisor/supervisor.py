@@ -525,6 +525,7 @@ class JobSupervisor:
                 "notebook",
                 wait["gpus"],
                 quota=self.s.gpu_quota_for(owner, wait["groups"]),
+                want=want_of(wait),
             )
         except (NoGpuAvailable, GpuQuotaExceeded):  # taken meanwhile: the next pass plans again
             return
@@ -557,6 +558,13 @@ class JobSupervisor:
                 f"waiting for {q.gpus} GPU(s): {ordinal(place)} in line of {len(line)} "
                 f"(jobs and notebooks); {len(free)} of {total} GPUs free now"
             )
+            if q.want:
+                keys = {d.key for d in self.ledger.wanted(q.want)}
+                msg = (
+                    f"waiting for {q.gpus} GPU(s){q.want.text()}: {ordinal(place)} in line of "
+                    f"{len(line)} (jobs and notebooks); {sum(k in keys for k in free)} of "
+                    f"{len(keys)} such GPUs free now"
+                )
             if soonest is not None:
                 msg += f"; a running job reaches its time-out in {format_duration(round(soonest))}"
             if self._told.get(workload) != (place, msg):
