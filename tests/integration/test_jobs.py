@@ -16,6 +16,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
 CONFIG = """
 c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]
+c.GpulabSettings.gpu_models = {"0": "A100", "1": "T4"}
 c.GpulabSettings.gpu_mode = "env"
 c.GpulabSettings.supervisor_interval = 0.2
 c.GpulabSettings.fair_share_interval = 1
@@ -255,6 +256,8 @@ def test_users_do_not_see_each_others_jobs(hub, alice):
         ({"command": ["true"], "image": "alpine:3"}, "image"),
         ({"command": ["true"], "framework": "caffe"}, "framework"),
         ({"command": ["true"], "surprise": 1}, "surprise"),
+        ({"command": ["true"], "gpu_model": "H100"}, "gpu_model"),
+        ({"command": ["true"], "node_pool": "big"}, "node_pool"),
         ({"command": ["true"], "notify": {"webhook": "http://169.254.169.254/"}}, "notify.webhook"),
         ({"command": ["true"], "notify": {"email": "alice@example.org"}}, "notify.email"),
         (
@@ -267,6 +270,19 @@ def test_bad_values_are_400_naming_the_field(alice, body, field):
     r = alice.call("POST", "/jobs", json=body)
     assert r.status_code == 400, (r.status_code, r.text)
     assert r.json()["field"].startswith(field), r.json()
+
+
+def test_a_job_for_a_gpu_model_is_placed_on_that_model(alice):
+    r = alice.call("POST", "/jobs", json={"command": ["true"], "gpu_model": "H100"})
+    assert r.json()["message"] == "gpu_model: no GPU of model 'H100' here; models: A100, T4"
+    job = alice.submit(
+        command=["true"], gpu_model="t4", resources={"gpus": 1, "cpus": 0.5, "memory": "256M"}
+    )
+    done = alice.wait(job["id"])
+    assert done["state"] == "DONE" and done["spec"]["gpu_model"] == "t4", done
+    history = [e for e in done["history"] if e["kind"] == "transition"]
+    placed = [e["message"] for e in history if e["state"] == "INITIALIZING"]
+    assert placed and placed[0].startswith("placed: GPUs 1"), placed
 
 
 def test_not_json_is_400(alice):
