@@ -25,7 +25,7 @@ export GPULAB_PORT
 # Extra arguments for pytest, e.g. `make test PYTEST_ARGS='-k spawn -x'`.
 PYTEST_ARGS ?=
 # pytest-xdist workers for the tests outside the swarm lab (0: one process; scripts/run-tests.sh).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 # `make images FORCE=1` rebuilds the images even when they are up to date.
 FORCE ?=
 # `make images GPU=cuda|cpu`: the framework images' flavour (default: cuda where an NVIDIA
@@ -106,7 +106,7 @@ ldap: ## Make sure Debian's slapd and ldap-utils are installed (the log-in tests
 nginx: ## Make sure Debian's nginx is installed (the tests of a store behind TLS and of the HTTPS front door start their own)
 	scripts/ensure-nginx.sh
 
-test: setup browser postgres ldap nginx ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=2)
+test: setup browser postgres ldap nginx ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=3)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	PATH="$(RUN_PATH)" scripts/run-tests.sh $(TEST_WORKERS) $(PYTEST_ARGS)
