@@ -2,8 +2,10 @@
 site (deploy/nginx/gpulab.conf) with a certificate from a CA this test makes, in front of a
 hub whose public_url is that https URL. Through https a user logs in, types in a job's shell,
 opens a job's port app (which is told X-Forwarded-Proto https), runs a JupyterLab cell (the
-kernel's websocket) and types in VS Code's terminal; every cookie the browser holds is Secure.
-A client that reaches the hub's proxy directly and claims https is not believed.
+kernel's websocket) and works in VS Code (a saved file that survives a restart on a new
+volume, its terminal, another user's 403 and a foreign origin's websocket refused: the one
+VS Code test, behind the door users reach it through); every cookie the browser holds is
+Secure. A client that reaches the hub's proxy directly and claims https is not believed.
 
 nginx missing skips this module on a developer machine but FAILS in CI (CI=true):
 `make test` installs it (scripts/ensure-nginx.sh)."""
@@ -25,6 +27,7 @@ from ..support.programs import HEADERS_ECHO
 from ..support.tls import make_ca
 from .conftest import (
     HUB_CONFIG,
+    WORKBENCH,
     _need,
     launch,
     login,
@@ -37,6 +40,7 @@ from .conftest import (
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
 SERVICE = "/services/gpulab"
+VSCODE_TEXT = "written in VS Code"
 
 
 @pytest.fixture(scope="module")
@@ -212,12 +216,48 @@ def test_jupyterlab_cell_over_https(front, new_tls_page, shots):
     assert any(c["path"].startswith("/user/lars/") for c in page.context.cookies())
 
 
-def test_vscode_terminal_over_https(front, new_tls_page, shots, docker_client):
+def test_vscode_over_https_file_survives_restart_terminal_and_refusals(
+    front, new_tls_page, shots, docker_client
+):
+    """VS Code as the notebook's editor, through the front door: chosen in the spawn form, the
+    workbench loads (code-server behind jupyter-server-proxy, its websockets through nginx,
+    the hub's proxy and the notebook server); a file created and saved in its editor is pushed
+    at the stop and is there again after the next start, in a container whose local volume was
+    removed; the integrated terminal runs a command as the notebook's user. Another user, and
+    a websocket from another site's origin (with the owner's cookies), get a 403."""
     hub, door = front
     page = new_tls_page()
     login(page, hub, "vida", base=door.url)
     spawn_vscode_from_form(page, hub, "vida", "code", base=door.url)
     assert page.url.startswith(door.url + "/"), page.url
+    shots(page, "vscode-workbench")
+    nb = hub.notebook("vida", "code").json()
+    assert nb["state"] == "RUNNING" and nb["options"]["editor"] == "vscode"
+    container = nb["container"]
+
+    # a new file from the explorer's "New File..." (named in the tree), typed into and saved
+    header = page.locator(".pane", has=page.locator(".explorer-folders-view")).locator(
+        ".pane-header"
+    )
+    header.hover()
+    header.locator('.action-label[aria-label^="New File"]').click()
+    name_box = page.locator(".explorer-folders-view .monaco-inputbox input")
+    name_box.wait_for()
+    name_box.fill("from-vscode.txt")
+    name_box.press("Enter")
+    page.wait_for_selector('.tab.active[aria-label*="from-vscode.txt"]', timeout=30_000)
+    page.locator(".monaco-editor .view-lines").first.click()
+    page.keyboard.type(VSCODE_TEXT)
+    page.keyboard.press("Control+S")
+
+    def saved():
+        code, out = sh(docker_client, container, "cat /workspace/from-vscode.txt")
+        return out.strip() if code == 0 else None
+
+    assert wait_until(lambda: saved() == VSCODE_TEXT, timeout=30, what="the saved file")
+    shots(page, "vscode-saved-file")
+
+    # the integrated terminal runs a command as the notebook's user, in its workspace
     run_command(page, "Terminal: Create New Terminal")
     page.wait_for_selector(".terminal-wrapper .xterm", timeout=30_000)
     # keys go to the terminal once it has the focus (a shell not yet ready buffers them)
@@ -226,14 +266,73 @@ def test_vscode_terminal_over_https(front, new_tls_page, shots, docker_client):
         "document.activeElement.classList.contains('xterm-helper-textarea')",
         timeout=30_000,
     )
-    page.keyboard.type("echo $((6 * 7)) typed-over-tls | tee /workspace/tls.txt")
+    page.keyboard.type("echo $((6 * 7)) $(whoami) $(pwd) typed-over-tls | tee /workspace/tls.txt")
     page.keyboard.press("Enter")
-    container = hub.notebook("vida", "code").json()["container"]
 
     def typed():
         code, out = sh(docker_client, container, "cat /workspace/tls.txt 2>/dev/null")
         return out.strip() if code == 0 and out.strip() else None
 
-    assert wait_until(typed, timeout=60, what="the terminal's command") == "42 typed-over-tls"
-    shots(page, "https-vscode-terminal")
+    got = wait_until(typed, timeout=60, what="the terminal's command")
+    assert got == "42 jovyan /workspace typed-over-tls"
+    shots(page, "vscode-terminal")
     assert_secure_cookies(page, at_least={"jupyterhub-hub-login"})
+
+    # another user is refused at the notebook's VS Code (the hub's authentication)
+    other = new_tls_page()
+    login(other, hub, "otto", base=door.url)
+    resp = other.goto(f"{door.url}/user/vida/code/vscode/")
+    assert resp.status == 403, resp.status
+    assert other.locator(WORKBENCH).count() == 0
+
+    # a websocket from another site's page is refused, even with the owner's cookies; the
+    # same handshake from the hub's own origin is accepted (VS Code's own connection URL)
+    cookies = {c["name"]: c["value"] for c in page.context.cookies()}
+
+    def handshake(origin: str) -> requests.Response:
+        return requests.get(
+            f"{hub.url}/user/vida/code/vscode/",
+            params={
+                "reconnectionToken": "t1",
+                "reconnection": "false",
+                "skipWebSocketFrames": "false",
+            },
+            headers={
+                "Connection": "Upgrade",
+                "Upgrade": "websocket",
+                "Sec-WebSocket-Version": "13",
+                "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+                "Origin": origin,
+            },
+            cookies=cookies,
+            timeout=30,
+            allow_redirects=False,
+            stream=True,
+        )
+
+    r = handshake("https://attacker.example")
+    assert r.status_code == 403, (r.status_code, r.text[:300])
+    r = handshake(hub.url)
+    assert r.status_code == 101, (r.status_code, r.headers)
+    r.close()
+
+    # stop: the workspace is pushed; the local volume goes (a new host); start again
+    hub.stop_server("vida", "code")
+    nb = hub.notebook("vida", "code").json()
+    assert nb["state"] == "STOPPED", nb["history"][-1]
+    stored = hub.workdir / "data/objects/gpulab-workspaces/workspaces/vida/code/from-vscode.txt"
+    assert stored.read_text().strip() == VSCODE_TEXT
+    docker_client.volumes.get(container + "-workspace").remove(force=True)
+
+    page = new_tls_page()
+    login(page, hub, "vida", base=door.url)
+    spawn_vscode_from_form(page, hub, "vida", "code", base=door.url)
+    row = page.locator('.explorer-folders-view .monaco-list-row[aria-label*="from-vscode.txt"]')
+    row.wait_for(timeout=30_000)
+    row.click()
+    page.wait_for_selector(f'.monaco-editor .view-lines:has-text("{VSCODE_TEXT}")', timeout=30_000)
+    shots(page, "vscode-after-restart")
+    nb = hub.notebook("vida", "code").json()
+    code, out = sh(docker_client, nb["container"], "cat /workspace/from-vscode.txt")
+    assert code == 0 and out.strip() == VSCODE_TEXT, out
+    hub.stop_server("vida", "code")

@@ -28,7 +28,7 @@ DOC_SHOTS: dict[tuple[str, str], str] = {
     ("test_spawn_form_errors_then_jupyterlab", "spawn-progress"): "spawn-progress.png",
     ("test_spawn_form_errors_then_jupyterlab", "jupyterlab"): "jupyterlab.png",
     ("test_spawn_form_errors_then_jupyterlab", "home-with-notebook"): "home-notebook-running.png",
-    ("test_vscode_from_the_form_file_survives_restart_and_terminal", "vscode-terminal"): (
+    ("test_vscode_over_https_file_survives_restart_terminal_and_refusals", "vscode-terminal"): (
         "vscode.png"
     ),
     ("test_submit_job_follow_logs_until_done", "submit-form"): "job-submit-form.png",

@@ -42,7 +42,7 @@ def test_the_rule_finds_a_call(tmp_path):
 
 
 def test_make_tests_workers_keep_each_modules_tests_together():
-    """`make test` runs ``-n 2 --dist loadgroup``: tests/conftest.py marks each test with its
+    """`make test` runs ``-n 3 --dist loadgroup``: tests/conftest.py marks each test with its
     module's group (modules that share a hub form one), and every test of a group must run
     on one worker, else a module's shared hub and module fixtures are made on both (with
     pytest 9.2, pytest-xdist dropped the groups silently: pytest-dev/pytest-xdist#1386)."""
