@@ -167,6 +167,14 @@ def upgrade_database(url: str) -> tuple[str | None, str]:
         engine.dispose()
 
 
+#: bytes SQLite's write-ahead log is cut back to once a checkpoint has copied it into the
+#: database (``PRAGMA journal_size_limit``). SQLite checkpoints by itself every 1000 pages
+#: (4 MiB) but only resets the log where no reader still needs it, and never shrinks the file
+#: without this: a burst of writes beside a long read (a backup, a big report) left a log as
+#: large as the burst on disk for good.
+WAL_SIZE_LIMIT = 16 * 1024 * 1024
+
+
 def connect(url: str) -> Engine:
     """An engine on ``url``, SQLite's pragmas and write lock set, the schema left as it is."""
     if url.startswith("sqlite"):
@@ -180,6 +188,7 @@ def connect(url: str) -> Engine:
             cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute(f"PRAGMA journal_size_limit={int(WAL_SIZE_LIMIT)}")
             cur.close()
 
         @event.listens_for(engine, "begin")
