@@ -650,3 +650,37 @@ def test_a_notebook_for_a_model_waits_for_that_model_only(tmp_path, answers, mon
 
     run_async(go())
     assert w.held_gpus() == ["1"]
+
+
+def test_a_grant_of_another_model_is_not_taken(tmp_path, answers, monkeypatch):
+    """A grant booked for what the row asked before (an earlier spawn of the server, for an
+    A100) is neither marked on the row that now asks for a T4 nor taken by its spawn: the
+    A100 is given back and the spawn starts on the T4 only."""
+    monkeypatch.setattr(life, "GPU_WAIT_POLL", 0.02)
+    w = World(tmp_path)
+    w.s.notebook_gpu_wait = 30
+    w.s.gpu_models = {"0": "A100", "1": "T4"}
+    w.ledger.devices = described(w.ledger.devices, w.s.gpu_models)
+    w.ledger.reserve("t/job/j1", "bob", "job", 1, want=Want("T4"))
+    sv = supervisor_beside(w, tmp_path)
+    waits = GpuWaits(w.ledger.db, "t")
+
+    async def go():
+        opts = w.options(gpus="1", gpu_model="T4")
+        spawn = asyncio.create_task(life.start(w.nb, opts, hub_side(w), {}))
+        row = await until(lambda: waits.get(w.nb.workload_id))
+        earlier = {**row, "gpu_model": "A100"}  # what the row asked when it was read
+        assert not waits.grant(w.nb.workload_id, earlier)
+        assert waits.get(w.nb.workload_id)["granted"] is False
+        # booked and marked anyway (a grant of an older supervisor): not taken
+        assert w.ledger.reserve(w.nb.workload_id, "alice", "notebook", 1, want=Want("A100"))
+        assert waits.grant(w.nb.workload_id)
+        await until(lambda: (waits.get(w.nb.workload_id) or {}).get("granted") is False)
+        assert not spawn.done() and w.held_gpus() == []
+        w.ledger.release("t/job/j1")
+        await sv.refresh_inventory()
+        await sv.schedule()
+        await asyncio.wait_for(spawn, 10)
+
+    run_async(go())
+    assert w.record()["state"] == "RUNNING" and w.held_gpus() == ["1"]

@@ -131,13 +131,22 @@ class GpuWaits:
             )
             return done.rowcount
 
-    def grant(self, workload: str) -> bool:
+    def grant(self, workload: str, booked_for: Mapping | None = None) -> bool:
         """Mark a row granted (its GPUs are booked); False when it is gone or was already
-        granted: then the caller releases what it booked."""
+        granted: then the caller releases what it booked. ``booked_for``: the row as read
+        when the GPUs were booked; a row that asks for something else now (the server's next
+        spawn, for another count, model or pool) is not granted what was booked for it."""
+        asked = ()
+        if booked_for is not None:
+            asked = (
+                GpuWait.gpus == booked_for["gpus"],
+                GpuWait.gpu_model == (booked_for.get("gpu_model") or ""),
+                GpuWait.node_pool == (booked_for.get("node_pool") or ""),
+            )
         with self.db.session() as s:
             done = s.execute(
                 update(GpuWait)
-                .where(*self._mine(workload), GpuWait.granted == 0)
+                .where(*self._mine(workload), GpuWait.granted == 0, *asked)
                 .values(granted=1, message="GPUs booked: starting")
             )
             return done.rowcount > 0

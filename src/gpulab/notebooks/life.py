@@ -270,11 +270,12 @@ async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> l
                     raise await nb.fail(S.FAILED, "NO_GPU_AVAILABLE", msg, 409)
                 if row["granted"]:
                     held = await nb.db(nb.ledger.held_by, nb.workload_id)
-                    if len(held) == int(count):
+                    if len(held) == int(count) and _gives(nb, want, held):
                         await nb.db(waits.remove, nb.workload_id)
                         return held
-                    # a grant meant for an earlier spawn of this server that gave up: what it
-                    # booked was released; wait again, in its place
+                    # a grant meant for an earlier spawn of this server that gave up (what it
+                    # booked was released, or is of another model or pool): wait again, in
+                    # its place, with nothing of it held
                     log.warning("%s: a stale grant; waiting again", nb.workload_id)
                     await nb.db(nb.ledger.release, nb.workload_id)
                     remaining = max(1.0, deadline - time.monotonic())
@@ -316,6 +317,14 @@ async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> l
             with contextlib.suppress(Exception):
                 nb.ledger.release(nb.workload_id)
         raise
+
+
+def _gives(nb: Notebook, want: Want, held: list[str]) -> bool:
+    """Whether the devices ``held`` are of the model and pool ``want`` asks for."""
+    if not want:
+        return True
+    mine = {d.key for d in nb.ledger.wanted(want)}
+    return all(key in mine for key in held)
 
 
 def _want(nb: Notebook) -> Want:

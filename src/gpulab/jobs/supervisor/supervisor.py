@@ -529,7 +529,7 @@ class JobSupervisor:
             )
         except (NoGpuAvailable, GpuQuotaExceeded):  # taken meanwhile: the next pass plans again
             return
-        if await self.db(self.waits.grant, workload):
+        if await self.db(self.waits.grant, workload, wait):
             log.info("notebook %s: %s GPU(s) booked after its wait", workload, wait["gpus"])
         else:
             await self.db(self.ledger.release, workload)
