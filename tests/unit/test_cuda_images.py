@@ -141,6 +141,23 @@ def test_the_spawn_form_shows_each_versions_flavour_and_the_drivers_cuda():
     assert "(their driver supports CUDA 11.8)" in page
 
 
+def test_the_spawn_form_keeps_the_models_when_the_ledger_cannot_be_read():
+    def unreadable():
+        raise RuntimeError("database is locked")
+
+    ledger = SimpleNamespace(
+        clustered=False,
+        devices=(GpuDevice("0", model="A100"), GpuDevice("1", model="A100")),
+        free_count=unreadable,
+        shared_free=unreadable,
+        free_by_model=unreadable,
+        known_pools=lambda: [],
+    )
+    page = run_async(form.render_form(settings_with(SETTINGS), runtime(), ledger, "ann", []))
+    assert '<option value="A100">A100 (? of 2 free now)</option>' in page
+    assert "(another is refused)" in page
+
+
 # --- the job's door ------------------------------------------------------------------------
 
 

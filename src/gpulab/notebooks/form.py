@@ -13,7 +13,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from ..cuda import cuda_refusal
 from ..durations import format_duration
 from ..gpus.ledger import GpuLedger
-from ..gpus.placement import Want
+from ..gpus.placement import Want, free_by_model
 from ..gpus.sharing import fraction_refusal, offered_fractions
 from ..resources import beyond_gpus, format_memory
 from ..runtime.base import Runtime
@@ -128,7 +128,9 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
         models = await asyncio.to_thread(ledger.free_by_model)
     except Exception:  # the form must render even if the ledger is unreachable
         log.exception("cannot read the GPU ledger")
-        free, shared, models = None, {}, []
+        # the models stay on offer (a choice the spawn checks), how many are free unknown
+        free, shared = None, {}
+        models = [{**m, "free": None} for m in free_by_model(ledger.devices, ())]
     idle = {f.id: s.idle_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
     unused = {f.id: s.gpu_unused_timeout_for(f.id, f.resources) for f in s.flavor_map.values()}
     unavailable = await missing_images(s, runtime)
