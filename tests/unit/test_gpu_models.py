@@ -3,6 +3,8 @@ bookings, the scheduler's plans and a Swarm node's labels."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gpulab import cli
@@ -11,7 +13,7 @@ from gpulab.gpus.inventory import GpuDevice, described, from_nodes, node_pools_o
 from gpulab.gpus.ledger import GpuLedger, NoGpuAvailable
 from gpulab.gpus.placement import Want, free_by_model, known_models, model_key, want_refusal
 from gpulab.jobs.actions import Invalid, admission_refusal
-from gpulab.jobs.scheduler import ActiveJob, QueuedJob, plan
+from gpulab.jobs.scheduler import ActiveJob, Placement, QueuedJob, plan
 from gpulab.jobs.spec import JobSpec, job_spec_schema
 from gpulab.notebooks.form import refusal_text
 from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
@@ -343,3 +345,25 @@ def test_notebook_options_ask_for_a_model_and_a_pool_as_a_job_does():
     assert raw == {"flavor": "a100", "gpu_model": "A100"}
     assert refusal_text("resources.gpus", "3 GPU(s) ...") == "gpus: 3 GPU(s) ..."
     assert refusal_text("gpu_model", "gpu_model: no GPU") == "gpu_model: no GPU"
+
+
+def test_the_ledger_never_books_what_the_plan_held_for_a_model(tmp_path):
+    """One host, two T4s before an A100: a job for 2 T4s waits for the over-quota job on one
+    and holds the other; the job behind it is planned on the A100, and the ledger books that
+    one, never the held T4 (the first free device)."""
+    host = [GpuDevice("0", "T4"), GpuDevice("1", "T4"), GpuDevice("2", "A100")]
+    led = GpuLedger(Database(f"sqlite:///{tmp_path / 'l.sqlite'}"), "t", host, "pack")
+    assert led.reserve("t/job/borrower", "v", "job", 1, avoid=("0",)) == ["1"]
+    borrower = ActiveJob("borrower", "v", frozenset(), 1, True, 10, 1.0, over_quota=True)
+    queued = [
+        QueuedJob("t4", "u", frozenset(), 2, 50, 0.0, want=Want("T4")),
+        QueuedJob("any", "u", frozenset(), 1, 50, 1.0),
+    ]
+    devices = {d.key: d for d in led.devices}
+    p = plan(queued, [replace(borrower, devices=("1",))], ["0", "2"], devices=devices)
+    assert p.preempt == ["borrower"] and p.held == ["0"]
+    assert p.start == [Placement("any", ("2",))]
+    assert led.reserve_gang("any", "u", "job", 1, 1, avoid=p.held) == [["2"]]
+    with pytest.raises(NoGpuAvailable):  # the held T4 is all that is free: not taken
+        led.reserve("nb", "u", "notebook", 1, avoid=p.held)
+    assert led.reserve("nb", "u", "notebook", 1) == ["0"]

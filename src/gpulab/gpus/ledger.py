@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import timedelta
 
 from sqlalchemy import delete, select
@@ -286,6 +286,7 @@ class GpuLedger:
         count: float,
         quota: int | None = None,
         want: Want = ANY,
+        avoid: Collection[str] = (),
     ) -> list[str]:
         """Give ``count`` free devices to ``workload`` (the ones it holds if it has some).
 
@@ -296,21 +297,19 @@ class GpuLedger:
         The count and the insert are one transaction, serialized per owner, so that two
         reservations at once cannot overshoot it (GpuQuotaExceeded).
 
-        ``want``: only devices of that model and/or pool are taken.
+        ``want``: only devices of that model and/or pool are taken. ``avoid``: devices the
+        scheduler's plan set aside for a job waiting before this one (``Plan.held``): never
+        taken.
         """
         if count <= 0:
             return []
         if is_fraction(count):
             return self._reserve(workload, owner, kind, count, quota, None, want=want)[0]
-        ranks = self._reserve(
-            workload,
-            owner,
-            kind,
-            count,
-            quota,
-            lambda free: [[d.key for d in self.choose(free, count, want)]],
-            want=want,
-        )
+
+        def pick(free: Sequence[GpuDevice]) -> list[list[str]]:
+            return [[d.key for d in self.choose(_besides(free, avoid), count, want)]]
+
+        ranks = self._reserve(workload, owner, kind, count, quota, pick, want=want)
         return sorted(ranks[0]) if len(ranks) == 1 else sorted(sum(ranks, []))
 
     def reserve_gang(
@@ -322,17 +321,18 @@ class GpuLedger:
         workers: int,
         quota: int | None = None,
         want: Want = ANY,
+        avoid: Collection[str] = (),
     ) -> list[list[str]]:
         """Book ``workers`` ranks of ``per_worker`` devices each for ``workload``, every
         rank's on one node, all in one transaction or none (a distributed job), of the model
         and pool ``want`` asks for. Returns each rank's devices (what it holds already,
-        regrouped, if it holds some)."""
+        regrouped, if it holds some). ``avoid``: never taken (see :meth:`reserve`)."""
         if per_worker <= 0:
             return [[] for _ in range(workers)]
 
         def pick(free: Sequence[GpuDevice]) -> list[list[str]]:
             by_node: dict[str, list[str]] = {}
-            for d in free:
+            for d in _besides(free, avoid):
                 if want.matches(d):
                     by_node.setdefault(d.node, []).append(d.key)
             return placement.choose_gang(
@@ -624,3 +624,11 @@ class GpuLedger:
                 log.warning("releasing GPU %s held by vanished %s", a.device, a.workload)
                 s.delete(a)
             return sorted({a.workload for a in gone})
+
+
+def _besides(free: Sequence[GpuDevice], avoid: Collection[str]) -> Sequence[GpuDevice]:
+    """The ``free`` devices but those to ``avoid``."""
+    if not avoid:
+        return free
+    keys = set(avoid)
+    return [d for d in free if d.key not in keys]

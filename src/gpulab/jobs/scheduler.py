@@ -154,6 +154,9 @@ class Placement:
 class Plan:
     start: list[Placement] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
+    #: free devices set aside for waiting jobs (their victims or the jobs ending go first):
+    #: the ledger books nothing of this plan's on them (``avoid``)
+    held: list[str] = field(default_factory=list)
 
 
 def can_ever_fit(
@@ -348,8 +351,9 @@ def plan(
             if job.want:  # held for this job until the victims are gone: what it can use
                 for d in mine:
                     free.remove(d)
+                result.held.extend(mine)
             else:
-                take(len(free))
+                result.held.extend(take(len(free)))
         gpus_used[job.owner] = used_g + job.gpus
         jobs_used[job.owner] = used_j + new_job
         if job.array:

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -384,7 +385,7 @@ class JobSupervisor:
         )
         for placement in p.start:
             if placement.job_id.startswith(NOTEBOOK):
-                await self._grant(waits[placement.job_id.removeprefix(NOTEBOOK)])
+                await self._grant(waits[placement.job_id.removeprefix(NOTEBOOK)], p.held)
         await self._tell_waiting_notebooks(queued, p, free, jobs)
         owners = {j["id"]: (j["owner"], j["groups"]) for j in jobs}
         specs = {j["id"]: j["spec"] for j in jobs}
@@ -411,6 +412,8 @@ class JobSupervisor:
                     workers,
                     quota=quota,
                     want=want_of(spec),
+                    # never what the plan set aside for a job waiting before this one
+                    avoid=p.held,
                 )
                 devices = [d for ds in per_rank for d in ds]
                 # each worker's node, by rank (a CPU job's workers: all on one node), kept
@@ -512,10 +515,11 @@ class JobSupervisor:
                 "such GPUs free" + (" (all placed at once)" if job.workers > 1 else ""),
             )
 
-    async def _grant(self, wait: dict) -> None:
+    async def _grant(self, wait: dict, held: Sequence[str] = ()) -> None:
         """A waiting notebook's turn: its GPUs booked in the ledger (the ledger chooses them,
-        with the owner's GPU quota checked again in the same transaction), then its row marked
-        granted; a row gone meanwhile (the spawn gave up) gets nothing: released again."""
+        never one the plan ``held`` for a job before it, with the owner's GPU quota checked
+        again in the same transaction), then its row marked granted; a row gone meanwhile (the
+        spawn gave up) gets nothing: released again."""
         workload, owner = wait["workload"], wait["owner"]
         try:
             await self.db(
@@ -526,6 +530,7 @@ class JobSupervisor:
                 wait["gpus"],
                 quota=self.s.gpu_quota_for(owner, wait["groups"]),
                 want=want_of(wait),
+                avoid=held,
             )
         except (NoGpuAvailable, GpuQuotaExceeded):  # taken meanwhile: the next pass plans again
             return
