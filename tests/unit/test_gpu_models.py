@@ -18,6 +18,7 @@ from gpulab.jobs.spec import JobSpec, job_spec_schema
 from gpulab.notebooks.form import refusal_text
 from gpulab.notebooks.options import OptionsError, form_to_options, parse_notebook_options
 from gpulab.resources import Flavor, Limits, Quota, parse_memory
+from gpulab.runtime import swarm_nodes
 from gpulab.runtime.base import Node
 from gpulab.runtime.swarm_nodes import labelled_model, labelled_pools
 from gpulab.service.pages.job_form import form_field, form_to_job
@@ -140,12 +141,21 @@ def test_the_admins_names_and_a_nodes_labels_describe_the_devices():
     assert node_pools_of(nodes) == {"w1": ("big",), "w2": ()}
 
 
-def test_a_swarm_nodes_labels_give_its_pools_and_model():
+def test_a_swarm_nodes_labels_give_its_pools_and_model(caplog, monkeypatch):
+    monkeypatch.setattr(swarm_nodes, "_WARNED", set())
     labels = {"org.gpulab.pools": " big, ,cheap,big,bad name!", "org.gpulab.gpu-model": " A100 "}
     assert labelled_pools(labels) == ("big", "cheap")
     assert labelled_model(labels) == "A100"
     assert labelled_pools({}) == () and labelled_model({}) == ""
     assert labelled_model({"org.gpulab.gpu-model": "A100; rm -rf"}) == ""
+    # read at every pass: each bad value is logged once, a repeated pool never
+    assert labelled_pools(labels) == ("big", "cheap")
+    assert labelled_model({"org.gpulab.gpu-model": "A100; rm -rf"}) == ""
+    said = [r.getMessage() for r in caplog.records if "node label" in r.getMessage()]
+    assert said == [
+        "node label org.gpulab.pools: 'bad name!' is no pool name; left out",
+        "node label org.gpulab.gpu-model: 'A100; rm -rf' is no model name; left out",
+    ]
 
 
 @pytest.fixture

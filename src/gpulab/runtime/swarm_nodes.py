@@ -43,26 +43,40 @@ MODEL_LABEL = "org.gpulab.gpu-model"
 POOLS_LABEL = "org.gpulab.pools"
 
 
+#: the bad label values already warned about (read at every pass: one warning each)
+_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_once(label: str, value: str, what: str) -> None:
+    key = (label, value[:80])
+    if key in _WARNED:
+        return
+    if len(_WARNED) < 256:  # bounded: labels are few
+        _WARNED.add(key)
+    log.warning("node label %s: %r is no %s name; left out", label, value[:80], what)
+
+
 def labelled_pools(labels: Mapping[str, str]) -> tuple[str, ...]:
-    """A node's pools from its labels: :data:`POOLS_LABEL`, names separated by commas; a name
-    that is not one (:data:`~gpulab.gpus.placement.POOL_PATTERN`) is left out, logged."""
+    """A node's pools from its labels: :data:`POOLS_LABEL`, names separated by commas, each
+    once; a name that is not one (:data:`~gpulab.gpus.placement.POOL_PATTERN`) is left out,
+    logged once."""
     out: list[str] = []
     for name in (p.strip() for p in (labels.get(POOLS_LABEL) or "").split(",")):
-        if not name:
+        if not name or name in out:
             continue
-        if POOL_RE.fullmatch(name) and name not in out:
+        if POOL_RE.fullmatch(name):
             out.append(name)
         else:
-            log.warning("node label %s: %r is no pool name; left out", POOLS_LABEL, name[:80])
+            _warn_once(POOLS_LABEL, name, "pool")
     return tuple(out)
 
 
 def labelled_model(labels: Mapping[str, str]) -> str:
     """A node's GPU model from its label :data:`MODEL_LABEL` ("" without one, or when it is
-    no model name)."""
+    no model name: logged once)."""
     name = (labels.get(MODEL_LABEL) or "").strip()
     if name and not MODEL_RE.fullmatch(name):
-        log.warning("node label %s: %r is no model name; left out", MODEL_LABEL, name[:80])
+        _warn_once(MODEL_LABEL, name, "model")
         return ""
     return name
 
