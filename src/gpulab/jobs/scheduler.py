@@ -69,8 +69,9 @@ Rules
    (``want``) is placed on matching devices only (``devices``: each device key's
    :class:`~gpulab.gpus.inventory.GpuDevice`, for its model and pool; a key not in it matches
    no request that asks for one). It waits while they are busy, however many others are free
-   (which the jobs behind it may take), is held for only the matching free devices, and
-   preempts only over-quota jobs that hold matching devices, counting only those.
+   (which the jobs behind it may take), is held for only the matching free devices (listed in
+   ``Plan.held``: the supervisor books nothing it starts on them), and preempts only
+   over-quota jobs that hold matching devices, counting only those.
 
 Known trade-off of backfill: a large in-quota job may wait while smaller ones keep starting;
 only over-quota work is ever preempted for it.
