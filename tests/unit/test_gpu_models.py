@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import jsonschema
 import pytest
 
 from gpulab import cli
@@ -325,6 +326,12 @@ def test_the_schema_offers_the_known_models_and_pools():
     )
     assert schema["properties"]["gpu_model"]["enum"] == ["A100", "Tesla T4", None, ""]
     assert schema["properties"]["node_pool"]["enum"] == ["big", None, ""]
+    # what the enum offers is valid by the whole property ("" and null: absent, as the parser
+    # takes them), and nothing else is
+    for key, good in (("gpu_model", ["A100", None, ""]), ("node_pool", ["big", None, ""])):
+        prop = jsonschema.Draft202012Validator(schema["properties"][key])
+        assert [v for v in good if not prop.is_valid(v)] == []
+        assert not prop.is_valid("-x") and not prop.is_valid("x" * 65)
 
 
 def test_the_forms_count_free_gpus_per_model():

@@ -465,7 +465,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
         "gpu_model": {
             "type": ["string", "null"],
             "maxLength": 64,
-            "pattern": MODEL_PATTERN,
+            "pattern": f"^$|{MODEL_PATTERN}",  # "" is absent, as null
             "description": "The model of the GPUs to run on (every worker's), one of the "
             "platform's (this document's enum lists them); compared with case, spaces, '-' and "
             "'_' folded. A flavor that names a model runs on it: another one is refused. Refused "
@@ -474,7 +474,7 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
         "node_pool": {
             "type": ["string", "null"],
             "maxLength": 64,
-            "pattern": POOL_PATTERN,
+            "pattern": f"^$|{POOL_PATTERN}",
             "description": "The node pool to run in (every worker), one of the platform's "
             "(this document's enum lists them); compared without case. "
             "A flavor that names a pool runs in it. Refused (400) when no node is in it.",
