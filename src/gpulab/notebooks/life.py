@@ -254,14 +254,16 @@ async def wait_for_gpus(nb: Notebook, count: float, limit: float, why: str) -> l
     deadline = time.monotonic() + limit
     want = _want(nb)
     row_of = (want.model, want.pool)  # what its queue row waits for
-    if whole:
-        until = utcnow() + timedelta(seconds=limit)
-        await nb.db(waits.add, nb.workload_id, nb.user, nb.groups, int(count), until, *row_of)
     what = f"{count:g} GPU(s)" if whole else f"a {count:g} share of a GPU"
     what += want.text()
-    nb.progress(15, f"{why}: waiting for {what} for up to {format_duration(round(limit, 1))}")
     said = ""
     try:
+        # its row is written inside the try: a cancellation that comes up at this write's
+        # await (the row written, the spawn not yet on) takes the row away too
+        if whole:
+            until = utcnow() + timedelta(seconds=limit)
+            await nb.db(waits.add, nb.workload_id, nb.user, nb.groups, int(count), until, *row_of)
+        nb.progress(15, f"{why}: waiting for {what} for up to {format_duration(round(limit, 1))}")
         while True:
             if whole:
                 row = await nb.db(waits.get, nb.workload_id)
