@@ -2,8 +2,8 @@
 # The test suite, as `make test` runs it, in two passes that run side by side:
 #   1. every test but the swarm lab's, on WORKERS pytest-xdist workers (the tests wait on hubs,
 #      containers and Chromium more than they compute: two workers on two cores finished
-#      well before one, and three before two, 1037 s against 1101 s with the CPUs 95 % busy
-#      instead of about 80 % (vmstat); the modules that share a hub go to one worker, see
+#      well before one, and three before two (864 s against 956 s, vmstat finding 4 % of the
+#      CPU idle instead of 18 %); the modules that share a hub go to one worker, see
 #      tests/conftest.py);
 #   2. the swarm lab's tests (tests/swarm), in a pytest process of their own beside pass 1:
 #      they wait on the lab's nodes most of the time (the load average stays under 1 while
