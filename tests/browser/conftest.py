@@ -119,6 +119,9 @@ def pages_of(browser, shots, request):
         contexts.append(ctx)
         page = ctx.new_page()
         page.goto = reloading_on_network_change(page.goto)
+        # what Chromium could not load, for lab_ready's check (net::ERR_NETWORK_CHANGED, ...)
+        page.failed_loads = []
+        page.on("requestfailed", lambda r, p=page: p.failed_loads.append((r.url, r.failure)))
         return page
 
     yield make
@@ -152,6 +155,22 @@ def reloading_on_network_change(goto):
             return goto(url, **kwargs)
 
     return go
+
+
+def lab_ready(page, timeout: float = 90_000) -> None:
+    """JupyterLab's shell and launcher drawn. A load Chromium aborted on a network change
+    (ERR_NETWORK_CHANGED, as for reloading_on_network_change) while the lab loaded (a theme's
+    stylesheet: "Error Loading Theme" then covers the page) loads the page once more, as a
+    person would; any other failed load is left for the test to meet."""
+    for attempt in (1, 2):
+        page.wait_for_selector(".jp-LabShell", timeout=timeout)
+        page.locator(".jp-LauncherCard").first.wait_for(timeout=timeout)
+        aborted = [u for u, why in page.failed_loads if "ERR_NETWORK_CHANGED" in (why or "")]
+        if not aborted or attempt == 2:
+            return
+        page.failed_loads.clear()
+        time.sleep(0.5)
+        page.reload()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -29,6 +29,7 @@ from .conftest import (
     HUB_CONFIG,
     WORKBENCH,
     _need,
+    lab_ready,
     launch,
     login,
     pages_of,
@@ -193,7 +194,7 @@ def test_jupyterlab_cell_over_https(front, new_tls_page, shots):
     page.click("#spawn_form button[type=submit]")
     page.wait_for_url(re.compile(r".*/user/lars/lab/lab.*"), timeout=180_000)
     assert page.url.startswith(door.url + "/"), page.url
-    page.wait_for_selector(".jp-LabShell", timeout=90_000)
+    lab_ready(page)
     # a new Python notebook from the launcher, one cell run: its output comes back over the
     # kernel's websocket (wss through nginx)
     page.locator('.jp-LauncherCard[data-category="Notebook"]').first.click()
