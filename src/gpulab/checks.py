@@ -15,9 +15,19 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from .bounds import MAX_VOLUME_SPEC_CHARS, MAX_VOLUMES, check_chars, check_count, shown
+from .bounds import (
+    MAX_LABEL_KEY_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
+    MAX_VOLUME_SPEC_CHARS,
+    MAX_VOLUMES,
+    check_chars,
+    check_count,
+    shown,
+)
 from .errors import FieldError
 from .frameworks import Catalog, CatalogError, Editor, Framework, FrameworkVersion
+from .names import LABEL_PREFIX
 from .resources import (
     Flavor,
     Limits,
@@ -44,6 +54,11 @@ NO_SECRETS_KEY = (
 )
 #: how long an unknown or invalid key may be where it names the field at fault
 MAX_KEY_TEXT = 64
+#: a label's key: what a job's and a notebook's labels may be named (^...$ for the JSON
+#: Schema's ECMA pattern; the check uses re.fullmatch)
+LABEL_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+#: label namespaces a job or notebook may not use: gpulab's own (ownership!) and Docker's
+RESERVED_LABEL_PREFIXES = (LABEL_PREFIX, "com.docker.", "io.docker.", "org.dockerproject.")
 
 Error = type[FieldError]
 
@@ -236,6 +251,51 @@ def volume_list(
         return storage.user_volumes(user, value, workspace_dir)
     except VolumeError as e:
         raise error("volumes", str(e)) from None
+
+
+def labels(error: Error, value: object, field: str = "labels") -> dict[str, str]:
+    """A job's or a notebook's labels: an object of at most MAX_LABELS ``key: value``
+    strings, each key LABEL_KEY_RE and outside RESERVED_LABEL_PREFIXES, each value at most
+    MAX_LABEL_VALUE_CHARS; None: none. A key at fault is named ``labels.KEY``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise error(field, f"{field} must be an object of key: value strings, not {shown(value)}")
+    check_count(error, field, len(value), MAX_LABELS)
+    found: dict[str, str] = {}
+    for name, item in value.items():
+        key = f"{field}.{key_text(name)}"
+        if (
+            not isinstance(name, str)
+            or len(name) > MAX_LABEL_KEY_CHARS
+            or not LABEL_KEY_RE.fullmatch(name)
+        ):
+            raise error(
+                key,
+                f"label key {shown(name)} must be 1 to {MAX_LABEL_KEY_CHARS} lowercase letters, "
+                "digits, '.', '_' or '-', starting and ending with a letter or digit",
+            )
+        if name.startswith(RESERVED_LABEL_PREFIXES):
+            raise error(
+                key,
+                f"label key {name!r} is reserved: keys starting with "
+                f"{', '.join(RESERVED_LABEL_PREFIXES)} cannot be set",
+            )
+        found[name] = text(error, key, item, MAX_LABEL_VALUE_CHARS)
+    return found
+
+
+def label_filters(error: Error, items: Iterable[str], field: str = "label") -> dict[str, str]:
+    """``key=value`` filters of a list (``?label=team=a``, repeatable) as {key: value}; one
+    without ``=`` is refused naming ``field``. Only equal values match: the filter never
+    needs the label's own checks (a key no label has matches nothing)."""
+    wanted: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise error(field, "label filters are key=value")
+        k, v = item.split("=", 1)
+        wanted[k] = v
+    return wanted
 
 
 def secret_name(error: Error, field: str, name: object) -> str:

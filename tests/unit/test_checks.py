@@ -36,6 +36,12 @@ def notebook_refusal(raw, **kw):
         {"volumes": ["x" * 2000]},
         {"volumes": [f"datasets@s3/{i}:/data/{i}:ro" for i in range(40)]},
         {"volumes": ["secret@s3:/data:ro"]},
+        {"labels": ["a"]},
+        {"labels": {"Team": "x"}},
+        {"labels": {"org.gpulab.user": "bob"}},
+        {"labels": {"team": "x" * 64}},
+        {"labels": {"team": 3}},
+        {"labels": {f"k{i}": "v" for i in range(65)}},
     ],
 )
 def test_both_doors_refuse_alike(raw):
@@ -136,3 +142,43 @@ def test_a_body_nested_deep_is_refused_not_a_crash():
             checks.json_object(raw)
         except FieldError as e:
             assert e.field == "body"
+
+
+def test_a_notebooks_labels_are_a_jobs():
+    def labels(raw):
+        return parse_notebook_options(
+            {"labels": raw}, CATALOG, FLAVORS, LIMITS, "cpu-small", storage=STORAGE, user="ann"
+        ).labels
+
+    assert labels({"team": "vision", "exp.id": "r2-b"}) == {"team": "vision", "exp.id": "r2-b"}
+    assert labels(None) == labels("") == {}
+    # the form's text: key=value, by commas or lines
+    assert labels("team=vision, exp.id=r2-b\nnote=") == {
+        "team": "vision",
+        "exp.id": "r2-b",
+        "note": "",
+    }
+    assert notebook_refusal({"labels": "team"}) == (
+        "labels",
+        "labels: write each label as key=value, not 'team'",
+    )
+    assert notebook_refusal({"labels": "Team=a"})[0] == "labels.Team"
+    assert notebook_refusal({"labels": ",".join(f"k{i}=v" for i in range(65))}) == (
+        "labels",
+        "labels: at most 64 entries (got 65)",
+    )
+    # the text is capped before it is split
+    assert notebook_refusal({"labels": "a=" + "x" * 9000})[1].startswith(
+        "labels: at most 8192 characters"
+    )
+
+
+def test_label_filters():
+    assert checks.label_filters(FieldError, ["team=a", "x=b=c", "e="]) == {
+        "team": "a",
+        "x": "b=c",
+        "e": "",
+    }
+    with pytest.raises(FieldError) as e:
+        checks.label_filters(FieldError, ["team"])
+    assert (e.value.field, str(e.value)) == ("label", "label filters are key=value")

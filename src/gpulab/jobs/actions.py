@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import checks
 from ..bounds import page_window
 from ..cuda import ImageBuild, cuda_refusal
 from ..errors import FieldError
@@ -480,13 +481,8 @@ def list_jobs(
     defaults). Oldest first, or ``newest_first``. Invalid (400) naming the first argument at
     fault, in that order. Blocking: one read of the records."""
     chosen = parse_state_filter(states)
-    wanted: dict[str, str] = {}
-    for item in labels:
-        if "=" not in item:
-            raise Invalid("label filters are key=value", field="label")
-        k, v = item.split("=", 1)
-        wanted[k] = v
     try:
+        wanted = checks.label_filters(FieldError, labels)
         first, skip = page_window(limit, offset)
     except FieldError as e:
         raise Invalid(str(e), field=e.field) from None

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from ..runtime.base import Runtime
+from ..runtime.base import read_tail as tail_of
 from .refusals import Busy
 
 #: the bytes of a job's output kept (saved at its end, or merged for a reader)
@@ -63,26 +64,10 @@ def rank_log_share(workers: int) -> int:
 
 
 def read_tail(runtime: Runtime, name: str, keep: int, timestamps: bool = False) -> bytes:
-    """The last ``keep`` bytes of a workload's output, from whole lines (blocking). The engine
-    is asked for the tail only (LOG_KEEP_LINES lines), read as a stream into a buffer that
-    never holds more than 2 x ``keep`` plus one chunk: however much a job printed, reading it
-    costs bounded memory. Raises WorkloadGone."""
-    kept = bytearray()
-    stream = runtime.log_stream(name, follow=False, tail=LOG_KEEP_LINES, timestamps=timestamps)
-    try:
-        for chunk in stream:
-            kept += chunk
-            if len(kept) > 2 * keep:
-                del kept[:-keep]
-    finally:
-        with contextlib.suppress(Exception):
-            stream.close()
-    if len(kept) > keep:
-        del kept[:-keep]
-        cut = kept.find(b"\n")
-        if 0 <= cut < len(kept) - 1:
-            del kept[: cut + 1]  # not half a line
-    return bytes(kept)
+    """The last ``keep`` bytes of a job's output, from whole lines, asked of the engine as its
+    last LOG_KEEP_LINES lines (blocking; :func:`gpulab.runtime.base.read_tail`). Raises
+    WorkloadGone."""
+    return tail_of(runtime, name, keep, LOG_KEEP_LINES, timestamps)
 
 
 def merged_tail(runtime: Runtime, names: Sequence[str]) -> bytes:

@@ -11,12 +11,15 @@ that grows with it, unknown options are refused, and refused values are echoed c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import checks
 from ..bounds import (
     MAX_ID_CHARS,
     MAX_IMAGE_CHARS,
+    MAX_LABEL_KEY_CHARS,
+    MAX_LABEL_VALUE_CHARS,
+    MAX_LABELS,
     MAX_NUMBER_CHARS,
     MAX_VOLUME_SPEC_CHARS,
     MAX_VOLUMES,
@@ -48,6 +51,7 @@ KNOWN_OPTIONS = (
     "notify_webhook",
     "notify_email",
     "notify_on",
+    "labels",
 )
 _KNOWN = frozenset(KNOWN_OPTIONS)
 #: the longest text each option may be (volumes are capped per entry and in number)
@@ -69,6 +73,8 @@ _TEXT_CAPS = {
 }
 #: the form sends volumes as one spec per line
 _MAX_VOLUMES_TEXT = MAX_VOLUMES * (MAX_VOLUME_SPEC_CHARS + 1)
+#: and labels as key=value, one per line or separated by commas
+_MAX_LABELS_TEXT = MAX_LABELS * (MAX_LABEL_KEY_CHARS + MAX_LABEL_VALUE_CHARS + 2)
 
 
 class OptionsError(FieldError):
@@ -100,6 +106,9 @@ class NotebookOptions:
     #: the GPU model and node pool its GPUs must be of ("" for any; a flavor's by default)
     gpu_model: str = ""
     node_pool: str = ""
+    #: the user's labels (key: value), as a job's (gpulab.checks.labels): kept in its
+    #: record, listed and filtered on (?label=k=v)
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -117,6 +126,7 @@ class NotebookOptions:
             "notify": self.notify.to_json() if self.notify else None,
             "gpu_model": self.gpu_model or None,
             "node_pool": self.node_pool or None,
+            "labels": dict(self.labels),
         }
 
 
@@ -135,6 +145,9 @@ def _check_sizes(raw: Mapping) -> None:
         check_chars(OptionsError, "volumes", volumes, _MAX_VOLUMES_TEXT)
     elif isinstance(volumes, list):
         check_count(OptionsError, "volumes", len(volumes), MAX_VOLUMES)
+    labels = raw.get("labels")
+    if isinstance(labels, str):
+        check_chars(OptionsError, "labels", labels, _MAX_LABELS_TEXT)
 
 
 def parse_notebook_options(
@@ -214,6 +227,7 @@ def parse_notebook_options(
         notify=_notify(raw, notify_rules or NotifyRules()),
         gpu_model=gpu_model,
         node_pool=node_pool,
+        labels=_labels(raw.get("labels")),
     )
 
 
@@ -248,6 +262,27 @@ def _volumes(raw, storage: StorageConfig | None, user: str, workspace_dir: str) 
     return checks.volume_list(
         OptionsError, raw, storage, user, workspace_dir, example="bucket@store/prefix:/mount:ro"
     )
+
+
+def _labels(raw) -> dict[str, str]:
+    """An object of key: value strings (API), or the form's text: ``key=value`` items, one
+    per line or separated by commas; checked as a job's labels are
+    (:func:`gpulab.checks.labels`)."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, str):
+        pairs: dict[str, str] = {}
+        items = [i.strip() for line in raw.splitlines() for i in line.split(",")]
+        for item in filter(None, items):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise OptionsError(
+                    "labels", f"labels: write each label as key=value, not {shown(item)}"
+                )
+            check_count(OptionsError, "labels", len(pairs) + 1, MAX_LABELS)
+            pairs[key.strip()] = value.strip()
+        raw = pairs
+    return checks.labels(OptionsError, raw)
 
 
 def form_to_options(formdata: Mapping[str, list[str]]) -> dict:

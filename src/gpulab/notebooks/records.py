@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from sqlalchemy import func, select
@@ -304,21 +304,37 @@ class NotebookRecords:
             q = q.options(selectinload(Notebook.events)).order_by(Notebook.user, Notebook.server)
             return [notebook_json(nb) for nb in s.scalars(q)]
 
-    def page(self, user: str | None, limit: int, offset: int) -> tuple[list[dict], int]:
-        """One page of :meth:`list` (by user, then server) and how many there are in all."""
+    def page(
+        self,
+        user: str | None,
+        limit: int,
+        offset: int,
+        labels: Mapping[str, str] | None = None,
+    ) -> tuple[list[dict], int]:
+        """One page of :meth:`list` (by user, then server) and how many there are in all;
+        ``labels``: only those whose options carry every one of these labels."""
         with self.db.read() as s:
             where = [Notebook.instance == self.instance]
             if user is not None:
                 where.append(Notebook.user == user)
-            total = s.scalar(select(func.count()).select_from(Notebook).where(*where))
-            q = (
-                select(Notebook)
-                .where(*where)
-                .options(selectinload(Notebook.events))
-                .order_by(Notebook.user, Notebook.server)
-                .limit(limit)
-                .offset(offset)
-            )
+            order = (Notebook.user, Notebook.server)
+            if labels:  # labels live in the options' JSON: filtered here, on ids and options
+                ids = [
+                    nb_id
+                    for nb_id, options in s.execute(
+                        select(Notebook.id, Notebook.options).where(*where).order_by(*order)
+                    )
+                    if all(
+                        ((options or {}).get("labels") or {}).get(k) == v for k, v in labels.items()
+                    )
+                ]
+                total = len(ids)
+                where.append(Notebook.id.in_(ids[offset : offset + limit]))
+                window = select(Notebook).where(*where)
+            else:
+                total = s.scalar(select(func.count()).select_from(Notebook).where(*where))
+                window = select(Notebook).where(*where).limit(limit).offset(offset)
+            q = window.options(selectinload(Notebook.events)).order_by(*order)
             return [notebook_json(nb) for nb in s.scalars(q)], total
 
     def billed_minutes(self, user: str) -> int:

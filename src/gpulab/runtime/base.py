@@ -14,6 +14,7 @@ ledger); the engine runs what it is told where it is told.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -577,3 +578,28 @@ class Runtime:
     async def restore_routes(self, instance: str) -> list[str]:
         """Put back what reach() set up, after the engine lost it (nothing on one engine)."""
         return []
+
+
+def read_tail(
+    runtime: Runtime, name: str, keep: int, lines: int, timestamps: bool = False
+) -> bytes:
+    """The last ``keep`` bytes of a workload's output, from whole lines (blocking). The engine
+    is asked for its last ``lines`` lines only, read as a stream into a buffer that never
+    holds more than 2 x ``keep`` plus one chunk: however much it printed, reading it costs
+    bounded memory. Raises WorkloadGone."""
+    kept = bytearray()
+    stream = runtime.log_stream(name, follow=False, tail=lines, timestamps=timestamps)
+    try:
+        for chunk in stream:
+            kept += chunk
+            if len(kept) > 2 * keep:
+                del kept[:-keep]
+    finally:
+        with contextlib.suppress(Exception):
+            stream.close()
+    if len(kept) > keep:
+        del kept[:-keep]
+        cut = kept.find(b"\n")
+        if 0 <= cut < len(kept) - 1:
+            del kept[: cut + 1]  # not half a line
+    return bytes(kept)

@@ -24,7 +24,12 @@ from .api.exec import JobExecHandler, JobShellHandler
 from .api.jobs import JobActionHandler, JobEventsHandler, JobHandler, JobsHandler
 from .api.logs import JobLogsHandler
 from .api.monitoring import HealthHandler, MetricsHandler
-from .api.notebooks import NotebookHandler, NotebookPushHandler, NotebooksHandler
+from .api.notebooks import (
+    NotebookHandler,
+    NotebookLogsHandler,
+    NotebookPushHandler,
+    NotebooksHandler,
+)
 from .api.openapi import OpenAPIHandler
 from .api.ports import CUT_RELAYS, JobPortHandler
 from .api.secrets import SecretHandler, SecretsHandler
@@ -48,6 +53,11 @@ ROUTES: list[tuple[str, str, type]] = [
     ("/api/openapi.json", r"api/openapi.json", OpenAPIHandler),
     ("/api/notebooks", r"api/notebooks", NotebooksHandler),
     ("/api/notebooks/{user}/{server}", r"api/notebooks/([^/]+)/([^/]*)", NotebookHandler),
+    (
+        "/api/notebooks/{user}/{server}/logs",
+        r"api/notebooks/([^/]+)/([^/]*)/logs",
+        NotebookLogsHandler,
+    ),
     (
         "/api/notebooks/{user}/{server}/push",
         r"api/notebooks/([^/]+)/([^/]*)/push",

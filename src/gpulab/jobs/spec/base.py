@@ -9,7 +9,6 @@ import re
 from ... import checks
 from ...bounds import MAX_LABEL_VALUE_CHARS, MAX_NAME_CHARS
 from ...errors import FieldError
-from ...names import LABEL_PREFIX
 
 
 class JobSpecError(FieldError):
@@ -99,13 +98,14 @@ HANG_RESTART_FIELDS = ("enabled", "period")
 RESERVED_ENV_PREFIXES = ("JUPYTERHUB_", "GPULAB_", "AWS_")
 RESERVED_ENV_NAMES = frozenset({"NVIDIA_VISIBLE_DEVICES"})
 #: label namespaces a job may not use: gpulab's own (ownership!) and Docker's reserved ones
-RESERVED_LABEL_PREFIXES = (LABEL_PREFIX, "com.docker.", "io.docker.", "org.dockerproject.")
+#: (one rule with the notebooks' labels: gpulab.checks)
+RESERVED_LABEL_PREFIXES = checks.RESERVED_LABEL_PREFIXES
 
 # ^...$ for the JSON Schema's (ECMA) patterns; the parser uses re.fullmatch, since Python's "$"
 # also matches before a trailing newline ("train\n" is not a name)
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LABEL_KEY_RE = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
+LABEL_KEY_RE = checks.LABEL_KEY_RE
 #: white space, as a regex character class body: what Python's str.isspace() and
 #: ECMAScript's \s call white space, together. A command of nothing else is blank; the JSON
 #: Schema's patterns use the same class, so the schema and the parser agree on every character

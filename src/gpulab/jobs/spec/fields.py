@@ -27,9 +27,6 @@ from ...bounds import (
     MAX_ENV_VALUE_BYTES,
     MAX_ID_CHARS,
     MAX_IMAGE_CHARS,
-    MAX_LABEL_KEY_CHARS,
-    MAX_LABEL_VALUE_CHARS,
-    MAX_LABELS,
     MAX_NAME_CHARS,
     MAX_NUMBER_CHARS,
     check_chars,
@@ -54,7 +51,6 @@ from .base import (
     ENV_NAME_RE,
     HANG_RESTART_FIELDS,
     JOB_SPEC_FIELDS,
-    LABEL_KEY_RE,
     MAX_PATH_CHARS,
     MAX_PRIORITY,
     MAX_RETENTION,
@@ -65,7 +61,6 @@ from .base import (
     NAME_RE,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
-    RESERVED_LABEL_PREFIXES,
     RESOURCE_FIELDS,
     SYSTEM_DIRS,
     WORKSPACE_DIR,
@@ -315,35 +310,7 @@ def _env(raw: Mapping) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def _labels(raw: Mapping) -> dict[str, str]:
-    value = raw.get("labels")
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise JobSpecError(
-            "labels", f"labels must be an object of key: value strings, not {shown(value)}"
-        )
-    check_count(JobSpecError, "labels", len(value), MAX_LABELS)
-    labels: dict[str, str] = {}
-    for name, text in value.items():
-        key = f"labels.{key_text(name)}"
-        if (
-            not isinstance(name, str)
-            or len(name) > MAX_LABEL_KEY_CHARS
-            or not LABEL_KEY_RE.fullmatch(name)
-        ):
-            raise JobSpecError(
-                key,
-                f"label key {shown(name)} must be 1 to {MAX_LABEL_KEY_CHARS} lowercase letters, "
-                "digits, '.', '_' or '-', starting and ending with a letter or digit",
-            )
-        if name.startswith(RESERVED_LABEL_PREFIXES):
-            raise JobSpecError(
-                key,
-                f"label key {name!r} is reserved: keys starting with "
-                f"{', '.join(RESERVED_LABEL_PREFIXES)} cannot be set",
-            )
-        labels[name] = checks.text(JobSpecError, key, text, MAX_LABEL_VALUE_CHARS)
-    return labels
+    return checks.labels(JobSpecError, raw.get("labels"))
 
 
 def _image(

@@ -1,4 +1,5 @@
-"""REST API of notebooks (under /services/gpulab/api/notebooks): read them, retry a push.
+"""REST API of notebooks (under /services/gpulab/api/notebooks): read them and their output,
+retry a push.
 
 Users see only their own notebooks; admins may read anyone's. Someone else's notebook is a
 404, never a 403, so that its existence is not revealed.
@@ -6,14 +7,29 @@ Users see only their own notebooks; admins may read anyone's. Someone else's not
 
 from __future__ import annotations
 
+import asyncio
+
+from ... import checks
+from ...errors import FieldError
 from ...notebooks.life import NotebookRefused, push_again
-from ..base import NB_MANAGE, NB_READ, ApiError, BaseHandler, authenticated, read
+from ...notebooks.output import NoOutput, read_output, tail_lines
+from ..base import (
+    NB_MANAGE,
+    NB_READ,
+    ApiError,
+    BaseHandler,
+    answer_refusals,
+    authenticated,
+    pool,
+    read,
+)
 
 
 class NotebooksHandler(BaseHandler):
     @authenticated
     async def get(self):
-        """The caller's notebooks; admins may ask for ?user=NAME or ?all=true."""
+        """The caller's notebooks; admins may ask for ?user=NAME or ?all=true; ?label=k=v
+        (repeatable) keeps those with every one of these labels."""
         me = self.require(NB_READ)
         user = self.get_argument("user", me["name"])
         user = self.whose(
@@ -21,8 +37,12 @@ class NotebooksHandler(BaseHandler):
             None if self.flag("all") else user,
             "only admins (custom:gpulab:admin) may list other users' notebooks",
         )
+        try:
+            labels = checks.label_filters(FieldError, self.get_arguments("label"))
+        except FieldError as e:
+            raise ApiError(400, str(e), field=e.field) from None
         limit, offset = self.page_args()
-        rows, total = await read(self.records.page, user, limit, offset)
+        rows, total = await read(self.records.page, user, limit, offset, labels)
         self.write_page("notebooks", rows, total, limit, offset)
 
 
@@ -31,6 +51,29 @@ class NotebookHandler(BaseHandler):
     async def get(self, user: str, server: str):
         """One notebook with its state and history. The default server is the empty name."""
         self.write_json(await self.owned_notebook(user, server))
+
+
+class NotebookLogsHandler(BaseHandler):
+    """The tail of a notebook's output (?tail=N lines), scrubbed of credentials: its owner's
+    and admins' (anyone else: 404); 409 while it has no container."""
+
+    @authenticated
+    async def get(self, user: str, server: str):
+        nb = await self.owned_notebook(user, server)
+        try:
+            lines = tail_lines(self.get_argument("tail", None, strip=False))
+        except FieldError as e:
+            raise ApiError(400, str(e), field=e.field) from None
+        loop = asyncio.get_running_loop()
+        with answer_refusals():  # an engine that fails: 502, or 503 naming it
+            try:
+                text = await loop.run_in_executor(
+                    pool("logs"), read_output, self.settings["runtime"], nb, lines
+                )
+            except NoOutput as e:
+                raise ApiError(409, str(e)) from None
+        self.set_header("Content-Type", "text/plain; charset=utf-8")
+        self.finish(text)
 
 
 class NotebookPushHandler(BaseHandler):

@@ -13,12 +13,15 @@ from ...bounds import (
     MAX_COMMAND_ITEMS,
     MAX_ENV_BYTES,
     MAX_ENV_VALUE_BYTES,
+    MAX_LABELS,
     size_text,
 )
+from ...checks import LABEL_KEY_RE
 from ...jobs import actions
 from ...jobs.spec import JOB_SPEC_SCHEMA
 from ...jobs.spec.array import MAX_PARAMETER_SET_BYTES, MAX_PARAMETERS_BYTES
 from ...lifecycle import JobState, NotebookState
+from ...notebooks.output import DEFAULT_TAIL_LINES, MAX_TAIL_BYTES, MAX_TAIL_LINES
 from ...secrets import MAX_SECRETS
 from ..base import BaseHandler
 from .components import (
@@ -64,6 +67,19 @@ SUBMISSION_BEYOND_THE_SCHEMA = (
     "count bytes."
 )
 
+
+def _label_filter(what: str) -> dict:
+    """The ``?label=key=value`` filter of a list (repeatable)."""
+    return {
+        "name": "label",
+        "in": "query",
+        "style": "form",
+        "explode": True,
+        "schema": {"type": "array", "items": {"type": "string", "pattern": "="}},
+        "description": f"key=value; repeat for several ({what} with all of them)",
+    }
+
+
 PATHS: dict[str, dict] = {
     "/api/health": {
         "get": {
@@ -98,6 +114,7 @@ PATHS: dict[str, dict] = {
             "operationId": "listNotebooks",
             "summary": "your notebooks (admins: ?user=NAME or ?all=true) with states and history",
             "parameters": [
+                _label_filter("notebooks"),
                 {"name": "user", "in": "query", "schema": {"type": "string"}},
                 ALL,
                 *PAGE_PARAMS,
@@ -119,6 +136,41 @@ PATHS: dict[str, dict] = {
             "responses": {"200": _json(_ref("Notebook"), "the notebook"), **_errors(404)},
         }
     },
+    "/api/notebooks/{user}/{server}/logs": {
+        "get": {
+            "operationId": "getNotebookLogs",
+            "summary": "the tail of a notebook's output (its editor's and kernels' messages), "
+            "credentials scrubbed; its owner's and admins'",
+            "description": "The last `tail` lines of the notebook container's log, at most "
+            f"{MAX_TAIL_BYTES // 1024} KiB (whole lines), each line with tokens in URL "
+            "queries, Authorization headers and cookies replaced by [secret]. A notebook's "
+            "log goes with its container: a stopped notebook has none (409); a FAILED or ERROR "
+            "one keeps its container until it is started again or deleted.",
+            "parameters": [
+                USER,
+                SERVER,
+                {
+                    "name": "tail",
+                    "in": "query",
+                    "schema": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": MAX_TAIL_LINES,
+                        "default": DEFAULT_TAIL_LINES,
+                    },
+                    "description": "lines, the last ones",
+                },
+            ],
+            "responses": {
+                "200": {
+                    "description": "text",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+                **_errors(400, 404, 409),
+                **ENGINE_ERRORS,
+            },
+        }
+    },
     "/api/notebooks/{user}/{server}/push": {
         "post": {
             "operationId": "pushNotebook",
@@ -136,14 +188,7 @@ PATHS: dict[str, dict] = {
             "summary": "list jobs",
             "parameters": [
                 STATES,
-                {
-                    "name": "label",
-                    "in": "query",
-                    "style": "form",
-                    "explode": True,
-                    "schema": {"type": "array", "items": {"type": "string", "pattern": "="}},
-                    "description": "key=value; repeat for several (jobs with all of them)",
-                },
+                _label_filter("jobs"),
                 {"name": "user", "in": "query", "schema": {"type": "string"}},
                 ALL,
                 *PAGE_PARAMS,
@@ -586,6 +631,14 @@ def document(job_submission: dict | None = None) -> dict:
                                     "description": "seconds its GPUs may go unused (under 1 % "
                                     "busy) before it is stopped (reason IDLE); 0: never. From "
                                     "its flavor or the admin's policy, not from the user",
+                                },
+                                "labels": {
+                                    "type": "object",
+                                    "additionalProperties": {"type": "string"},
+                                    "description": "the user's labels (user_options "
+                                    "`labels`, checked as a job's: at most "
+                                    f"{MAX_LABELS}, keys {LABEL_KEY_RE.pattern}); "
+                                    "?label=key=value filters the list on them",
                                 },
                             },
                         },
