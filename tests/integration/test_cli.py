@@ -252,6 +252,36 @@ def test_usage_and_notebooks(alice):
     }
 
 
+def test_notebook_start_list_logs_stop(hub, tokens, no_config):
+    """A notebook from the command line: started with the form's options and a label
+    (following the hub's progress), listed with its label, its output read, stopped; a label
+    the jobs' rules refuse is refused naming the field, and someone else's output is a 404."""
+    env = {**base_env(no_config), "GPULAB_URL": hub.url, "GPULAB_TOKEN": hub.create_user("nora")}
+    bob = {**env, "GPULAB_TOKEN": tokens["bob"]}
+    r = cli("notebook", "start", "lab", "--framework", "python", "--flavor", "cpu-small",
+            "-l", "team=a", "--wait", env=env)  # fmt: skip
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    # the URL of the hub's last progress event (a start this quick has no other: the hub
+    # answered the POST once it ran)
+    assert r.stdout == f"{hub.url}/user/nora/lab/\n"
+
+    row = ok("notebook", "list", "-l", "team=a", env=env).splitlines()[1]
+    assert row.split()[1:3] == ["lab", "RUNNING"] and row.split()[-1] == "team=a"
+    listed = json.loads(ok("notebook", "list", "-o", "json", "-l", "team=b", env=env))
+    assert listed == {"notebooks": [], "total": 0}
+
+    assert "Jupyter" in ok("notebook", "logs", "lab", "--tail", "500", env=env)
+    r = cli("notebook", "logs", "lab", "--user", "nora", env=bob)
+    assert r.returncode == 1 and "no notebook lab for nora" in r.stderr
+
+    r = cli("notebook", "start", "other", "-l", "Team=a", env=env)
+    assert r.returncode == 1 and "labels.Team: label key 'Team'" in r.stderr, r.stderr
+
+    assert ok("notebook", "stop", "lab", "--wait", env=env) == "notebook lab: STOPPED\n"
+    r = cli("notebook", "logs", "lab", env=env)
+    assert r.returncode == 1 and "no container now (STOPPED)" in r.stderr
+
+
 def test_missing_token_and_unreachable_hub(hub, no_config):
     env = {**base_env(no_config), "GPULAB_URL": hub.url}
     r = cli("job", "list", env=env)

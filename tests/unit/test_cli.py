@@ -620,3 +620,203 @@ def test_the_fair_share_as_text():
     ]
     assert fair_share_lines({**fs, "group": None, "queued": []})[2:] == []
     assert fair_share_lines(None) == []  # an older service
+
+
+# --- notebooks ----------------------------------------------------------------------------------
+
+
+def test_notebook_start_sends_the_forms_options_given():
+    from gpulab.cli.notebooks import user_options
+
+    args = parse(
+        "notebook", "start", "train", "--framework", "pytorch", "--version", "2.3",
+        "--editor", "vscode", "--flavor", "gpu-1", "--gpu", "0.5", "--cpu", "2",
+        "--memory", "8G", "--gpu-model", "A100", "--node-pool", "lab",
+        "-v", "data@s3/ds:/data:ro", "-v", "out@s3:/out:rw", "-l", "team=vision",
+        "-l", "exp=r2", "--auto-restart", "--notify-email", "me@example.org",
+        "--notify-on", "failed", "--wait",
+    )  # fmt: skip
+    assert args.server == "train" and args.wait
+    assert user_options(args) == {
+        "framework": "pytorch",
+        "version": "2.3",
+        "editor": "vscode",
+        "flavor": "gpu-1",
+        "gpus": "0.5",  # the spawner reads numbers and fractions alike
+        "cpus": 2.0,
+        "memory": "8G",
+        "gpu_model": "A100",
+        "node_pool": "lab",
+        "volumes": ["data@s3/ds:/data:ro", "out@s3:/out:rw"],
+        "labels": {"team": "vision", "exp": "r2"},
+        "auto_restart": True,
+        "notify_email": "me@example.org",
+        "notify_on": ["failed"],
+    }
+    # nothing given: None, so that the hub starts it again with the options it had
+    bare = parse("notebook", "start")
+    assert bare.server == "" and user_options(bare) is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["notebook", "start", "-l", "team"],
+        ["notebook", "start", "--notify-on", "done"],
+        ["notebook", "start", "a/b"],
+        ["notebook", "logs", "nb", "--tail", "0"],
+        ["notebook", "logs", "nb", "--tail", "10001"],
+        ["notebook", "list", "-l", "nokey"],
+    ],
+)
+def test_notebook_usage_errors_exit_2(argv, capsys, monkeypatch):
+    monkeypatch.setenv("GPULAB_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("GPULAB_TOKEN", "t")
+    monkeypatch.setattr(cli.Client, "whoami", lambda self: "ann")
+    assert cli.main(argv) == 2
+    assert "gpulab: error:" in capsys.readouterr().err
+
+
+def test_notebook_paths_on_the_hub_and_in_gpulab():
+    from gpulab.cli.notebooks import hub_server_path, notebook_path, notebook_url
+
+    assert hub_server_path("ann", "") == "/users/ann/server"
+    assert hub_server_path("a@b.org", "run 1") == "/users/a%40b.org/servers/run%201"
+    assert notebook_path("ann", "") == "/notebooks/ann/"
+    assert notebook_path("ann", "nb") == "/notebooks/ann/nb"
+    assert notebook_url("https://hub/lab", "ann", "nb") == "https://hub/lab/user/ann/nb/"
+    assert notebook_url("https://hub/lab", "ann", "") == "https://hub/lab/user/ann/"
+    # the hub's own path (its base URL included) on the hub's scheme and host
+    assert notebook_url("https://hub/lab", "ann", "nb", "/lab/user/ann/nb/") == (
+        "https://hub/lab/user/ann/nb/"
+    )
+
+
+class FakeHub:
+    """A Client whose hub and gpulab answers are scripted."""
+
+    url = "http://hub"
+
+    def __init__(self, events=(), records=()):
+        self.events, self.records, self.calls = list(events), list(records), []
+
+    def whoami(self):
+        return "ann"
+
+    def request(self, method, path, **kw):
+        self.calls.append((method, path, kw))
+
+        class R:
+            status_code = 202
+            content = b"[I] started\n"
+
+        return R()
+
+    def hub_events(self, path):
+        self.calls.append(("EVENTS", path, {}))
+        yield from self.events
+
+    def json(self, method, path, **kw):
+        self.calls.append((method, path, kw))
+        return self.records.pop(0)
+
+
+def test_notebook_start_wait_follows_the_progress_then_prints_the_url(capsys):
+    from gpulab.cli.notebooks import cmd_notebook_start
+
+    hub = FakeHub(
+        events=[
+            {"progress": 10, "message": "reserving resources"},
+            {"progress": 10, "message": "reserving resources"},
+            {"progress": 50, "message": "pulling the workspace"},
+            {"progress": 100, "ready": True, "url": "/user/ann/nb/"},
+        ]
+    )
+    args = parse("notebook", "start", "nb", "-l", "team=a", "--wait")
+    args.output = "table"
+    assert cmd_notebook_start(args, hub) == 0
+    method, path, kw = hub.calls[0]
+    assert (method, path) == ("POST", "/users/ann/servers/nb")
+    assert kw["hub"] is True and kw["json"] == {"user_options": {"labels": {"team": "a"}}}
+    assert hub.calls[1][:2] == ("EVENTS", "/users/ann/servers/nb/progress")
+    captured = capsys.readouterr()
+    assert captured.out == "http://hub/user/ann/nb/\n"
+    assert "[ 10%] reserving resources\n[ 50%] pulling the workspace\n" in captured.err
+    assert captured.err.count("reserving") == 1
+
+
+def test_notebook_start_that_fails_says_the_hubs_reason(capsys):
+    from gpulab.cli.notebooks import cmd_notebook_start
+
+    hub = FakeHub(events=[{"progress": 100, "failed": True, "message": "Spawn failed: no GPU"}])
+    args = parse("notebook", "start", "--wait")
+    args.output = "table"
+    with pytest.raises(cli.CliError, match="ann's default notebook did not start: Spawn failed"):
+        cmd_notebook_start(args, hub)
+    assert hub.calls[0][:2] == ("POST", "/users/ann/server")
+    assert hub.calls[0][2]["json"] is None  # its options as they were
+
+
+def test_notebook_stop_wait_polls_until_it_ended(monkeypatch, capsys):
+    from gpulab.cli import notebooks
+
+    monkeypatch.setattr(notebooks, "POLL", 0)
+    hub = FakeHub(
+        records=[
+            {"server": "nb", "state": "STOPPING"},
+            {"server": "nb", "state": "SYNC_FAILED", "history": [{"message": "store down"}]},
+        ]
+    )
+    args = parse("notebook", "stop", "nb", "--wait")
+    args.output = "table"
+    assert notebooks.cmd_notebook_stop(args, hub) == 1  # not STOPPED
+    assert hub.calls[0][:2] == ("DELETE", "/users/ann/servers/nb")
+    assert capsys.readouterr().out == "notebook nb: SYNC_FAILED: store down\n"
+
+
+def test_notebook_list_shows_labels_and_filters_on_them(capsys):
+    from gpulab.cli.notebooks import cmd_notebook_list
+
+    hub = FakeHub(
+        records=[
+            {
+                "notebooks": [
+                    {
+                        "user": "ann",
+                        "server": "nb",
+                        "state": "RUNNING",
+                        "options": {
+                            "framework": "python",
+                            "version": "3.11",
+                            "gpus": 0,
+                            "labels": {"team": "a", "exp": "r2"},
+                        },
+                    },
+                    {"user": "ann", "server": "", "state": "STOPPED", "options": {}},
+                ],
+                "total": 2,
+            }
+        ]
+    )
+    args = parse("notebook", "list", "-l", "team=a")
+    args.output = "table"
+    assert cmd_notebook_list(args, hub) == 0
+    assert ("label", "team=a") in hub.calls[0][2]["params"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-1] == "LABELS"
+    assert lines[1].split()[:3] == ["ann", "nb", "RUNNING"]
+    assert lines[1].split()[-1] == "team=a,exp=r2"
+    assert lines[2].split()[-1] == "-"
+
+
+def test_notebook_logs_reads_the_tail(capsysbinary):
+    from gpulab.cli.notebooks import cmd_notebook_logs
+
+    hub = FakeHub()
+    args = parse("notebook", "logs", "nb", "-n", "50")
+    assert cmd_notebook_logs(args, hub) == 0
+    assert hub.calls == [("GET", "/notebooks/ann/nb/logs", {"params": {"tail": "50"}})]
+    assert capsysbinary.readouterr().out == b"[I] started\n"
+    hub = FakeHub()
+    assert cmd_notebook_logs(parse("notebook", "logs", "--user", "bob"), hub) == 0
+    assert hub.calls == [("GET", "/notebooks/bob//logs", {"params": {}})]

@@ -9,7 +9,10 @@
     gpulab job shell [--rank K] ID                an interactive terminal in a RUNNING job
     gpulab secret set NAME | list | delete NAME   secrets a job's env refers to (--secret-env)
     gpulab usage [--user NAME] [--month YYYY-MM]
-    gpulab notebook list [--all | --user NAME]
+    gpulab notebook start [SERVER] [--framework F] [--flavor F] [-v VOL]... [-l k=v]... [--wait]
+    gpulab notebook stop [SERVER] [--wait]           (JupyterHub's API: the same token)
+    gpulab notebook list [-l k=v]... [--all | --user NAME]
+    gpulab notebook logs [SERVER] [--tail N]         its output, tokens scrubbed
     gpulab doctor [--config FILE] [--json]       (operators, on the hub's host) check the host
     gpulab admin backup DEST | restore SRC DIR | upgrade-db   (operators) the databases
 
@@ -30,11 +33,12 @@ Exit codes: 0 success (for ``job run --follow`` and ``job logs -f``: the job end
 otherwise, 2 bad usage or missing configuration, 130 interrupted (Ctrl-C stops following, not
 the job).
 
-The package speaks the REST API and nothing else: it imports nothing of gpulab outside itself
-(``client`` the connection, ``output`` the tables, ``commands``, ``exec`` and ``secrets`` the
-commands, ``parser`` the command tree; tests/unit/test_cli.py checks it). ``gpulab doctor`` and
-``gpulab admin`` are the commands that do not speak the REST API: they run ``python -m
-gpulab.doctor`` and ``python -m gpulab.admin``, programs of their own (``doctor``, ``admin``).
+The package speaks the REST API and nothing else (gpulab's, and JupyterHub's to start and stop
+notebooks): it imports nothing of gpulab outside itself (``client`` the connection, ``output``
+the tables, ``commands``, ``exec``, ``secrets`` and ``notebooks`` the commands, ``parser`` the
+command tree; tests/unit/test_cli.py checks it). ``gpulab doctor`` and ``gpulab admin`` are the
+commands that do not speak the REST API: they run ``python -m gpulab.doctor`` and ``python -m
+gpulab.admin``, programs of their own (``doctor``, ``admin``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import argparse
 import contextlib
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -17,6 +17,7 @@ import requests
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 SERVICE_PATH = "/services/gpulab"
+HUB_API = "/hub/api"
 #: job states that end a job, and those before its container exists
 ENDED = frozenset({"DONE", "INTERRUPTED", "FAILED", "ERROR", "SYNC_FAILED"})
 NOT_STARTED = frozenset({"QUEUED", "INITIALIZING", "PENDING"})
@@ -132,10 +133,15 @@ class Client:
         self.session.headers["Authorization"] = f"token {token}"
         self.session.headers["User-Agent"] = "gpulab-cli"
 
-    def request(self, method: str, path: str, *, ok=(200,), **kw) -> requests.Response:
+    def request(
+        self, method: str, path: str, *, ok=(200,), hub: bool = False, **kw
+    ) -> requests.Response:
+        """``path`` of gpulab's API, or with ``hub`` of JupyterHub's (``/hub/api``: starting
+        and stopping notebooks, which the hub does); one token reaches both."""
         try:
             kw.setdefault("timeout", TIMEOUT)
-            r = self.session.request(method, self.base + path, allow_redirects=False, **kw)
+            base = self.url + HUB_API if hub else self.base
+            r = self.session.request(method, base + path, allow_redirects=False, **kw)
         except requests.ConnectionError as e:
             raise CliError(f"cannot reach gpulab at {self.url}: {_reason(e)}") from None
         except requests.Timeout:
@@ -143,8 +149,28 @@ class Client:
         except requests.RequestException as e:
             raise CliError(f"request to gpulab at {self.url} failed: {e}") from None
         if r.status_code not in ok:
-            raise CliError(self.describe_error(r))
+            raise CliError(self.describe_hub_error(r) if hub else self.describe_error(r))
         return r
+
+    def describe_hub_error(self, r: requests.Response) -> str:
+        """JupyterHub's answer ({status, message}) to a request of its API, as a sentence."""
+        if r.status_code in (301, 302, 303, 307, 308, 401):
+            return self.describe_error(r)
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        message = str(body.get("message") or "") if isinstance(body, dict) else ""
+        if r.status_code == 403:
+            return (
+                f"the hub refused: {message or 'forbidden'} (a notebook's own token cannot "
+                "start or stop servers: use a token from the hub's Token page)"
+            )
+        if message and message not in ("Not Found", "Bad Request"):
+            return message
+        if r.status_code == 404:
+            return f"the hub at {self.url} has no such user or server (HTTP 404)"
+        return f"the hub answered HTTP {r.status_code} {r.reason}".rstrip()
 
     def describe_error(self, r: requests.Response) -> str:
         if r.status_code in (301, 302, 303, 307, 308, 401):
@@ -179,6 +205,31 @@ class Client:
             return r.json()
         except ValueError:
             raise CliError(f"gpulab answered HTTP {r.status_code} with no JSON") from None
+
+    def whoami(self) -> str:
+        """The name of the token's user (the hub's ``GET /hub/api/user``)."""
+        model = self.request("GET", "/user", hub=True).json()
+        if not isinstance(model, dict) or not isinstance(model.get("name"), str):
+            raise CliError("the hub did not say whose the token is (GET /hub/api/user)")
+        return model["name"]
+
+    def hub_events(self, path: str) -> Iterator[dict]:
+        """The events of a JupyterHub event stream (``data: {...}`` lines), such as a spawn's
+        progress, until the hub ends it; what is not an event (keep-alives) is skipped."""
+        r = self.request("GET", path, hub=True, stream=True, timeout=TIMEOUT)
+        with r:
+            try:
+                for line in r.iter_lines(decode_unicode=False):
+                    if not line.startswith(b"data:"):
+                        continue
+                    try:
+                        event = json.loads(line[5:])
+                    except ValueError:
+                        continue
+                    if isinstance(event, dict):
+                        yield event
+            except requests.RequestException as e:
+                raise CliError(f"the hub's event stream {path} broke off: {e}") from None
 
     def stream(self, path: str, params: dict) -> Iterable[bytes]:
         r = self.request("GET", path, params=params, stream=True, timeout=(TIMEOUT[0], None))

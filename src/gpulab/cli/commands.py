@@ -36,7 +36,6 @@ from .output import (
     out,
     print_json,
     table,
-    when,
     workers_of,
 )
 from .secrets import add_run_fields
@@ -510,30 +509,4 @@ def _month_report(args: argparse.Namespace, client: Client, params: list) -> int
                 for r in data.get("users") or []
             ],
         )
-    return EXIT_OK
-
-
-def cmd_notebook_list(args: argparse.Namespace, client: Client) -> int:
-    data = _all_pages(client, "/notebooks", _list_params(args), "notebooks")
-    if args.output == "json":
-        print_json(data)
-        return EXIT_OK
-    rows = []
-    for nb in data["notebooks"]:
-        opts = nb.get("options") or {}
-        image = opts.get("image") or ""
-        if opts.get("framework"):
-            image = f"{opts['framework']} {opts.get('version') or ''}".strip()
-        rows.append(
-            [
-                nb.get("user"),
-                nb.get("server") or "(default)",
-                nb.get("state"),
-                image or "-",
-                opts.get("gpus", "-"),
-                when(nb.get("created")),
-                when(nb.get("running_since")),
-            ]
-        )
-    table(["USER", "SERVER", "STATE", "IMAGE", "GPUS", "CREATED", "RUNNING SINCE"], rows)
     return EXIT_OK

@@ -18,11 +18,11 @@ from .commands import (
     cmd_job_simple_action,
     cmd_job_stop,
     cmd_login,
-    cmd_notebook_list,
     cmd_usage,
 )
 from .exec import add_exec_commands
 from .host import add_host_commands
+from .notebooks import add_notebook_commands
 from .secrets import add_run_options, add_secret_commands
 
 #: the most workers (containers) of one distributed job: the API's limit
@@ -265,14 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     usage.set_defaults(func=cmd_usage)
 
-    nb = top.add_parser("notebook", aliases=["notebooks"], parents=[common], help="notebooks")
-    nb_actions = nb.add_subparsers(dest="command_name", metavar="ACTION", parser_class=Parser)
-    nb_actions.required = True
-    nb_ls = nb_actions.add_parser("list", aliases=["ls"], parents=[common], help="your notebooks")
-    who = nb_ls.add_mutually_exclusive_group()
-    who.add_argument("-A", "--all", action="store_true", help="every user's notebooks (admins)")
-    who.add_argument("--user", help="this user's notebooks (admins)")
-    nb_ls.set_defaults(func=cmd_notebook_list)
+    add_notebook_commands(top, common, _positive_float, _int_range(1, 10_000))
 
     add_host_commands(top)
     return p
