@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from . import imagerefs
 from .bounds import (
     MAX_LABEL_KEY_CHARS,
     MAX_LABEL_VALUE_CHARS,
@@ -189,19 +190,62 @@ def image_choice(
     catalog: Catalog,
     allowed_images: Iterable[str],
     *,
+    registries: Iterable[str] = (),
     echo: Callable[[object], str] = repr,
 ) -> str:
-    """An image named outright: one of the catalog's or one the admin allowed (an image
-    outside both would let a user run anything on the host's engine). ``echo`` shows the
-    refused name (the notebook options cut it short with :func:`~gpulab.bounds.shown`)."""
+    """An image named outright: one of the catalog's, one the admin allowed, or one from a
+    registry and repository the admin's ``registries`` patterns allow (an image outside all
+    three would let a user run anything on the host's engine). ``echo`` shows the refused name
+    (the notebook options cut it short with :func:`~gpulab.bounds.shown`)."""
     allowed = frozenset(allowed_images)
-    if image not in allowed and image not in catalog.images():
-        raise error(
-            "image",
-            f"image {echo(image)} is not in the catalog; choose a framework and version"
-            + (f", or one of: {', '.join(sorted(allowed))}" if allowed else ""),
-        )
-    return image
+    if image in allowed or image in catalog.images():
+        return image
+    patterns = tuple(registries)
+    if patterns:
+        try:
+            ref = imagerefs.parse(image)
+        except imagerefs.ImageRefError as e:
+            raise error("image", f"image {echo(image)}: {e}") from None
+        if imagerefs.allowed(ref, patterns):
+            return image
+    raise error(
+        "image",
+        f"image {echo(image)} is not in the catalog; choose a framework and version"
+        + (f", or one of: {', '.join(sorted(allowed))}" if allowed else "")
+        + (f", or an image from: {', '.join(patterns)}" if patterns else ""),
+    )
+
+
+def from_registry(image: str, catalog: Catalog, allowed_images: Iterable[str]) -> bool:
+    """Whether ``image`` (already accepted by :func:`image_choice`) comes from a registry:
+    neither the catalog's nor one of the admin's allowed images, which the engine holds."""
+    return image not in catalog.images() and image not in frozenset(allowed_images)
+
+
+def image_pull(
+    error: Error,
+    raw: Mapping[str, Any],
+    registry_image: bool,
+    secret_check: Callable[[str, str], None],
+) -> tuple[str | None, str | None]:
+    """``image_pull_policy`` and ``image_pull_secret`` of a request: (policy or None for the
+    site's default, the name of the owner's secret that holds the registry's credentials, or
+    None). Both only for an image from a registry. ``secret_check(field, name)`` refuses a
+    secret the owner does not have."""
+    policy = raw.get("image_pull_policy") or None  # "" is absent, as for every text field
+    secret = raw.get("image_pull_secret") or None
+    for key, value in (("image_pull_policy", policy), ("image_pull_secret", secret)):
+        if value is not None and not registry_image:
+            raise error(key, f"{key} is only for an image from a registry (image_registries)")
+    if policy is not None:
+        try:
+            policy = imagerefs.check_policy(policy)
+        except imagerefs.ImageRefError as e:
+            raise error("image_pull_policy", str(e)) from None
+    if secret is not None:
+        secret = secret_name(error, "image_pull_secret", secret)
+        secret_check("image_pull_secret", secret)
+    return policy, secret
 
 
 def resources(

@@ -36,6 +36,7 @@ from .forwarded import DEFAULT_TRUSTED_PROXIES, trusted_networks
 from .frameworks import Catalog
 from .gpus.sharing import check_sharing, fraction_refusal, sharing_mode_refusal
 from .idle import gpu_unused_timeout_for, idle_timeout_for
+from .imagerefs import PULL_POLICIES, ImageRefError, check_patterns
 from .notices import NotifyRules, check_host_patterns, check_networks
 from .resources import (
     Flavor,
@@ -583,6 +584,43 @@ class GpulabSettings(Configurable):
         default_value=[],
         help="""Images outside the catalog that users may name with the `image` option.
         Empty by default: users choose from the catalog only.""",
+    ).tag(config=True)
+
+    image_registries = List(
+        Unicode(),
+        default_value=[],
+        help="""Registries and repositories that users may run notebooks and jobs from, as
+        patterns REGISTRY/REPOSITORY matched against the image's normalised name: `*` stops at
+        a `/`, `**` does not (e.g. "ghcr.io/acme/*", "registry.example.org:5000/**"; Docker
+        Hub's official images are "docker.io/library/NAME"). Each pattern names its registry
+        without wildcards. A private image is pulled with the user's own gpulab secret
+        (`image_pull_secret`). Empty by default: users run catalog images (and
+        allowed_images) only.""",
+    ).tag(config=True)
+
+    @validate("image_registries")
+    def _image_registries(self, proposal):
+        try:
+            return list(check_patterns(proposal["value"]))
+        except ImageRefError as e:
+            raise TraitError(str(e)) from None
+
+    image_pull_policy = Enum(
+        list(PULL_POLICIES),
+        default_value="if-not-present",
+        help="""When an image from a registry (image_registries) is pulled, unless the
+        request says otherwise: "always" (at every start; layers already on the node are
+        not fetched again), "if-not-present" (only when the node lacks the digest the
+        registry names) or "never" (the node must hold it). Whatever the policy, gpulab asks
+        the registry for the image's digest with the user's credentials at every start, and
+        runs that digest: an image another user pulled is never run without the registry's
+        consent.""",
+    ).tag(config=True)
+
+    image_pull_timeout = Float(
+        1800.0,
+        help="Seconds one pull of an image from a registry may take before it is given up "
+        "(the workload then fails with IMAGE_PULL_FAILED).",
     ).tag(config=True)
 
     pids_limit = Integer(4096, help="Most processes one notebook container may run.").tag(

@@ -41,9 +41,11 @@ from gpulab.runtime.base import (
     ExecSession,
     HelperResult,
     HelperSpec,
+    ImagePullFailed,
     Labelled,
     LogStream,
     Node,
+    PullProgress,
     Runtime,
     WorkloadGone,
     WorkloadSpec,
@@ -204,6 +206,11 @@ class FakeRuntime(Runtime):
         self.image_commands: dict[str, list[str]] = {}
         #: {image: its labels} (image_labels; an image not listed has none)
         self.image_label_sets: dict[str, dict[str, str]] = {}
+        #: a registry: {NAME:TAG as the engine names it: (digest, credentials it asks for:
+        #: (username, password), or None for an anonymous pull)}
+        self.registry_images: dict[str, tuple[str, tuple[str, str] | None]] = {}
+        #: bytes each pull reports (one layer)
+        self.pull_bytes = 1_000_000
         self.calls: list[Call] = []
         self.workloads: dict[str, FakeWorkload] = {}
         #: (volume, node) pairs that exist
@@ -454,6 +461,49 @@ class FakeRuntime(Runtime):
     async def image_exists(self, image: str) -> bool:
         self._enter("image_exists", image)
         return self.images is None or image in self.images
+
+    def _registry_answer(self, image: str, auth: dict[str, str] | None) -> str:
+        name, _, pinned = image.partition("@")
+        for ref, (digest, creds) in self.registry_images.items():
+            if ref == name or (pinned and ref.split(":")[0] == name.split(":")[0]):
+                if pinned and pinned != digest:
+                    continue
+                given = (auth["username"], auth["password"]) if auth else None
+                if creds is not None and given != creds:
+                    raise ImagePullFailed(
+                        "unauthorized: authentication required", status=500, detail=""
+                    )
+                return digest
+        raise ImagePullFailed(f"manifest unknown: {name} not found", status=404)
+
+    async def fetch_image(
+        self,
+        image: str,
+        policy: str,
+        auth: dict[str, str] | None,
+        on_progress: Callable[[PullProgress], None],
+        node: str = "",
+    ) -> str:
+        self._enter("fetch_image", image, policy=policy, node=node)
+        return await super().fetch_image(image, policy, auth, on_progress, node)
+
+    async def registry_digest(self, image: str, auth: dict[str, str] | None) -> str:
+        self._enter("registry_digest", image)
+        return self._registry_answer(image, auth)
+
+    async def pull_image(
+        self,
+        image: str,
+        auth: dict[str, str] | None,
+        on_progress: Callable[[PullProgress], None],
+        node: str = "",
+    ) -> None:
+        self._enter("pull_image", image, node=node)
+        self._registry_answer(image, auth)
+        half = self.pull_bytes // 2
+        on_progress(PullProgress(half, self.pull_bytes, 1, "Downloading"))
+        on_progress(PullProgress(self.pull_bytes, self.pull_bytes, 1, "Pull complete"))
+        self.add_image(image)
 
     async def image_command(self, image: str) -> list[str] | None:
         self._enter("image_command", image)

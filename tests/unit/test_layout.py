@@ -24,6 +24,7 @@ ROOT = "gpulab"
 #: the pure core: values in, values out (LAYOUT.md, "core")
 CORE = {
     "errors",
+    "imagerefs",
     "bounds",
     "lifecycle",
     "durations",

@@ -232,6 +232,116 @@ def test_an_engine_fault_at_create_requeues_the_job_never_ends_it(tmp_path):
     lab_run(tmp_path, test)
 
 
+PRIVATE = "registry.example.org:5000/team/private:1"
+DIGEST = "sha256:" + "ab" * 32
+PINNED = "registry.example.org:5000/team/private@" + DIGEST
+
+
+def registry_lab(tmp_path, test, **kw):
+    """A lab whose site allows registry.example.org:5000/team/*, with ann's secret regcred
+    and a registry that holds PRIVATE for bob:pw."""
+    from cryptography.fernet import Fernet
+
+    rt = Engine(images={IMAGE}, gpus=GPUS)
+    rt.registry_images[PRIVATE] = (DIGEST, ("bob", "pw"))
+    secret = kw.pop("secret", "bob:pw")
+
+    async def with_secret(lab: Lab):
+        lab.ctx.secrets.put("ann", "regcred", secret)
+        await test(lab)
+
+    lab_run(
+        tmp_path,
+        with_secret,
+        runtime=rt,
+        image_registries=["registry.example.org:5000/team/*"],
+        secrets_keys=[Fernet.generate_key().decode()],
+        **kw,
+    )
+
+
+def test_a_private_image_is_pulled_with_the_owner_s_secret_and_run_by_its_digest(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(
+            image=PRIVATE, image_pull_policy="if-not-present", image_pull_secret="regcred"
+        )
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.RUNNING)
+        (call,) = lab.rt.called("create_and_start")
+        assert call.args[0].image == PINNED  # the digest the registry gave, not the moving tag
+        assert [c.args[0] for c in lab.rt.calls if c.method == "pull_image"] == [PINNED]
+        events = [e["message"] for e in job["history"] if e["reason"] == "IMAGE"]
+        assert events == [f"preparing image {PRIVATE}", f"image {PINNED} ready; pulled 1.0 MB"]
+        # a second job of the same image: the registry is asked again, nothing is pulled
+        again = lab.submit(
+            image=PRIVATE, image_pull_policy="if-not-present", image_pull_secret="regcred"
+        )
+        await lab.place(again)
+        await lab.until(again, J.RUNNING)
+        assert lab.rt.names("registry_digest") == [PRIVATE, PRIVATE]
+        assert len(lab.rt.names("pull_image")) == 1
+
+    registry_lab(tmp_path, test)
+
+
+@pytest.mark.parametrize(
+    ("secret", "policy", "why"),
+    [
+        ("bob:wrong", "if-not-present", "unauthorized: authentication required"),
+        (None, "if-not-present", "unauthorized: authentication required"),
+        ("no colon", "always", "a registry secret holds USERNAME:PASSWORD"),
+        ("bob:pw", "never", "is not on this host and image_pull_policy is never"),
+    ],
+)
+def test_an_image_the_registry_refuses_fails_the_job_with_its_words(tmp_path, secret, policy, why):
+    async def test(lab: Lab):
+        body = {"image": PRIVATE, "image_pull_policy": policy}
+        if secret is not None:
+            body["image_pull_secret"] = "regcred"
+        job_id = lab.submit(**body)
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED)
+        assert job["reason"] == "IMAGE_PULL_FAILED" and why in job["message"], job["message"]
+        assert "wrong" not in json.dumps(job) and "pw" not in job["message"]
+        assert lab.rt.called("create_and_start") == [] and lab.held() == []
+
+    registry_lab(tmp_path, test, secret=secret or "bob:pw")
+
+
+def test_an_image_another_user_pulled_is_not_run_without_the_registry_s_consent(tmp_path):
+    """ann's job pulled the private image; cat's job, without credentials, fails though the
+    image is on the host and its policy would not pull it."""
+
+    async def test(lab: Lab):
+        ann = lab.submit(
+            image=PRIVATE, image_pull_policy="if-not-present", image_pull_secret="regcred"
+        )
+        await lab.place(ann)
+        await lab.until(ann, J.RUNNING)
+        cat = lab.ctx.records.create(
+            "cat", job_spec(image=PRIVATE, image_pull_policy="never"), None, ()
+        )["id"]
+        await lab.place(cat)
+        job = await lab.until(cat, J.FAILED)
+        assert job["reason"] == "IMAGE_PULL_FAILED"
+        assert "authentication required" in job["message"]
+        assert len(lab.rt.called("create_and_start")) == 1
+
+    registry_lab(tmp_path, test)
+
+
+def test_a_registry_the_admin_no_longer_allows_fails_the_job(tmp_path):
+    async def test(lab: Lab):
+        lab.settings.image_registries = ["ghcr.io/acme/*"]
+        job_id = lab.submit(image=PRIVATE, image_pull_policy="always")
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED)
+        assert job["reason"] == "IMAGE_NOT_ALLOWED"
+        assert lab.rt.names("registry_digest") == []
+
+    registry_lab(tmp_path, test)
+
+
 def test_a_missing_image_fails_the_job_before_any_container(tmp_path):
     async def test(lab: Lab):
         job_id = lab.submit(image="gpulab/absent:1")

@@ -139,6 +139,7 @@ async def submission_schema(
         max_tasks=s.max_job_tasks,
         gpu_models=sup.ledger.known_models(),
         node_pools=sup.ledger.known_pools(),
+        image_registries=s.image_registries,
     )
 
 
@@ -165,6 +166,8 @@ async def submit(
             limits=s.limits_for(owner, groups),
             default_flavor=None,
             allowed_images=frozenset(s.allowed_images),
+            image_registries=tuple(s.image_registries),
+            default_pull_policy=s.image_pull_policy,
             storage=s.storage,
             user=owner,
             host_gpus=host_gpus,

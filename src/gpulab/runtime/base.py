@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import imagerefs
 from ..cuda import ImageBuild
 from .images import ImageCache
 
@@ -235,6 +236,32 @@ class EngineUnreachable(EngineError):
         self.url = url
 
 
+class ImagePullFailed(EngineError):
+    """A registry refused or failed an image (its digest or its pull), through the engine:
+    the message is the registry's own words (never a credential)."""
+
+
+@dataclass
+class PullProgress:
+    """How far a pull is: bytes downloaded of the bytes announced so far (it grows as the
+    engine announces layers), the layers seen, and the engine's last status line."""
+
+    done: int = 0
+    total: int = 0
+    layers: int = 0
+    status: str = ""
+
+    def line(self, image: str) -> str:
+        """One line for the spawn progress and a job's events."""
+        if not self.total:
+            return f"Pulling image {image}: {self.status or 'starting'}"
+        s = "s" if self.layers != 1 else ""
+        return (
+            f"Pulling image {image}: {self.done / 1e6:.1f} MB of {self.total / 1e6:.1f} MB "
+            f"({self.layers} layer{s})"
+        )
+
+
 class StillRunning(EngineError):
     """The engine did not confirm in time that a workload stopped (a Swarm's task kept
     running, a container that outlived SIGKILL: the job supervisor's
@@ -410,6 +437,56 @@ class Runtime:
         """``image``'s labels (its flavour and the CUDA it needs, among others); None when the
         engine does not have it or cannot tell here (a Swarm's registry is not asked)."""
         return None
+
+    async def registry_digest(self, image: str, auth: dict[str, str] | None) -> str:
+        """The digest (``sha256:...``) the registry gives for ``image``, asked with ``auth``
+        (None: anonymously): the registry's consent to this caller for this image.
+        :class:`ImagePullFailed` with the registry's words when it refuses."""
+        raise ImagePullFailed("this engine cannot pull images from registries")
+
+    async def pull_image(
+        self,
+        image: str,
+        auth: dict[str, str] | None,
+        on_progress: Callable[[PullProgress], None],
+        node: str = "",
+    ) -> None:
+        """Pull ``image`` (a pinned ``NAME@sha256:...``) onto ``node`` with ``auth``;
+        ``on_progress`` is called on the event loop as bytes arrive.
+        :class:`ImagePullFailed` with the registry's words when it fails."""
+        raise ImagePullFailed("this engine cannot pull images from registries")
+
+    async def fetch_image(
+        self,
+        image: str,
+        policy: str,
+        auth: dict[str, str] | None,
+        on_progress: Callable[[PullProgress], None],
+        node: str = "",
+    ) -> str:
+        """Make an image from a registry ready to run on ``node`` and return the reference
+        that runs it, pinned to a digest (``NAME@sha256:...``). The registry is asked for the
+        digest with the caller's ``auth`` at every start, whatever ``policy``: an image that
+        another user pulled is never run without the registry's consent to this caller. The
+        layers are pulled when ``policy`` is "always", or "if-not-present" and the node lacks
+        that digest; with "never" the node must hold it. :class:`ImagePullFailed` says what
+        failed, in the registry's words."""
+        ref = imagerefs.parse(image)
+        digest = await self.registry_digest(str(ref), auth)
+        if ref.digest and digest != ref.digest:
+            # a digest the caller pinned is the content to run; the registry's answer for a
+            # NAME:TAG@DIGEST is the tag's today, which says only that the caller may pull it
+            digest = ref.digest
+        pinned = ref.pinned(digest)
+        present = await self.image_exists(pinned)
+        if policy == "never":
+            if not present:
+                where = f"node {node}" if node else "this host"
+                raise ImagePullFailed(f"{pinned} is not on {where} and image_pull_policy is never")
+            return pinned
+        if policy == "always" or not present:
+            await self.pull_image(pinned, auth, on_progress, node)
+        return pinned
 
     @property
     def driver_cuda(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import docker
 from docker.errors import APIError, NotFound
@@ -29,6 +29,7 @@ from .base import (
     Labelled,
     LogStream,
     Node,
+    PullProgress,
     Runtime,
     WorkloadGone,
     WorkloadRefused,
@@ -44,6 +45,7 @@ from .objects import (
     helper_files_archive,
     workload_container_config,
 )
+from .pulls import pull_blocking, registry_digest_blocking
 from .survey import refs, survey_engine
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,23 @@ class DockerRuntime(Runtime):
             if e.not_found:
                 return False
             raise
+
+    async def registry_digest(self, image: str, auth: dict[str, str] | None) -> str:
+        return await self.engine.call(registry_digest_blocking, self.client, image, auth)
+
+    async def pull_image(
+        self,
+        image: str,
+        auth: dict[str, str] | None,
+        on_progress: Callable[[PullProgress], None],
+        node: str = "",
+    ) -> None:
+        loop = asyncio.get_running_loop()
+
+        def threadsafe(progress: PullProgress) -> None:
+            loop.call_soon_threadsafe(on_progress, progress)
+
+        await self.engine.call(pull_blocking, self.client, image, auth, threadsafe)
 
     async def image_command(self, image: str) -> list[str] | None:
         try:

@@ -65,6 +65,8 @@ JOB_SPEC_FIELDS = (
     "framework",
     "version",
     "image",
+    "image_pull_policy",
+    "image_pull_secret",
     "command",
     "args",
     "env",

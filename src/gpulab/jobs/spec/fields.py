@@ -314,7 +314,7 @@ def _labels(raw: Mapping) -> dict[str, str]:
 
 
 def _image(
-    raw: Mapping, catalog: Catalog, allowed_images: frozenset[str]
+    raw: Mapping, catalog: Catalog, allowed_images: frozenset[str], registries: tuple[str, ...]
 ) -> tuple[str, str | None, str | None]:
     custom = _optional_text(raw, "image", cap=MAX_IMAGE_CHARS)
     framework = _optional_text(raw, "framework")
@@ -329,7 +329,10 @@ def _image(
             f"give either image or framework (and version), not both: {fw.id} {ver.id} is "
             f"{ver.image!r}, not {custom!r}",
         )
-    return checks.image_choice(JobSpecError, custom, catalog, allowed_images), None, None
+    image = checks.image_choice(
+        JobSpecError, custom, catalog, allowed_images, registries=registries
+    )
+    return image, None, None
 
 
 def _resources(
@@ -488,6 +491,7 @@ def parse_fields(
     host_gpus: int,
     max_timeout: float,
     gpu_home: str = "this host",
+    image_registries: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Every field of a submission, checked in the order of :data:`JOB_SPEC_FIELDS` (the first
     fault is reported), as keyword arguments of :class:`~gpulab.jobs.spec.JobSpec`."""
@@ -500,7 +504,7 @@ def parse_fields(
             f"unknown field {shown(unknown)}; a job takes: {', '.join(JOB_SPEC_FIELDS)}",
         )
     name = _name(raw)
-    image, framework, version = _image(raw, catalog, allowed_images)
+    image, framework, version = _image(raw, catalog, allowed_images, image_registries)
     command, args = _command(raw)
     env, secret_env = _env(raw)
     labels = _labels(raw)

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ... import imagerefs
 from ...bounds import (
     MAX_COMMAND_BYTES,
     MAX_COMMAND_ITEMS,
@@ -344,6 +345,22 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "description": "A catalog image or one of the admin's allowed images. Give it or "
             "`framework`/`version`, not both (unless they name this very image, as in a body "
             "returned by the API).",
+        },
+        "image_pull_policy": {
+            "type": ["string", "null"],
+            "enum": [*imagerefs.PULL_POLICIES, *ABSENT_TEXT],
+            "description": "For an image from a registry (one the admin's `image_registries` "
+            "allow): `always` pulls at every start (layers already on the node are not fetched "
+            "again), `if-not-present` only when the node lacks the image's digest, `never` "
+            "uses the node's copy. Whatever the policy, the registry is asked for the image's "
+            "digest with your credentials at every start. Default: the site's.",
+        },
+        "image_pull_secret": {
+            "type": ["string", "null"],
+            "maxLength": MAX_SECRET_NAME_CHARS,
+            "description": "For a private image from a registry: the name of your secret "
+            "(`gpulab secret set NAME`) that holds USERNAME:PASSWORD (or a token as the "
+            'password), or {"username": ..., "password": ...}.',
         },
         "command": {
             "oneOf": [
@@ -757,6 +774,7 @@ def job_spec_schema(
     max_retention: float | None = None,
     gpu_models: Iterable[str] = (),
     node_pools: Iterable[str] = (),
+    image_registries: Iterable[str] = (),
 ) -> dict[str, Any]:
     """:data:`JOB_SPEC_SCHEMA` narrowed to what this deployment accepts from one caller: the
     catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
@@ -814,6 +832,40 @@ def job_spec_schema(
             "required": ["image"],
         }
     )
+    # images from registries: pulled, with the caller's own secret for a private one; the
+    # admin's patterns are said in the description (a pattern cannot hold them all)
+    names = sorted(secret_names or ())
+    registries = list(image_registries)
+    for branch in named:
+        branch["properties"]["image_pull_policy"] = {"enum": _NOTHING}
+        branch["properties"]["image_pull_secret"] = {"enum": _NOTHING}
+    if registries:
+        props["image"].pop("enum")
+        props["image"]["description"] += (
+            " Or an image from a registry and repository the admin allows: "
+            + ", ".join(registries)
+            + " (* stops at a /, ** does not; Docker Hub's official images are "
+            "docker.io/library/NAME)."
+        )
+        props["image_pull_secret"]["enum"] = [*names, *_NOTHING]
+        named.append(
+            {
+                "properties": {
+                    "framework": {"enum": _NOTHING},
+                    "version": {"enum": _NOTHING},
+                    "image": {
+                        "type": "string",
+                        "pattern": imagerefs.REF_PATTERN,
+                        # the engine's own images: never pulled
+                        **({"not": {"enum": custom}} if custom else {}),
+                    },
+                },
+                "required": ["image"],
+            }
+        )
+    else:
+        props["image_pull_policy"]["enum"] = _NOTHING
+        props["image_pull_secret"]["enum"] = _NOTHING
 
     # resources: a flavor (or the job defaults) whose values the overrides replace, each held
     # to the caller's limits; GPUs also to the host's and, unless preemptible, to the quota
@@ -911,7 +963,6 @@ def job_spec_schema(
             "modes granted."
         )
     # secrets: only the caller's own can be referred to (none: secrets off, or none yet)
-    names = sorted(secret_names or ())
     as_object, as_list, _ = props["env"]["oneOf"]
     entry = as_list["items"]
     if names:

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ... import checks
 from ...frameworks import Catalog
 from ...notices import Notify, NotifyRules, parse_notify
 from ...resources import Flavor, Limits, Resources, parse_memory
@@ -69,6 +70,11 @@ class JobSpec:
     name: str | None
     image: str
     command: tuple[str, ...]
+    #: for an image from a registry (and only then, which is how the supervisor knows one):
+    #: when it is pulled, and the owner's secret that holds the registry's credentials (None:
+    #: an anonymous pull)
+    image_pull_policy: str | None = None
+    image_pull_secret: str | None = None
     framework: str | None = None
     version: str | None = None
     args: tuple[str, ...] = ()
@@ -135,6 +141,8 @@ class JobSpec:
             "framework": self.framework,
             "version": self.version,
             "image": self.image,
+            "image_pull_policy": self.image_pull_policy,
+            "image_pull_secret": self.image_pull_secret,
             "command": list(self.command),
             "args": list(self.args),
             # a secret shows as its reference, never its value
@@ -178,6 +186,8 @@ class JobSpec:
             framework=d.get("framework"),
             version=d.get("version"),
             image=str(d["image"]),
+            image_pull_policy=d.get("image_pull_policy"),
+            image_pull_secret=d.get("image_pull_secret"),
             command=tuple(d["command"]),
             args=tuple(d.get("args") or ()),
             env={k: v for k, v in env.items() if isinstance(v, str)},
@@ -245,6 +255,8 @@ def parse_job_spec(
     notify_rules: NotifyRules | None = None,
     max_retention: float | None = None,
     max_tasks: int = MAX_COMPLETIONS,
+    image_registries: tuple[str, ...] = (),
+    default_pull_policy: str = "if-not-present",
 ) -> JobSpec:
     """Turn a raw submission into a :class:`JobSpec` or raise :class:`JobSpecError`.
 
@@ -255,6 +267,9 @@ def parse_job_spec(
     ``notify_rules``: where notices may go on this site (None: nowhere, ``notify`` is refused).
     ``max_retention``: the longest ``auto_delete_after`` the site allows (None: ten years).
     ``max_tasks``: the most tasks of a job array (``max_job_tasks``).
+    ``image_registries``: the admin's patterns of registries and repositories users may run
+    images from (:mod:`gpulab.imagerefs`); such an image's spec keeps its pull policy
+    (``default_pull_policy``, the site's, when the submission gives none).
     """
     fields = parse_fields(
         raw,
@@ -268,7 +283,17 @@ def parse_job_spec(
         host_gpus=host_gpus,
         max_timeout=max_timeout,
         gpu_home=gpu_home,
+        image_registries=image_registries,
     )
+    registry_image = checks.from_registry(fields["image"], catalog, allowed_images)
+    pull_policy, pull_secret = checks.image_pull(
+        JobSpecError,
+        raw,
+        registry_image,
+        lambda field, name: check_secret(field, name, secret_names),
+    )
+    if registry_image:  # kept with the job: what marks its image as one from a registry
+        pull_policy = pull_policy or default_pull_policy
     if fields["workers"] > 1:
         for var in sorted({*fields["env"], *fields["secret_env"]} & set(DISTRIBUTED_ENV)):
             raise JobSpecError(
@@ -284,6 +309,8 @@ def parse_job_spec(
     completions, parallelism, parameters = parse_array(raw, max_tasks)
     return JobSpec(
         **fields,
+        image_pull_policy=pull_policy,
+        image_pull_secret=pull_secret,
         completions=completions,
         parallelism=parallelism,
         parameters=parameters,

@@ -28,11 +28,22 @@ log = logging.getLogger("gpulab.jobs.containers")
 
 
 def workload_spec(
-    ctx: JobContext, job_id, spec: JobSpec, name, devices, owner, node, secrets=None, rank: int = 0
+    ctx: JobContext,
+    job_id,
+    spec: JobSpec,
+    name,
+    devices,
+    owner,
+    node,
+    secrets=None,
+    rank: int = 0,
+    image: str = "",
 ) -> WorkloadSpec:
     """What the engine is asked to run for this job (any backend). ``secrets``: the values
     of ``spec.secret_env`` (variable -> value), revealed for this container only. ``name``
     is rank 0's: its volumes and checkouts are every rank's (each node has its own copy).
+    ``image``: the reference to run (an image from a registry pinned to its digest; ""
+    the spec's image as the engine names it).
     """
     s = ctx.settings
     distributed = spec.workers > 1
@@ -49,7 +60,7 @@ def workload_spec(
     }
     return WorkloadSpec(
         name=rank_name(name, rank),
-        image=ctx.runtime.image_ref(spec.image),
+        image=image or ctx.runtime.image_ref(spec.image),
         command=[*spec.command, *spec.args],
         env=env,
         labels={
@@ -97,13 +108,16 @@ async def reveal_secrets(ctx: JobContext, owner: str, spec: JobSpec) -> dict[str
     }
 
 
-async def create_and_start(ctx: JobContext, job_id, spec: JobSpec, gang: list[Rank], owner) -> None:
-    """Start every worker, rank 0 first (the others connect to it)."""
+async def create_and_start(
+    ctx: JobContext, job_id, spec: JobSpec, gang: list[Rank], owner, image: str = ""
+) -> None:
+    """Start every worker, rank 0 first (the others connect to it), from ``image`` (see
+    :func:`workload_spec`)."""
     secrets = await reveal_secrets(ctx, owner, spec)
     name = gang[0].name
     for r in gang:
         await ctx.runtime.create_and_start(
-            workload_spec(ctx, job_id, spec, name, r.devices, owner, r.node, secrets, r.rank)
+            workload_spec(ctx, job_id, spec, name, r.devices, owner, r.node, secrets, r.rank, image)
         )
         fault_point("engine:start")
 

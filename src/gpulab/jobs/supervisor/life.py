@@ -39,6 +39,7 @@ from .engine import (
 )
 from .git_sources import clone_sources
 from .housekeeping import discard_volumes
+from .images import ImageNotReady, ready_image
 from .progress import TransferNotes
 
 log = logging.getLogger("gpulab.jobs")
@@ -89,15 +90,17 @@ async def run_fresh(ctx: JobContext, job_id: str) -> None:
         if not ok:
             await discard_volumes(ctx, job_id, spec, ",".join(nodes_of(gang)))
             return await finalize(ctx, job_id, J.FAILED, "GIT_FAILED", msg, push=False)
-    if not await ctx.runtime.image_exists(ctx.runtime.image_ref(spec.image)):
-        where = ctx.runtime.images_at
-        msg = f"image {ctx.runtime.image_ref(spec.image)} is missing {where}"
-        return await finalize(ctx, job_id, J.FAILED, "IMAGE_MISSING", msg, push=False)
+    try:
+        image = await ready_image(ctx, job_id, job["owner"], spec, gang)
+    except ImageNotReady as e:
+        return await finalize(ctx, job_id, J.FAILED, e.reason, e.message, push=False)
+    except (SecretMissing, SecretsUnavailable) as e:  # the pull secret, deleted since
+        return await finalize(ctx, job_id, J.FAILED, "SECRET_MISSING", str(e), push=False)
     if await ctx.requested(job_id) == "interrupt":
         return await finalize(ctx, job_id, *_BEFORE_START, push=False)
     await ctx.move(job_id, J.PENDING, expect=J.INITIALIZING, reason="CREATING", message="starting")
     try:
-        await create_and_start(ctx, job_id, spec, gang, job["owner"])
+        await create_and_start(ctx, job_id, spec, gang, job["owner"], image)
     except NetworkUnavailable as e:
         await gang_stopped(ctx, gang, 0)
         return await finalize(ctx, job_id, J.ERROR, "NETWORK_UNAVAILABLE", str(e), push=False)

@@ -1,0 +1,94 @@
+"""Images from registries through the Docker Engine API: the registry's digest for an image
+(``GET /distribution/NAME/json``, the registry asked with the caller's credentials) and a
+pull that reports its bytes. Blocking calls, run on the runtime's pool.
+
+The credentials travel in the ``X-Registry-Auth`` header of these two calls only: they are
+never stored in the engine (no ``docker login``), so another user's pull cannot use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import docker
+from docker.errors import DockerException
+
+from .base import ImagePullFailed, PullProgress
+from .engine import engine_error, no_answer
+
+#: longest registry message kept (a registry's HTML error page is cut)
+MAX_REASON_CHARS = 500
+#: statuses after which a layer's bytes are all there
+_LAYER_DONE = ("Download complete", "Pull complete", "Already exists", "Verifying Checksum")
+
+
+def _reason(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
+def _failed(e: DockerException) -> ImagePullFailed:
+    err = engine_error(e, ImagePullFailed)
+    # the engine's own words (the registry's), without the SDK's URL of the engine call
+    return ImagePullFailed(_reason(err.detail or str(e)), status=err.status, detail=err.detail)
+
+
+def registry_digest_blocking(
+    client: docker.APIClient, image: str, auth: dict[str, str] | None
+) -> str:
+    try:
+        info = client.inspect_distribution(image, auth_config=auth)
+    except DockerException as e:
+        if no_answer(e):
+            raise
+        raise _failed(e) from None
+    digest = ((info or {}).get("Descriptor") or {}).get("digest") or ""
+    if not digest.startswith("sha256:"):
+        raise ImagePullFailed(f"the registry gave no digest for {image}")
+    return digest
+
+
+class LayerBytes:
+    """Adds up a pull's progress messages (one per layer event) into :class:`PullProgress`."""
+
+    def __init__(self) -> None:
+        self.layers: dict[str, tuple[int, int]] = {}
+        self.status = ""
+
+    def add(self, event: dict) -> PullProgress:
+        layer, status = event.get("id") or "", str(event.get("status") or "")
+        detail = event.get("progressDetail") or {}
+        if layer and status == "Downloading" and detail.get("total"):
+            self.layers[layer] = (int(detail.get("current") or 0), int(detail["total"]))
+        elif layer and status in _LAYER_DONE and layer in self.layers:
+            total = self.layers[layer][1]
+            self.layers[layer] = (total, total)
+        elif layer and status.startswith("Pulling fs layer"):
+            self.layers.setdefault(layer, (0, 0))
+        self.status = _reason(status)
+        return PullProgress(
+            done=sum(c for c, _ in self.layers.values()),
+            total=sum(t for _, t in self.layers.values()),
+            layers=len(self.layers),
+            status=self.status,
+        )
+
+
+def pull_blocking(
+    client: docker.APIClient,
+    image: str,
+    auth: dict[str, str] | None,
+    on_progress: Callable[[PullProgress], None],
+) -> None:
+    added = LayerBytes()
+    try:
+        for event in client.pull(image, stream=True, decode=True, auth_config=auth):
+            if not isinstance(event, dict):
+                continue
+            if event.get("error"):
+                raise ImagePullFailed(_reason(event["error"]))
+            on_progress(added.add(event))
+    except DockerException as e:
+        if no_answer(e):
+            raise
+        raise _failed(e) from None
