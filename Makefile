@@ -37,7 +37,7 @@ SWARM_WORKERS ?= 2
 # PATH for the hub, the tests and the benchmarks: the proxy and the venv's scripts first.
 RUN_PATH := $(CURDIR)/$(PROXY_BIN):$(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: help venv proxy engine images browser postgres ldap nginx setup run prereqs install serve \
+.PHONY: help venv proxy engine images browser postgres ldap nginx registry setup run prereqs install serve \
 	doctor test lint format \
 	bench clean-images clean swarm-lab swarm-lab-down
 
@@ -106,7 +106,10 @@ ldap: ## Make sure Debian's slapd and ldap-utils are installed (the log-in tests
 nginx: ## Make sure Debian's nginx is installed (the tests of a store behind TLS and of the HTTPS front door start their own)
 	scripts/ensure-nginx.sh
 
-test: setup browser postgres ldap nginx ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=3)
+registry: ## Make sure Debian's docker-registry is installed (the tests of images pulled from a private registry start their own)
+	scripts/ensure-registry.sh
+
+test: setup browser postgres ldap nginx registry ## Lint, then run the test suite (PYTEST_ARGS=... passes arguments to pytest; TEST_WORKERS=3)
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	PATH="$(RUN_PATH)" scripts/run-tests.sh $(TEST_WORKERS) $(PYTEST_ARGS)

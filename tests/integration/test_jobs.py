@@ -8,9 +8,11 @@ import time
 import pytest
 import requests
 
-from ..conftest import wait_until
+from ..conftest import _need, wait_until
 from ..support.api import TERMINAL, Api, states
+from ..support.ports import free_port
 from ..support.receivers import WebhookReceiver
+from ..support.registry import PrivateRegistry, push, registry_missing, tiny_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.hub]
 
@@ -27,6 +29,9 @@ c.GpulabSettings.max_resources = {"cpus": 2, "memory": "4G", "gpus": 2}
 c.GpulabSettings.notify_webhook_hosts = ["127.0.0.1:*"]
 c.GpulabSettings.notify_webhook_networks = ["127.0.0.1/32"]
 """
+#: the private registry's port (test_a_private_image_...): the one registry the site allows
+REGISTRY_PORT = free_port()
+CONFIG += f'c.GpulabSettings.image_registries = ["127.0.0.1:{REGISTRY_PORT}/team/*"]\n'
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +236,53 @@ def test_users_do_not_see_each_others_jobs(hub, alice):
     assert bob.call("GET", "/jobs", params={"user": "alice"}).status_code == 403
     assert bob.call("GET", "/jobs", params={"all": "true"}).status_code == 403
     alice.wait(job["id"])
+
+
+def test_a_private_image_from_a_registry_runs_with_the_owner_s_secret_only(
+    alice, docker_client, tmp_path
+):
+    """A registry with TLS from a test CA and htpasswd users: a job of its private image runs
+    with alice's secret (pinned to the registry's digest, as uid 1000), fails with the
+    registry's words with a wrong secret, and a registry the admin did not allow is a 400."""
+    if (missing := registry_missing()) is not None:
+        _need(missing)
+    registry = PrivateRegistry(tmp_path / "registry", {"bob": "s3cret"}, port=REGISTRY_PORT)
+    registry.start()
+    image = f"{registry.host}/team/private:1"
+    try:
+        tiny_image(docker_client, f"{registry.host}/team/private", "1")
+        push(docker_client, image, {"username": "bob", "password": "s3cret"})
+        docker_client.api.remove_image(image)  # the job's pull is a real one
+        for name, value in (("regcred", "bob:s3cret"), ("wrongcred", "bob:guess")):
+            r = alice.call("PUT", f"/secrets/{name}", json={"value": value})
+            assert r.status_code in (200, 201), r.text
+        script = 'echo private-ok; while read k v r; do [ "$k" = Uid: ] && echo "uid=$v"; done'
+        ok = alice.submit(
+            image=image,
+            image_pull_secret="regcred",
+            command=["sh", "-c", script + " < /proc/self/status; exit 0"],
+        )
+        wrong = alice.submit(image=image, image_pull_secret="wrongcred", command=["true"])
+        assert ok["spec"]["image_pull_policy"] == "if-not-present"
+        done, failed = alice.wait(ok["id"]), alice.wait(wrong["id"])
+        assert done["state"] == "DONE", done
+        assert alice.call("GET", f"/jobs/{ok['id']}/logs").text == "private-ok\nuid=1000\n"
+        events = [e["message"] for e in done["history"] if e["reason"] == "IMAGE"]
+        assert events[0] == f"preparing image {image}", events
+        assert events[-1].startswith(f"image {registry.host}/team/private@sha256:"), events
+        assert "ready (pulled " in events[-1], events
+        assert failed["state"] == "FAILED" and failed["reason"] == "IMAGE_PULL_FAILED", failed
+        assert "unauthorized" in failed["message"].lower(), failed["message"]
+        assert "guess" not in json.dumps(failed) and "s3cret" not in json.dumps(done)
+        r = alice.call(
+            "POST", "/jobs", json={"image": "127.0.0.1:1/team/private:1", "command": ["true"]}
+        )
+        assert r.status_code == 400 and r.json()["field"] == "image", r.text
+        assert f"127.0.0.1:{REGISTRY_PORT}/team/*" in r.json()["message"]
+    finally:
+        registry.stop()
+        for ref in docker_client.images.list(name=f"{registry.host}/team/private"):
+            docker_client.images.remove(ref.id, force=True)
 
 
 @pytest.mark.parametrize(

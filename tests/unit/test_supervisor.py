@@ -271,7 +271,10 @@ def test_a_private_image_is_pulled_with_the_owner_s_secret_and_run_by_its_digest
         assert call.args[0].image == PINNED  # the digest the registry gave, not the moving tag
         assert [c.args[0] for c in lab.rt.calls if c.method == "pull_image"] == [PINNED]
         events = [e["message"] for e in job["history"] if e["reason"] == "IMAGE"]
-        assert events == [f"preparing image {PRIVATE}", f"image {PINNED} ready; pulled 1.0 MB"]
+        assert events == [
+            f"preparing image {PRIVATE}",
+            f"image {PINNED} ready (pulled 1.0 MB in 1 layer)",
+        ]
         # a second job of the same image: the registry is asked again, nothing is pulled
         again = lab.submit(
             image=PRIVATE, image_pull_policy="if-not-present", image_pull_secret="regcred"

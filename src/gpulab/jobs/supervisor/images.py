@@ -75,8 +75,7 @@ async def ready_image(ctx: JobContext, job_id: str, owner: str, spec: JobSpec, g
         msg = f"image {spec.image} was not pulled within {s.image_pull_timeout:g} s"
         raise ImageNotReady("IMAGE_PULL_FAILED", msg) from None
     await notes.settle()
-    pulled = f"; pulled {notes.last.done / 1e6:.1f} MB" if notes.last.done else ""
-    await ctx.db(ctx.records.note, job_id, "progress", "IMAGE", f"image {pinned} ready{pulled}")
+    await ctx.db(ctx.records.note, job_id, "progress", "IMAGE", notes.ready(pinned))
     return pinned
 
 
@@ -86,11 +85,21 @@ class _PullNotes:
     def __init__(self, ctx: JobContext, job_id: str, image: str):
         self.ctx, self.job_id, self.image = ctx, job_id, image
         self.last = PullProgress()
+        self.pulled = 0  # progress messages seen: 0 when nothing was pulled
         self._at = 0.0
         self._writing: asyncio.Task | None = None
 
+    def ready(self, pinned: str) -> str:
+        """The event that ends the preparation: what was pulled, if anything."""
+        p = self.last
+        if self.pulled == 0:
+            return f"image {pinned} ready (on the node already)"
+        size = f"{p.done / 1e6:.1f} MB in " if p.done else ""
+        return f"image {pinned} ready (pulled {size}{p.layers} layer{'s' if p.layers != 1 else ''})"
+
     def on_progress(self, p: PullProgress) -> None:
         self.last = p
+        self.pulled += 1
         now = time.monotonic()
         if now - self._at < EVERY or (self._writing and not self._writing.done()):
             return
