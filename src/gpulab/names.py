@@ -80,6 +80,11 @@ def volume_name(container: str, spec: VolumeSpec, workspace: bool = False) -> st
     return f"{container}-v-{hashlib.sha256(spec.mount.encode()).hexdigest()[:10]}"
 
 
+def home_volume_name(container: str) -> str:
+    """The engine volume that holds ``container``'s home (a notebook's, kept across stops)."""
+    return f"{container}-home"
+
+
 def user_network_name(instance: str, user: str, driver: str = "bridge") -> str:
     """A user's own network: a bridge on one engine, an overlay across a Swarm."""
     middle = "ovl" if driver == "overlay" else "net"

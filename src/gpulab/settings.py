@@ -31,6 +31,7 @@ from traitlets.config import Config, Configurable, PyFileConfigLoader
 from . import __version__
 from .bounds import MAX_REQUEST_BODY
 from .data.sync import check_stores
+from .datasync.exclude import check_patterns as check_exclude_patterns
 from .disk_quota import DEFAULT_DISK_QUOTA, DEFAULT_GIT_MAX_BYTES, disk_quota_for, parse_size
 from .forwarded import DEFAULT_TRUSTED_PROXIES, trusted_networks
 from .frameworks import Catalog
@@ -50,7 +51,7 @@ from .resources import (
     check_node_pool,
     effective_limits,
 )
-from .storage import StorageConfig
+from .storage import DEFAULT_HOME_EXCLUDE, StorageConfig
 
 DEFAULT_FRAMEWORKS = [
     {
@@ -635,6 +636,82 @@ class GpulabSettings(Configurable):
         "/workspace", help="Where a notebook's workspace is mounted in its container."
     ).tag(config=True)
 
+    home_sync = Bool(
+        True,
+        help="""Keep each notebook's home (home_dir: packages installed with pip --user, conda
+        and virtual environments under it, VS Code's extensions and settings, JupyterLab's
+        settings, dotfiles, shell history) across its stops: a volume of its own,
+        <container>-home, pulled from the workspace store at the start and pushed at the stop
+        beside the workspace, under <workspace_root>/<user>/.home/<server>/ (the user's own
+        prefix, nobody else's), purged when the notebook is deleted for good. Without a
+        workspace_store it is a local volume only (kept until the deletion). False: a home
+        starts as the image made it, every time, as before this setting.""",
+    ).tag(config=True)
+
+    home_dir = Unicode(
+        "/home/jovyan",
+        help="""Where the notebook images' user has its home (gpulab's images: /home/jovyan,
+        uid 1000); the image's own content there (.bashrc, .profile) fills a new home once, at
+        its first start. Absolute; neither the workspace_dir nor inside it.""",
+    ).tag(config=True)
+
+    home_max_bytes = Union(
+        [Integer(), Unicode()],
+        default_value="10G",
+        allow_none=True,
+        help="""Cap of one notebook's home in object storage ("10G", or bytes; None:
+        unlimited), home_exclude's paths not counted. A home over it is not pushed at the
+        stop (its local volume keeps it, nothing is deleted; the rest of the notebook is
+        pushed as usual, and its record and next start say so).""",
+    ).tag(config=True)
+
+    home_exclude = List(
+        Unicode(),
+        default_value=list(DEFAULT_HOME_EXCLUDE),
+        help="""Paths of a home its sync leaves alone (caches and logs, which cost storage and
+        come back by themselves): neither pushed nor pulled, nor deleted on either side.
+        Gitignore-like patterns relative to home_dir: a name with a trailing / is a directory
+        at any depth (__pycache__/), a path with a / inside is anchored at the home
+        (.local/share/Trash/), *, ? and ** as in gitignore; at most 100. The default:
+        docs/notebooks.md. Applies from the next push or pull: what was stored before stays
+        until the notebook is deleted.""",
+    ).tag(config=True)
+
+    @validate("home_dir")
+    def _check_home_dir(self, proposal):
+        value = proposal["value"]
+        norm = os.path.normpath(value) if value.startswith("/") else ""
+        if not norm or norm == "/" or norm != value.rstrip("/") or "//" in value:
+            raise TraitError(
+                f"c.GpulabSettings.home_dir: {value!r} must be an absolute, normalised path, not /"
+            )
+        return norm
+
+    def check_home(self) -> None:
+        """home_dir against workspace_dir, once both are read (a start-up check): the home's
+        volume is synced on its own, so the workspace is neither it nor inside it."""
+        home, ws = self.home_dir.rstrip("/"), os.path.normpath(self.workspace_dir)
+        if home == ws or home.startswith(ws + "/"):
+            raise ConfigError(
+                f"c.GpulabSettings.home_dir: {self.home_dir!r} is the workspace_dir {ws!r} "
+                "or inside it"
+            )
+
+    @validate("home_max_bytes")
+    def _check_home_max_bytes(self, proposal):
+        try:
+            parse_size(proposal["value"], "home_max_bytes")
+        except ValueError as e:
+            raise TraitError(f"c.GpulabSettings.home_max_bytes: {e}") from None
+        return proposal["value"]
+
+    @validate("home_exclude")
+    def _check_home_exclude(self, proposal):
+        try:
+            return check_exclude_patterns(proposal["value"])
+        except ValueError as e:
+            raise TraitError(f"c.GpulabSettings.home_exclude: {e}") from None
+
     max_run_time = Float(
         7 * 24 * 3600.0,
         help="Seconds a notebook may run before it is stopped (restarted if auto_restart).",
@@ -1135,6 +1212,7 @@ class GpulabSettings(Configurable):
             self.check_idle()
             self.check_sharing()
             self.check_stores()
+            self.check_home()
 
     def check_stores(self) -> None:
         """What the object stores name on this host, checked at start-up: a ca_bundle that is
@@ -1286,6 +1364,10 @@ class GpulabSettings(Configurable):
             {u: parse_size(v, "user_disk_quotas") for u, v in self.user_disk_quotas.items()},
             {g: parse_size(v, "group_disk_quotas") for g, v in self.group_disk_quotas.items()},
         )
+
+    @property
+    def home_max_bytes_value(self) -> int | None:
+        return parse_size(self.home_max_bytes, "home_max_bytes")
 
     @property
     def git_max_bytes_value(self) -> int:

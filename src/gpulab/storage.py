@@ -24,6 +24,26 @@ from .volumes import (
 
 DEFAULT_SERVER_KEY = "_default"
 
+#: the part of a user's workspace prefix under which their notebooks' homes are kept:
+#: ``<root>/<user>/.home/<server>`` (inside what is the user's alone, beside their workspaces)
+HOME_KEY = ".home"
+
+#: caches and logs a home keeps out of object storage by default (``home_exclude``; the
+#: rules: :mod:`gpulab.datasync.exclude`): they cost storage and come back by themselves
+DEFAULT_HOME_EXCLUDE: tuple[str, ...] = (
+    ".cache/",  # XDG caches: pip's wheels and HTTP cache, matplotlib's fonts, huggingface's
+    "__pycache__/",  # Python's bytecode, at any depth
+    ".npm/_cacache/",
+    ".conda/pkgs/",  # conda's package cache (its environments, .conda/envs, are kept)
+    ".local/share/Trash/",
+    ".local/share/jupyter/runtime/",  # a running server's and kernels' connection files
+    ".local/share/code-server/logs/",
+    ".local/share/code-server/CachedData/",
+    ".local/share/code-server/CachedExtensionVSIXs/",
+    ".local/share/code-server/CachedProfilesData/",
+    ".local/share/code-server/User/History/",  # VS Code's local history of every edit
+)
+
 #: what a store's and a grant's configuration may name (anything else is a typo, refused)
 STORE_KEYS = ("kind", "endpoint_url", "region", "credentials", "root", "ca_bundle", "verify")
 GRANT_KEYS = ("store", "bucket", "prefix", "modes", "users")
@@ -108,6 +128,18 @@ class StorageConfig:
         prefix = f"{ws.root}/{user}/{server or DEFAULT_SERVER_KEY}".strip("/")
         return VolumeSpec(ws.bucket, ws.store, prefix, mount, "rwd")
 
+    def home_spec(self, user: str, server: str, mount: str) -> VolumeSpec | None:
+        """The notebook's home as a volume (None without a workspace store): beside its
+        workspace, under the user's own prefix (``<root>/<user>/.home/<server>``), so that
+        the rules that keep a workspace its owner's (:func:`~gpulab.volumes.check_access`)
+        keep the home theirs too; deletions are propagated (rwd), as a workspace's."""
+        if self.workspace is None:
+            return None
+        ws = self.workspace
+        key = server or DEFAULT_SERVER_KEY
+        prefix = f"{ws.root}/{user}/{HOME_KEY}/{key}".strip("/")
+        return VolumeSpec(ws.bucket, ws.store, prefix, mount, "rwd")
+
     def volume_pattern(self, user: str, workspace_dir: str) -> str | None:
         """The volume specs ``user`` may mount, as one pattern (None: none at all), for the
         OpenAPI document: :func:`~gpulab.volumes.access_pattern` of this configuration."""
@@ -121,4 +153,10 @@ class StorageConfig:
         return parsed
 
 
-__all__ = ["DEFAULT_SERVER_KEY", "StorageConfig", "VolumeError"]
+__all__ = [
+    "DEFAULT_HOME_EXCLUDE",
+    "DEFAULT_SERVER_KEY",
+    "HOME_KEY",
+    "StorageConfig",
+    "VolumeError",
+]

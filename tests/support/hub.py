@@ -156,6 +156,9 @@ class Hub:
                 # the tests' GPUs are made up, on an engine without the NVIDIA runtime: no
                 # start-up refusal of their gpu_mode (a test of that check turns it on)
                 c.GpulabSettings.check_gpu_runtime = False
+                # a home's push costs every stop a helper run: kept only where a test asks
+                # (test_notebook_data.py)
+                c.GpulabSettings.home_sync = False
                 c.JupyterHub.log_level = "DEBUG"
                 c.JupyterHub.services.append({{"name": "test-admin", "api_token": {self.admin_token!r}}})
                 c.JupyterHub.load_roles.append({{

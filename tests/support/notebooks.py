@@ -33,12 +33,17 @@ SYNC = "gpulab/sync:test"
 PUSHED = json.dumps({"event": "report", "ok": True, "completed": 1, "bytes_transferred": 10})
 
 
-def settings_for(tmp_path, workspace: bool = False, s3: bool = False) -> GpulabSettings:
+def settings_for(
+    tmp_path, workspace: bool = False, s3: bool = False, home: bool = False
+) -> GpulabSettings:
     c = Config()
     c.GpulabSettings.database_url = f"sqlite:///{tmp_path / 'g.sqlite'}"
     c.GpulabSettings.instance = "t"
     c.GpulabSettings.gpu_devices = [{"id": "0"}, {"id": "1"}]
     c.GpulabSettings.sync_image = SYNC
+    # homes are kept where a test says so (tests/unit/test_notebook_home.py): the others count
+    # a workspace's helper runs
+    c.GpulabSettings.home_sync = home
     c.GpulabSettings.frameworks = [
         {"id": "python", "title": "Python", "versions": [{"id": "3.11", "image": IMAGE}]}
     ]
@@ -68,9 +73,16 @@ class World:
     """One notebook of alice's on a fake engine, with real records and ledgers (SQLite)."""
 
     def __init__(
-        self, tmp_path, workspace=False, images=(IMAGE, SYNC), server="nb", cluster=None, s3=False
+        self,
+        tmp_path,
+        workspace=False,
+        images=(IMAGE, SYNC),
+        server="nb",
+        cluster=None,
+        s3=False,
+        home=False,
     ):
-        self.s = settings_for(tmp_path, workspace, s3)
+        self.s = settings_for(tmp_path, workspace, s3, home)
         db = Database(self.s.database_url)
         if cluster is None:
             self.rt = FakeRuntime(images=set(images))

@@ -8,6 +8,8 @@ plain values, and tested as data.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..datasync.filesystem import META_DIR
 from ..runtime.base import HelperSpec, Mount
 
@@ -48,6 +50,8 @@ def sync_helper_spec(
     max_bytes: int | None = None,
     files: dict[str, bytes] | None = None,
     store_args: list[str] | None = None,
+    exclude: Sequence[str] = (),
+    cap: int | None = None,
 ) -> HelperSpec:
     """A short-lived ``gpulab-sync`` helper, for any backend's ``run_helper``.
 
@@ -57,7 +61,11 @@ def sync_helper_spec(
     helper's environment or command line.
 
     ``max_bytes``: a pull refuses a prefix whose objects weigh more than this together (what
-    the owner's disk quota booked for the volume: :mod:`gpulab.disk_ledger`).
+    the owner's disk quota booked for the volume: :mod:`gpulab.disk_ledger`). ``cap``: a push
+    refuses a volume whose files weigh more than this (a home's cap), sending nothing.
+
+    ``exclude``: paths a pull or a push leaves alone (``--exclude``, one per pattern:
+    :mod:`gpulab.datasync.exclude`).
 
     ``mirror``: a pull also removes local files whose object was deleted since the volume's
     last sync (``--delete``; files changed locally are kept), for a volume that may be an older
@@ -83,6 +91,10 @@ def sync_helper_spec(
             command.append("--delete")
         if max_bytes is not None and operation == "pull":
             command += ["--max-bytes", str(int(max_bytes))]
+        if cap is not None and operation == "push":
+            command += ["--max-bytes", str(int(cap))]
+        for pattern in exclude:
+            command += ["--exclude", pattern]
         if docker_volume is None:
             raise ValueError("pull and push need a volume")
         mounts.append(Mount(docker_volume, "/data"))

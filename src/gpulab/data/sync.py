@@ -29,7 +29,7 @@ from ..datasync.credentials import (
 from ..datasync.models import tls_refusal
 from ..datasync.s3_settings import S3Settings
 from ..metrics import observe_sync
-from ..names import L_INSTANCE, L_KIND, L_WORKLOAD, volume_name
+from ..names import L_INSTANCE, L_KIND, L_WORKLOAD, home_volume_name, volume_name
 from ..runtime.base import HELPER_FILES_DIR, EngineError, Runtime
 from ..statelog import register_sensitive
 from ..volumes import ObjectStore, VolumeSpec
@@ -252,8 +252,13 @@ class VolumeSync:
 
     spec: VolumeSpec
     docker_volume: str
-    label: str  # "workspace" or the spec as the user wrote it
+    label: str  # "workspace", "home" or the spec as the user wrote it
     node: str = ""  # the node that holds the volume ("" on one host)
+    #: paths its sync leaves alone (:mod:`gpulab.datasync.exclude`; a home's caches)
+    exclude: tuple[str, ...] = ()
+    #: the most its push may send (a home's cap, bytes); over it, nothing is pushed and the
+    #: outcome says so (:attr:`SyncOutcome.over_cap`)
+    cap: int | None = None
 
     def to_json(self) -> dict:
         return {"label": self.label, "spec": str(self.spec), "docker_volume": self.docker_volume}
@@ -269,8 +274,25 @@ class SyncOutcome:
     #: sentence, naming the volume
     refused: bool = False
 
+    @property
+    def over_cap(self) -> bool:
+        """A push refused from its scan because the volume holds more than its cap: nothing
+        was sent or deleted, nothing local touched."""
+        return (
+            not self.ok
+            and self.volume.cap is not None
+            and self.report.get("operation") == "push"
+            and _over_booking(self.report)
+        )
+
     def summary(self) -> str:
         r = self.report
+        if self.over_cap:
+            return (
+                f"{self.volume.label} not saved: it holds {_cap_words(self.reason)}; its "
+                "local copy is kept as it is; make it smaller (its caches are not counted) "
+                "and stop again to save it"
+            )
         if not self.ok:
             return f"{self.volume.label}: {self.reason}"
         moved = r.get("completed", 0)
@@ -297,6 +319,12 @@ def _size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+def _cap_words(reason: str) -> str:
+    """The size and the cap a refused push said, without the helper's option name."""
+    reason = reason.split(": ", 1)[-1] if reason.startswith("(listing): ") else reason
+    return reason.split(" (--max-bytes)")[0]
 
 
 def progress_message(verb: str, label: str, p: dict) -> str:
@@ -478,6 +506,8 @@ class WorkloadData:
             # on a cluster a node's copy may be older than the store: pull deletions too
             mirror=bool(vol.node) and vol.spec.mode == "rwd",
             max_bytes=max_bytes,
+            exclude=vol.exclude,
+            cap=vol.cap,
         )
         final: dict = {}
         errors: list[str] = []
@@ -541,6 +571,20 @@ def _failure_reason(report: dict, errors: list[str], code: int) -> str:
     return f"gpulab-sync exited with code {code}"
 
 
+#: how a notebook's home is named in its progress, its record and its push verdicts
+HOME_LABEL = "home"
+
+
+@dataclass(frozen=True)
+class HomeSync:
+    """A notebook's home, kept across its stops (the site's ``home_*`` settings): where the
+    image's user has it, what its sync leaves out, the most it may push."""
+
+    dir: str
+    exclude: tuple[str, ...] = ()
+    cap: int | None = None
+
+
 def notebook_volumes(
     storage,
     container: str,
@@ -549,15 +593,21 @@ def notebook_volumes(
     workspace_dir: str,
     specs: list[str],
     node: str = "",
+    home: HomeSync | None = None,
 ) -> list[VolumeSync]:
-    """The workspace (when a workspace store is configured) and the user's volumes, on
-    ``node`` (where the notebook runs; "" on one host)."""
+    """The workspace and the home (when a workspace store is configured; the home where
+    ``home`` says it is kept) and the user's volumes, on ``node`` (where the notebook runs;
+    "" on one host)."""
     from ..volumes import parse_volume
 
     out = []
     ws = storage.workspace_spec(user, server, workspace_dir)
     if ws is not None:
         out.append(VolumeSync(ws, volume_name(container, ws, workspace=True), "workspace", node))
+    hs = storage.home_spec(user, server, home.dir) if home is not None else None
+    if hs is not None:
+        vol = home_volume_name(container)
+        out.append(VolumeSync(hs, vol, HOME_LABEL, node, tuple(home.exclude), home.cap))
     for raw in specs:
         spec = parse_volume(raw, storage.stores, workspace=workspace_dir)
         out.append(VolumeSync(spec, volume_name(container, spec), str(spec), node))
@@ -570,13 +620,18 @@ async def push_all(data: WorkloadData, volumes: list[VolumeSync]) -> list[SyncOu
 
 
 def push_verdict(outcomes: list[SyncOutcome]) -> tuple[bool, str]:
-    failed = [o for o in outcomes if not o.ok]
+    """(ok, what the record keeps). A home over its cap is not a failure (nothing was lost:
+    its local copy is kept; a failure would hold the notebook SYNC_FAILED until the home
+    shrank, which it cannot while stopped): it is said, and the rest pushed as usual."""
+    failed = [o for o in outcomes if not o.ok and not o.over_cap]
+    notes = "".join(f"; {o.summary()}" for o in outcomes if o.over_cap)
     if failed:
         names = ", ".join(o.volume.label for o in failed)
         return False, (
             f"push of {names} failed: {'; '.join(o.summary() for o in failed)}. "
-            "Nothing local was deleted; the next stop or a retry pushes again"
+            f"Nothing local was deleted; the next stop or a retry pushes again{notes}"
         )
-    if not outcomes:
-        return True, "compute released"
-    return True, "compute released; pushed " + "; ".join(o.summary() for o in outcomes)
+    pushed = [o for o in outcomes if o.ok]
+    if not pushed:
+        return True, "compute released" + notes
+    return True, "compute released; pushed " + "; ".join(o.summary() for o in pushed) + notes

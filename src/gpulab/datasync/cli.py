@@ -3,6 +3,7 @@ or purge every object under a prefix.
 
     gpulab-sync pull  --bucket B [--prefix P] --local DIR [--delete] ...
     gpulab-sync push  --bucket B [--prefix P] --local DIR [--mode ro|rw|rwd] ...
+    (pull and push: --exclude PATTERN, repeatable: paths left alone, see .exclude)
     gpulab-sync purge --bucket B --prefix P ...   (an empty prefix is refused: exit 2)
     gpulab-sync git-clone --url URL --dest DIR ... (one git repository: see .gitclone)
 
@@ -103,7 +104,17 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="pull: refuse (before downloading anything) when the objects under the prefix "
-        "weigh more than this many bytes together (a disk quota's booking)",
+        "weigh more than this many bytes together (a disk quota's booking); push: refuse "
+        "(before uploading or deleting anything) when the local files weigh more (a cap)",
+    )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a path to leave alone in both directions (repeatable; gitignore-like: "
+        "'__pycache__/' at any depth, '.cache/' at the root, a trailing / for directories): "
+        "neither transferred nor deleted on either side",
     )
     p.add_argument("--json-progress", action="store_true", help="print JSON lines on stdout")
     p.add_argument("--workers", type=int, default=16, help="objects in flight (default 16)")
@@ -232,6 +243,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError(f"{args.operation} needs --local DIR")
         remote = _remote(args)
         from .engine import SyncOptions, pull, push
+        from .exclude import Excludes
+
+        exclude = Excludes(args.exclude)
         from .purging import purge
 
         on_progress = None
@@ -252,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 progress=on_progress,
                 options=options,
                 max_bytes=args.max_bytes,
+                exclude=exclude,
             )
         else:
             report = push(
@@ -261,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.mode,
                 progress=on_progress,
                 options=options,
+                max_bytes=args.max_bytes,
+                exclude=exclude,
             )
     except (UsageError, VolumeError, Locked, FileNotFoundError, ValueError) as exc:
         print(f"gpulab-sync: error: {exc}", file=sys.stderr)

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from botocore.exceptions import ClientError
 
 from .backend import Remote
+from .exclude import Excludes
 from .hashing import hash_file
 from .localtree import (
     InTheWay,
@@ -291,6 +292,7 @@ def pull(
     progress: ProgressCallback | None = None,
     options: SyncOptions | None = None,
     max_bytes: int | None = None,
+    exclude: Excludes | None = None,
 ) -> SyncReport:
     """Bring ``local_dir`` up to date with ``remote``'s objects under ``prefix``.
 
@@ -300,6 +302,9 @@ def pull(
     ``max_bytes``: the most the objects under the prefix may weigh together (what the owner's
     disk quota booked for this volume); more is refused from the listing, before anything is
     downloaded, with one failure that says how much is there.
+
+    ``exclude``: paths left alone (:mod:`.exclude`): their objects are not downloaded (nor
+    counted) and, with ``delete``, their local files are never removed.
     """
     opts = options or SyncOptions()
     prefix = normalize_prefix(prefix)
@@ -315,7 +320,11 @@ def pull(
             try:
                 if remote.ensure_bucket():
                     report.notes.append(f"bucket {remote.bucket} did not exist: created it")
-                listing = {obj.key: obj for obj in remote.list(prefix)}
+                listing = {
+                    obj.key: obj
+                    for obj in remote.list(prefix)
+                    if not _excluded(exclude, obj.key, prefix)
+                }
             except Exception as exc:
                 run.fail("", f"cannot list {remote.bucket}/{prefix}: {_reason(exc)}")
                 return run.finish()
@@ -328,7 +337,11 @@ def pull(
                     "nothing was pulled",
                 )
                 return run.finish()
-            gone = [k for k in manifest.entries if k not in listing] if delete else []
+            gone = [
+                k
+                for k in manifest.entries
+                if delete and k not in listing and not _excluded(exclude, k, prefix)
+            ]
             report.objects_total = len(listing) + len(gone)
             tasks: list[tuple[str, Callable[[], _Pulled]]] = []
             for key, obj in listing.items():
@@ -358,6 +371,17 @@ def pull(
         finally:
             manifest.save()
     return run.finish()
+
+
+def _excluded(exclude: Excludes | None, key: str, prefix: str) -> bool:
+    """Whether ``key`` (under ``prefix``) is a path ``exclude`` covers; a key that cannot be
+    a local path is not (it fails on its own)."""
+    if not exclude:
+        return False
+    try:
+        return exclude.excludes(key_to_relpath(key, prefix))
+    except UnsafeKey:
+        return False
 
 
 def _human(n: float) -> str:
@@ -436,10 +460,17 @@ def push(
     *,
     progress: ProgressCallback | None = None,
     options: SyncOptions | None = None,
+    max_bytes: int | None = None,
+    exclude: Excludes | None = None,
 ) -> SyncReport:
     """Send local changes under ``local_dir`` to ``remote`` under ``prefix``.
 
     ``rw``: additions and changes; ``rwd``: also deletions of synced objects; ``ro``: nothing.
+
+    ``max_bytes``: the most the files pushed may weigh together (a home's cap); more is
+    refused from the scan, before anything is uploaded or deleted, with one failure that says
+    how much is there. ``exclude``: paths left alone (:mod:`.exclude`): not read, not
+    uploaded, and their objects never deleted.
     """
     if mode not in PUSH_MODES:
         raise ValueError(f"mode must be one of {', '.join(PUSH_MODES)}, not {mode!r}")
@@ -459,13 +490,25 @@ def push(
             report.notes.append(manifest.reset_reason)
         try:
             unread: list[tuple[str, str]] = []
-            files = list(root.scan(prefix, unread))
+            files = list(root.scan(prefix, unread, exclude))
+            total = sum(f.size for f in files)
+            if max_bytes is not None and total > max_bytes:
+                run.fail(
+                    "",
+                    f"{_human(total)} in {len(files)} files, more than its cap of "
+                    f"{_human(max_bytes)} (--max-bytes): nothing was pushed or deleted",
+                )
+                return run.finish()
             present = {f.key for f in files}
             gone: list[str] = []
             if mode == "rwd":  # keys below an unreadable directory are not gone: keep them
                 unreadable = tuple(key for key, _ in unread)
                 gone = [
-                    k for k in manifest.entries if k not in present and not k.startswith(unreadable)
+                    k
+                    for k in manifest.entries
+                    if k not in present
+                    and not k.startswith(unreadable)
+                    and not _excluded(exclude, k, prefix)
                 ]
             report.objects_total = len(files) + len(gone) + len(unread)
             for key, reason in unread:

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .exclude import Excludes
 from .models import Conflict, UnsafeKey
 
 #: Names starting with this are the engine's own files (manifest, lock, temp files).
@@ -261,15 +262,24 @@ class LocalRoot:
             os.unlink(name, dir_fd=self.fd)
         return True
 
-    def scan(self, prefix: str, problems: list[tuple[str, str]]) -> Iterator[LocalFile]:
-        """Yield the regular files under the root. Links (to files or directories) and the
-        engine's files are skipped; directories that cannot be read (or are deeper than
-        :data:`MAX_DEPTH`) are appended to ``problems`` as ``(key, reason)``. One descriptor
-        per level of the directory being read is held, never one per directory of the tree."""
-        yield from self._scan(self.fd, "", prefix, problems, 0)
+    def scan(
+        self, prefix: str, problems: list[tuple[str, str]], exclude: Excludes | None = None
+    ) -> Iterator[LocalFile]:
+        """Yield the regular files under the root. Links (to files or directories), the
+        engine's files and what ``exclude`` covers are skipped (an excluded directory is not
+        read); directories that cannot be read (or are deeper than :data:`MAX_DEPTH`) are
+        appended to ``problems`` as ``(key, reason)``. One descriptor per level of the
+        directory being read is held, never one per directory of the tree."""
+        yield from self._scan(self.fd, "", prefix, problems, 0, exclude or None)
 
     def _scan(
-        self, fd: int, rel: str, prefix: str, problems: list[tuple[str, str]], depth: int
+        self,
+        fd: int,
+        rel: str,
+        prefix: str,
+        problems: list[tuple[str, str]],
+        depth: int,
+        exclude: Excludes | None,
     ) -> Iterator[LocalFile]:
         with os.scandir(fd) as it:  # entries' stat() use fstatat(fd, name): fd stays open
             entries = list(it)
@@ -278,8 +288,11 @@ class LocalRoot:
             if entry.name.startswith(RESERVED_PREFIX):
                 continue
             if entry.is_dir(follow_symlinks=False):
-                subdirs.append(entry.name)
+                if exclude is None or not exclude.matches(rel + entry.name, is_dir=True):
+                    subdirs.append(entry.name)
             elif entry.is_file(follow_symlinks=False):
+                if exclude is not None and exclude.matches(rel + entry.name, is_dir=False):
+                    continue
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:  # deleted since the directory was read
@@ -300,7 +313,7 @@ class LocalRoot:
                 problems.append((prefix + sub, f"directory not read: {exc.strerror}"))
                 continue
             try:
-                yield from self._scan(child, sub, prefix, problems, depth + 1)
+                yield from self._scan(child, sub, prefix, problems, depth + 1, exclude)
             finally:
                 os.close(child)
 

@@ -49,11 +49,21 @@ class HubSide:
 
 
 def notebook_mounts(
-    volume_name: str, workspace_dir: str, data_mounts: Sequence[tuple[str, str, bool]]
+    volume_name: str,
+    workspace_dir: str,
+    data_mounts: Sequence[tuple[str, str, bool]],
+    home: tuple[str, str] | None = None,
 ) -> list[Mount]:
-    """The workspace volume and the user's data volumes ((volume, mount, read-only))."""
+    """The workspace volume, the home's ((volume, home dir), where homes are kept) and the
+    user's data volumes ((volume, mount, read-only)).
+
+    A new, empty home volume is filled by the engine with what the image has at the home dir
+    (its .bashrc, .profile: Docker copies an image's directory into an empty named volume at
+    its first mount; a Swarm task's volume mount does the same), once: a home pulled from
+    object storage, or used before, is not empty, and keeps the user's own versions."""
     return [
         Mount(volume_name, workspace_dir, False),
+        *([Mount(home[0], home[1], False)] if home else []),
         *(Mount(v, target, ro) for v, target, ro in data_mounts),
     ]
 

@@ -1,4 +1,4 @@
-"""A notebook's data: its workspace and volumes, pulled from object storage at the start,
+"""A notebook's data: its workspace, home and volumes, pulled from object storage at the start,
 pushed back at the stop (and again by a push retry), purged when it is deleted for good.
 
 The transfers are :mod:`gpulab.data.sync`'s sync helper runs, on the node that holds the
@@ -11,7 +11,9 @@ import asyncio
 from dataclasses import dataclass
 
 from ..data.sync import (
+    HOME_LABEL,
     DiskAccount,
+    HomeSync,
     SyncOutcome,
     VolumeSync,
     WorkloadData,
@@ -49,7 +51,9 @@ class NotebookData:
         (as the user wrote them) of a notebook whose container is ``container``, on
         ``node`` ("" on one host)."""
         s = settings
-        vols = notebook_volumes(s.storage, container, user, server, s.workspace_dir, specs, node)
+        vols = notebook_volumes(
+            s.storage, container, user, server, s.workspace_dir, specs, node, home_sync(s)
+        )
         sync = WorkloadData(runtime, s.storage.stores, s.sync_image, s.instance, workload_id, disk)
         return cls(sync, vols)
 
@@ -74,18 +78,38 @@ class NotebookData:
     def workspace(self) -> VolumeSync | None:
         return next((v for v in self.volumes if v.label == "workspace"), None)
 
+    @property
+    def home(self) -> VolumeSync | None:
+        return next((v for v in self.volumes if v.label == HOME_LABEL), None)
+
     async def push(self) -> tuple[bool, str]:
         """Push every volume that pushes: (ok, the verdict the record keeps). A failure
         deletes nothing local."""
         return push_verdict(await push_all(self.sync, self.volumes))
 
     async def purge_workspace(self) -> SyncOutcome | None:
-        """Delete the remote workspace (None: there is none). It talks to the store only: on
-        a cluster it runs on any node (the notebook's may be gone)."""
-        ws = self.workspace
-        if ws is None:
-            return None
-        return await self.sync.run("purge", VolumeSync(ws.spec, ws.docker_volume, ws.label, ""))
+        """Delete the remote workspace and home (None: there is none; else the first failure,
+        or the workspace's outcome). It talks to the store only: on a cluster it runs on any
+        node (the notebook's may be gone)."""
+        first = None
+        for vol in (self.workspace, self.home):
+            if vol is None:
+                continue
+            outcome = await self.sync.run(
+                "purge", VolumeSync(vol.spec, vol.docker_volume, vol.label, "")
+            )
+            if not outcome.ok:
+                return outcome
+            first = first or outcome
+        return first
+
+
+def home_sync(settings) -> HomeSync | None:
+    """How the site keeps notebooks' homes (None: it does not, ``home_sync`` off)."""
+    s = settings
+    if not s.home_sync:
+        return None
+    return HomeSync(s.home_dir, tuple(s.home_exclude), s.home_max_bytes_value)
 
 
 def recorded_volume_specs(nb: dict | None) -> list[str]:

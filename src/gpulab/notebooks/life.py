@@ -34,12 +34,12 @@ from ..gpus.recent_usage import RecentUsage
 from ..gpus.sharing import is_fraction
 from ..gpus.waits import GpuWaits
 from ..lifecycle import InvalidTransition, NotebookState, utcnow
-from ..names import L_NETWORK, notebook_workload_id
+from ..names import L_NETWORK, home_volume_name, notebook_workload_id
 from ..resources import format_memory
 from ..runtime import EngineError
 from ..runtime.base import NetworkUnavailable, Runtime, WorkloadGone
 from .container import ContainerPolicy, HubSide, notebook_mounts, notebook_spec
-from .data import NotebookData, PushRaced, recorded_volume_specs, retry_push
+from .data import HOME_LABEL, NotebookData, PushRaced, recorded_volume_specs, retry_push
 from .options import NotebookOptions
 from .records import LimitExceeded, NotebookRecords
 
@@ -174,13 +174,17 @@ async def start(nb: Notebook, opts: NotebookOptions, hub: HubSide, user_options:
         f"{opts.framework} {opts.version} with {opts.editor}; "
         f"{res.cpus:g} CPU, {format_memory(res.memory)}, {res.gpus:g} GPU"
     )
-    await _push_left_on_node(nb)
+    before = await nb.db(nb.records.get, nb.user, nb.server) or {}
+    await _push_left_on_node(nb, before)
     await _open_record(nb, opts, summary, user_options)
     nb.progress(5, f"Options validated: {summary}")
     await _reserve_gpus(nb, res)
     await _check_image(nb, opts.image)
     data = nb.data([str(v) for v in opts.volumes])
     await _pull(nb, data)
+    note = home_not_saved(before)
+    if note and data.home is not None:
+        nb.progress(55, f"Your home was not saved at the last stop: {note}")
     ip, port = await _run_container(nb, opts, hub, data)
     nb.progress(80, f"Waiting for {opts.editor} to answer")
     await _wait_for_editor(nb, ip, port, hub.base_url)
@@ -189,12 +193,19 @@ async def start(nb: Notebook, opts: NotebookOptions, hub: HubSide, user_options:
     return ip, port
 
 
-async def _push_left_on_node(nb: Notebook) -> None:
+def home_not_saved(record: dict) -> str:
+    """What the record's last stop said of a home that was over its cap ("" if nothing)."""
+    history = record.get("history") or [{}]
+    message = str(history[-1].get("message") or "")
+    _, found, rest = message.partition(f"{HOME_LABEL} not saved: ")
+    return rest if found else ""
+
+
+async def _push_left_on_node(nb: Notebook, record: dict) -> None:
     """A notebook whose last push failed on a cluster keeps that data in its volume on the
     node it ran on. It is pushed from there first (as a push retry), so that the start,
     wherever it is placed, pulls it; if the push still fails, the start is refused and the
     record stays SYNC_FAILED. (On one host the volume is where the next start runs.)"""
-    record = await nb.db(nb.records.get, nb.user, nb.server) or {}
     if record.get("state") != S.SYNC_FAILED.value or not record.get("node"):
         return
     nb.held.node = record["node"]
@@ -452,10 +463,10 @@ async def _pull(nb: Notebook, data: NotebookData) -> None:
         raise await nb.fail(S.ERROR, "IMAGE_MISSING", msg, 503)
     for vol in data.volumes:
         store = vol.spec.store
-        # the image's /workspace (uid 1000) populates a new workspace volume; on a cluster
+        # the image's /workspace (uid 1000) and home populate a new volume; on a cluster
         # the pull always runs: the node may hold an older copy (volume_exists cannot tell)
         skip = not vol.node and await data.sync.nothing_to_pull(
-            vol, image_provides_mount=vol.label == "workspace"
+            vol, image_provides_mount=vol.label in ("workspace", HOME_LABEL)
         )
         if skip:
             nb.progress(45, f"{vol.label}: nothing stored yet in object store {store}")
@@ -510,8 +521,9 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
             [
                 (v.docker_volume, v.spec.mount, v.spec.mode == "ro")
                 for v in data.volumes
-                if v.label != "workspace"
+                if v.label not in ("workspace", HOME_LABEL)
             ],
+            (home_volume_name(nb.container), s.home_dir) if s.home_sync else None,
         ),
         network_id=nb.held.network,
         node=nb.held.node,
@@ -682,7 +694,8 @@ async def delete(nb: Notebook) -> bool:
     try:
         await nb.runtime.remove(nb.container)
         await nb.runtime.unreach(nb.url_path)
-        for name in {nb.volume, *(v.docker_volume for v in data.volumes)}:
+        home = [home_volume_name(nb.container)] if nb.settings.home_sync else []
+        for name in {nb.volume, *home, *(v.docker_volume for v in data.volumes)}:
             await nb.runtime.remove_volume(name, nb.held.node)
         await nb.db(nb.ledger.release, nb.workload_id)
         await nb.db(nb.disk_ledger.release_workload, nb.workload_id)
