@@ -38,6 +38,7 @@ DEFAULT_HOME_EXCLUDE: tuple[str, ...] = (
     ".local/share/Trash/",
     ".local/share/jupyter/runtime/",  # a running server's and kernels' connection files
     ".local/share/code-server/logs/",
+    ".local/share/code-server/coder-logs/",
     ".local/share/code-server/CachedData/",
     ".local/share/code-server/CachedExtensionVSIXs/",
     ".local/share/code-server/CachedProfilesData/",

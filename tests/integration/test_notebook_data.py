@@ -6,12 +6,15 @@ S3 server on loopback through the host network.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import io
 import json
 import os
 import threading
 import time
+import zipfile
 
 import pytest
 import requests
@@ -32,6 +35,7 @@ c.GpulabSettings.object_stores = {{
 }}
 c.GpulabSettings.workspace_store = "s3"
 c.GpulabSettings.workspace_bucket = "workspaces-test"
+c.GpulabSettings.home_sync = True
 c.GpulabSettings.volume_grants = [
     {{"store": "s3", "bucket": "datasets", "modes": ["ro"]}},
     {{"store": "s3", "bucket": "results"}},
@@ -99,6 +103,71 @@ def test_workspace_round_trip_across_stop_and_start(hub, s3, docker_client):
     hub.stop_server("alice", "ws")
     assert "workspaces/alice/ws/notes.txt" not in keys(s3, "workspaces-test")
     assert "workspaces/alice/ws/sub/data.bin" in keys(s3, "workspaces-test")
+
+
+def vsix() -> bytes:
+    """A VS Code extension as a .vsix: a zip of its manifest and its package.json."""
+    manifest = (
+        '<?xml version="1.0" encoding="utf-8"?><PackageManifest Version="2.0.0" '
+        'xmlns="http://schemas.microsoft.com/developer/vsx-schema/2011"><Metadata><Identity '
+        'Language="en-US" Id="home-check" Version="0.0.1" Publisher="gpulab-test"/>'
+        "<DisplayName>home check</DisplayName><Description>a test</Description></Metadata>"
+        '<Installation><InstallationTarget Id="Microsoft.VisualStudio.Code"/></Installation>'
+        '<Dependencies/><Assets><Asset Type="Microsoft.VisualStudio.Code.Manifest" '
+        'Path="extension/package.json" Addressable="true"/></Assets></PackageManifest>'
+    )
+    package = {"name": "home-check", "publisher": "gpulab-test", "version": "0.0.1"}
+    package["engines"] = {"vscode": "^1.0.0"}
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("extension.vsixmanifest", manifest)
+        z.writestr("extension/package.json", json.dumps(package))
+    return out.getvalue()
+
+
+#: what a user does to their home (issue 31): a package installed with pip --user (built
+#: here: a container has no network), a VS Code extension from a local .vsix, a dotfile, and
+#: a cache that the home's exclusions keep out of the store
+CHANGE_THE_HOME = f"""
+set -e
+cd /tmp && mkdir -p p/hello_home && echo 'X = 41' > p/hello_home/__init__.py
+printf '[project]\\nname = "hello-home"\\nversion = "1.0"\\n[build-system]\\n' > p/pyproject.toml
+printf 'requires = ["setuptools"]\\nbuild-backend = "setuptools.build_meta"\\n' >> p/pyproject.toml
+pip install -q --user --no-index --no-build-isolation /tmp/p
+echo {base64.b64encode(vsix()).decode()} | base64 -d > /tmp/x.vsix
+d=/home/jovyan/.local/share/code-server
+/opt/code-server/bin/node /opt/code-server/lib/node_modules/code-server/out/node/entry.js \\
+    --user-data-dir $d --extensions-dir $d/extensions --install-extension /tmp/x.vsix >/dev/null
+echo 'export HOME_CHECK=kept' >> /home/jovyan/.bashrc
+mkdir -p /home/jovyan/.cache/pip && head -c 100000 /dev/urandom > /home/jovyan/.cache/pip/big
+"""
+
+
+def test_a_home_survives_its_stop_and_a_lost_volume(hub, s3, docker_client):
+    nb = start(hub, "home", {})
+    code, out = sh(docker_client, nb["container"], CHANGE_THE_HOME)
+    assert code == 0, out
+    hub.stop_server("alice", "home")
+    nb = hub.notebook("alice", "home").json()
+    assert nb["state"] == "STOPPED" and "; home: " in nb["history"][-1]["message"], nb["history"]
+    stored = keys(s3, "workspaces-test", "workspaces/alice/.home/home/")
+    assert "workspaces/alice/.home/home/.bashrc" in stored
+    assert not [k for k in stored if "/.cache/" in k or "/__pycache__/" in k], stored
+
+    # a new host: the local home is gone; it comes back from object storage
+    docker_client.volumes.get(nb["container"] + "-home").remove(force=True)
+    nb = start(hub, "home", {})
+    check = (
+        "python -c 'import hello_home; print(hello_home.X)'; "
+        "ls /home/jovyan/.local/share/code-server/extensions; "
+        "grep HOME_CHECK /home/jovyan/.bashrc; ls /home/jovyan/.profile /home/jovyan/.cache 2>&1"
+    )
+    code, out = sh(docker_client, nb["container"], check)
+    assert code != 0 and out.startswith("41\n"), out  # ls .cache fails: it was not stored
+    assert "gpulab-test.home-check-0.0.1" in out and "export HOME_CHECK=kept" in out
+    assert "/home/jovyan/.profile\n" in out  # the image's skeleton, kept from the first start
+    assert "/home/jovyan/.cache': No such file or directory" in out
+    hub.stop_server("alice", "home")
 
 
 def test_ro_rw_rwd_volumes(hub, s3, docker_client):
@@ -190,7 +259,8 @@ def test_store_down_push_sync_failed_then_retry(hub, s3, docker_client):
         hub.stop_server("alice", "flaky")
         nb = hub.wait_state("alice", "flaky", "SYNC_FAILED")
         last = nb["history"][-1]
-        assert last["reason"] == "PUSH_FAILED" and "push of workspace failed" in last["message"]
+        assert last["reason"] == "PUSH_FAILED"
+        assert "push of workspace, home failed" in last["message"]
         # nothing local was thrown away
         vol = nb["container"] + "-workspace"
         out = docker_client.containers.run(

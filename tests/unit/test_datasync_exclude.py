@@ -28,6 +28,7 @@ HOME = Excludes(DEFAULT_HOME_EXCLUDE)
         (".local/share/Trash/files/old.txt", True),
         (".local/share/code-server/logs/20260101/x.log", True),
         (".local/share/code-server/CachedData/abc/x", True),
+        (".local/share/code-server/coder-logs/code-server-stdout.log", True),
         (".local/share/code-server/extensions/me.ext-1.0.0/package.json", False),
         (".local/share/code-server/User/settings.json", False),
         (".local/share/jupyter/runtime/jpserver-7.json", True),
