@@ -2,7 +2,7 @@
 or purge every object under a prefix.
 
     gpulab-sync pull  --bucket B [--prefix P] --local DIR [--delete] ...
-    gpulab-sync push  --bucket B [--prefix P] --local DIR [--mode ro|rw|rwd] ...
+    gpulab-sync push  --bucket B [--prefix P] --local DIR [--mode ro|rw|rwd] [--live] ...
     (pull and push: --exclude PATTERN, repeatable: paths left alone, see .exclude)
     gpulab-sync purge --bucket B --prefix P ...   (an empty prefix is refused: exit 2)
     gpulab-sync git-clone --url URL --dest DIR ... (one git repository: see .gitclone)
@@ -116,6 +116,25 @@ def _parser() -> argparse.ArgumentParser:
         "'__pycache__/' at any depth, '.cache/' at the root, a trailing / for directories): "
         "neither transferred nor deleted on either side",
     )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="push: the workload is running and may be writing; take only files unchanged "
+        "for --settle-seconds and unchanged while read, and delete nothing (even rwd)",
+    )
+    p.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=None,
+        help="push --live: seconds a file must have been unchanged to be taken (default 10)",
+    )
+    p.add_argument(
+        "--wait-lock",
+        type=float,
+        default=0.0,
+        help="seconds to wait for another sync of the same directory to end (default 0: "
+        "fail at once)",
+    )
     p.add_argument("--json-progress", action="store_true", help="print JSON lines on stdout")
     p.add_argument("--workers", type=int, default=16, help="objects in flight (default 16)")
     p.add_argument("--retry-mode", choices=("standard", "adaptive"), default="standard")
@@ -207,10 +226,12 @@ def _summary(report: SyncReport) -> str:
             f"purge {report.bucket}/{report.prefix}: {report.deleted} deleted, "
             f"{report.failed} failed of {report.objects_total} in {report.elapsed_s:.2f} s"
         )
+    flux = f", {report.in_flux} in flux (left for the next push)" if report.live else ""
     return (
         f"{report.operation} {report.bucket}/{report.prefix}: {report.completed} transferred, "
         f"{report.skipped} unchanged, {report.deleted} deleted, {report.failed} failed of "
         f"{report.objects_total} ({report.bytes_transferred} bytes in {report.elapsed_s:.2f} s)"
+        f"{flux}"
     )
 
 
@@ -234,6 +255,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError("--workers and --max-attempts must be at least 1")
         if args.max_bytes is not None and args.max_bytes < 0:
             raise UsageError("--max-bytes must not be negative")
+        if args.live and args.operation != "push":
+            raise UsageError("--live is for push only")
+        if args.settle_seconds is not None and not (args.live and args.settle_seconds >= 0):
+            raise UsageError("--settle-seconds needs --live and a number of seconds >= 0")
+        if not 0 <= args.wait_lock <= 3600:
+            raise UsageError("--wait-lock must be between 0 and 3600 seconds")
         if args.operation == "purge":
             if not args.prefix.strip("/"):
                 raise UsageError(
@@ -278,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 options=options,
                 max_bytes=args.max_bytes,
                 exclude=exclude,
+                live=args.live,
+                wait_lock_s=args.wait_lock,
+                **({} if args.settle_seconds is None else {"settle_s": args.settle_seconds}),
             )
     except (UsageError, VolumeError, Locked, FileNotFoundError, ValueError) as exc:
         print(f"gpulab-sync: error: {exc}", file=sys.stderr)

@@ -11,6 +11,9 @@ Both directions work from the manifest kept with the local data (see :mod:`.mani
   also deletes objects the manifest knows were synced and whose local file is gone (and only
   if the remote object is still the one that was synced); ``ro`` pushes nothing.
 - ``purge`` (in :mod:`.purging`) deletes every object under a (non-empty) prefix.
+- ``push(..., live=True)``: a push while the workload runs and may be writing. It takes only
+  settled files and never sends a file that changes while it is read, nor deletes anything
+  (the rule: :mod:`.live`); the final push at the stop takes everything, as above.
 
 Only verified transfers enter the manifest, so a failed run is simply resumed by the next.
 If the store becomes unreachable (after the client's own retries), the remaining objects
@@ -40,6 +43,7 @@ from botocore.exceptions import ClientError
 from .backend import Remote
 from .exclude import Excludes
 from .hashing import hash_file
+from .live import SETTLE_S, FileState, changed, state_of, unsettled
 from .localtree import (
     InTheWay,
     LocalFile,
@@ -70,6 +74,9 @@ ProgressCallback = Callable[[SyncProgress], None]
 T = TypeVar("T")
 PUSH_MODES = ("ro", "rw", "rwd")
 
+
+#: notes a report carries at most (one per file left alone by a live push, then none)
+MAX_NOTES = 20
 
 #: files at least this large are hashed under :attr:`SyncOptions.hashers` (smaller ones
 #: hash in well under a millisecond: gating them would only add contention)
@@ -124,6 +131,13 @@ class _Run:
         self.report.completed += 1
         self.report.processed += 1
         self.report.bytes_transferred += nbytes
+
+    def in_flux(self, key: str, why: str) -> None:
+        """A live push left this file alone (written too recently, or changed while read)."""
+        self.report.in_flux += 1
+        self.skip()
+        if len(self.report.notes) < MAX_NOTES:
+            self.report.notes.append(f"{key}: {why}")
 
     def deleted(self) -> None:
         self.report.deleted += 1
@@ -430,24 +444,45 @@ class _Pushed:
     uploaded: bool
 
 
+@dataclass(frozen=True)
+class _InFlux:
+    """A live push's file that changed while it was read (:mod:`.live`): left alone."""
+
+    why: str
+
+
 def _push_one(
     remote: Remote,
     root: LocalRoot,
     f: LocalFile,
     entry: Entry | None,
     hashers: threading.Semaphore,
-) -> _Pushed:
+    live: bool = False,
+) -> _Pushed | _InFlux:
     """Hash and upload one file, opened without following links; the backend reads it
-    through ``/proc/self/fd/<fd>``, i.e. the very file that was opened."""
+    through ``/proc/self/fd/<fd>``, i.e. the very file that was opened.
+
+    ``live``: the file must be the one scanned, unchanged, once opened and once hashed, and
+    an upload that fails verification while the file changed is in flux, not a failure."""
     fd = root.open_file(f.rel)
     try:
+        scanned = FileState(f.ino, f.size, f.mtime_ns)
+        if live and (why := changed(scanned, state_of(os.fstat(fd)), "since the scan")):
+            return _InFlux(why)
         src = fd_path(fd)
         with hashers if f.size >= LARGE_FILE else contextlib.nullcontext():
             digest = remote.digest(src, f.size)
+        if live and (why := changed(scanned, state_of(os.fstat(fd)), "while it was hashed")):
+            return _InFlux(why)
         if entry is not None and (digest.size, digest.sha256) == (entry.size, entry.sha256):
             same = Transferred(f.key, entry.size, entry.etag, entry.sha256)
             return _Pushed(same, uploaded=False)  # only the mtime changed
-        return _Pushed(remote.upload(f.key, src, digest), uploaded=True)
+        try:
+            return _Pushed(remote.upload(f.key, src, digest), uploaded=True)
+        except IntegrityError:
+            if live and (why := changed(scanned, state_of(os.fstat(fd)), "during the upload")):
+                return _InFlux(why)
+            raise
     finally:
         os.close(fd)
 
@@ -462,6 +497,10 @@ def push(
     options: SyncOptions | None = None,
     max_bytes: int | None = None,
     exclude: Excludes | None = None,
+    live: bool = False,
+    settle_s: float = SETTLE_S,
+    now_ns: Callable[[], int] = time.time_ns,
+    wait_lock_s: float = 0.0,
 ) -> SyncReport:
     """Send local changes under ``local_dir`` to ``remote`` under ``prefix``.
 
@@ -471,6 +510,13 @@ def push(
     refused from the scan, before anything is uploaded or deleted, with one failure that says
     how much is there. ``exclude``: paths left alone (:mod:`.exclude`): not read, not
     uploaded, and their objects never deleted.
+
+    ``live``: the workload runs and may be writing (:mod:`.live`): files written less than
+    ``settle_s`` seconds ago (by ``now_ns``) and files that change while they are read are
+    left alone (counted in ``in_flux``), and nothing is deleted, even for ``rwd``.
+
+    ``wait_lock_s``: how long to wait for another sync of ``local_dir`` to end (Locked
+    after that); the final push waits so for a live push that is still running.
     """
     if mode not in PUSH_MODES:
         raise ValueError(f"mode must be one of {', '.join(PUSH_MODES)}, not {mode!r}")
@@ -479,12 +525,12 @@ def push(
     local = Path(local_dir)
     if not local.is_dir():
         raise FileNotFoundError(f"local directory {local} does not exist")
-    report = SyncReport("push", remote.bucket, prefix, mode)
+    report = SyncReport("push", remote.bucket, prefix, mode, live=live)
     run = _Run(report, progress, opts.progress_interval_s)
     if mode == "ro":
         report.notes.append("read-only volume: nothing pushed")
         return run.finish()
-    with LocalRoot(local) as root, locked(root):
+    with LocalRoot(local) as root, locked(root, wait_lock_s):
         manifest = Manifest.load(root, remote.identity, prefix)
         if manifest.reset_reason:
             report.notes.append(manifest.reset_reason)
@@ -501,7 +547,9 @@ def push(
                 return run.finish()
             present = {f.key for f in files}
             gone: list[str] = []
-            if mode == "rwd":  # keys below an unreadable directory are not gone: keep them
+            if mode == "rwd" and live:
+                report.notes.append("live push: deletions are mirrored at the final push")
+            elif mode == "rwd":  # keys below an unreadable directory are not gone: keep them
                 unreadable = tuple(key for key, _ in unread)
                 gone = [
                     k
@@ -515,13 +563,16 @@ def push(
                 run.fail(key, reason)
             tasks: list[tuple[str, Callable[[], Any]]] = []
             hashers = threading.Semaphore(max(1, opts.hashers))
+            scanned_at = now_ns()
             for f in files:
                 entry = manifest.get(f.key)
                 if entry is not None and (entry.size, entry.mtime_ns) == (f.size, f.mtime_ns):
                     run.skip()
+                elif live and (why := unsettled(f.mtime_ns, scanned_at, settle_s)):
+                    run.in_flux(f.key, why)
                 else:
                     tasks.append(
-                        (f.key, lambda f=f, e=entry: _push_one(remote, root, f, e, hashers))
+                        (f.key, lambda f=f, e=entry: _push_one(remote, root, f, e, hashers, live))
                     )
             for key in gone:
                 etag = manifest.entries[key].etag
@@ -538,7 +589,9 @@ def push(
             mtimes = {f.key: f.mtime_ns for f in files}
 
             def on_result(key: str, res: Any) -> None:
-                if isinstance(res, _Pushed):
+                if isinstance(res, _InFlux):  # not in the manifest: the next push tries again
+                    run.in_flux(key, res.why)
+                elif isinstance(res, _Pushed):
                     t = res.transferred
                     manifest.set(key, Entry(t.size, t.etag, t.sha256, mtimes[key]))
                     if res.uploaded:

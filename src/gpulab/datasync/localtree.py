@@ -167,6 +167,7 @@ class LocalFile:
     rel: str
     size: int
     mtime_ns: int
+    ino: int = 0
 
 
 class LocalRoot:
@@ -298,7 +299,11 @@ class LocalRoot:
                 except FileNotFoundError:  # deleted since the directory was read
                     continue
                 yield LocalFile(
-                    prefix + rel + entry.name, rel + entry.name, st.st_size, st.st_mtime_ns
+                    prefix + rel + entry.name,
+                    rel + entry.name,
+                    st.st_size,
+                    st.st_mtime_ns,
+                    st.st_ino,
                 )
         for name in subdirs:
             sub = f"{rel}{name}/"

@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -167,14 +168,20 @@ def _open_lock(root: LocalRoot) -> int:
 
 
 @contextlib.contextmanager
-def locked(root: LocalRoot) -> Iterator[None]:
-    """Hold an exclusive lock on ``root`` for the duration of a sync."""
+def locked(root: LocalRoot, wait_s: float = 0.0) -> Iterator[None]:
+    """Hold an exclusive lock on ``root`` for the duration of a sync; ``wait_s``: how long to
+    wait for another sync's lock first (the final push waits for a live push to end)."""
     fd = _open_lock(root)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise Locked(f"another gpulab-sync is running on {root.path}") from None
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise Locked(f"another gpulab-sync is running on {root.path}") from None
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
         try:
             yield
         finally:

@@ -114,6 +114,11 @@ class SyncReport:
     failures: list[Failure] = field(default_factory=list)
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: a live push (the workload running: see :mod:`.live`)
+    live: bool = False
+    #: files a live push left alone (written too recently, or changed while read): counted
+    #: in ``skipped`` too, never in the manifest
+    in_flux: int = 0
 
     @property
     def ok(self) -> bool:
