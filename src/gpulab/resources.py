@@ -31,6 +31,7 @@ from .bounds import (
     shown,
 )
 from .errors import FieldError
+from .live_push import check_interval
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 # ASCII digits only ("\d" would take any Unicode digit); matched in full (no "$" that lets a
@@ -136,6 +137,9 @@ class Flavor:
     #: may repeat but not change (:func:`gpulab.checks.want`)
     gpu_model: str = ""
     node_pool: str = ""
+    #: seconds between live pushes of its workloads' volumes (0: never); None: the site's
+    #: (GpulabSettings.sync_interval), which also checks it against the site's floor
+    sync_interval: float | None = None
 
     @classmethod
     def from_config(cls, d: Mapping) -> Flavor:
@@ -167,6 +171,9 @@ class Flavor:
                 node_pool=check_node_pool(d["node_pool"], f"flavor {d['id']!r}: node_pool")
                 if d.get("node_pool")
                 else "",
+                sync_interval=None
+                if d.get("sync_interval") is None
+                else check_interval(d["sync_interval"], f"flavor {d['id']!r}: sync_interval", 0),
             )
         except KeyError as e:
             raise ValueError(f"flavor {d!r} lacks {e.args[0]!r}") from None

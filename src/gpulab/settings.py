@@ -38,6 +38,7 @@ from .frameworks import Catalog
 from .gpus.sharing import check_sharing, fraction_refusal, sharing_mode_refusal
 from .idle import gpu_unused_timeout_for, idle_timeout_for
 from .imagerefs import PULL_POLICIES, ImageRefError, check_patterns
+from .live_push import check_interval, interval_for
 from .notices import NotifyRules, check_host_patterns, check_networks
 from .resources import (
     Flavor,
@@ -487,7 +488,8 @@ class GpulabSettings(Configurable):
         Dict(),
         default_value=DEFAULT_FLAVORS,
         help="""Resource flavors: a list of {id, title, cpus, memory ('8G'), gpus,
-        idle_timeout, gpu_unused_timeout, gpu_wait, gpu_model, node_pool}. ``idle_timeout``
+        idle_timeout, gpu_unused_timeout, gpu_wait, gpu_model, node_pool, sync_interval}.
+        ``sync_interval`` (seconds, optional): the flavor's own sync_interval. ``idle_timeout``
         (seconds, optional): a
         notebook of this flavor with no kernel, terminal or editor activity for that long is
         stopped like a user stop (reason IDLE); 0 never stops it; absent: gpu_idle_timeout for
@@ -1190,6 +1192,23 @@ class GpulabSettings(Configurable):
         help="Image of the data sync helper (gpulab-sync), built by `make images`.",
     ).tag(config=True)
 
+    sync_interval = Float(
+        0.0,
+        help="""Seconds between live pushes of a running notebook's workspace and writable
+        volumes and of a running job's rw/rwd volumes (0, the default: pushed at the stop
+        only). A live push takes only files unchanged for 10 s and unchanged while read, and
+        deletes nothing (the stop's push mirrors deletions); a killed container or a lost node
+        then loses at most one interval of work. A flavor's own ``sync_interval`` and a job's
+        ``sync_interval`` field override it. 0, or from sync_interval_floor to one day.""",
+    ).tag(config=True)
+
+    sync_interval_floor = Float(
+        60.0,
+        help="""The shortest live push interval a site, a flavor or a job may ask for (seconds),
+        so that no user makes the platform push their volumes every few seconds. An owner's
+        "push now" is one push at a time, whatever the interval.""",
+    ).tag(config=True)
+
     network_isolation = Enum(
         ["user", "none"],
         default_value="user",
@@ -1210,9 +1229,35 @@ class GpulabSettings(Configurable):
         super().__init__(**kwargs)
         if check:
             self.check_idle()
+            self.check_sync_interval()
             self.check_sharing()
             self.check_stores()
             self.check_home()
+
+    def check_sync_interval(self) -> None:
+        """sync_interval and the flavors' own: 0 or from sync_interval_floor to a day
+        (ConfigError naming the setting)."""
+        floor = self.sync_interval_floor
+        if not (math.isfinite(floor) and floor > 0):
+            raise ConfigError(
+                f"c.GpulabSettings.sync_interval_floor must be a positive number of seconds, "
+                f"not {floor}"
+            )
+        named = [("c.GpulabSettings.sync_interval", self.sync_interval)]
+        for f in self.flavors:
+            if isinstance(f, dict) and f.get("sync_interval") is not None:
+                named.append((f"flavor {f.get('id')!r}: sync_interval", f["sync_interval"]))
+        for name, value in named:
+            try:
+                check_interval(value, name, floor)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+
+    def sync_interval_for(self, own: float | None, flavor: str | None) -> float:
+        """Seconds between live pushes of a workload of ``flavor`` that asked for ``own``
+        (None: its flavor's, else the site's; 0: never)."""
+        chosen = self.flavor_map.get(flavor) if flavor else None
+        return interval_for(own, chosen.sync_interval if chosen else None, self.sync_interval)
 
     def check_stores(self) -> None:
         """What the object stores name on this host, checked at start-up: a ca_bundle that is

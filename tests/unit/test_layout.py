@@ -42,6 +42,7 @@ CORE = {
     "forwarded",
     "fairshare",
     "notices",
+    "live_push",
 }
 #: what the core may never import: a database, an engine, the network, a web framework
 IO_MODULES = {

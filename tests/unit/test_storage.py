@@ -168,6 +168,33 @@ def test_sync_helper_config_filesystem_and_s3():
     assert "k" not in s3["command"]
 
 
+def test_a_live_push_helper_says_live_and_a_final_push_waits_for_it():
+    kw = dict(
+        image="i",
+        bucket="b",
+        prefix="p",
+        mode="rwd",
+        docker_volume="vol",
+        store_kind="s3",
+        store_root=None,
+        endpoint_url=None,
+        region="r",
+        labels={},
+        environment={},
+    )
+    live = sync_helper_spec(operation="push", live=True, **kw).command
+    assert "--live" in live and "--wait-lock" not in live
+    final = sync_helper_spec(operation="push", wait_lock_s=300, **kw).command
+    assert "--live" not in final and final[final.index("--wait-lock") + 1] == "300"
+    pull = sync_helper_spec(operation="pull", live=True, wait_lock_s=300, **kw).command
+    assert "--live" not in pull and "--wait-lock" not in pull
+    vol = VolumeSync(STORAGE.workspace_spec("ann", "", "/workspace"), "v", "workspace")
+    report = {"live": True, "completed": 1, "skipped": 5, "in_flux": 2, "bytes_transferred": 9}
+    assert SyncOutcome(vol, True, report).summary() == (
+        "workspace: 1 transferred, 3 unchanged, 2 in flux, 9 B"
+    )
+
+
 def test_store_credentials(tmp_path, monkeypatch):
     s3 = STORAGE.stores["s3"]
     monkeypatch.delenv("K", raising=False)

@@ -52,6 +52,8 @@ def sync_helper_spec(
     store_args: list[str] | None = None,
     exclude: Sequence[str] = (),
     cap: int | None = None,
+    live: bool = False,
+    wait_lock_s: float = 0.0,
 ) -> HelperSpec:
     """A short-lived ``gpulab-sync`` helper, for any backend's ``run_helper``.
 
@@ -70,6 +72,10 @@ def sync_helper_spec(
     ``mirror``: a pull also removes local files whose object was deleted since the volume's
     last sync (``--delete``; files changed locally are kept), for a volume that may be an older
     copy (a cluster node the workload left and came back to).
+
+    ``live``: a push while the workload runs (``--live``: settled files only, no deletion;
+    the rule is :mod:`gpulab.datasync.live`). ``wait_lock_s``: how long a push waits for
+    another sync of the volume to end (the final push waits for a live push).
 
     The helper mounts the workload's volume at /data. For the embedded filesystem store it
     sees only what that volume may touch, never the store root: the volume's own directory
@@ -95,6 +101,10 @@ def sync_helper_spec(
             command += ["--max-bytes", str(int(cap))]
         for pattern in exclude:
             command += ["--exclude", pattern]
+        if live and operation == "push":
+            command.append("--live")
+        if wait_lock_s > 0 and operation == "push":
+            command += ["--wait-lock", f"{wait_lock_s:g}"]
         if docker_volume is None:
             raise ValueError("pull and push need a volume")
         mounts.append(Mount(docker_volume, "/data"))

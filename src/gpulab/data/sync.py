@@ -64,6 +64,10 @@ class StoreLayoutError(RuntimeError):
     something other than a directory, on its path): the sync fails, nothing is mounted."""
 
 
+#: seconds the final push of a volume waits for a live push of it that is still running
+#: (in another process: a notebook's on-demand push in the service, its stop in the hub)
+FINAL_PUSH_WAITS_S = 300.0
+
 #: the sync helper's user (see :func:`~gpulab.data.helper.sync_helper_spec`)
 HELPER_UID, HELPER_GID = 1000, 100
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -296,6 +300,13 @@ class SyncOutcome:
         if not self.ok:
             return f"{self.volume.label}: {self.reason}"
         moved = r.get("completed", 0)
+        if r.get("live"):  # nothing is deleted; what was in flux waits for the next push
+            flux = r.get("in_flux", 0)
+            return (
+                f"{self.volume.label}: {moved} transferred, "
+                f"{r.get('skipped', 0) - flux} unchanged, {flux} in flux, "
+                f"{_size(r.get('bytes_transferred', 0))}"
+            )
         return (
             f"{self.volume.label}: {moved} transferred, {r.get('skipped', 0)} unchanged, "
             f"{r.get('deleted', 0)} deleted, {_size(r.get('bytes_transferred', 0))}"
@@ -444,13 +455,20 @@ class WorkloadData:
         return size
 
     async def run(
-        self, operation: str, vol: VolumeSync, on_progress: Progress | None = None
+        self,
+        operation: str,
+        vol: VolumeSync,
+        on_progress: Progress | None = None,
+        *,
+        live: bool = False,
     ) -> SyncOutcome:
         """Run one ``gpulab-sync`` operation (pull, push, purge) for one volume. With a
         :class:`DiskAccount`, a pull is first booked against the owner's disk quota (and
-        refused, fetching nothing, when it does not fit)."""
+        refused, fetching nothing, when it does not fit). ``live``: a push while the workload
+        runs (:mod:`gpulab.datasync.live`); any other push is a final one, which waits for a
+        live push still running on the volume."""
         if operation != "pull" or self.disk is None:
-            outcome = await self._run(operation, vol, on_progress)
+            outcome = await self._run(operation, vol, on_progress, live=live)
             observe_sync(operation, outcome.ok, outcome.report)
             return outcome
         for attempt in range(2):
@@ -473,6 +491,7 @@ class WorkloadData:
         vol: VolumeSync,
         on_progress: Progress | None,
         max_bytes: int | None = None,
+        live: bool = False,
     ) -> SyncOutcome:
         store = self.stores[vol.spec.store]
 
@@ -508,6 +527,8 @@ class WorkloadData:
             max_bytes=max_bytes,
             exclude=vol.exclude,
             cap=vol.cap,
+            live=live,
+            wait_lock_s=0.0 if live else FINAL_PUSH_WAITS_S,
         )
         final: dict = {}
         errors: list[str] = []
@@ -614,9 +635,12 @@ def notebook_volumes(
     return out
 
 
-async def push_all(data: WorkloadData, volumes: list[VolumeSync]) -> list[SyncOutcome]:
-    """Push every volume that pushes (rw, rwd); ro volumes are never pushed."""
-    return [await data.run("push", v) for v in volumes if v.spec.pushes]
+async def push_all(
+    data: WorkloadData, volumes: list[VolumeSync], live: bool = False
+) -> list[SyncOutcome]:
+    """Push every volume that pushes (rw, rwd); ro volumes are never pushed. ``live``: the
+    workload runs (a periodic or on-demand push: :mod:`gpulab.datasync.live`)."""
+    return [await data.run("push", v, live=live) for v in volumes if v.spec.pushes]
 
 
 def push_verdict(outcomes: list[SyncOutcome]) -> tuple[bool, str]:

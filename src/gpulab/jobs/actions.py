@@ -140,6 +140,7 @@ async def submission_schema(
         gpu_models=sup.ledger.known_models(),
         node_pools=sup.ledger.known_pools(),
         image_registries=s.image_registries,
+        sync_floor=s.sync_interval_floor,
     )
 
 
@@ -178,6 +179,7 @@ async def submit(
             notify_rules=s.notify_rules,
             max_retention=s.job_retention_max,
             max_tasks=s.max_job_tasks,
+            sync_floor=s.sync_interval_floor,
         )
     except FieldError as e:
         raise Invalid(str(e), field=e.field) from None

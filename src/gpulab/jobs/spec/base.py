@@ -92,6 +92,7 @@ JOB_SPEC_FIELDS = (
     "read_only_rootfs",
     "notify",
     "auto_delete_after",
+    "sync_interval",
 )
 RESOURCE_FIELDS = ("cpus", "memory", "gpus")
 HANG_RESTART_FIELDS = ("enabled", "period")

@@ -40,6 +40,7 @@ from ...bounds import (
 )
 from ...checks import MAX_SECRET_NAME_CHARS, SECRET_NAME_PATTERN
 from ...frameworks import Catalog
+from ...live_push import DEFAULT_FLOOR_S, MAX_INTERVAL_S
 from ...notices import (
     EMAIL_PATTERN,
     EVENTS,
@@ -624,6 +625,15 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
             "are kept before the service deletes them (at least 1 minute; default: the site's "
             "job_retention, which may be forever). What was billed stays billed.",
         },
+        "sync_interval": {
+            **_DURATION_SCHEMA,
+            "description": "Seconds between live pushes of the job's rw/rwd volumes while it "
+            "runs: files unchanged for 10 s and while read are pushed, nothing is deleted "
+            "until the final push at its end; a killed container or a lost node then loses "
+            "at most one interval of work. 0: pushed at the end only; default: the flavor's, "
+            "else the site's sync_interval. 0 or at least the site's floor (60 s by default), "
+            "at most a day.",
+        },
     },
 }
 
@@ -775,6 +785,7 @@ def job_spec_schema(
     gpu_models: Iterable[str] = (),
     node_pools: Iterable[str] = (),
     image_registries: Iterable[str] = (),
+    sync_floor: float = DEFAULT_FLOOR_S,
 ) -> dict[str, Any]:
     """:data:`JOB_SPEC_SCHEMA` narrowed to what this deployment accepts from one caller: the
     catalog's frameworks, versions and images (and the admin's allowed images), the flavors,
@@ -946,6 +957,11 @@ def job_spec_schema(
         MAX_RETENTION if max_retention is None else min(max_retention, MAX_RETENTION),
         props["auto_delete_after"]["description"],
     )
+    interval = _duration_schema(sync_floor, False, MAX_INTERVAL_S, "")
+    props["sync_interval"] = {
+        "oneOf": [{"const": 0, "description": "no live push"}, *interval["oneOf"]],
+        "description": props["sync_interval"]["description"],
+    }
     if not volumes:
         props["volumes"] = {
             "type": ["array", "null"],

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ... import checks
+from ...errors import FieldError
 from ...frameworks import Catalog
+from ...live_push import DEFAULT_FLOOR_S, check_interval
 from ...notices import Notify, NotifyRules, parse_notify
 from ...resources import Flavor, Limits, Resources, parse_memory
 from ...storage import StorageConfig
@@ -113,6 +115,9 @@ class JobSpec:
     #: seconds after its end when the service deletes its record, history and saved logs
     #: (None: the site's ``job_retention``)
     auto_delete_after: float | None = None
+    #: seconds between live pushes of its rw/rwd volumes while it runs (0: never); None: its
+    #: flavor's, else the site's ``sync_interval`` (:mod:`gpulab.live_push`)
+    sync_interval: float | None = None
     #: one task of an array (its index and parameters; None for any other job): never
     #: submitted, made by :meth:`task_spec`
     task: Task | None = None
@@ -169,6 +174,7 @@ class JobSpec:
             "read_only_rootfs": self.read_only_rootfs,
             "notify": self.notify.to_json() if self.notify else None,
             "auto_delete_after": self.auto_delete_after,
+            "sync_interval": self.sync_interval,
             # a task's own part (not a submission field: a task is rerun with its array)
             **({"task": self.task.to_json()} if self.task is not None else {}),
         }
@@ -223,6 +229,7 @@ class JobSpec:
             read_only_rootfs=bool(d.get("read_only_rootfs", False)),
             notify=Notify.from_json(d.get("notify")),
             auto_delete_after=_stored_seconds(d.get("auto_delete_after")),
+            sync_interval=_stored_seconds(d.get("sync_interval")),
             task=Task.from_json(d["task"]) if d.get("task") else None,
         )
 
@@ -257,6 +264,7 @@ def parse_job_spec(
     max_tasks: int = MAX_COMPLETIONS,
     image_registries: tuple[str, ...] = (),
     default_pull_policy: str = "if-not-present",
+    sync_floor: float = DEFAULT_FLOOR_S,
 ) -> JobSpec:
     """Turn a raw submission into a :class:`JobSpec` or raise :class:`JobSpecError`.
 
@@ -270,6 +278,7 @@ def parse_job_spec(
     ``image_registries``: the admin's patterns of registries and repositories users may run
     images from (:mod:`gpulab.imagerefs`); such an image's spec keeps its pull policy
     (``default_pull_policy``, the site's, when the submission gives none).
+    ``sync_floor``: the shortest ``sync_interval`` but 0 (``sync_interval_floor``).
     """
     fields = parse_fields(
         raw,
@@ -320,4 +329,17 @@ def parse_job_spec(
         read_only_rootfs=parse_read_only(raw),
         notify=parse_notify(raw.get("notify"), notify_rules or NotifyRules(), JobSpecError),
         auto_delete_after=parse_auto_delete(raw, max_retention),
+        sync_interval=parse_sync_interval(raw, sync_floor),
     )
+
+
+def parse_sync_interval(raw: Mapping, floor: float) -> float | None:
+    """``sync_interval``: 0 (no live push) or from ``floor`` to a day; absent: None (the
+    flavor's, else the site's)."""
+    value = raw.get("sync_interval")
+    if value is None or value == "":
+        return None
+    try:
+        return check_interval(value, "sync_interval", floor)
+    except FieldError as e:
+        raise JobSpecError(e.field, str(e)) from None

@@ -1,0 +1,82 @@
+"""When a running workload's volumes are pushed (pure): the interval, its bounds, the decision.
+
+A live push sends what a running notebook or job wrote to its writable volumes (its
+workspace, its rw/rwd volumes) without stopping it, so that a killed container or a lost node
+loses at most one interval of work. What a live push takes of each file is the sync engine's
+rule (:mod:`gpulab.datasync.live`: settled files only, never a file that changes while it is
+read, no deletion); this module says when one runs:
+
+- every ``interval`` seconds (0: never) while the workload runs: the job's own
+  ``sync_interval``, else its flavor's, else the site's ``sync_interval``; each is 0 or at
+  least the site's floor (``sync_interval_floor``, 60 s by default: a user cannot make the
+  platform push their volumes every second) and at most :data:`MAX_INTERVAL_S`;
+- on demand (the owner's "push now"), at once, whatever the interval;
+- never two at once for one workload, and never once its stop has begun: the stop's own
+  push runs last (a live push still running is waited for).
+"""
+
+from __future__ import annotations
+
+from .bounds import shown
+from .durations import DurationError, format_duration, parse_duration
+from .errors import FieldError
+
+#: the longest interval between two live pushes (a day)
+MAX_INTERVAL_S = 86400.0
+#: the shortest, unless the site says otherwise (``sync_interval_floor``)
+DEFAULT_FLOOR_S = 60.0
+
+
+def check_interval(value: object, field: str, floor: float) -> float:
+    """A live push interval in seconds (a number, or a duration such as "15m"): 0 (off), or
+    from ``floor`` to :data:`MAX_INTERVAL_S`. FieldError naming ``field`` otherwise."""
+    if isinstance(value, str) and len(value) > 32:
+        raise FieldError(field, f"{field} is too long: a number of seconds or a duration")
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if (number and value == 0) or (isinstance(value, str) and value.strip() in ("0", "0s")):
+        return 0.0
+    try:
+        seconds = parse_duration(value, field)  # type: ignore[arg-type]
+    except DurationError as e:
+        raise FieldError(field, f"{e} (0 turns the live push off)") from None
+    if seconds < floor:
+        raise FieldError(
+            field,
+            f"{field} must be 0 (off) or at least {format_duration(floor)} (the site's floor, "
+            f"so that the store is not pushed to too often), got {shown(value)}",
+        )
+    if seconds > MAX_INTERVAL_S:
+        raise FieldError(
+            field, f"{field} must be at most {format_duration(MAX_INTERVAL_S)}, got {shown(value)}"
+        )
+    return float(seconds)
+
+
+def interval_for(own: float | None, flavor: float | None, site: float) -> float:
+    """The interval of one workload: its own, else its flavor's, else the site's (0: off)."""
+    for value in (own, flavor):
+        if value is not None:
+            return value
+    return site
+
+
+def push_due(
+    now: float,
+    interval: float,
+    running_since: float,
+    last_started: float | None,
+    in_flight: bool,
+    requested: bool,
+) -> str | None:
+    """Whether a live push starts now, and why ("request" or "interval"), else None.
+
+    ``running_since`` and ``last_started`` (the last live push's start; None: none yet) are
+    on the clock of ``now``. The first periodic push comes one interval after the start."""
+    if in_flight:
+        return None
+    if requested:
+        return "request"
+    if interval <= 0:
+        return None
+    since = running_since if last_started is None else max(last_started, running_since)
+    return "interval" if now - since >= interval else None
