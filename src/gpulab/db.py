@@ -93,6 +93,9 @@ class Notebook(Base):
     # why the next stop happens, when someone other than the owner asks for it
     stop_reason: Mapped[str] = mapped_column(String(64), default="")
     stop_message: Mapped[str] = mapped_column(Text, default="")
+    # an owner's "push now" not yet started, and the last live push (gpulab.live_push)
+    push_requested: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    live_push: Mapped[dict | None] = mapped_column(JSONText, nullable=True)
 
     events: Mapped[list[NotebookEvent]] = relationship(
         back_populates="notebook", order_by="NotebookEvent.id", cascade="all, delete-orphan"
@@ -415,6 +418,10 @@ class Job(Base):
     kind: Mapped[str] = mapped_column(String(8), default="job", server_default="job")
     parent: Mapped[str] = mapped_column(String(32), default="", server_default="", index=True)
     task_index: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # an owner's "push now" not yet started, and the last live push of its rw/rwd volumes
+    # while it ran: {"running", "trigger", "started", "at", "ok", "message", "files", "bytes"}
+    push_requested: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    live_push: Mapped[dict | None] = mapped_column(JSONText, nullable=True)
 
     events: Mapped[list[JobEvent]] = relationship(
         back_populates="job", order_by="JobEvent.id", cascade="all, delete-orphan"

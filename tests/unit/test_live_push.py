@@ -89,3 +89,33 @@ def test_the_sites_and_flavors_intervals_are_checked_at_start_up():
     assert GpulabSettings(sync_interval=10, sync_interval_floor=5).sync_interval == 10
     with pytest.raises(ConfigError, match="sync_interval_floor must be a positive"):
         GpulabSettings(sync_interval_floor=0)
+
+
+def test_the_job_page_offers_push_now_and_shows_the_last_live_push(tmp_path):
+    from gpulab.db import Database
+    from gpulab.jobs.records import JobRecords
+    from gpulab.service.pages.base import _env
+
+    records = JobRecords(Database(f"sqlite:///{tmp_path / 'db.sqlite'}"), "t")
+    spec = parse({"command": ["x"], "volumes": ["team@s3/vision:/out:rw"], "sync_interval": 600})
+    job = records.get(records.create("ann", spec.to_json(), "train", ())["id"])
+    page = _env.get_template("job.html")
+    common = dict(
+        prefix="/p/", static="/s/", xsrf_form_html=lambda: "", workers=1, first_rank="",
+        ended_states=["DONE"], can_manage=True, api="/api", me={"name": "ann"}, hub="/h/",
+        request_path="/p/jobs", users_prefix="/u/", is_admin=False, xsrf_token="",
+    )  # fmt: skip
+    assert 'id="action-push"' not in page.render(job=job, ended=False, **common)  # QUEUED
+    last = {"running": False, "at": "2026-11-27T09:00:00Z", "ok": True, "message": "sent 2"}
+    running = {**job, "state": "RUNNING", "live_push": last}
+    html = page.render(job=running, ended=False, **common)
+    assert ">Push now</button>" in html and 'action="/p/jobs/' + job["id"] + '/push"' in html
+    assert "every 10m" in html and "sent 2" in html and 'id="job-live-push"' in html
+    busy = {**running, "live_push": {**last, "running": True, "started": last["at"]}}
+    html = page.render(job=busy, ended=False, **common)
+    assert 'id="action-push"' not in html and "running since" in html  # one at a time
+    ro = parse({"command": ["x"], "volumes": ["datasets@s3:/in:ro"]}).to_json()
+    html = page.render(job={**running, "spec": ro}, ended=False, **common)
+    assert 'id="action-push"' not in html and 'id="job-sync-interval"' not in html
+    failed = {**job, "state": "SYNC_FAILED"}
+    assert ">Retry push</button>" in page.render(job=failed, ended=False, **common)

@@ -843,6 +843,112 @@ def test_a_failed_push_keeps_the_volume_and_a_retry_finishes_the_job(tmp_path):
     lab_run(tmp_path, test)
 
 
+# --- live pushes while a job runs (gpulab.live_push) -------------------------------------------
+
+
+class HeldHelpers(Engine):
+    """The fake engine, whose live push helpers run until the test lets them end."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.release = asyncio.Event()
+        self.ran: list[tuple[str, float, float]] = []  # (live or final, began, ended)
+
+    async def run_helper(self, spec, on_line, node=""):
+        began = time.monotonic()
+        if "--live" in spec.command:
+            await self.release.wait()
+        try:
+            return await super().run_helper(spec, on_line, node)
+        finally:
+            kind = "live" if "--live" in spec.command else spec.command[0]
+            self.ran.append((kind, began, time.monotonic()))
+
+
+LIVE_REPORT = {"event": "report", "ok": True, "live": True, "completed": 2, "skipped": 3}
+LIVE_REPORT |= {"in_flux": 1, "bytes_transferred": 2048}
+
+
+def test_a_running_jobs_volumes_are_pushed_live_every_interval(tmp_path):
+    async def test(lab: Lab):
+        job_id = lab.submit(volumes=["data@local/out:/mnt/out:rw"])
+        (vol,) = lab.ctx.volumes(job_id, JobSpec.from_json(lab.job(job_id)["spec"]))
+        lab.rt.add_volume(vol.docker_volume)
+        lab.rt.script_helper(0, [json.dumps(LIVE_REPORT)])
+        lab.rt.script_helper(1, ["gpulab-sync: error: the store said no"])
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        job = await until_job(lab, job_id, lambda j: (j["live_push"] or {}).get("ok") is False)
+        assert job["state"] == J.RUNNING.value  # a failed live push stops nothing
+        live = [h for h in lab.rt.helper_configs if "--live" in h.command]
+        assert len(live) >= 2 and live[0].command[0] == "push"
+        assert [m.volume for m in live[0].mounts] == [vol.docker_volume]
+        events = [(e["kind"], e["reason"], e["message"]) for e in job["history"]]
+        ok = next(m for k, r, m in events if (k, r) == ("sync", "LIVE_PUSH"))
+        assert ok == (
+            "live push (every interval): data@local/out:/mnt/out:rw: 2 transferred, "
+            "2 unchanged, 1 in flux, 2.0 KB"
+        )
+        failed = next(m for k, r, m in events if (k, r) == ("sync", "LIVE_PUSH_FAILED"))
+        assert "the store said no" in failed
+        assert job["live_push"]["trigger"] == "interval" and job["live_push"]["at"]
+        lab.rt.exits(lab.name(job_id), 0)
+        done = await lab.until(job_id, J.DONE, J.SYNC_FAILED)
+        final = lab.rt.helper_configs[-1]
+        assert "--live" not in final.command and "--wait-lock" in final.command
+        assert done["state"] == J.SYNC_FAILED.value  # the fake's unscripted helper: no report
+
+    lab_run(tmp_path, test, sync_interval=0.05, sync_interval_floor=0.01)
+
+
+async def until_job(lab: Lab, job_id: str, check, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while not check(job := lab.job(job_id)):
+        assert time.monotonic() < deadline, (job["state"], job["live_push"])
+        await asyncio.sleep(0.01)
+    return job
+
+
+def test_push_now_is_one_at_a_time_and_the_stop_push_runs_after_it(tmp_path):
+    async def test(lab: Lab):
+        s, sv, rt = lab.settings, lab.sv, lab.rt
+        job_id = lab.submit(volumes=["data@local/out:/mnt/out:rw"], sync_interval=0)
+        (vol,) = lab.ctx.volumes(job_id, JobSpec.from_json(lab.job(job_id)["spec"]))
+        rt.add_volume(vol.docker_volume)
+        queued = lab.job(job_id)
+        with pytest.raises(Conflict, match="push runs now only while it is RUNNING"):
+            await actions.act(sv, s, queued, "push", admin=False)
+        await lab.place(job_id)
+        running = await lab.until(job_id, J.RUNNING)
+        await asyncio.sleep(0.1)
+        assert rt.helper_configs == []  # its own interval is 0: no periodic push
+        acted = await actions.act(sv, s, running, "push", admin=False)
+        assert acted.pending and acted.job["push_requested"]
+        with pytest.raises(Conflict, match="already under way"):
+            await actions.act(sv, s, running, "push", admin=False)
+        job = await until_job(lab, job_id, lambda j: (j["live_push"] or {}).get("running"))
+        assert job["push_requested"] is None and job["live_push"]["trigger"] == "request"
+        with pytest.raises(Conflict, match="already under way"):
+            await actions.act(sv, s, running, "push", admin=False)
+        rt.script_helper(0, [json.dumps(LIVE_REPORT)])
+        report = {"event": "report", "ok": True, "completed": 3, "skipped": 0, "deleted": 1}
+        rt.script_helper(0, [json.dumps(report)])
+        rt.exits(lab.name(job_id), 0)  # it ends while its live push runs
+        await asyncio.sleep(0.2)
+        assert [kind for kind, *_ in rt.ran] == []  # the stop's push waits for the live one
+        rt.release.set()
+        job = await lab.until(job_id, J.DONE)
+        (live, live_began, live_ended), (final, final_began, _) = rt.ran
+        assert (live, final) == ("live", "push") and final_began >= live_ended
+        assert job["live_push"]["ok"] and "asked by its owner" in job["live_push"]["message"]
+        assert "3 transferred" in job["message"]
+        bare = lab.submit()  # nothing that pushes
+        with pytest.raises(Conflict, match="has no rw or rwd volume"):
+            await actions.act(sv, s, {**lab.job(bare), "state": "RUNNING"}, "push", admin=False)
+
+    lab_run(tmp_path, test, runtime=HeldHelpers(images={IMAGE}, gpus=GPUS))
+
+
 # --- a restart of the service ------------------------------------------------------------------
 
 
@@ -964,7 +1070,7 @@ def test_the_actions_a_user_takes_and_what_came_of_each(tmp_path):
         copy = await actions.act(sv, s, started, "rerun", admin=False)
         assert copy.created and copy.job["id"] != started["id"]
         assert copy.job["owner"] == "ann" and copy.job["state"] == "QUEUED"
-        with pytest.raises(Conflict, match="only a SYNC_FAILED job's push"):
+        with pytest.raises(Conflict, match="only a SYNC_FAILED job's push can be retried"):
             await actions.act(sv, s, copy.job, "push", admin=False)
         with pytest.raises(NotFound, match="no action restart"):
             await actions.act(sv, s, copy.job, "restart", admin=False)

@@ -97,6 +97,8 @@ def build_submission(args: argparse.Namespace) -> dict:
         body["terminate_after_preemption"] = True
     if args.auto_delete_after is not None:
         body["auto_delete_after"] = _duration_value(args.auto_delete_after)
+    if args.sync_interval is not None:
+        body["sync_interval"] = _duration_value(args.sync_interval)
     if args.priority is not None:
         body["priority"] = args.priority
     add_run_fields(args, body)
@@ -413,6 +415,8 @@ def cmd_job_simple_action(action: str) -> Callable[[argparse.Namespace, Client],
             print_json(job)
         elif action == "rerun":
             out(job["id"])
+        elif action == "push" and job["state"] == "RUNNING":
+            _state_line(job, " (push asked: gpulab job get shows how it went)")
         else:
             _state_line(job)
         return EXIT_OK

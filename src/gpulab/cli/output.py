@@ -282,6 +282,7 @@ def job_details(job: dict, hub_url: str = "") -> None:
             "Ports",
             ", ".join(f"{p['name']} {hub_url}{p['url']}" for p in job.get("ports") or []),
         ),
+        *_live_push_fields(job, spec),
     ]
     width = max(len(k) for k, _ in fields) + 1
     for key, value in fields:
@@ -295,3 +296,19 @@ def job_details(job: dict, hub_url: str = "") -> None:
     if job.get("history"):
         out()
         events_table(job["history"])
+
+
+def _live_push_fields(job: dict, spec: dict) -> list[tuple[str, object]]:
+    """A job's own sync interval and its last live push (nothing when it has neither)."""
+    fields: list[tuple[str, object]] = []
+    interval = spec.get("sync_interval")
+    if isinstance(interval, int | float):
+        fields.append(("Live push", f"every {duration(float(interval))}" if interval else "off"))
+    last = job.get("live_push")
+    if last:
+        if last.get("running"):
+            text = f"running since {when(last.get('started'))}"
+        else:
+            text = f"{when(last.get('at'))}: {last.get('message') or '-'}"
+        fields.append(("Last live push", text))
+    return fields

@@ -199,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DURATION",
         help="delete the job's record and logs this long after it ends (default: the site's)",
     )
+    run.add_argument(
+        "--sync-interval",
+        metavar="DURATION",
+        help="push its rw/rwd volumes this often while it runs (0: at its end only; default: "
+        "the flavor's, else the site's)",
+    )
     add_run_options(run)  # ports, secrets, git, working dir, read-only root
     run.add_argument(
         "--notify-webhook", metavar="URL", help="POST a JSON notice here when the job ends"
@@ -249,7 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     stop.add_argument("--wait", action="store_true", help="wait until it is INTERRUPTED")
     with_id("resume", "queue an INTERRUPTED job again", cmd_job_simple_action("resume"))
     with_id("rerun", "submit a copy of a job (prints the new id)", cmd_job_simple_action("rerun"))
-    with_id("push", "retry the push of a SYNC_FAILED job", cmd_job_simple_action("push"))
+    with_id(
+        "push",
+        "push a RUNNING job's rw/rwd volumes now (a live push), or retry a SYNC_FAILED job's",
+        cmd_job_simple_action("push"),
+    )
     with_id("delete", "delete an ended job, its logs and volumes", cmd_job_delete, aliases=["rm"])
     add_exec_commands(with_id, _int_range(0, MAX_WORKERS - 1))  # exec and shell
 

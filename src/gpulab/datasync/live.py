@@ -12,9 +12,11 @@ A live push never sends a half-written file as complete:
   the upload instead of storing the change; a failed upload of a file that changed meanwhile
   is in flux too, not a failure;
 - a file in flux is never entered in the manifest and its remote object is left as it was
-  (a multipart upload that a store verifies only once stored is the exception: the object
-  then keeps the SHA-256 of the hashed content in its metadata, which a pull verifies, so it
-  is refused, never taken as complete; the next push sends the file again);
+  where the store checks the SHA-256 sent with an upload before storing it (S3, MinIO, the
+  filesystem store); where the check comes after storing (a multipart upload; a store that
+  ignores the checksum, whose ETag is checked after), the object keeps the SHA-256 of the
+  hashed content in its metadata, which a pull verifies: it is refused, never taken as
+  complete, and the next push sends the file again;
 - it never deletes a remote object (not even for an ``rwd`` volume): a file deleted during a
   run may be a program's temporary step, and the final push at the stop mirrors deletions
   as it always did.

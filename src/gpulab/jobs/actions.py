@@ -35,6 +35,7 @@ from .scheduler import can_ever_fit
 from .spec import MAX_PRIORITY, WORKSPACE_DIR, JobSpec, job_spec_schema, parse_job_spec
 from .states import parse_state_filter
 from .supervisor.engine import release_network
+from .supervisor.live import pushable
 
 if TYPE_CHECKING:
     from ..settings import GpulabSettings
@@ -367,10 +368,33 @@ async def retry_push(sup: JobSupervisor, job: dict) -> dict:
         )
     if state is not J.SYNC_FAILED:
         raise Conflict(
-            f"only a SYNC_FAILED job's push can be retried; this one is {state.value}",
+            f"a job's push runs now only while it is RUNNING, and only a SYNC_FAILED job's "
+            f"push can be retried; this one is {state.value}",
         )
     with _changed_meanwhile(job_id):
         return await sup.retry_push(job_id)
+
+
+async def push_now(sup: JobSupervisor, job: dict) -> dict:
+    """The owner's "push now" of a RUNNING job's rw/rwd volumes (a live push: settled files,
+    nothing deleted; :mod:`gpulab.live_push`): asked, and the supervisor runs it within a
+    look; Conflict while one is asked or runs, or when the job has nothing to push."""
+    job_id = job["id"]
+    if not pushable(JobSpec.from_json(job["spec"])):
+        raise Conflict(f"job {job_id} has no rw or rwd volume: nothing to push")
+    try:
+        result, asked = await sup.request_push(job_id)
+    except KeyError:
+        raise NotFound(f"no job {job_id}") from None
+    except InvalidTransition:
+        raise Conflict(
+            f"job {job_id} is no longer RUNNING: its final push runs at its end"
+        ) from None
+    if not asked:
+        raise Conflict(
+            f"a push of job {job_id} is already under way: one at a time (see its live_push)"
+        )
+    return result
 
 
 async def delete(sup: JobSupervisor, job: dict) -> None:
@@ -451,6 +475,8 @@ async def act(
         return Acted(await resume(sup, job))
     if action == "rerun":
         return Acted(await rerun(sup, settings, job, admin=admin), created=True)
+    if action == "push" and job["state"] == J.RUNNING.value and job.get("kind") != "array":
+        return Acted(await push_now(sup, job), pending=True)
     if action == "push":
         result = await retry_push(sup, job)
         return Acted(result, failed=result["state"] == J.SYNC_FAILED.value)

@@ -139,6 +139,9 @@ def job_json(
         ],
         "spec": j.spec,
         "request": j.request,
+        # the live pushes of its rw/rwd volumes while it runs (gpulab.live_push)
+        "push_requested": _iso(j.push_requested),
+        "live_push": live_push_json(j.live_push),
         "outcome": j.outcome or None,
         "container": j.container,
         "groups": [g for g in j.groups.split(",") if g],
@@ -155,6 +158,16 @@ def job_json(
     if history:
         out["history"] = [event_json(e) for e in j.events]
     return out
+
+
+def live_push_json(raw: dict | None) -> dict | None:
+    """The last live push as the API shows it (None: none yet): whether one runs now (and
+    since when, asked by the interval or the owner), when the last one ended, how it went,
+    the files and bytes it sent."""
+    if not raw:
+        return None
+    keys = ("running", "trigger", "started", "at", "ok", "message", "files", "bytes")
+    return {k: raw.get(k) for k in keys}
 
 
 def _with_tasks(out: dict, tasks: list[dict], listed: bool = False) -> None:
@@ -605,6 +618,62 @@ class JobRecords:
                 setattr(job, key, value)
             job.events.append(
                 JobEvent(at=utcnow(), kind=kind, state=job.state, reason=reason, message=message)
+            )
+
+    def request_push(self, job_id: str) -> tuple[dict, bool]:
+        """The owner's "push now" of a RUNNING job: (its record, whether it was asked now);
+        False when one is asked already or runs (one at a time). InvalidTransition when the
+        job is not RUNNING; KeyError when there is no such job."""
+        with self.db.session() as s:
+            job = self._get(s, job_id, lock=True)
+            if job is None:
+                raise KeyError(job_id)
+            if job.state != JobState.RUNNING.value:
+                raise InvalidTransition("job's push", JobState(job.state), JobState.RUNNING)
+            busy = job.push_requested is not None or bool((job.live_push or {}).get("running"))
+            if not busy:
+                job.push_requested = utcnow()
+            s.flush()
+            return job_json(job, history=False), not busy
+
+    def live_push_began(self, job_id: str, trigger: str) -> None:
+        """A live push starts ("interval" or "request"): the request is taken, the last
+        outcome kept until this one ends."""
+        with self.db.session() as s:
+            job = self._get(s, job_id, lock=True)
+            if job is None:
+                return
+            last = dict(job.live_push or {})
+            job.live_push = {
+                **last,
+                "running": True,
+                "trigger": trigger,
+                "started": _iso(utcnow()),
+            }
+            if trigger == "request":
+                job.push_requested = None
+
+    def live_push_ended(self, job_id: str, ok: bool, message: str, files: int, nbytes: int) -> None:
+        """A live push ended: its outcome on the record and one event (kind "sync", reason
+        LIVE_PUSH or LIVE_PUSH_FAILED). Never a state change: a failed live push stops
+        nothing and loses nothing (the next one, or the stop's, pushes again)."""
+        with self.db.session() as s:
+            job = self._get(s, job_id, lock=True)
+            if job is None:
+                return
+            now = utcnow()
+            job.live_push = {
+                **dict(job.live_push or {}),
+                "running": False,
+                "at": _iso(now),
+                "ok": ok,
+                "message": message,
+                "files": files,
+                "bytes": nbytes,
+            }
+            reason = "LIVE_PUSH" if ok else "LIVE_PUSH_FAILED"
+            job.events.append(
+                JobEvent(at=now, kind="sync", state=job.state, reason=reason, message=message)
             )
 
     def set_waiting(self, job_id: str, message: str) -> bool:

@@ -29,6 +29,7 @@ from ..gang import Rank
 from ..records import JobRecords
 from ..spec import JobSpec
 from ..spec.ports import job_path
+from .live import LivePushes
 
 log = logging.getLogger("gpulab.jobs")
 
@@ -53,6 +54,8 @@ class JobContext:
     fault_streak: dict[str, int] = field(default_factory=dict)
     #: sends the notices a job's owner asked for (its spec's ``notify``); None: none sent
     notifier: Notifier | None = None
+    #: the live pushes of running jobs' volumes (one task per job at most)
+    live: LivePushes = field(default_factory=LivePushes)
 
     async def db(self, fn, *args, **kw):
         """A blocking database call, off the event loop."""

@@ -126,6 +126,7 @@ async def finish_preempt(ctx: JobContext, job_id: str, spec: JobSpec, gang: list
         )
     await gang_stopped(ctx, gang, ctx.settings.preemption_grace)
     await save_logs(ctx, job_id, gang)
+    await ctx.live.settle(job_id)  # a live push still running ends first: this one is last
     vols = ctx.volumes(job_id, spec, gang[0].node)  # rank 0's node holds the output
     ok, message = push_verdict(await push_with_notes(ctx, job_id, J.INTERRUPTING, vols))
     fault_point("engine:push")
@@ -187,6 +188,7 @@ async def finalize(
     await ctx.db(ctx.ledger.release, ctx.workload(job_id))
     await save_logs(ctx, job_id, gang)
     await release_network(ctx, job_id, len(gang))
+    await ctx.live.settle(job_id)  # a live push still running ends first: this one is last
     extra = ""
     if state is J.FINALIZING:
         spec = JobSpec.from_json(job["spec"])

@@ -237,6 +237,8 @@ async def watch(ctx: JobContext, job_id: str, spec: JobSpec, gang: list[Rank]) -
         state = JobState(job["state"])
         if job["request"] in ("interrupt", "preempt") or state is J.INTERRUPTING:
             return await stop_by_request(ctx, job_id, job, spec, gang)
+        if state is J.RUNNING:  # a live push of its volumes, when one is due (its own task)
+            ctx.live.consider(ctx, job, spec, gang)
         states = await asyncio.gather(*(ctx.runtime.state(r.name) for r in gang))
         ended = ended_run(gang, states)
         if ended is not None and ended.lost_container:

@@ -138,6 +138,13 @@ class JobSupervisor:
             self.wake.set()
         return await self.db(self.records.get, job_id)
 
+    async def request_push(self, job_id: str) -> tuple[dict, bool]:
+        """The owner's "push now" of a RUNNING job, written to its record (the leader's
+        watch of the job starts it within a look, on any service); (the record, whether it
+        was asked now: False while one is asked or runs)."""
+        job, asked = await self.db(self.records.request_push, job_id)
+        return job, asked
+
     # --- the loop ----------------------------------------------------------------------
 
     async def refresh_inventory(self) -> None:
@@ -174,6 +181,7 @@ class JobSupervisor:
         """Lost the lease (or stopping): stop every job task; the containers run on, and
         the next holder carries them on from the database and the engine."""
         self.leading.clear()
+        self.ctx.live.cancel_all()
         tasks = list(self.tasks.values())
         for task in tasks:
             task.cancel()

@@ -230,3 +230,29 @@ EVENT = {
         "exit_code": {"type": ["integer", "null"]},
     },
 }
+
+#: the last live push of a running workload's volumes (gpulab.live_push), on a job's and a
+#: notebook's record; null until the first
+LIVE_PUSH = {
+    "type": ["object", "null"],
+    "description": "its last live push (its writable volumes pushed while it runs: every "
+    "sync_interval, or when its owner asks): files unchanged for 10 s and while read are "
+    "sent, nothing is deleted until the stop's push; null until the first",
+    "properties": {
+        "running": {"type": "boolean", "description": "one runs now"},
+        "trigger": {"type": "string", "enum": ["interval", "request"]},
+        "started": {"type": ["string", "null"], "format": "date-time"},
+        "at": {
+            "type": ["string", "null"],
+            "format": "date-time",
+            "description": "when the last one ended",
+        },
+        "ok": {"type": ["boolean", "null"]},
+        "message": {
+            "type": ["string", "null"],
+            "description": "what it sent per volume, or its error",
+        },
+        "files": {"type": ["integer", "null"], "description": "files sent"},
+        "bytes": {"type": ["integer", "null"], "description": "bytes sent"},
+    },
+}

@@ -31,6 +31,7 @@ from .components import (
     EVENT,
     FAIR_SHARE,
     JOB_ID,
+    LIVE_PUSH,
     PAGE_PARAMS,
     PUBLIC,
     RANK,
@@ -341,7 +342,9 @@ PATHS: dict[str, dict] = {
         "post": {
             "operationId": "jobAction",
             "summary": "interrupt (QUEUED or running), resume (INTERRUPTED), rerun (a copy), "
-            "push (retry a SYNC_FAILED push)",
+            "push (a RUNNING job: push its rw/rwd volumes now, a live push, 202; a SYNC_FAILED "
+            "job: retry its push; 409 for any other state, while a push is asked or runs, or "
+            "when it has no rw/rwd volume)",
             "parameters": [
                 JOB_ID,
                 {
@@ -354,7 +357,7 @@ PATHS: dict[str, dict] = {
             "responses": {
                 "200": _job("done"),
                 "201": _job("rerun: the copy", created=True),
-                "202": _job("interruption under way"),
+                "202": _job("interruption under way; push: a live push asked"),
                 **_errors(400, 404, 409, 502),
             },
         }
@@ -588,6 +591,13 @@ def document(job_submission: dict | None = None) -> dict:
                             },
                         },
                         "spec": {"type": "object"},
+                        "push_requested": {
+                            "type": ["string", "null"],
+                            "format": "date-time",
+                            "description": "when its owner asked for a push now that has not "
+                            "started yet (POST /api/jobs/{job_id}/push)",
+                        },
+                        "live_push": LIVE_PUSH,
                         "ports": {
                             "type": "array",
                             "description": "its exposed ports and where they open",
