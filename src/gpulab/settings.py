@@ -1196,10 +1196,18 @@ class GpulabSettings(Configurable):
         0.0,
         help="""Seconds between live pushes of a running notebook's workspace and writable
         volumes and of a running job's rw/rwd volumes (0, the default: pushed at the stop
-        only). A live push takes only files unchanged for 10 s and unchanged while read, and
+        only). A live push takes only files unchanged for sync_settle (10 s) and while read, and
         deletes nothing (the stop's push mirrors deletions); a killed container or a lost node
         then loses at most one interval of work. A flavor's own ``sync_interval`` and a job's
         ``sync_interval`` field override it. 0, or from sync_interval_floor to one day.""",
+    ).tag(config=True)
+
+    sync_settle = Float(
+        10.0,
+        help="""Seconds a file must have been unchanged (its mtime) before a live push takes
+        it; younger files wait for the next push (the stop's push takes every file). A program
+        that pauses longer than this in the middle of writing a file should write it under
+        another name and rename it when done.""",
     ).tag(config=True)
 
     sync_interval_floor = Float(
@@ -1242,6 +1250,11 @@ class GpulabSettings(Configurable):
             raise ConfigError(
                 f"c.GpulabSettings.sync_interval_floor must be a positive number of seconds, "
                 f"not {floor}"
+            )
+        settle = self.sync_settle
+        if not (math.isfinite(settle) and 0 <= settle <= 3600):
+            raise ConfigError(
+                f"c.GpulabSettings.sync_settle must be from 0 to 3600 seconds, not {settle}"
             )
         named = [("c.GpulabSettings.sync_interval", self.sync_interval)]
         for f in self.flavors:

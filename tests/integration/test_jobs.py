@@ -445,7 +445,7 @@ def test_finished_containers_are_removed_after_the_delay_records_and_logs_stay(
     assert api.call("GET", f"/jobs/{job['id']}/logs").text == "kept-output\n"
 
 
-def test_job_data_pulled_from_and_pushed_to_s3(hub_with, tmp_path, docker_client):
+def test_job_data_pulled_from_and_pushed_to_s3(hub_with, tmp_path, docker_client, sync_image):
     import boto3
 
     from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
@@ -469,7 +469,10 @@ def test_job_data_pulled_from_and_pushed_to_s3(hub_with, tmp_path, docker_client
             f'"credentials": {{"file": "{credentials}"}}}}\n'
             'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "job-inputs", '
             '"modes": ["ro"]})\n'
-            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "job-outputs"})\n',
+            'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "job-outputs"})\n'
+            # live pushes: a floor and a settle time that a test can wait for
+            "c.GpulabSettings.sync_interval_floor = 1\n"
+            "c.GpulabSettings.sync_settle = 0.5\n",
             fresh=True,
         )
         api = Api(hub, "sam")
@@ -487,8 +490,41 @@ def test_job_data_pulled_from_and_pushed_to_s3(hub_with, tmp_path, docker_client
         seen = json_dump(container.attrs["Config"]["Env"]) + json_dump(done)
         seen += hub.log_file.read_text()
         assert TEST_SECRET_KEY not in seen and TEST_ACCESS_KEY not in seen
+        live_push_survives_a_sigkill(api, client, docker_client)
     finally:
         s3.stop()
+
+
+def live_push_survives_a_sigkill(api: Api, client, docker_client) -> None:
+    """A job whose volume is pushed every 2 s writes a checkpoint; once a live push sent it,
+    its container is SIGKILLed: the checkpoint is in the store (what it lost: at most the
+    interval since), and the job's history says each live push."""
+    began = time.monotonic()
+    job = api.submit(
+        command=["sh", "-c", "echo epoch-1 > /out/ckpt.txt && sleep 600"],
+        volumes=["job-outputs@s3/sam/run2:/out:rw"],
+        sync_interval=2,
+    )
+    sent = wait_until(
+        lambda: (api.job(job["id"])["live_push"] or {}).get("files") and api.job(job["id"]),
+        timeout=60,
+        what="a live push that sent the checkpoint",
+    )
+    assert sent["state"] == "RUNNING" and sent["live_push"]["ok"], sent["live_push"]
+    # on demand: its owner's (another user's job is a 404), one at a time
+    assert Api(api.hub, "eve").call("POST", f"/jobs/{job['id']}/push").status_code == 404
+    asked = api.call("POST", f"/jobs/{job['id']}/push")
+    assert asked.status_code == 202 and asked.json()["push_requested"], asked.text
+    again = api.call("POST", f"/jobs/{job['id']}/push")
+    assert again.status_code == 409 and "already under way" in again.text, again.text
+    docker_client.containers.get(sent["container"]).kill()  # SIGKILL: no stop push of its own
+    body = client.get_object(Bucket="job-outputs", Key="sam/run2/ckpt.txt")["Body"].read()
+    assert body == b"epoch-1\n"
+    ended = api.wait(job["id"])
+    assert ended["state"] == "FAILED" and ended["exit_code"] == 137, ended
+    pushes = [e for e in ended["history"] if e["reason"] == "LIVE_PUSH"]
+    assert pushes and "job-outputs@s3/sam/run2:/out:rw: 1 transferred" in pushes[0]["message"]
+    print(f"live push and SIGKILL: {time.monotonic() - began:.1f} s")
 
 
 def json_dump(obj) -> str:

@@ -183,7 +183,9 @@ def test_a_live_push_helper_says_live_and_a_final_push_waits_for_it():
         environment={},
     )
     live = sync_helper_spec(operation="push", live=True, **kw).command
-    assert "--live" in live and "--wait-lock" not in live
+    assert "--live" in live and "--wait-lock" not in live and "--settle-seconds" not in live
+    live = sync_helper_spec(operation="push", live=True, settle_s=1.5, **kw).command
+    assert live[live.index("--settle-seconds") + 1] == "1.5"
     final = sync_helper_spec(operation="push", wait_lock_s=300, **kw).command
     assert "--live" not in final and final[final.index("--wait-lock") + 1] == "300"
     pull = sync_helper_spec(operation="pull", live=True, wait_lock_s=300, **kw).command

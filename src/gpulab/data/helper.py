@@ -53,6 +53,7 @@ def sync_helper_spec(
     exclude: Sequence[str] = (),
     cap: int | None = None,
     live: bool = False,
+    settle_s: float | None = None,
     wait_lock_s: float = 0.0,
 ) -> HelperSpec:
     """A short-lived ``gpulab-sync`` helper, for any backend's ``run_helper``.
@@ -74,7 +75,8 @@ def sync_helper_spec(
     copy (a cluster node the workload left and came back to).
 
     ``live``: a push while the workload runs (``--live``: settled files only, no deletion;
-    the rule is :mod:`gpulab.datasync.live`). ``wait_lock_s``: how long a push waits for
+    the rule is :mod:`gpulab.datasync.live`), taking files unchanged for ``settle_s`` seconds
+    (None: the helper's 10). ``wait_lock_s``: how long a push waits for
     another sync of the volume to end (the final push waits for a live push).
 
     The helper mounts the workload's volume at /data. For the embedded filesystem store it
@@ -103,6 +105,8 @@ def sync_helper_spec(
             command += ["--exclude", pattern]
         if live and operation == "push":
             command.append("--live")
+            if settle_s is not None:
+                command += ["--settle-seconds", f"{settle_s:g}"]
         if wait_lock_s > 0 and operation == "push":
             command += ["--wait-lock", f"{wait_lock_s:g}"]
         if docker_volume is None:

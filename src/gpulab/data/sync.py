@@ -461,6 +461,7 @@ class WorkloadData:
         on_progress: Progress | None = None,
         *,
         live: bool = False,
+        settle_s: float | None = None,
     ) -> SyncOutcome:
         """Run one ``gpulab-sync`` operation (pull, push, purge) for one volume. With a
         :class:`DiskAccount`, a pull is first booked against the owner's disk quota (and
@@ -468,7 +469,7 @@ class WorkloadData:
         runs (:mod:`gpulab.datasync.live`); any other push is a final one, which waits for a
         live push still running on the volume."""
         if operation != "pull" or self.disk is None:
-            outcome = await self._run(operation, vol, on_progress, live=live)
+            outcome = await self._run(operation, vol, on_progress, live=live, settle_s=settle_s)
             observe_sync(operation, outcome.ok, outcome.report)
             return outcome
         for attempt in range(2):
@@ -492,6 +493,7 @@ class WorkloadData:
         on_progress: Progress | None,
         max_bytes: int | None = None,
         live: bool = False,
+        settle_s: float | None = None,
     ) -> SyncOutcome:
         store = self.stores[vol.spec.store]
 
@@ -528,6 +530,7 @@ class WorkloadData:
             exclude=vol.exclude,
             cap=vol.cap,
             live=live,
+            settle_s=settle_s,
             wait_lock_s=0.0 if live else FINAL_PUSH_WAITS_S,
         )
         final: dict = {}
@@ -636,11 +639,17 @@ def notebook_volumes(
 
 
 async def push_all(
-    data: WorkloadData, volumes: list[VolumeSync], live: bool = False
+    data: WorkloadData,
+    volumes: list[VolumeSync],
+    live: bool = False,
+    settle_s: float | None = None,
 ) -> list[SyncOutcome]:
     """Push every volume that pushes (rw, rwd); ro volumes are never pushed. ``live``: the
-    workload runs (a periodic or on-demand push: :mod:`gpulab.datasync.live`)."""
-    return [await data.run("push", v, live=live) for v in volumes if v.spec.pushes]
+    workload runs (a periodic or on-demand push: :mod:`gpulab.datasync.live`), taking files
+    unchanged for ``settle_s`` seconds."""
+    return [
+        await data.run("push", v, live=live, settle_s=settle_s) for v in volumes if v.spec.pushes
+    ]
 
 
 def push_verdict(outcomes: list[SyncOutcome]) -> tuple[bool, str]:

@@ -80,7 +80,9 @@ class LivePushes:
         job's, as at the stop); its outcome on the record and in the job's events."""
         try:
             await ctx.db(ctx.records.live_push_began, job_id, why)
-            outcomes = await push_all(ctx.data(job_id), ctx.volumes(job_id, spec, node), live=True)
+            vols = ctx.volumes(job_id, spec, node)
+            settle = ctx.settings.sync_settle
+            outcomes = await push_all(ctx.data(job_id), vols, live=True, settle_s=settle)
             ok = all(o.ok for o in outcomes)
             files = sum(int(o.report.get("completed") or 0) for o in outcomes)
             sent = sum(int(o.report.get("bytes_transferred") or 0) for o in outcomes)
