@@ -292,6 +292,32 @@ def test_the_cli_knows_the_apis_worker_limit():
     assert cli.MAX_WORKERS == MAX_WORKERS
 
 
+def test_an_image_from_a_registry_and_its_pull_options():
+    from gpulab import imagerefs
+    from gpulab.cli.parser import PULL_POLICIES
+
+    assert PULL_POLICIES == imagerefs.PULL_POLICIES
+    args = parse(
+        "job",
+        "run",
+        "--image",
+        "ghcr.io/acme/t:1",
+        "--image-pull-policy",
+        "always",
+        "--image-pull-secret",
+        "regcred",
+        "--",
+        "true",
+    )
+    body = cli.build_submission(args)
+    assert (body["image"], body["image_pull_policy"], body["image_pull_secret"]) == (
+        "ghcr.io/acme/t:1",
+        "always",
+        "regcred",
+    )
+    assert "image_pull_policy" not in cli.build_submission(parse("job", "run", "--", "true"))
+
+
 def test_workers_help_says_what_a_worker_is(capsys):
     with pytest.raises(SystemExit):
         parse("job", "run", "--help")

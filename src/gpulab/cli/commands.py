@@ -59,7 +59,15 @@ def build_submission(args: argparse.Namespace) -> dict:
             "a job needs a command: gpulab job run [options] -- CMD [ARGS...]", EXIT_USAGE
         )
     body: dict[str, Any] = {"command": list(args.command)}
-    for key in ("name", "framework", "version", "image", "flavor"):
+    for key in (
+        "name",
+        "framework",
+        "version",
+        "image",
+        "image_pull_policy",
+        "image_pull_secret",
+        "flavor",
+    ):
         if getattr(args, key) is not None:
             body[key] = getattr(args, key)
     resources = {

@@ -30,6 +30,8 @@ from .secrets import add_run_options, add_secret_commands
 MAX_WORKERS = 64
 #: the most tasks of a job array (``gpulab.jobs.spec.array.MAX_COMPLETIONS``)
 MAX_COMPLETIONS = 1000
+#: the pull policies of an image from a registry (``gpulab.imagerefs.PULL_POLICIES``)
+PULL_POLICIES = ("always", "if-not-present", "never")
 
 # --- the parser ---------------------------------------------------------------------------------
 
@@ -125,8 +127,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="lowercase letters, digits and '-' (default: generated)")
     image = run.add_mutually_exclusive_group()
     image.add_argument("--framework", help="a framework of the catalog (default: its default)")
-    image.add_argument("--image", help="an image of the catalog or one the admins allow")
+    image.add_argument(
+        "--image",
+        help="an image of the catalog, one the admins allow, or one from a registry they allow",
+    )
     run.add_argument("--version", help="the framework's version (default: its first)")
+    run.add_argument(
+        "--image-pull-policy",
+        choices=PULL_POLICIES,
+        help="for an image from a registry: pull it always, if-not-present (on the node) or "
+        "never (default: the site's)",
+    )
+    run.add_argument(
+        "--image-pull-secret",
+        metavar="SECRET",
+        help="for a private image: your secret (gpulab secret set) holding USERNAME:PASSWORD",
+    )
     run.add_argument("--flavor", help="a resource flavor; --gpu/--cpu/--memory override it")
     run.add_argument(
         "--gpu", "--gpus", type=_int_range(0), metavar="N", help="GPUs (default 1 without flavor)"
