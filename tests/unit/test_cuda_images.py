@@ -139,6 +139,12 @@ def test_the_spawn_form_shows_each_versions_flavour_and_the_drivers_cuda():
     assert 'data-framework="new" selected data-cuda="12.8">New 1 · CUDA 12.8</option>' in page
     assert 'data-framework="cpu" >Cpu 1 · CPU</option>' in page
     assert "(their driver supports CUDA 11.8)" in page
+    assert 'name="image"' not in page  # no registry allowed: the catalog only
+    s = settings_with(SETTINGS)
+    s.image_registries = ["ghcr.io/acme/*"]
+    page = run_async(form.render_form(s, rt, ledger, "ann", []))
+    assert 'name="image" id="gpulab-image"' in page and "<code>ghcr.io/acme/*</code>" in page
+    assert 'name="image_pull_secret"' in page
 
 
 def test_the_spawn_form_keeps_the_models_when_the_ledger_cannot_be_read():

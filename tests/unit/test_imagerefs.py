@@ -235,3 +235,42 @@ def test_a_pull_s_bytes_are_added_up_per_layer():
     assert (got.done, got.total, got.layers) == (450, 500, 2)
     assert got.line("t:1") == "Pulling image t:1: 0.0 MB of 0.0 MB (2 layers)"
     assert imagerefs.PULL_POLICIES == ("always", "if-not-present", "never")
+
+
+def test_notebook_options_take_a_registry_image_as_jobs_do():
+    from gpulab.notebooks.options import OptionsError, parse_notebook_options
+    from gpulab.resources import Limits
+
+    def opts(**raw):
+        return parse_notebook_options(
+            {"cpus": 1, "memory": "1G", **raw},
+            CATALOG,
+            FLAVORS,
+            Limits(cpus=8, memory=64 << 30, gpus=4),
+            None,
+            image_registries=REG,
+        )
+
+    got = opts(image="registry.example.org:5000/team/lab:2", image_pull_secret="regcred")
+    assert (got.image_pull_policy, got.image_pull_secret) == ("if-not-present", "regcred")
+    assert got.to_json()["image_pull_secret"] == "regcred"
+    assert "image_pull_policy" not in opts().to_json()  # a catalog image: never pulled
+    for raw, field in (
+        ({"image": "evil.io/team/lab"}, "image"),
+        ({"image_pull_policy": "always"}, "image_pull_policy"),
+        (
+            {"image": "registry.example.org:5000/team/lab", "image_pull_policy": "x"},
+            "image_pull_policy",
+        ),
+        (
+            {"image": "registry.example.org:5000/team/lab", "image_pull_secret": "../x"},
+            "image_pull_secret",
+        ),
+        (
+            {"image": "registry.example.org:5000/team/lab", "image_pull_secret": "x" * 300},
+            "image_pull_secret",
+        ),
+    ):
+        with pytest.raises(OptionsError) as e:
+            opts(**raw)
+        assert e.value.field == field, (raw, e.value)

@@ -712,3 +712,73 @@ def test_a_grant_of_another_model_is_not_taken(tmp_path, answers, monkeypatch):
 
     run_async(go())
     assert w.record()["state"] == "RUNNING" and w.held_gpus() == ["1"]
+
+
+# --- images from registries ------------------------------------------------------------------
+
+PRIVATE = "registry.example.org:5000/team/lab:1"
+DIGEST = "sha256:" + "cd" * 32
+PINNED = "registry.example.org:5000/team/lab@" + DIGEST
+
+
+def registry_world(tmp_path, secret: str | None = "bob:pw") -> World:
+    from cryptography.fernet import Fernet
+
+    from gpulab.secrets import SecretStore
+
+    w = World(tmp_path)
+    w.s.image_registries = ["registry.example.org:5000/team/*"]
+    w.rt.registry_images[PRIVATE] = (DIGEST, ("bob", "pw"))
+    store = SecretStore(w.records.db, "t", [Fernet.generate_key()])
+    if secret is not None:
+        store.put("alice", "regcred", secret)
+    w.nb.secrets = store
+    return w
+
+
+def test_a_notebook_from_a_private_image_runs_its_digest_after_a_probe(tmp_path, answers):
+    w = registry_world(tmp_path)
+    w.start(image=PRIVATE, image_pull_secret="regcred")
+    spec = w.rt.workloads[w.nb.container].spec
+    assert spec.image == PINNED and spec.user == "1000"  # as any notebook: the hub's uid
+    (probe,) = w.rt.helper_configs
+    assert probe.image == PINNED and probe.network == "none"
+    assert probe.command == ["/bin/sh", "-c", "command -v jupyterhub-singleuser"]
+    shown = [m for _, m in w.events]
+    assert f"Asking the registry for image {PRIVATE}" in shown
+    assert any(m.startswith(f"Pulling image {PRIVATE}: ") for m in shown), shown
+    assert w.record()["state"] == "RUNNING"
+    assert "pw" not in json.dumps(w.record())
+
+
+@pytest.mark.parametrize(
+    ("secret", "raw", "status", "reason", "words"),
+    [
+        ("bob:nope", {"image_pull_secret": "regcred"}, 400, "IMAGE_PULL_FAILED", "unauthorized"),
+        (None, {"image_pull_secret": "regcred"}, 400, "SECRET_MISSING", "no secret 'regcred'"),
+        ("bob:pw", {}, 400, "IMAGE_PULL_FAILED", "authentication required"),
+        (
+            "bob:pw",
+            {"image_pull_secret": "regcred", "image_pull_policy": "never"},
+            400,
+            "IMAGE_PULL_FAILED",
+            "image_pull_policy is never",
+        ),
+    ],
+)
+def test_a_notebook_image_the_registry_refuses_runs_nothing(
+    tmp_path, answers, secret, raw, status, reason, words
+):
+    w = registry_world(tmp_path, secret)
+    e = w.refused(w.start, image=PRIVATE, **raw)
+    assert e.status == status and words in e.message, e.message
+    assert w.record()["state"] == "FAILED" and w.last()["reason"] == reason
+    assert w.rt.names("create_and_start") == [] and "nope" not in e.message
+
+
+def test_an_image_without_the_single_user_server_is_refused(tmp_path, answers):
+    w = registry_world(tmp_path)
+    w.rt.script_helper(exit_code=1)
+    e = w.refused(w.start, image=PRIVATE, image_pull_secret="regcred")
+    assert e.status == 400 and "cannot run a notebook: it has no jupyterhub-singleuser" in e.message
+    assert w.last()["reason"] == "IMAGE_UNSUITABLE" and w.rt.names("create_and_start") == []

@@ -37,6 +37,8 @@ OPTIONS = (
     ("version", "version"),
     ("editor", "editor"),
     ("image", "image"),
+    ("image_pull_policy", "image_pull_policy"),
+    ("image_pull_secret", "image_pull_secret"),
     ("flavor", "flavor"),
     ("cpu", "cpus"),
     ("memory", "memory"),
@@ -75,7 +77,21 @@ def add_notebook_commands(top, common, positive_float, whole) -> None:
     start.add_argument("--framework", help="a framework of the catalog (default: its default)")
     start.add_argument("--version", help="the framework's version (default: its first)")
     start.add_argument("--editor", help="the editor: jupyterlab or vscode (default: the first)")
-    start.add_argument("--image", help="an image the admins allow instead of the framework's")
+    start.add_argument(
+        "--image",
+        help="instead of the framework's: an image the admins allow, or one from a registry "
+        "they allow",
+    )
+    start.add_argument(
+        "--image-pull-policy",
+        choices=("always", "if-not-present", "never"),
+        help="for an image from a registry (default: the site's)",
+    )
+    start.add_argument(
+        "--image-pull-secret",
+        metavar="SECRET",
+        help="for a private image: your secret (gpulab secret set) holding USERNAME:PASSWORD",
+    )
     start.add_argument("--flavor", help="a resource flavor; --gpu/--cpu/--memory override it")
     start.add_argument("--gpu", "--gpus", metavar="N", help="GPUs (0.5: half of a shared GPU)")
     start.add_argument("--cpu", "--cpus", type=positive_float, metavar="N", help="CPUs")

@@ -56,6 +56,8 @@ def parse_options(settings, user: str, groups: list[str], user_options: dict) ->
         gpu_unused_timeout=s.gpu_unused_timeout,
         gpu_wait=s.notebook_gpu_wait,
         notify_rules=s.notify_rules,
+        image_registries=tuple(s.image_registries),
+        default_pull_policy=s.image_pull_policy,
     )
 
 
@@ -159,6 +161,7 @@ async def render_form(settings, runtime: Runtime, ledger: GpuLedger, user: str, 
         # the biggest share one shared GPU has free now (for the form's warning)
         shared_most_free=max((f / n for f, n in shared.values()), default=0),
         stores=s.storage.stores,
+        registries=list(s.image_registries),
         grants=[g for g in s.storage.grants if g.users is None or user in g.users],
         workspace=s.storage.workspace,
         workspace_dir=s.workspace_dir,

@@ -24,6 +24,7 @@ from typing import Any
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
+from .. import imagerefs
 from ..data.sync import DiskAccount, progress_message
 from ..disk_ledger import DiskLedger
 from ..durations import format_duration
@@ -34,10 +35,25 @@ from ..gpus.recent_usage import RecentUsage
 from ..gpus.sharing import is_fraction
 from ..gpus.waits import GpuWaits
 from ..lifecycle import InvalidTransition, NotebookState, utcnow
-from ..names import L_NETWORK, home_volume_name, notebook_workload_id
+from ..names import (
+    L_INSTANCE,
+    L_KIND,
+    L_NETWORK,
+    L_WORKLOAD,
+    home_volume_name,
+    notebook_workload_id,
+)
 from ..resources import format_memory
 from ..runtime import EngineError
-from ..runtime.base import NetworkUnavailable, Runtime, WorkloadGone
+from ..runtime.base import (
+    HelperSpec,
+    ImagePullFailed,
+    NetworkUnavailable,
+    PullProgress,
+    Runtime,
+    WorkloadGone,
+)
+from ..secrets import SecretMissing, SecretStore, SecretsUnavailable
 from .container import ContainerPolicy, HubSide, notebook_mounts, notebook_spec
 from .data import HOME_LABEL, NotebookData, PushRaced, recorded_volume_specs, retry_push
 from .options import NotebookOptions
@@ -99,6 +115,11 @@ class Notebook:
     #: why the engine cannot hand out GPUs (asked at the hub's start-up): GPU notebooks are
     #: refused with it rather than started without the GPUs the ledger books
     gpu_refusal: str | None = None
+    #: the users' secrets (an image's pull secret is revealed at its start only)
+    secrets: SecretStore | None = None
+    #: the reference its container runs: an image from a registry pinned to its digest
+    #: ("": the options' image as the engine names it)
+    run_image: str = ""
 
     async def db(self, fn, *args, **kwargs):
         """A blocking database call, off the event loop."""
@@ -179,7 +200,10 @@ async def start(nb: Notebook, opts: NotebookOptions, hub: HubSide, user_options:
     await _open_record(nb, opts, summary, user_options)
     nb.progress(5, f"Options validated: {summary}")
     await _reserve_gpus(nb, res)
-    await _check_image(nb, opts.image)
+    if opts.image_pull_policy:
+        nb.run_image = await _fetch_image(nb, opts)
+    else:
+        await _check_image(nb, opts.image)
     data = nb.data([str(v) for v in opts.volumes])
     await _pull(nb, data)
     note = home_not_saved(before)
@@ -451,6 +475,98 @@ async def _check_image(nb: Notebook, image: str) -> None:
         raise await nb.fail(S.ERROR, "IMAGE_MISSING", msg, 503)
 
 
+#: what a notebook's image must run: JupyterHub's single-user server (JupyterLab and VS Code
+#: are both served by it)
+SINGLE_USER = "jupyterhub-singleuser"
+
+
+async def _fetch_image(nb: Notebook, opts: NotebookOptions) -> str:
+    """An image from a registry: the registry asked for its digest with the user's own
+    credentials (at every start, whatever the policy), pulled as the policy says with its
+    bytes in the progress, then checked for what a notebook needs. The pinned reference."""
+    s = nb.settings
+    ref = imagerefs.parse(opts.image)
+    if not imagerefs.allowed(ref, s.image_registries):  # taken off since the options were read
+        msg = f"image {opts.image} is from a registry this site does not allow"
+        raise await nb.fail(S.FAILED, "IMAGE_NOT_ALLOWED", msg, 403)
+    auth = None
+    if opts.image_pull_secret:
+        name = opts.image_pull_secret
+        try:
+            if nb.secrets is None:
+                raise SecretsUnavailable("secrets are not enabled on this platform")
+            value = await nb.db(nb.secrets.reveal, nb.user, name)
+            auth = imagerefs.registry_auth(value, ref.registry)
+        except SecretMissing:
+            msg = (
+                f"image_pull_secret: you have no secret {name!r}: create it with "
+                f"`gpulab secret set {name}`"
+            )
+            raise await nb.fail(S.FAILED, "SECRET_MISSING", msg, 400) from None
+        except SecretsUnavailable as e:
+            raise await nb.fail(S.ERROR, "SECRET_MISSING", str(e), 503) from None
+        except imagerefs.ImageRefError as e:
+            msg = f"image_pull_secret: secret {name!r}: {e}"
+            raise await nb.fail(S.FAILED, "IMAGE_PULL_FAILED", msg, 400) from None
+    nb.progress(30, f"Asking the registry for image {opts.image}")
+    shown = {"at": 0.0}
+
+    def on_progress(p: PullProgress) -> None:
+        now = time.monotonic()
+        if now - shown["at"] >= 1.0:
+            shown["at"] = now
+            nb.progress(32, p.line(opts.image))
+
+    try:
+        pinned = await asyncio.wait_for(
+            nb.runtime.fetch_image(
+                opts.image, opts.image_pull_policy or "", auth, on_progress, nb.held.node
+            ),
+            s.image_pull_timeout,
+        )
+    except ImagePullFailed as e:
+        msg = f"image {opts.image}: {e}"
+        raise await nb.fail(S.FAILED, "IMAGE_PULL_FAILED", msg, 400) from None
+    except TimeoutError:
+        msg = f"image {opts.image} was not pulled within {s.image_pull_timeout:g} s"
+        raise await nb.fail(S.FAILED, "IMAGE_PULL_FAILED", msg, 504) from None
+    except EngineError as e:
+        msg = f"the container engine did not answer: {e}"
+        raise await nb.fail(S.ERROR, "ENGINE_UNREACHABLE", msg, 503) from None
+    nb.progress(34, f"Image {pinned} is here; checking that it can run a notebook")
+    await _probe_image(nb, opts.image, pinned)
+    return pinned
+
+
+async def _probe_image(nb: Notebook, image: str, pinned: str) -> None:
+    """A notebook's image must hold JupyterHub's single-user server: asked of the image itself,
+    in a throwaway container with no network, as uid 1000 (what its notebook will run as)."""
+    probe = HelperSpec(
+        image=pinned,
+        command=["/bin/sh", "-c", f"command -v {SINGLE_USER}"],
+        labels={
+            L_INSTANCE: nb.settings.instance,
+            L_KIND: "image-probe",
+            L_WORKLOAD: nb.workload_id,
+        },
+        network="none",
+        memory=256 * 1024 * 1024,
+        pids_limit=64,
+    )
+    try:
+        result = await nb.runtime.run_helper(probe, lambda line: None, nb.held.node)
+        found = result.exit_code == 0
+    except EngineError as e:  # no /bin/sh: the engine cannot even start the probe
+        log.info("%s: image probe of %s: %s", nb.workload_id, pinned, e)
+        found = False
+    if not found:
+        msg = (
+            f"image {image} cannot run a notebook: it has no {SINGLE_USER} on its PATH "
+            "(install jupyterhub and jupyterlab in it, as gpulab's images do)"
+        )
+        raise await nb.fail(S.FAILED, "IMAGE_UNSUITABLE", msg, 400)
+
+
 async def _pull(nb: Notebook, data: NotebookData) -> None:
     """Pull the workspace and the volumes from object storage."""
     s = nb.settings
@@ -498,7 +614,7 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
         )
     except (NetworkUnavailable, EngineError) as e:
         raise await nb.fail(S.ERROR, "NETWORK_UNAVAILABLE", str(e), 503) from None
-    image = nb.image(opts.image)
+    image = nb.run_image or nb.image(opts.image)
     try:
         image_command = None if hub.command else await nb.runtime.image_command(image)
     except EngineError as e:

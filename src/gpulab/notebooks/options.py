@@ -46,6 +46,8 @@ KNOWN_OPTIONS = (
     "gpu_model",
     "node_pool",
     "image",
+    "image_pull_policy",
+    "image_pull_secret",
     "auto_restart",
     "volumes",
     "notify_webhook",
@@ -61,6 +63,8 @@ _TEXT_CAPS = {
     "editor": MAX_ID_CHARS,
     "flavor": MAX_ID_CHARS,
     "image": MAX_IMAGE_CHARS,
+    "image_pull_policy": MAX_ID_CHARS,
+    "image_pull_secret": checks.MAX_SECRET_NAME_CHARS,
     "cpus": MAX_NUMBER_CHARS,
     "memory": MAX_NUMBER_CHARS,
     "gpus": MAX_NUMBER_CHARS,
@@ -109,6 +113,10 @@ class NotebookOptions:
     #: the user's labels (key: value), as a job's (gpulab.checks.labels): kept in its
     #: record, listed and filtered on (?label=k=v)
     labels: Mapping[str, str] = field(default_factory=dict)
+    #: for an image from a registry (and only then): when it is pulled, and the user's
+    #: secret that holds the registry's credentials (None: an anonymous pull)
+    image_pull_policy: str | None = None
+    image_pull_secret: str | None = None
 
     def to_json(self) -> dict:
         return {
@@ -127,6 +135,14 @@ class NotebookOptions:
             "gpu_model": self.gpu_model or None,
             "node_pool": self.node_pool or None,
             "labels": dict(self.labels),
+            **(
+                {
+                    "image_pull_policy": self.image_pull_policy,
+                    "image_pull_secret": self.image_pull_secret,
+                }
+                if self.image_pull_policy
+                else {}
+            ),
         }
 
 
@@ -165,11 +181,17 @@ def parse_notebook_options(
     gpu_unused_timeout: float = 0.0,
     gpu_wait: float = 0.0,
     notify_rules: NotifyRules | None = None,
+    image_registries: tuple[str, ...] = (),
+    default_pull_policy: str = "if-not-present",
 ) -> NotebookOptions:
     """Turn raw user options into validated :class:`NotebookOptions` or raise OptionsError.
 
-    ``image`` is refused unless the admin listed it in ``allowed_images`` (images outside the
-    catalog would otherwise let a user run anything on the host's engine).
+    ``image`` is refused unless the admin listed it in ``allowed_images`` or its registry and
+    repository match one of ``image_registries`` (images outside the catalog would otherwise
+    let a user run anything on the host's engine). An image from a registry keeps its pull
+    policy (``default_pull_policy`` when the options give none) and the name of the user's
+    pull secret, whose existence the start checks (the options are read without the user's
+    secrets).
     """
     if not isinstance(raw, Mapping):
         raise OptionsError("user_options", "user_options must be an object")
@@ -188,7 +210,15 @@ def parse_notebook_options(
     image = version.image
     custom = _text(raw, "image")
     if custom is not None and custom != image:
-        image = checks.image_choice(OptionsError, custom, catalog, allowed_images, echo=shown)
+        image = checks.image_choice(
+            OptionsError, custom, catalog, allowed_images, registries=image_registries, echo=shown
+        )
+    registry_image = checks.from_registry(image, catalog, allowed_images)
+    pull_policy, pull_secret = checks.image_pull(
+        OptionsError, raw, registry_image, lambda field, name: None
+    )
+    if registry_image:
+        pull_policy = pull_policy or default_pull_policy
 
     explicit = {k: raw[k] for k in ("cpus", "memory", "gpus") if raw.get(k) not in (None, "")}
     flavor = _text(raw, "flavor")
@@ -228,6 +258,8 @@ def parse_notebook_options(
         gpu_model=gpu_model,
         node_pool=node_pool,
         labels=_labels(raw.get("labels")),
+        image_pull_policy=pull_policy,
+        image_pull_secret=pull_secret,
     )
 
 

@@ -31,6 +31,7 @@ from ..metrics import NOTEBOOK_START
 from ..names import notebook_container_name, notebook_volume_name, notebook_workload_id
 from ..runtime import make_runtime
 from ..runtime.base import EngineError, Runtime, WorkloadState
+from ..secrets import SecretStore, store_for
 from ..settings import ConfigError, GpulabSettings
 from . import form, life
 from .announce import announcer_for
@@ -260,6 +261,16 @@ class NotebookSpawner(DockerSpawner):
         return self._databases[url]
 
     @cached_property
+    def secret_store(self) -> SecretStore | None:
+        """The users' secrets (an image's pull secret); None when the keys cannot be read
+        (the service stops at start-up with the same words)."""
+        try:
+            return store_for(self.settings, self.gpulab_db)
+        except ValueError as e:
+            self.log.error("gpulab's secrets cannot be read: %s", e)
+            return None
+
+    @cached_property
     def ledger(self) -> GpuLedger:
         """The runtime's GPUs (a cluster's are read at each reservation)."""
         return GpuLedger.for_runtime(self.gpulab_db, self.settings, self.runtime)
@@ -320,6 +331,7 @@ class NotebookSpawner(DockerSpawner):
             http_timeout=self.http_timeout,
             editor_wait_interval=self.editor_wait_interval,
             gpu_refusal=self.gpu_refusals.get(s.instance),
+            secrets=self.secret_store,
         )
         self.held.ran = bool(self.object_id)
         return nb
