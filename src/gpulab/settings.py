@@ -620,6 +620,29 @@ class GpulabSettings(Configurable):
         consent.""",
     ).tag(config=True)
 
+    image_max_bytes = Union(
+        [Integer(), Unicode()],
+        default_value="50G",
+        help="""Most that one image from a registry may weigh ("50G", or bytes: its layers'
+        download size as the registry announces them). A bigger pull is given up and its
+        workload fails with IMAGE_PULL_FAILED naming the cap; the engine's image store is the
+        host's disk, shared by every user.""",
+    ).tag(config=True)
+
+    @validate("image_max_bytes")
+    def _check_image_max_bytes(self, proposal):
+        try:
+            if not parse_size(proposal["value"], "image_max_bytes"):
+                raise ValueError("a size above 0")
+        except ValueError as e:
+            raise TraitError(f"c.GpulabSettings.image_max_bytes: {e}") from None
+        return proposal["value"]
+
+    @property
+    def image_max_size(self) -> int:
+        """:attr:`image_max_bytes` in bytes."""
+        return int(parse_size(self.image_max_bytes, "image_max_bytes"))
+
     image_pull_timeout = Float(
         1800.0,
         help="Seconds one pull of an image from a registry may take before it is given up "

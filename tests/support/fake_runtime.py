@@ -483,9 +483,10 @@ class FakeRuntime(Runtime):
         auth: dict[str, str] | None,
         on_progress: Callable[[PullProgress], None],
         node: str = "",
+        max_bytes: int = 0,
     ) -> str:
         self._enter("fetch_image", image, policy=policy, node=node)
-        return await super().fetch_image(image, policy, auth, on_progress, node)
+        return await super().fetch_image(image, policy, auth, on_progress, node, max_bytes)
 
     async def registry_digest(self, image: str, auth: dict[str, str] | None) -> str:
         self._enter("registry_digest", image)
@@ -497,11 +498,14 @@ class FakeRuntime(Runtime):
         auth: dict[str, str] | None,
         on_progress: Callable[[PullProgress], None],
         node: str = "",
+        max_bytes: int = 0,
     ) -> None:
         self._enter("pull_image", image, node=node)
         self._registry_answer(image, auth)
         half = self.pull_bytes // 2
         on_progress(PullProgress(half, self.pull_bytes, 1, "Downloading"))
+        if max_bytes and self.pull_bytes > max_bytes:
+            raise ImagePullFailed(f"the image's layers weigh more than {max_bytes} (cap)")
         on_progress(PullProgress(self.pull_bytes, self.pull_bytes, 1, "Pull complete"))
         self.add_image(image)
 

@@ -274,3 +274,40 @@ def test_notebook_options_take_a_registry_image_as_jobs_do():
         with pytest.raises(OptionsError) as e:
             opts(**raw)
         assert e.value.field == field, (raw, e.value)
+
+
+def test_a_pull_over_its_cap_is_given_up_and_its_call_closed():
+    from gpulab.runtime.base import ImagePullFailed
+    from gpulab.runtime.pulls import pull_blocking
+
+    closed = []
+
+    def events():
+        try:
+            yield {"status": "Pulling fs layer", "id": "a"}
+            yield {
+                "status": "Downloading",
+                "id": "a",
+                "progressDetail": {"current": 1, "total": 900},
+            }
+            yield {
+                "status": "Downloading",
+                "id": "b",
+                "progressDetail": {"current": 1, "total": 900},
+            }
+            yield {"status": "Download complete", "id": "a"}
+        finally:
+            closed.append(True)
+
+    class Client:
+        def pull(self, image, **kw):
+            assert kw["auth_config"] == {"username": "u"} and kw["stream"] and kw["decode"]
+            return events()
+
+    seen = []
+    with pytest.raises(ImagePullFailed) as e:
+        pull_blocking(Client(), "r.io/a/b@" + D, {"username": "u"}, seen.append, max_bytes=1000)
+    assert "cap" in str(e.value) and closed == [True] and seen[-1].total == 1800
+    seen.clear()
+    pull_blocking(Client(), "r.io/a/b@" + D, {"username": "u"}, seen.append)  # no cap: to its end
+    assert (seen[-1].done, seen[-1].total, len(closed)) == (901, 1800, 2)

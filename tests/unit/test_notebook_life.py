@@ -743,7 +743,8 @@ def test_a_notebook_from_a_private_image_runs_its_digest_after_a_probe(tmp_path,
     assert spec.image == PINNED and spec.user == "1000"  # as any notebook: the hub's uid
     (probe,) = w.rt.helper_configs
     assert probe.image == PINNED and probe.network == "none"
-    assert probe.command == ["/bin/sh", "-c", "command -v jupyterhub-singleuser"]
+    assert probe.entrypoint == ["/bin/sh", "-c"]
+    assert probe.command == ["command -v jupyterhub-singleuser"]
     shown = [m for _, m in w.events]
     assert f"Asking the registry for image {PRIVATE}" in shown
     assert any(m.startswith(f"Pulling image {PRIVATE}: ") for m in shown), shown

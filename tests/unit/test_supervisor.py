@@ -1526,3 +1526,15 @@ def test_a_job_for_a_model_gets_its_device_and_waits_while_it_is_busy(tmp_path):
         assert lab.held() == ["0", "1"]
 
     lab_run(tmp_path, test, gpu_models={"0": "A100", "1": "T4"})
+
+
+def test_an_image_over_the_site_s_cap_is_not_pulled_to_its_end(tmp_path):
+    async def test(lab: Lab):
+        lab.rt.pull_bytes = 2_000_000
+        job_id = lab.submit(image=PRIVATE, image_pull_policy="always", image_pull_secret="regcred")
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED)
+        assert job["reason"] == "IMAGE_PULL_FAILED" and "cap" in job["message"], job["message"]
+        assert lab.rt.called("create_and_start") == []
+
+    registry_lab(tmp_path, test, image_max_bytes="1M")

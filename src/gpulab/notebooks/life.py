@@ -478,6 +478,8 @@ async def _check_image(nb: Notebook, image: str) -> None:
 #: what a notebook's image must run: JupyterHub's single-user server (JupyterLab and VS Code
 #: are both served by it)
 SINGLE_USER = "jupyterhub-singleuser"
+#: seconds the probe of a pulled image may take
+PROBE_TIMEOUT = 60.0
 
 
 async def _fetch_image(nb: Notebook, opts: NotebookOptions) -> str:
@@ -520,7 +522,12 @@ async def _fetch_image(nb: Notebook, opts: NotebookOptions) -> str:
     try:
         pinned = await asyncio.wait_for(
             nb.runtime.fetch_image(
-                opts.image, opts.image_pull_policy or "", auth, on_progress, nb.held.node
+                opts.image,
+                opts.image_pull_policy or "",
+                auth,
+                on_progress,
+                nb.held.node,
+                s.image_max_size,
             ),
             s.image_pull_timeout,
         )
@@ -543,7 +550,9 @@ async def _probe_image(nb: Notebook, image: str, pinned: str) -> None:
     in a throwaway container with no network, as uid 1000 (what its notebook will run as)."""
     probe = HelperSpec(
         image=pinned,
-        command=["/bin/sh", "-c", f"command -v {SINGLE_USER}"],
+        # not the image's entrypoint: only the shell's question runs
+        entrypoint=["/bin/sh", "-c"],
+        command=[f"command -v {SINGLE_USER}"],
         labels={
             L_INSTANCE: nb.settings.instance,
             L_KIND: "image-probe",
@@ -554,10 +563,15 @@ async def _probe_image(nb: Notebook, image: str, pinned: str) -> None:
         pids_limit=64,
     )
     try:
-        result = await nb.runtime.run_helper(probe, lambda line: None, nb.held.node)
+        result = await asyncio.wait_for(
+            nb.runtime.run_helper(probe, lambda line: None, nb.held.node), PROBE_TIMEOUT
+        )
         found = result.exit_code == 0
     except EngineError as e:  # no /bin/sh: the engine cannot even start the probe
         log.info("%s: image probe of %s: %s", nb.workload_id, pinned, e)
+        found = False
+    except TimeoutError:
+        log.info("%s: image probe of %s: no answer in %g s", nb.workload_id, pinned, PROBE_TIMEOUT)
         found = False
     if not found:
         msg = (

@@ -192,6 +192,9 @@ class HelperSpec:
     memory: int | None = None
     pids_limit: int | None = None
     files: dict[str, bytes] = field(default_factory=dict)
+    #: the program ``command`` is given to, instead of the image's entrypoint (None: the
+    #: image's, as the sync helper's ``gpulab-sync``)
+    entrypoint: Sequence[str] | None = None
 
 
 #: where a helper finds its :attr:`HelperSpec.files`
@@ -450,10 +453,13 @@ class Runtime:
         auth: dict[str, str] | None,
         on_progress: Callable[[PullProgress], None],
         node: str = "",
+        max_bytes: int = 0,
     ) -> None:
         """Pull ``image`` (a pinned ``NAME@sha256:...``) onto ``node`` with ``auth``;
-        ``on_progress`` is called on the event loop as bytes arrive.
-        :class:`ImagePullFailed` with the registry's words when it fails."""
+        ``on_progress`` is called on the event loop as bytes arrive. A pull whose layers
+        announce more than ``max_bytes`` (0: no cap) is given up (the engine stops pulling
+        when its caller hangs up). :class:`ImagePullFailed` with the registry's words when it
+        fails."""
         raise ImagePullFailed("this engine cannot pull images from registries")
 
     async def fetch_image(
@@ -463,6 +469,7 @@ class Runtime:
         auth: dict[str, str] | None,
         on_progress: Callable[[PullProgress], None],
         node: str = "",
+        max_bytes: int = 0,
     ) -> str:
         """Make an image from a registry ready to run on ``node`` and return the reference
         that runs it, pinned to a digest (``NAME@sha256:...``). The registry is asked for the
@@ -485,7 +492,7 @@ class Runtime:
                 raise ImagePullFailed(f"{pinned} is not on {where} and image_pull_policy is never")
             return pinned
         if policy == "always" or not present:
-            await self.pull_image(pinned, auth, on_progress, node)
+            await self.pull_image(pinned, auth, on_progress, node, max_bytes)
         return pinned
 
     @property

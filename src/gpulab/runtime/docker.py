@@ -131,13 +131,14 @@ class DockerRuntime(Runtime):
         auth: dict[str, str] | None,
         on_progress: Callable[[PullProgress], None],
         node: str = "",
+        max_bytes: int = 0,
     ) -> None:
         loop = asyncio.get_running_loop()
 
         def threadsafe(progress: PullProgress) -> None:
             loop.call_soon_threadsafe(on_progress, progress)
 
-        await self.engine.call(pull_blocking, self.client, image, auth, threadsafe)
+        await self.engine.call(pull_blocking, self.client, image, auth, threadsafe, max_bytes)
 
     async def image_command(self, image: str) -> list[str] | None:
         try:

@@ -79,16 +79,29 @@ def pull_blocking(
     image: str,
     auth: dict[str, str] | None,
     on_progress: Callable[[PullProgress], None],
+    max_bytes: int = 0,
 ) -> None:
     added = LayerBytes()
+    events = None
     try:
-        for event in client.pull(image, stream=True, decode=True, auth_config=auth):
+        events = client.pull(image, stream=True, decode=True, auth_config=auth)
+        for event in events:
             if not isinstance(event, dict):
                 continue
             if event.get("error"):
                 raise ImagePullFailed(_reason(event["error"]))
-            on_progress(added.add(event))
+            progress = added.add(event)
+            on_progress(progress)
+            if max_bytes and progress.total > max_bytes:
+                raise ImagePullFailed(
+                    f"the image's layers weigh more than the site's cap of "
+                    f"{max_bytes / 1e9:.1f} GB (image_max_bytes)"
+                )
     except DockerException as e:
         if no_answer(e):
             raise
         raise _failed(e) from None
+    finally:  # a pull given up (its cap passed): the call is closed, not read to its end
+        close = getattr(events, "close", None)
+        if close is not None:
+            close()

@@ -62,7 +62,9 @@ async def ready_image(ctx: JobContext, job_id: str, owner: str, spec: JobSpec, g
     try:
         for node in nodes_of(gang):  # each node that runs a worker needs its own copy
             pinned = await asyncio.wait_for(
-                ctx.runtime.fetch_image(spec.image, policy, auth, notes.on_progress, node),
+                ctx.runtime.fetch_image(
+                    spec.image, policy, auth, notes.on_progress, node, s.image_max_size
+                ),
                 s.image_pull_timeout,
             )
     except EngineUnreachable:
