@@ -865,7 +865,23 @@ class GpulabSettings(Configurable):
         done, what it took.""",
     ).tag(config=True)
 
-    @validate("disk_quota", "git_max_bytes")
+    snapshot_quota = Union(
+        [Integer(), Unicode()],
+        default_value="100G",
+        allow_none=True,
+        help="""Most bytes a user's workspace snapshots may hold in object storage together
+        ("100G", or bytes; None: unlimited): their content-addressed blobs, each distinct
+        content counted once however many snapshots share it. A snapshot that would go over
+        is refused (409) before anything is copied. docs/snapshots.md.""",
+    ).tag(config=True)
+
+    max_snapshots = Integer(
+        20,
+        min=0,
+        help="Most snapshots a user may keep (0: snapshots are off); one more is refused (409).",
+    ).tag(config=True)
+
+    @validate("disk_quota", "git_max_bytes", "snapshot_quota")
     def _check_disk_size(self, proposal):
         name = proposal["trait"].name
         try:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -397,3 +400,60 @@ def test_job_links_never_upload_the_helpers_secrets_or_touch_others(hub, s3):
     for key in keys(s3, "results"):
         data = s3.client.get_object(Bucket="results", Key=key)["Body"].read()
         assert TEST_SECRET_KEY.encode() not in data, key
+
+
+def test_snapshot_take_restore_delete_from_the_command_line(hub, s3, docker_client, tmp_path):
+    """Issue 31's snapshots on S3: a snapshot of a stopped notebook's workspace, the stored
+    workspace changed afterwards, the snapshot restored into the STOPPED notebook (its local
+    copy removed, so its start pulls the snapshot's files and only those), someone else's
+    snapshots a 404, and a delete that removes the blobs with the manifest."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("GPULAB_", "JUPYTERHUB_"))},
+        "GPULAB_CONFIG": str(tmp_path / "none.json"),
+        "GPULAB_URL": hub.url,
+        "GPULAB_TOKEN": hub.token,
+    }
+
+    def cli(*args, token=None):
+        r = subprocess.run(
+            [sys.executable, "-m", "gpulab.cli", "snapshot", *args],
+            env={**env, "GPULAB_TOKEN": token or hub.token},
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+        return r.returncode, r.stdout + r.stderr
+
+    nb = start(hub, "snap", {})
+    script = "echo one > /workspace/v.txt && mkdir /workspace/d && echo same > /workspace/d/s.txt"
+    assert sh(docker_client, nb["container"], script)[0] == 0
+    hub.stop_server("alice", "snap")
+    stopped = hub.notebook("alice", "snap").json()
+    assert stopped["state"] == "STOPPED", stopped["history"][-1]
+    assert cli("create", "v1", "--notebook", "snap") == (0, "snapshot v1: 2 files, 9 (9 new)\n")
+    # a later session (written straight to the store: quicker than a start and a stop)
+    put = functools.partial(s3.client.put_object, Bucket="workspaces-test")
+    put(Key="workspaces/alice/snap/v.txt", Body=b"two\n")
+    put(Key="workspaces/alice/snap/later.txt", Body=b"later\n")
+
+    code, out = cli("list")
+    assert code == 0 and out.splitlines()[1].split()[0] == "v1", out
+    assert "stored: 9 of 100.0G" in out
+    mallory = hub.create_user("mallory")
+    assert cli("restore", "v1", "--notebook", "snap", "--user", "alice", token=mallory)[1] == (
+        "gpulab: error: no snapshot v1 for alice\n"
+    )
+
+    code, out = cli("restore", "v1", "--notebook", "snap")
+    assert code == 0, out
+    assert (code, out) == (0, "snapshot v1 restored into notebook snap: 1 files copied, "
+                              "1 deleted, 1 unchanged\n")  # fmt: skip
+    nb = start(hub, "snap", {})
+    code, out = sh(docker_client, nb["container"], "cat /workspace/v.txt; ls /workspace")
+    assert code == 0 and out.split() == ["one", "d", "v.txt"], out
+    code, out = cli("restore", "v1", "--notebook", "snap")
+    assert code == 1 and "snap is RUNNING" in out
+    hub.stop_server("alice", "snap")
+
+    assert cli("delete", "v1") == (0, "snapshot v1 deleted (9 freed)\n")
+    assert not keys(s3, "workspaces-test", "snapshots/alice/")

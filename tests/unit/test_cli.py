@@ -846,3 +846,58 @@ def test_notebook_logs_reads_the_tail(capsysbinary):
     hub = FakeHub()
     assert cmd_notebook_logs(parse("notebook", "logs", "--user", "bob"), hub) == 0
     assert hub.calls == [("GET", "/notebooks/bob//logs", {"params": {}})]
+
+
+def test_snapshot_commands_speak_the_users_snapshots(capsys):
+    from gpulab.cli.snapshots import (
+        cmd_snapshot_create,
+        cmd_snapshot_delete,
+        cmd_snapshot_list,
+        cmd_snapshot_restore,
+    )
+
+    answers = [
+        {"name": "v1", "objects": 3, "bytes": 2048, "new_bytes": 1024},
+        {
+            "snapshots": [
+                {
+                    "name": "v1",
+                    "created": "2026-11-27T10:00:00Z",
+                    "source": {"kind": "notebook", "notebook": "nb"},
+                    "objects": 3,
+                    "bytes": 2048,
+                }
+            ],
+            "stored_bytes": 2048,
+            "quota_bytes": None,
+        },
+        {"name": "v1", "notebook": "", "copied": 2, "deleted": 1, "unchanged": 1},
+        {"name": "v1", "deleted": True, "freed_bytes": 0},
+    ]
+    hub = FakeHub(records=answers)
+    for argv, func in (
+        (["create", "v1", "--notebook", "nb"], cmd_snapshot_create),
+        (["list"], cmd_snapshot_list),
+        (["restore", "v1"], cmd_snapshot_restore),
+        (["delete", "v1", "--user", "bob"], cmd_snapshot_delete),
+    ):
+        args = parse("snapshot", *argv)
+        args.output = "table"
+        assert func(args, hub) == 0
+    assert [c[:2] for c in hub.calls] == [
+        ("POST", "/snapshots/ann"),
+        ("GET", "/snapshots/ann"),
+        ("POST", "/snapshots/ann/v1/restore"),
+        ("DELETE", "/snapshots/bob/v1"),
+    ]
+    assert hub.calls[0][2]["json"] == {"name": "v1", "notebook": "nb"}
+    assert hub.calls[2][2]["json"] == {"notebook": ""}
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "snapshot v1: 3 files, 2.0K (1.0K new)"
+    assert lines[1].split() == ["NAME", "CREATED", "NOTEBOOK", "FILES", "SIZE"]
+    assert lines[2].split()[0] == "v1" and lines[2].split()[-3:] == ["nb", "3", "2.0K"]
+    assert lines[4] == "stored: 2.0K of unlimited (shared files counted once)"
+    assert lines[5] == (
+        "snapshot v1 restored into notebook (default): 2 files copied, 1 deleted, 1 unchanged"
+    )
+    assert lines[6] == "snapshot v1 deleted (0 freed)"

@@ -43,6 +43,7 @@ CORE = {
     "fairshare",
     "notices",
     "live_push",
+    "snapshots",
 }
 #: what the core may never import: a database, an engine, the network, a web framework
 IO_MODULES = {

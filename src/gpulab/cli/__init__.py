@@ -13,6 +13,7 @@
     gpulab notebook stop [SERVER] [--wait]           (JupyterHub's API: the same token)
     gpulab notebook list [-l k=v]... [--all | --user NAME]
     gpulab notebook logs [SERVER] [--tail N]         its output, tokens scrubbed
+    gpulab snapshot create NAME [--notebook S] | list | restore NAME --notebook S | delete NAME
     gpulab doctor [--config FILE] [--json]       (operators, on the hub's host) check the host
     gpulab admin backup DEST | restore SRC DIR | upgrade-db   (operators) the databases
 
@@ -35,10 +36,10 @@ the job).
 
 The package speaks the REST API and nothing else (gpulab's, and JupyterHub's to start and stop
 notebooks): it imports nothing of gpulab outside itself (``client`` the connection, ``output``
-the tables, ``commands``, ``exec``, ``secrets`` and ``notebooks`` the commands, ``parser`` the
-command tree; tests/unit/test_cli.py checks it). ``gpulab doctor`` and ``gpulab admin`` are the
-commands that do not speak the REST API: they run ``python -m gpulab.doctor`` and ``python -m
-gpulab.admin``, programs of their own (``doctor``, ``admin``).
+the tables, ``commands``, ``exec``, ``secrets``, ``notebooks`` and ``snapshots`` the
+commands, ``parser`` the command tree; tests/unit/test_cli.py checks it). ``gpulab doctor``
+and ``gpulab admin`` are the commands that do not speak the REST API: they run ``python -m
+gpulab.doctor`` and ``python -m gpulab.admin``, programs of their own (``doctor``, ``admin``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from .exec import add_exec_commands
 from .host import add_host_commands
 from .notebooks import add_notebook_commands
 from .secrets import add_run_options, add_secret_commands
+from .snapshots import add_snapshot_commands
 
 #: the most workers (containers) of one distributed job: the API's limit
 #: (``gpulab.jobs.spec.MAX_WORKERS``, not imported: the CLI stays light)
@@ -292,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     usage.set_defaults(func=cmd_usage)
 
     add_notebook_commands(top, common, _positive_float, _int_range(1, 10_000))
+    add_snapshot_commands(top, common)
 
     add_host_commands(top)
     return p

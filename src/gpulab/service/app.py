@@ -33,6 +33,7 @@ from .api.notebooks import (
 from .api.openapi import OpenAPIHandler
 from .api.ports import CUT_RELAYS, JobPortHandler
 from .api.secrets import SecretHandler, SecretsHandler
+from .api.snapshots import SnapshotHandler, SnapshotRestoreHandler, SnapshotsHandler
 from .api.usage import UsageHandler, UsageReportHandler
 from .base import BoundedApplication, NotFoundHandler, ScrubbedLogs
 from .pages.admin import AdminPage
@@ -62,6 +63,13 @@ ROUTES: list[tuple[str, str, type]] = [
         "/api/notebooks/{user}/{server}/push",
         r"api/notebooks/([^/]+)/([^/]*)/push",
         NotebookPushHandler,
+    ),
+    ("/api/snapshots/{user}", r"api/snapshots/([^/]+)", SnapshotsHandler),
+    ("/api/snapshots/{user}/{name}", r"api/snapshots/([^/]+)/([^/]+)", SnapshotHandler),
+    (
+        "/api/snapshots/{user}/{name}/restore",
+        r"api/snapshots/([^/]+)/([^/]+)/restore",
+        SnapshotRestoreHandler,
     ),
     ("/api/jobs", r"api/jobs/?", JobsHandler),
     ("/api/jobs/{job_id}", r"api/jobs/([a-z0-9]+)", JobHandler),

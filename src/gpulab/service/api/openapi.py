@@ -23,6 +23,7 @@ from ...jobs.spec.array import MAX_PARAMETER_SET_BYTES, MAX_PARAMETERS_BYTES
 from ...lifecycle import JobState, NotebookState
 from ...notebooks.output import DEFAULT_TAIL_LINES, MAX_TAIL_BYTES, MAX_TAIL_LINES
 from ...secrets import MAX_SECRETS
+from ...snapshots import MAX_SNAPSHOT_NAME_CHARS, SNAPSHOT_NAME_PATTERN
 from ..base import BaseHandler
 from .components import (
     ALL,
@@ -79,6 +80,22 @@ def _label_filter(what: str) -> dict:
         "schema": {"type": "array", "items": {"type": "string", "pattern": "="}},
         "description": f"key=value; repeat for several ({what} with all of them)",
     }
+
+
+SNAPSHOT_NAME = {
+    "type": "string",
+    "pattern": SNAPSHOT_NAME_PATTERN,
+    "maxLength": MAX_SNAPSHOT_NAME_CHARS,
+}
+SNAPSHOT_PARAM = {"name": "name", "in": "path", "required": True, "schema": SNAPSHOT_NAME}
+SNAPSHOT_DESCRIPTION = (
+    "A snapshot records every object of the workspace (key, SHA-256, size) in a manifest "
+    "and keeps each content once, as a blob named by its SHA-256 under your own prefix of the "
+    "workspace bucket: taking one copies (inside the store) only the contents none of your "
+    "snapshots holds yet. 409: the name is taken, you have max_snapshots, the blobs would go "
+    "over snapshot_quota, the workspace changed meanwhile, or no workspace store is "
+    "configured; 404: no such notebook of yours."
+)
 
 
 PATHS: dict[str, dict] = {
@@ -180,6 +197,140 @@ PATHS: dict[str, dict] = {
             "responses": {
                 "200": _json(_ref("Notebook"), "pushed: STOPPED"),
                 **_errors(404, 409, 502),
+            },
+        }
+    },
+    "/api/snapshots/{user}": {
+        "get": {
+            "operationId": "listSnapshots",
+            "summary": "your workspace snapshots and the bytes they hold together",
+            "parameters": [USER],
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "snapshots": {"type": "array", "items": _ref("Snapshot")},
+                            "stored_bytes": {
+                                "type": "integer",
+                                "description": "their blobs together, each distinct content "
+                                "once: what counts against the snapshot quota",
+                            },
+                            "quota_bytes": {"type": ["integer", "null"]},
+                            "max_snapshots": {"type": "integer"},
+                        },
+                    },
+                    "the snapshots, oldest first",
+                ),
+                **_errors(404, 409, 502),
+            },
+        },
+        "post": {
+            "operationId": "takeSnapshot",
+            "summary": "take a snapshot of a notebook's workspace as stored (its last push)",
+            "description": SNAPSHOT_DESCRIPTION,
+            "parameters": [USER],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["name"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": SNAPSHOT_NAME,
+                                "notebook": {
+                                    "type": "string",
+                                    "pattern": "^([^./][^/]*)?$",
+                                    "maxLength": 255,
+                                    "description": "the notebook (server) whose workspace; '' "
+                                    "or absent: the default server",
+                                },
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "201": _json(_ref("Snapshot"), "taken"),
+                **_errors(400, 404, 409, 502),
+            },
+        },
+    },
+    "/api/snapshots/{user}/{name}": {
+        "get": {
+            "operationId": "getSnapshot",
+            "summary": "one snapshot",
+            "parameters": [USER, SNAPSHOT_PARAM],
+            "responses": {
+                "200": _json(_ref("Snapshot"), "the snapshot"),
+                **_errors(400, 404, 409, 502),
+            },
+        },
+        "delete": {
+            "operationId": "deleteSnapshot",
+            "summary": "delete a snapshot and the blobs no other snapshot of yours refers to",
+            "parameters": [USER, SNAPSHOT_PARAM],
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "deleted": {"type": "boolean"},
+                            "freed_bytes": {"type": "integer"},
+                        },
+                    },
+                    "deleted",
+                ),
+                **_errors(400, 404, 409, 502),
+            },
+        },
+    },
+    "/api/snapshots/{user}/{name}/restore": {
+        "post": {
+            "operationId": "restoreSnapshot",
+            "summary": "make a new, STOPPED or DELETED notebook's workspace the snapshot's",
+            "description": "The notebook's stored workspace becomes exactly the snapshot's "
+            "(contents that differ copied from the snapshot's blobs inside the store, keys the "
+            "snapshot lacks deleted); a STOPPED notebook's local copy (its workspace volume) is "
+            "removed, so that its next start pulls the restored workspace. A notebook that "
+            "runs, starts, stops or is SYNC_FAILED is refused (409).",
+            "parameters": [USER, SNAPSHOT_PARAM],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {
+                                "notebook": {
+                                    "type": "string",
+                                    "pattern": "^([^./][^/]*)?$",
+                                    "maxLength": 255,
+                                },
+                            },
+                        }
+                    }
+                },
+            },
+            "responses": {
+                "200": _json(
+                    {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "notebook": {"type": "string"},
+                            "copied": {"type": "integer"},
+                            "deleted": {"type": "integer"},
+                            "unchanged": {"type": "integer"},
+                        },
+                    },
+                    "restored",
+                ),
+                **_errors(400, 404, 409, 502),
             },
         }
     },
@@ -653,6 +804,25 @@ def document(job_submission: dict | None = None) -> dict:
                             },
                         },
                         "history": {"type": "array", "items": EVENT},
+                    },
+                },
+                "Snapshot": {
+                    "type": "object",
+                    "properties": {
+                        "name": SNAPSHOT_NAME,
+                        "created": {"type": "string", "format": "date-time"},
+                        "source": {
+                            "type": "object",
+                            "additionalProperties": {"type": "string"},
+                            "description": "what it was taken of: kind notebook, its name",
+                        },
+                        "objects": {"type": "integer"},
+                        "bytes": {"type": "integer", "description": "its files' sizes together"},
+                        "new_bytes": {
+                            "type": "integer",
+                            "description": "when taken: the bytes of blobs it added (the "
+                            "rest it shares with your other snapshots)",
+                        },
                     },
                 },
                 "Usage": {
