@@ -25,6 +25,9 @@ from .errors import FieldError
 MAX_INTERVAL_S = 86400.0
 #: the shortest, unless the site says otherwise (``sync_interval_floor``)
 DEFAULT_FLOOR_S = 60.0
+#: seconds after which a mark of a live push asked or running no longer counts: one left by
+#: a process that died during it (a push takes at most the helper's 10 minutes)
+STALE_S = 900.0
 
 
 def check_interval(value: object, field: str, floor: float) -> float:
@@ -80,3 +83,29 @@ def push_due(
         return None
     since = running_since if last_started is None else max(last_started, running_since)
     return "interval" if now - since >= interval else None
+
+
+def push_busy(
+    now: float,
+    requested_at: float | None,
+    running: bool,
+    started_at: float | None,
+    stale_s: float = STALE_S,
+) -> bool:
+    """A live push is asked (``requested_at``) or runs (``running`` since ``started_at``), as
+    a workload's record says: an owner's "push now" waits for it (one at a time). A mark
+    older than ``stale_s`` seconds does not count."""
+    if requested_at is not None and now - requested_at < stale_s:
+        return True
+    return running and started_at is not None and now - started_at < stale_s
+
+
+def iso_seconds(iso: str | None) -> float | None:
+    """The epoch seconds of an API timestamp ("2026-11-27T09:00:00Z"); None for none or one
+    that cannot be read."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

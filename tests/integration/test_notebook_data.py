@@ -22,6 +22,7 @@ import zipfile
 import pytest
 import requests
 
+from ..conftest import wait_until
 from ..support.containers import sh
 from ..support.hub import SpawnFailed
 from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY, MotoS3Server, credentials_file
@@ -39,6 +40,7 @@ c.GpulabSettings.object_stores = {{
 c.GpulabSettings.workspace_store = "s3"
 c.GpulabSettings.workspace_bucket = "workspaces-test"
 c.GpulabSettings.home_sync = True
+c.GpulabSettings.sync_settle = 0.5
 c.GpulabSettings.volume_grants = [
     {{"store": "s3", "bucket": "datasets", "modes": ["ro"]}},
     {{"store": "s3", "bucket": "results"}},
@@ -300,6 +302,20 @@ def test_store_down_push_sync_failed_then_retry(hub, s3, docker_client):
 
 def test_explicit_retry_after_sync_failed(hub, s3, docker_client):
     nb = start(hub, "retry", {})
+    # a live push, asked by its owner while it runs, sends what settled (sync_settle 0.5 s)
+    assert sh(docker_client, nb["container"], "echo early > /workspace/early.txt")[0] == 0
+    time.sleep(0.6)
+    push = f"{hub.url}/services/gpulab/api/notebooks/alice/retry/push"
+    r = requests.post(push, headers={"Authorization": f"token {hub.token}"}, timeout=60)
+    assert r.status_code == 202 and r.json()["state"] == "RUNNING", r.text
+    live = wait_until(
+        lambda: (hub.notebook("alice", "retry").json().get("live_push") or {}).get("at"),
+        what="the live push's end",
+    )
+    done = hub.notebook("alice", "retry").json()
+    assert done["live_push"]["ok"] and live, done["live_push"]
+    assert "workspaces/alice/retry/early.txt" in keys(s3, "workspaces-test")
+    assert done["history"][-1]["reason"] == "LIVE_PUSH" and done["state"] == "RUNNING"
     assert sh(docker_client, nb["container"], "echo later > /workspace/later.txt")[0] == 0
     s3.stop()
     try:

@@ -13,6 +13,7 @@
     gpulab notebook stop [SERVER] [--wait]           (JupyterHub's API: the same token)
     gpulab notebook list [-l k=v]... [--all | --user NAME]
     gpulab notebook logs [SERVER] [--tail N]         its output, tokens scrubbed
+    gpulab notebook push [SERVER]                    its data pushed now (a live push)
     gpulab snapshot create NAME [--notebook S] | list | restore NAME --notebook S | delete NAME
     gpulab doctor [--config FILE] [--json]       (operators, on the hub's host) check the host
     gpulab admin backup DEST | restore SRC DIR | upgrade-db   (operators) the databases

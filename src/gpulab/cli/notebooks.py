@@ -1,9 +1,10 @@
-"""``gpulab notebook start|stop|list|logs``: notebooks from the command line.
+"""``gpulab notebook start|stop|list|logs|push``: notebooks from the command line.
 
     gpulab notebook start [SERVER] [--framework F] [--flavor F] [-v VOLUME]... [-l k=v]... [--wait]
     gpulab notebook stop [SERVER] [--wait]
     gpulab notebook list [-l k=v]... [--all | --user NAME]
     gpulab notebook logs [SERVER] [--tail N] [--user NAME]
+    gpulab notebook push [SERVER] [--user NAME]
 
 A notebook is a JupyterHub server: starting and stopping one is the hub's REST API
 (``POST``/``DELETE /hub/api/users/NAME/servers/SERVER``, the options of the spawn form as
@@ -137,6 +138,18 @@ def add_notebook_commands(top, common, positive_float, whole) -> None:
         help="wait until it is STOPPED (exit 1 if it ends otherwise, e.g. SYNC_FAILED)",
     )
     stop.set_defaults(func=cmd_notebook_stop)
+
+    push = actions.add_parser(
+        "push",
+        parents=[common],
+        help="push a running notebook's workspace, home and writable volumes now (or retry a "
+        "SYNC_FAILED notebook's push)",
+        description="A live push: files unchanged for a few seconds and while read are sent, "
+        "nothing is deleted until the stop's push. One at a time per notebook.",
+    )
+    server_arg(push)
+    push.add_argument("--user", help="this user's notebook (admins)")
+    push.set_defaults(func=cmd_notebook_push)
 
     ls = actions.add_parser("list", aliases=["ls"], parents=[common], help="your notebooks")
     ls.add_argument(
@@ -339,6 +352,23 @@ def cmd_notebook_stop(args: argparse.Namespace, client: Client) -> int:
     if args.wait and nb.get("state") != "STOPPED":
         return EXIT_FAILED
     return EXIT_OK
+
+
+def cmd_notebook_push(args: argparse.Namespace, client: Client) -> int:
+    server = _server(args.server)
+    user = args.user or client.whoami()
+    r = client.request("POST", notebook_path(user, server) + "/push", ok=(200, 202, 502))
+    nb = r.json()
+    if args.output == "json":
+        print_json(nb)
+    elif r.status_code == 202:
+        out(
+            f"notebook {server or '(default)'}: push asked (`gpulab notebook list -o json` "
+            "shows its live_push)"
+        )
+    else:
+        out(_state_line(nb))
+    return EXIT_FAILED if r.status_code == 502 else EXIT_OK
 
 
 def cmd_notebook_list(args: argparse.Namespace, client: Client) -> int:

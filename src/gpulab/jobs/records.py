@@ -18,6 +18,7 @@ from ..lifecycle import (
     check_job_transition,
     utcnow,
 )
+from ..live_push import iso_seconds, push_busy
 from ..statelog import state_change
 from .gang import ranks, spec_workers
 from .spec.ports import job_path
@@ -630,9 +631,12 @@ class JobRecords:
                 raise KeyError(job_id)
             if job.state != JobState.RUNNING.value:
                 raise InvalidTransition("job's push", JobState(job.state), JobState.RUNNING)
-            busy = job.push_requested is not None or bool((job.live_push or {}).get("running"))
+            now, live = utcnow(), job.live_push or {}
+            asked = job.push_requested.timestamp() if job.push_requested else None
+            began = iso_seconds(live.get("started"))
+            busy = push_busy(now.timestamp(), asked, bool(live.get("running")), began)
             if not busy:
-                job.push_requested = utcnow()
+                job.push_requested = now
             s.flush()
             return job_json(job, history=False), not busy
 

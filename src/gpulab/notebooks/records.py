@@ -12,6 +12,7 @@ from sqlalchemy.orm import selectinload
 from ..billing import billed_minutes
 from ..db import Database, Notebook, NotebookEvent
 from ..lifecycle import InvalidTransition, NotebookState, check_notebook_transition, utcnow
+from ..live_push import STALE_S, iso_seconds, push_busy
 from ..resources import Limits, Resources, format_memory, parse_memory
 from ..statelog import state_change
 
@@ -75,6 +76,9 @@ def notebook_json(nb: Notebook) -> dict:
         "running_since": nb.running_since.isoformat().replace("+00:00", "Z")
         if nb.running_since
         else None,
+        # the live pushes of its workspace, home and writable volumes (gpulab.live_push)
+        "push_requested": _iso(nb.push_requested),
+        "live_push": live_push_json(nb.live_push),
         "history": [
             {
                 "state": e.state,
@@ -86,6 +90,14 @@ def notebook_json(nb: Notebook) -> dict:
             for e in nb.events
         ],
     }
+
+
+def live_push_json(raw: dict | None) -> dict | None:
+    """The last live push as the API shows it (None: none yet)."""
+    if not raw:
+        return None
+    keys = ("running", "trigger", "started", "at", "ok", "message", "files", "bytes")
+    return {k: raw.get(k) for k in keys}
 
 
 def _logged(user: str, server: str, changes) -> None:
@@ -260,9 +272,72 @@ class NotebookRecords:
                     "state": nb.state,
                     "running_since": _iso(nb.running_since),
                     "options": nb.options or {},
+                    "push_requested": _iso(nb.push_requested),
                 }
                 for nb in s.scalars(q)
             ]
+
+    def request_push(self, user: str, server: str, stale_s: float = STALE_S) -> tuple[dict, bool]:
+        """An owner's "push now" of a RUNNING notebook: (its record, whether it was asked
+        now); False while one is asked or runs (one at a time; a mark older than ``stale_s``
+        seconds, left by a process that died, does not count). InvalidTransition when it is
+        not RUNNING; KeyError when there is no such notebook."""
+        with self.db.session() as s:
+            nb = self._find(s, user, server, lock=True)
+            if nb is None:
+                raise KeyError(server)
+            if nb.state != S.RUNNING.value:
+                raise InvalidTransition("notebook's push", NotebookState(nb.state), S.RUNNING)
+            now = utcnow()
+            live = nb.live_push or {}
+            asked = nb.push_requested.timestamp() if nb.push_requested else None
+            began = iso_seconds(live.get("started"))
+            busy = push_busy(now.timestamp(), asked, bool(live.get("running")), began, stale_s)
+            if not busy:
+                nb.push_requested = now
+            s.flush()
+            return notebook_json(nb), not busy
+
+    def live_push_began(self, user: str, server: str, trigger: str) -> dict | None:
+        """A live push starts, only while the notebook is RUNNING (its record; None: it is
+        not, and its stop's push takes everything): the request is taken."""
+        with self.db.session() as s:
+            nb = self._find(s, user, server, lock=True)
+            if nb is None or nb.state != S.RUNNING.value:
+                if nb is not None:
+                    nb.push_requested = None
+                return None
+            nb.live_push = {
+                **dict(nb.live_push or {}),
+                "running": True,
+                "trigger": trigger,
+                "started": _iso(utcnow()),
+            }
+            nb.push_requested = None
+            s.flush()
+            return notebook_json(nb)
+
+    def live_push_ended(
+        self, user: str, server: str, ok: bool, message: str, files: int, nbytes: int
+    ) -> None:
+        """A live push ended: its outcome on the record and one event in its history (reason
+        LIVE_PUSH or LIVE_PUSH_FAILED, in the state it is in). Never a state change."""
+        with self.db.session() as s:
+            nb = self._find(s, user, server, lock=True)
+            if nb is None:
+                return
+            now = utcnow()
+            nb.live_push = {
+                **dict(nb.live_push or {}),
+                "running": False,
+                "at": _iso(now),
+                "ok": ok,
+                "message": message,
+                "files": files,
+                "bytes": nbytes,
+            }
+            reason = "LIVE_PUSH" if ok else "LIVE_PUSH_FAILED"
+            nb.events.append(NotebookEvent(at=now, state=nb.state, reason=reason, message=message))
 
     def set_stop_reason(self, user: str, server: str, reason: str, message: str) -> None:
         with self.db.session() as s:

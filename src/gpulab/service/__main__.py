@@ -34,6 +34,7 @@ from ..settings import ConfigError, GpulabSettings, load_config
 from ..statelog import json_formatter, register_sensitive
 from .app import make_app
 from .tasks.idle import idle_loop
+from .tasks.live_push import live_push_loop
 from .tasks.retention import retention_loop
 from .tasks.watchdog import watchdog_loop
 
@@ -172,6 +173,7 @@ async def main(argv: list[str] | None = None) -> None:
         watchdog_loop(settings, supervisor),
         idle_loop(settings, supervisor),
         retention_loop(settings, supervisor),
+        live_push_loop(settings, supervisor, app.settings["notebook_pushes"]),
         follow_parent(),
     )
 

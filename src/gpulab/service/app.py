@@ -18,6 +18,7 @@ from ..jobs.actions import ACTIONS
 from ..jobs.supervisor.supervisor import JobSupervisor
 from ..logscrub import request_summary
 from ..metrics import API_REQUESTS
+from ..notebooks.live import NotebookLivePushes
 from ..notebooks.records import NotebookRecords
 from ..settings import GpulabSettings
 from .api.exec import JobExecHandler, JobShellHandler
@@ -38,7 +39,7 @@ from .api.usage import UsageHandler, UsageReportHandler
 from .base import BoundedApplication, NotFoundHandler, ScrubbedLogs
 from .pages.admin import AdminPage
 from .pages.base import StaticHandler
-from .pages.home import HomePage
+from .pages.home import HomePage, NotebookPushPage
 from .pages.jobs import JobActionPage, JobPage, JobsPage, SubmitJobPage
 from .pages.secrets import SecretsPage
 
@@ -107,6 +108,7 @@ PAGE_ROUTES: list[tuple[str, str, type]] = [
     ("/jobs/new", r"jobs/new", SubmitJobPage),
     ("/jobs/{job_id}", r"jobs/([a-z0-9]+)", JobPage),
     ("/jobs/{job_id}/{action}", rf"jobs/([a-z0-9]+)/({_ACTIONS})", JobActionPage),
+    ("/notebooks/{server}/push", r"notebooks/([^/]*)/push", NotebookPushPage),
     ("/admin", r"admin/?", AdminPage),
     ("/secrets", r"secrets/?", SecretsPage),
     ("/static/{path}", r"static/(.+)", StaticHandler),
@@ -140,6 +142,8 @@ def make_app(settings: GpulabSettings, supervisor: JobSupervisor) -> web.Applica
         gpulab=settings,
         # the notebooks' engine (their push retries): the same as the jobs' (one setting)
         runtime=supervisor.runtime,
+        # running notebooks' live pushes (their periodic look: service/tasks/live_push.py)
+        notebook_pushes=NotebookLivePushes(settings, supervisor.runtime, records),
         supervisor=supervisor,
         secrets=supervisor.secrets,
         default_handler_class=NotFoundHandler,

@@ -1,5 +1,5 @@
 """REST API of notebooks (under /services/gpulab/api/notebooks): read them and their output,
-retry a push.
+push a running one's data now, retry a failed push.
 
 Users see only their own notebooks; admins may read anyone's. Someone else's notebook is a
 404, never a 403, so that its existence is not revealed.
@@ -11,7 +11,7 @@ import asyncio
 
 from ... import checks
 from ...errors import FieldError
-from ...notebooks.life import NotebookRefused, push_again
+from ...notebooks.life import NotebookRefused
 from ...notebooks.output import NoOutput, read_output, tail_lines
 from ..base import (
     NB_MANAGE,
@@ -77,19 +77,16 @@ class NotebookLogsHandler(BaseHandler):
 
 
 class NotebookPushHandler(BaseHandler):
-    """Retry the push of a notebook whose last push failed (SYNC_FAILED)."""
+    """Push a RUNNING notebook's workspace, home and writable volumes now (a live push, 202),
+    or retry the push of a notebook whose last push failed (SYNC_FAILED: 200, or 502)."""
 
     @authenticated
     async def post(self, user: str, server: str):
         nb = await self.owned_notebook(user, server, NB_MANAGE)
         try:
-            ok, result = await push_again(
-                self.settings["gpulab"],
-                self.settings["runtime"],
-                self.records,
-                nb,
-                by=self.current_user["name"],
+            status, result = await self.settings["notebook_pushes"].push(
+                nb, by=self.current_user["name"]
             )
         except NotebookRefused as e:
             raise ApiError(e.status, e.message) from None
-        self.write_json(result, 200 if ok else 502)
+        self.write_json(result, status)

@@ -192,10 +192,14 @@ PATHS: dict[str, dict] = {
     "/api/notebooks/{user}/{server}/push": {
         "post": {
             "operationId": "pushNotebook",
-            "summary": "retry the push of a SYNC_FAILED notebook",
+            "summary": "push a RUNNING notebook's workspace, home and writable volumes now (a "
+            "live push: files unchanged for sync_settle and while read, nothing deleted), or "
+            "retry the push of a SYNC_FAILED notebook; 409 in any other state and while a push "
+            "is asked or runs",
             "parameters": [USER, SERVER],
             "responses": {
                 "200": _json(_ref("Notebook"), "pushed: STOPPED"),
+                "202": _json(_ref("Notebook"), "a live push asked: its live_push says how it went"),
                 **_errors(404, 409, 502),
             },
         }
@@ -803,6 +807,13 @@ def document(job_submission: dict | None = None) -> dict:
                                 },
                             },
                         },
+                        "push_requested": {
+                            "type": ["string", "null"],
+                            "format": "date-time",
+                            "description": "when its owner asked for a push now that has not "
+                            "started yet",
+                        },
+                        "live_push": LIVE_PUSH,
                         "history": {"type": "array", "items": EVENT},
                     },
                 },
