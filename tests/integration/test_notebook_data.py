@@ -145,7 +145,16 @@ d=/home/jovyan/.local/share/code-server
     --user-data-dir $d --extensions-dir $d/extensions --install-extension /tmp/x.vsix >/dev/null
 echo 'export HOME_CHECK=kept' >> /home/jovyan/.bashrc
 mkdir -p /home/jovyan/.cache/pip && head -c 100000 /dev/urandom > /home/jovyan/.cache/pip/big
+cd /home/jovyan && python -m venv --without-pip envs/v && mkdir -p .local/bin
+printf '#!/bin/sh\necho tool ran\n' > .local/bin/mytool && chmod 755 .local/bin/mytool
+ln -s /etc/passwd passwd-link && ln -s ../../nowhere dangling
 """
+# after the volume is lost: the script runs, the venv's links work, links stay links
+CHECK_LINKS_AND_MODES = (
+    "cd /home/jovyan && .local/bin/mytool && stat -c %a .local/bin/mytool"
+    " && envs/v/bin/python -c 'import sys; print(sys.prefix)'"
+    " && readlink passwd-link dangling envs/v/lib64"
+)
 
 
 def test_a_home_survives_its_stop_and_a_lost_volume(hub, s3, docker_client):
@@ -172,6 +181,11 @@ def test_a_home_survives_its_stop_and_a_lost_volume(hub, s3, docker_client):
     assert "gpulab-test.home-check-0.0.1" in out and "export HOME_CHECK=kept" in out
     assert "/home/jovyan/.profile\n" in out  # the image's skeleton, kept from the first start
     assert "/home/jovyan/.cache': No such file or directory" in out
+    code, out = sh(docker_client, nb["container"], CHECK_LINKS_AND_MODES)
+    assert (code, out) == (
+        0,
+        "tool ran\n755\n/home/jovyan/envs/v\n/etc/passwd\n../../nowhere\nlib\n",
+    ), out
     hub.stop_server("alice", "home")
 
 

@@ -9,6 +9,7 @@ filesystem store is real; no engine is needed.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -435,3 +436,269 @@ def test_s3_multipart_and_ranged_transfers_work_through_descriptor_paths(
     assert sorted(p.name for p in (clean / "model").iterdir()) == ["weights.bin"]  # no temp
     assert any(p.startswith("upload_file /proc/self/fd/") for p in paths), paths
     assert any(p.startswith("download_file /proc/self/fd/") for p in paths), paths
+
+
+# -- links and modes kept (a home: ``links=True``) ------------------------------------------
+
+
+def test_mode_and_link_rules_as_data():
+    from gpulab.datasync import filesystem, s3
+    from gpulab.datasync.localtree import (
+        MAX_LINK_TARGET,
+        UnsafeLink,
+        check_link_target,
+        restored_mode,
+        stored_mode,
+    )
+
+    assert stored_mode(0o100755) == 0o755 and stored_mode(0o104755) == 0o755  # no setuid
+    assert stored_mode(0o102775) == 0o775 and stored_mode(0o101777) == 0o777  # setgid, sticky
+    assert restored_mode(0o7777) == 0o777 and restored_mode(0o4755) == 0o755
+    assert restored_mode(0o000) == 0o400 and restored_mode(0o044) == 0o444  # owner reads
+    assert check_link_target(b"../../", "k") == b"../../"
+    assert check_link_target(b"x" * MAX_LINK_TARGET, "k")
+    for bad, why in [(b"", "empty"), (b"a\0b", "NUL"), (b"x" * 4097, "more than 4096")]:
+        with pytest.raises(UnsafeLink, match=why):
+            check_link_target(bad, "k")
+    assert s3.meta_fields({"gpulab-mode": "755"}) == (0o755, False)
+    assert s3.meta_fields({"gpulab-type": "symlink"}) == (None, True)
+    for junk in ["", "9", "0x1ff", "-1", "77777", "rwx"]:
+        assert s3.meta_fields({"gpulab-mode": junk, "gpulab-type": "file"}) == (None, False)
+    assert s3.meta_fields(None) == (None, False)
+    assert filesystem.meta_fields({"mode": 0o4755, "type": "symlink"}) == (0o4755, True)
+    for junk in [True, -1, 0o10000, "755", None]:
+        assert filesystem.meta_fields({"mode": junk}) == (None, False)
+    assert filesystem.meta_fields(["mode"]) == (None, False)
+
+
+def test_manifest_entries_of_older_versions_read_as_plain_files(tmp_path):
+    from gpulab.datasync.manifest import Entry, Manifest
+
+    (tmp_path / MANIFEST_NAME).write_text(
+        json.dumps(
+            {"version": 1, "remote": "r", "prefix": "p/", "objects": {"p/a": [1, "e", "s", 5]}}
+        )
+    )
+    with LocalRoot(tmp_path) as root:
+        m = Manifest.load(root, "r", "p/")
+        assert m.entries == {"p/a": Entry(1, "e", "s", 5, 0o644, False)}
+        m.set("p/b", Entry(3, "e2", "s2", 6, 0o755))
+        m.set("p/l", Entry(4, "e3", "s3", 7, 0, link=True))
+        m.save()
+        again = Manifest.load(root, "r", "p/")
+    assert again.entries == m.entries
+    saved = json.loads((tmp_path / MANIFEST_NAME).read_text())["objects"]
+    assert saved == {"p/a": [1, "e", "s", 5, 0o644], "p/b": [3, "e2", "s2", 6, 0o755],
+                     "p/l": [4, "e3", "s3", 7, 0, 1]}  # fmt: skip
+
+
+def home_tree(vol: Path, victim: Path) -> dict[str, tuple[str, object, int]]:
+    """A home as a researcher leaves it; the expected restored view: rel -> (kind, content
+    or target, mode)."""
+    files = {
+        "bin/run.sh": (b"#!/bin/sh\necho hi\n", 0o755),
+        "notes.txt": (b"notes", 0o640),
+        ".ssh/id": (b"key", 0o600),
+        "setuid.bin": (b"s", 0o4755),  # kept as 0755: never setuid
+        "venv/bin/python3": (b"ELF", 0o755),
+        "venv/lib/python3.11/site-packages/mod.py": (b"x = 1\n", 0o644),
+    }
+    links = {
+        "latest": "notes.txt",  # relative
+        "gone": "nowhere/missing",  # dangling
+        "passwd": "/etc/passwd",  # absolute, outside the volume
+        "up": "../../",  # out of the volume, a directory
+        "victim": str(victim),  # a file the sync must never read
+        "venv/bin/python": "python3",
+        "venv/lib64": "lib",  # a link to a directory: a link, its content not read again
+    }
+    expected: dict[str, tuple[str, object, int]] = {}
+    for rel, (data, mode) in files.items():
+        (vol / rel).parent.mkdir(parents=True, exist_ok=True)
+        (vol / rel).write_bytes(data)
+        os.chmod(vol / rel, mode)
+        expected[rel] = ("file", data, mode & 0o777)
+    for rel, target in links.items():
+        (vol / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, vol / rel)
+        expected[rel] = ("link", target, 0)
+    return expected
+
+
+def view(vol: Path) -> dict[str, tuple[str, object, int]]:
+    """What is under ``vol`` (the engine's files left out), never following a link."""
+    out: dict[str, tuple[str, object, int]] = {}
+    for dirpath, dirnames, filenames in os.walk(vol):  # os.walk follows no link by default
+        for name in filenames + dirnames:
+            path = Path(dirpath, name)
+            rel = path.relative_to(vol).as_posix()
+            if name.startswith(".gpulab-sync"):
+                continue
+            if path.is_symlink():
+                out[rel] = ("link", os.readlink(path), 0)
+            elif path.is_file():
+                out[rel] = ("file", path.read_bytes(), path.stat().st_mode & 0o7777)
+    return out
+
+
+def home_remote(kind: str, tmp_path: Path, s3_server):
+    if kind == "fs":
+        return FilesystemRemote(tmp_path / "store", "bkt")
+    from gpulab.datasync import Credentials, S3Remote
+
+    from ..support.s3 import TEST_ACCESS_KEY, TEST_SECRET_KEY
+
+    return S3Remote(
+        f"home-{os.urandom(6).hex()}",
+        endpoint_url=s3_server.endpoint,
+        credentials=Credentials(TEST_ACCESS_KEY, TEST_SECRET_KEY),
+        store_name="test",
+    )
+
+
+@pytest.fixture(params=["fs", "s3"])
+def kept(request, tmp_path):
+    """A remote of each backend (moto's server started only for the S3 one)."""
+    server = request.getfixturevalue("s3") if request.param == "s3" else None
+    return home_remote(request.param, tmp_path, server)
+
+
+def bodies(remote, prefix: str) -> dict[str, bytes]:
+    """Every stored object's content, read from the store itself."""
+    if isinstance(remote, FilesystemRemote):
+        top = remote.data
+        found = {p.relative_to(top).as_posix(): p for p in top.rglob("*")}
+        assert not any(p.is_symlink() for p in found.values()), "the store holds a link"
+        return {k: p.read_bytes() for k, p in found.items() if p.is_file()}
+    out = {}
+    for obj in remote.list(prefix):
+        out[obj.key] = remote.client.get_object(Bucket=remote.bucket, Key=obj.key)["Body"].read()
+    return out
+
+
+def test_a_home_round_trip_keeps_modes_and_links_and_reads_nothing_through_them(
+    tmp_path, victim, kept
+):
+    """Pushed, the volume lost, pulled into a fresh one: the same files with their modes
+    (never setuid), the same links (relative, dangling, absolute, out of the volume, to a
+    directory), none of them ever followed: no object holds what a link points to."""
+    vol = tmp_path / "vol"
+    expected = home_tree(vol, victim)
+    expected["setuid.bin"] = ("file", b"s", 0o755)
+    report = push(vol, kept, "h", "rwd", links=True)
+    assert report.ok and report.completed == len(expected), reasons(report)
+    stored_now = bodies(kept, "h/")
+    assert set(stored_now) == {f"h/{rel}" for rel in expected}  # nothing below a linked dir
+    assert stored_now["h/venv/bin/python"] == b"python3" and stored_now["h/up"] == b"../../"
+    passwd = Path("/etc/passwd").read_bytes()
+    assert SECRET not in stored_now.values() and passwd not in stored_now.values()
+    if not isinstance(kept, FilesystemRemote):
+        head = kept.client.head_object(Bucket=kept.bucket, Key="h/bin/run.sh")["Metadata"]
+        assert head["gpulab-mode"] == "755"
+        head = kept.client.head_object(Bucket=kept.bucket, Key="h/latest")["Metadata"]
+        assert head["gpulab-type"] == "symlink"
+
+    import shutil
+
+    shutil.rmtree(vol)  # the local volume is lost
+    fresh = tmp_path / "fresh"
+    pulled = pull(kept, fresh, "h", links=True)
+    assert pulled.ok and pulled.completed == len(expected), reasons(pulled)
+    assert view(fresh) == expected
+    assert victim.read_bytes() == SECRET
+    # the next push reads nothing through the restored links and sends nothing
+    again = push(fresh, kept, "h", "rwd", links=True)
+    assert again.ok and (again.completed, again.skipped) == (0, len(expected)), reasons(again)
+    assert bodies(kept, "h/") == stored_now
+
+    # a mode change and a retargeted link are pushed incrementally, the rest is not
+    os.chmod(fresh / "bin/run.sh", 0o644)
+    os.symlink("bin/run.sh", fresh / ".gpulab-sync-new")
+    os.replace(fresh / ".gpulab-sync-new", fresh / "latest")
+    inc = push(fresh, kept, "h", "rwd", links=True)
+    assert inc.ok and inc.completed == 2, reasons(inc)
+    assert bodies(kept, "h/")["h/latest"] == b"bin/run.sh"
+    # an older copy notices the retargeted link; a fresh one gets both
+    other = tmp_path / "other"
+    assert pull(kept, other, "h", links=True).ok
+    assert os.readlink(other / "latest") == "bin/run.sh"
+    assert (other / "bin/run.sh").stat().st_mode & 0o777 == 0o644
+
+
+def test_a_kept_link_is_replaced_never_written_through_and_unsynced_ones_stay(tmp_path, victim):
+    """Where a pull must put a file and a link stands: the link last synced is replaced (the
+    link, not what it points to); one the sync never saw is a conflict, kept; a linked
+    directory on the way is still in the way, links kept or not."""
+    store = FilesystemRemote(tmp_path / "store", "bkt")
+    src = tmp_path / "src"
+    src.mkdir()
+    os.symlink(victim, src / "x")
+    assert push(src, store, "p", "rwd", links=True).ok
+    vol = tmp_path / "vol"
+    assert pull(store, vol, "p", links=True).ok
+    assert os.readlink(vol / "x") == str(victim)
+    # elsewhere x becomes a file, and y a new file, d/f one below a directory
+    (src / "x").unlink()
+    tree(src, {"x": b"attacker's content", "y": b"y", "d/f": b"f"})
+    assert push(src, store, "p", "rwd", links=True).ok
+    os.symlink(victim, vol / "y")  # a link the sync never synced
+    (vol / "d").symlink_to(victim.parent, target_is_directory=True)
+    report = pull(store, vol, "p", links=True)
+    assert (report.completed, report.failed) == (1, 2), reasons(report)
+    assert "y: a local symbolic link not synced as it is; kept it" in reasons(report)
+    assert "d: something other than a directory is in the way" in reasons(report)
+    assert not (vol / "x").is_symlink() and (vol / "x").read_bytes() == b"attacker's content"
+    assert (vol / "y").is_symlink() and (vol / "d").is_symlink()
+    assert victim.read_bytes() == SECRET
+    assert sorted(p.name for p in victim.parent.iterdir()) == ["train.py"]
+
+
+def test_link_objects_and_modes_from_the_store_are_checked(tmp_path):
+    """The store's objects are the user's too (their own prefix): a link object with a NUL
+    byte or too long a target is refused; setuid and unreadable modes are not restored; a
+    volume that keeps no links restores no link (a note, not in the manifest)."""
+    store = FilesystemRemote(tmp_path / "store", "bkt")
+    src = tmp_path / "src"
+    tree(src, {"a": b"a", "b": b"b", "nul": b"n", "long": b"l", "ok": b"o"})
+    os.chmod(src / "a", 0o755)
+    assert push(src, store, "p", "rwd").ok
+
+    def meta(key: str, **fields) -> None:
+        path = store.meta / f"p/{key}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+    meta("a", mode=0o4777)
+    meta("b", mode=0)
+    for key, body in [("nul", b"x\0y"), ("long", b"x" * 5000), ("ok", b"/etc/passwd")]:
+        (store.data / f"p/{key}").write_bytes(body)
+        meta(key, size=len(body), sha256=hashlib.sha256(body).hexdigest(), type="symlink")
+    vol = tmp_path / "vol"
+    report = pull(store, vol, "p", links=True)
+    assert (report.completed, report.failed) == (3, 2), reasons(report)
+    assert "p/nul: nul: a symbolic link target with a NUL byte" in reasons(report)
+    assert "a symbolic link target of 5000 bytes, more than 4096" in reasons(report)
+    assert (vol / "a").stat().st_mode & 0o7777 == 0o777
+    assert (vol / "b").stat().st_mode & 0o7777 == 0o400
+    assert os.readlink(vol / "ok") == "/etc/passwd"
+    assert not (vol / "nul").exists() and not (vol / "long").exists()
+    assert not list(vol.glob(".gpulab-sync-tmp-*"))
+    plain = tmp_path / "plain"
+    report = pull(store, plain, "p")
+    assert report.ok and report.completed == 2, reasons(report)
+    assert any("p/ok: a symbolic link; this volume keeps none" in n for n in report.notes)
+    assert not (plain / "ok").exists() and not (plain / "ok").is_symlink()
+    assert "p/ok" not in json.loads((plain / MANIFEST_NAME).read_text())["objects"]
+
+
+def test_the_cli_keeps_links_with_links(tmp_path):
+    from gpulab.datasync.cli import main as sync_main
+
+    vol = tmp_path / "vol"
+    tree(vol, {"f": b"f"})
+    os.symlink("f", vol / "l")
+    endpoint = f"file://{tmp_path / 'store'}"
+    args = ["push", "--bucket", "bkt", "--prefix", "p", "--local", str(vol), "--mode", "rwd"]
+    assert sync_main([*args, "--store-endpoint", endpoint]) == 0
+    assert stored(tmp_path / "store") == {"p/f": b"f"}
+    assert sync_main([*args, "--store-endpoint", endpoint, "--links"]) == 0
+    assert stored(tmp_path / "store") == {"p/f": b"f", "p/l": b"f"}

@@ -83,10 +83,10 @@ class GrowingWhileHashed(FilesystemRemote):
 class ChangedDuringUpload(FilesystemRemote):
     """A store whose upload reads a file changed after it was hashed (same size)."""
 
-    def upload(self, key, src, digest):
+    def upload(self, key, src, digest, mode=None):
         with open(src, "r+b") as f:
             f.write(b"X")
-        return super().upload(key, src, digest)
+        return super().upload(key, src, digest, mode)
 
 
 @pytest.mark.parametrize("remote_kind", [GrowingWhileHashed, ChangedDuringUpload])

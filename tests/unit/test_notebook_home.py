@@ -68,6 +68,8 @@ def test_the_home_volume_carries_its_exclusions_and_cap():
     ]
     assert vols[1].exclude == DEFAULT_HOME_EXCLUDE and vols[1].cap == 1000
     assert vols[0].exclude == () and vols[0].cap is None
+    # a home keeps its symbolic links (venvs, conda environments); a workspace does not
+    assert (vols[0].links, vols[1].links) == (False, True)
     assert notebook_volumes(storage(), "c", "alice", "nb", "/workspace", [], "", None) == vols[:1]
 
 
@@ -156,6 +158,7 @@ def test_a_home_is_mounted_pushed_with_its_rules_purged_and_removed(tmp_path, an
     assert "home: 1 transferred" in w.last()["message"]
     ws_push, home_push = (c.command for c in w.rt.helper_configs[-2:])
     assert "--exclude" not in ws_push and "--max-bytes" not in ws_push
+    assert "--links" in home_push and "--links" not in ws_push
     assert ws_push[ws_push.index("--prefix") + 1] == "workspaces/alice/nb"
     assert home_push[home_push.index("--prefix") + 1] == "workspaces/alice/.home/nb"
     assert home_push[home_push.index("--max-bytes") + 1] == str(10 * 2**30)

@@ -55,6 +55,7 @@ def sync_helper_spec(
     live: bool = False,
     settle_s: float | None = None,
     wait_lock_s: float = 0.0,
+    links: bool = False,
 ) -> HelperSpec:
     """A short-lived ``gpulab-sync`` helper, for any backend's ``run_helper``.
 
@@ -68,7 +69,8 @@ def sync_helper_spec(
     refuses a volume whose files weigh more than this (a home's cap), sending nothing.
 
     ``exclude``: paths a pull or a push leaves alone (``--exclude``, one per pattern:
-    :mod:`gpulab.datasync.exclude`).
+    :mod:`gpulab.datasync.exclude`). ``links``: symbolic links are kept as links
+    (``--links``: a home's venvs and conda environments; never followed).
 
     ``mirror``: a pull also removes local files whose object was deleted since the volume's
     last sync (``--delete``; files changed locally are kept), for a volume that may be an older
@@ -103,6 +105,8 @@ def sync_helper_spec(
             command += ["--max-bytes", str(int(cap))]
         for pattern in exclude:
             command += ["--exclude", pattern]
+        if links:
+            command.append("--links")
         if live and operation == "push":
             command.append("--live")
             if settle_s is not None:

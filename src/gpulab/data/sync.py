@@ -263,6 +263,9 @@ class VolumeSync:
     #: the most its push may send (a home's cap, bytes); over it, nothing is pushed and the
     #: outcome says so (:attr:`SyncOutcome.over_cap`)
     cap: int | None = None
+    #: symbolic links kept as links (a home: its venvs and conda environments); elsewhere
+    #: they are skipped, as they always were
+    links: bool = False
 
     def to_json(self) -> dict:
         return {"label": self.label, "spec": str(self.spec), "docker_volume": self.docker_volume}
@@ -529,6 +532,7 @@ class WorkloadData:
             max_bytes=max_bytes,
             exclude=vol.exclude,
             cap=vol.cap,
+            links=vol.links,
             live=live,
             settle_s=settle_s,
             wait_lock_s=0.0 if live else FINAL_PUSH_WAITS_S,
@@ -631,7 +635,7 @@ def notebook_volumes(
     hs = storage.home_spec(user, server, home.dir) if home is not None else None
     if hs is not None:
         vol = home_volume_name(container)
-        out.append(VolumeSync(hs, vol, HOME_LABEL, node, tuple(home.exclude), home.cap))
+        out.append(VolumeSync(hs, vol, HOME_LABEL, node, tuple(home.exclude), home.cap, links=True))
     for raw in specs:
         spec = parse_volume(raw, storage.stores, workspace=workspace_dir)
         out.append(VolumeSync(spec, volume_name(container, spec), str(spec), node))

@@ -42,7 +42,10 @@ class Remote(Protocol):
         ...
 
     def download(self, obj: RemoteObject, dest: Path, fd: int | None = None) -> Transferred:
-        """Write the object's content to ``dest`` and verify its size and checksum.
+        """Write the object's content to ``dest`` and verify its size and checksum; the
+        answer says the mode the object carries and whether it is a symbolic link (whose
+        content is then its target), as :meth:`upload` and :meth:`upload_link` stored them
+        (none and no for an object without that metadata).
 
         ``fd``, when given, is an open, empty, writable descriptor of ``dest``: the engine's
         temporary file, created without following links. Backends write through it (see
@@ -50,8 +53,16 @@ class Remote(Protocol):
         that takes a name): the name resolves to that same file."""
         ...
 
-    def upload(self, key: str, src: Path, digest: FileDigest) -> Transferred:
-        """Store ``src`` (whose content has ``digest``) under ``key`` and verify it."""
+    def upload(
+        self, key: str, src: Path, digest: FileDigest, mode: int | None = None
+    ) -> Transferred:
+        """Store ``src`` (whose content has ``digest``) under ``key`` and verify it;
+        ``mode``: the permission bits kept with it (metadata)."""
+        ...
+
+    def upload_link(self, key: str, target: bytes) -> Transferred:
+        """Store a symbolic link under ``key``: an object whose content is ``target`` and
+        whose metadata says it is a link, verified as :meth:`upload` verifies a file."""
         ...
 
     def delete(self, key: str, expected_etag: str) -> DeleteOutcome:

@@ -3,7 +3,8 @@ or purge every object under a prefix.
 
     gpulab-sync pull  --bucket B [--prefix P] --local DIR [--delete] ...
     gpulab-sync push  --bucket B [--prefix P] --local DIR [--mode ro|rw|rwd] [--live] ...
-    (pull and push: --exclude PATTERN, repeatable: paths left alone, see .exclude)
+    (pull and push: --exclude PATTERN, repeatable: paths left alone, see .exclude;
+     --links: symbolic links kept as links, never followed)
     gpulab-sync purge --bucket B --prefix P ...   (an empty prefix is refused: exit 2)
     gpulab-sync git-clone --url URL --dest DIR ... (one git repository: see .gitclone)
 
@@ -115,6 +116,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a path to leave alone in both directions (repeatable; gitignore-like: "
         "'__pycache__/' at any depth, '.cache/' at the root, a trailing / for directories): "
         "neither transferred nor deleted on either side",
+    )
+    p.add_argument(
+        "--links",
+        action="store_true",
+        help="pull and push: keep symbolic links (pushed as objects holding their target, "
+        "restored as links; never followed); without it they are skipped",
     )
     p.add_argument(
         "--live",
@@ -294,6 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 options=options,
                 max_bytes=args.max_bytes,
                 exclude=exclude,
+                links=args.links,
             )
         else:
             report = push(
@@ -307,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 exclude=exclude,
                 live=args.live,
                 wait_lock_s=args.wait_lock,
+                links=args.links,
                 **({} if args.settle_seconds is None else {"settle_s": args.settle_seconds}),
             )
     except (UsageError, VolumeError, Locked, FileNotFoundError, ValueError) as exc:

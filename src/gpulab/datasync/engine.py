@@ -42,18 +42,24 @@ from botocore.exceptions import ClientError
 
 from .backend import Remote
 from .exclude import Excludes
-from .hashing import hash_file
+from .hashing import hash_bytes, hash_file
 from .live import SETTLE_S, FileState, changed, state_of, unsettled
 from .localtree import (
+    MAX_LINK_TARGET,
     InTheWay,
     LocalFile,
     LocalRoot,
+    check_link_target,
     create_temp,
     fd_path,
     key_to_relpath,
     lstat_at,
     normalize_prefix,
     open_regular,
+    place_link,
+    read_link,
+    restored_mode,
+    stored_mode,
 )
 from .manifest import Entry, Manifest, locked
 from .models import (
@@ -244,21 +250,41 @@ class _Pulled:
     transferred: Transferred
     mtime_ns: int
     downloaded: bool
+    #: the permission bits of the local file (0 for a link)
+    mode: int = 0
+    #: False: a link object in a volume that does not keep links: not restored, not recorded
+    kept: bool = True
 
 
 def _pull_one(
-    remote: Remote, obj: RemoteObject, root: LocalRoot, rel: str, entry: Entry | None
+    remote: Remote,
+    obj: RemoteObject,
+    root: LocalRoot,
+    rel: str,
+    entry: Entry | None,
+    links: bool = False,
 ) -> _Pulled:
     """Download ``obj`` to ``rel`` unless that would lose a local change.
 
     Each directory on the way is opened (made if missing) without following links; the
     object goes to a new temporary file (``O_EXCL|O_NOFOLLOW``) in that directory, written
     through its descriptor (or, for libraries that need a name, through the path
-    ``/proc/self/fd/<dir>/<name>``), then renamed over ``rel`` within the directory
-    descriptor: nothing outside the local tree can be written or read."""
+    ``/proc/self/fd/<dir>/<name>``), given the mode the object carries (:func:`restored_mode`:
+    never setuid, setgid or sticky) through that descriptor, then renamed over ``rel``
+    within the directory descriptor: nothing outside the local tree can be written or read.
+
+    A link object (``links``: else it is left out, unrecorded) is downloaded the same way,
+    its content checked as a target (:func:`check_link_target`), and a link to it made at a
+    temporary name and renamed over ``rel``: a file or a link there is replaced, never
+    written through; its target is never resolved. A link already at ``rel`` is replaced
+    only if it is the one last synced (else a conflict)."""
     with root.parent_of(rel, create=True) as (dirfd, name):
         st = lstat_at(dirfd, name)
-        if st is not None:
+        if st is not None and links and stat.S_ISLNK(st.st_mode):
+            now = hash_bytes(read_link(dirfd, name, rel)).sha256
+            if entry is None or not entry.link or now != entry.sha256:
+                raise Conflict("a local symbolic link not synced as it is; kept it")
+        elif st is not None:
             if not stat.S_ISREG(st.st_mode):
                 raise InTheWay(f"{rel}: something other than a file is in the way")
             local_changed = entry is None or (st.st_size, st.st_mtime_ns) != (
@@ -274,7 +300,8 @@ def _pull_one(
                 if entry is None:
                     if digest.size == obj.size and digest.md5 == obj.etag:
                         adopted = Transferred(obj.key, obj.size, obj.etag, digest.sha256)
-                        return _Pulled(adopted, st.st_mtime_ns, downloaded=False)
+                        mode = stored_mode(st.st_mode)
+                        return _Pulled(adopted, st.st_mtime_ns, downloaded=False, mode=mode)
                     raise Conflict(
                         "a local file not synced before differs from the remote object; kept it"
                     )
@@ -286,15 +313,31 @@ def _pull_one(
         placed = False
         try:
             got = remote.download(obj, fd_path(dirfd, tmp), fd)
-            os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-            placed = True
+            if got.link and not links:
+                return _Pulled(got, 0, downloaded=False, kept=False)
+            if got.link:
+                if got.size > MAX_LINK_TARGET:  # refused before it is read back
+                    check_link_target(b"x" * got.size, rel)
+                reader = open_regular(dirfd, tmp, rel)
+                try:
+                    target = os.pread(reader, MAX_LINK_TARGET + 1, 0)
+                finally:
+                    os.close(reader)
+                place_link(dirfd, name, target, rel)
+                mode = 0
+            else:
+                if got.mode is not None:
+                    os.fchmod(fd, restored_mode(got.mode))
+                mode = stored_mode(os.fstat(fd).st_mode)
+                os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+                placed = True
         finally:
             os.close(fd)
             if not placed:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp, dir_fd=dirfd)
         mtime_ns = os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mtime_ns
-    return _Pulled(got, mtime_ns, downloaded=True)
+    return _Pulled(got, mtime_ns, downloaded=True, mode=mode)
 
 
 def pull(
@@ -307,6 +350,7 @@ def pull(
     options: SyncOptions | None = None,
     max_bytes: int | None = None,
     exclude: Excludes | None = None,
+    links: bool = False,
 ) -> SyncReport:
     """Bring ``local_dir`` up to date with ``remote``'s objects under ``prefix``.
 
@@ -319,6 +363,10 @@ def pull(
 
     ``exclude``: paths left alone (:mod:`.exclude`): their objects are not downloaded (nor
     counted) and, with ``delete``, their local files are never removed.
+
+    Files get the permission bits their objects carry (:func:`.localtree.restored_mode`).
+    ``links``: objects pushed as symbolic links are restored as links (never followed,
+    see :func:`_pull_one`); without it they are left out, with a note.
     """
     opts = options or SyncOptions()
     prefix = normalize_prefix(prefix)
@@ -368,14 +416,23 @@ def pull(
                 except UnsafeKey as exc:
                     run.fail(key, exc)
                     continue
-                tasks.append((key, lambda o=obj, r=rel, e=entry: _pull_one(remote, o, root, r, e)))
+                tasks.append(
+                    (key, lambda o=obj, r=rel, e=entry: _pull_one(remote, o, root, r, e, links))
+                )
             for key in gone:
-                _delete_local(run, manifest, root, prefix, key)
+                _delete_local(run, manifest, root, prefix, key, links)
             run.emit(force=True)
 
             def on_result(key: str, res: _Pulled) -> None:
                 t = res.transferred
-                manifest.set(key, Entry(t.size, t.etag, t.sha256, res.mtime_ns))
+                if not res.kept:
+                    run.skip()
+                    if len(report.notes) < MAX_NOTES:
+                        report.notes.append(
+                            f"{key}: a symbolic link; this volume keeps none: not restored"
+                        )
+                    return
+                manifest.set(key, Entry(t.size, t.etag, t.sha256, res.mtime_ns, res.mode, t.link))
                 if res.downloaded:
                     run.complete(t.size)
                 else:
@@ -406,19 +463,32 @@ def _human(n: float) -> str:
     return f"{n} B"  # pragma: no cover
 
 
-def _delete_local(run: _Run, manifest: Manifest, root: LocalRoot, prefix: str, key: str) -> None:
+def _delete_local(
+    run: _Run, manifest: Manifest, root: LocalRoot, prefix: str, key: str, links: bool = False
+) -> None:
     """Remove the local file of ``key`` (deleted remotely) if it is still the synced one,
-    reached without following links; a link on the way means the file is not there."""
+    reached without following links; a link on the way means the file is not there. Where
+    links are kept, a link synced as such is removed (the link, not what it points to) if
+    its target is still the synced one."""
     entry = manifest.entries[key]
     try:
         rel = key_to_relpath(key, prefix)
         with root.parent_of(rel) as (dirfd, name):
             st = lstat_at(dirfd, name)
-            if (
+            synced_link = (
                 st is not None
+                and links
+                and entry.link
+                and stat.S_ISLNK(st.st_mode)
+                and hash_bytes(read_link(dirfd, name, rel)).sha256 == entry.sha256
+            )
+            synced_file = (
+                st is not None
+                and not entry.link
                 and stat.S_ISREG(st.st_mode)
                 and (st.st_size, st.st_mtime_ns) == (entry.size, entry.mtime_ns)
-            ):
+            )
+            if synced_link or synced_file:
                 os.unlink(name, dir_fd=dirfd)
                 run.deleted()
             else:
@@ -442,6 +512,8 @@ def _delete_local(run: _Run, manifest: Manifest, root: LocalRoot, prefix: str, k
 class _Pushed:
     transferred: Transferred
     uploaded: bool
+    #: the permission bits sent (0 for a link)
+    mode: int = 0
 
 
 @dataclass(frozen=True)
@@ -464,8 +536,11 @@ def _push_one(
 
     ``live``: the file must be the one scanned, unchanged, once opened and once hashed, and
     an upload that fails verification while the file changed is in flux, not a failure."""
+    if f.link:
+        return _push_link(remote, root, f, entry)
     fd = root.open_file(f.rel)
     try:
+        mode = stored_mode(os.fstat(fd).st_mode)
         scanned = FileState(f.ino, f.size, f.mtime_ns)
         if live and (why := changed(scanned, state_of(os.fstat(fd)), "since the scan")):
             return _InFlux(why)
@@ -474,17 +549,42 @@ def _push_one(
             digest = remote.digest(src, f.size)
         if live and (why := changed(scanned, state_of(os.fstat(fd)), "while it was hashed")):
             return _InFlux(why)
-        if entry is not None and (digest.size, digest.sha256) == (entry.size, entry.sha256):
+        if (
+            entry is not None
+            and not entry.link
+            and (digest.size, digest.sha256, mode) == (entry.size, entry.sha256, entry.mode)
+        ):
             same = Transferred(f.key, entry.size, entry.etag, entry.sha256)
-            return _Pushed(same, uploaded=False)  # only the mtime changed
+            return _Pushed(same, uploaded=False, mode=mode)  # only the mtime changed
         try:
-            return _Pushed(remote.upload(f.key, src, digest), uploaded=True)
+            return _Pushed(remote.upload(f.key, src, digest, mode), uploaded=True, mode=mode)
         except IntegrityError:
             if live and (why := changed(scanned, state_of(os.fstat(fd)), "during the upload")):
                 return _InFlux(why)
             raise
     finally:
         os.close(fd)
+
+
+def _push_link(remote: Remote, root: LocalRoot, f: LocalFile, entry: Entry | None) -> _Pushed:
+    """Upload one symbolic link as an object holding its target: the link is read again
+    (``readlinkat`` from its directory, opened without following links), never followed."""
+    with root.parent_of(f.rel) as (dirfd, name):
+        target = check_link_target(read_link(dirfd, name, f.rel), f.key)
+    sha = hash_bytes(target).sha256
+    if entry is not None and entry.link and entry.sha256 == sha:
+        return _Pushed(Transferred(f.key, entry.size, entry.etag, sha, None, True), False)
+    return _Pushed(remote.upload_link(f.key, target), uploaded=True)
+
+
+def _unchanged(entry: Entry | None, f: LocalFile) -> bool:
+    """Whether the manifest says ``f`` is as last synced: a file by its size, mtime and
+    mode, a link by its target."""
+    if entry is None or entry.link != f.link:
+        return False
+    if f.target is not None:
+        return entry.sha256 == hash_bytes(f.target).sha256
+    return (entry.size, entry.mtime_ns, entry.mode) == (f.size, f.mtime_ns, f.mode)
 
 
 def push(
@@ -501,6 +601,7 @@ def push(
     settle_s: float = SETTLE_S,
     now_ns: Callable[[], int] = time.time_ns,
     wait_lock_s: float = 0.0,
+    links: bool = False,
 ) -> SyncReport:
     """Send local changes under ``local_dir`` to ``remote`` under ``prefix``.
 
@@ -517,6 +618,11 @@ def push(
 
     ``wait_lock_s``: how long to wait for another sync of ``local_dir`` to end (Locked
     after that); the final push waits so for a live push that is still running.
+
+    Each file's permission bits go with it (:func:`.localtree.stored_mode`); a mode change
+    alone sends the file again. ``links``: symbolic links are pushed as objects holding
+    their target (read, never followed; a link to a directory is a link: what it points
+    to is not read); without it they are skipped, as files below linked directories are.
     """
     if mode not in PUSH_MODES:
         raise ValueError(f"mode must be one of {', '.join(PUSH_MODES)}, not {mode!r}")
@@ -536,7 +642,7 @@ def push(
             report.notes.append(manifest.reset_reason)
         try:
             unread: list[tuple[str, str]] = []
-            files = list(root.scan(prefix, unread, exclude))
+            files = list(root.scan(prefix, unread, exclude, links))
             total = sum(f.size for f in files)
             if max_bytes is not None and total > max_bytes:
                 run.fail(
@@ -566,7 +672,7 @@ def push(
             scanned_at = now_ns()
             for f in files:
                 entry = manifest.get(f.key)
-                if entry is not None and (entry.size, entry.mtime_ns) == (f.size, f.mtime_ns):
+                if _unchanged(entry, f):
                     run.skip()
                 elif live and (why := unsettled(f.mtime_ns, scanned_at, settle_s)):
                     run.in_flux(f.key, why)
@@ -593,7 +699,9 @@ def push(
                     run.in_flux(key, res.why)
                 elif isinstance(res, _Pushed):
                     t = res.transferred
-                    manifest.set(key, Entry(t.size, t.etag, t.sha256, mtimes[key]))
+                    manifest.set(
+                        key, Entry(t.size, t.etag, t.sha256, mtimes[key], res.mode, t.link)
+                    )
                     if res.uploaded:
                         run.complete(t.size)
                     else:

@@ -2,8 +2,10 @@
 
 Writes are atomic (temp file + rename). Each object has a sidecar
 ``<root>/.gpulab-meta/<bucket>/<key>.json`` holding its size and SHA-256, against which
-downloads are verified. The ETag is a change token built from the object file's size and
-mtime.
+downloads are verified, its permission bits (``mode``, when pushed with them) and, for a
+symbolic link, ``"type": "symlink"`` (the object itself is then a regular file holding the
+link's target: the store never holds a link). The ETag is a change token built from the
+object file's size and mtime.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .backend import DeleteOutcome
-from .hashing import FileDigest, hash_file, open_target
+from .hashing import FileDigest, hash_bytes, hash_file, open_target
 from .localtree import RESERVED_PREFIX
 from .models import IntegrityError, RemoteObject, Transferred, UnsafeKey
 
@@ -33,6 +35,17 @@ def _safe_key(key: str) -> str:
 
 def _etag(st: os.stat_result) -> str:
     return f"{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+def meta_fields(meta: object) -> tuple[int | None, bool]:
+    """``(mode, link)`` an object's metadata says, whatever it holds: a mode that is no
+    permission bits, or a type that is not ``symlink``, is none."""
+    if not isinstance(meta, dict):
+        return None, False
+    mode = meta.get("mode")
+    if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o7777:
+        mode = None
+    return mode, meta.get("type") == "symlink"
 
 
 def _copy(src: Path, dest: Path, fd: int | None = None) -> tuple[int, str]:
@@ -101,26 +114,43 @@ class FilesystemRemote:
             raise IntegrityError(f"size mismatch: read {size} bytes, object has {st.st_size}")
         if meta is not None and (meta["size"] != size or meta["sha256"] != sha):
             raise IntegrityError("checksum mismatch: content differs from its recorded SHA-256")
-        return Transferred(obj.key, size, _etag(st), sha)
+        mode, link = meta_fields(meta)
+        return Transferred(obj.key, size, _etag(st), sha, mode, link)
 
-    def upload(self, key: str, src: Path, digest: FileDigest) -> Transferred:
+    def upload(
+        self, key: str, src: Path, digest: FileDigest, mode: int | None = None
+    ) -> Transferred:
+        meta: dict[str, object] = {} if mode is None else {"mode": mode}
+        return self._store(key, digest, meta, lambda tmp: _copy(src, tmp))
+
+    def upload_link(self, key: str, target: bytes) -> Transferred:
+        def write(tmp: Path) -> tuple[int, str]:
+            tmp.write_bytes(target)
+            return len(target), hash_bytes(target).sha256
+
+        return self._store(key, hash_bytes(target), {"type": "symlink"}, write)
+
+    def _store(self, key: str, digest: FileDigest, extra: dict, write) -> Transferred:
+        """Write an object through ``write(tmp) -> (size, sha256)``, its metadata with
+        ``extra``, both renamed into place once the content matches ``digest``."""
         dest = self.data / _safe_key(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / f"{RESERVED_PREFIX}-tmp-{os.urandom(6).hex()}"
         try:
-            size, sha = _copy(src, tmp)
+            size, sha = write(tmp)
             if (size, sha) != (digest.size, digest.sha256):
                 raise IntegrityError("local file changed while it was being uploaded")
             meta_path = self._meta_path(key)
             meta_path.parent.mkdir(parents=True, exist_ok=True)
             meta_tmp = meta_path.parent / f"{RESERVED_PREFIX}-tmp-{os.urandom(6).hex()}"
-            meta_tmp.write_text(json.dumps({"size": size, "sha256": sha}))
+            meta_tmp.write_text(json.dumps({"size": size, "sha256": sha, **extra}))
             os.replace(meta_tmp, meta_path)
             os.replace(tmp, dest)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-        return Transferred(key, size, _etag(os.stat(dest)), sha)
+        mode, link = meta_fields(extra)
+        return Transferred(key, size, _etag(os.stat(dest)), sha, mode, link)
 
     def delete(self, key: str, expected_etag: str) -> DeleteOutcome:
         path = self.data / _safe_key(key)

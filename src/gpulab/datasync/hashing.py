@@ -119,3 +119,10 @@ def hash_file(path: Path | int, *, md5: bool = False, part_size: int | None = No
         while n := f.readinto(buf):
             hasher.update(view[:n])
     return hasher.digest()
+
+
+def hash_bytes(data: bytes) -> FileDigest:
+    """SHA-256 and MD5 of ``data`` (a symbolic link's target, sent as an object's body)."""
+    hasher = StreamHasher(md5=True)
+    hasher.update(data)
+    return hasher.digest()

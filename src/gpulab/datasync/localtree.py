@@ -34,10 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .exclude import Excludes
-from .models import Conflict, UnsafeKey
+from .models import Conflict, SyncError, UnsafeKey
 
 #: Names starting with this are the engine's own files (manifest, lock, temp files).
 RESERVED_PREFIX = ".gpulab-sync"
+
+#: The longest symbolic link target the sync keeps, in bytes (Linux's PATH_MAX, NUL included).
+MAX_LINK_TARGET = 4096
+
+#: The permission bits of a file whose object carries none (written before modes were kept,
+#: or by another tool), and of a manifest entry of that time: what a pull has always made.
+DEFAULT_MODE = 0o644
 
 #: Directories nested deeper than this are not pushed (each level holds one descriptor while
 #: a push scans; a tree this deep is not a workspace but an attempt to exhaust them).
@@ -126,6 +133,38 @@ class InTheWay(Conflict):
     """A link, or something other than what the sync needs, sits at a local path."""
 
 
+class UnsafeLink(SyncError):
+    """A symbolic link the sync does not keep: its target is empty, holds a NUL byte or is
+    longer than :data:`MAX_LINK_TARGET`."""
+
+
+def stored_mode(st_mode: int) -> int:
+    """The permission bits a push keeps of a file: ``rwxrwxrwx`` only (never setuid, setgid
+    or sticky)."""
+    return st_mode & 0o777
+
+
+def restored_mode(mode: int) -> int:
+    """The permission bits a pull gives a file whose object carries ``mode``: its
+    ``rwxrwxrwx`` (never setuid, setgid or sticky, whatever the object says), always
+    readable by its owner (the next push must read it)."""
+    return (mode & 0o777) | 0o400
+
+
+def check_link_target(target: bytes, what: str) -> bytes:
+    """``target`` if the sync keeps a link to it (text only: it is never resolved here);
+    UnsafeLink otherwise."""
+    if not target:
+        raise UnsafeLink(f"{what}: a symbolic link with an empty target")
+    if b"\x00" in target:
+        raise UnsafeLink(f"{what}: a symbolic link target with a NUL byte")
+    if len(target) > MAX_LINK_TARGET:
+        raise UnsafeLink(
+            f"{what}: a symbolic link target of {len(target)} bytes, more than {MAX_LINK_TARGET}"
+        )
+    return target
+
+
 def normalize_prefix(prefix: str) -> str:
     """``"/a/b/"`` -> ``"a/b/"``; ``""`` stays ``""``. Keys are ``<prefix><relative path>``."""
     prefix = prefix.strip("/")
@@ -161,13 +200,21 @@ def temp_name() -> str:
 
 @dataclass(frozen=True)
 class LocalFile:
-    """A regular file found by :meth:`LocalRoot.scan`; ``rel`` is relative to the root."""
+    """A regular file (or, where links are kept, a symbolic link: ``target`` set, ``size``
+    its length) found by :meth:`LocalRoot.scan`; ``rel`` is relative to the root; ``mode``
+    the permission bits a push keeps (:func:`stored_mode`; 0 for a link)."""
 
     key: str
     rel: str
     size: int
     mtime_ns: int
     ino: int = 0
+    mode: int = DEFAULT_MODE
+    target: bytes | None = None
+
+    @property
+    def link(self) -> bool:
+        return self.target is not None
 
 
 class LocalRoot:
@@ -264,14 +311,21 @@ class LocalRoot:
         return True
 
     def scan(
-        self, prefix: str, problems: list[tuple[str, str]], exclude: Excludes | None = None
+        self,
+        prefix: str,
+        problems: list[tuple[str, str]],
+        exclude: Excludes | None = None,
+        links: bool = False,
     ) -> Iterator[LocalFile]:
-        """Yield the regular files under the root. Links (to files or directories), the
+        """Yield the regular files under the root, and its symbolic links if ``links`` (each
+        with its target, read with ``readlinkat``: never followed; a link to a directory is
+        a link, its directory is not read). Otherwise links (to files or directories), the
         engine's files and what ``exclude`` covers are skipped (an excluded directory is not
-        read); directories that cannot be read (or are deeper than :data:`MAX_DEPTH`) are
-        appended to ``problems`` as ``(key, reason)``. One descriptor per level of the
-        directory being read is held, never one per directory of the tree."""
-        yield from self._scan(self.fd, "", prefix, problems, 0, exclude or None)
+        read); directories that cannot be read (or are deeper than :data:`MAX_DEPTH`) and
+        links the sync does not keep (:func:`check_link_target`) are appended to
+        ``problems`` as ``(key, reason)``. One descriptor per level of the directory being
+        read is held, never one per directory of the tree."""
+        yield from self._scan(self.fd, "", prefix, problems, 0, exclude or None, links)
 
     def _scan(
         self,
@@ -281,6 +335,7 @@ class LocalRoot:
         problems: list[tuple[str, str]],
         depth: int,
         exclude: Excludes | None,
+        links: bool = False,
     ) -> Iterator[LocalFile]:
         with os.scandir(fd) as it:  # entries' stat() use fstatat(fd, name): fd stays open
             entries = list(it)
@@ -304,6 +359,22 @@ class LocalRoot:
                     st.st_size,
                     st.st_mtime_ns,
                     st.st_ino,
+                    stored_mode(st.st_mode),
+                )
+            elif links and entry.is_symlink():
+                if exclude is not None and exclude.matches(rel + entry.name, is_dir=False):
+                    continue
+                key = prefix + rel + entry.name
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                    target = check_link_target(read_link(fd, entry.name, rel + entry.name), key)
+                except (FileNotFoundError, InTheWay):  # deleted or replaced since listed
+                    continue
+                except UnsafeLink as exc:
+                    problems.append((key, str(exc)))
+                    continue
+                yield LocalFile(
+                    key, rel + entry.name, len(target), st.st_mtime_ns, st.st_ino, 0, target
                 )
         for name in subdirs:
             sub = f"{rel}{name}/"
@@ -318,7 +389,7 @@ class LocalRoot:
                 problems.append((prefix + sub, f"directory not read: {exc.strerror}"))
                 continue
             try:
-                yield from self._scan(child, sub, prefix, problems, depth + 1, exclude)
+                yield from self._scan(child, sub, prefix, problems, depth + 1, exclude, links)
             finally:
                 os.close(child)
 
@@ -329,6 +400,34 @@ def lstat_at(dirfd: int, name: str) -> os.stat_result | None:
         return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
     except FileNotFoundError:
         return None
+
+
+def read_link(dirfd: int, name: str, rel: str) -> bytes:
+    """The target of symbolic link ``name`` in ``dirfd`` (``readlinkat``: the link is read,
+    never followed); InTheWay if something else is there."""
+    try:
+        return os.readlink(os.fsencode(name), dir_fd=dirfd)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # not a link
+            raise InTheWay(f"{rel}: something other than a symbolic link is in the way") from None
+        raise
+
+
+def place_link(dirfd: int, name: str, target: bytes, rel: str) -> None:
+    """Make ``name`` in ``dirfd`` a symbolic link to ``target``: made at a fresh temporary
+    name (``symlinkat``), then renamed over ``name``, which replaces a file or a link there
+    (the link itself: nothing is written through it, and the target is never resolved);
+    InTheWay if a directory is there."""
+    tmp = temp_name()
+    os.symlink(check_link_target(target, rel), tmp, dir_fd=dirfd)
+    try:
+        os.replace(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dirfd)
+        if isinstance(exc, OSError) and exc.errno in (errno.EISDIR, errno.ENOTEMPTY):
+            raise InTheWay(f"{rel}: a directory is in the way") from None
+        raise
 
 
 def open_regular(dirfd: int, name: str, rel: str) -> int:

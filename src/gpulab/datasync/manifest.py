@@ -1,9 +1,12 @@
 """The sync manifest: what was verified in sync, kept with the local data.
 
 A JSON file ``.gpulab-sync-manifest.json`` at the root of the local directory. Per key it
-records the remote size and ETag, the content SHA-256 and the local mtime (ns) after the
-transfer. Only verified transfers are ever recorded. The manifest is tied to one remote
-(identity + prefix); if either differs, it starts empty.
+records the remote size and ETag, the content SHA-256, the local mtime (ns) after the
+transfer, the permission bits the object carries and whether it is a symbolic link (whose
+content is its target). Entries written before modes and links were kept have four fields:
+they read as files of :data:`~.localtree.DEFAULT_MODE`. Only verified transfers are ever
+recorded. The manifest is tied to one remote (identity + prefix); if either differs, it
+starts empty.
 
 The manifest, its temporary file and the lock ``.gpulab-sync.lock`` are opened relative to the
 local root's directory descriptor with ``O_NOFOLLOW``: the workload owns that directory and
@@ -23,7 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .localtree import RESERVED_PREFIX, LocalRoot
+from .localtree import DEFAULT_MODE, RESERVED_PREFIX, LocalRoot
 
 MANIFEST_NAME = f"{RESERVED_PREFIX}-manifest.json"
 LOCK_NAME = f"{RESERVED_PREFIX}.lock"
@@ -36,6 +39,10 @@ class Entry:
     etag: str
     sha256: str
     mtime_ns: int
+    #: the permission bits the object carries (0 for a link)
+    mode: int = DEFAULT_MODE
+    #: a symbolic link (``sha256`` and ``size`` are its target's)
+    link: bool = False
 
 
 class Manifest:
@@ -76,7 +83,14 @@ class Manifest:
             return m
         try:
             m.entries = {
-                k: Entry(int(v[0]), str(v[1]), str(v[2]), int(v[3]))
+                k: Entry(
+                    int(v[0]),
+                    str(v[1]),
+                    str(v[2]),
+                    int(v[3]),
+                    int(v[4]) if len(v) > 4 else DEFAULT_MODE,
+                    len(v) > 5 and v[5] == 1,
+                )
                 for k, v in data.get("objects", {}).items()
             }
         except (AttributeError, TypeError, ValueError, IndexError, KeyError):
@@ -104,7 +118,8 @@ class Manifest:
             "remote": self.remote,
             "prefix": self.prefix,
             "objects": {
-                k: [e.size, e.etag, e.sha256, e.mtime_ns] for k, e in sorted(self.entries.items())
+                k: [e.size, e.etag, e.sha256, e.mtime_ns, e.mode, *([1] if e.link else [])]
+                for k, e in sorted(self.entries.items())
             },
         }
         # json.dumps, not json.dump: only the one-shot form uses the C encoder (3-4x faster,

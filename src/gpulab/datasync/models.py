@@ -68,6 +68,11 @@ class Transferred:
     size: int
     etag: str
     sha256: str
+    #: the permission bits the object carries (``gpulab-mode``), None if it has none (an
+    #: object written before modes were kept, or by another tool)
+    mode: int | None = None
+    #: the object is a symbolic link (``gpulab-type: symlink``): its body is the target
+    link: bool = False
 
 
 @dataclass

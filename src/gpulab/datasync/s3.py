@@ -34,11 +34,15 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from .backend import DELETE_BATCH, DeleteOutcome
 from .credentials import Credentials
-from .hashing import FileDigest, StreamHasher, hash_file, open_target
+from .hashing import FileDigest, StreamHasher, hash_bytes, hash_file, open_target
 from .models import IntegrityError, RemoteObject, RemoteUnavailable, Transferred
 from .s3_settings import S3Settings
 
 META_SHA256 = "gpulab-sha256"
+#: the permission bits kept with an object (octal digits, e.g. ``755``)
+META_MODE = "gpulab-mode"
+#: ``symlink`` for a symbolic link, whose body is its target
+META_TYPE = "gpulab-type"
 _MD5_RE = re.compile(r"^[0-9a-f]{32}$")
 _MULTIPART_RE = re.compile(r"^[0-9a-f]{32}-(\d+)$")
 _BOTO_VALIDATED = ("ChecksumCRC32", "ChecksumCRC32C", "ChecksumCRC64NVME", "ChecksumSHA1")
@@ -124,6 +128,15 @@ def _translated(what: str) -> Iterator[None]:
         if isinstance(cause, BotoConnectionError | ReadTimeoutError):
             raise RemoteUnavailable(f"{what}: {cause}") from exc
         raise
+
+
+def meta_fields(metadata: dict[str, str] | None) -> tuple[int | None, bool]:
+    """``(mode, link)`` an object's user metadata says: a mode that is not octal
+    permission bits, or a type that is not ``symlink``, is none."""
+    metadata = metadata or {}
+    raw = metadata.get(META_MODE, "")
+    mode = int(raw, 8) if re.fullmatch(r"[0-7]{1,4}", raw) else None
+    return mode, metadata.get(META_TYPE) == "symlink"
 
 
 def _client_error_code(exc: ClientError) -> str:
@@ -310,7 +323,8 @@ class S3Remote:
         if digest.size != expected:
             raise IntegrityError(f"truncated: received {digest.size} of {expected} bytes")
         self._verify_download(digest, etag, resp, streamed=True)
-        return Transferred(key, digest.size, etag, digest.sha256)
+        mode, link = meta_fields(resp.get("Metadata"))
+        return Transferred(key, digest.size, etag, digest.sha256, mode, link)
 
     def _download_ranged(self, key: str, dest: Path) -> Transferred:
         head = self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
@@ -328,6 +342,7 @@ class S3Remote:
         size = dest.stat().st_size
         if size != expected:
             raise IntegrityError(f"truncated: received {size} of {expected} bytes")
+        mode, link = meta_fields(head.get("Metadata"))
         # parts arrive out of order: one sequential pass, computing only what is verified
         buf = bytearray(_CHUNK)
         view = memoryview(buf)
@@ -336,7 +351,7 @@ class S3Remote:
                 hasher.update(view[:n])
         digest = hasher.digest()
         self._verify_download(digest, etag, head, streamed=False)
-        return Transferred(key, size, etag, digest.sha256)
+        return Transferred(key, size, etag, digest.sha256, mode, link)
 
     def _verify_download(
         self, digest: FileDigest, etag: str, resp: dict[str, Any], *, streamed: bool
@@ -386,12 +401,16 @@ class S3Remote:
             return hash_file(path, part_size=part_size)
         return hash_file(path, md5=not self.server_verifies_sha256)
 
-    def upload(self, key: str, src: Path, digest: FileDigest) -> Transferred:
+    def upload(
+        self, key: str, src: Path, digest: FileDigest, mode: int | None = None
+    ) -> Transferred:
         metadata = {META_SHA256: digest.sha256}
+        if mode is not None:
+            metadata[META_MODE] = f"{mode:o}"
         with _translated(f"put {key}"):
             part_size = self.part_size_for(digest.size)
             if part_size is None:
-                return self._upload_single(key, src, digest, metadata)
+                return self._upload_single(key, src, digest, metadata, mode)
             self.client.upload_file(
                 str(src),
                 self.bucket,
@@ -411,10 +430,32 @@ class S3Remote:
                     "server stored different content (multipart ETag differs): the file may "
                     "have changed during the upload"
                 )
-            return Transferred(key, digest.size, etag, digest.sha256)
+            return Transferred(key, digest.size, etag, digest.sha256, mode)
+
+    def upload_link(self, key: str, target: bytes) -> Transferred:
+        """One PUT whose body is the link's target, verified as a file's single PUT."""
+        digest = hash_bytes(target)
+        metadata = {META_SHA256: digest.sha256, META_TYPE: "symlink"}
+        with _translated(f"put {key}"):
+            resp = self.client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=target,
+                ContentLength=digest.size,
+                ChecksumSHA256=digest.sha256_b64,
+                Metadata=metadata,
+            )
+        etag = resp["ETag"].strip('"')
+        self._verify_upload(Path("/nonexistent"), digest, etag, resp.get("ChecksumSHA256"))
+        return Transferred(key, digest.size, etag, digest.sha256, None, True)
 
     def _upload_single(
-        self, key: str, src: Path, digest: FileDigest, metadata: dict[str, str]
+        self,
+        key: str,
+        src: Path,
+        digest: FileDigest,
+        metadata: dict[str, str],
+        mode: int | None = None,
     ) -> Transferred:
         """One PUT of ``src``, whose SHA-256 and MD5 were computed in the same read pass. The
         server verifies the SHA-256 sent with it (S3 does; then it returns it) or computes the
@@ -437,7 +478,7 @@ class S3Remote:
                 raise IntegrityError(f"the file changed during the upload: {cause}") from exc
         etag = resp["ETag"].strip('"')
         self._verify_upload(src, digest, etag, resp.get("ChecksumSHA256"))
-        return Transferred(key, digest.size, etag, digest.sha256)
+        return Transferred(key, digest.size, etag, digest.sha256, mode)
 
     def _verify_upload(
         self, src: Path, digest: FileDigest, etag: str, returned: str | None
