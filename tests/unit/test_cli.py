@@ -894,10 +894,26 @@ def test_snapshot_commands_speak_the_users_snapshots(capsys):
     assert hub.calls[2][2]["json"] == {"notebook": ""}
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "snapshot v1: 3 files, 2.0K (1.0K new)"
-    assert lines[1].split() == ["NAME", "CREATED", "NOTEBOOK", "FILES", "SIZE"]
-    assert lines[2].split()[0] == "v1" and lines[2].split()[-3:] == ["nb", "3", "2.0K"]
+    assert lines[1].split() == ["NAME", "CREATED", "OF", "FILES", "SIZE"]
+    assert lines[2].split()[0] == "v1" and lines[2].split()[-4:] == ["notebook", "nb", "3", "2.0K"]
     assert lines[4] == "stored: 2.0K of unlimited (shared files counted once)"
     assert lines[5] == (
         "snapshot v1 restored into notebook (default): 2 files copied, 1 deleted, 1 unchanged"
     )
     assert lines[6] == "snapshot v1 deleted (0 freed)"
+
+
+def test_snapshot_of_a_jobs_volume(capsys, monkeypatch):
+    from gpulab.cli.snapshots import cmd_snapshot_create
+
+    hub = FakeHub(records=[{"name": "r1", "objects": 1, "bytes": 10, "new_bytes": 10}])
+    args = parse("snapshot", "create", "r1", "--job", "j1abc", "--volume", "/out")
+    args.output = "table"
+    assert cmd_snapshot_create(args, hub) == 0
+    assert hub.calls[0][2]["json"] == {"name": "r1", "job": "j1abc", "volume": "/out"}
+    monkeypatch.setenv("GPULAB_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("GPULAB_TOKEN", "t")
+    monkeypatch.setattr(cli.Client, "whoami", lambda self: "ann")
+    assert cli.main(["snapshot", "create", "r1", "--job", "j1abc"]) == 2
+    assert "--job and --volume go together" in capsys.readouterr().err
+    assert cli.main(["snapshot", "create", "r1", "--job", "j1", "--notebook", "nb"]) == 2

@@ -244,3 +244,79 @@ def test_restore_goes_into_a_new_stopped_or_deleted_notebook_only(tmp_path):
     records.transition("alice", "nb", S.STOPPED)
     run_async(go(domain.restore, records, rt, "alice", "v1", {"notebook": "nb"}))
     assert [c.args[0] for c in rt.called("remove_volume")] == ["t-nb-alice--nb-workspace"]
+
+
+# --- a job's output volume --------------------------------------------------------------------
+
+
+class JobsOf:
+    """The one read the jobs' snapshot makes of the job records."""
+
+    def __init__(self, **jobs):
+        self.jobs = jobs
+
+    def get(self, job_id, history=True):
+        return self.jobs.get(job_id)
+
+
+def test_a_jobs_output_volume_on_the_workspace_store(tmp_path):
+    from traitlets.config import Config
+
+    from gpulab.jobs import snapshots as job_snapshots
+    from gpulab.settings import GpulabSettings
+
+    root = tmp_path / "objects"
+    root.mkdir()
+    c = Config()
+    c.GpulabSettings.database_url = f"sqlite:///{tmp_path / 'g.sqlite'}"
+    c.GpulabSettings.object_stores = {
+        "local": {"kind": "filesystem", "root": str(root)},
+        "other": {"kind": "filesystem", "root": str(tmp_path / "other")},
+    }
+    c.GpulabSettings.workspace_store = "local"
+    c.GpulabSettings.volume_grants = [
+        {"store": "local", "bucket": "results", "prefix": "alice"},
+        {"store": "other", "bucket": "results"},
+    ]
+    settings = GpulabSettings(config=c)
+    src = tmp_path / "f"
+    src.write_bytes(b"checkpoint")
+    FilesystemRemote(root, "results").upload("alice/run1/ckpt.pt", src, hash_file(src))
+    volumes = [
+        "results@local/alice/run1:/out:rw",
+        "datasets@local/alice:/data:ro",
+        "results@other/x:/elsewhere:rw",
+        "results@local/bob:/bobs:rw",  # a grant that no longer covers it
+    ]
+    records = JobsOf(
+        j1={"owner": "alice", "spec": {"volumes": volumes}},
+        j2={"owner": "bob", "spec": {"volumes": volumes}},
+    )
+
+    def take(body, user="alice"):
+        return run_async(job_snapshots.take(settings, records, user, body))
+
+    taken = take({"name": "run1", "job": "j1", "volume": "/out"})
+    assert (taken["objects"], taken["bytes"]) == (1, 10)
+    assert taken["source"] == {"kind": "job", "job": "j1", "volume": "/out"}
+    # its blobs are in the workspace bucket, beside the workspaces' snapshots: a notebook
+    # can be given the job's output
+    objects = store.objects_of(settings.storage.stores["local"], settings.workspace_bucket)
+    store.restore(objects, "alice", "run1", "workspaces/alice/nb/")
+    out = FilesystemRemote(root, settings.workspace_bucket).list("workspaces/alice/nb/")
+    assert [o.key for o in out] == ["workspaces/alice/nb/ckpt.pt"]
+
+    for body, status, field in (
+        ({"name": "x", "job": "j2", "volume": "/out"}, 404, "job"),  # bob's
+        ({"name": "x", "job": "j9", "volume": "/out"}, 404, "job"),
+        ({"name": "x", "job": "j1", "volume": "/none"}, 404, "volume"),
+        ({"name": "x", "job": "j1", "volume": "/data"}, 409, "volume"),
+        ({"name": "x", "job": "j1", "volume": "/elsewhere"}, 409, "volume"),
+        ({"name": "x", "job": "j1", "volume": "/bobs"}, 403, "volume"),
+        ({"name": "x", "job": "J1", "volume": "/out"}, 400, "job"),
+        ({"name": "x", "job": "j1"}, 400, "volume"),
+        ({"name": "x", "job": "j1", "volume": "/out", "notebook": ""}, 400, "notebook"),
+    ):
+        with pytest.raises(job_snapshots.SnapshotRefused) as e:
+            take(body)
+        assert (e.value.status, e.value.field) == (status, field), (body, e.value.message)

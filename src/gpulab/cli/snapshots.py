@@ -1,6 +1,7 @@
 """``gpulab snapshot create|list|restore|delete``: named snapshots of a notebook's workspace.
 
     gpulab snapshot create NAME [--notebook SERVER]    the workspace as stored (its last push)
+    gpulab snapshot create NAME --job ID --volume /out  a job's rw volume (on the workspace store)
     gpulab snapshot list
     gpulab snapshot restore NAME --notebook SERVER     into a new, STOPPED or DELETED notebook
     gpulab snapshot delete NAME
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 from urllib.parse import quote
 
-from .client import EXIT_OK, Client
+from .client import EXIT_OK, EXIT_USAGE, Client, CliError
 from .output import out, print_json, table, when
 
 
@@ -38,16 +39,20 @@ def add_snapshot_commands(top, common) -> None:
 
     create = action(
         "create",
-        "take a snapshot of a notebook's workspace as stored (its last push)",
+        "take a snapshot of a notebook's workspace (or a job's rw volume) as stored",
         cmd_snapshot_create,
         description="Record the notebook's workspace as it is in object storage now (what "
         "its last push left: stop the notebook, or push it, first) under NAME (lowercase "
-        "letters, digits, '.', '_', '-'). Only the files no snapshot of yours holds yet are "
-        "copied, inside the store.",
+        "letters, digits, '.', '_', '-'); or, with --job and --volume, a job's rw/rwd volume "
+        "on the workspace store. Only the files no snapshot of yours holds yet are copied, "
+        "inside the store.",
     )
-    create.add_argument(
+    source = create.add_mutually_exclusive_group()
+    source.add_argument(
         "--notebook", default="", metavar="SERVER", help="the notebook (default: your default)"
     )
+    source.add_argument("--job", metavar="ID", help="a job of yours (with --volume)")
+    create.add_argument("--volume", metavar="MOUNT", help="the job volume's mount path, e.g. /out")
     action("list", "your snapshots and the space they take", cmd_snapshot_list, named=False)
     restore = action(
         "restore",
@@ -81,8 +86,19 @@ def _size(n) -> str:
     return str(n)
 
 
+def _source(source: dict) -> str:
+    if source.get("kind") == "job":
+        return f"job {source.get('job')}:{source.get('volume')}"
+    return f"notebook {source.get('notebook') or '(default)'}"
+
+
 def cmd_snapshot_create(args: argparse.Namespace, client: Client) -> int:
-    body = {"name": args.name, "notebook": args.notebook}
+    if (args.job is None) != (args.volume is None):
+        raise CliError("--job and --volume go together (a job's volume)", EXIT_USAGE)
+    if args.job is not None:
+        body = {"name": args.name, "job": args.job, "volume": args.volume}
+    else:
+        body = {"name": args.name, "notebook": args.notebook}
     data = client.json("POST", _base(args, client), json=body, ok=(201,))
     if args.output == "json":
         print_json(data)
@@ -100,12 +116,12 @@ def cmd_snapshot_list(args: argparse.Namespace, client: Client) -> int:
         print_json(data)
         return EXIT_OK
     table(
-        ["NAME", "CREATED", "NOTEBOOK", "FILES", "SIZE"],
+        ["NAME", "CREATED", "OF", "FILES", "SIZE"],
         [
             [
                 s.get("name"),
                 when(s.get("created")),
-                (s.get("source") or {}).get("notebook") or "(default)",
+                _source(s.get("source") or {}),
                 s.get("objects"),
                 _size(s.get("bytes")),
             ]

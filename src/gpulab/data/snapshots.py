@@ -79,6 +79,7 @@ class Objects:
     digest, a copy (verified against the content's digest), JSON documents, deletes."""
 
     store: str
+    bucket: str
 
     def list(self, prefix: str) -> Iterator[tuple[str, int, str]]:
         raise NotImplementedError
@@ -86,7 +87,11 @@ class Objects:
     def sha256(self, key: str, etag: str) -> str:
         raise NotImplementedError
 
-    def copy(self, src: str, dst: str, sha256: str, etag: str | None = None) -> None:
+    def copy(
+        self, src: str, dst: str, sha256: str, etag: str | None = None, src_bucket: str = ""
+    ) -> None:
+        """Copy ``src`` (of ``src_bucket`` on the same store; "": this bucket) to ``dst``,
+        recording ``sha256``; fails when the source no longer has that content (``etag``)."""
         raise NotImplementedError
 
     def get_json(self, key: str) -> Any | None:
@@ -134,11 +139,14 @@ class S3Objects(Objects):
             sha.update(chunk)
         return sha.hexdigest()
 
-    def copy(self, src: str, dst: str, sha256: str, etag: str | None = None) -> None:
+    def copy(
+        self, src: str, dst: str, sha256: str, etag: str | None = None, src_bucket: str = ""
+    ) -> None:
         extra = {"Metadata": {META_SHA256: sha256}, "MetadataDirective": "REPLACE"}
         if etag:  # the content whose digest was read, or nothing
             extra["CopySourceIfMatch"] = f'"{etag}"'
-        self.client.copy({"Bucket": self.bucket, "Key": src}, self.bucket, dst, ExtraArgs=extra)
+        source = {"Bucket": src_bucket or self.bucket, "Key": src}
+        self.client.copy(source, self.bucket, dst, ExtraArgs=extra)
 
     def get_json(self, key: str) -> Any | None:
         from botocore.exceptions import ClientError
@@ -243,13 +251,16 @@ class FilesystemObjects(Objects):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
 
-    def copy(self, src: str, dst: str, sha256: str, etag: str | None = None) -> None:
+    def copy(
+        self, src: str, dst: str, sha256: str, etag: str | None = None, src_bucket: str = ""
+    ) -> None:
         sha = hashlib.sha256()
         size = 0
+        source = self.root / (src_bucket or self.bucket) / src
 
         def write(out) -> None:
             nonlocal size
-            fd = os.open(self._path(src), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             with open(fd, "rb") as f:
                 for chunk in iter(lambda: f.read(_BUF), b""):
                     out.write(chunk)
@@ -313,13 +324,13 @@ def _answered(objects: Objects) -> Iterator[None]:
         raise SnapshotRefused(400, str(e), e.field) from None
     except ChangedMeanwhile:
         raise SnapshotRefused(
-            409, "the workspace changed while it was read (a push under way?): try again"
+            409, "the data changed while it was read (a push under way?): try again"
         ) from None
     except Exception as e:  # noqa: BLE001 - boto's, OSError...: the store failed
         code = getattr(e, "response", {}).get("Error", {}).get("Code", "")
         if code in ("PreconditionFailed", "412"):
             raise SnapshotRefused(
-                409, "the workspace changed while it was read (a push under way?): try again"
+                409, "the data changed while it was read (a push under way?): try again"
             ) from None
         raise _store_failure(objects.store, e) from None
 
@@ -347,7 +358,7 @@ def _digests(objects: Objects, prefix: str, limit: int) -> dict[str, tuple[str, 
     listed = list(objects.list(prefix))
     if len(listed) > limit:
         raise SnapshotRefused(
-            409, f"the workspace holds {len(listed)} objects, more than a snapshot may ({limit})"
+            409, f"{prefix} holds {len(listed)} objects, more than a snapshot may ({limit})"
         )
     with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="gpulab-snapshot") as pool:
         shas = list(pool.map(lambda item: objects.sha256(item[0], item[2]), listed))
@@ -365,11 +376,14 @@ def take(
     source: dict[str, str],
     quota: int | None,
     max_count: int,
+    source_objects: Objects | None = None,
 ) -> dict:
-    """Take snapshot ``name`` of what ``source_prefix`` holds now: copy each content whose
-    blob is absent, then write the manifest. Its summary, with ``new_bytes`` (the blobs it
-    added). SnapshotRefused: 409 (the name is taken, over the count or the quota, the
-    workspace changed meanwhile), 502 (the store failed)."""
+    """Take snapshot ``name`` of what ``source_prefix`` holds now (in ``source_objects``, a
+    bucket of the same store; None: the snapshots' own bucket): copy each content whose blob
+    is absent, then write the manifest. Its summary, with ``new_bytes`` (the blobs it added).
+    SnapshotRefused: 409 (the name is taken, over the count or the quota, the data changed
+    meanwhile), 502 (the store failed)."""
+    origin = source_objects or objects
     prefix = normalize_prefix(source_prefix)
     with _one_at_a_time(user), _answered(objects):
         existing = _snapshots(objects, user)
@@ -378,7 +392,7 @@ def take(
         why = count_refusal(len(existing), max_count)
         if why:
             raise SnapshotRefused(409, why)
-        found = _digests(objects, prefix, MAX_SNAPSHOT_OBJECTS)
+        found = _digests(origin, prefix, MAX_SNAPSHOT_OBJECTS)
         snapshot = Snapshot(
             name=name,
             created=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
@@ -398,7 +412,11 @@ def take(
             list(
                 pool.map(
                     lambda item: objects.copy(
-                        prefix + item[1][0], blob_key(user, item[0]), item[0], item[1][1]
+                        prefix + item[1][0],
+                        blob_key(user, item[0]),
+                        item[0],
+                        item[1][1],
+                        origin.bucket,
                     ),
                     first_key.items(),
                 )

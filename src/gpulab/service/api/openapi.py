@@ -94,7 +94,9 @@ SNAPSHOT_DESCRIPTION = (
     "workspace bucket: taking one copies (inside the store) only the contents none of your "
     "snapshots holds yet. 409: the name is taken, you have max_snapshots, the blobs would go "
     "over snapshot_quota, the workspace changed meanwhile, or no workspace store is "
-    "configured; 404: no such notebook of yours."
+    "configured, or a job's volume is read-only or on another store than the workspace's; "
+    "404: no such notebook, job or job volume of yours; 403: no grant covers the job's volume "
+    "now."
 )
 
 
@@ -231,7 +233,8 @@ PATHS: dict[str, dict] = {
         },
         "post": {
             "operationId": "takeSnapshot",
-            "summary": "take a snapshot of a notebook's workspace as stored (its last push)",
+            "summary": "take a snapshot of a notebook's workspace, or of a job's rw volume, as "
+            "stored (its last push)",
             "description": SNAPSHOT_DESCRIPTION,
             "parameters": [USER],
             "requestBody": {
@@ -242,8 +245,22 @@ PATHS: dict[str, dict] = {
                             "type": "object",
                             "required": ["name"],
                             "additionalProperties": False,
+                            "dependentRequired": {"job": ["volume"], "volume": ["job"]},
+                            "not": {"required": ["notebook", "job"]},
                             "properties": {
                                 "name": SNAPSHOT_NAME,
+                                "job": {
+                                    "type": "string",
+                                    "pattern": "^[a-z0-9]{1,64}$",
+                                    "description": "a job of yours, with volume: a snapshot of "
+                                    "that job's rw/rwd volume (on the workspace store)",
+                                },
+                                "volume": {
+                                    "type": "string",
+                                    "pattern": "^/",
+                                    "maxLength": 1024,
+                                    "description": "the job volume's mount path",
+                                },
                                 "notebook": {
                                     "type": "string",
                                     "pattern": "^([^./][^/]*)?$",

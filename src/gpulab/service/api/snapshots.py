@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from ...jobs import snapshots as job_snapshots
 from ...notebooks import snapshots
 from ..base import NB_MANAGE, NB_READ, ApiError, BaseHandler, authenticated
 
@@ -18,7 +19,7 @@ from ..base import NB_MANAGE, NB_READ, ApiError, BaseHandler, authenticated
 def _answered() -> Iterator[None]:
     try:
         yield
-    except snapshots.SnapshotRefused as e:
+    except (snapshots.SnapshotRefused, job_snapshots.SnapshotRefused) as e:
         raise ApiError(e.status, e.message, field=e.field) from None
 
 
@@ -41,11 +42,15 @@ class SnapshotsHandler(SnapshotsBase):
 
     @authenticated
     async def post(self, user: str):
-        """Take a snapshot: {"name": ..., "notebook": SERVER}; 201 with its summary."""
+        """Take a snapshot: {"name": ..., "notebook": SERVER} of a notebook's workspace, or
+        {"name": ..., "job": ID, "volume": MOUNT} of a job's rw volume; 201 with its summary."""
         self.owner(user, NB_MANAGE, f"no snapshots for {user}")
         body = self.body()
         with _answered():
-            taken = await snapshots.take(self.settings["gpulab"], self.records, user, body)
+            if "job" in body or "volume" in body:
+                taken = await job_snapshots.take(self.settings["gpulab"], self.jobs, user, body)
+            else:
+                taken = await snapshots.take(self.settings["gpulab"], self.records, user, body)
         self.set_header("Location", f"{self.request.path.rstrip('/')}/{taken['name']}")
         self.write_json(taken, 201)
 
