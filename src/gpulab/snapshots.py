@@ -103,6 +103,9 @@ class Snapshot:
     source: Mapping[str, str]
     #: relative key -> (sha256, size)
     objects: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    #: relative key -> its permission bits, where the sync kept them (a blob is shared by
+    #: files of one content, whatever their modes: the mode is the file's, kept here)
+    modes: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
@@ -125,7 +128,10 @@ class Snapshot:
         return {
             "version": VERSION,
             **self.summary(),
-            "entries": {k: {"sha256": s, "size": n} for k, (s, n) in sorted(self.objects.items())},
+            "entries": {
+                k: {"sha256": s, "size": n, **({"mode": self.modes[k]} if k in self.modes else {})}
+                for k, (s, n) in sorted(self.objects.items())
+            },
         }
 
     @classmethod
@@ -137,7 +143,7 @@ class Snapshot:
         entries = data.get("entries")
         if not isinstance(entries, dict) or len(entries) > MAX_SNAPSHOT_OBJECTS:
             raise ValueError("a snapshot manifest without entries")
-        objects = {}
+        objects, modes = {}, {}
         for key, entry in entries.items():
             if not safe_relative_key(key) or not isinstance(entry, dict):
                 raise ValueError(f"a snapshot manifest with a bad key {str(key)[:80]!r}")
@@ -147,12 +153,18 @@ class Snapshot:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise ValueError(f"a snapshot manifest with a bad size for {key[:80]!r}")
             objects[key] = (sha, size)
+            mode = entry.get("mode")
+            if mode is not None:
+                if not isinstance(mode, int) or isinstance(mode, bool) or not 0 <= mode <= 0o777:
+                    raise ValueError(f"a snapshot manifest with a bad mode for {key[:80]!r}")
+                modes[key] = mode
         source = data.get("source") if isinstance(data.get("source"), dict) else {}
         return cls(
             name=snapshot_name(data.get("name")),
             created=str(data.get("created") or ""),
             source={str(k): str(v) for k, v in source.items()},
             objects=objects,
+            modes=modes,
         )
 
 
@@ -196,11 +208,19 @@ class RestorePlan:
     kept: int
 
 
-def restore_plan(snapshot: Snapshot, target: Mapping[str, str | None]) -> RestorePlan:
-    """What makes the target (relative key -> its sha256, None where unknown) hold exactly
-    the snapshot: copy what differs, delete what the snapshot lacks."""
+def restore_plan(
+    snapshot: Snapshot, target: Mapping[str, tuple[str | None, int | None]]
+) -> RestorePlan:
+    """What makes the target (relative key -> its sha256 and mode, None where unknown) hold
+    exactly the snapshot: copy what differs, in content or in a mode the snapshot kept;
+    delete what the snapshot lacks."""
+
+    def same(key: str, sha: str) -> bool:
+        has, mode = target.get(key) or (None, None)
+        return has == sha and (key not in snapshot.modes or mode == snapshot.modes[key])
+
     copy = tuple(
-        (key, sha) for key, (sha, _) in sorted(snapshot.objects.items()) if target.get(key) != sha
+        (key, sha) for key, (sha, _) in sorted(snapshot.objects.items()) if not same(key, sha)
     )
     delete = tuple(sorted(k for k in target if k not in snapshot.objects))
     return RestorePlan(copy, delete, len(snapshot.objects) - len(copy))

@@ -455,7 +455,10 @@ def test_snapshot_take_restore_delete_from_the_command_line(hub, s3, docker_clie
         return r.returncode, r.stdout + r.stderr
 
     nb = start(hub, "snap", {})
-    script = "echo one > /workspace/v.txt && mkdir /workspace/d && echo same > /workspace/d/s.txt"
+    script = (
+        "echo one > /workspace/v.txt && chmod 750 /workspace/v.txt && mkdir /workspace/d "
+        "&& echo same > /workspace/d/s.txt"
+    )
     assert sh(docker_client, nb["container"], script)[0] == 0
     hub.stop_server("alice", "snap")
     stopped = hub.notebook("alice", "snap").json()
@@ -479,8 +482,12 @@ def test_snapshot_take_restore_delete_from_the_command_line(hub, s3, docker_clie
     assert (code, out) == (0, "snapshot v1 restored into notebook snap: 1 files copied, "
                               "1 deleted, 1 unchanged\n")  # fmt: skip
     nb = start(hub, "snap", {})
-    code, out = sh(docker_client, nb["container"], "cat /workspace/v.txt; ls /workspace")
-    assert code == 0 and out.split() == ["one", "d", "v.txt"], out
+    code, out = sh(
+        docker_client,
+        nb["container"],
+        "cat /workspace/v.txt; stat -c %a /workspace/v.txt; ls /workspace",
+    )
+    assert code == 0 and out.split() == ["one", "750", "d", "v.txt"], out  # its mode too
     code, out = cli("restore", "v1", "--notebook", "snap")
     assert code == 1 and "snap is RUNNING" in out
     hub.stop_server("alice", "snap")

@@ -77,9 +77,13 @@ def test_plans():
         "v1", "t", {}, {"a": ("1" * 64, 5), "b": ("2" * 64, 7), "c": ("1" * 64, 5)}
     )
     assert rules.new_blobs(snap.objects, {"1" * 64: 5}) == {"2" * 64: 7}
-    plan = rules.restore_plan(snap, {"a": "1" * 64, "b": "9" * 64, "d": None})
+    plan = rules.restore_plan(snap, {"a": ("1" * 64, 0o644), "b": ("9" * 64, None), "d": None})
     assert plan.copy == (("b", "2" * 64), ("c", "1" * 64))
     assert plan.delete == ("d",) and plan.kept == 1
+    # a mode the snapshot kept counts: the same content with another mode is copied again
+    moded = rules.Snapshot("v1", "t", {}, {"a": ("1" * 64, 5)}, {"a": 0o755})
+    assert rules.restore_plan(moded, {"a": ("1" * 64, 0o644)}).copy == (("a", "1" * 64),)
+    assert rules.restore_plan(moded, {"a": ("1" * 64, 0o755)}).copy == ()
     other = rules.Snapshot("v2", "t", {}, {"x": ("2" * 64, 7)})
     assert rules.unreferenced({"1" * 64, "2" * 64, "3" * 64}, [other]) == {"1" * 64, "3" * 64}
     assert rules.quota_refusal(10, 5, 15) is None and rules.quota_refusal(10, 5, None) is None
@@ -100,10 +104,10 @@ class Store:
         )
         self.tmp = tmp_path
 
-    def put(self, key: str, data: bytes, sidecar: bool = True) -> None:
+    def put(self, key: str, data: bytes, sidecar: bool = True, mode: int | None = None) -> None:
         src = self.tmp / "src"
         src.write_bytes(data)
-        self.remote.upload(key, src, hash_file(src))
+        self.remote.upload(key, src, hash_file(src), mode)
         if not sidecar:  # an object the sync did not write: its digest is read from it
             (self.root / ".gpulab-meta" / BUCKET / f"{key}.json").unlink()
 
@@ -176,6 +180,25 @@ def test_snapshots_share_blobs_count_restore_and_delete(tmp_path):
     assert store.one(st.objects, "ann", "v2")["objects"] == 4
 
 
+def test_modes_are_kept_per_file_and_links_left_out(tmp_path):
+    st = Store(tmp_path)
+    st.put(WS + "run.sh", b"#!/bin/sh\n", mode=0o755)
+    st.put(WS + "notes.sh", b"#!/bin/sh\n", mode=0o644)  # the same content: one blob
+    st.remote.upload_link(WS + "link", b"run.sh")  # a home's kind of object: not taken
+    taken = take(st, "v1")
+    assert taken["objects"] == 2 and len(st.blobs()) == 1
+    other = "workspaces/ann/other/"
+    st.put(other + "run.sh", b"#!/bin/sh\n", mode=0o644)  # its content, not its mode
+    st.put(other + "notes.sh", b"#!/bin/sh\n", mode=0o644)  # already as it was
+    done = store.restore(st.objects, "ann", "v1", other)
+    assert (done["copied"], done["unchanged"]) == (1, 1)
+
+    def mode(key):
+        return json.loads((st.root / ".gpulab-meta" / BUCKET / f"{key}.json").read_text())["mode"]
+
+    assert (mode(other + "run.sh"), mode(other + "notes.sh")) == (0o755, 0o644)
+
+
 def test_users_are_isolated(tmp_path):
     st = Store(tmp_path)
     st.put(WS + "a.txt", b"ann's")
@@ -192,12 +215,14 @@ def test_users_are_isolated(tmp_path):
 def test_a_workspace_that_changes_while_copied_is_refused(tmp_path, monkeypatch):
     st = Store(tmp_path)
     st.put(WS + "a.txt", b"before")
-    real = store.FilesystemObjects.sha256
-    monkeypatch.setattr(store.FilesystemObjects, "sha256", lambda self, k, e: sha(b"other"))
+    real = store.FilesystemObjects.describe
+    monkeypatch.setattr(
+        store.FilesystemObjects, "describe", lambda self, k, e: (sha(b"other"), None, False)
+    )
     with pytest.raises(store.SnapshotRefused, match="changed while it was read") as e:
         take(st, "v1")
     assert e.value.status == 409
-    monkeypatch.setattr(store.FilesystemObjects, "sha256", real)
+    monkeypatch.setattr(store.FilesystemObjects, "describe", real)
     assert store.listing(st.objects, "ann")["snapshots"] == []
 
 

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..datasync.filesystem import META_DIR, FilesystemRemote
+from ..datasync.filesystem import META_DIR, FilesystemRemote, meta_fields
 from ..datasync.localtree import RESERVED_PREFIX, normalize_prefix
 from ..datasync.s3_settings import S3Settings
 from ..errors import FieldError
@@ -46,7 +46,8 @@ from .sync import HELPER_GID, HELPER_UID, _ensure_dir, store_remote
 #: threads that read objects' digests and copy objects of one operation
 COPY_THREADS = 8
 _BUF = 1024 * 1024
-META_SHA256 = "gpulab-sha256"  # the sync engine's (datasync.s3.META_SHA256)
+META_SHA256 = "gpulab-sha256"  # the sync engine's (datasync.s3.META_SHA256, META_MODE)
+META_MODE = "gpulab-mode"
 
 
 class SnapshotRefused(Exception):
@@ -84,14 +85,24 @@ class Objects:
     def list(self, prefix: str) -> Iterator[tuple[str, int, str]]:
         raise NotImplementedError
 
-    def sha256(self, key: str, etag: str) -> str:
+    def describe(self, key: str, etag: str) -> tuple[str, int | None, bool]:
+        """(sha256, permission bits or None, whether it is a symbolic link's object) of the
+        object whose content is ``etag``'s, from the sync's metadata (the digest read from
+        the content where the sync kept none)."""
         raise NotImplementedError
 
     def copy(
-        self, src: str, dst: str, sha256: str, etag: str | None = None, src_bucket: str = ""
+        self,
+        src: str,
+        dst: str,
+        sha256: str,
+        etag: str | None = None,
+        src_bucket: str = "",
+        mode: int | None = None,
     ) -> None:
         """Copy ``src`` (of ``src_bucket`` on the same store; "": this bucket) to ``dst``,
-        recording ``sha256``; fails when the source no longer has that content (``etag``)."""
+        recording ``sha256`` (and ``mode``, as the sync records a file's permission bits);
+        fails when the source no longer has that content (``etag``)."""
         raise NotImplementedError
 
     def get_json(self, key: str) -> Any | None:
@@ -127,22 +138,34 @@ class S3Objects(Objects):
             if e.response.get("Error", {}).get("Code") != "NoSuchBucket":
                 raise
 
-    def sha256(self, key: str, etag: str) -> str:
+    def describe(self, key: str, etag: str) -> tuple[str, int | None, bool]:
+        from ..datasync.s3 import meta_fields
+
         head = self.client.head_object(Bucket=self.bucket, Key=key, IfMatch=f'"{etag}"')
+        mode, link = meta_fields(head.get("Metadata"))
         known = (head.get("Metadata") or {}).get(META_SHA256, "")
         if len(known) == 64:
-            return known
+            return known, mode, link
         # an object the sync did not write (no digest kept): read it once
         body = self.client.get_object(Bucket=self.bucket, Key=key, IfMatch=f'"{etag}"')["Body"]
         sha = hashlib.sha256()
         for chunk in iter(lambda: body.read(_BUF), b""):
             sha.update(chunk)
-        return sha.hexdigest()
+        return sha.hexdigest(), mode, link
 
     def copy(
-        self, src: str, dst: str, sha256: str, etag: str | None = None, src_bucket: str = ""
+        self,
+        src: str,
+        dst: str,
+        sha256: str,
+        etag: str | None = None,
+        src_bucket: str = "",
+        mode: int | None = None,
     ) -> None:
-        extra = {"Metadata": {META_SHA256: sha256}, "MetadataDirective": "REPLACE"}
+        metadata = {META_SHA256: sha256}
+        if mode is not None:
+            metadata[META_MODE] = f"{mode:o}"
+        extra = {"Metadata": metadata, "MetadataDirective": "REPLACE"}
         if etag:  # the content whose digest was read, or nothing
             extra["CopySourceIfMatch"] = f'"{etag}"'
         source = {"Bucket": src_bucket or self.bucket, "Key": src}
@@ -210,12 +233,15 @@ class FilesystemObjects(Objects):
         for o in self.remote.list(prefix):
             yield o.key, o.size, o.etag
 
-    def sha256(self, key: str, etag: str) -> str:
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            known = json.loads(self._meta(key).read_text())["sha256"]
-            if isinstance(known, str) and len(known) == 64:
-                return known
-        return self._hash(self._path(key))
+    def describe(self, key: str, etag: str) -> tuple[str, int | None, bool]:
+        meta = None
+        with contextlib.suppress(OSError, ValueError):
+            meta = json.loads(self._meta(key).read_text())
+        mode, link = meta_fields(meta)
+        known = meta.get("sha256") if isinstance(meta, dict) else None
+        if isinstance(known, str) and len(known) == 64:
+            return known, mode, link
+        return self._hash(self._path(key)), mode, link
 
     @staticmethod
     def _hash(path: Path) -> str:
@@ -252,7 +278,13 @@ class FilesystemObjects(Objects):
                 tmp.unlink()
 
     def copy(
-        self, src: str, dst: str, sha256: str, etag: str | None = None, src_bucket: str = ""
+        self,
+        src: str,
+        dst: str,
+        sha256: str,
+        etag: str | None = None,
+        src_bucket: str = "",
+        mode: int | None = None,
     ) -> None:
         sha = hashlib.sha256()
         size = 0
@@ -270,7 +302,8 @@ class FilesystemObjects(Objects):
                 raise ChangedMeanwhile(src)
 
         self._write(self._path(dst), write)
-        meta = json.dumps({"size": size, "sha256": sha256}).encode()
+        extra = {} if mode is None else {"mode": mode}
+        meta = json.dumps({"size": size, "sha256": sha256, **extra}).encode()
         self._write(self._meta(dst), lambda f: f.write(meta))
 
     def get_json(self, key: str) -> Any | None:
@@ -353,18 +386,20 @@ def _blobs(objects: Objects, user: str) -> dict[str, int]:
     return {key[len(prefix) :]: size for key, size, _ in objects.list(prefix)}
 
 
-def _digests(objects: Objects, prefix: str, limit: int) -> dict[str, tuple[str, int, str]]:
-    """relative key -> (sha256, size, etag) of every object under ``prefix``."""
+def _digests(objects: Objects, prefix: str, limit: int) -> dict[str, tuple]:
+    """relative key -> (sha256, size, etag, mode) of every object under ``prefix``; a
+    symbolic link's object (a home's; workspaces and job volumes have none) is left out."""
     listed = list(objects.list(prefix))
     if len(listed) > limit:
         raise SnapshotRefused(
             409, f"{prefix} holds {len(listed)} objects, more than a snapshot may ({limit})"
         )
     with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="gpulab-snapshot") as pool:
-        shas = list(pool.map(lambda item: objects.sha256(item[0], item[2]), listed))
+        described = list(pool.map(lambda item: objects.describe(item[0], item[2]), listed))
     return {
-        key[len(prefix) :]: (sha, size, etag)
-        for (key, size, etag), sha in zip(listed, shas, strict=True)
+        key[len(prefix) :]: (sha, size, etag, mode)
+        for (key, size, etag), (sha, mode, link) in zip(listed, described, strict=True)
+        if not link
     }
 
 
@@ -397,7 +432,8 @@ def take(
             name=name,
             created=datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
             source=source,
-            objects={key: (sha, size) for key, (sha, size, _) in found.items()},
+            objects={key: (sha, size) for key, (sha, size, _, _) in found.items()},
+            modes={key: mode for key, (_, _, _, mode) in found.items() if mode is not None},
         )
         present = _blobs(objects, user)
         adding = new_blobs(snapshot.objects, present)
@@ -405,7 +441,7 @@ def take(
         if why:
             raise SnapshotRefused(409, why)
         first_key = {}
-        for key, (sha, _, etag) in found.items():
+        for key, (sha, _, etag, _) in found.items():
             if sha in adding:
                 first_key.setdefault(sha, (key, etag))
         with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="gpulab-snapshot") as pool:
@@ -470,11 +506,16 @@ def restore(objects: Objects, user: str, name: str, target_prefix: str) -> dict:
     with _one_at_a_time(user), _answered(objects):
         snapshot = _manifest(objects, user, name)
         target = _digests(objects, prefix, MAX_SNAPSHOT_OBJECTS)
-        plan = restore_plan(snapshot, {k: sha for k, (sha, _, _) in target.items()})
+        plan = restore_plan(snapshot, {k: (sha, mode) for k, (sha, _, _, mode) in target.items()})
         with ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="gpulab-snapshot") as pool:
             list(
                 pool.map(
-                    lambda item: objects.copy(blob_key(user, item[1]), prefix + item[0], item[1]),
+                    lambda item: objects.copy(
+                        blob_key(user, item[1]),
+                        prefix + item[0],
+                        item[1],
+                        mode=snapshot.modes.get(item[0]),
+                    ),
                     plan.copy,
                 )
             )
