@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gpulab.datasync.cli import main as sync_main
-from gpulab.datasync.engine import push
+from gpulab.datasync.engine import pull, push
 from gpulab.datasync.filesystem import FilesystemRemote
 from gpulab.datasync.live import FileState, changed, unsettled
 from gpulab.datasync.localtree import LocalRoot
@@ -136,6 +136,12 @@ def test_the_final_push_waits_for_a_live_push_lock(tmp_path):
         assert time.monotonic() - began >= 0.3
     assert push(vol, remote, "", wait_lock_s=0.3).completed == 1
     assert (vol / MANIFEST_NAME).exists()
+    again = tmp_path / "again"
+    again.mkdir()
+    # a pull waits for the lock too (a live push that began as the workload stopped)
+    with LocalRoot(again) as root, locked(root), pytest.raises(Locked):
+        pull(remote, again, "", wait_lock_s=0.2)
+    assert pull(remote, again, "", wait_lock_s=0.2).completed == 1
 
 
 def test_the_command_line_says_what_a_live_push_left(tmp_path, capsys):

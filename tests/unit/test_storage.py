@@ -189,7 +189,7 @@ def test_a_live_push_helper_says_live_and_a_final_push_waits_for_it():
     final = sync_helper_spec(operation="push", wait_lock_s=300, **kw).command
     assert "--live" not in final and final[final.index("--wait-lock") + 1] == "300"
     pull = sync_helper_spec(operation="pull", live=True, wait_lock_s=300, **kw).command
-    assert "--live" not in pull and "--wait-lock" not in pull
+    assert "--live" not in pull and pull[pull.index("--wait-lock") + 1] == "300"
     vol = VolumeSync(STORAGE.workspace_spec("ann", "", "/workspace"), "v", "workspace")
     report = {"live": True, "completed": 1, "skipped": 5, "in_flux": 2, "bytes_transferred": 9}
     assert SyncOutcome(vol, True, report).summary() == (

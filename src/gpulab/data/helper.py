@@ -78,8 +78,9 @@ def sync_helper_spec(
 
     ``live``: a push while the workload runs (``--live``: settled files only, no deletion;
     the rule is :mod:`gpulab.datasync.live`), taking files unchanged for ``settle_s`` seconds
-    (None: the helper's 10). ``wait_lock_s``: how long a push waits for
-    another sync of the volume to end (the final push waits for a live push).
+    (None: the helper's 10). ``wait_lock_s``: how long a pull or a push waits for
+    another sync of the volume to end (the final push waits for a live push; so does a pull,
+    for one that started as the workload stopped).
 
     The helper mounts the workload's volume at /data. For the embedded filesystem store it
     sees only what that volume may touch, never the store root: the volume's own directory
@@ -111,7 +112,7 @@ def sync_helper_spec(
             command.append("--live")
             if settle_s is not None:
                 command += ["--settle-seconds", f"{settle_s:g}"]
-        if wait_lock_s > 0 and operation == "push":
+        if wait_lock_s > 0:
             command += ["--wait-lock", f"{wait_lock_s:g}"]
         if docker_volume is None:
             raise ValueError("pull and push need a volume")

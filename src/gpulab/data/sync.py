@@ -535,7 +535,9 @@ class WorkloadData:
             links=vol.links,
             live=live,
             settle_s=settle_s,
-            wait_lock_s=0.0 if live else FINAL_PUSH_WAITS_S,
+            # a live push never waits: one at a time; a final push, a pull (a restart right
+            # after a stop) and a purge wait for a live push that holds the volume
+            wait_lock_s=0.0 if live or operation == "purge" else FINAL_PUSH_WAITS_S,
         )
         final: dict = {}
         errors: list[str] = []

@@ -302,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_bytes=args.max_bytes,
                 exclude=exclude,
                 links=args.links,
+                wait_lock_s=args.wait_lock,
             )
         else:
             report = push(

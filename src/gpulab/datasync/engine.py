@@ -351,6 +351,7 @@ def pull(
     max_bytes: int | None = None,
     exclude: Excludes | None = None,
     links: bool = False,
+    wait_lock_s: float = 0.0,
 ) -> SyncReport:
     """Bring ``local_dir`` up to date with ``remote``'s objects under ``prefix``.
 
@@ -367,6 +368,9 @@ def pull(
     Files get the permission bits their objects carry (:func:`.localtree.restored_mode`).
     ``links``: objects pushed as symbolic links are restored as links (never followed,
     see :func:`_pull_one`); without it they are left out, with a note.
+
+    ``wait_lock_s``: how long to wait for another sync of ``local_dir`` to end (a live push
+    that started as the workload stopped), Locked after that.
     """
     opts = options or SyncOptions()
     prefix = normalize_prefix(prefix)
@@ -374,7 +378,7 @@ def pull(
     local.mkdir(parents=True, exist_ok=True)
     report = SyncReport("pull", remote.bucket, prefix, "mirror" if delete else "update")
     run = _Run(report, progress, opts.progress_interval_s)
-    with LocalRoot(local) as root, locked(root):
+    with LocalRoot(local) as root, locked(root, wait_lock_s):
         manifest = Manifest.load(root, remote.identity, prefix)
         if manifest.reset_reason:
             report.notes.append(manifest.reset_reason)
