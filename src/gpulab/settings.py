@@ -643,6 +643,35 @@ class GpulabSettings(Configurable):
         """:attr:`image_max_bytes` in bytes."""
         return int(parse_size(self.image_max_bytes, "image_max_bytes"))
 
+    dataset_cache_max_bytes = Union(
+        [Integer(), Unicode()],
+        default_value="100G",
+        help="""Most that the dataset cache may hold on one node ("100G", or bytes; 0 turns it
+        off). A job's read-only volume whose store, bucket, prefix and content (every
+        object's key, size and ETag) another job already pulled to that node is mounted from
+        that copy, read-only, instead of being pulled again; the least recently used copies
+        no container uses are removed to make room. A dataset bigger than this is pulled into
+        the job's own volume, as without the cache. Users' disk quotas count a cached dataset
+        as before, once per job that mounts it.""",
+    ).tag(config=True)
+
+    @validate("dataset_cache_max_bytes")
+    def _check_dataset_cache(self, proposal):
+        if proposal["value"] in (0, "0"):
+            return 0  # off
+        try:
+            parse_size(proposal["value"], "dataset_cache_max_bytes")
+        except ValueError as e:
+            raise TraitError(f"c.GpulabSettings.dataset_cache_max_bytes: {e}") from None
+        return proposal["value"]
+
+    @property
+    def dataset_cache_max_size(self) -> int:
+        """:attr:`dataset_cache_max_bytes` in bytes (0: the cache is off)."""
+        if self.dataset_cache_max_bytes in (0, "0"):
+            return 0
+        return int(parse_size(self.dataset_cache_max_bytes, "dataset_cache_max_bytes"))
+
     image_pull_timeout = Float(
         1800.0,
         help="Seconds one pull of an image from a registry may take before it is given up "

@@ -87,6 +87,9 @@ c.GpulabSettings.notebook_reconcile_interval = 1
 c.GpulabSettings.disk_quota = "64K"
 c.GpulabSettings.user_disk_quotas = {{"roomy": "1M"}}
 c.GpulabSettings.git_max_bytes = "256K"
+# each job's own volumes, which these tests count (the dataset cache books a cached dataset
+# the same way: tests/unit/test_supervisor.py::test_a_cached_dataset_counts_against_...)
+c.GpulabSettings.dataset_cache_max_bytes = 0
 c.GpulabSettings.object_stores["s3"] = {{"endpoint_url": "{s3.endpoint}",
     "credentials": {{"file": "{s3.credentials}"}}}}
 c.GpulabSettings.volume_grants.append({{"store": "s3", "bucket": "{BUCKET}"}})

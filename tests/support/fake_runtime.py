@@ -701,6 +701,8 @@ class FakeRuntime(Runtime):
             raise EngineError(f"the helper did not run: {why}")
         self.helper_configs.append(spec)
         self.helper_nodes.append(node)
+        for m in spec.mounts:  # as an engine does: a named volume is made by its first mount
+            self.volumes.add((m.volume, node))
         code, lines = self._helper_results.pop(0) if self._helper_results else (0, [])
         for line in lines:
             on_line(line)

@@ -1538,3 +1538,126 @@ def test_an_image_over_the_site_s_cap_is_not_pulled_to_its_end(tmp_path):
         assert lab.rt.called("create_and_start") == []
 
     registry_lab(tmp_path, test, image_max_bytes="1M")
+
+
+# --- the dataset cache -----------------------------------------------------------------------
+
+
+def _pulls_of(lab: Lab, prefix: str) -> list[str]:
+    """The cache volumes the sync helper pulled into (their names)."""
+    return [
+        m.volume
+        for h in lab.rt.helper_configs
+        if h.command and h.command[0] == "pull"
+        for m in h.mounts
+        if m.volume.startswith(prefix)
+    ]
+
+
+def _dataset(lab: Lab, name: str = "mnist", files: dict[str, str] | None = None) -> None:
+    """Files under data/NAME in the lab's store; the next helpers report success."""
+    for _ in range(8):
+        lab.rt.script_helper(0, [json.dumps({"event": "report", "ok": True, "completed": 1})])
+    root = lab.tmp / "store" / "data" / name
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, text in (files or {"train.csv": "1,2,3\n"}).items():
+        (root / rel).write_text(text)
+
+
+def _mounted(lab: Lab, job_id: str) -> list[tuple[str, bool]]:
+    (call,) = [c for c in lab.rt.called("create_and_start") if c.args[0].name == lab.name(job_id)]
+    return [(m.volume, m.read_only) for m in call.args[0].mounts]
+
+
+def test_jobs_reading_one_dataset_pull_it_once_and_mount_it_read_only(tmp_path):
+    async def test(lab: Lab):
+        _dataset(lab)
+        ids = [lab.submit(volumes=["data@local/mnist:/data"], gpus=0) for _ in range(3)]
+        for job_id in ids:
+            await lab.place(job_id)
+        for job_id in ids:
+            await lab.until(job_id, J.RUNNING)
+        prefix = f"{INSTANCE}-dataset-"
+        (volume,) = set(_pulls_of(lab, prefix))
+        assert len(_pulls_of(lab, prefix)) == 1 and volume.endswith("-6")  # 6 bytes
+        assert [_mounted(lab, j) for j in ids] == [[(volume, True)]] * 3
+        notes = [e["message"] for e in lab.job(ids[2])["history"] if e["reason"] == "SYNC"]
+        assert notes == [
+            f"data@local/mnist:/data:ro: the node's copy in the dataset cache ({volume})"
+        ]
+        # the dataset changes in the store: the next job gets a copy of its own content, the
+        # running ones keep theirs
+        _dataset(lab, files={"train.csv": "1,2,3,4\n"})
+        later = lab.submit(volumes=["data@local/mnist:/data"], gpus=0)
+        await lab.place(later)
+        await lab.until(later, J.RUNNING)
+        newer = _mounted(lab, later)[0][0]
+        assert newer != volume and newer.endswith("-8") and (volume, "") in lab.rt.volumes
+        # a writable volume is never the cache's
+        rw = lab.submit(volumes=["data@local/mnist:/data:rw"], gpus=0)
+        await lab.place(rw)
+        await lab.until(rw, J.RUNNING)
+        assert not _mounted(lab, rw)[0][0].startswith(prefix)
+
+    lab_run(tmp_path, test)
+
+
+def test_the_least_recently_used_dataset_no_container_uses_makes_room(tmp_path):
+    """A cap of 10 bytes: two 6-byte datasets cannot be kept together. While a running job
+    uses the older one the engine refuses its removal: the new one is the job's own volume.
+    Once that job and its container are gone, the older one makes room."""
+
+    async def test(lab: Lab):
+        _dataset(lab, "a", {"f": "aaaaaa"})
+        _dataset(lab, "b", {"f": "bbbbbb"})
+        prefix = f"{INSTANCE}-dataset-"
+        first = lab.submit(volumes=["data@local/a:/data"], gpus=0)
+        await lab.place(first)
+        await lab.until(first, J.RUNNING)
+        (old,) = _pulls_of(lab, prefix)
+        second = lab.submit(volumes=["data@local/b:/data"], gpus=0)
+        await lab.place(second)
+        await lab.until(second, J.RUNNING)
+        assert not _mounted(lab, second)[0][0].startswith(prefix)  # no room: its own volume
+        assert (old, "") in lab.rt.volumes
+        lab.rt.exits(lab.name(first), 0)
+        await lab.until(first, J.DONE)
+        await lab.settle(first)
+        await housekeeping.cleanup(lab.ctx, 0.0)  # its container goes (retention 0)
+        assert lab.name(first) not in lab.rt.workloads
+        third = lab.submit(volumes=["data@local/b:/data"], gpus=0)
+        await lab.place(third)
+        await lab.until(third, J.RUNNING)
+        assert (old, "") not in lab.rt.volumes
+        assert _mounted(lab, third)[0][0].startswith(prefix)
+
+    lab_run(tmp_path, test, dataset_cache_max_bytes=10)
+
+
+def test_eviction_order_as_data():
+    from gpulab.jobs.supervisor.datasets import cached_size, evictions
+
+    held = {"a": 4, "b": 4, "c": 4}
+    used = {"a": 3.0, "b": 1.0, "c": 2.0}
+    assert evictions(held, used, 4, 12) == ["b"]
+    assert evictions(held, used, 8, 12) == ["b", "c"]
+    assert evictions(held, used, 8, 12, frozenset({"b"})) == ["c", "a"]
+    assert evictions(held, used, 4, 16) == []
+    assert evictions(held, used, 13, 12) is None
+    assert evictions(held, used, 9, 12, frozenset({"a", "b"})) is None
+    assert cached_size("t", "t-dataset-abc-123") == 123 and cached_size("t", "t-job-x-1") is None
+
+
+def test_a_cached_dataset_counts_against_each_owner_s_quota_as_their_own_copy(tmp_path):
+    async def test(lab: Lab):
+        _dataset(lab, files={"f": "x" * 600})
+        ids = [lab.submit(volumes=["data@local/mnist:/data"], gpus=0) for _ in range(2)]
+        for job_id in ids:
+            await lab.place(job_id)
+        first = await lab.until(ids[0], J.RUNNING)
+        refused = await lab.until(ids[1], J.FAILED)  # 600 + 600 > 1000: as without the cache
+        assert refused["reason"] == "PULL_FAILED" and "disk quota" in refused["message"]
+        assert lab.ctx.disk.held(first["owner"]) == 600  # the running job's, booked
+        assert len(_pulls_of(lab, f"{INSTANCE}-dataset-")) == 1
+
+    lab_run(tmp_path, test, disk_quota=1000)

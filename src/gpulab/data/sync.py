@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -406,6 +407,20 @@ class WorkloadData:
         """Bytes of the objects a pull of ``vol`` would bring (their total size under the
         volume's prefix, as the sync engine lists them); 0 for a bucket that does not exist.
         Blocking. Raises on any other failure to list."""
+        return sum(o.size for o in self._listed(vol))
+
+    def listed_content(self, vol: VolumeSync) -> tuple[int, str]:
+        """(bytes, content key) of what a pull of ``vol`` would bring: the key is a SHA-256
+        over every object's key, size and change token (ETag), so that it changes when any
+        object under the prefix does. Blocking; raises as :meth:`listed_size`."""
+        h = hashlib.sha256()
+        size = 0
+        for o in sorted(self._listed(vol), key=lambda o: o.key):
+            size += o.size
+            h.update(f"{o.key}\0{o.size}\0{o.etag}\n".encode())
+        return size, h.hexdigest()
+
+    def _listed(self, vol: VolumeSync) -> list:
         from ..datasync.localtree import normalize_prefix
 
         spec, store = vol.spec, self.stores[vol.spec.store]
@@ -414,16 +429,16 @@ class WorkloadData:
             from ..datasync.filesystem import FilesystemRemote
 
             remote = FilesystemRemote(store.root or "/nonexistent", spec.bucket)
-            return sum(o.size for o in remote.list(prefix))
+            return list(remote.list(prefix))
         from botocore.exceptions import ClientError
 
         settings = S3Settings(max_attempts=3, connect_timeout=5.0, read_timeout=30.0)
         remote = store_remote(store, spec.bucket, settings)
         try:
-            return sum(o.size for o in remote.list(prefix))
+            return list(remote.list(prefix))
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("NoSuchBucket", "404"):
-                return 0
+                return []
             raise
 
     async def book_pull(self, vol: VolumeSync) -> SyncOutcome | int:

@@ -29,6 +29,7 @@ from ..gang import Rank
 from ..records import JobRecords
 from ..spec import JobSpec
 from ..spec.ports import job_path
+from .datasets import DatasetCache
 from .live import LivePushes
 
 log = logging.getLogger("gpulab.jobs")
@@ -56,6 +57,8 @@ class JobContext:
     notifier: Notifier | None = None
     #: the live pushes of running jobs' volumes (one task per job at most)
     live: LivePushes = field(default_factory=LivePushes)
+    #: read-only datasets pulled once per node and shared (datasets.py)
+    datasets: DatasetCache = field(default_factory=DatasetCache)
 
     async def db(self, fn, *args, **kw):
         """A blocking database call, off the event loop."""

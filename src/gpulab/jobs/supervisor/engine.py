@@ -38,12 +38,14 @@ def workload_spec(
     secrets=None,
     rank: int = 0,
     image: str = "",
+    cached: dict[tuple[str, str], str] | None = None,
 ) -> WorkloadSpec:
     """What the engine is asked to run for this job (any backend). ``secrets``: the values
     of ``spec.secret_env`` (variable -> value), revealed for this container only. ``name``
     is rank 0's: its volumes and checkouts are every rank's (each node has its own copy).
     ``image``: the reference to run (an image from a registry pinned to its digest; ""
-    the spec's image as the engine names it).
+    the spec's image as the engine names it). ``cached``: {(volume spec, node): the dataset
+    cache's volume} that a read-only volume is mounted from instead of the job's own.
     """
     s = ctx.settings
     distributed = spec.workers > 1
@@ -77,7 +79,11 @@ def workload_spec(
         gpu_ids=[device_id(d) for d in devices],
         mounts=[
             *(
-                Mount(v.docker_volume, v.spec.mount, read_only=v.spec.mode == "ro")
+                Mount(
+                    (cached or {}).get((str(v.spec), node), v.docker_volume),
+                    v.spec.mount,
+                    read_only=v.spec.mode == "ro",
+                )
                 for v in ctx.volumes(job_id, spec, node)
             ),
             *git_mounts(name, spec.git),
@@ -109,7 +115,13 @@ async def reveal_secrets(ctx: JobContext, owner: str, spec: JobSpec) -> dict[str
 
 
 async def create_and_start(
-    ctx: JobContext, job_id, spec: JobSpec, gang: list[Rank], owner, image: str = ""
+    ctx: JobContext,
+    job_id,
+    spec: JobSpec,
+    gang: list[Rank],
+    owner,
+    image: str = "",
+    cached: dict[tuple[str, str], str] | None = None,
 ) -> None:
     """Start every worker, rank 0 first (the others connect to it), from ``image`` (see
     :func:`workload_spec`)."""
@@ -117,7 +129,9 @@ async def create_and_start(
     name = gang[0].name
     for r in gang:
         await ctx.runtime.create_and_start(
-            workload_spec(ctx, job_id, spec, name, r.devices, owner, r.node, secrets, r.rank, image)
+            workload_spec(
+                ctx, job_id, spec, name, r.devices, owner, r.node, secrets, r.rank, image, cached
+            )
         )
         fault_point("engine:start")
 

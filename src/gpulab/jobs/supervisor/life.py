@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
+from ...data.sync import SyncOutcome
 from ...faults import fault_point
 from ...lifecycle import LOST_AFTER, JobState, utcnow
 from ...metrics import JOB_START
@@ -67,17 +68,38 @@ async def run_fresh(ctx: JobContext, job_id: str) -> None:
         await reveal_secrets(ctx, job["owner"], spec)
     except (SecretMissing, SecretsUnavailable) as e:
         return await finalize(ctx, job_id, J.FAILED, "SECRET_MISSING", str(e), push=False)
-    # each node that runs a worker pulls its own copy (one host: one pull for all)
+    # each node that runs a worker pulls its own copy (one host: one pull for all); a
+    # read-only dataset another job pulled to that node is mounted from the cache (datasets.py)
+    cached: dict[tuple[str, str], str] = {}
     for vol in [v for node in nodes_of(gang) for v in ctx.volumes(job_id, spec, node)]:
         if await ctx.requested(job_id) == "interrupt":
             return await finalize(ctx, job_id, *_BEFORE_START, push=False)
-        if await ctx.data(job_id).nothing_to_pull(vol):
-            continue  # nothing stored there yet: nothing to pull
         notes = TransferNotes(ctx, job_id, J.INITIALIZING, "pulling", vol)
-        await notes.begin()
-        outcome = await ctx.data(job_id).run("pull", vol, notes.on_progress)
-        fault_point("engine:pull")
-        await notes.end(outcome)
+        shared, outcome = None, None
+        if vol.spec.mode == "ro" and ctx.settings.dataset_cache_max_size:
+            # the owner's quota counts the dataset as if the job had a copy of its own
+            booked = await ctx.data(job_id).book_pull(vol)
+            if isinstance(booked, SyncOutcome):
+                outcome = booked  # refused by the quota (or not listed): as without the cache
+            else:
+                shared, outcome = await ctx.datasets.volume_for(ctx, vol, notes.on_progress)
+        if shared is not None:
+            cached[(str(vol.spec), vol.node)] = shared.docker_volume
+            text = (
+                f"{vol.label}: the node's copy in the dataset cache ({shared.docker_volume})"
+                if outcome is None
+                else f"pulled {outcome.summary()} into the node's dataset cache "
+                f"({shared.docker_volume})"
+            )
+            await ctx.db(ctx.records.note, job_id, "progress", "SYNC", text)
+            continue
+        if outcome is None:
+            if await ctx.data(job_id).nothing_to_pull(vol):
+                continue  # nothing stored there yet: nothing to pull
+            await notes.begin()
+            outcome = await ctx.data(job_id).run("pull", vol, notes.on_progress)
+            fault_point("engine:pull")
+            await notes.end(outcome)
         if not outcome.ok:
             msg = outcome.reason  # refused by the disk quota: a sentence naming the volume
             if not outcome.refused:
@@ -100,7 +122,7 @@ async def run_fresh(ctx: JobContext, job_id: str) -> None:
         return await finalize(ctx, job_id, *_BEFORE_START, push=False)
     await ctx.move(job_id, J.PENDING, expect=J.INITIALIZING, reason="CREATING", message="starting")
     try:
-        await create_and_start(ctx, job_id, spec, gang, job["owner"], image)
+        await create_and_start(ctx, job_id, spec, gang, job["owner"], image, cached)
     except NetworkUnavailable as e:
         await gang_stopped(ctx, gang, 0)
         return await finalize(ctx, job_id, J.ERROR, "NETWORK_UNAVAILABLE", str(e), push=False)
