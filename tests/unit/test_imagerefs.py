@@ -211,6 +211,9 @@ def test_the_schema_says_what_the_parser_takes():
     }
     jsonschema.validate(body, on)
     assert "registry.example.org:5000/team/*" in on["properties"]["image"]["description"]
+    for schema in (on, off):  # the env's secret references still name the caller's secrets
+        env = schema["properties"]["env"]["oneOf"][0]["additionalProperties"]
+        assert env["oneOf"][1]["properties"]["secret"] == {"enum": ["regcred"]}
     for schema, bad in (
         (off, body),
         (on, {**body, "image_pull_secret": "other"}),

@@ -845,7 +845,7 @@ def job_spec_schema(
     )
     # images from registries: pulled, with the caller's own secret for a private one; the
     # admin's patterns are said in the description (a pattern cannot hold them all)
-    names = sorted(secret_names or ())
+    caller_secrets = sorted(secret_names or ())
     registries = list(image_registries)
     for branch in named:
         branch["properties"]["image_pull_policy"] = {"enum": _NOTHING}
@@ -858,7 +858,7 @@ def job_spec_schema(
             + " (* stops at a /, ** does not; Docker Hub's official images are "
             "docker.io/library/NAME)."
         )
-        props["image_pull_secret"]["enum"] = [*names, *_NOTHING]
+        props["image_pull_secret"]["enum"] = [*caller_secrets, *_NOTHING]
         named.append(
             {
                 "properties": {
@@ -979,6 +979,7 @@ def job_spec_schema(
             "modes granted."
         )
     # secrets: only the caller's own can be referred to (none: secrets off, or none yet)
+    names = caller_secrets
     as_object, as_list, _ = props["env"]["oneOf"]
     entry = as_list["items"]
     if names:
