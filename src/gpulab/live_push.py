@@ -109,3 +109,18 @@ def iso_seconds(iso: str | None) -> float | None:
         return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+#: live-push events a record's history keeps: the most recent ones (a workload pushed every
+#: minute for a year would otherwise carry half a million of them into every listing)
+MAX_LIVE_PUSH_EVENTS = 20
+LIVE_PUSH_REASONS = frozenset({"LIVE_PUSH", "LIVE_PUSH_FAILED"})
+
+
+def trim_live_pushes(events: list) -> None:
+    """Drop the oldest live-push events of a history (a list of objects with a ``reason``,
+    oldest first) beyond :data:`MAX_LIVE_PUSH_EVENTS`, in place; the record's own
+    ``live_push`` keeps the latest outcome."""
+    pushes = [e for e in events if e.reason in LIVE_PUSH_REASONS]
+    for old in pushes[: max(0, len(pushes) - MAX_LIVE_PUSH_EVENTS)]:
+        events.remove(old)

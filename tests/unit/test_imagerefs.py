@@ -314,3 +314,22 @@ def test_a_pull_over_its_cap_is_given_up_and_its_call_closed():
     seen.clear()
     pull_blocking(Client(), "r.io/a/b@" + D, {"username": "u"}, seen.append)  # no cap: to its end
     assert (seen[-1].done, seen[-1].total, len(closed)) == (901, 1800, 2)
+
+
+def test_a_pinned_digest_the_registry_does_not_name_is_refused():
+    from gpulab.runtime.base import ImagePullFailed
+    from tests.conftest import run_async
+    from tests.support.fake_runtime import FakeRuntime
+
+    rt = FakeRuntime(images=set())
+    ref = "r.io/team/t:1"
+    rt.registry_images[ref] = ("sha256:" + "1" * 64, None)
+    rt.registry_digest = lambda image, auth: _answer("sha256:" + "1" * 64)  # the tag's today
+    pinned = f"{ref}@sha256:{'2' * 64}"
+    rt.add_image(f"r.io/team/t@sha256:{'2' * 64}")  # another user's pull of that digest
+    with pytest.raises(ImagePullFailed, match="not the pinned"):
+        run_async(rt.fetch_image(pinned, "never", None, lambda p: None))
+
+
+async def _answer(value):
+    return value

@@ -736,15 +736,12 @@ def registry_world(tmp_path, secret: str | None = "bob:pw") -> World:
     return w
 
 
-def test_a_notebook_from_a_private_image_runs_its_digest_after_a_probe(tmp_path, answers):
+def test_a_notebook_from_a_private_image_runs_its_digest(tmp_path, answers):
     w = registry_world(tmp_path)
     w.start(image=PRIVATE, image_pull_secret="regcred")
     spec = w.rt.workloads[w.nb.container].spec
     assert spec.image == PINNED and spec.user == "1000"  # as any notebook: the hub's uid
-    (probe,) = w.rt.helper_configs
-    assert probe.image == PINNED and probe.network == "none"
-    assert probe.entrypoint == ["/bin/sh", "-c"]
-    assert probe.command == ["command -v jupyterhub-singleuser"]
+    assert w.rt.helper_configs == []  # nothing of the image runs but the notebook itself
     shown = [m for _, m in w.events]
     assert f"Asking the registry for image {PRIVATE}" in shown
     assert any(m.startswith(f"Pulling image {PRIVATE}: ") for m in shown), shown
@@ -777,9 +774,21 @@ def test_a_notebook_image_the_registry_refuses_runs_nothing(
     assert w.rt.names("create_and_start") == [] and "nope" not in e.message
 
 
-def test_an_image_without_the_single_user_server_is_refused(tmp_path, answers):
+@pytest.mark.parametrize("how", ["the engine refuses", "the shell exits 127"])
+def test_an_image_without_the_single_user_server_is_refused_in_words(tmp_path, answers, how):
     w = registry_world(tmp_path)
-    w.rt.script_helper(exit_code=1)
+    if how == "the engine refuses":
+        detail = 'exec: "jupyterhub-singleuser": executable file not found in $PATH'
+        w.rt.fail("create_and_start", EngineError("500 Server Error", status=500, detail=detail))
+    else:
+        w.rt.exits(w.nb.container, 127)
     e = w.refused(w.start, image=PRIVATE, image_pull_secret="regcred")
     assert e.status == 400 and "cannot run a notebook: it has no jupyterhub-singleuser" in e.message
-    assert w.last()["reason"] == "IMAGE_UNSUITABLE" and w.rt.names("create_and_start") == []
+    assert w.last()["reason"] == "IMAGE_UNSUITABLE"
+
+
+def test_a_catalog_image_exiting_127_is_an_ordinary_exit(tmp_path, answers):
+    w = World(tmp_path)
+    w.rt.exits(w.nb.container, 127)
+    e = w.refused(w.start)
+    assert e.status == 500 and w.last()["reason"] == "EXITED" and "exit code 127" in e.message

@@ -197,3 +197,16 @@ def test_the_home_page_offers_push_now_for_a_running_notebook(tmp_path):
     home = overview.home_overview(lab.sup, lab.notebooks, "ann", with_notebooks=True)
     html = page.render(**home, **common)
     assert "pushing…" in html and ">Push now</button>" not in html  # one at a time
+
+
+def test_a_history_keeps_only_the_latest_live_pushes():
+    from types import SimpleNamespace
+
+    from gpulab.live_push import MAX_LIVE_PUSH_EVENTS, trim_live_pushes
+
+    events = [SimpleNamespace(reason="SPAWNED")]
+    for i in range(MAX_LIVE_PUSH_EVENTS + 30):
+        events.append(SimpleNamespace(reason="LIVE_PUSH" if i % 3 else "LIVE_PUSH_FAILED", i=i))
+        trim_live_pushes(events)
+    assert events[0].reason == "SPAWNED" and len(events) == MAX_LIVE_PUSH_EVENTS + 1
+    assert [e.i for e in events[1:]] == list(range(30, MAX_LIVE_PUSH_EVENTS + 30))

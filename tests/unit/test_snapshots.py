@@ -345,3 +345,13 @@ def test_a_jobs_output_volume_on_the_workspace_store(tmp_path):
         with pytest.raises(job_snapshots.SnapshotRefused) as e:
             take(body)
         assert (e.value.status, e.value.field) == (status, field), (body, e.value.message)
+
+
+def test_a_restore_names_only_a_notebook_of_the_user_s_own_prefix():
+    from gpulab.notebooks.snapshots import SnapshotRefused, _server
+
+    assert [_server(n) for n in ("", "train-1", "a.b_c")] == ["", "train-1", "a.b_c"]
+    for bad in ("_default", "Foo Bar", ".home", "a/b", "..", "x" * 64, "-x", 3, None):
+        with pytest.raises(SnapshotRefused) as e:
+            _server(bad)
+        assert e.value.status == 400, bad

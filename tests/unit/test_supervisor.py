@@ -1661,3 +1661,50 @@ def test_a_cached_dataset_counts_against_each_owner_s_quota_as_their_own_copy(tm
         assert len(_pulls_of(lab, f"{INSTANCE}-dataset-")) == 1
 
     lab_run(tmp_path, test, disk_quota=1000)
+
+
+def test_a_copy_handed_to_a_starting_job_is_never_evicted_for_its_other_dataset(tmp_path):
+    """Two 6-byte datasets under a 10-byte cap, in one job: the first copy is pinned until the
+    job's container holds it, so the second is the job's own volume, never a reason to
+    remove the first before the container mounts it."""
+
+    async def test(lab: Lab):
+        _dataset(lab, "a", {"f": "aaaaaa"})
+        _dataset(lab, "b", {"f": "bbbbbb"})
+        job_id = lab.submit(volumes=["data@local/a:/a", "data@local/b:/b"], gpus=0)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        (a, b) = _mounted(lab, job_id)
+        assert a[0].startswith(f"{INSTANCE}-dataset-") and not b[0].startswith(f"{INSTANCE}-d")
+        assert lab.rt.names("remove_volume").count(a[0]) == 1  # the stale-copy check, before
+        assert (a[0], "") in lab.rt.volumes and lab.ctx.datasets.pinned == {}
+        (pull,) = [h for h in lab.rt.helper_configs if h.mounts[0].volume == a[0]]
+        assert pull.command[pull.command.index("--max-bytes") + 1] == "6"  # the listed size
+
+    lab_run(tmp_path, test, dataset_cache_max_bytes=10)
+
+
+def test_an_empty_or_changing_dataset_is_never_shared(tmp_path):
+    async def test(lab: Lab):
+        _dataset(lab, "other")  # (the helpers' reports)
+        (lab.tmp / "store" / "data" / "empty").mkdir(parents=True)
+        empty = lab.submit(volumes=["data@local/empty:/d"], gpus=0)
+        await lab.place(empty)
+        await lab.until(empty, J.RUNNING)
+        assert not _mounted(lab, empty)[0][0].startswith(f"{INSTANCE}-dataset-")
+        # a dataset written to while the cache pulls it: the copy is dropped, the job's own
+        _dataset(lab, "moving", {"f": "v1"})
+        original = lab.rt.run_helper
+
+        async def writes_meanwhile(spec, on_line, node=""):
+            (lab.tmp / "store" / "data" / "moving" / "f").write_text("v2!")
+            return await original(spec, on_line, node)
+
+        lab.rt.run_helper = writes_meanwhile
+        moving = lab.submit(volumes=["data@local/moving:/d"], gpus=0)
+        await lab.place(moving)
+        await lab.until(moving, J.RUNNING)
+        assert not _mounted(lab, moving)[0][0].startswith(f"{INSTANCE}-dataset-")
+        assert [v for v, _ in lab.rt.volumes if v.startswith(f"{INSTANCE}-dataset-")] == []
+
+    lab_run(tmp_path, test)

@@ -480,14 +480,18 @@ class WorkloadData:
         *,
         live: bool = False,
         settle_s: float | None = None,
+        max_bytes: int | None = None,
     ) -> SyncOutcome:
         """Run one ``gpulab-sync`` operation (pull, push, purge) for one volume. With a
         :class:`DiskAccount`, a pull is first booked against the owner's disk quota (and
-        refused, fetching nothing, when it does not fit). ``live``: a push while the workload
+        refused, fetching nothing, when it does not fit); without one, ``max_bytes`` caps
+        what a pull may bring (the dataset cache's listed size). ``live``: a push while the workload
         runs (:mod:`gpulab.datasync.live`); any other push is a final one, which waits for a
         live push still running on the volume."""
         if operation != "pull" or self.disk is None:
-            outcome = await self._run(operation, vol, on_progress, live=live, settle_s=settle_s)
+            outcome = await self._run(
+                operation, vol, on_progress, max_bytes, live=live, settle_s=settle_s
+            )
             observe_sync(operation, outcome.ok, outcome.report)
             return outcome
         for attempt in range(2):

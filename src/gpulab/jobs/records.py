@@ -18,7 +18,7 @@ from ..lifecycle import (
     check_job_transition,
     utcnow,
 )
-from ..live_push import iso_seconds, push_busy
+from ..live_push import iso_seconds, push_busy, trim_live_pushes
 from ..statelog import state_change
 from .gang import ranks, spec_workers
 from .spec.ports import job_path
@@ -679,6 +679,7 @@ class JobRecords:
             job.events.append(
                 JobEvent(at=now, kind="sync", state=job.state, reason=reason, message=message)
             )
+            trim_live_pushes(job.events)
 
     def set_waiting(self, job_id: str, message: str) -> bool:
         """Say why a queued job waits (its message; no event, no state change), only while

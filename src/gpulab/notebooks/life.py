@@ -36,17 +36,13 @@ from ..gpus.sharing import is_fraction
 from ..gpus.waits import GpuWaits
 from ..lifecycle import InvalidTransition, NotebookState, utcnow
 from ..names import (
-    L_INSTANCE,
-    L_KIND,
     L_NETWORK,
-    L_WORKLOAD,
     home_volume_name,
     notebook_workload_id,
 )
 from ..resources import format_memory
 from ..runtime import EngineError
 from ..runtime.base import (
-    HelperSpec,
     ImagePullFailed,
     NetworkUnavailable,
     PullProgress,
@@ -478,8 +474,6 @@ async def _check_image(nb: Notebook, image: str) -> None:
 #: what a notebook's image must run: JupyterHub's single-user server (JupyterLab and VS Code
 #: are both served by it)
 SINGLE_USER = "jupyterhub-singleuser"
-#: seconds the probe of a pulled image may take
-PROBE_TIMEOUT = 60.0
 
 
 async def _fetch_image(nb: Notebook, opts: NotebookOptions) -> str:
@@ -540,45 +534,23 @@ async def _fetch_image(nb: Notebook, opts: NotebookOptions) -> str:
     except EngineError as e:
         msg = f"the container engine did not answer: {e}"
         raise await nb.fail(S.ERROR, "ENGINE_UNREACHABLE", msg, 503) from None
-    nb.progress(34, f"Image {pinned} is here; checking that it can run a notebook")
-    await _probe_image(nb, opts.image, pinned)
+    nb.progress(34, f"Image {pinned} is here")
     return pinned
 
 
-async def _probe_image(nb: Notebook, image: str, pinned: str) -> None:
-    """A notebook's image must hold JupyterHub's single-user server: asked of the image itself,
-    in a throwaway container with no network, as uid 1000 (what its notebook will run as)."""
-    probe = HelperSpec(
-        image=pinned,
-        # not the image's entrypoint: only the shell's question runs
-        entrypoint=["/bin/sh", "-c"],
-        command=[f"command -v {SINGLE_USER}"],
-        labels={
-            L_INSTANCE: nb.settings.instance,
-            L_KIND: "image-probe",
-            L_WORKLOAD: nb.workload_id,
-        },
-        network="none",
-        memory=256 * 1024 * 1024,
-        pids_limit=64,
-    )
-    try:
-        result = await asyncio.wait_for(
-            nb.runtime.run_helper(probe, lambda line: None, nb.held.node), PROBE_TIMEOUT
-        )
-        found = result.exit_code == 0
-    except EngineError as e:  # no /bin/sh: the engine cannot even start the probe
-        log.info("%s: image probe of %s: %s", nb.workload_id, pinned, e)
-        found = False
-    except TimeoutError:
-        log.info("%s: image probe of %s: no answer in %g s", nb.workload_id, pinned, PROBE_TIMEOUT)
-        found = False
-    if not found:
-        msg = (
-            f"image {image} cannot run a notebook: it has no {SINGLE_USER} on its PATH "
+def _unsuitable(nb: Notebook, text: str, code: int | None) -> str | None:
+    """Why an image from a registry cannot run a notebook, when its start says so (the engine
+    found no such program, or the shell's 127): gpulab runs nothing of a pulled image but the
+    notebook itself, with its limits, rather than a separate check of its own."""
+    opts = nb.options
+    if opts is None or not opts.image_pull_policy:
+        return None
+    if code == 127 or "executable file not found" in text or "no such file" in text.lower():
+        return (
+            f"image {opts.image} cannot run a notebook: it has no {SINGLE_USER} on its PATH "
             "(install jupyterhub and jupyterlab in it, as gpulab's images do)"
         )
-        raise await nb.fail(S.FAILED, "IMAGE_UNSUITABLE", msg, 400)
+    return None
 
 
 async def _pull(nb: Notebook, data: NotebookData) -> None:
@@ -666,6 +638,9 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
         # its configuration, until the stop
         nb.held.ran = await _exists(nb)
         why = e.detail
+        unsuitable = _unsuitable(nb, f"{why} {e}", None)
+        if unsuitable:
+            raise await nb.fail(S.FAILED, "IMAGE_UNSUITABLE", unsuitable, 400) from None
         msg = f"the engine could not start the container: {why}"
         raise await nb.fail(S.ERROR, "ENGINE_ERROR", msg, 503) from None
     nb.held.ran = True
@@ -675,6 +650,11 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
     except (WorkloadGone, EngineError) as e:
         exited = await exit_status(nb)
         if exited is not None and exited[0] != -1:
+            unsuitable = _unsuitable(nb, exited[1], exited[0])
+            if unsuitable:
+                raise await nb.fail(
+                    S.FAILED, "IMAGE_UNSUITABLE", unsuitable, 400, exit_code=exited[0]
+                ) from None
             raise await nb.fail(S.FAILED, "EXITED", exited[1], 500, exit_code=exited[0]) from None
         msg = f"the engine could not start the container: {e}"
         raise await nb.fail(S.ERROR, "ENGINE_ERROR", msg, 503) from None
@@ -710,6 +690,11 @@ async def _wait_for_editor(nb: Notebook, ip: str, port: int, base_url: str) -> N
             exited = await exit_status(nb)
             if exited is not None:
                 code, msg = exited
+                unsuitable = _unsuitable(nb, msg, code)
+                if unsuitable:
+                    raise await nb.fail(
+                        S.FAILED, "IMAGE_UNSUITABLE", unsuitable, 400, exit_code=code
+                    )
                 raise await nb.fail(S.FAILED, "EXITED", msg, 500, exit_code=code)
         await asyncio.sleep(nb.editor_wait_interval)
     msg = f"the editor did not answer within {nb.http_timeout:g} s"

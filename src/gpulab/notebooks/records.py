@@ -12,7 +12,7 @@ from sqlalchemy.orm import selectinload
 from ..billing import billed_minutes
 from ..db import Database, Notebook, NotebookEvent
 from ..lifecycle import InvalidTransition, NotebookState, check_notebook_transition, utcnow
-from ..live_push import STALE_S, iso_seconds, push_busy
+from ..live_push import STALE_S, iso_seconds, push_busy, trim_live_pushes
 from ..resources import Limits, Resources, format_memory, parse_memory
 from ..statelog import state_change
 
@@ -338,6 +338,7 @@ class NotebookRecords:
             }
             reason = "LIVE_PUSH" if ok else "LIVE_PUSH_FAILED"
             nb.events.append(NotebookEvent(at=now, state=nb.state, reason=reason, message=message))
+            trim_live_pushes(nb.events)
 
     def set_stop_reason(self, user: str, server: str, reason: str, message: str) -> None:
         with self.db.session() as s:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 
 from ..data import snapshots as store
 from ..disk_quota import parse_size
@@ -53,14 +54,24 @@ def _workspace_prefix(settings, user: str, server: str) -> str:
     return spec.prefix
 
 
+#: a notebook's (server's) name a restore may name: what the hub's named servers take, less
+#: what would leave the user's own prefix or alias another server's
+_SERVER_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+
+
 def _server(value: object) -> str:
-    """A notebook's (server's) name whose workspace prefix is its own: no '/', and no
-    leading '.' (``<root>/<user>/.home/`` holds the user's homes; '.' and '..' would leave
-    the user's prefix). "" is the default server."""
-    if not isinstance(value, str) or "/" in value or len(value) > 255 or value.startswith("."):
+    """A notebook's (server's) name whose workspace prefix is its own: lowercase letters,
+    digits, '.', '_' and '-', starting with a letter or digit, at most 63 characters ("" is
+    the default server). No '/', no leading '.' (``<root>/<user>/.home/`` holds the user's
+    homes), and not "_default", whose prefix is the default server's."""
+    if value == "":
+        return value
+    if not isinstance(value, str) or not _SERVER_NAME.fullmatch(value) or value == "_default":
         raise SnapshotRefused(
             400,
-            "notebook: a notebook's (server's) name, without '/' and not starting with '.'",
+            "notebook: a notebook's (server's) name: lowercase letters, digits, '.', '_' and "
+            "'-', starting with a letter or digit, at most 63 characters (\"\" for the "
+            "default one)",
             "notebook",
         )
     return value

@@ -192,9 +192,6 @@ class HelperSpec:
     memory: int | None = None
     pids_limit: int | None = None
     files: dict[str, bytes] = field(default_factory=dict)
-    #: the program ``command`` is given to, instead of the image's entrypoint (None: the
-    #: image's, as the sync helper's ``gpulab-sync``)
-    entrypoint: Sequence[str] | None = None
 
 
 #: where a helper finds its :attr:`HelperSpec.files`
@@ -481,9 +478,10 @@ class Runtime:
         ref = imagerefs.parse(image)
         digest = await self.registry_digest(str(ref), auth)
         if ref.digest and digest != ref.digest:
-            # a digest the caller pinned is the content to run; the registry's answer for a
-            # NAME:TAG@DIGEST is the tag's today, which says only that the caller may pull it
-            digest = ref.digest
+            # the registry's consent is for what it named: never a pinned digest it did not
+            raise ImagePullFailed(
+                f"the registry names {digest} for {ref}, not the pinned {ref.digest}"
+            )
         pinned = ref.pinned(digest)
         present = await self.image_exists(pinned)
         if policy == "never":

@@ -160,7 +160,6 @@ def helper_container_config(spec: HelperSpec) -> dict:
     return {
         "image": spec.image,
         "command": list(spec.command),
-        **({"entrypoint": list(spec.entrypoint)} if spec.entrypoint is not None else {}),
         "labels": dict(spec.labels),
         # a helper never has a GPU, whatever its image says (visible_devices_env)
         "environment": {**spec.env, "NVIDIA_VISIBLE_DEVICES": NO_GPU},

@@ -145,7 +145,6 @@ def helper_service_spec(
     task = {
         "ContainerSpec": {
             "Image": config["image"],
-            **({"Command": list(config["entrypoint"])} if "entrypoint" in config else {}),
             "Args": list(config["command"]),
             "Env": [f"{k}={v}" for k, v in env.items()],
             "Labels": dict(config.get("labels") or {}),

@@ -9,9 +9,14 @@ time and after.
   cache's index, after a restart too. A dataset that changed in the store gets a new volume;
   a running job keeps the copy it started with, never one rewritten under it.
 - **Pulled once.** One pull per (node, volume) at a time (a lock per cache volume): the jobs
-  that arrive meanwhile wait for it, then mount the same volume. A cache volume the engine
-  already holds is pulled again through the sync's manifest, which transfers nothing when it
-  is complete and finishes one a restart cut short.
+  that arrive meanwhile wait for it, then mount the same volume. The pull is capped at the
+  listed size and the store listed again after it: a dataset that changed meanwhile is not
+  shared (the job pulls its own). A copy this process did not pull and check (one a restart
+  left, or one an engine made again) is removed before it is pulled anew, never trusted. An
+  empty dataset is never cached (an engine fills an empty volume from the image of the first
+  container that mounts it).
+- **Pinned while a job starts.** A copy handed to a job cannot be evicted until the job's
+  containers hold it (then the engine refuses its removal) or the job gave up its start.
 - **Bounded.** ``dataset_cache_max_bytes`` per node: before a new dataset is pulled, the least
   recently used cache volumes are removed until it fits; a volume some container still uses
   (a running job's, a finished one's kept for ``job_container_retention``) is refused by the
@@ -35,6 +40,7 @@ import hashlib
 import logging
 import re
 import time
+from collections import deque
 
 from ...data.sync import SyncOutcome, VolumeSync, WorkloadData
 from ...runtime.base import EngineError
@@ -92,19 +98,30 @@ class DatasetCache:
     def __init__(self) -> None:
         self.last_used: dict[tuple[str, str], float] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        #: cache volumes pulled complete by this process (node, name)
+        #: cache volumes pulled complete, and checked, by this process (node, name)
         self.ready: set[tuple[str, str]] = set()
-        #: pulls made (node, name): what the benchmark and the tests count
-        self.pulls: list[tuple[str, str]] = []
+        #: copies handed to jobs whose containers do not hold them yet: never evicted
+        self.pinned: dict[tuple[str, str], set[str]] = {}
+        #: the last pulls made (node, name): what the benchmark and the tests count
+        self.pulls: deque[tuple[str, str]] = deque(maxlen=1000)
+
+    def release(self, job_id: str) -> None:
+        """The job's containers hold its copies now (the engine refuses their removal), or
+        it will not start: its pins go."""
+        for where in list(self.pinned):
+            self.pinned[where].discard(job_id)
+            if not self.pinned[where]:
+                del self.pinned[where]
 
     async def volume_for(
-        self, ctx, vol: VolumeSync, on_progress
+        self, ctx, job_id: str, vol: VolumeSync, on_progress
     ) -> tuple[VolumeSync | None, SyncOutcome | None]:
-        """``vol`` (a read-only volume of a job) through the cache: (the cache volume to mount,
-        ready, and the outcome of the pull that filled it now, or None when it was there),
-        (None, None) when it is not cached (the cache is off, the dataset does not fit, the
-        store cannot be listed: the job pulls its own volume as before), or (None, the failed
-        pull's outcome)."""
+        """``vol`` (a read-only volume of job ``job_id``) through the cache: (the cache volume
+        to mount, ready and pinned for the job until :meth:`release`, and the outcome of the
+        pull that filled it now, or None when it was there), or (None, None) when it is not
+        cached: the cache is off, the dataset is empty or does not fit, the store cannot be
+        listed, the pull failed or the dataset changed during it. The job then pulls its own
+        volume as without the cache, and that pull says what is wrong."""
         s = ctx.settings
         cap = s.dataset_cache_max_size
         if not cap or vol.spec.mode != "ro" or ctx.runtime.clustered:
@@ -116,7 +133,9 @@ class DatasetCache:
         except Exception as e:  # noqa: BLE001 - the job's own pull then says what is wrong
             log.info("dataset %s not cached: cannot list it (%s)", vol.label, e)
             return None, None
-        if size > cap:
+        if size == 0 or size > cap:
+            # an empty volume is filled by the engine from its first container's image at the
+            # mount: never one that other users' jobs mount
             return None, None
         name = cache_volume_name(s.instance, vol, key, size)
         cached = VolumeSync(vol.spec, name, vol.label, vol.node)
@@ -124,33 +143,46 @@ class DatasetCache:
         async with self._locks.setdefault(where, asyncio.Lock()):
             self.last_used[where] = time.time()
             if where in self.ready and await ctx.runtime.volume_exists(name, vol.node):
+                self.pinned.setdefault(where, set()).add(job_id)
                 return cached, None
             self.ready.discard(where)
+            # a copy this process did not pull and check (a restart's, one removed and made
+            # again by an engine) is not trusted: it goes first; in use, the job pulls its own
+            if not await self._remove(ctx, vol.node, name):
+                return None, None
             if not await self._make_room(ctx, vol.node, name, size, cap):
                 return None, None
             self.pulls.append(where)
-            outcome = await data.run("pull", cached, on_progress)
-            if not outcome.ok:
+            outcome = await data.run("pull", cached, on_progress, max_bytes=size)
+            if outcome.ok:
+                try:
+                    again = await asyncio.to_thread(data.listed_content, vol)
+                except Exception:  # noqa: BLE001 - unchecked: not shared
+                    again = None
+                if again != (size, key):  # changed while it was pulled: not the named content
+                    log.info("dataset %s changed during its pull: not cached", vol.label)
+                    outcome = None
+            if outcome is None or not outcome.ok:
                 await self._remove(ctx, vol.node, name)
-                return None, outcome
+                return None, None
             self.ready.add(where)
             self.last_used[where] = time.time()
+            self.pinned.setdefault(where, set()).add(job_id)
             return cached, outcome
 
     async def _make_room(self, ctx, node: str, name: str, size: int, cap: int) -> bool:
         """Room for ``size`` more bytes on ``node`` under ``cap``, by removing the least
-        recently used cache volumes no container uses; False when there is none."""
+        recently used cache volumes that no container uses and no starting job was handed;
+        False when there is none."""
         instance = ctx.settings.instance
         async with self._locks.setdefault((node, ""), asyncio.Lock()):  # one node's room
             held = {}
             for vol, at in await ctx.runtime.volumes_named(cache_prefix(instance)):
                 got = cached_size(instance, vol)
-                if at == node and got is not None:
+                if at == node and got is not None and vol != name:
                     held[vol] = got
-            if name in held:
-                return True  # there already (a restart cut its pull short): the pull ends it
             used = {n: t for (at, n), t in self.last_used.items() if at == node}
-            in_use: set[str] = set()
+            in_use = {n for (at, n) in self.pinned if at == node}
             while True:
                 plan = evictions(held, used, size, cap, frozenset(in_use))
                 if plan is None:
@@ -167,6 +199,9 @@ class DatasetCache:
                     in_use.add(victim)
 
     async def _remove(self, ctx, node: str, name: str) -> bool:
+        """Remove a copy (True, also when there was none); False when a container uses it."""
+        if (node, name) in self.pinned:
+            return False
         try:
             await ctx.runtime.remove_volume(name, node)
         except EngineError as e:  # in use by a container: never evicted
@@ -174,4 +209,7 @@ class DatasetCache:
             return False
         self.ready.discard((node, name))
         self.last_used.pop((node, name), None)
+        lock = self._locks.get((node, name))
+        if lock is not None and not lock.locked():
+            del self._locks[(node, name)]
         return True

@@ -58,6 +58,17 @@ def ts(iso: str | None) -> float:
 
 async def run_fresh(ctx: JobContext, job_id: str) -> None:
     """INITIALIZING (pull) → PENDING (container) → RUNNING, then the watch."""
+    try:
+        started = await _start_fresh(ctx, job_id)
+    finally:  # its containers hold its dataset copies now, or it will not start
+        ctx.datasets.release(job_id)
+    if started is not None:  # (every ending above returns finalize's None)
+        await watch(ctx, job_id, *started)
+
+
+async def _start_fresh(ctx: JobContext, job_id: str) -> tuple[JobSpec, list[Rank]] | None:
+    """The start of :func:`run_fresh`: the job's (spec, gang) once it runs, else None (it
+    ended, or another task carries it on)."""
     job = await ctx.db(ctx.records.get, job_id, False)
     if job is None or job["state"] != J.INITIALIZING.value:
         return
@@ -82,7 +93,7 @@ async def run_fresh(ctx: JobContext, job_id: str) -> None:
             if isinstance(booked, SyncOutcome):
                 outcome = booked  # refused by the quota (or not listed): as without the cache
             else:
-                shared, outcome = await ctx.datasets.volume_for(ctx, vol, notes.on_progress)
+                shared, outcome = await ctx.datasets.volume_for(ctx, job_id, vol, notes.on_progress)
         if shared is not None:
             cached[(str(vol.spec), vol.node)] = shared.docker_volume
             text = (
@@ -143,7 +154,7 @@ async def run_fresh(ctx: JobContext, job_id: str) -> None:
     )
     ctx.fault_streak.pop(job_id, None)
     JOB_START.observe(max(0.0, time.time() - ts(job["updated"])))  # since placement
-    await watch(ctx, job_id, spec, gang)
+    return spec, gang
 
 
 async def clone(
