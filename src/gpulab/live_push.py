@@ -124,3 +124,17 @@ def trim_live_pushes(events: list) -> None:
     pushes = [e for e in events if e.reason in LIVE_PUSH_REASONS]
     for old in pushes[: max(0, len(pushes) - MAX_LIVE_PUSH_EVENTS)]:
         events.remove(old)
+
+
+def ended_push(previous: dict | None, at: str, ok: bool, message: str, files: int, nbytes: int):
+    """A record's ``live_push`` once a push ended: its outcome over what it held before (the
+    trigger, when it began)."""
+    return {
+        **dict(previous or {}),
+        "running": False,
+        "at": at,
+        "ok": ok,
+        "message": message,
+        "files": files,
+        "bytes": nbytes,
+    }

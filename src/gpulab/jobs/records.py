@@ -18,7 +18,7 @@ from ..lifecycle import (
     check_job_transition,
     utcnow,
 )
-from ..live_push import iso_seconds, push_busy, trim_live_pushes
+from ..live_push import ended_push, iso_seconds, push_busy, trim_live_pushes
 from ..statelog import state_change
 from .gang import ranks, spec_workers
 from .spec.ports import job_path
@@ -666,15 +666,7 @@ class JobRecords:
             if job is None:
                 return
             now = utcnow()
-            job.live_push = {
-                **dict(job.live_push or {}),
-                "running": False,
-                "at": _iso(now),
-                "ok": ok,
-                "message": message,
-                "files": files,
-                "bytes": nbytes,
-            }
+            job.live_push = ended_push(job.live_push, _iso(now), ok, message, files, nbytes)
             reason = "LIVE_PUSH" if ok else "LIVE_PUSH_FAILED"
             job.events.append(
                 JobEvent(at=now, kind="sync", state=job.state, reason=reason, message=message)

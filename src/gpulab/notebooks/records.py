@@ -12,7 +12,7 @@ from sqlalchemy.orm import selectinload
 from ..billing import billed_minutes
 from ..db import Database, Notebook, NotebookEvent
 from ..lifecycle import InvalidTransition, NotebookState, check_notebook_transition, utcnow
-from ..live_push import STALE_S, iso_seconds, push_busy, trim_live_pushes
+from ..live_push import STALE_S, ended_push, iso_seconds, push_busy, trim_live_pushes
 from ..resources import Limits, Resources, format_memory, parse_memory
 from ..statelog import state_change
 
@@ -327,15 +327,7 @@ class NotebookRecords:
             if nb is None:
                 return
             now = utcnow()
-            nb.live_push = {
-                **dict(nb.live_push or {}),
-                "running": False,
-                "at": _iso(now),
-                "ok": ok,
-                "message": message,
-                "files": files,
-                "bytes": nbytes,
-            }
+            nb.live_push = ended_push(nb.live_push, _iso(now), ok, message, files, nbytes)
             reason = "LIVE_PUSH" if ok else "LIVE_PUSH_FAILED"
             nb.events.append(NotebookEvent(at=now, state=nb.state, reason=reason, message=message))
             trim_live_pushes(nb.events)
