@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .bounds import shown
+from .snapshots import SNAPSHOT_ROOT
 
 __all__ = [
     "MODES",
@@ -431,6 +432,13 @@ def check_access(
             raise VolumeAccessError(
                 f"volume {str(spec)!r}: prefix {spec.prefix or '(whole bucket)'!r} contains "
                 f"other users' workspaces; use {own}/"
+            )
+        # every user's snapshots (gpulab.snapshots: SNAPSHOT_ROOT/<user>/) live beside the
+        # workspaces; they are reached through the snapshots API only, whatever a grant says
+        if _prefix_within(spec.prefix, SNAPSHOT_ROOT) or _prefix_within(SNAPSHOT_ROOT, spec.prefix):
+            raise VolumeAccessError(
+                f"volume {str(spec)!r}: prefix {spec.prefix or '(whole bucket)'!r} holds "
+                "users' snapshots, which only the snapshots API reaches (gpulab snapshot ...)"
             )
     mode_refused: list[Grant] = []
     for grant in allowed:

@@ -333,3 +333,57 @@ def test_a_pinned_digest_the_registry_does_not_name_is_refused():
 
 async def _answer(value):
     return value
+
+
+def test_a_notebook_volume_at_the_home_s_mount_is_a_400_naming_volumes():
+    from gpulab.notebooks.options import OptionsError, parse_notebook_options
+    from gpulab.resources import Limits
+
+    from ..support.jobspecs import STORAGE
+
+    def opts(home_dir, mount):
+        return parse_notebook_options(
+            {"cpus": 1, "memory": "1G", "volumes": [f"team@s3/vision:{mount}:rw"]},
+            CATALOG,
+            FLAVORS,
+            Limits(cpus=8, memory=64 << 30, gpus=4),
+            None,
+            storage=STORAGE,
+            user="ann",
+            home_dir=home_dir,
+        )
+
+    with pytest.raises(OptionsError) as e:
+        opts("/home/jovyan", "/home/jovyan")
+    assert e.value.field == "volumes" and "your home's mount" in str(e.value)
+    assert opts("/home/jovyan", "/home/jovyan/data").volumes  # under it: fine
+    assert opts("", "/home/jovyan").volumes  # homes not kept: the mount is free
+
+
+def test_a_pull_given_up_by_its_caller_stops_reading():
+    import threading
+
+    from gpulab.runtime.base import ImagePullFailed
+    from gpulab.runtime.pulls import pull_blocking
+
+    stop = threading.Event()
+    read = []
+
+    class Client:
+        def pull(self, image, **kw):
+            def forever():
+                while True:
+                    read.append(1)
+                    if len(read) == 3:
+                        stop.set()  # the caller's wait_for gave up meanwhile
+                    yield {
+                        "status": "Downloading",
+                        "id": "a",
+                        "progressDetail": {"current": len(read), "total": 10**9},
+                    }
+
+            return forever()
+
+    with pytest.raises(ImagePullFailed, match="given up"):
+        pull_blocking(Client(), "r.io/a/b@" + D, None, lambda p: None, 0, stop)
+    assert len(read) == 3

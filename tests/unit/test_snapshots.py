@@ -355,3 +355,15 @@ def test_a_restore_names_only_a_notebook_of_the_user_s_own_prefix():
         with pytest.raises(SnapshotRefused) as e:
             _server(bad)
         assert e.value.status == 400, bad
+
+
+def test_no_grant_reaches_another_user_s_snapshots():
+    from gpulab.volumes import Grant, VolumeAccessError, VolumeSpec, WorkspaceLocation, check_access
+
+    ws = WorkspaceLocation("s3", "ws")
+    grants = [Grant("s3", "ws", ""), Grant("s3", "ws", "snapshots")]  # an operator's slip
+    for prefix in ("snapshots/alice", "snapshots/alice/blobs", "snapshots"):
+        with pytest.raises(VolumeAccessError, match="only the snapshots API"):
+            check_access("bob", VolumeSpec("ws", "s3", prefix, "/d", "rw"), grants, ws)
+    check_access("bob", VolumeSpec("ws", "s3", "workspaces/bob", "/d", "rw"), grants, ws)
+    check_access("bob", VolumeSpec("ws", "s3", "shared", "/d", "ro"), grants, ws)

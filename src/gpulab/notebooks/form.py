@@ -58,6 +58,7 @@ def parse_options(settings, user: str, groups: list[str], user_options: dict) ->
         notify_rules=s.notify_rules,
         image_registries=tuple(s.image_registries),
         default_pull_policy=s.image_pull_policy,
+        home_dir=s.home_dir if s.home_sync else "",
     )
 
 

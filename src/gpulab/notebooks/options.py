@@ -183,6 +183,7 @@ def parse_notebook_options(
     notify_rules: NotifyRules | None = None,
     image_registries: tuple[str, ...] = (),
     default_pull_policy: str = "if-not-present",
+    home_dir: str = "",
 ) -> NotebookOptions:
     """Turn raw user options into validated :class:`NotebookOptions` or raise OptionsError.
 
@@ -233,7 +234,7 @@ def parse_notebook_options(
         flavors.get(flavor) if flavor else None,
         form=True,
     )
-    volumes = _volumes(raw.get("volumes"), storage, user, workspace_dir)
+    volumes = _volumes(raw.get("volumes"), storage, user, workspace_dir, home_dir)
 
     return NotebookOptions(
         volumes=tuple(volumes),
@@ -285,15 +286,27 @@ def _notify(raw: Mapping, rules: NotifyRules) -> Notify | None:
         raise OptionsError(field, message) from None
 
 
-def _volumes(raw, storage: StorageConfig | None, user: str, workspace_dir: str) -> list:
-    """A list of specs (API) or one spec per line (form)."""
+def _volumes(
+    raw, storage: StorageConfig | None, user: str, workspace_dir: str, home_dir: str = ""
+) -> list:
+    """A list of specs (API) or one spec per line (form); none mounted where the notebook's
+    home volume is (``home_dir``, "" when homes are not kept)."""
     if raw is None or raw == "" or raw == []:
         return []
     if isinstance(raw, str):
         raw = [line.strip() for line in raw.splitlines() if line.strip()]
-    return checks.volume_list(
+    volumes = checks.volume_list(
         OptionsError, raw, storage, user, workspace_dir, example="bucket@store/prefix:/mount:ro"
     )
+    home = home_dir.rstrip("/")
+    for v in volumes:
+        if home and v.mount.rstrip("/") == home:
+            raise OptionsError(
+                "volumes",
+                f"volumes: {v.mount} is your home's mount (kept for you between starts); "
+                "mount the volume elsewhere, e.g. under it",
+            )
+    return volumes
 
 
 def _labels(raw) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 
 import docker
@@ -138,7 +139,14 @@ class DockerRuntime(Runtime):
         def threadsafe(progress: PullProgress) -> None:
             loop.call_soon_threadsafe(on_progress, progress)
 
-        await self.engine.call(pull_blocking, self.client, image, auth, threadsafe, max_bytes)
+        given_up = threading.Event()  # a caller's time-out: the pool's thread stops reading
+        try:
+            await self.engine.call(
+                pull_blocking, self.client, image, auth, threadsafe, max_bytes, given_up
+            )
+        except asyncio.CancelledError:
+            given_up.set()
+            raise
 
     async def image_command(self, image: str) -> list[str] | None:
         try:

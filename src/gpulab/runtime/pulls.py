@@ -8,6 +8,7 @@ never stored in the engine (no ``docker login``), so another user's pull cannot 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import docker
@@ -80,7 +81,11 @@ def pull_blocking(
     auth: dict[str, str] | None,
     on_progress: Callable[[PullProgress], None],
     max_bytes: int = 0,
+    given_up: threading.Event | None = None,
 ) -> None:
+    """Pull ``image``, reporting its bytes; stop (closing the call) when its layers announce
+    more than ``max_bytes`` or the caller gave up (``given_up``, checked at each message of
+    the engine: a registry that sends nothing at all holds the call until it answers)."""
     added = LayerBytes()
     events = None
     try:
@@ -90,6 +95,8 @@ def pull_blocking(
                 continue
             if event.get("error"):
                 raise ImagePullFailed(_reason(event["error"]))
+            if given_up is not None and given_up.is_set():
+                raise ImagePullFailed("the pull was given up (image_pull_timeout)")
             progress = added.add(event)
             on_progress(progress)
             if max_bytes and progress.total > max_bytes:
