@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 
 from .bounds import shown
 from .errors import FieldError
+from .volumes import SNAPSHOT_ROOT  # the top of every user's snapshots in the workspace bucket
 
-#: the top of every user's snapshots in the workspace bucket (outside the workspaces' root)
-SNAPSHOT_ROOT = "snapshots"
 SNAPSHOT_NAME_PATTERN = "^[a-z0-9][a-z0-9._-]{0,62}$"
 SNAPSHOT_NAME_RE = re.compile(SNAPSHOT_NAME_PATTERN)
 MAX_SNAPSHOT_NAME_CHARS = 63

@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .bounds import shown
-from .snapshots import SNAPSHOT_ROOT
+
+#: the workspace bucket's prefix of every user's snapshots (``gpulab.snapshots`` keeps them
+#: there; defined here, which the sync helper's image also holds, so that no volume reaches it)
+SNAPSHOT_ROOT = "snapshots"
 
 __all__ = [
     "MODES",
