@@ -46,6 +46,12 @@ def _helper(docker_client, instance: str, workload: str):
     )
 
 
+def _container_ids(docker_client) -> set[str]:
+    """Every container's ID, in one engine call: ``containers.list`` inspects each one it
+    listed, and one that another test removes meanwhile is a 404 there."""
+    return {c["Id"] for c in docker_client.api.containers(all=True)}
+
+
 def test_a_new_hub_settles_records_helpers_and_gpus_left_by_the_last(hub_with, docker_client):
     hub = hub_with(CONFIG, start=False)
     hub.write_config()
@@ -83,7 +89,7 @@ def test_a_new_hub_settles_records_helpers_and_gpus_left_by_the_last(hub_with, d
     deadline = time.monotonic() + 10
     alive = left
     while alive and time.monotonic() < deadline:
-        alive = [c for c in left if c.id in {x.id for x in docker_client.containers.list(all=True)}]
+        alive = [c for c in left if c.id in _container_ids(docker_client)]
         time.sleep(0.2)
     assert alive == [], "orphaned sync helpers were not removed"
     # a real spawn stays STARTING far longer than notebook_stale_after: left alone all along,
@@ -102,8 +108,6 @@ def test_a_new_hub_settles_records_helpers_and_gpus_left_by_the_last(hub_with, d
         time.sleep(0.2)
     assert records.state("carol", "later") is S.SYNC_FAILED
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and late.id in {
-        c.id for c in docker_client.containers.list(all=True)
-    }:
+    while time.monotonic() < deadline and late.id in _container_ids(docker_client):
         time.sleep(0.2)
-    assert late.id not in {c.id for c in docker_client.containers.list(all=True)}
+    assert late.id not in _container_ids(docker_client)
