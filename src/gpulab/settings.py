@@ -1261,14 +1261,21 @@ class GpulabSettings(Configurable):
     ).tag(config=True)
 
     sync_interval = Float(
-        0.0,
-        help="""Seconds between live pushes of a running notebook's workspace and writable
-        volumes and of a running job's rw/rwd volumes (0, the default: pushed at the stop
-        only). A live push takes only files unchanged for sync_settle (10 s) and while read, and
+        900.0,
+        help="""Seconds between live pushes of a running notebook's workspace, home and
+        writable volumes and of a running job's rw/rwd volumes (900, the default: a quarter of
+        an hour, or sync_interval_floor where that is longer; 0: pushed at the stop only). A
+        live push takes only files unchanged for sync_settle (10 s) and while read, and
         deletes nothing (the stop's push mirrors deletions); a killed container or a lost node
         then loses at most one interval of work. A flavor's own ``sync_interval`` and a job's
         ``sync_interval`` field override it. 0, or from sync_interval_floor to one day.""",
     ).tag(config=True)
+
+    @default("sync_interval")
+    def _default_sync_interval(self) -> float:
+        # a site whose floor is longer than a quarter of an hour gets its floor, not a
+        # start-up error over a value it never set
+        return max(900.0, self.sync_interval_floor)
 
     sync_settle = Float(
         10.0,
