@@ -1,11 +1,19 @@
-"""Jobs benchmark: submission-to-RUNNING latency, 200 short jobs to DONE, API latency.
+"""Jobs benchmark: submission-to-RUNNING latency, 200 short jobs to DONE beside a bare
+``docker run --rm`` loop, API latency.
 
     .venv/bin/python bench/bench_jobs.py [--latency 10] [--jobs 200] [--concurrency 16]
-                                         [--clients 50] [--requests 20]
+                                         [--clients 50] [--requests 20] [--only throughput]
 
 A real hub and the gpulab service it starts, the local Docker engine, jobs without GPUs on
 gpulab/python:3.11. Latency is measured from the job's own history (QUEUED -> RUNNING
 timestamps written by the service) and from the client's side (POST until it reads RUNNING).
+
+Throughput: ``--jobs`` jobs running ``true`` queued at once, ``--concurrency`` at a time (the
+user's max_job_workers), until the last is DONE; beside it, in the same run, the anchor a
+user would pick instead: the same number of ``docker run --rm`` of the same image with the
+same limits (CPUs, memory, user), ``--concurrency`` at a time from a thread pool, timed before
+and after gpulab's run (the ratio is against their mean, so that a machine that drifts during
+the run weighs on both sides).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +34,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.hub import Hub  # noqa: E402
 
 SMALL = {"gpus": 0, "cpus": 0.25, "memory": "256M"}
+IMAGE = "gpulab/python:3.11"
+#: what a user would type for one of the jobs: the same image, limits and user
+BARE = ["docker", "run", "--rm", "--cpus", "0.25", "--memory", "256m", "--user", "1000:100"]
+
+
+def bare_loop(jobs: int, concurrency: int) -> float:
+    """Seconds for ``jobs`` ``docker run --rm IMAGE true``, ``concurrency`` at a time."""
+
+    def one(_: int) -> None:
+        subprocess.run([*BARE, IMAGE, "true"], check=True, capture_output=True, timeout=300)
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(jobs)))
+    return time.perf_counter() - t0
 
 
 def ts(iso: str) -> float:
@@ -36,6 +60,103 @@ def pct(values: list[float], p: float) -> float:
     return values[max(0, min(len(values) - 1, round(p / 100 * (len(values) - 1))))]
 
 
+def latency(args, submit, wait, s: requests.Session, api: str) -> None:
+    server_side, client_side = [], []
+    submit(["true"])  # warm-up
+    for _ in range(args.latency):
+        t0 = time.perf_counter()
+        job_id = submit(["sleep", "30"])
+        job = wait(job_id, {"RUNNING", "FAILED", "ERROR"})
+        client_side.append(time.perf_counter() - t0)
+        hist = {e["state"]: ts(e["at"]) for e in job["history"]}
+        server_side.append(hist["RUNNING"] - hist["QUEUED"])
+        s.post(f"{api}/jobs/{job_id}/interrupt", timeout=60)
+    print(f"\nSubmission to RUNNING ({args.latency} jobs, one at a time, no data)")
+    print(
+        f"  server side (history): median {statistics.median(server_side):.3f} s, "
+        f"max {max(server_side):.3f} s"
+    )
+    print(
+        f"  client side (POST until RUNNING is read): median "
+        f"{statistics.median(client_side):.3f} s   (target: median under 1 s)"
+    )
+
+
+def throughput(args, hub: Hub) -> None:
+    """``--jobs`` short jobs of a user of their own (so that the counts are theirs only),
+    queued at once, until every one ended; the bare loop before and after."""
+    s = requests.Session()
+    s.headers["Authorization"] = f"token {hub.create_user('burst')}"
+    api = f"{hub.url}/services/gpulab/api"
+    bare_loop(args.concurrency, args.concurrency)  # warm-up: the image's layers in the cache
+    bare_before = bare_loop(args.jobs, args.concurrency)
+
+    def submit(_: int) -> str:
+        body = {"command": ["true"], "resources": SMALL}
+        r = s.post(f"{api}/jobs", json=body, timeout=60)
+        r.raise_for_status()
+        return r.json()["id"]
+
+    def ended(states: str) -> int:
+        r = s.get(f"{api}/jobs", params={"state": states, "limit": 1}, timeout=120)
+        r.raise_for_status()
+        return r.json()["total"]
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(submit, range(args.jobs)))
+    submitted = time.perf_counter() - t0
+    while ended("DONE,FAILED,ERROR") < args.jobs:
+        time.sleep(0.2)
+    wall = time.perf_counter() - t0
+    ok = ended("DONE")
+    bare_after = bare_loop(args.jobs, args.concurrency)
+    bare = (bare_before + bare_after) / 2
+    rate, bare_rate = args.jobs / wall * 60, args.jobs / bare * 60
+    print(f"\n{args.jobs} short jobs queued at once, {args.concurrency} at a time")
+    print(
+        f"  gpulab: submitted in {submitted:.1f} s; all ended in {wall:.1f} s; {ok} DONE; "
+        f"{rate:.0f} jobs/min"
+    )
+    print(
+        f"  bare docker run --rm loop: {bare_before:.1f} s before, {bare_after:.1f} s after; "
+        f"{bare_rate:.0f} jobs/min"
+    )
+    print(f"  gpulab / bare: {rate / bare_rate:.2f}x   (target: at least 0.9x)")
+
+
+def api_latency(args, hub: Hub, token: str) -> None:
+    api = f"{hub.url}/services/gpulab/api"
+    s = requests.Session()
+    s.headers["Authorization"] = f"token {token}"
+    listed = s.get(f"{api}/jobs", params={"limit": args.clients}, timeout=60).json()["jobs"]
+    sample = [j["id"] for j in listed] or [""]
+
+    def client(i: int) -> list[float]:
+        c = requests.Session()
+        c.headers["Authorization"] = f"token {token}"
+        out = []
+        for k in range(args.requests):
+            url = f"{api}/jobs/{sample[(i + k) % len(sample)]}" if k % 2 else f"{api}/usage"
+            t = time.perf_counter()
+            c.get(url, timeout=60).raise_for_status()
+            out.append(time.perf_counter() - t)
+        return out
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+        lat = [x for r in pool.map(client, range(args.clients)) for x in r]
+    wall = time.perf_counter() - t0
+    print(
+        f"\nAPI latency, {args.clients} concurrent clients x {args.requests} requests "
+        "(GET a job / GET usage, through the hub's proxy)"
+    )
+    print(
+        f"  p50 {pct(lat, 50) * 1000:.0f} ms, p99 {pct(lat, 99) * 1000:.0f} ms, "
+        f"{len(lat) / wall:.0f} requests/s"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--latency", type=int, default=10, help="jobs timed one by one")
@@ -45,7 +166,11 @@ def main() -> None:
     )
     ap.add_argument("--clients", type=int, default=50, help="concurrent API clients")
     ap.add_argument("--requests", type=int, default=20, help="requests per client")
+    ap.add_argument(
+        "--only", default="", help="run only this part: latency, throughput or api (default: all)"
+    )
     args = ap.parse_args()
+    part = {"latency", "throughput", "api"} if not args.only else {args.only}
 
     config = (
         "c.GpulabSettings.supervisor_interval = 0.1\n"
@@ -75,71 +200,16 @@ def main() -> None:
                 time.sleep(poll)
 
         # 1. submission to RUNNING, one at a time
-        server_side, client_side = [], []
-        submit(["true"])  # warm-up
-        for _ in range(args.latency):
-            t0 = time.perf_counter()
-            job_id = submit(["sleep", "30"])
-            job = wait(job_id, {"RUNNING", "FAILED", "ERROR"})
-            client_side.append(time.perf_counter() - t0)
-            hist = {e["state"]: ts(e["at"]) for e in job["history"]}
-            server_side.append(hist["RUNNING"] - hist["QUEUED"])
-            s.post(f"{api}/jobs/{job_id}/interrupt", timeout=60)
-        print(f"\nSubmission to RUNNING ({args.latency} jobs, one at a time, no data)")
-        print(
-            f"  server side (history): median {statistics.median(server_side):.3f} s, "
-            f"max {max(server_side):.3f} s"
-        )
-        print(
-            f"  client side (POST until RUNNING is read): median "
-            f"{statistics.median(client_side):.3f} s   (target: median under 1 s)"
-        )
+        if "latency" in part:
+            latency(args, submit, wait, s, api)
 
-        # 2. many short jobs queued at once
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            ids = list(pool.map(lambda _: submit(["true"]), range(args.jobs)))
-        submitted = time.perf_counter() - t0
-        pending = set(ids)
-        while pending:
-            jobs = s.get(f"{api}/jobs", params={"state": "DONE,FAILED,ERROR"}, timeout=120).json()
-            pending -= {j["id"] for j in jobs["jobs"]}
-            time.sleep(0.5)
-        wall = time.perf_counter() - t0
-        done = s.get(f"{api}/jobs", params={"state": "DONE"}, timeout=120).json()["jobs"]
-        ok = len({j["id"] for j in done} & set(ids))
-        print(f"\n{args.jobs} short jobs queued at once (quota {args.concurrency} at a time)")
-        print(
-            f"  submitted in {submitted:.1f} s; all ended in {wall:.1f} s; {ok} DONE; "
-            f"throughput {args.jobs / wall * 60:.0f} jobs/min"
-        )
+        # 2. many short jobs queued at once, beside the bare docker run loop
+        if "throughput" in part:
+            throughput(args, hub)
 
         # 3. API latency under concurrent clients
-        sample = ids[: args.clients]
-
-        def client(i: int) -> list[float]:
-            c = requests.Session()
-            c.headers["Authorization"] = f"token {token}"
-            out = []
-            for k in range(args.requests):
-                url = f"{api}/jobs/{sample[(i + k) % len(sample)]}" if k % 2 else f"{api}/usage"
-                t = time.perf_counter()
-                c.get(url, timeout=60).raise_for_status()
-                out.append(time.perf_counter() - t)
-            return out
-
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
-            lat = [x for r in pool.map(client, range(args.clients)) for x in r]
-        wall = time.perf_counter() - t0
-        print(
-            f"\nAPI latency, {args.clients} concurrent clients x {args.requests} requests "
-            "(GET a job / GET usage, through the hub's proxy)"
-        )
-        print(
-            f"  p50 {pct(lat, 50) * 1000:.0f} ms, p99 {pct(lat, 99) * 1000:.0f} ms, "
-            f"{len(lat) / wall:.0f} requests/s"
-        )
+        if "api" in part:
+            api_latency(args, hub, token)
     finally:
         hub.stop()
         hub.remove_workloads()
