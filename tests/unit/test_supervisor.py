@@ -1635,7 +1635,7 @@ def test_the_least_recently_used_dataset_no_container_uses_makes_room(tmp_path):
 
 
 def test_eviction_order_as_data():
-    from gpulab.jobs.supervisor.datasets import cached_size, evictions
+    from gpulab.data.datasets import cached_size, evictions
 
     held = {"a": 4, "b": 4, "c": 4}
     used = {"a": 3.0, "b": 1.0, "c": 2.0}

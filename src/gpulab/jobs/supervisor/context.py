@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...data.datasets import DatasetCache
 from ...data.sync import DiskAccount, VolumeSync, WorkloadData
 from ...disk_ledger import DiskLedger
 from ...gpus.ledger import GpuLedger
@@ -29,7 +30,6 @@ from ..gang import Rank
 from ..records import JobRecords
 from ..spec import JobSpec
 from ..spec.ports import job_path
-from .datasets import DatasetCache
 from .live import LivePushes
 
 log = logging.getLogger("gpulab.jobs")

@@ -42,8 +42,8 @@ import re
 import time
 from collections import deque
 
-from ...data.sync import SyncOutcome, VolumeSync, WorkloadData
-from ...runtime.base import EngineError
+from ..runtime.base import EngineError
+from .sync import SyncOutcome, VolumeSync, WorkloadData
 
 log = logging.getLogger("gpulab.jobs")
 
