@@ -153,6 +153,32 @@ class DiskBooking(Base):
     since: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
+class DatasetCopy(Base):
+    """A node's copy of a read-only dataset in the dataset cache (gpulab/data/datasets.py),
+    shared by the hub's notebooks and the service's jobs: one row per (node, volume) from the
+    moment a process claims its pull until the volume is removed. ``state``: "pulling" (by
+    ``holder``, whose claim lapses at ``lease_until`` unless renewed), "ready" (pulled
+    complete and checked: trusted after any restart), "evicting" (``holder`` removes it).
+    ``pins``: {workload: until (epoch seconds)}, the workloads handed the copy whose
+    containers do not hold it yet (renewed by their process until they do). Every write is a
+    compare-and-set on the state (and ``version``) it read."""
+
+    __tablename__ = "dataset_copies"
+    __table_args__ = (UniqueConstraint("instance", "node", "volume"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    instance: Mapped[str] = mapped_column(String(64))
+    node: Mapped[str] = mapped_column(String(255), default="")
+    volume: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    state: Mapped[str] = mapped_column(String(16))
+    holder: Mapped[str] = mapped_column(String(255), default="")
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    pins: Mapped[dict | None] = mapped_column(JSONText, nullable=True)
+    last_used: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+
 def make_engine(url: str, upgrade: bool = False) -> Engine:
     """An engine on ``url`` whose schema is this gpulab's (:func:`prepare_schema`)."""
     engine = connect(url)

@@ -1,53 +1,85 @@
-"""The dataset cache: a job's read-only volume of the same store, bucket, prefix and content
-as another's is pulled once per node and shared, read-only, by the jobs that use it at the same
-time and after.
+"""The dataset cache: a read-only volume of the same store, bucket, prefix and content as one
+another workload (a job or a notebook) pulled to a node is pulled once per node and shared,
+read-only, by the workloads that use it at the same time and after.
 
 - **Keyed by content.** Before a read-only volume is pulled, the store is listed and a key made
   of every object's key, size and change token (``WorkloadData.listed_content``). The cache
   volume is named after the store, bucket, prefix and that key, and carries its size in its
-  name (``<instance>-dataset-<digest>-<bytes>``), so that the engine's list of volumes is the
-  cache's index, after a restart too. A dataset that changed in the store gets a new volume;
-  a running job keeps the copy it started with, never one rewritten under it.
-- **Pulled once.** One pull per (node, volume) at a time (a lock per cache volume): the jobs
-  that arrive meanwhile wait for it, then mount the same volume. The pull is capped at the
-  listed size and the store listed again after it: a dataset that changed meanwhile is not
-  shared (the job pulls its own). A copy this process did not pull and check (one a restart
-  left, or one an engine made again) is removed before it is pulled anew, never trusted. An
-  empty dataset is never cached (an engine fills an empty volume from the image of the first
+  name (``<instance>-dataset-<digest>-<bytes>``). A dataset that changed in the store gets a
+  new volume; a running workload keeps the copy it started with, never one rewritten under it.
+- **One cache per node, in the database.** The hub (notebooks) and the service (jobs) share
+  it: each copy is a row of ``dataset_copies`` per (node, volume) with its size, its state
+  (``pulling``, ``ready``, ``evicting``), its last use and its pins. Every write is a
+  compare-and-set on the state (and the row's version) it read, so that of two processes (or
+  two tasks) that race for one copy, one wins and the other reads again. A copy in ``ready``
+  was pulled complete and checked: a restart of either process keeps trusting it (its volume
+  must still exist; a row whose volume is gone is forgotten and the copy pulled again).
+- **Pulled once.** The process that claims a copy (a row in ``pulling``, inserted in the same
+  transaction that checks the node's room) pulls it; the others wait, polling the row, then
+  mount the same volume. The claim is a lease (``LEASE`` seconds) that its process renews while
+  it pulls: a process that died leaves a lapsed claim, which the next comer takes over (the
+  half-pulled volume is removed first). The pull is capped at the listed size and the store
+  listed again after it: a dataset that changed meanwhile is not shared (the workload pulls its
+  own). A volume with the cache's name but no row (one left by a process that died before its
+  claim, or by an older gpulab) is never trusted: it is removed before the pull. An empty
+  dataset is never cached (an engine fills an empty volume from the image of the first
   container that mounts it).
-- **Pinned while a job starts.** A copy handed to a job cannot be evicted until the job's
-  containers hold it (then the engine refuses its removal) or the job gave up its start.
-- **Bounded.** ``dataset_cache_max_bytes`` per node: before a new dataset is pulled, the least
-  recently used cache volumes are removed until it fits; a volume some container still uses
-  (a running job's, a finished one's kept for ``job_container_retention``) is refused by the
-  engine and stays. A dataset that cannot fit is pulled into the job's own volume, as without
-  the cache.
-- **Who pays.** Each job's owner is charged the dataset's size against their disk quota as if
-  the job held a copy of its own (booked before the cache is asked, released with the job's
-  volumes): quotas mean what they meant, and a dataset beyond the owner's quota is refused as
-  before. The disk saved is the platform's; the cache's own cap bounds what it keeps.
+- **Pinned while a workload starts.** A copy handed to a workload is pinned (its row's
+  ``pins``) until the workload's containers hold it (then the engine refuses its removal) or
+  it gave up its start; its process renews the pin meanwhile, so a pin outlives no process by
+  more than ``LEASE`` seconds.
+- **Bounded.** ``dataset_cache_max_bytes`` per node, over both processes: a claim counts every
+  row on the node (and every cache volume without one) and is refused, or makes room, in one
+  transaction. Room is made by moving the least recently used ready, unpinned copies to
+  ``evicting`` (a compare-and-set: a pin that came first wins) and then removing their
+  volumes; a volume some container still uses (a running job's or notebook's, a finished job's
+  kept for ``job_container_retention``) is refused by the engine, its row goes back to
+  ``ready``, and it stays. A dataset that cannot fit is pulled into the workload's own volume,
+  as without the cache.
+- **Who pays.** Each workload's owner is charged the dataset's size against their disk quota as
+  if the workload held a copy of its own (the caller books it under the workload's own volume
+  before asking the cache; released with the workload's volumes): quotas mean what they
+  meant, and a dataset beyond the owner's quota is refused as before. The disk saved is the
+  platform's; the cache's own cap bounds what it keeps.
 - **One host.** On a Swarm the manager sees no node's volumes, so it could neither find nor
-  evict a copy: there each job pulls its own, as before.
-- **Isolation.** The cache changes nothing of who may read what: a volume spec is checked
-  against the admin's grants at submission as before, and a cache volume holds exactly what the
-  store holds under a prefix that every job mounting it was granted. Jobs mount it read-only.
+  evict a copy: there each workload pulls its own, as before (the one gate below).
+- **Isolation.** A copy is handed out only to an owner whose grants allow its store, bucket and
+  prefix, checked again here (``check_access``) beside the check at submission or spawn; it
+  holds exactly what the store holds under that prefix, and workloads mount it read-only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import os
 import re
+import secrets
+import socket
 import time
 from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
+from sqlalchemy import delete, select, update
+
+from ..db import Database, DatasetCopy
+from ..lifecycle import utcnow
 from ..runtime.base import EngineError
+from ..volumes import VolumeError, check_access
 from .sync import SyncOutcome, VolumeSync, WorkloadData
 
-log = logging.getLogger("gpulab.jobs")
+log = logging.getLogger("gpulab.datasets")
 
 _SIZE = re.compile(r"-(\d{1,20})$")
+
+PULLING, READY, EVICTING = "pulling", "ready", "evicting"
+#: seconds a claim (a pull, an eviction) or a pin lasts unless its process renews it
+LEASE = 60.0
+#: seconds between two looks of a waiting workload at a copy another one pulls
+POLL = 0.5
 
 
 def cache_prefix(instance: str) -> str:
@@ -77,9 +109,10 @@ def evictions(
     in_use: frozenset[str] = frozenset(),
 ) -> list[str] | None:
     """Which cache volumes to remove, least recently used first, so that ``need`` more bytes
-    fit under ``cap`` beside the others (a pure rule). ``in_use``: volumes the engine refused
-    to remove (a container uses them): they stay and still count. Their names, or None when
-    even removing every other one leaves no room."""
+    fit under ``cap`` beside the others (a pure rule). ``in_use``: volumes that cannot go (a
+    container uses them, a workload was handed them, a pull or an eviction holds them): they
+    stay and still count. Their names, or None when even removing every other one leaves no
+    room."""
     if need > cap:
         return None
     total = sum(held.values())
@@ -92,124 +125,514 @@ def evictions(
     return out if total + need <= cap else None
 
 
-class DatasetCache:
-    """The supervisor's cache of read-only datasets, per node (see the module)."""
+def live_pins(pins: dict | None, now: float) -> dict[str, float]:
+    """The pins not yet lapsed at ``now`` (epoch seconds)."""
+    return {w: float(t) for w, t in (pins or {}).items() if float(t) > now}
 
-    def __init__(self) -> None:
-        self.last_used: dict[tuple[str, str], float] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
-        #: cache volumes pulled complete, and checked, by this process (node, name)
-        self.ready: set[tuple[str, str]] = set()
-        #: copies handed to jobs whose containers do not hold them yet: never evicted
+
+def default_holder() -> str:
+    """host:pid:random: unique per process (and per cache object), readable in a query."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+# --- the records --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A row of ``dataset_copies``, as read."""
+
+    node: str
+    volume: str
+    bytes: int
+    state: str
+    holder: str
+    lease_until: float  # epoch seconds (0: none)
+    pins: dict[str, float]
+    last_used: float
+    version: int
+
+    def lapsed(self, now: float) -> bool:
+        """A claim (pulling, evicting) whose process stopped renewing it."""
+        return self.state != READY and self.lease_until <= now
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What :meth:`DatasetCopies.claim` did: ``claimed`` (a pulling row is ours), ``taken``
+    (a row is there: read it), ``full`` (no room, whatever goes), or ``evict``: these
+    volumes are ours to remove (their rows ``evicting``; those without a row are volumes the
+    cache does not know), then claim again."""
+
+    outcome: str
+    evict: tuple[str, ...] = ()
+
+
+def _epoch(at: datetime | None) -> float:
+    return at.timestamp() if at is not None else 0.0
+
+
+def _at(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+def _copy(r: DatasetCopy) -> Copy:
+    return Copy(
+        r.node,
+        r.volume,
+        int(r.bytes),
+        r.state,
+        r.holder,
+        _epoch(r.lease_until),
+        {w: float(t) for w, t in (r.pins or {}).items()},
+        _epoch(r.last_used),
+        r.version,
+    )
+
+
+class DatasetCopies:
+    """The cache's rows: every change a compare-and-set on the state and version read."""
+
+    def __init__(self, db: Database, instance: str):
+        self.db = db
+        self.instance = instance
+
+    def _where(self, node: str, volume: str):
+        return (
+            DatasetCopy.instance == self.instance,
+            DatasetCopy.node == node,
+            DatasetCopy.volume == volume,
+        )
+
+    def get(self, node: str, volume: str) -> Copy | None:
+        with self.db.read() as s:
+            row = s.scalar(select(DatasetCopy).where(*self._where(node, volume)))
+            return _copy(row) if row is not None else None
+
+    def all(self, node: str | None = None) -> list[Copy]:
+        with self.db.read() as s:
+            q = select(DatasetCopy).where(DatasetCopy.instance == self.instance)
+            if node is not None:
+                q = q.where(DatasetCopy.node == node)
+            return [_copy(r) for r in s.scalars(q.order_by(DatasetCopy.id))]
+
+    def _cas(self, s, seen: Copy, **values) -> bool:
+        """Change ``seen``'s row if it still is what was read (its state and version)."""
+        result = s.execute(
+            update(DatasetCopy)
+            .where(
+                *self._where(seen.node, seen.volume),
+                DatasetCopy.state == seen.state,
+                DatasetCopy.version == seen.version,
+            )
+            .values(version=DatasetCopy.version + 1, **values)
+        )
+        return result.rowcount == 1
+
+    def change(self, seen: Copy, **values) -> bool:
+        """A compare-and-set of ``seen``'s row (its state and version); False: it changed."""
+        with self.db.session() as s:
+            return self._cas(s, seen, **values)
+
+    def drop(self, seen: Copy) -> bool:
+        """The row goes, if it still is ``seen`` (its state and version)."""
+        with self.db.session() as s:
+            result = s.execute(
+                delete(DatasetCopy).where(
+                    *self._where(seen.node, seen.volume),
+                    DatasetCopy.state == seen.state,
+                    DatasetCopy.version == seen.version,
+                )
+            )
+            return result.rowcount == 1
+
+    def claim(
+        self,
+        node: str,
+        volume: str,
+        size: int,
+        cap: int,
+        holder: str,
+        strays: dict[str, int],
+        refused: frozenset[str] = frozenset(),
+    ) -> Claim:
+        """Claim the pull of ``volume`` (``size`` bytes) on ``node`` if the node's copies
+        leave room under ``cap`` (one transaction, serialized per node: two processes cannot
+        both take the last room); else mark what must go to make room. ``strays``: cache
+        volumes on the node without a row (bytes by name); ``refused``: volumes the engine
+        would not remove (in use)."""
+        now = time.time()
+        with self.db.session() as s:
+            self.db.serialize(s, "gpulab-datasets", self.instance, node)
+            rows = [
+                _copy(r)
+                for r in s.scalars(
+                    select(DatasetCopy).where(
+                        DatasetCopy.instance == self.instance, DatasetCopy.node == node
+                    )
+                )
+            ]
+            if any(r.volume == volume for r in rows):
+                return Claim("taken")
+            held = {n: b for n, b in strays.items() if n != volume}
+            held.update({r.volume: r.bytes for r in rows})
+            used = {r.volume: r.last_used for r in rows}  # strays: 0, the oldest
+            stay = set(refused) | {
+                r.volume for r in rows if r.state != READY or live_pins(r.pins, now)
+            }
+            plan = evictions(held, used, size, cap, frozenset(stay))
+            if plan is None:
+                return Claim("full")
+            if plan:
+                lease = _at(now + LEASE)
+                for r in rows:
+                    if r.volume in plan and not self._cas(
+                        s, r, state=EVICTING, holder=holder, lease_until=lease
+                    ):
+                        return Claim("taken")  # (cannot happen inside the node's lock)
+                return Claim("evict", tuple(plan))
+            s.add(
+                DatasetCopy(
+                    instance=self.instance,
+                    node=node,
+                    volume=volume,
+                    bytes=size,
+                    state=PULLING,
+                    holder=holder,
+                    lease_until=_at(now + LEASE),
+                    pins={},
+                    last_used=utcnow(),
+                    version=1,
+                )
+            )
+            return Claim("claimed")
+
+    def unpin(self, workload: str) -> int:
+        """``workload``'s pins go, from every copy (its containers hold them now, or it will
+        not start); how many."""
+        gone = 0
+        for _ in range(20):
+            conflicts = 0
+            for c in self.all():
+                if workload not in c.pins:
+                    continue
+                pins = {w: t for w, t in c.pins.items() if w != workload}
+                if self.change(c, pins=pins):
+                    gone += 1
+                else:
+                    conflicts += 1
+            if not conflicts:
+                return gone
+        log.warning("dataset cache: the pins of %s kept changing; they lapse", workload)
+        return gone
+
+
+# --- the cache ----------------------------------------------------------------------------
+
+
+class DatasetCache:
+    """A process's handle on the dataset cache of every node (see the module): the hub's
+    notebooks and the service's jobs each hold one, on the same database."""
+
+    def __init__(self, copies: DatasetCopies, settings, runtime, holder: str | None = None):
+        self.copies = copies
+        self.settings = settings
+        self.runtime = runtime
+        self.holder = holder or default_holder()
+        self.lease = LEASE
+        self.poll = POLL
+        #: this process's pins, by copy (node, volume): renewed until released
         self.pinned: dict[tuple[str, str], set[str]] = {}
+        #: this process's claims (pulls, evictions) under way: renewed until done
+        self.claims: set[tuple[str, str]] = set()
         #: the last pulls made (node, name): what the benchmark and the tests count
         self.pulls: deque[tuple[str, str]] = deque(maxlen=1000)
+        self._renewing: asyncio.Task | None = None
+        self._news: asyncio.Event | None = None
 
-    def release(self, job_id: str) -> None:
-        """The job's containers hold its copies now (the engine refuses their removal), or
-        it will not start: its pins go."""
+    async def _db(self, fn, *args, **kw):
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    # --- pins -------------------------------------------------------------------------------
+
+    async def release(self, workload: str) -> None:
+        """The workload's containers hold its copies now (the engine refuses their removal),
+        or it will not start: its pins go."""
         for where in list(self.pinned):
-            self.pinned[where].discard(job_id)
+            self.pinned[where].discard(workload)
             if not self.pinned[where]:
                 del self.pinned[where]
+        try:
+            await self._db(self.copies.unpin, workload)
+        except Exception as e:  # noqa: BLE001 - they lapse within a lease
+            log.warning("dataset cache: pins of %s not released (%s); they lapse", workload, e)
+
+    def _hold(self, where: tuple[str, str], workload: str) -> None:
+        self.pinned.setdefault(where, set()).add(workload)
+        self._keep_renewing()
+
+    def _keep_renewing(self) -> None:
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        """Renew this process's claims and pins every third of a lease, while it holds any."""
+        while self.pinned or self.claims:
+            await asyncio.sleep(self.lease / 3)
+            try:
+                await self._db(self.renew_now)
+            except Exception as e:  # noqa: BLE001 - the next round tries again
+                log.warning("dataset cache: leases not renewed (%s)", e)
+
+    def renew_now(self) -> None:
+        """(Blocking.) Push the lease of every claim and pin this process holds."""
+        until = time.time() + self.lease
+        for node, volume in set(self.pinned) | self.claims:
+            for _ in range(5):
+                c = self.copies.get(node, volume)
+                if c is None:
+                    break
+                values: dict = {}
+                mine = self.pinned.get((node, volume), set())
+                if mine & set(c.pins):
+                    values["pins"] = {w: (until if w in mine else t) for w, t in c.pins.items()}
+                if c.state != READY and c.holder == self.holder:
+                    values["lease_until"] = _at(until)
+                if not values or self.copies.change(c, **values):
+                    break
+
+    def _told(self) -> None:
+        """Wake this process's waiters (a copy changed): others' find out by polling."""
+        if self._news is not None:
+            self._news.set()
+        self._news = None
+
+    async def _wait(self) -> None:
+        if self._news is None:
+            self._news = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._news.wait(), self.poll)
+
+    # --- handing a copy out -----------------------------------------------------------------
 
     async def volume_for(
-        self, ctx, job_id: str, vol: VolumeSync, on_progress
+        self, owner: str, workload: str, vol: VolumeSync, on_progress
     ) -> tuple[VolumeSync | None, SyncOutcome | None]:
-        """``vol`` (a read-only volume of job ``job_id``) through the cache: (the cache volume
-        to mount, ready and pinned for the job until :meth:`release`, and the outcome of the
-        pull that filled it now, or None when it was there), or (None, None) when it is not
-        cached: the cache is off, the dataset is empty or does not fit, the store cannot be
-        listed, the pull failed or the dataset changed during it. The job then pulls its own
-        volume as without the cache, and that pull says what is wrong."""
-        s = ctx.settings
+        """``vol`` (a read-only volume of ``owner``'s ``workload``) through the cache: (the
+        cache volume to mount, ready and pinned for the workload until :meth:`release`, and
+        the outcome of the pull that filled it now, or None when it was there), or (None,
+        None) when it is not cached: the cache is off, the owner's grants do not cover it,
+        the dataset is empty or does not fit, the store cannot be listed, the pull failed or
+        the dataset changed during it. The workload then pulls its own volume as without the
+        cache, and that pull says what is wrong."""
+        s = self.settings
         cap = s.dataset_cache_max_size
-        if not cap or vol.spec.mode != "ro" or ctx.runtime.clustered:
+        if not cap or vol.spec.mode != "ro" or self.runtime.clustered:
             # a Swarm's manager sees no node's volumes: it could neither find nor evict a copy
             return None, None
-        data = WorkloadData(ctx.runtime, s.storage.stores, s.sync_image, s.instance, "dataset")
+        try:  # the grants of today, not only of the submission: a copy is never a way round
+            check_access(owner, vol.spec, s.storage.grants, s.storage.workspace)
+        except VolumeError as e:
+            log.info("dataset %s not cached for %s: %s", vol.label, owner, e)
+            return None, None
+        data = WorkloadData(self.runtime, s.storage.stores, s.sync_image, s.instance, "dataset")
         try:
             size, key = await asyncio.to_thread(data.listed_content, vol)
-        except Exception as e:  # noqa: BLE001 - the job's own pull then says what is wrong
+        except Exception as e:  # noqa: BLE001 - the workload's own pull then says what is wrong
             log.info("dataset %s not cached: cannot list it (%s)", vol.label, e)
             return None, None
         if size == 0 or size > cap:
             # an empty volume is filled by the engine from its first container's image at the
-            # mount: never one that other users' jobs mount
+            # mount: never one that other users' workloads mount
             return None, None
         name = cache_volume_name(s.instance, vol, key, size)
         cached = VolumeSync(vol.spec, name, vol.label, vol.node)
-        where = (vol.node, name)
-        async with self._locks.setdefault(where, asyncio.Lock()):
-            self.last_used[where] = time.time()
-            if where in self.ready and await ctx.runtime.volume_exists(name, vol.node):
-                self.pinned.setdefault(where, set()).add(job_id)
-                return cached, None
-            self.ready.discard(where)
-            # a copy this process did not pull and check (a restart's, one removed and made
-            # again by an engine) is not trusted: it goes first; in use, the job pulls its own
-            if not await self._remove(ctx, vol.node, name):
-                return None, None
-            if not await self._make_room(ctx, vol.node, name, size, cap):
-                return None, None
-            self.pulls.append(where)
-            outcome = await data.run("pull", cached, on_progress, max_bytes=size)
-            if outcome.ok:
-                try:
-                    again = await asyncio.to_thread(data.listed_content, vol)
-                except Exception:  # noqa: BLE001 - unchecked: not shared
-                    again = None
-                if again != (size, key):  # changed while it was pulled: not the named content
-                    log.info("dataset %s changed during its pull: not cached", vol.label)
-                    outcome = None
-            if outcome is None or not outcome.ok:
-                await self._remove(ctx, vol.node, name)
-                return None, None
-            self.ready.add(where)
-            self.last_used[where] = time.time()
-            self.pinned.setdefault(where, set()).add(job_id)
-            return cached, outcome
+        got = await self._ready_or_claimed(workload, vol.node, name, size, cap)
+        if got is None:
+            return None, None
+        if got == READY:
+            return cached, None
+        outcome = await self._pull(workload, data, vol, cached, size, key, on_progress)
+        if outcome is None:
+            return None, None
+        return cached, outcome
 
-    async def _make_room(self, ctx, node: str, name: str, size: int, cap: int) -> bool:
-        """Room for ``size`` more bytes on ``node`` under ``cap``, by removing the least
-        recently used cache volumes that no container uses and no starting job was handed;
-        False when there is none."""
-        instance = ctx.settings.instance
-        async with self._locks.setdefault((node, ""), asyncio.Lock()):  # one node's room
-            held = {}
-            for vol, at in await ctx.runtime.volumes_named(cache_prefix(instance)):
-                got = cached_size(instance, vol)
-                if at == node and got is not None and vol != name:
-                    held[vol] = got
-            used = {n: t for (at, n), t in self.last_used.items() if at == node}
-            in_use = {n for (at, n) in self.pinned if at == node}
-            while True:
-                plan = evictions(held, used, size, cap, frozenset(in_use))
-                if plan is None:
+    async def _ready_or_claimed(
+        self, workload: str, node: str, name: str, size: int, cap: int
+    ) -> str | None:
+        """READY: the copy is there, pinned for ``workload``; PULLING: this process claimed
+        its pull; None: not cached (no room, a stray volume in use)."""
+        refused: set[str] = set()
+        while True:
+            c = await self._db(self.copies.get, node, name)
+            now = time.time()
+            if c is None:
+                strays = await self._strays(node)
+                claim = await self._db(
+                    self.copies.claim,
+                    node,
+                    name,
+                    size,
+                    cap,
+                    self.holder,
+                    strays,
+                    frozenset(refused),
+                )
+                if claim.outcome == "full":
                     where = f"node {node}" if node else "this host"
                     log.info("dataset cache on %s: no room for %d bytes", where, size)
-                    return False
-                if not plan:
-                    return True
-                victim = plan[0]
-                if await self._remove(ctx, node, victim):
-                    log.info("dataset cache: removed %s (least recently used)", victim)
-                    held.pop(victim)
-                else:
-                    in_use.add(victim)
+                    return None
+                if claim.outcome == "evict":
+                    await self._evict(node, claim.evict, refused)
+                    continue
+                if claim.outcome == "claimed":
+                    self.claims.add((node, name))
+                    self._keep_renewing()
+                    # a volume by that name without a row is not trusted: it goes first
+                    if await self._remove(node, name):
+                        return PULLING
+                    await self._give_up(node, name)
+                    return None
+                continue  # taken meanwhile: read it
+            if c.state == READY:
+                pins = {**live_pins(c.pins, now), workload: now + self.lease}
+                if not await self._db(self.copies.change, c, pins=pins, last_used=utcnow()):
+                    continue  # changed meanwhile (a pin, an eviction): read it again
+                self._hold((node, name), workload)
+                if await self.runtime.volume_exists(name, node):
+                    return READY
+                # its volume is gone (removed by hand): the row is forgotten, pulled again
+                log.warning("dataset cache: %s is gone from %s; pulled again", name, node or "")
+                self.pinned.get((node, name), set()).discard(workload)
+                c = await self._db(self.copies.get, node, name)
+                if c is not None and c.state == READY:
+                    await self._db(self.copies.drop, c)
+                continue
+            if c.lapsed(now):
+                if c.state == EVICTING:  # its remover died: it was ready; the check above
+                    await self._db(self.copies.change, c, state=READY, holder="")
+                    continue
+                # its puller died: the half-pulled volume is ours to remove and pull again
+                lease = _at(now + self.lease)
+                if await self._db(self.copies.change, c, holder=self.holder, lease_until=lease):
+                    self.claims.add((node, name))
+                    self._keep_renewing()
+                    if await self._remove(node, name):
+                        return PULLING
+                    await self._give_up(node, name)
+                    return None
+                continue
+            await self._wait()  # pulled or removed by another: look again
 
-    async def _remove(self, ctx, node: str, name: str) -> bool:
-        """Remove a copy (True, also when there was none); False when a container uses it."""
-        if (node, name) in self.pinned:
-            return False
+    async def _strays(self, node: str) -> dict[str, int]:
+        """Cache volumes on ``node`` (with their sizes) that have no row."""
+        instance = self.settings.instance
+        known = {c.volume for c in await self._db(self.copies.all, node)}
+        out = {}
+        for vol, at in await self.runtime.volumes_named(cache_prefix(instance)):
+            size = cached_size(instance, vol)
+            if at == node and size is not None and vol not in known:
+                out[vol] = size
+        return out
+
+    async def _evict(self, node: str, names: tuple[str, ...], refused: set[str]) -> None:
+        """Remove the copies :meth:`DatasetCopies.claim` marked ``evicting`` for this process
+        (and the stray volumes it named); one a container uses goes back to ``ready``."""
+        for name in names:
+            c = await self._db(self.copies.get, node, name)
+            mine = c is not None and c.state == EVICTING and c.holder == self.holder
+            if c is not None and not mine:
+                continue
+            if mine:
+                self.claims.add((node, name))
+            try:
+                removed = await self._remove(node, name)
+            finally:
+                self.claims.discard((node, name))
+            if not mine:
+                if not removed:
+                    refused.add(name)
+                continue
+            c = await self._db(self.copies.get, node, name)
+            if c is None or c.state != EVICTING or c.holder != self.holder:
+                continue
+            if removed:
+                await self._db(self.copies.drop, c)
+                log.info("dataset cache: removed %s (least recently used)", name)
+            else:
+                refused.add(name)
+                await self._db(self.copies.change, c, state=READY, holder="", lease_until=None)
+            self._told()
+
+    async def _pull(
+        self,
+        workload: str,
+        data: WorkloadData,
+        vol: VolumeSync,
+        cached: VolumeSync,
+        size: int,
+        key: str,
+        on_progress,
+    ) -> SyncOutcome | None:
+        """Pull the copy this process claimed: ready and pinned for ``workload`` (the
+        outcome), else removed and its row gone (None)."""
+        where = (cached.node, cached.docker_volume)
+        self.pulls.append(where)
+        outcome = await data.run("pull", cached, on_progress, max_bytes=size)
+        if outcome.ok:
+            try:
+                again = await asyncio.to_thread(data.listed_content, vol)
+            except Exception:  # noqa: BLE001 - unchecked: not shared
+                again = None
+            if again != (size, key):  # changed while it was pulled: not the named content
+                log.info("dataset %s changed during its pull: not cached", vol.label)
+                outcome = None
+        if outcome is None or not outcome.ok:
+            await self._remove(*where)
+            await self._give_up(*where)
+            return None
+        c = await self._db(self.copies.get, *where)
+        pins = {**live_pins(c.pins if c else {}, time.time()), workload: time.time() + self.lease}
+        mine = c is not None and c.state == PULLING and c.holder == self.holder
+        self.claims.discard(where)
+        if not mine or not await self._db(
+            self.copies.change,
+            c,
+            state=READY,
+            holder="",
+            lease_until=None,
+            pins=pins,
+            last_used=utcnow(),
+        ):
+            # its claim lapsed and another process took it over (it removes what is there)
+            log.warning("dataset cache: the pull of %s lost its claim; not shared", where[1])
+            self._told()
+            return None
+        self._hold(where, workload)
+        self._told()
+        return outcome
+
+    async def close(self) -> None:
+        """Stop renewing (a process that stops: what it holds lapses within a lease)."""
+        task, self._renewing = self._renewing, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _give_up(self, node: str, name: str) -> None:
+        """This process's claim ends without a copy: its row goes (if still its)."""
+        self.claims.discard((node, name))
+        c = await self._db(self.copies.get, node, name)
+        if c is not None and c.state == PULLING and c.holder == self.holder:
+            await self._db(self.copies.drop, c)
+        self._told()
+
+    async def _remove(self, node: str, name: str) -> bool:
+        """Remove a volume (True, also when there was none); False when a container uses it."""
         try:
-            await ctx.runtime.remove_volume(name, node)
+            await self.runtime.remove_volume(name, node)
         except EngineError as e:  # in use by a container: never evicted
             log.info("dataset cache: %s stays (%s)", name, e)
             return False
-        self.ready.discard((node, name))
-        self.last_used.pop((node, name), None)
-        lock = self._locks.get((node, name))
-        if lock is not None and not lock.locked():
-            del self._locks[(node, name)]
         return True

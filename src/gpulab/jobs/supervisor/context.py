@@ -57,8 +57,9 @@ class JobContext:
     notifier: Notifier | None = None
     #: the live pushes of running jobs' volumes (one task per job at most)
     live: LivePushes = field(default_factory=LivePushes)
-    #: read-only datasets pulled once per node and shared (datasets.py)
-    datasets: DatasetCache = field(default_factory=DatasetCache)
+    #: read-only datasets pulled once per node and shared with the hub's notebooks
+    #: (gpulab/data/datasets.py); None: not cached (contexts built for a test of one part)
+    datasets: DatasetCache | None = None
 
     async def db(self, fn, *args, **kw):
         """A blocking database call, off the event loop."""

@@ -61,7 +61,8 @@ async def run_fresh(ctx: JobContext, job_id: str) -> None:
     try:
         started = await _start_fresh(ctx, job_id)
     finally:  # its containers hold its dataset copies now, or it will not start
-        ctx.datasets.release(job_id)
+        if ctx.datasets is not None:
+            await ctx.datasets.release(ctx.workload(job_id))
     if started is not None:  # (every ending above returns finalize's None)
         await watch(ctx, job_id, *started)
 
@@ -80,20 +81,23 @@ async def _start_fresh(ctx: JobContext, job_id: str) -> tuple[JobSpec, list[Rank
     except (SecretMissing, SecretsUnavailable) as e:
         return await finalize(ctx, job_id, J.FAILED, "SECRET_MISSING", str(e), push=False)
     # each node that runs a worker pulls its own copy (one host: one pull for all); a
-    # read-only dataset another job pulled to that node is mounted from the cache (datasets.py)
+    # read-only dataset another job or a notebook pulled to that node is mounted from the
+    # cache (gpulab/data/datasets.py)
     cached: dict[tuple[str, str], str] = {}
     for vol in [v for node in nodes_of(gang) for v in ctx.volumes(job_id, spec, node)]:
         if await ctx.requested(job_id) == "interrupt":
             return await finalize(ctx, job_id, *_BEFORE_START, push=False)
         notes = TransferNotes(ctx, job_id, J.INITIALIZING, "pulling", vol)
         shared, outcome = None, None
-        if vol.spec.mode == "ro" and ctx.settings.dataset_cache_max_size:
+        if vol.spec.mode == "ro" and ctx.settings.dataset_cache_max_size and ctx.datasets:
             # the owner's quota counts the dataset as if the job had a copy of its own
             booked = await ctx.data(job_id).book_pull(vol)
             if isinstance(booked, SyncOutcome):
                 outcome = booked  # refused by the quota (or not listed): as without the cache
             else:
-                shared, outcome = await ctx.datasets.volume_for(ctx, job_id, vol, notes.on_progress)
+                shared, outcome = await ctx.datasets.volume_for(
+                    job["owner"], ctx.workload(job_id), vol, notes.on_progress
+                )
         if shared is not None:
             cached[(str(vol.spec), vol.node)] = shared.docker_volume
             text = (

@@ -25,6 +25,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ...data.datasets import DatasetCache, DatasetCopies
 from ...disk_ledger import DiskLedger
 from ...durations import format_duration
 from ...gpus.inventory import node_of
@@ -70,6 +71,7 @@ class JobSupervisor:
             logs_dir=logs_dir,
             spawn=self.spawn_task,
             notifier=Notifier.from_settings(settings),
+            datasets=DatasetCache(DatasetCopies(db, settings.instance), settings, runtime),
         )
         self.records, self.ledger, self.disk = self.ctx.records, self.ctx.ledger, self.ctx.disk
         self.runtime, self.secrets, self.logs_dir = runtime, self.ctx.secrets, logs_dir
@@ -176,6 +178,8 @@ class JobSupervisor:
             await self.db(self.lease.release)
         if self.ctx.notifier is not None:
             await self.ctx.notifier.close()
+        if self.ctx.datasets is not None:  # what it still pins lapses within a lease
+            await self.ctx.datasets.close()
 
     async def _abdicate(self) -> None:
         """Lost the lease (or stopping): stop every job task; the containers run on, and
