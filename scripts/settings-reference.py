@@ -31,10 +31,7 @@ SPAWNER = """
 
 def main() -> None:
     print(
-        HEADER
-        + config_reference(GpulabSettings)
-        + SPAWNER
-        + config_reference(NotebookSpawner),
+        HEADER + config_reference(GpulabSettings) + SPAWNER + config_reference(NotebookSpawner),
         end="",
     )
 

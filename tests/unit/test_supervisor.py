@@ -127,6 +127,7 @@ class Lab:
         for task in list(self.sv.tasks.values()):
             task.cancel()
         await asyncio.gather(*self.sv.tasks.values(), return_exceptions=True)
+        await self.ctx.datasets.close()
 
 
 def reasons(job: dict) -> list[tuple[str, str]]:
@@ -1678,6 +1679,7 @@ def test_a_copy_handed_to_a_starting_job_is_never_evicted_for_its_other_dataset(
         assert a[0].startswith(f"{INSTANCE}-dataset-") and not b[0].startswith(f"{INSTANCE}-d")
         assert lab.rt.names("remove_volume").count(a[0]) == 1  # the stale-copy check, before
         assert (a[0], "") in lab.rt.volumes and lab.ctx.datasets.pinned == {}
+        assert [c.pins for c in lab.ctx.datasets.copies.all()] == [{}]  # let go in the database
         (pull,) = [h for h in lab.rt.helper_configs if h.mounts[0].volume == a[0]]
         assert pull.command[pull.command.index("--max-bytes") + 1] == "6"  # the listed size
 

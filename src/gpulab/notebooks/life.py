@@ -25,7 +25,8 @@ from typing import Any
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from .. import imagerefs
-from ..data.sync import DiskAccount, progress_message
+from ..data.datasets import DatasetCache
+from ..data.sync import DiskAccount, SyncOutcome, progress_message
 from ..disk_ledger import DiskLedger
 from ..durations import format_duration
 from ..gpus.inventory import node_of
@@ -116,6 +117,8 @@ class Notebook:
     #: the reference its container runs: an image from a registry pinned to its digest
     #: ("": the options' image as the engine names it)
     run_image: str = ""
+    #: the nodes' dataset caches, shared with jobs (None: its read-only volumes are its own)
+    datasets: DatasetCache | None = None
 
     async def db(self, fn, *args, **kwargs):
         """A blocking database call, off the event loop."""
@@ -201,11 +204,15 @@ async def start(nb: Notebook, opts: NotebookOptions, hub: HubSide, user_options:
     else:
         await _check_image(nb, opts.image)
     data = nb.data([str(v) for v in opts.volumes])
-    await _pull(nb, data)
-    note = home_not_saved(before)
-    if note and data.home is not None:
-        nb.progress(55, f"Your home was not saved at the last stop: {note}")
-    ip, port = await _run_container(nb, opts, hub, data)
+    try:
+        await _pull(nb, data)
+        note = home_not_saved(before)
+        if note and data.home is not None:
+            nb.progress(55, f"Your home was not saved at the last stop: {note}")
+        ip, port = await _run_container(nb, opts, hub, data)
+    finally:  # its container holds its dataset copies now, or it will not start
+        if nb.datasets is not None:
+            await nb.datasets.release(nb.workload_id)
     nb.progress(80, f"Waiting for {opts.editor} to answer")
     await _wait_for_editor(nb, ip, port, hub.base_url)
     await nb.record(S.RUNNING, reason="READY", message=f"{opts.editor} answers")
@@ -563,7 +570,7 @@ async def _pull(nb: Notebook, data: NotebookData) -> None:
     if not await nb.runtime.image_exists(nb.image(s.sync_image)):
         msg = f"sync helper image {s.sync_image} is missing (the admin builds it: make images)"
         raise await nb.fail(S.ERROR, "IMAGE_MISSING", msg, 503)
-    for vol in data.volumes:
+    for i, vol in enumerate(list(data.volumes)):
         store = vol.spec.store
         # the image's /workspace (uid 1000) and home populate a new volume; on a cluster
         # the pull always runs: the node may hold an older copy (volume_exists cannot tell)
@@ -578,7 +585,22 @@ async def _pull(nb: Notebook, data: NotebookData) -> None:
         def on_progress(p: dict, label=vol.label) -> None:
             nb.progress(45, progress_message("Pulling", label, p))
 
-        outcome = await data.sync.run("pull", vol, on_progress)
+        outcome = None
+        if _cacheable(nb, vol):
+            # the owner's quota counts the dataset as if the notebook had a copy of its own
+            booked = await data.sync.book_pull(vol)
+            if isinstance(booked, SyncOutcome):
+                outcome = booked  # refused by the quota (or not listed): as without the cache
+            else:
+                shared, outcome = await nb.datasets.volume_for(
+                    nb.user, nb.workload_id, vol, on_progress
+                )
+                if shared is not None:  # mounted read-only from the node's copy
+                    data.volumes[i] = shared
+                    nb.progress(50, _cache_note(vol, shared, outcome))
+                    continue
+        if outcome is None:
+            outcome = await data.sync.run("pull", vol, on_progress)
         if outcome.refused:  # the disk quota: nothing was fetched, nothing to push
             nb.held.skip_push = True
             raise await nb.fail(S.FAILED, "PULL_FAILED", outcome.reason, 403)
@@ -587,6 +609,22 @@ async def _pull(nb: Notebook, data: NotebookData) -> None:
             msg = f"pull of volume {vol.label} failed: {outcome.reason}"
             raise await nb.fail(S.FAILED, "PULL_FAILED", msg, 500)
         nb.progress(50, "Pulled " + outcome.summary())
+
+
+def _cacheable(nb: Notebook, vol) -> bool:
+    """A read-only volume of the user's that the nodes' dataset cache may hold."""
+    return (
+        nb.datasets is not None
+        and vol.spec.mode == "ro"
+        and vol.label not in ("workspace", HOME_LABEL)
+        and bool(nb.settings.dataset_cache_max_size)
+    )
+
+
+def _cache_note(vol, shared, outcome: SyncOutcome | None) -> str:
+    if outcome is None:
+        return f"{vol.label}: the node's copy in the dataset cache ({shared.docker_volume})"
+    return f"Pulled {outcome.summary()} into the node's dataset cache ({shared.docker_volume})"
 
 
 async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):

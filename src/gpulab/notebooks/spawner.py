@@ -23,6 +23,7 @@ from tornado import web
 from traitlets import Float, Unicode, default
 
 from .. import __version__
+from ..data.datasets import DatasetCache, DatasetCopies
 from ..db import Database, SchemaMismatch
 from ..disk_ledger import DiskLedger
 from ..gpus.ledger import GpuLedger
@@ -200,6 +201,8 @@ class NotebookSpawner(DockerSpawner):
     _databases: dict[str, Database] = {}
     _reconcilers: dict[str, NotebookReconciler] = {}
     _runtimes: dict[str, Runtime] = {}
+    #: the hub process's handle on the dataset cache, one per instance and database
+    _dataset_caches: dict[str, DatasetCache] = {}
     #: instance -> why the engine cannot hand out GPUs (report_at_hub_start asked it)
     gpu_refusals: dict[str, str] = {}
 
@@ -292,6 +295,15 @@ class NotebookSpawner(DockerSpawner):
         return self._runtimes[key]
 
     @property
+    def datasets(self) -> DatasetCache:
+        """The hub's side of the nodes' dataset caches (the service's jobs share them)."""
+        key = f"{self.settings.instance}|{self.settings.runtime}|{self.settings.database_url}"
+        if key not in self._dataset_caches:
+            copies = DatasetCopies(self.gpulab_db, self.settings.instance)
+            self._dataset_caches[key] = DatasetCache(copies, self.settings, self.runtime)
+        return self._dataset_caches[key]
+
+    @property
     def workload_id(self) -> str:
         return notebook_workload_id(self.settings.instance, self.user.name, self.name)
 
@@ -332,6 +344,7 @@ class NotebookSpawner(DockerSpawner):
             editor_wait_interval=self.editor_wait_interval,
             gpu_refusal=self.gpu_refusals.get(s.instance),
             secrets=self.secret_store,
+            datasets=self.datasets,
         )
         self.held.ran = bool(self.object_id)
         return nb

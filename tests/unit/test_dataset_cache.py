@@ -1,0 +1,383 @@
+"""The dataset cache's state machine (gpulab.data.datasets) on the fake Runtime and a real
+SQLite database: two cache objects on one database stand for the hub's and the service's
+processes. What jobs make of it: tests/unit/test_supervisor.py ("the dataset cache");
+notebooks: below and tests/integration/test_dataset_cache.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from gpulab.data.datasets import (
+    EVICTING,
+    PULLING,
+    READY,
+    DatasetCache,
+    DatasetCopies,
+    _at,
+    cache_prefix,
+)
+from gpulab.data.sync import VolumeSync
+from gpulab.db import Database
+from gpulab.notebooks import life
+from gpulab.settings import GpulabSettings
+from gpulab.volumes import parse_volume
+
+from ..conftest import run_async
+from ..support.fake_runtime import EngineError, FakeRuntime, HelperResult
+from ..support.notebooks import SYNC, World, editor_answers
+
+OK = json.dumps({"event": "report", "ok": True, "completed": 1})
+
+
+class Engine(FakeRuntime):
+    """The fake engine whose sync helpers succeed, each pull waiting for ``gate`` (when set)
+    so that a test can hold a pull under way."""
+
+    def __init__(self, **kw):
+        super().__init__(images={SYNC}, **kw)
+        self.gate: asyncio.Event | None = None
+        self.failing = False
+
+    async def run_helper(self, spec, on_line, node: str = ""):
+        result = await super().run_helper(spec, on_line, node)
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.failing:
+            return HelperResult(1, ["the store is down"])
+        on_line(OK)
+        return result
+
+
+class Site:
+    """A site with one filesystem store (bucket ``data``, granted to ann only), a database,
+    and an engine; :meth:`cache` makes one process's cache on them."""
+
+    def __init__(self, tmp_path, cap: str = "1K"):
+        self.tmp = tmp_path
+        store = tmp_path / "store"
+        store.mkdir(exist_ok=True)
+        self.settings = GpulabSettings(
+            instance="t",
+            sync_image=SYNC,
+            object_stores={"local": {"kind": "filesystem", "root": str(store)}},
+            volume_grants=[{"store": "local", "bucket": "data", "users": ["ann"]}],
+            dataset_cache_max_bytes=cap,
+        )
+        self.db = Database(f"sqlite:///{tmp_path / 'gpulab.sqlite'}")
+        self.rt = Engine()
+        self.copies = DatasetCopies(self.db, "t")
+
+    def cache(self, holder: str) -> DatasetCache:
+        c = DatasetCache(DatasetCopies(self.db, "t"), self.settings, self.rt, holder)
+        c.poll = 0.01
+        return c
+
+    def dataset(self, name: str, files: dict[str, str]) -> VolumeSync:
+        root = self.tmp / "store" / "data" / name
+        root.mkdir(parents=True, exist_ok=True)
+        for rel, text in files.items():
+            (root / rel).write_text(text)
+        spec = parse_volume(f"data@local/{name}:/{name}:ro", self.settings.storage.stores)
+        return VolumeSync(spec, f"t-own-{name}", str(spec), "")
+
+    def pulls(self) -> list[str]:
+        return [
+            m.volume
+            for h in self.rt.helper_configs
+            if h.command[0] == "pull"
+            for m in h.mounts
+            if m.volume.startswith(cache_prefix("t"))
+        ]
+
+    def row(self, volume: str):
+        return self.copies.get("", volume)
+
+
+def quiet(_):
+    return None
+
+
+def test_two_processes_racing_for_one_copy_pull_it_once_and_share_it(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"train.csv": "1,2,3\n"})
+    hub, service = site.cache("hub"), site.cache("service")
+
+    async def test():
+        site.rt.gate = asyncio.Event()
+        first = asyncio.create_task(service.volume_for("ann", "job-1", vol, quiet))
+        second = asyncio.create_task(hub.volume_for("ann", "nb-1", vol, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        (name,) = site.pulls()
+        row = site.row(name)
+        assert row.state == PULLING and row.bytes == 6 and row.lease_until > time.time()
+        await asyncio.sleep(0.1)  # the other waits: no second pull while one is under way
+        assert len(site.pulls()) == 1 and not second.done()
+        site.rt.gate.set()
+        (a, one), (b, other) = await first, await second
+        assert {a.docker_volume, b.docker_volume} == {name}
+        assert sorted([one is None, other is None]) == [False, True]  # one pulled, one found
+        assert (one or other).ok
+        assert len(site.pulls()) == 1
+        row = site.row(name)
+        assert row.state == READY and set(row.pins) == {"job-1", "nb-1"}
+        await service.release("job-1")
+        await hub.release("nb-1")
+        assert site.row(name).pins == {} and hub.pinned == {} == service.pinned
+        await hub.close()
+        await service.close()
+
+    run_async(test())
+
+
+def test_a_restarted_process_trusts_a_ready_copy_and_forgets_one_whose_volume_is_gone(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        before = site.cache("service")
+        (copy, _) = await before.volume_for("ann", "job-1", vol, quiet)
+        await before.release("job-1")
+        await before.close()
+        after = site.cache("service-restarted")  # a new process, a new holder
+        (again, pulled) = await after.volume_for("ann", "job-2", vol, quiet)
+        assert again.docker_volume == copy.docker_volume and pulled is None
+        assert len(site.pulls()) == 1 and site.rt.names("remove_volume") == [copy.docker_volume]
+        await after.release("job-2")
+        site.rt.volumes.discard((copy.docker_volume, ""))  # removed by hand
+        (third, pulled) = await after.volume_for("ann", "job-3", vol, quiet)
+        assert third.docker_volume == copy.docker_volume and pulled.ok
+        assert len(site.pulls()) == 2 and site.row(copy.docker_volume).state == READY
+        await after.close()
+
+    run_async(test())
+
+
+def test_a_pull_whose_process_died_is_taken_over_once_its_lease_lapses(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        dead = site.cache("dead")
+        name = None
+        site.rt.gate = asyncio.Event()
+        task = asyncio.create_task(dead.volume_for("ann", "job-1", vol, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        (name,) = site.pulls()
+        task.cancel()  # the process dies mid-pull: its row stays, its lease runs out
+        await asyncio.gather(task, return_exceptions=True)
+        await dead.close()
+        site.rt.gate = None
+        row = site.row(name)
+        assert row.state == PULLING and row.holder == "dead"
+        alive = site.cache("alive")
+        waiting = asyncio.create_task(alive.volume_for("ann", "job-2", vol, quiet))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()  # the lease still holds: it waits
+        assert site.copies.change(site.row(name), lease_until=_at(time.time() - 1))
+        (copy, pulled) = await waiting
+        assert copy.docker_volume == name and pulled.ok and len(site.pulls()) == 2
+        assert site.rt.names("remove_volume").count(name) == 2  # before each pull: never trusted
+        row = site.row(name)
+        assert row.state == READY and row.holder == "" and set(row.pins) == {"job-2"}
+        await alive.close()
+
+    run_async(test())
+
+
+def test_an_eviction_and_a_pin_race_by_compare_and_set_and_one_wins(tmp_path):
+    """Two 6-byte datasets under a 10-byte cap. A pin read before an eviction marked the copy
+    loses; a pin that came first keeps the copy and the other dataset is not cached."""
+    site = Site(tmp_path, cap="10")
+    a = site.dataset("a", {"f": "aaaaaa"})
+    b = site.dataset("b", {"f": "bbbbbb"})
+
+    async def test():
+        hub, service = site.cache("hub"), site.cache("service")
+        (copy_a, _) = await service.volume_for("ann", "job-1", a, quiet)
+        await service.release("job-1")
+        seen = site.row(copy_a.docker_volume)
+        # the hub pins a first: the service's claim for b finds no room (a stays)
+        assert (await hub.volume_for("ann", "nb-1", a, quiet))[0] is not None
+        assert await service.volume_for("ann", "job-2", b, quiet) == (None, None)
+        assert site.row(copy_a.docker_volume).state == READY
+        # a pin written from a read before an eviction marked the copy is refused
+        await hub.release("nb-1")
+        marked = site.copies.claim("", "t-dataset-b-6", 6, 10, "service", {})
+        assert marked.outcome == "evict" and marked.evict == (copy_a.docker_volume,)
+        assert site.row(copy_a.docker_volume).state == EVICTING
+        assert not site.copies.change(seen, pins={"nb-2": time.time() + 60})
+        # the hub asking now waits for the eviction, then pulls it anew
+        asking = asyncio.create_task(hub.volume_for("ann", "nb-2", a, quiet))
+        await asyncio.sleep(0.05)
+        assert not asking.done()
+        await service._evict("", marked.evict, set())
+        (again, pulled) = await asking
+        assert again.docker_volume == copy_a.docker_volume and pulled.ok
+        # removed before its first pull (no row: not trusted), by the eviction, and before
+        # its pull anew
+        assert site.rt.names("remove_volume").count(copy_a.docker_volume) == 3
+        assert len(site.pulls()) == 2
+        await hub.close()
+        await service.close()
+
+    run_async(test())
+
+
+def test_a_copy_a_container_uses_is_never_evicted_its_row_goes_back_to_ready(tmp_path):
+    site = Site(tmp_path, cap="10")
+    a = site.dataset("a", {"f": "aaaaaa"})
+    b = site.dataset("b", {"f": "bbbbbb"})
+
+    async def test():
+        hub, service = site.cache("hub"), site.cache("service")
+        (copy_a, _) = await hub.volume_for("ann", "nb-1", a, quiet)
+        real = site.rt.remove_volume
+
+        async def in_use(name, node=""):
+            if name == copy_a.docker_volume:
+                raise EngineError("volume is in use", status=409)
+            return await real(name, node)
+
+        site.rt.remove_volume = in_use
+        await hub.release("nb-1")  # its container holds it now: the engine is the guard
+        assert await service.volume_for("ann", "job-1", b, quiet) == (None, None)
+        row = site.row(copy_a.docker_volume)
+        assert (
+            row.state == READY
+            and row.holder == ""
+            and (copy_a.docker_volume, "") in (site.rt.volumes)
+        )
+        site.rt.remove_volume = real  # the container is gone: now it makes room
+        (copy_b, _) = await service.volume_for("ann", "job-2", b, quiet)
+        assert copy_b is not None and site.row(copy_a.docker_volume) is None
+        assert [c.volume for c in site.copies.all()] == [copy_b.docker_volume]
+        await hub.close()
+        await service.close()
+
+    run_async(test())
+
+
+def test_the_cap_holds_over_both_processes_and_counts_stray_volumes(tmp_path):
+    site = Site(tmp_path, cap="10")
+    a = site.dataset("a", {"f": "aaaaaa"})
+    b = site.dataset("b", {"f": "bbbbbb"})
+
+    async def test():
+        hub, service = site.cache("hub"), site.cache("service")
+        site.rt.gate = asyncio.Event()
+        pulling = asyncio.create_task(hub.volume_for("ann", "nb-1", a, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        # a's pull (6 bytes) holds its room: b (6) does not fit beside it, whoever asks
+        assert await service.volume_for("ann", "job-1", b, quiet) == (None, None)
+        site.rt.gate.set()
+        await pulling
+        await hub.release("nb-1")
+        # a stray volume of the cache (no row: an older gpulab's) counts and goes first
+        site.rt.add_volume("t-dataset-stray-4")
+        (copy_b, _) = await service.volume_for("ann", "job-2", b, quiet)
+        assert copy_b is not None
+        assert ("t-dataset-stray-4", "") not in site.rt.volumes
+        await hub.close()
+        await service.close()
+
+    run_async(test())
+
+
+def test_a_failed_pull_an_empty_dataset_and_another_user_s_prefix_are_not_cached(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+    (site.tmp / "store" / "data" / "empty").mkdir()
+    empty = VolumeSync(
+        parse_volume("data@local/empty:/e:ro", site.settings.storage.stores), "t-own-e", "e", ""
+    )
+
+    async def test():
+        cache = site.cache("service")
+        assert await cache.volume_for("bob", "job-b", vol, quiet) == (None, None)  # no grant
+        assert await cache.volume_for("ann", "job-e", empty, quiet) == (None, None)
+        assert site.pulls() == []
+        site.rt.failing = True
+        assert await cache.volume_for("ann", "job-1", vol, quiet) == (None, None)
+        assert len(site.pulls()) == 1 and site.copies.all() == []
+        assert [v for v, _ in site.rt.volumes if v.startswith("t-dataset-")] == []
+        await cache.close()
+
+    run_async(test())
+
+
+def test_a_process_renews_its_pins_and_pulls_until_it_lets_them_go(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        cache = site.cache("service")
+        cache.lease = 0.3  # renewed every 0.1 s
+        (copy, _) = await cache.volume_for("ann", "job-1", vol, quiet)
+        first = site.row(copy.docker_volume).pins["job-1"]
+        await asyncio.sleep(0.35)
+        assert site.row(copy.docker_volume).pins["job-1"] > first  # renewed, still pinned
+        await cache.release("job-1")
+        assert site.row(copy.docker_volume).pins == {}
+        await cache.close()
+
+    run_async(test())
+
+
+# --- notebooks ---------------------------------------------------------------------------
+
+
+def notebook_world(tmp_path) -> World:
+    """alice's notebook with the cache on (the hub's process), bucket ``data`` granted to
+    every user, and a 6-byte dataset under data/mnist."""
+    w = World(tmp_path, workspace=True)
+    w.s.volume_grants = [{"store": "local", "bucket": "data"}]
+    w.s.__dict__.pop("storage", None)  # (read again with the grant)
+    w.s.dataset_cache_max_bytes = "1K"
+    data = tmp_path / "objects" / "data" / "mnist"
+    data.mkdir(parents=True)
+    (data / "train.csv").write_text("1,2,3\n")
+    for _ in range(4):
+        w.rt.script_helper(0, [OK])
+    w.nb.datasets = DatasetCache(DatasetCopies(w.records.db, "t"), w.s, w.rt, "hub")
+    return w
+
+
+def test_a_notebook_mounts_the_node_s_copy_read_only_and_lets_its_pin_go(tmp_path, monkeypatch):
+    editor_answers(monkeypatch)
+    w = notebook_world(tmp_path)
+    # a job (the service's process) pulled it to this host first
+    service = DatasetCache(DatasetCopies(w.records.db, "t"), w.s, w.rt, "service")
+    spec = parse_volume("data@local/mnist:/data:ro", w.s.storage.stores)
+    (copy, pulled) = run_async(
+        service.volume_for("alice", "job-1", VolumeSync(spec, "t-j", str(spec), ""), quiet)
+    )
+    assert pulled.ok
+    run_async(service.release("job-1"))
+    w.start(volumes="data@local/mnist:/data:ro")
+    mounts = w.rt.workloads[w.nb.container].spec.mounts
+    assert [(m.volume, m.read_only) for m in mounts if m.target == "/data"] == [
+        (copy.docker_volume, True)
+    ]
+    pulls = [h for h in w.rt.helper_configs if h.command[0] == "pull"]
+    assert [m.volume for h in pulls for m in h.mounts] == [copy.docker_volume]  # once
+    assert any("the node's copy in the dataset cache" in m for _, m in w.events)
+    assert DatasetCopies(w.records.db, "t").get("", copy.docker_volume).pins == {}
+    assert w.disk.held("alice") == 6  # charged as if it held its own copy
+    # at the stop only the workspace is pushed: a read-only volume never is
+    run_async(life.stop(w.nb))
+    pushes = [h for h in w.rt.helper_configs if h.command[0] == "push"]
+    assert [m.volume for h in pushes for m in h.mounts] == [w.nb.volume]
+
+
+def test_a_notebook_whose_start_fails_lets_its_pin_go(tmp_path, monkeypatch):
+    editor_answers(monkeypatch)
+    w = notebook_world(tmp_path)
+    w.rt.fail("create_and_start", EngineError("could not select device driver"))
+    w.refused(w.start, volumes="data@local/mnist:/data:ro")
+    (row,) = DatasetCopies(w.records.db, "t").all()
+    assert row.state == READY and row.pins == {} and w.nb.datasets.pinned == {}
