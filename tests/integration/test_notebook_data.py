@@ -238,6 +238,47 @@ def test_ro_rw_rwd_volumes(hub, s3, docker_client):
     assert keys(s3, "results", "run2/") == {"run2/made.txt"}
 
 
+def test_a_job_and_a_notebook_reading_one_dataset_pull_it_once(hub, s3, docker_client):
+    """The dataset cache (on by default) across the service's jobs and the hub's notebooks:
+    a job pulls a read-only dataset into the host's copy, a notebook started after it mounts
+    that copy, read-only, and reads every byte; nothing pulls it a second time."""
+    from ..support.api import Api
+
+    with contextlib.suppress(s3.client.exceptions.BucketAlreadyOwnedByYou):
+        s3.client.create_bucket(Bucket="datasets")
+    files = {"shared/a.bin": os.urandom(3 * 1024 * 1024 + 7), "shared/b.txt": b"labels\n"}
+    for key, body in files.items():
+        s3.client.put_object(Bucket="datasets", Key=key, Body=body)
+    sums = "cd /data && sha256sum a.bin b.txt"
+    expected = "".join(
+        f"{hashlib.sha256(body).hexdigest()}  {key.split('/')[1]}\n" for key, body in files.items()
+    )
+    api = Api(hub, "alice")
+    job = api.wait(
+        api.submit(command=["sh", "-c", sums], volumes=["datasets@s3/shared:/data"])["id"]
+    )
+    assert job["state"] == "DONE", job["message"]
+    assert api.call("GET", f"/jobs/{job['id']}/logs").text == expected
+    notes = [e["message"] for e in job["history"] if e["reason"] == "SYNC"]
+    prefix = f"{hub.instance}-dataset-"
+    (pulled,) = [n for n in notes if "into the node's dataset cache" in n]
+    copy = pulled.rsplit("(", 1)[1].rstrip(")")
+    assert copy.startswith(prefix), pulled
+    made = docker_client.volumes.get(copy).attrs["CreatedAt"]
+
+    nb = start(hub, "cached", {"volumes": ["datasets@s3/shared:/data"]})
+    mounts = docker_client.containers.get(nb["container"]).attrs["Mounts"]
+    assert [(m["Name"], m["RW"]) for m in mounts if m["Destination"] == "/data"] == [(copy, False)]
+    assert sh(docker_client, nb["container"], sums) == (0, expected)  # every byte
+    assert sh(docker_client, nb["container"], "touch /data/x 2>&1")[0] != 0
+    # one pull, the job's: the copy is the one it made (not removed and pulled again), and
+    # the notebook has no volume of its own for the dataset
+    assert docker_client.volumes.get(copy).attrs["CreatedAt"] == made
+    own = [v.name for v in docker_client.volumes.list() if v.name.startswith(nb["container"])]
+    assert not [v for v in own if v.startswith(nb["container"] + "-v-")], own
+    hub.stop_server("alice", "cached")
+
+
 @pytest.mark.parametrize(
     "spec, words",
     [
