@@ -647,12 +647,14 @@ class GpulabSettings(Configurable):
         [Integer(), Unicode()],
         default_value="100G",
         help="""Most that the dataset cache may hold on one node ("100G", or bytes; 0 turns it
-        off). A job's read-only volume whose store, bucket, prefix and content (every
-        object's key, size and ETag) another job already pulled to that node is mounted from
+        off), over the service's jobs and the hub's notebooks together. A job's or a
+        notebook's read-only volume whose store, bucket, prefix and content (every object's
+        key, size and ETag) another workload already pulled to that node is mounted from
         that copy, read-only, instead of being pulled again; the least recently used copies
-        no container uses are removed to make room. A dataset bigger than this is pulled into
-        the job's own volume, as without the cache. Users' disk quotas count a cached dataset
-        as before, once per job that mounts it.""",
+        that no container uses and no starting workload was handed are removed to make room.
+        A dataset bigger than this is pulled into the workload's own volume, as without the
+        cache. Users' disk quotas count a cached dataset as before, once per workload that
+        mounts it.""",
     ).tag(config=True)
 
     @validate("dataset_cache_max_bytes")

@@ -55,6 +55,29 @@ def test_disk_quota_never_overshoots_on_postgres(postgres_url):
     assert ledgers[1].book("other", "w", "vol-x", "", 10 * GiB, 10 * GiB).granted == 10 * GiB
 
 
+def test_dataset_cache_claims_never_overshoot_a_node_s_cap_on_postgres(postgres_url):
+    """Sixteen copies of 6 bytes claimed at once through four connection pools (the hub's and
+    the service's processes) under a 20-byte cap: three fit; a pin and an eviction of one
+    ready copy, both from the same read, cannot both win."""
+    from gpulab.data.datasets import READY, DatasetCopies
+
+    copies = [DatasetCopies(Database(postgres_url), "pg-dc") for _ in range(4)]
+
+    def claim(i):
+        return copies[i % 4].claim("n", f"pg-dc-dataset-{i}-6", 6, 20, f"p{i % 4}", {}).outcome
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        outcomes = list(pool.map(claim, range(16)))
+    assert outcomes.count("claimed") == 3 and outcomes.count("full") == 13, outcomes
+    (first, *_) = copies[0].all("n")
+    assert copies[0].change(first, state=READY, holder="", lease_until=None)
+    seen = copies[1].get("n", first.volume)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pin = pool.submit(copies[2].change, seen, pins={"w": time.time() + 60})
+        evict = pool.submit(copies[3].change, seen, state="evicting", holder="p3")
+        assert sorted([pin.result(), evict.result()]) == [False, True]
+
+
 def test_shares_and_whole_gpus_at_once_on_postgres(postgres_url):
     """A whole device (share 0) and a slot of it (share k) are different rows to the unique
     constraint: the ledger's transaction-wide lock is what keeps them apart on PostgreSQL."""

@@ -381,3 +381,30 @@ def test_a_notebook_whose_start_fails_lets_its_pin_go(tmp_path, monkeypatch):
     w.refused(w.start, volumes="data@local/mnist:/data:ro")
     (row,) = DatasetCopies(w.records.db, "t").all()
     assert row.state == READY and row.pins == {} and w.nb.datasets.pinned == {}
+
+
+def test_a_half_pulled_copy_whose_process_died_makes_room_and_is_never_trusted(tmp_path):
+    site = Site(tmp_path, cap="10")
+    a = site.dataset("a", {"f": "aaaaaa"})
+    b = site.dataset("b", {"f": "bbbbbb"})
+
+    async def test():
+        dead, service = site.cache("dead"), site.cache("service")
+        site.rt.gate = asyncio.Event()
+        task = asyncio.create_task(dead.volume_for("ann", "job-1", a, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        (half,) = site.pulls()
+        task.cancel()  # the process dies mid-pull
+        await asyncio.gather(task, return_exceptions=True)
+        await dead.close()
+        site.rt.gate = None
+        # while its claim holds, the room it took is its own: b does not fit
+        assert await service.volume_for("ann", "job-2", b, quiet) == (None, None)
+        assert site.copies.change(site.row(half), lease_until=_at(time.time() - 1))
+        (copy_b, pulled) = await service.volume_for("ann", "job-3", b, quiet)
+        assert copy_b is not None and pulled.ok
+        assert site.row(half) is None and (half, "") not in site.rt.volumes
+        await service.close()
+
+    run_async(test())

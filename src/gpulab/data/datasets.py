@@ -168,6 +168,10 @@ class Claim:
     evict: tuple[str, ...] = ()
 
 
+class _Raced(Exception):
+    """A compare-and-set inside a claim lost: its transaction is rolled back."""
+
+
 def _epoch(at: datetime | None) -> float:
     return at.timestamp() if at is not None else 0.0
 
@@ -234,17 +238,20 @@ class DatasetCopies:
         with self.db.session() as s:
             return self._cas(s, seen, **values)
 
+    def _forget(self, s, seen: Copy) -> bool:
+        result = s.execute(
+            delete(DatasetCopy).where(
+                *self._where(seen.node, seen.volume),
+                DatasetCopy.state == seen.state,
+                DatasetCopy.version == seen.version,
+            )
+        )
+        return result.rowcount == 1
+
     def drop(self, seen: Copy) -> bool:
         """The row goes, if it still is ``seen`` (its state and version)."""
         with self.db.session() as s:
-            result = s.execute(
-                delete(DatasetCopy).where(
-                    *self._where(seen.node, seen.volume),
-                    DatasetCopy.state == seen.state,
-                    DatasetCopy.version == seen.version,
-                )
-            )
-            return result.rowcount == 1
+            return self._forget(s, seen)
 
     def claim(
         self,
@@ -262,6 +269,12 @@ class DatasetCopies:
         volumes on the node without a row (bytes by name); ``refused``: volumes the engine
         would not remove (in use)."""
         now = time.time()
+        try:
+            return self._claim(node, volume, size, cap, holder, strays, refused, now)
+        except _Raced:  # rolled back: nothing of it was written
+            return Claim("taken")
+
+    def _claim(self, node, volume, size, cap, holder, strays, refused, now) -> Claim:
         with self.db.session() as s:
             self.db.serialize(s, "gpulab-datasets", self.instance, node)
             rows = [
@@ -277,8 +290,12 @@ class DatasetCopies:
             held = {n: b for n, b in strays.items() if n != volume}
             held.update({r.volume: r.bytes for r in rows})
             used = {r.volume: r.last_used for r in rows}  # strays: 0, the oldest
+            # what may go: ready copies nobody was handed, and claims whose process died (a
+            # half-pulled copy, an eviction cut short)
             stay = set(refused) | {
-                r.volume for r in rows if r.state != READY or live_pins(r.pins, now)
+                r.volume
+                for r in rows
+                if (r.state != READY and not r.lapsed(now)) or live_pins(r.pins, now)
             }
             plan = evictions(held, used, size, cap, frozenset(stay))
             if plan is None:
@@ -286,10 +303,15 @@ class DatasetCopies:
             if plan:
                 lease = _at(now + LEASE)
                 for r in rows:
-                    if r.volume in plan and not self._cas(
-                        s, r, state=EVICTING, holder=holder, lease_until=lease
-                    ):
-                        return Claim("taken")  # (cannot happen inside the node's lock)
+                    if r.volume not in plan:
+                        continue
+                    if r.state == PULLING:
+                        # its puller died: the half-pulled volume becomes a stray (never
+                        # trusted), which the caller removes
+                        if not self._forget(s, r):
+                            raise _Raced
+                    elif not self._cas(s, r, state=EVICTING, holder=holder, lease_until=lease):
+                        raise _Raced  # a pin came first: none of them is marked
                 return Claim("evict", tuple(plan))
             s.add(
                 DatasetCopy(
@@ -379,21 +401,22 @@ class DatasetCache:
         """Renew this process's claims and pins every third of a lease, while it holds any."""
         while self.pinned or self.claims:
             await asyncio.sleep(self.lease / 3)
+            held = {where: set(ws) for where, ws in self.pinned.items()}
             try:
-                await self._db(self.renew_now)
+                await self._db(self.renew_now, held, set(self.claims))
             except Exception as e:  # noqa: BLE001 - the next round tries again
                 log.warning("dataset cache: leases not renewed (%s)", e)
 
-    def renew_now(self) -> None:
-        """(Blocking.) Push the lease of every claim and pin this process holds."""
+    def renew_now(self, pinned: dict[tuple[str, str], set[str]], claims: set) -> None:
+        """(Blocking.) Push the lease of these pins and claims (this process's)."""
         until = time.time() + self.lease
-        for node, volume in set(self.pinned) | self.claims:
+        for node, volume in set(pinned) | claims:
             for _ in range(5):
                 c = self.copies.get(node, volume)
                 if c is None:
                     break
                 values: dict = {}
-                mine = self.pinned.get((node, volume), set())
+                mine = pinned.get((node, volume), set())
                 if mine & set(c.pins):
                     values["pins"] = {w: (until if w in mine else t) for w, t in c.pins.items()}
                 if c.state != READY and c.holder == self.holder:
