@@ -408,3 +408,24 @@ def test_a_half_pulled_copy_whose_process_died_makes_room_and_is_never_trusted(t
         await service.close()
 
     run_async(test())
+
+
+def test_an_eviction_cut_short_by_its_process_s_death_leaves_the_copy_ready(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        cache = site.cache("service")
+        (copy, _) = await cache.volume_for("ann", "job-1", vol, quiet)
+        await cache.release("job-1")
+        row = site.row(copy.docker_volume)
+        gone = _at(time.time() - 1)  # marked by a process that died before removing it
+        assert site.copies.change(row, state=EVICTING, holder="dead", lease_until=gone)
+        (again, pulled) = await cache.volume_for("ann", "job-2", vol, quiet)
+        assert again.docker_volume == copy.docker_volume and pulled is None
+        row = site.row(copy.docker_volume)
+        assert row.state == READY and row.holder == "" and set(row.pins) == {"job-2"}
+        assert len(site.pulls()) == 1
+        await cache.close()
+
+    run_async(test())

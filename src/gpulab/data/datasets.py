@@ -381,9 +381,7 @@ class DatasetCache:
         """The workload's containers hold its copies now (the engine refuses their removal),
         or it will not start: its pins go."""
         for where in list(self.pinned):
-            self.pinned[where].discard(workload)
-            if not self.pinned[where]:
-                del self.pinned[where]
+            self._unhold(where, workload)
         try:
             await self._db(self.copies.unpin, workload)
         except Exception as e:  # noqa: BLE001 - they lapse within a lease
@@ -392,6 +390,13 @@ class DatasetCache:
     def _hold(self, where: tuple[str, str], workload: str) -> None:
         self.pinned.setdefault(where, set()).add(workload)
         self._keep_renewing()
+
+    def _unhold(self, where: tuple[str, str], workload: str) -> None:
+        held = self.pinned.get(where)
+        if held is not None:
+            held.discard(workload)
+            if not held:
+                del self.pinned[where]
 
     def _keep_renewing(self) -> None:
         if self._renewing is None or self._renewing.done():
@@ -526,14 +531,14 @@ class DatasetCache:
                     return READY
                 # its volume is gone (removed by hand): the row is forgotten, pulled again
                 log.warning("dataset cache: %s is gone from %s; pulled again", name, node or "")
-                self.pinned.get((node, name), set()).discard(workload)
+                self._unhold((node, name), workload)
                 c = await self._db(self.copies.get, node, name)
                 if c is not None and c.state == READY:
                     await self._db(self.copies.drop, c)
                 continue
             if c.lapsed(now):
                 if c.state == EVICTING:  # its remover died: it was ready; the check above
-                    await self._db(self.copies.change, c, state=READY, holder="")
+                    await self._db(self.copies.change, c, state=READY, holder="", lease_until=None)
                     continue
                 # its puller died: the half-pulled volume is ours to remove and pull again
                 lease = _at(now + self.lease)
