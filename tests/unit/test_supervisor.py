@@ -1678,8 +1678,13 @@ def test_a_copy_handed_to_a_starting_job_is_never_evicted_for_its_other_dataset(
         (a, b) = _mounted(lab, job_id)
         assert a[0].startswith(f"{INSTANCE}-dataset-") and not b[0].startswith(f"{INSTANCE}-d")
         assert lab.rt.names("remove_volume").count(a[0]) == 1  # the stale-copy check, before
+        # let go once its containers hold it (run_fresh's end, just after RUNNING is written)
+        for _ in range(200):
+            if [c.pins for c in lab.ctx.datasets.copies.all()] == [{}]:
+                break
+            await asyncio.sleep(0.01)
+        assert [c.pins for c in lab.ctx.datasets.copies.all()] == [{}]  # in the database too
         assert (a[0], "") in lab.rt.volumes and lab.ctx.datasets.pinned == {}
-        assert [c.pins for c in lab.ctx.datasets.copies.all()] == [{}]  # let go in the database
         (pull,) = [h for h in lab.rt.helper_configs if h.mounts[0].volume == a[0]]
         assert pull.command[pull.command.index("--max-bytes") + 1] == "6"  # the listed size
 
