@@ -167,13 +167,16 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=50, help="concurrent API clients")
     ap.add_argument("--requests", type=int, default=20, help="requests per client")
     ap.add_argument(
+        "--interval", type=float, default=0.1, help="the supervisor's interval (seconds)"
+    )
+    ap.add_argument(
         "--only", default="", help="run only this part: latency, throughput or api (default: all)"
     )
     args = ap.parse_args()
     part = {"latency", "throughput", "api"} if not args.only else {args.only}
 
     config = (
-        "c.GpulabSettings.supervisor_interval = 0.1\n"
+        f"c.GpulabSettings.supervisor_interval = {args.interval}\n"
         "c.GpulabSettings.job_container_retention = 0\n"
         # the quota counts QUEUED jobs: none here, and max_job_workers caps what runs at once
         'c.GpulabSettings.job_quota = {"gpus": None, "jobs": None}\n'
