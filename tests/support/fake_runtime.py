@@ -23,6 +23,7 @@ Keep it simple and additive: tests of the notebook life and of the job superviso
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import queue
 import threading
@@ -51,6 +52,7 @@ from gpulab.runtime.base import (
     WorkloadSpec,
     WorkloadState,
 )
+from gpulab.runtime.exits import ExitEvents
 
 __all__ = ["Call", "EngineError", "FakeExecSession", "FakeRuntime", "FakeWorkload"]
 
@@ -283,12 +285,38 @@ class FakeRuntime(Runtime):
         w = self.workloads.get(name)
         if w is not None and w.running:
             w.end(code, oom=oom)
+            self._announce(name)
         else:
             self._pending_exits[name] = (code, oom)
 
     def lose(self, name: str, error: str = "node down") -> None:
         """The workload's node is lost: it ends without an exit code."""
         self.workloads[name].end(None, error=error, lost=True)
+        self._announce(name)
+
+    # --- exits announced as they happen, as a DockerRuntime's event stream does ---------------
+
+    #: True: wait_exit wakes at once at an exit (runtime/exits.py); False (the default): it
+    #: only waits, as a runtime that hears of nothing (its callers look at every pass)
+    announcing = False
+    _exit_events: ExitEvents | None = None
+
+    @property
+    def announces_exits(self) -> bool:
+        return self.announcing
+
+    async def wait_exit(self, names: Sequence[str], timeout: float, since: float) -> bool:
+        if not self.announcing:
+            return await super().wait_exit(names, timeout, since)
+        if self._exit_events is None:
+            self._exit_events = ExitEvents(client=None)  # announced below, not followed
+        self._exit_events._loop = asyncio.get_running_loop()
+        return await self._exit_events.wait(names, timeout, since)
+
+    def _announce(self, name: str) -> None:
+        events = self._exit_events
+        if self.announcing and events is not None and events._loop is not None:
+            events._loop.call_soon_threadsafe(events.announce, name, time.monotonic())
 
     def node_down(self, hostname: str) -> None:
         """The node stops answering (Swarm: "down"): what ran there ends without an exit code,
@@ -337,6 +365,7 @@ class FakeRuntime(Runtime):
     def vanish(self, name: str) -> None:
         """The workload disappears (removed behind gpulab's back)."""
         self.workloads.pop(name, None)
+        self._announce(name)
 
     def forget_image(self, image: str) -> None:
         """The engine no longer has ``image`` (create_and_start then fails)."""
@@ -401,8 +430,10 @@ class FakeRuntime(Runtime):
         why = self._node_trouble(w.spec.node)
         if why:  # pinned to a node that cannot run it (Swarm: its task never starts)
             w.end(None, error=why, lost=True)
+            self._announce(w.name)
         elif pending is not None:
             w.end(pending[0], oom=pending[1])
+            self._announce(w.name)
 
     def _network_of(self, spec: WorkloadSpec) -> str:
         instance = spec.labels.get(L_INSTANCE, "")

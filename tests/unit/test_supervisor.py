@@ -67,11 +67,11 @@ class Lab:
         self.tmp = tmp_path
         store = tmp_path / "store"
         store.mkdir(exist_ok=True)
+        settings.setdefault("supervisor_interval", 0.01)
         self.settings = GpulabSettings(
             instance=INSTANCE,
             gpu_devices=[{"id": g} for g in GPUS],
             discover_gpus=False,
-            supervisor_interval=0.01,
             preemption_grace=0.0,
             engine_retry_max=0.05,
             job_container_retention=0.0,
@@ -1715,3 +1715,81 @@ def test_an_empty_or_changing_dataset_is_never_shared(tmp_path):
         assert [v for v, _ in lab.rt.volumes if v.startswith(f"{INSTANCE}-dataset-")] == []
 
     lab_run(tmp_path, test)
+
+
+# --- exits announced by the engine (runtime/exits.py) ------------------------------------------
+
+
+def test_an_announced_exit_ends_the_job_at_once_and_running_jobs_are_not_asked_every_pass(
+    tmp_path,
+):
+    """An engine that announces exits: the watch asks it for a running job's state at an
+    announcement (the job is DONE long before the next pass) and otherwise every ENGINE_LOOK
+    seconds, not at every pass; an engine that announces nothing is asked at every pass."""
+
+    async def test(lab: Lab):
+        lab.rt.announcing = True
+        job_id = lab.submit(gpus=0)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        await asyncio.sleep(0.3)  # six passes of 0.05 s
+        assert lab.rt.names("state").count(name) <= 2  # the first look, maybe one more
+        began = time.monotonic()
+        lab.rt.exits(name, 0)
+        await lab.until(job_id, J.DONE, timeout=0.9)  # the pass is 0.05 s, but see below
+        assert time.monotonic() - began < 0.9
+
+    lab_run(tmp_path, test, supervisor_interval=0.05)
+
+    async def slow(lab: Lab):
+        lab.rt.announcing = True
+        job_id = lab.submit(gpus=0)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        await asyncio.sleep(0.1)
+        began = time.monotonic()
+        lab.rt.exits(lab.name(job_id), 3)
+        job = await lab.until(job_id, J.FAILED, timeout=2)
+        assert time.monotonic() - began < 0.5  # woken, not at the next pass 5 s on
+        assert job["exit_code"] == 3
+
+    (tmp_path / "slow").mkdir()
+    lab_run(tmp_path / "slow", slow, supervisor_interval=5.0)
+
+    async def silent(lab: Lab):  # announces nothing: looked at every pass, as before
+        job_id = lab.submit(gpus=0)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        await asyncio.sleep(0.3)
+        assert lab.rt.names("state").count(name) >= 4
+        lab.rt.exits(name, 0)
+        await lab.until(job_id, J.DONE)
+
+    (tmp_path / "silent").mkdir()
+    lab_run(tmp_path / "silent", silent, supervisor_interval=0.05)
+
+
+def test_exit_events_wake_only_for_exits_after_the_look():
+    from gpulab.runtime.exits import ExitEvents
+
+    async def main():
+        events = ExitEvents(client=None)
+        loop = asyncio.get_running_loop()
+        events._loop = loop
+        looked = time.monotonic()
+        events.announce("a", looked - 1)  # ended before the look: the look saw it
+        assert await events.wait(["a", "b"], 0.05, looked) is False
+        loop.call_later(0.02, events.announce, "b", time.monotonic())
+        began = time.monotonic()
+        assert await events.wait(["a", "b"], 5, looked) is True
+        assert time.monotonic() - began < 1
+        # announced after the look but before the wait began: no wait at all
+        assert await events.wait(["b"], 5, looked) is True
+        assert events._waiters == {}  # nothing left behind
+        for i in range(5000):
+            events.announce(f"n{i}", time.monotonic())
+        assert len(events.exited) == 4096  # bounded, the oldest forgotten
+
+    run_async(main())

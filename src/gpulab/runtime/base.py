@@ -525,6 +525,18 @@ class Runtime:
         (``org.gpulab.network``) has that label set to the owner's network it really joined."""
         raise NotImplementedError
 
+    #: whether :meth:`wait_exit` hears of exits as they happen (else it only waits)
+    announces_exits = False
+
+    async def wait_exit(self, names: Sequence[str], timeout: float, since: float) -> bool:
+        """Wait up to ``timeout`` seconds; True as soon as the engine announces that one of
+        ``names`` ended (exited, or was removed) after ``since`` (``time.monotonic()``),
+        False after the time-out. A hint only: the caller then reads the workload's
+        :meth:`state`. A runtime that hears nothing (:attr:`announces_exits` False) just
+        waits, and its callers look at every pass."""
+        await asyncio.sleep(timeout)
+        return False
+
     async def state(self, name: str) -> WorkloadState | None:
         """None: no such workload."""
         raise NotImplementedError

@@ -39,6 +39,7 @@ from .base import (
 )
 from .engine import ClientSource, EngineClient, engine_errors, stream_errors
 from .execution import EngineExecSession, run_command
+from .exits import ExitEvents
 from .objects import (
     docker_epoch,
     gpu_delivery_refusal,
@@ -83,6 +84,20 @@ class DockerRuntime(Runtime):
     @property
     def client(self) -> docker.APIClient:
         return self.engine.client
+
+    # --- exits, as the engine announces them (runtime/exits.py) -------------------------------
+
+    _exits: ExitEvents | None = None
+
+    @property
+    def announces_exits(self) -> bool:
+        return self._exits is not None and self._exits.following
+
+    async def wait_exit(self, names: Sequence[str], timeout: float, since: float) -> bool:
+        if self._exits is None:
+            self._exits = ExitEvents(self.client)
+        self._exits.start(asyncio.get_running_loop())
+        return await self._exits.wait(names, timeout, since)
 
     # --- the cluster: one node, this host ---------------------------------------------------
 

@@ -254,6 +254,10 @@ async def apply(ctx: JobContext, job_id, job, state: JobState, found: Container,
 
 # --- watching ------------------------------------------------------------------------
 
+#: seconds between two looks at a running job's containers when the engine announces exits
+#: (runtime/exits.py): the look that finds what an announcement missed (a stream that broke)
+ENGINE_LOOK = 2.0
+
 
 async def watch(ctx: JobContext, job_id: str, spec: JobSpec, gang: list[Rank]) -> None:
     """Follow the job's workers until the job ends, restarts or is asked to stop. A
@@ -266,8 +270,11 @@ async def watch(ctx: JobContext, job_id: str, spec: JobSpec, gang: list[Rank]) -
     last_cpu: int | None = None
     gpus_read = False  # the job's GPU activity was read during the current quiet spell
     last_log = time.time()
+    names = [r.name for r in gang]
+    looked = -1.0  # time.monotonic() when the engine was last asked for the workers' states
     while True:
-        await asyncio.sleep(ctx.settings.supervisor_interval)
+        # woken at once when the engine announces that a worker ended (runtime/exits.py)
+        woke = await ctx.runtime.wait_exit(names, ctx.settings.supervisor_interval, looked)
         job = await ctx.db(ctx.records.get, job_id, False)
         if job is None or job["state"] not in (J.RUNNING.value, J.INTERRUPTING.value):
             return  # someone else (a fault's recovery) carries it on
@@ -276,30 +283,35 @@ async def watch(ctx: JobContext, job_id: str, spec: JobSpec, gang: list[Rank]) -
             return await stop_by_request(ctx, job_id, job, spec, gang)
         if state is J.RUNNING:  # a live push of its volumes, when one is due (its own task)
             ctx.live.consider(ctx, job, spec, gang)
-        states = await asyncio.gather(*(ctx.runtime.state(r.name) for r in gang))
-        ended = ended_run(gang, states)
-        if ended is not None and ended.lost_container:
-            return await finalize(ctx, job_id, J.ERROR, "CONTAINER_LOST", ended.message)
-        if ended is not None and ended.lost:  # its node is down or drained: once it lasts
-            lost_since = lost_since or time.monotonic()
-            if time.monotonic() - lost_since < LOST_AFTER:
-                continue
-            return await lost(ctx, job_id, job, spec, gang, ended.message)
-        lost_since = None
-        if ended is not None and ended.engine_error:
-            return await finalize(ctx, job_id, J.ERROR, "ENGINE_ERROR", ended.message)
-        if ended is not None:
-            code = ended.exit_code
-            if code == 0:
-                return await finalize(ctx, job_id, J.DONE, "EXITED", "exit code 0", code)
-            if job["restarts"] < spec.retries:
-                await auto_restart(
-                    ctx, job_id, gang, job["restarts"] + 1, spec, ended.message, code
-                )
-                consecutive, last_progress = 0, time.monotonic()
-                continue
-            msg = ended.message + (f" after {spec.retries} restarts" if spec.retries else "")
-            return await finalize(ctx, job_id, J.FAILED, "EXITED", msg, code)
+        # the workers' states: at an announced exit, else every ENGINE_LOOK seconds (an engine
+        # that announces exits is not asked about every running container at every pass)
+        at = time.monotonic()
+        if woke or not ctx.runtime.announces_exits or at - looked >= ENGINE_LOOK:
+            looked = at
+            states = await asyncio.gather(*(ctx.runtime.state(r.name) for r in gang))
+            ended = ended_run(gang, states)
+            if ended is not None and ended.lost_container:
+                return await finalize(ctx, job_id, J.ERROR, "CONTAINER_LOST", ended.message)
+            if ended is not None and ended.lost:  # its node is down or drained: once it lasts
+                lost_since = lost_since or time.monotonic()
+                if time.monotonic() - lost_since < LOST_AFTER:
+                    continue
+                return await lost(ctx, job_id, job, spec, gang, ended.message)
+            lost_since = None
+            if ended is not None and ended.engine_error:
+                return await finalize(ctx, job_id, J.ERROR, "ENGINE_ERROR", ended.message)
+            if ended is not None:
+                code = ended.exit_code
+                if code == 0:
+                    return await finalize(ctx, job_id, J.DONE, "EXITED", "exit code 0", code)
+                if job["restarts"] < spec.retries:
+                    await auto_restart(
+                        ctx, job_id, gang, job["restarts"] + 1, spec, ended.message, code
+                    )
+                    consecutive, last_progress = 0, time.monotonic()
+                    continue
+                msg = ended.message + (f" after {spec.retries} restarts" if spec.retries else "")
+                return await finalize(ctx, job_id, J.FAILED, "EXITED", msg, code)
         started = ts(job["running_since"])
         if started and time.time() - started > spec.timeout:
             await ctx.move(
