@@ -220,9 +220,12 @@ class GpulabSettings(Configurable):
 
     swarm_node_engine = Unicode(
         "tcp://{address}:2376",
-        help="""On a Swarm: how the service reaches a node's own Docker engine, to exec into a
-        job's container there (`gpulab job exec`, `gpulab job shell`, the job page's terminal:
-        a manager's API has no exec). A URL template filled with the node's ``{address}`` (its
+        help="""On a Swarm: how the hub and the service reach a node's own Docker engine, for
+        what a manager's API cannot do: exec into a job's container there (`gpulab job exec`,
+        `gpulab job shell`, the job page's terminal), pull a user's image from a registry onto
+        the node that runs it (with the user's credentials, for that pull only), and find,
+        list and remove the node's volumes (the dataset cache, the removal of a workload's
+        volumes). A URL template filled with the node's ``{address}`` (its
         Swarm address), ``{hostname}`` and ``{node_id}``. A node's engine port is root on that
         node for whoever reaches it: in production it must require TLS client certificates
         (dockerd --tlsverify) and the swarm_node_tls_* settings name the service's.""",

@@ -15,6 +15,10 @@ A cluster (what :class:`~gpulab.runtime.swarm.SwarmRuntime` reports through the 
     rt.node_down("b")                              # b's workloads are lost (no exit code)
     rt.drain("a"); rt.node_up("b")                 # a takes nothing new; b is back
 
+Each node of a cluster answers for itself, as a node's own engine does for a Swarm: its
+images (``node_images``: what a pull put there), its volumes; a node that is down raises
+:class:`~gpulab.runtime.base.EngineUnreachable` for them, one not in the cluster has none.
+
 and then reads back what happened: ``rt.names("create_and_start")``, ``rt.workloads[name]``,
 ``await rt.state(name)``.
 
@@ -39,6 +43,7 @@ from gpulab.runtime.base import (
     EngineError,
     EngineNetwork,
     EngineSurvey,
+    EngineUnreachable,
     ExecSession,
     HelperResult,
     HelperSpec,
@@ -213,6 +218,8 @@ class FakeRuntime(Runtime):
         self.registry_images: dict[str, tuple[str, tuple[str, str] | None]] = {}
         #: bytes each pull reports (one layer)
         self.pull_bytes = 1_000_000
+        #: a cluster's nodes' own images: {hostname: what pulls put there}
+        self.node_images: dict[str, set[str]] = {}
         self.calls: list[Call] = []
         self.workloads: dict[str, FakeWorkload] = {}
         #: (volume, node) pairs that exist
@@ -246,8 +253,8 @@ class FakeRuntime(Runtime):
         """A cluster as a Swarm's manager reports it: ``{hostname: its GPU IDs}``, every node
         ready and active. Its GPUs come from :meth:`nodes` (none in ``devices``); a workload
         runs on the node its spec names; a node that goes down or is drained loses what runs
-        there (see :meth:`node_down`); a node's volumes are not visible (as through a
-        manager: ``volume_exists`` is False, ``volumes_named`` empty)."""
+        there (see :meth:`node_down`); each node's images and volumes are its own (as its
+        own engine answers for them), a node that is down answers nothing."""
         return cls(
             nodes=[
                 Node(id=f"id-{h}", hostname=h, ready=True, active=True, gpus=tuple(g))
@@ -489,9 +496,21 @@ class FakeRuntime(Runtime):
             images={i: ({} if self.images is None or i in self.images else None) for i in images},
         )
 
-    async def image_exists(self, image: str) -> bool:
-        self._enter("image_exists", image)
+    async def image_exists(self, image: str, node: str = "") -> bool:
+        self._enter("image_exists", image, node=node)
+        if self.clustered and node:  # the node's own engine
+            return self._node_answers(node) and image in self.node_images.get(node, set())
         return self.images is None or image in self.images
+
+    def _node_answers(self, hostname: str) -> bool:
+        """A cluster's node's own engine: False when the node is not in the cluster (it has
+        nothing); EngineUnreachable when it is down."""
+        node = next((n for n in self.node_list if n.hostname == hostname), None)
+        if node is None or not hostname:
+            return False
+        if not node.ready:
+            raise EngineUnreachable(f"node {hostname} is down: its engine is not asked")
+        return True
 
     def _registry_answer(self, image: str, auth: dict[str, str] | None) -> str:
         name, _, pinned = image.partition("@")
@@ -532,13 +551,18 @@ class FakeRuntime(Runtime):
         max_bytes: int = 0,
     ) -> None:
         self._enter("pull_image", image, node=node)
+        if self.clustered and not self._node_answers(node):
+            raise ImagePullFailed(f"node {node or '(none)'} is not in the cluster")
         self._registry_answer(image, auth)
         half = self.pull_bytes // 2
         on_progress(PullProgress(half, self.pull_bytes, 1, "Downloading"))
         if max_bytes and self.pull_bytes > max_bytes:
             raise ImagePullFailed(f"the image's layers weigh more than {max_bytes} (cap)")
         on_progress(PullProgress(self.pull_bytes, self.pull_bytes, 1, "Pull complete"))
-        self.add_image(image)
+        if self.clustered:  # onto that node only
+            self.node_images.setdefault(node, set()).add(image)
+        else:
+            self.add_image(image)
 
     async def image_command(self, image: str) -> list[str] | None:
         self._enter("image_command", image)
@@ -559,7 +583,8 @@ class FakeRuntime(Runtime):
         old = self.workloads.get(spec.name)
         if old is not None and old.running:
             raise EngineError(f"Conflict: the container name {spec.name!r} is in use", status=409)
-        if self.images is not None and spec.image not in self.images:
+        pulled_there = spec.image in self.node_images.get(spec.node, set())
+        if self.images is not None and spec.image not in self.images and not pulled_there:
             raise EngineError(f"No such image: {spec.image}", status=404)
         w = FakeWorkload(spec=spec)
         network = self._network_of(spec)
@@ -699,18 +724,14 @@ class FakeRuntime(Runtime):
 
     async def volume_exists(self, name: str, node: str = "") -> bool:
         self._enter("volume_exists", name, node=node)
-        if self.clustered:  # a node's volumes are not visible through a manager
+        if self.clustered and not self._node_answers(node):
             return False
         return (name, node) in self.volumes
 
     async def remove_volume(self, name: str, node: str = "") -> bool:
         self._enter("remove_volume", name, node=node)
-        if self.clustered:  # emptied by a helper task on its node, which must be there
-            if self._node_trouble(node):
-                return False
-            present = (name, node) in self.volumes
-            self.volumes.discard((name, node))
-            return present
+        if self.clustered and not self._node_answers(node):
+            return False
         if (name, node) not in self.volumes:
             return False
         for w in self.workloads.values():
@@ -721,9 +742,8 @@ class FakeRuntime(Runtime):
 
     async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
         self._enter("volumes_named", prefix)
-        if self.clustered:
-            return []  # not visible through a manager
-        return sorted(v for v in self.volumes if v[0].startswith(prefix))
+        down = {n.hostname for n in self.node_list if not n.ready} if self.clustered else set()
+        return sorted(v for v in self.volumes if v[0].startswith(prefix) and v[1] not in down)
 
     async def run_helper(self, spec: HelperSpec, on_line, node: str = "") -> HelperResult:
         self._enter("run_helper", spec, node=node)

@@ -8,6 +8,7 @@ import pytest
 
 from gpulab.names import L_INSTANCE, L_KIND, L_USER
 from gpulab.runtime.base import (
+    EngineUnreachable,
     HelperSpec,
     Mount,
     Runtime,
@@ -263,12 +264,15 @@ def test_a_cluster_places_on_nodes_and_a_node_down_loses_its_work():
         late = await rt.state("late-b")
         with pytest.raises(EngineError, match="node b is down"):
             await rt.run_helper(HelperSpec("sync", ["push"]), lambda _: None, "b")
-        hidden = await rt.volume_exists("vol-a", "a"), await rt.volumes_named("vol")
+        seen = await rt.volume_exists("vol-a", "a"), await rt.volumes_named("vol")
+        with pytest.raises(EngineUnreachable, match="node b is down"):  # unknown, not absent
+            await rt.volume_exists("vol-b", "b")
+        gone = await rt.volume_exists("vol-a", "x"), await rt.remove_volume("vol-a", "x")
         rt.drain("a")
         drained = await rt.state("on-a")
-        return nodes, states, listed, late, hidden, drained
+        return nodes, states, listed, late, (seen, gone), drained
 
-    nodes, states, listed, late, hidden, drained = run_async(go())
+    nodes, states, listed, late, (seen, gone), drained = run_async(go())
     assert [(n.hostname, n.gpus, n.ready, n.active) for n in nodes] == [
         ("a", ("0", "1"), True, True),
         ("b", ("0",), True, True),
@@ -284,7 +288,8 @@ def test_a_cluster_places_on_nodes_and_a_node_down_loses_its_work():
     assert (states["done-b"].exit_code, states["done-b"].lost) == (0, False)  # ended before
     assert listed == {"on-a": True, "on-b": False, "done-b": False}
     assert (late.running, late.lost, late.error) == (False, True, "node b is down")
-    assert hidden == (False, []) and ("vol-a", "a") in rt.volumes
+    # each node answers for its own volumes; one not in the cluster has none
+    assert seen == (True, [("vol-a", "a")]) and gone == (False, False)
     assert (drained.lost, drained.error) == (True, "node a is drain")
     assert [(n.ready, n.active) for n in run_async(rt.nodes())] == [(True, False), (False, True)]
     rt.node_up("b")

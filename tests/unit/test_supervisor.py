@@ -334,6 +334,84 @@ def test_an_image_another_user_pulled_is_not_run_without_the_registry_s_consent(
     registry_lab(tmp_path, test)
 
 
+def test_on_a_cluster_each_node_is_asked_for_the_image_and_pulls_its_own_copy():
+    """A Swarm (the fake's nodes answer for themselves, as their own engines do): the
+    registry is asked for the digest at every fetch; whether the digest is there is asked of
+    the node that will run it, and a copy on another node does not count; "never" on a node
+    without it names the node; a node that is down is unknown (the engine's error), not
+    missing."""
+    from gpulab.runtime.base import EngineUnreachable, ImagePullFailed
+
+    rt = FakeRuntime.cluster({"a": ("0",), "b": ("0",)}, images=set())
+    rt.registry_images[PRIVATE] = (DIGEST, ("bob", "pw"))
+    auth = {"username": "bob", "password": "pw"}
+
+    def fetch(node: str, policy: str = "if-not-present") -> str:
+        return run_async(rt.fetch_image(PRIVATE, policy, auth, lambda p: None, node))
+
+    assert fetch("a") == PINNED
+    assert rt.node_images == {"a": {PINNED}} and rt.images == set()  # the node's, not the site's
+    assert fetch("a") == PINNED and fetch("a", "never") == PINNED  # there: nothing pulled
+    with pytest.raises(ImagePullFailed, match="is not on node b and image_pull_policy is never"):
+        fetch("b", "never")
+    assert fetch("b") == PINNED  # a's copy does not count for b
+    assert [(c.args[0], c.kwargs["node"]) for c in rt.calls if c.method == "pull_image"] == [
+        (PINNED, "a"),
+        (PINNED, "b"),
+    ]
+    assert [c.kwargs["node"] for c in rt.calls if c.method == "image_exists"] == [
+        "a",
+        "a",
+        "a",
+        "b",
+        "b",
+    ]
+    assert len(rt.names("registry_digest")) == 5  # the registry's consent, every time
+    with pytest.raises(ImagePullFailed, match="not in the cluster"):
+        fetch("gone", "always")
+    rt.node_down("b")
+    with pytest.raises(EngineUnreachable, match="node b is down"):
+        fetch("b", "always")
+    # what the user's credentials cannot get is the registry's refusal, on every node
+    with pytest.raises(ImagePullFailed, match="authentication required"):
+        run_async(rt.fetch_image(PRIVATE, "never", None, lambda p: None, "a"))
+
+
+def test_on_a_cluster_a_gang_s_private_image_is_pulled_onto_each_rank_s_node(tmp_path):
+    """Two ranks on two nodes: each node pulls the digest the registry gave the owner, and
+    both ranks run it pinned; a later job on one of them finds it there."""
+    from cryptography.fernet import Fernet
+
+    rt = two_nodes()
+    rt.registry_images[PRIVATE] = (DIGEST, ("bob", "pw"))
+
+    async def test(lab: Lab):
+        lab.ctx.secrets.put("ann", "regcred", "bob:pw")
+        body = {"image": PRIVATE, "image_pull_policy": "if-not-present"}
+        job_id = lab.submit(workers=2, image_pull_secret="regcred", **body)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        name = lab.name(job_id)
+        assert {lab.rt.workloads[n].spec.image for n in (name, f"{name}-r1")} == {PINNED}
+        pulled = sorted(c.kwargs["node"] for c in lab.rt.calls if c.method == "pull_image")
+        assert pulled == ["a", "b"] and lab.rt.node_images == {"a": {PINNED}, "b": {PINNED}}
+        lab.rt.exits(name, 0)
+        lab.rt.exits(f"{name}-r1", 0)
+        await lab.until(job_id, J.DONE)
+        again = lab.submit(image_pull_secret="regcred", **body)
+        await lab.place(again)
+        await lab.until(again, J.RUNNING)
+        assert len(lab.rt.names("pull_image")) == 2  # on its node already
+
+    lab_run(
+        tmp_path,
+        test,
+        runtime=rt,
+        image_registries=["registry.example.org:5000/team/*"],
+        secrets_keys=[Fernet.generate_key().decode()],
+    )
+
+
 def test_a_registry_the_admin_no_longer_allows_fails_the_job(tmp_path):
     async def test(lab: Lab):
         lab.settings.image_registries = ["ghcr.io/acme/*"]
@@ -1633,6 +1711,36 @@ def test_the_least_recently_used_dataset_no_container_uses_makes_room(tmp_path):
         assert _mounted(lab, third)[0][0].startswith(prefix)
 
     lab_run(tmp_path, test, dataset_cache_max_bytes=10)
+
+
+def test_on_a_cluster_the_dataset_cache_is_per_node(tmp_path):
+    """A gang of two ranks on nodes a and b pulls its dataset into each node's cache; a later
+    job on a mounts a's copy (no pull). Each copy is found, listed and removed on its own
+    node (the node's own engine): the volume on b is b's."""
+
+    async def test(lab: Lab):
+        _dataset(lab)
+        prefix = f"{INSTANCE}-dataset-"
+        gang = lab.submit(volumes=["data@local/mnist:/data"], workers=2)
+        await lab.place(gang)
+        job = await lab.until(gang, J.RUNNING)
+        (volume,) = set(_pulls_of(lab, prefix))
+        assert sorted(lab.ctx.datasets.pulls) == [("a", volume), ("b", volume)]
+        assert {(volume, "a"), (volume, "b")} <= lab.rt.volumes
+        assert job["node"] == "a,b"
+        later = lab.submit(volumes=["data@local/mnist:/data"], gpus=0)
+        await lab.place(later)
+        running = await lab.until(later, J.RUNNING)
+        assert len(lab.ctx.datasets.pulls) == 2 and _mounted(lab, later) == [(volume, True)]
+        notes = [e["message"] for e in running["history"] if e["reason"] == "SYNC"]
+        assert notes == [
+            f"data@local/mnist:/data:ro: the node's copy in the dataset cache ({volume})"
+        ]
+        assert await lab.rt.volumes_named(prefix) == [(volume, "a"), (volume, "b")]
+        with pytest.raises(EngineError, match="in use"):  # a's jobs hold a's copy
+            await lab.rt.remove_volume(volume, "a")
+
+    lab_run(tmp_path, test, runtime=two_nodes())
 
 
 def test_eviction_order_as_data():

@@ -223,7 +223,7 @@ def test_the_ledger_is_made_for_its_runtime():
 
 def test_make_runtime_hands_each_backend_all_it_needs():
     """A runtime is complete when made: one engine is handed its inventory (how its GPUs
-    were found), a Swarm its janitor's image (the sync helper's); nothing is set afterwards."""
+    were found), a Swarm its nodes' engines; nothing is set afterwards."""
     from gpulab.runtime import make_runtime
     from gpulab.settings import GpulabSettings
 
@@ -240,7 +240,8 @@ def test_make_runtime_hands_each_backend_all_it_needs():
             sync_image="r/sync:9",
         )
     )
-    assert swarm.clustered and swarm.helper_image == "r/sync:9" and swarm.inventory is None
+    assert swarm.clustered and swarm.inventory is None
+    assert swarm.node_engines.template == "tcp://{address}:2376"
 
 
 def test_a_service_removed_between_its_two_reads_is_gone_not_an_error():

@@ -455,8 +455,7 @@ class DatasetCache:
         cache, and that pull says what is wrong."""
         s = self.settings
         cap = s.dataset_cache_max_size
-        if not cap or vol.spec.mode != "ro" or self.runtime.clustered:
-            # a Swarm's manager sees no node's volumes: it could neither find nor evict a copy
+        if not cap or vol.spec.mode != "ro":
             return None, None
         try:  # the grants of today, not only of the submission: a copy is never a way round
             check_access(owner, vol.spec, s.storage.grants, s.storage.workspace)

@@ -82,7 +82,6 @@ def make_runtime(settings, client=None) -> Runtime:
             node_engine_plain=settings.swarm_node_engine_plain,
             encrypted=settings.swarm_overlay_encryption,
             check_gpus=settings.check_gpu_runtime,
-            helper_image=settings.sync_image,
             gpu_agent_image=(
                 (settings.swarm_gpu_agent_image or settings.sync_image)
                 if settings.swarm_gpu_agent

@@ -426,7 +426,11 @@ class Runtime:
         ``images`` it has; never raises: an engine that does not answer is an ``error``."""
         raise NotImplementedError
 
-    async def image_exists(self, image: str) -> bool:
+    async def image_exists(self, image: str, node: str = "") -> bool:
+        """Whether ``image`` is there to run: asked of ``node``'s own engine when a node is
+        named (a cluster's node, which runs what it holds), else where this runtime keeps its
+        images (one engine's; a Swarm's registry, through its manager). An engine that does
+        not answer raises."""
         raise NotImplementedError
 
     async def image_command(self, image: str) -> list[str] | None:
@@ -452,11 +456,11 @@ class Runtime:
         node: str = "",
         max_bytes: int = 0,
     ) -> None:
-        """Pull ``image`` (a pinned ``NAME@sha256:...``) onto ``node`` with ``auth``;
-        ``on_progress`` is called on the event loop as bytes arrive. A pull whose layers
-        announce more than ``max_bytes`` (0: no cap) is given up (the engine stops pulling
-        when its caller hangs up). :class:`ImagePullFailed` with the registry's words when it
-        fails."""
+        """Pull ``image`` (a pinned ``NAME@sha256:...``) onto ``node`` (its own engine, on a
+        cluster) with ``auth``, sent with this one call and stored nowhere; ``on_progress`` is
+        called on the event loop as bytes arrive. A pull whose layers announce more than
+        ``max_bytes`` (0: no cap) is given up (the engine stops pulling when its caller hangs
+        up). :class:`ImagePullFailed` with the registry's words when it fails."""
         raise ImagePullFailed("this engine cannot pull images from registries")
 
     async def fetch_image(
@@ -473,8 +477,9 @@ class Runtime:
         digest with the caller's ``auth`` at every start, whatever ``policy``: an image that
         another user pulled is never run without the registry's consent to this caller. The
         layers are pulled when ``policy`` is "always", or "if-not-present" and the node lacks
-        that digest; with "never" the node must hold it. :class:`ImagePullFailed` says what
-        failed, in the registry's words."""
+        that digest (asked of the node itself: :meth:`image_exists` with ``node``); with
+        "never" the node must hold it. :class:`ImagePullFailed` says what failed, in the
+        registry's words."""
         ref = imagerefs.parse(image)
         digest = await self.registry_digest(str(ref), auth)
         if ref.digest and digest != ref.digest:
@@ -483,7 +488,7 @@ class Runtime:
                 f"the registry names {digest} for {ref}, not the pinned {ref.digest}"
             )
         pinned = ref.pinned(digest)
-        present = await self.image_exists(pinned)
+        present = await self.image_exists(pinned, node)
         if policy == "never":
             if not present:
                 where = f"node {node}" if node else "this host"
@@ -614,13 +619,25 @@ class Runtime:
     # --- volumes and helpers --------------------------------------------------------------------
 
     async def volume_exists(self, name: str, node: str = "") -> bool:
+        """Whether ``node`` (its own engine, on a cluster; "" on one engine) has the named
+        volume. A cluster's node that is not in it (any more) has none; one that is down, or
+        an engine that does not answer, raises (:class:`EngineUnreachable`): unknown, not
+        absent."""
         raise NotImplementedError
 
     async def remove_volume(self, name: str, node: str = "") -> bool:
+        """Remove the named volume from ``node`` (as :meth:`volume_exists` finds it): True
+        when it went, False when there was none (nor a node of that name in a cluster). A
+        volume a container still uses (a running workload's, an ended one's not removed
+        yet) is not removed: the engine's refusal comes up as an :class:`EngineError`
+        (status 409), as does a node that is down (:class:`EngineUnreachable`): the caller
+        tries again later."""
         raise NotImplementedError
 
     async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
-        """(volume, node) of the volumes whose name starts with ``prefix``."""
+        """(volume, node) of the volumes whose name starts with ``prefix``: one engine's
+        (node ""), or every workload node's of a cluster that answers (a node that is down
+        or does not answer is left out, logged: its volumes are found at a later call)."""
         raise NotImplementedError
 
     async def run_helper(self, spec: HelperSpec, on_line, node: str = "") -> HelperResult:

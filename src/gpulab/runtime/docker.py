@@ -129,7 +129,7 @@ class DockerRuntime(Runtime):
     async def survey(self, images: Sequence[str], instance: str) -> EngineSurvey:
         return await survey_engine(self.engine, refs(self.image_ref, images), instance)
 
-    async def image_exists(self, image: str) -> bool:
+    async def image_exists(self, image: str, node: str = "") -> bool:
         try:
             await self.engine.call(self.client.inspect_image, image)
             return True

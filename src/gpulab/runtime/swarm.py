@@ -5,7 +5,9 @@ gpulab's ledger chose (``node.hostname==...``), with restart condition ``none``:
 where it is told and never moves or restarts it on its own; gpulab decides. Its volumes are
 named local volumes of that node (created by the task's mounts); the sync helper is a service
 of one task pinned to the same node, mounting the same volume. Nothing comes from the hub's
-host: the job runner is a Swarm config, images come from a registry.
+host: the job runner is a Swarm config, images come from a registry (the site's, which the
+nodes pull from by name; a user's own image, pulled onto the node with the user's credentials
+before the service is made, and run by its digest).
 
 What the manager's API cannot do, and what gpulab does instead (ARCHITECTURE.md):
 - exec into a task: users' execs and shells go to the engine of the task's node
@@ -13,8 +15,16 @@ What the manager's API cannot do, and what gpulab does instead (ARCHITECTURE.md)
 - exec into a task for a hang restart, and ``docker start`` of an ended container: the service is
   force-updated, which runs a new task on the same node with the same volumes;
 - read a task's CPU time: hang detection on Swarm judges by output alone;
-- list or remove a node's volumes: a volume is emptied by a helper task on its node (the
-  empty volume's name stays on the node; operators prune it with ``docker volume prune``).
+- pull an image onto one node with a user's credentials, say whether a node has an image, and
+  find, list or remove a node's volumes: asked of that node's own engine
+  (``NodeEngines.of_node``), as an exec is.
+
+A user's image is run by the digest the registry gave them (``NAME@sha256:...``) and the
+service is made without their credentials (no ``X-Registry-Auth``: Swarm would keep them in
+the service's spec, in its raft store, and hand them to every task). None is needed: the task
+is pinned to the node that holds that digest, and a node's engine does not pull an image
+named by a digest it has; a task made again (a hang restart, a retry) runs on the same node.
+A job that moves (its node lost) goes through its image's preparation again, on its new node.
 """
 
 from __future__ import annotations
@@ -24,8 +34,9 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import docker
 import requests
@@ -47,10 +58,11 @@ from .base import (
     ExecSession,
     HelperResult,
     HelperSpec,
+    ImagePullFailed,
     Labelled,
     LogStream,
-    Mount,
     Node,
+    PullProgress,
     Runtime,
     StillRunning,
     WorkloadGone,
@@ -58,13 +70,27 @@ from .base import (
     WorkloadSpec,
     WorkloadState,
 )
-from .engine import ClientSource, EngineClient, client_url, engine_errors, stream_errors
+from .engine import (
+    ClientSource,
+    EngineClient,
+    client_url,
+    engine_errors,
+    shown_url,
+    stream_errors,
+)
 from .execution import EngineExecSession, run_command
 from .gateway import Gateway
 from .objects import helper_container_config
+from .pulls import pull_blocking, registry_digest_blocking
 from .survey import survey_engine
 from .swarm_network import SwarmNetwork, service_named
-from .swarm_nodes import GpuDeliveryChecks, NodeEngines, labelled_model, labelled_pools
+from .swarm_nodes import (
+    GpuDeliveryChecks,
+    NodeEngines,
+    NodeMissing,
+    labelled_model,
+    labelled_pools,
+)
 from .swarm_specs import (
     HELPER_SECRET_GRACE,
     HELPER_TIMEOUT,
@@ -120,14 +146,14 @@ class SwarmRuntime(Runtime):
         node_engine_plain: bool = False,
         encrypted: bool = True,
         check_gpus: bool = False,
-        helper_image: str = "gpulab/sync",
         gpu_agent_image: str = "",
         gpu_agent_interval: float = 10.0,
     ):
         super().__init__(workers, registry)
         #: the manager's API, its calls on this runtime's pools
         self.engine = EngineClient(self.run, self.run_exec, client)
-        #: the nodes' own engines, for execs (runtime/swarm_nodes.py)
+        #: the nodes' own engines, for execs, users' image pulls and the nodes' volumes
+        #: (runtime/swarm_nodes.py)
         self.node_engines = NodeEngines(node_engine, node_tls, plain=node_engine_plain)
         #: whether each GPU node's engine can hand its GPUs out (check_gpu_runtime; None: off)
         self.gpu_checks = GpuDeliveryChecks(self.node_engines.info) if check_gpus else None
@@ -139,8 +165,6 @@ class SwarmRuntime(Runtime):
         self.network = SwarmNetwork(self.engine, gateway, encrypted)
         self.gpu_label = gpu_label
         self.runner_script = runner_script
-        #: the image of the janitor task that empties a node's volume (the sync helper's)
-        self.helper_image = helper_image
         self._runner_ref: dict | None = None
         self._own_node: str | None = None
         #: the nodes' GPU agent (gpus/agent.py): its image ("" none), interval, service name
@@ -318,8 +342,12 @@ class SwarmRuntime(Runtime):
         labels a manager does not show), and its daemon.json is read only where it runs."""
         return await survey_engine(self.engine, {}, instance, local=False)
 
-    async def image_exists(self, image: str) -> bool:
-        """Asked of the registry (through the manager): what every node will pull."""
+    async def image_exists(self, image: str, node: str = "") -> bool:
+        """Without ``node``: asked of the registry (through the manager), what every node
+        will pull. With one: asked of that node's own engine (a node that left the cluster
+        has nothing)."""
+        if node:
+            return await self.engine.call(self._node_has_image, node, image)
         try:
             await self.engine.call(self.client.inspect_distribution, image)
             return True
@@ -327,6 +355,57 @@ class SwarmRuntime(Runtime):
             if e.status is None:
                 raise
             return False
+
+    def _node_has_image(self, node: str, image: str) -> bool:
+        try:
+            client, url = self.node_engines.of_node(self.client, node)
+        except NodeMissing:
+            return False
+        with engine_errors(url):
+            try:
+                client.inspect_image(image)
+                return True
+            except NotFound:
+                return False
+
+    async def registry_digest(self, image: str, auth: dict[str, str] | None) -> str:
+        """Asked through the manager's engine, with the caller's credentials for this one
+        call: the registry's consent, whichever node pulls."""
+        return await self.engine.call(registry_digest_blocking, self.client, image, auth)
+
+    async def pull_image(
+        self,
+        image: str,
+        auth: dict[str, str] | None,
+        on_progress: Callable[[PullProgress], None],
+        node: str = "",
+        max_bytes: int = 0,
+    ) -> None:
+        """Pulled by ``node``'s own engine (the one that runs it), the credentials in the
+        pull's ``X-Registry-Auth`` header only (``docker pull`` stores them nowhere)."""
+        if not node:
+            raise ImagePullFailed("an image is pulled onto the node that runs it: none was named")
+        loop = asyncio.get_running_loop()
+
+        def threadsafe(progress: PullProgress) -> None:
+            loop.call_soon_threadsafe(on_progress, progress)
+
+        given_up = threading.Event()  # a caller's time-out: the pool's thread stops reading
+        try:
+            await self.engine.call(
+                self._pull_on_node, node, image, auth, threadsafe, max_bytes, given_up
+            )
+        except asyncio.CancelledError:
+            given_up.set()
+            raise
+
+    def _pull_on_node(self, node: str, image: str, auth, on_progress, max_bytes, given_up):
+        try:
+            client, url = self.node_engines.of_node(self.client, node)
+        except NodeMissing as e:
+            raise ImagePullFailed(f"{e}: {image} cannot be pulled there") from None
+        with engine_errors(url):
+            pull_blocking(client, image, auth, on_progress, max_bytes, given_up)
 
     # --- workloads --------------------------------------------------------------------------
 
@@ -695,27 +774,55 @@ class SwarmRuntime(Runtime):
     # --- volumes and helpers ----------------------------------------------------------------
 
     async def volume_exists(self, name: str, node: str = "") -> bool:
-        # a node's volumes are not visible through the manager: unknown reads as absent (the
-        # caller then asks the store whether there is anything to pull at all)
-        return False
+        """Asked of ``node``'s own engine; "" (no node: nothing was placed) or a node that
+        left the cluster has none."""
+        return await self.engine.call(self._on_node_volume, node, name, False)
 
     async def remove_volume(self, name: str, node: str = "") -> bool:
-        """Empty the volume with a helper task on its node (see the module's docstring)."""
-        janitor = HelperSpec(
-            image=self.helper_image,
-            command=["sh", "-c", "find /data -mindepth 1 -delete"],
-            labels={L_KIND: "janitor"},
-            mounts=(Mount(name, "/data"),),
-        )
-        try:
-            result = await self.run_helper(janitor, lambda _line: None, node)
-        except Exception as e:  # the node is gone: so is the volume
-            log.warning("volume %s on %s not emptied: %s", name, node, e)
+        """Removed by ``node``'s own engine, which refuses (409) a volume a container uses."""
+        return await self.engine.call(self._on_node_volume, node, name, True)
+
+    def _on_node_volume(self, node: str, name: str, remove: bool) -> bool:
+        if not node:
             return False
-        return result.exit_code == 0
+        try:
+            client, url = self.node_engines.of_node(self.client, node)
+        except NodeMissing:
+            return False
+        with engine_errors(url):
+            try:
+                if remove:
+                    client.remove_volume(name, force=True)
+                else:
+                    client.inspect_volume(name)
+                return True
+            except NotFound:
+                return False
 
     async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
-        return []  # not visible through the manager (see remove_volume)
+        """Every workload node's, each asked at once through its own engine; a node that
+        does not answer is left out (logged)."""
+        own = await self.engine.call(self._own_node_id)
+        nodes = await self.engine.call(self.node_engines.workload_nodes, self.client, own)
+        found = await asyncio.gather(
+            *(self.engine.call(self._volumes_on, url, prefix) for _, url in nodes),
+            return_exceptions=True,
+        )
+        out = []
+        for (hostname, _), names in zip(nodes, found, strict=True):
+            if isinstance(names, BaseException):
+                if not isinstance(names, EngineError):
+                    raise names
+                log.warning("volumes on node %s not listed: %s", hostname, names)
+                continue
+            out.extend((name, hostname) for name in names)
+        return sorted(out)
+
+    def _volumes_on(self, url: str, prefix: str) -> list[str]:
+        with engine_errors(shown_url(url)):
+            vols = self.node_engines.client(url).volumes(filters={"name": prefix})
+        names = [v["Name"] for v in (vols or {}).get("Volumes") or []]
+        return [n for n in names if n.startswith(prefix)]
 
     def _helper_blocking(
         self, config: dict, node: str, on_line, files: dict[str, bytes] | None = None

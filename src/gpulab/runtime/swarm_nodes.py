@@ -1,5 +1,7 @@
 """The engines of a Swarm's nodes, for what a manager cannot do: exec into a task's container,
-and say which runtimes a node has (:class:`GpuDeliveryChecks`: may its GPUs be handed out).
+say which runtimes a node has (:class:`GpuDeliveryChecks`: may its GPUs be handed out), pull
+an image from a registry with a user's credentials onto the node that runs it and say whether
+the node has it, and find, list and remove a node's volumes (:meth:`NodeEngines.of_node`).
 
 A manager's API has no exec. gpulab finds the running task of the workload's service, the
 node it runs on and its container, and talks to that node's own Docker engine, at an address
@@ -23,7 +25,7 @@ from docker.errors import NotFound
 from docker.tls import TLSConfig
 
 from ..resources import MODEL_RE, POOL_RE
-from .base import EngineError, WorkloadGone
+from .base import EngineError, EngineUnreachable, WorkloadGone
 from .engine import engine_errors, shown_url
 from .objects import gpu_delivery_refusal
 
@@ -182,6 +184,40 @@ class NodeEngines:
                 found = self._clients.setdefault(url, found)
         return found
 
+    def of_node(self, manager: docker.APIClient, hostname: str) -> tuple[docker.APIClient, str]:
+        """Blocking: (a client of the engine of the node named ``hostname``, as gpulab's
+        placement names nodes, and its address as messages show it). :class:`NodeMissing`
+        when the cluster has no such node (it left, with what it held); EngineUnreachable,
+        without asking its engine, when the manager reports it down (a connection to a dead
+        machine would wait out its time-out). Of two nodes of that name (one left, then
+        joined again), the one that is not down."""
+        named = [
+            n
+            for n in manager.nodes()
+            if (n.get("Description") or {}).get("Hostname") == hostname and hostname
+        ]
+        if not named:
+            raise NodeMissing(f"node {hostname or '(none)'} is not in the cluster")
+        node = min(named, key=lambda n: (n.get("Status") or {}).get("State") == "down")
+        url = shown_url(self.url(node))
+        if (node.get("Status") or {}).get("State") == "down":
+            raise EngineUnreachable(
+                f"node {hostname} is down: its engine at {url} is not asked", url=url
+            )
+        with engine_errors(url):
+            return self.client(self.url(node)), url
+
+    def workload_nodes(self, manager: docker.APIClient, own: str) -> list[tuple[str, str]]:
+        """Blocking: (hostname, engine URL) of every node that may hold workloads' volumes:
+        all but the manager ``own`` (the hub's node, which takes none) and those the
+        manager reports down."""
+        out = []
+        for n in manager.nodes():
+            if n["ID"] == own or (n.get("Status") or {}).get("State") == "down":
+                continue
+            out.append(((n.get("Description") or {}).get("Hostname", ""), self.url(n)))
+        return out
+
     def info(self, url: str) -> dict:
         """Blocking: the ``docker info`` of the engine at ``url`` (its runtimes), within
         :data:`CHECK_TIMEOUT` seconds, on a client of its own; EngineError when it gives none."""
@@ -220,6 +256,10 @@ class NodeEngines:
         with engine_errors(shown_url(url)):  # the node's engine, not the manager, failed
             client = self.client(url)
         return client, task["Status"]["ContainerStatus"]["ContainerID"]
+
+
+class NodeMissing(LookupError):
+    """The cluster has no node of that name (any more)."""
 
 
 def node_gpu_refusal(
