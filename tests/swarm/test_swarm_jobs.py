@@ -4,23 +4,34 @@ as the manager, Docker-in-Docker workers with two fake GPUs each, a local regist
 What is shown: jobs land on the worker (and the devices) the ledger chose and run there as
 pinned one-task services; 2 nodes x 2 GPUs fill exactly and the fifth GPU waits, saying why;
 a request bigger than any node is refused naming the biggest; data is pulled and pushed by a
-sync helper on the node; the hub and the service SIGKILLed find every job again; a worker
-killed mid-job: the job is queued again and finishes on the other worker; exec and a shell
-reach a job on a worker through that node's own engine, which also says whether the node can
-hand its GPUs out (its runtimes).
+sync helper on the node, and two jobs on one node reading one dataset pull it once (the
+node's dataset cache); a private image is pulled onto the worker with its owner's secret only;
+the hub and the service SIGKILLed find every job again; a worker killed mid-job after a live
+push sent its checkpoint: the checkpoint is in the store, and the job is queued again and
+resumes from it on the other worker; exec and a shell reach a job on a worker through that
+node's own engine, which also says whether the node can hand its GPUs out (its runtimes).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import subprocess
 import time
 
 import docker
 import pytest
 
-from ..conftest import run_async, wait_until
+from ..conftest import _need, run_async, wait_until
 from ..support.api import TERMINAL, Api, states
+from ..support.ports import free_port
+from ..support.registry import PrivateRegistry, push, registry_missing, tiny_image
 from ..support.s3 import TEST_SECRET_KEY
 from .conftest import start_s3
+
+#: the private registry's port (test_a_private_image_...): the one registry the site allows
+REGISTRY_PORT = free_port()
 
 
 def _config(lab, s3) -> str:
@@ -39,6 +50,10 @@ def _config(lab, s3) -> str:
         'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "swarm-in", '
         '"modes": ["ro"]})\n'
         'c.GpulabSettings.volume_grants.append({"store": "s3", "bucket": "swarm-out"})\n'
+        f'c.GpulabSettings.image_registries = ["127.0.0.1:{REGISTRY_PORT}/team/*"]\n'
+        # live pushes every 2 s (test_a_worker_killed_...), of files unchanged for 0.5 s
+        "c.GpulabSettings.sync_interval_floor = 1\n"
+        "c.GpulabSettings.sync_settle = 0.5\n"
     )
 
 
@@ -152,6 +167,138 @@ def test_data_is_pulled_and_pushed_on_the_node(hub, ana, s3):
     assert TEST_SECRET_KEY not in repr(_service_env(done))
 
 
+def test_two_jobs_on_one_worker_reading_one_dataset_pull_it_once(hub, ana, s3):
+    """The dataset cache on a Swarm: the node's own engine finds and keeps the copy, so the
+    second job on that worker mounts the first one's (one pull), and reads every byte."""
+    _, client = s3
+    files = {f"part-{i}.bin": os.urandom(64 * 1024 + i) for i in range(3)}
+    for name, body in files.items():
+        client.put_object(Bucket="swarm-in", Key=f"shared/{name}", Body=body)
+    want = hashlib.sha256(b"".join(files[n] for n in sorted(files))).hexdigest()
+    jobs = [
+        ana.submit(
+            command=["sh", "-c", "cat /data/part-*.bin | sha256sum"],
+            volumes=["swarm-in@s3/shared:/data"],
+            resources={"gpus": 0, "cpus": 0.2, "memory": "128M"},
+        )
+        for _ in range(2)
+    ]
+    done = [ana.wait(j["id"], timeout=180) for j in jobs]
+    assert [d["state"] for d in done] == ["DONE", "DONE"], [
+        (d["reason"], d["message"]) for d in done
+    ]
+    assert done[0]["node"] == done[1]["node"], [d["node"] for d in done]  # pack: one worker
+    notes = [e["message"] for d in done for e in d["history"] if e["reason"] == "SYNC"]
+    pulled = [n for n in notes if "into the node's dataset cache" in n]
+    shared = [n for n in notes if "the node's copy in the dataset cache" in n]
+    assert (len(pulled), len(shared)) == (1, 1), notes
+    for j in jobs:
+        assert ana.call("GET", f"/jobs/{j['id']}/logs").text.split()[0] == want
+
+
+@pytest.fixture
+def private_registry(swarm_lab, tmp_path):
+    """Debian's docker-registry with TLS and htpasswd (user bob), holding a tiny private image
+    (tags 1 and 2), under the same name on the host and on every worker:
+    ``127.0.0.1:PORT/team/private``. The workers are containers on the lab network and do
+    not reach the host's loopback, and the lab's own registry (127.0.0.1:5000) takes no
+    credentials: so this one listens on the host's loopback, a socat on the host's lab address
+    forwards to it, and one on each worker's loopback forwards there, as the lab does for
+    its registry. A loopback registry needs no engine configuration (Docker does not check
+    its certificate), on the manager and on the nodes alike."""
+    if (missing := registry_missing()) is not None:
+        _need(missing)
+    registry = PrivateRegistry(tmp_path / "registry", {"bob": "s3cret"}, port=REGISTRY_PORT)
+    registry.start()
+    port, repo = REGISTRY_PORT, f"{registry.host}/team/private"
+    host = docker.from_env()
+    forward = subprocess.Popen(
+        [
+            "socat",
+            f"TCP-LISTEN:{port},bind={swarm_lab.gateway},fork,reuseaddr",
+            f"TCP:{registry.host}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    pidfile = f"/run/gpulab-test-registry-{port}.pid"
+    workers = [host.containers.get(w.container) for w in swarm_lab.workers]
+    try:
+        for w in workers:
+            w.exec_run(
+                [
+                    "sh",
+                    "-c",
+                    f"echo $$ > {pidfile}; exec socat TCP-LISTEN:{port},bind=127.0.0.1,fork,"
+                    f"reuseaddr TCP:{swarm_lab.gateway}:{port}",
+                ],
+                detach=True,
+            )
+        for tag in ("1", "2"):
+            tiny_image(host, repo, tag)
+            push(host, f"{repo}:{tag}", {"username": "bob", "password": "s3cret"})
+            host.api.remove_image(f"{repo}:{tag}")
+        yield repo
+    finally:
+        for w in workers:
+            w.exec_run(["sh", "-c", f"kill $(cat {pidfile}) && rm -f {pidfile}"])
+        forward.terminate()
+        forward.wait(10)
+        registry.stop()
+
+
+def test_a_private_image_is_pulled_on_the_worker_with_its_owner_s_secret_only(
+    hub, ana, swarm_lab, private_registry
+):
+    """The registry is asked for the digest through the manager with ana's secret, and the
+    worker that runs the job pulls that digest with it; the service runs the pinned digest and
+    carries no credential, and the worker's engine kept none (another tag of the private
+    repository is refused to it). A wrong secret fails with the registry's words."""
+    from gpulab.runtime.base import ImagePullFailed
+    from gpulab.runtime.pulls import pull_blocking
+
+    image = f"{private_registry}:1"
+    for name, value in (("regcred", "bob:s3cret"), ("wrongcred", "bob:guess")):
+        r = ana.call("PUT", f"/secrets/{name}", json={"value": value})
+        assert r.status_code in (200, 201), r.text
+    small = {"gpus": 0, "cpus": 0.2, "memory": "128M"}
+    ok = ana.submit(
+        image=image,
+        image_pull_secret="regcred",
+        command=["sh", "-c", "echo private-ok"],
+        resources=small,
+    )
+    wrong = ana.submit(
+        image=image, image_pull_secret="wrongcred", command=["true"], resources=small
+    )
+    done, failed = ana.wait(ok["id"], timeout=180), ana.wait(wrong["id"], timeout=180)
+    assert done["state"] == "DONE", (done["reason"], done["message"])
+    assert done["node"].startswith("gpulab-lab-worker"), done["node"]
+    assert ana.call("GET", f"/jobs/{ok['id']}/logs").text == "private-ok\n"
+    events = [e["message"] for e in done["history"] if e["reason"] == "IMAGE"]
+    assert events[-1].startswith(f"image {private_registry}@sha256:"), events
+    assert "ready (pulled " in events[-1], events
+    pinned = events[-1].split()[1]
+    # the worker holds that digest; the service runs it by digest, without any credential
+    worker = swarm_lab.worker_client(done["node"])
+    assert pinned in worker.images.get(pinned).attrs["RepoDigests"]
+    service = swarm_lab.api().inspect_service(done["container"])["Spec"]
+    container = service["TaskTemplate"]["ContainerSpec"]
+    assert container["Image"] == pinned and "PullOptions" not in container, container
+    assert "s3cret" not in json.dumps(service)
+    # the pull stored nothing on the node: the same repository is refused to its engine
+    # alone (Docker then falls back to plain HTTP for a loopback registry: that is the error
+    # it reports), and given with bob's credentials (the control)
+    with pytest.raises(ImagePullFailed):
+        pull_blocking(worker.api, f"{private_registry}:2", None, lambda _: None)
+    bob = {"username": "bob", "password": "s3cret"}
+    pull_blocking(worker.api, f"{private_registry}:2", bob, lambda _: None)
+    worker.api.remove_image(f"{private_registry}:2")
+    assert failed["state"] == "FAILED" and failed["reason"] == "IMAGE_PULL_FAILED", failed
+    assert "unauthorized" in failed["message"].lower(), failed["message"]
+    assert "guess" not in json.dumps(failed) and "s3cret" not in json.dumps(done)
+
+
 def test_hub_and_service_sigkilled_find_every_job_again(hub, ana):
     job = _gpu_job(ana, 12)
     running = ana.wait(job["id"], {"RUNNING"}, timeout=120)
@@ -164,13 +311,39 @@ def test_hub_and_service_sigkilled_find_every_job_again(hub, ana):
     assert states(done).count("RUNNING") == 1, states(done)
 
 
-def test_a_worker_killed_mid_job_the_job_finishes_on_the_other(hub, ana, swarm_lab):
-    job = _gpu_job(ana, 25, retries=1)
-    running = ana.wait(job["id"], {"RUNNING"}, timeout=120)
-    victim = running["node"]
+#: a job that checkpoints: the first run writes epoch-1 and waits (to be killed); a run that
+#: finds the checkpoint (pulled from the store) says so and ends
+CHECKPOINTS = (
+    "if [ -f /out/ckpt.txt ]; then echo resumed from $(cat /out/ckpt.txt); sleep 1; "
+    "else echo epoch-1 > /out/ckpt.txt; sleep 120; fi"
+)
+
+
+def test_a_worker_killed_mid_job_the_job_finishes_on_the_other(hub, ana, swarm_lab, s3):
+    """Item 3 of issue 31 on a Swarm: the job's rw volume is pushed live (every 2 s) by a
+    helper on the worker that holds it; once a push sent the checkpoint, the worker is
+    killed (a lost node): the checkpoint is in the store, and the job, queued again, resumes
+    from it on the other worker."""
+    _, client = s3
+    job = ana.submit(
+        command=["sh", "-c", CHECKPOINTS],
+        volumes=["swarm-out@s3/ana/ckpt:/out:rw"],
+        sync_interval=2,
+        retries=1,
+        resources={"gpus": 1, "cpus": 0.2, "memory": "128M"},
+    )
+    sent = wait_until(
+        lambda: (ana.job(job["id"])["live_push"] or {}).get("files") and ana.job(job["id"]),
+        timeout=120,
+        what="a live push that sent the checkpoint",
+    )
+    assert sent["state"] == "RUNNING" and sent["live_push"]["ok"], sent["live_push"]
+    victim = sent["node"]
     t0 = time.monotonic()
     swarm_lab.kill_worker(victim)
     try:
+        body = client.get_object(Bucket="swarm-out", Key="ana/ckpt/ckpt.txt")["Body"].read()
+        assert body == b"epoch-1\n"
         requeued = ana.wait(job["id"], {"QUEUED", "INITIALIZING", "PENDING"}, timeout=120)
         print(f"\nworker killed -> job queued again: {time.monotonic() - t0:.1f} s")
         assert requeued["reason"] in ("NODE_LOST", "SCHEDULED", "CREATING"), requeued
@@ -180,6 +353,10 @@ def test_a_worker_killed_mid_job_the_job_finishes_on_the_other(hub, ana, swarm_l
         assert "NODE_LOST" in [e["reason"] for e in done["history"]]
         # its GPU on the lost node was released once Swarm no longer had its task
         assert not [d for d in done["devices"] if d.startswith(victim + "/")]
+        logs = ana.call("GET", f"/jobs/{job['id']}/logs").text
+        assert "resumed from epoch-1" in logs, logs
+        pushes = [e for e in done["history"] if e["reason"] == "LIVE_PUSH"]
+        assert pushes and "swarm-out@s3/ana/ckpt:/out:rw: 1 transferred" in pushes[0]["message"]
     finally:
         swarm_lab.restart_worker(victim)
 

@@ -749,6 +749,31 @@ def test_a_notebook_from_a_private_image_runs_its_digest(tmp_path, answers):
     assert "pw" not in json.dumps(w.record())
 
 
+def test_on_a_cluster_a_notebook_s_private_image_is_pulled_onto_its_node(
+    tmp_path, answers, listing
+):
+    """The registry is asked (its consent) and the node the notebook is placed on is asked
+    for the digest and pulls it: the copy is that node's only."""
+    from cryptography.fernet import Fernet
+
+    from gpulab.secrets import SecretStore
+
+    w = cluster_world(tmp_path)
+    w.s.image_registries = ["registry.example.org:5000/team/*"]
+    w.rt.registry_images[PRIVATE] = (DIGEST, ("bob", "pw"))
+    w.nb.secrets = SecretStore(w.records.db, "t", [Fernet.generate_key()])
+    w.nb.secrets.put("alice", "regcred", "bob:pw")
+    w.rt.script_helper(0, [REPORT])
+    w.start(gpus="0", image=PRIVATE, image_pull_secret="regcred")
+    node = w.nb.held.node
+    assert w.rt.workloads[w.nb.container].spec.image == PINNED
+    assert [
+        c.kwargs["node"] for c in w.rt.calls if c.method == "image_exists" and "@" in c.args[0]
+    ] == [node]
+    assert [c.kwargs["node"] for c in w.rt.calls if c.method == "pull_image"] == [node]
+    assert w.rt.node_images == {node: {PINNED}}
+
+
 @pytest.mark.parametrize(
     ("secret", "raw", "status", "reason", "words"),
     [
