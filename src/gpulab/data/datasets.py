@@ -41,8 +41,8 @@ read-only, by the workloads that use it at the same time and after.
   before asking the cache; released with the workload's volumes): quotas mean what they
   meant, and a dataset beyond the owner's quota is refused as before. The disk saved is the
   platform's; the cache's own cap bounds what it keeps.
-- **One host.** On a Swarm the manager sees no node's volumes, so it could neither find nor
-  evict a copy: there each workload pulls its own, as before (the one gate below).
+- **Per node, on a Swarm too.** The runtime finds, lists and removes a node's volumes through
+  that node's own engine (a manager sees none), and every row is keyed by its node.
 - **Isolation.** A copy is handed out only to an owner whose grants allow its store, bucket and
   prefix, checked again here (``check_access``) beside the check at submission or spawn; it
   holds exactly what the store holds under that prefix, and workloads mount it read-only.

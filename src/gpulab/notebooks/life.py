@@ -573,7 +573,8 @@ async def _pull(nb: Notebook, data: NotebookData) -> None:
     for i, vol in enumerate(list(data.volumes)):
         store = vol.spec.store
         # the image's /workspace (uid 1000) and home populate a new volume; on a cluster
-        # the pull always runs: the node may hold an older copy (volume_exists cannot tell)
+        # the pull always runs: the node may hold an older copy of a notebook that ran
+        # elsewhere since (its volume exists, and is out of date)
         skip = not vol.node and await data.sync.nothing_to_pull(
             vol, image_provides_mount=vol.label in ("workspace", HOME_LABEL)
         )
