@@ -14,6 +14,7 @@ node's own engine, which also says whether the node can hand its GPUs out (its r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -739,3 +740,51 @@ def test_each_gpu_nodes_engine_is_asked_whether_it_can_hand_out_its_gpus(swarm_l
     for n in run_async(silent.nodes()):
         if n.hostname in workers:
             assert "did not say which runtimes it has" in n.gpus_refused, n
+
+
+def test_a_nodes_volumes_are_found_listed_and_removed_through_its_own_engine(
+    swarm_lab, swarm_objects
+):
+    """SwarmRuntime's volume calls go to the node's own engine (a manager sees no node's
+    volumes): a running workload's volume is found on its node and not on the other, listed
+    with its node, and its removal is refused as in use (the engine's 409); once the workload
+    is removed (its container gone from the node too, not only from the manager) the volume
+    goes at once. A node not in the cluster has none."""
+    from gpulab.runtime.base import EngineError, Mount, WorkloadSpec
+    from gpulab.runtime.swarm import SwarmRuntime
+
+    rt = SwarmRuntime(swarm_lab.api(), node_tls=swarm_lab.engine_tls())
+    here, other = (w.hostname for w in swarm_lab.workers)
+    vol = f"{swarm_objects}-data"
+    spec = WorkloadSpec(
+        name=f"{swarm_objects}-w",
+        image=swarm_lab.image("gpulab/debian:bookworm"),
+        command=["sleep", "300"],
+        mounts=[Mount(vol, "/d")],
+        node=here,
+        runner=False,
+        stop_grace=1,
+        cpus=0.1,
+        memory=64 * 1024**2,
+    )
+
+    async def go():
+        await rt.create_and_start(spec)
+        found = [await rt.volume_exists(vol, n) for n in (here, other, "no-such-node")]
+        listed = await rt.volumes_named(swarm_objects)
+        with pytest.raises(EngineError) as in_use:
+            await rt.remove_volume(vol, here)
+        await rt.remove(spec.name)
+        removed = await rt.remove_volume(vol, here)
+        after = await rt.volume_exists(vol, here), await rt.volumes_named(swarm_objects)
+        return found, listed, in_use.value, removed, after
+
+    try:
+        found, listed, in_use, removed, after = run_async(go())
+    finally:
+        run_async(rt.remove(spec.name))
+        with contextlib.suppress(docker.errors.NotFound):  # gone already, or removed now
+            swarm_lab.worker_client(here).api.remove_volume(vol)
+    assert found == [True, False, False] and listed == [(vol, here)]
+    assert in_use.status == 409 and "in use" in str(in_use), in_use
+    assert removed is True and after == (False, [])

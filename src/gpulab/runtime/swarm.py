@@ -580,9 +580,11 @@ class SwarmRuntime(Runtime):
         return True
 
     async def remove(self, name: str) -> bool:
-        """Remove the service, then, once the manager has forgotten it, the secrets gpulab
-        made for it (a helper's files: a helper whose process died, removed by the sweep of
-        orphaned helpers, leaves them otherwise)."""
+        """Remove the service, then, once the manager has forgotten it and its node's engine
+        has removed its container (:meth:`_wait_container_gone`: its volumes can then be
+        removed at once, as on one engine), the secrets gpulab made for it (a helper's files:
+        a helper whose process died, removed by the sweep of orphaned helpers, leaves them
+        otherwise)."""
         return await self.engine.call(self._remove_blocking, name)
 
     def _remove_blocking(self, name: str) -> bool:
@@ -598,8 +600,40 @@ class SwarmRuntime(Runtime):
             raise EngineError(
                 f"service {name} is still there {REMOVE_TIMEOUT:g} s after its removal"
             )
+        self._wait_container_gone(svc, REMOVE_TIMEOUT)
         self._remove_secrets_of(svc)
         return True
+
+    def _wait_container_gone(self, svc: dict, timeout: float) -> None:
+        """Wait until the engine of the node ``svc`` was pinned to has removed the service's
+        containers: its agent does so a moment after the manager forgot the service (0.3 s
+        for an ended task in the lab; a running one's after its stop grace), and until then
+        the node refuses to remove the volumes they mount. A node that is down or gone, or
+        whose engine does not answer, is not waited for; nor is one past ``timeout`` (its
+        volumes' removal then says what holds them)."""
+        hostname = (svc["Spec"].get("Labels") or {}).get(L_NODE, "")
+        if not hostname:
+            return
+        label = f"com.docker.swarm.service.id={svc['ID']}"
+        deadline = time.monotonic() + timeout
+        try:
+            client, url = self.node_engines.of_node(self.client, hostname)
+            while True:
+                with engine_errors(url):
+                    left = client.containers(all=True, filters={"label": label})
+                if not left:
+                    return
+                if time.monotonic() > deadline:
+                    log.warning(
+                        "service %s: its container is still on node %s %g s after its removal",
+                        svc["Spec"].get("Name"),
+                        hostname,
+                        timeout,
+                    )
+                    return
+                time.sleep(0.1)
+        except (NodeMissing, EngineError) as e:
+            log.info("service %s: its container on %s not waited for: %s", svc["ID"], hostname, e)
 
     def _remove_secrets_of(self, svc: dict) -> None:
         """The secrets that gpulab made for the removed service ``svc`` (labelled with its
