@@ -749,7 +749,7 @@ def test_a_nodes_volumes_are_found_listed_and_removed_through_its_own_engine(
     volumes): a running workload's volume is found on its node and not on the other, listed
     with its node, and its removal is refused as in use (the engine's 409); once the workload
     is removed (its container gone from the node too, not only from the manager) the volume
-    goes at once. A node not in the cluster has none."""
+    goes at once, and a second removal finds none. A node not in the cluster has none."""
     from gpulab.runtime.base import EngineError, Mount, WorkloadSpec
     from gpulab.runtime.swarm import SwarmRuntime
 
@@ -776,7 +776,11 @@ def test_a_nodes_volumes_are_found_listed_and_removed_through_its_own_engine(
             await rt.remove_volume(vol, here)
         await rt.remove(spec.name)
         removed = await rt.remove_volume(vol, here)
-        after = await rt.volume_exists(vol, here), await rt.volumes_named(swarm_objects)
+        after = (
+            await rt.volume_exists(vol, here),
+            await rt.volumes_named(swarm_objects),
+            await rt.remove_volume(vol, here),  # none there now: the engine's 404
+        )
         return found, listed, in_use.value, removed, after
 
     try:
@@ -787,4 +791,4 @@ def test_a_nodes_volumes_are_found_listed_and_removed_through_its_own_engine(
             swarm_lab.worker_client(here).api.remove_volume(vol)
     assert found == [True, False, False] and listed == [(vol, here)]
     assert in_use.status == 409 and "in use" in str(in_use), in_use
-    assert removed is True and after == (False, [])
+    assert removed is True and after == (False, [], False)

@@ -102,6 +102,44 @@ def test_node_engine_urls():
         check_template("{address}:2376")
 
 
+def test_a_node_s_engine_is_found_by_the_hostname_gpulab_places_by():
+    """NodeEngines.of_node: the node of that hostname (of two, the one that is not down: it
+    left and joined again); none in the cluster is NodeMissing; one the manager reports down
+    is EngineUnreachable without a connection; workload_nodes leaves out the hub's own node
+    and those that are down."""
+    from gpulab.runtime.base import EngineUnreachable
+    from gpulab.runtime.swarm_nodes import NodeMissing
+
+    def node(node_id, hostname, addr, state="ready"):
+        return {
+            "ID": node_id,
+            "Status": {"Addr": addr, "State": state},
+            "Description": {"Hostname": hostname},
+        }
+
+    class Manager:
+        def nodes(self):
+            return [
+                node("m", "hub", "10.0.0.1"),
+                node("old", "gpu-a", "10.0.0.5", "down"),
+                node("new", "gpu-a", "10.0.0.6"),
+                node("b", "gpu-b", "10.0.0.7", "down"),
+            ]
+
+    engines = NodeEngines("tcp://{address}:2375", plain=True)
+    made = []
+    engines.client = lambda url: made.append(url) or f"client of {url}"
+    assert engines.of_node(Manager(), "gpu-a") == ("client of tcp://10.0.0.6:2375", made[0])
+    with pytest.raises(NodeMissing, match="node gpu-c is not in the cluster"):
+        engines.of_node(Manager(), "gpu-c")
+    with pytest.raises(NodeMissing):
+        engines.of_node(Manager(), "")
+    with pytest.raises(EngineUnreachable, match="node gpu-b is down"):
+        engines.of_node(Manager(), "gpu-b")
+    assert made == ["tcp://10.0.0.6:2375"]  # the node down was not connected to
+    assert engines.workload_nodes(Manager(), "m") == [("gpu-a", "tcp://10.0.0.6:2375")]
+
+
 def test_node_tls(tmp_path):
     assert node_tls("", "", "") is None
     with pytest.raises(ValueError, match="together"):

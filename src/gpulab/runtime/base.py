@@ -627,7 +627,8 @@ class Runtime:
 
     async def remove_volume(self, name: str, node: str = "") -> bool:
         """Remove the named volume from ``node`` (as :meth:`volume_exists` finds it): True
-        when it went, False when there was none (nor a node of that name in a cluster). A
+        when it is gone now (one engine says so of a volume that was not there too), False
+        when the engine said there was none (or a cluster has no node of that name). A
         volume a container still uses (a running workload's, an ended one's not removed
         yet) is not removed: the engine's refusal comes up as an :class:`EngineError`
         (status 409), as does a node that is down (:class:`EngineUnreachable`): the caller

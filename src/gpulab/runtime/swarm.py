@@ -825,8 +825,8 @@ class SwarmRuntime(Runtime):
             return False
         with engine_errors(url):
             try:
-                if remove:
-                    client.remove_volume(name, force=True)
+                if remove:  # (no force: a volume that is not there is the engine's 404)
+                    client.remove_volume(name)
                 else:
                     client.inspect_volume(name)
                 return True
