@@ -3,7 +3,10 @@
 pull that reports its bytes. Blocking calls, run on the runtime's pool.
 
 The credentials travel in the ``X-Registry-Auth`` header of these two calls only: they are
-never stored in the engine (no ``docker login``), so another user's pull cannot use them.
+never stored in the engine (no ``docker login``), so another user's pull cannot use them. A
+user without credentials is sent as anonymous (:func:`sent_auth`), never with whatever the
+service's own account keeps in ``~/.docker/config.json`` (which docker-py reads for a call
+given no credentials).
 """
 
 from __future__ import annotations
@@ -34,11 +37,18 @@ def _failed(e: DockerException) -> ImagePullFailed:
     return ImagePullFailed(_reason(err.detail or str(e)), status=err.status, detail=err.detail)
 
 
+def sent_auth(auth: dict[str, str] | None) -> dict[str, str]:
+    """What a registry call sends: the user's credentials, or an empty header (anonymous):
+    docker-py given None would send the credentials it finds in this process's Docker
+    configuration (an operator's ``docker login`` as the service's account)."""
+    return dict(auth) if auth else {}
+
+
 def registry_digest_blocking(
     client: docker.APIClient, image: str, auth: dict[str, str] | None
 ) -> str:
     try:
-        info = client.inspect_distribution(image, auth_config=auth)
+        info = client.inspect_distribution(image, auth_config=sent_auth(auth))
     except DockerException as e:
         if no_answer(e):
             raise
@@ -89,7 +99,7 @@ def pull_blocking(
     added = LayerBytes()
     events = None
     try:
-        events = client.pull(image, stream=True, decode=True, auth_config=auth)
+        events = client.pull(image, stream=True, decode=True, auth_config=sent_auth(auth))
         for event in events:
             if not isinstance(event, dict):
                 continue
