@@ -73,6 +73,14 @@ def test_a_running_notebook_is_pushed_live_once_its_interval_passed(tmp_path, an
     assert w.last()["reason"] == "LIVE_PUSH_FAILED" and "the store said no" in w.last()["message"]
 
 
+async def until(predicate, timeout: float = 10.0) -> None:
+    """Wait, a loaded machine's while, for ``predicate`` (never a fixed sleep)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "not reached in time"
+        await asyncio.sleep(0.01)
+
+
 def test_push_now_is_the_owners_one_at_a_time_and_the_stop_push_comes_after(tmp_path, answers):
     w = world(tmp_path)  # no interval: only on demand
     pushes = pushes_of(w)
@@ -103,14 +111,15 @@ def test_push_now_is_the_owners_one_at_a_time_and_the_stop_push_comes_after(tmp_
         assert status == 202 and record["push_requested"]
         with pytest.raises(NotebookRefused, match="already under way"):
             await pushes.push(w.record(), by="alice")
-        await asyncio.sleep(0.05)
-        assert w.record()["live_push"]["running"] and w.record()["push_requested"] is None
+        await until(lambda: (w.record()["live_push"] or {}).get("running"))  # under way
+        assert w.record()["push_requested"] is None
         other = NotebookLivePushes(w.s, w.rt, w.records)  # another service process
         with pytest.raises(NotebookRefused, match="already under way"):
             await other.push(w.record(), by="alice")
         w.rt.script_helper(0, [LIVE])
         w.rt.script_helper(0, [PUSHED])
         stop = asyncio.ensure_future(life.stop(w.nb))  # the hub's stop, meanwhile
+        await until(lambda: w.record()["state"] == "STOPPING")
         await asyncio.sleep(0.1)
         assert ran == [] and w.record()["state"] == "STOPPING"  # the final push waits
         release.set()
