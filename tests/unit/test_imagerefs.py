@@ -303,6 +303,8 @@ def test_a_pull_over_its_cap_is_given_up_and_its_call_closed():
             closed.append(True)
 
     class Client:
+        hooks: dict = {"response": []}  # a requests session's (the response is kept by one)
+
         def pull(self, image, **kw):
             assert kw["auth_config"] == {"username": "u"} and kw["stream"] and kw["decode"]
             return events()
@@ -370,6 +372,8 @@ def test_a_pull_given_up_by_its_caller_stops_reading():
     read = []
 
     class Client:
+        hooks: dict = {"response": []}
+
         def pull(self, image, **kw):
             def forever():
                 while True:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 from collections.abc import Callable, Sequence
 
 import docker
@@ -47,7 +46,7 @@ from .objects import (
     helper_files_archive,
     workload_container_config,
 )
-from .pulls import pull_blocking, registry_digest_blocking
+from .pulls import GiveUp, pull_blocking, registry_digest_blocking
 from .survey import refs, survey_engine
 
 log = logging.getLogger(__name__)
@@ -154,7 +153,7 @@ class DockerRuntime(Runtime):
         def threadsafe(progress: PullProgress) -> None:
             loop.call_soon_threadsafe(on_progress, progress)
 
-        given_up = threading.Event()  # a caller's time-out: the pool's thread stops reading
+        given_up = GiveUp()  # a caller's time-out: the pool's thread stops reading
         try:
             await self.engine.call(
                 pull_blocking, self.client, image, auth, threadsafe, max_bytes, given_up

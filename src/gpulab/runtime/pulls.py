@@ -11,11 +11,13 @@ given no credentials).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 
 import docker
 from docker.errors import DockerException
+from docker.types import CancellableStream
 
 from .base import ImagePullFailed, PullProgress
 from .engine import engine_error, no_answer
@@ -85,21 +87,77 @@ class LayerBytes:
         )
 
 
+class GiveUp:
+    """A caller giving up on a pull (its time-out), set from the event loop: the pull's
+    thread stops at the engine's next message, and a call still waiting on an engine that
+    sends nothing (a registry that stalled) is hung up at once (its socket shut down, as
+    docker-py's own ``CancellableStream`` does for events), so that no engine thread stays
+    held by it. The engine stops pulling when its caller hangs up."""
+
+    def __init__(self) -> None:
+        self._given_up = threading.Event()
+        self._lock = threading.Lock()
+        self._call: CancellableStream | None = None
+
+    def is_set(self) -> bool:
+        return self._given_up.is_set()
+
+    def set(self) -> None:
+        self._given_up.set()
+        self._hang_up()
+
+    def hold(self, call: CancellableStream) -> None:
+        """The pull's call, to hang up when given up (at once if it already was)."""
+        with self._lock:
+            self._call = call
+        if self._given_up.is_set():
+            self._hang_up()
+
+    def _hang_up(self) -> None:
+        with self._lock:
+            call, self._call = self._call, None
+        if call is not None:
+            with contextlib.suppress(Exception):  # already closed, or never connected
+                call.close()
+
+
+def _pull_call(client: docker.APIClient, image: str, auth: dict[str, str] | None):
+    """``client.pull`` (streamed) and its HTTP response, kept by a response hook of this
+    thread's call: docker-py hands out the messages, not the response to hang up."""
+    me = threading.get_ident()
+    seen: list = []
+
+    def keep(response, *args, **kwargs):
+        if threading.get_ident() == me and "/images/create" in (response.url or ""):
+            seen.append(response)
+
+    hooks = client.hooks.setdefault("response", [])
+    hooks.append(keep)
+    try:
+        events = client.pull(image, stream=True, decode=True, auth_config=sent_auth(auth))
+    finally:
+        with contextlib.suppress(ValueError):
+            hooks.remove(keep)
+    return events, (seen[-1] if seen else None)
+
+
 def pull_blocking(
     client: docker.APIClient,
     image: str,
     auth: dict[str, str] | None,
     on_progress: Callable[[PullProgress], None],
     max_bytes: int = 0,
-    given_up: threading.Event | None = None,
+    given_up: GiveUp | None = None,
 ) -> None:
     """Pull ``image``, reporting its bytes; stop (closing the call) when its layers announce
-    more than ``max_bytes`` or the caller gave up (``given_up``, checked at each message of
-    the engine: a registry that sends nothing at all holds the call until it answers)."""
+    more than ``max_bytes`` or the caller gave up (``given_up``: at the engine's next
+    message, or at once for an engine that sends nothing, see :class:`GiveUp`)."""
     added = LayerBytes()
     events = None
     try:
-        events = client.pull(image, stream=True, decode=True, auth_config=sent_auth(auth))
+        events, response = _pull_call(client, image, auth)
+        if given_up is not None and response is not None:
+            given_up.hold(CancellableStream(events, response))
         for event in events:
             if not isinstance(event, dict):
                 continue
@@ -115,9 +173,15 @@ def pull_blocking(
                     f"{max_bytes / 1e9:.1f} GB (image_max_bytes)"
                 )
     except DockerException as e:
+        if given_up is not None and given_up.is_set():
+            raise ImagePullFailed("the pull was given up (image_pull_timeout)") from None
         if no_answer(e):
             raise
         raise _failed(e) from None
+    except Exception:  # noqa: BLE001 - the call hung up under its reader (urllib3's words)
+        if given_up is not None and given_up.is_set():
+            raise ImagePullFailed("the pull was given up (image_pull_timeout)") from None
+        raise
     finally:  # a pull given up (its cap passed): the call is closed, not read to its end
         close = getattr(events, "close", None)
         if close is not None:

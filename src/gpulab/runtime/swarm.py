@@ -34,7 +34,6 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -81,7 +80,7 @@ from .engine import (
 from .execution import EngineExecSession, run_command
 from .gateway import Gateway
 from .objects import helper_container_config
-from .pulls import pull_blocking, registry_digest_blocking
+from .pulls import GiveUp, pull_blocking, registry_digest_blocking
 from .survey import survey_engine
 from .swarm_network import SwarmNetwork, service_named
 from .swarm_nodes import (
@@ -390,7 +389,7 @@ class SwarmRuntime(Runtime):
         def threadsafe(progress: PullProgress) -> None:
             loop.call_soon_threadsafe(on_progress, progress)
 
-        given_up = threading.Event()  # a caller's time-out: the pool's thread stops reading
+        given_up = GiveUp()  # a caller's time-out: the pool's thread stops reading
         try:
             await self.engine.call(
                 self._pull_on_node, node, image, auth, threadsafe, max_bytes, given_up
