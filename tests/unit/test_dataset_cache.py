@@ -39,12 +39,17 @@ class Engine(FakeRuntime):
         super().__init__(images={SYNC}, **kw)
         self.gate: asyncio.Event | None = None
         self.failing = False
+        #: by holder (the pull helper's workload label ends with it): its own gate, failure
+        self.gates: dict[str, asyncio.Event] = {}
+        self.failing_for: set[str] = set()
 
     async def run_helper(self, spec, on_line, node: str = ""):
         result = await super().run_helper(spec, on_line, node)
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.failing:
+        holder = spec.labels.get("org.gpulab.workload", "").rsplit("/", 1)[-1]
+        gate = self.gates.get(holder, self.gate)
+        if gate is not None:
+            await gate.wait()
+        if self.failing or holder in self.failing_for:
             return HelperResult(1, ["the store is down"])
         on_line(OK)
         return result
@@ -62,7 +67,7 @@ class Site:
             instance="t",
             sync_image=SYNC,
             object_stores={"local": {"kind": "filesystem", "root": str(store)}},
-            volume_grants=[{"store": "local", "bucket": "data", "users": ["ann"]}],
+            volume_grants=[{"store": "local", "bucket": "data", "users": ["ann"], "modes": ["ro"]}],
             dataset_cache_max_bytes=cap,
         )
         self.db = Database(f"sqlite:///{tmp_path / 'gpulab.sqlite'}")
@@ -97,6 +102,20 @@ class Site:
 
 def quiet(_):
     return None
+
+
+async def die(cache: DatasetCache, *tasks: asyncio.Task) -> None:
+    """``cache``'s process dies: its tasks stop where they are, and nothing it would do at a
+    clean stop (giving its claims up) is done."""
+
+    async def nothing(*_):
+        return None
+
+    cache._give_up = nothing
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await cache.close()
 
 
 def test_two_processes_racing_for_one_copy_pull_it_once_and_share_it(tmp_path):
@@ -167,9 +186,7 @@ def test_a_pull_whose_process_died_is_taken_over_once_its_lease_lapses(tmp_path)
         while not site.pulls():
             await asyncio.sleep(0.01)
         (name,) = site.pulls()
-        task.cancel()  # the process dies mid-pull: its row stays, its lease runs out
-        await asyncio.gather(task, return_exceptions=True)
-        await dead.close()
+        await die(dead, task)  # mid-pull: its row stays, its lease runs out
         site.rt.gate = None
         row = site.row(name)
         assert row.state == PULLING and row.holder == "dead"
@@ -337,7 +354,7 @@ def notebook_world(tmp_path) -> World:
     """alice's notebook with the cache on (the hub's process), bucket ``data`` granted to
     every user, and a 6-byte dataset under data/mnist."""
     w = World(tmp_path, workspace=True)
-    w.s.volume_grants = [{"store": "local", "bucket": "data"}]
+    w.s.volume_grants = [{"store": "local", "bucket": "data", "modes": ["ro"]}]
     w.s.__dict__.pop("storage", None)  # (read again with the grant)
     w.s.dataset_cache_max_bytes = "1K"
     data = tmp_path / "objects" / "data" / "mnist"
@@ -397,9 +414,7 @@ def test_a_half_pulled_copy_whose_process_died_makes_room_and_is_never_trusted(t
         while not site.pulls():
             await asyncio.sleep(0.01)
         (half,) = site.pulls()
-        task.cancel()  # the process dies mid-pull
-        await asyncio.gather(task, return_exceptions=True)
-        await dead.close()
+        await die(dead, task)  # mid-pull
         site.rt.gate = None
         # while its claim holds, the room it took is its own: b does not fit
         assert await service.volume_for("ann", "job-2", b, quiet) == (None, None)
@@ -429,5 +444,285 @@ def test_an_eviction_cut_short_by_its_process_s_death_leaves_the_copy_ready(tmp_
         assert row.state == READY and row.holder == "" and set(row.pins) == {"job-2"}
         assert len(site.pulls()) == 1
         await cache.close()
+
+    run_async(test())
+
+
+# --- claims end whatever happens to the workload (review findings H1, M1, M2, M4, M5) -----
+
+
+def test_a_workload_cancelled_mid_pull_leaves_the_pull_to_end_for_the_others(tmp_path):
+    """A notebook's start cancelled by the hub (its start_timeout) while it pulls: the pull is
+    the cache's, not the workload's; it ends, its claim with it, and the waiter shares it."""
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        hub, service = site.cache("hub"), site.cache("service")
+        site.rt.gate = asyncio.Event()
+        starting = asyncio.create_task(hub.volume_for("ann", "nb-1", vol, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        (name,) = site.pulls()
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await hub.release("nb-1")  # (the spawner's finally)
+        waiting = asyncio.create_task(service.volume_for("ann", "job-1", vol, quiet))
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and len(site.pulls()) == 1
+        site.rt.gate.set()
+        (copy, pulled) = await asyncio.wait_for(waiting, 5)
+        assert copy.docker_volume == name and pulled is None  # the hub's pull, shared
+        row = site.row(name)
+        assert row.state == READY and row.holder == "" and set(row.pins) == {"job-1"}
+        assert hub.claims == set() and hub.pulling == {} and hub.pinned == {}
+        await hub.close()
+        await service.close()
+
+    run_async(test())
+
+
+def test_an_error_after_the_claim_ends_it_and_the_workload_pulls_its_own(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        cache = site.cache("service")
+        real = cache.copies.change
+
+        def change(seen, **values):
+            if values.get("state") == READY:
+                raise RuntimeError("the database went away")
+            return real(seen, **values)
+
+        cache.copies.change = change
+        assert await asyncio.wait_for(cache.volume_for("ann", "job-1", vol, quiet), 5) == (
+            None,
+            None,
+        )
+        (name,) = site.pulls()
+        assert site.copies.all() == [] and (name, "") not in site.rt.volumes
+        assert cache.claims == set() and cache.pulling == {}
+        await cache.close()
+
+    run_async(test())
+
+
+def test_a_clean_stop_gives_its_pulls_claims_up(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        cache = site.cache("service")
+        site.rt.gate = asyncio.Event()
+        asking = asyncio.create_task(cache.volume_for("ann", "job-1", vol, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        await cache.close()  # (a service that lost its lease, or stops)
+        assert await asyncio.wait_for(asking, 5) == (None, None)
+        assert site.copies.all() == [] and cache.claims == set() and cache.pulling == {}
+
+    run_async(test())
+
+
+def test_a_late_failure_never_removes_the_copy_of_the_process_that_took_its_claim_over(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        slow, other = site.cache("slow"), site.cache("other")
+        site.rt.gates["slow"] = asyncio.Event()
+        first = asyncio.create_task(slow.volume_for("ann", "job-1", vol, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        (name,) = site.pulls()
+        # its renewals failed for a lease: the claim lapsed, another took it over and shared it
+        assert site.copies.change(site.row(name), lease_until=_at(time.time() - 1))
+        (copy, pulled) = await other.volume_for("ann", "nb-1", vol, quiet)
+        assert copy.docker_volume == name and pulled.ok and site.row(name).state == READY
+        site.rt.failing_for.add("slow")  # and now the first pull fails
+        site.rt.gates["slow"].set()
+        assert await asyncio.wait_for(first, 5) == (None, None)
+        assert (name, "") in site.rt.volumes  # the other's copy stays
+        row = site.row(name)
+        assert row.state == READY and set(row.pins) == {"nb-1"}
+        await slow.close()
+        await other.close()
+
+    run_async(test())
+
+
+def test_a_renewal_landing_before_the_copy_is_marked_ready_does_not_lose_it(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        cache = site.cache("service")
+        real = cache.copies.change
+        renewed = []
+
+        def change(seen, **values):
+            if values.get("state") == READY and not renewed:
+                # the renewal task read the row before and writes its lease now
+                later = _at(time.time() + 60)
+                renewed.append(real(site.row(seen.volume), lease_until=later))
+            return real(seen, **values)
+
+        cache.copies.change = change
+        (copy, pulled) = await cache.volume_for("ann", "job-1", vol, quiet)
+        assert renewed == [True] and copy is not None and pulled.ok
+        row = site.row(copy.docker_volume)
+        assert row.state == READY and set(row.pins) == {"job-1"} and cache.claims == set()
+        await cache.close()
+
+    run_async(test())
+
+
+def test_the_engine_failing_inside_the_cache_is_not_cached_not_an_error(tmp_path):
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        cache = site.cache("service")
+
+        async def down(*_):
+            raise EngineError("the engine is down", status=500)
+
+        site.rt.volumes_named = down  # a claim lists the node's cache volumes
+        assert await cache.volume_for("ann", "job-1", vol, quiet) == (None, None)
+        del site.rt.volumes_named
+        (copy, _) = await cache.volume_for("ann", "job-2", vol, quiet)
+        await cache.release("job-2")
+        site.rt.volume_exists = down  # a ready copy's volume is looked at
+        assert await cache.volume_for("ann", "job-3", vol, quiet) == (None, None)
+        await cache.close()
+
+    run_async(test())
+
+
+def test_a_wait_for_another_s_pull_is_bounded_and_stops_when_asked(tmp_path, monkeypatch):
+    from gpulab.data import datasets
+
+    monkeypatch.setattr(datasets, "STOP_EVERY", 0.05)
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        stuck, patient, stopped = site.cache("stuck"), site.cache("p"), site.cache("s")
+        site.rt.gates["stuck"] = asyncio.Event()  # a helper that never ends (renewed)
+        pulling = asyncio.create_task(stuck.volume_for("ann", "job-1", vol, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        patient.wait_limit = 0.3
+        assert await asyncio.wait_for(patient.volume_for("ann", "j2", vol, quiet), 5) == (
+            None,
+            None,
+        )
+
+        async def interrupt() -> bool:
+            return True
+
+        asked = stopped.volume_for("ann", "j3", vol, quiet, interrupt)
+        assert await asyncio.wait_for(asked, 5) == (None, None)
+        site.rt.gates["stuck"].set()
+        assert (await pulling)[0] is not None
+        for c in (stuck, patient, stopped):
+            await c.close()
+
+    run_async(test())
+
+
+# --- what is cached, and how many (M6, L1) ---------------------------------------------
+
+
+def test_only_what_the_owner_may_not_write_is_cached():
+    from gpulab.data.datasets import owner_may_write
+    from gpulab.volumes import Grant, VolumeSpec, WorkspaceLocation
+
+    ws = WorkspaceLocation("s3", "home", "workspaces")
+
+    def spec(bucket, prefix):
+        return VolumeSpec(bucket=bucket, store="s3", prefix=prefix, mount="/d", mode="ro")
+
+    ro = Grant("s3", "data", "", frozenset({"ro"}))
+    rw_sub = Grant("s3", "data", "sets/mine", frozenset({"ro", "rw"}), frozenset({"ann"}))
+    assert not owner_may_write("ann", spec("data", "sets"), [ro], ws)
+    assert owner_may_write("ann", spec("data", "sets"), [ro, rw_sub], ws)  # inside it
+    assert owner_may_write("ann", spec("data", "sets/mine/x"), [ro, rw_sub], ws)  # around it
+    assert not owner_may_write("bob", spec("data", "sets"), [ro, rw_sub], ws)  # not bob's
+    assert not owner_may_write("ann", spec("data", "sets/other"), [ro, rw_sub], ws)
+    assert owner_may_write("ann", spec("home", "workspaces/ann/d"), [], ws)  # their own
+    assert not owner_may_write("ann", spec("home", "shared"), [], ws)
+
+
+def test_a_prefix_its_owner_may_write_is_never_cached(tmp_path):
+    site = Site(tmp_path)
+    site.settings.volume_grants = [
+        {"store": "local", "bucket": "data", "modes": ["ro"]},
+        {"store": "local", "bucket": "data", "prefix": "mine", "users": ["ann"]},
+    ]
+    site.settings.__dict__.pop("storage", None)  # (read again with the grants)
+    mine = site.dataset("mine", {"f": "abc"})
+    shared = site.dataset("shared", {"f": "abc"})
+
+    async def test():
+        cache = site.cache("service")
+        assert await cache.volume_for("ann", "job-1", mine, quiet) == (None, None)
+        assert site.pulls() == []
+        assert (await cache.volume_for("ann", "job-2", shared, quiet))[0] is not None
+        await cache.close()
+
+    run_async(test())
+
+
+def test_a_node_holds_at_most_max_copies_whatever_their_size(tmp_path):
+    from gpulab.data.datasets import evictions
+
+    assert evictions({"a": 1, "b": 1}, {"a": 1.0, "b": 2.0}, 1, 100, max_count=2) == ["a"]
+    assert evictions({"a": 1, "b": 1}, {}, 1, 100, frozenset({"a", "b"}), max_count=2) is None
+    site = Site(tmp_path)
+    a, b = site.dataset("a", {"f": "a"}), site.dataset("b", {"f": "b"})
+
+    async def test():
+        cache = site.cache("service")
+        cache.max_copies = 1
+        (copy_a, _) = await cache.volume_for("ann", "job-1", a, quiet)
+        await cache.release("job-1")
+        (copy_b, _) = await cache.volume_for("ann", "job-2", b, quiet)
+        assert [c.volume for c in site.copies.all()] == [copy_b.docker_volume]
+        await cache.close()
+
+    run_async(test())
+
+
+def test_a_copy_a_container_uses_is_not_tried_first_at_the_next_eviction(tmp_path):
+    """a (in use by a container, the oldest) and b (pinned by a starting notebook) fill the
+    cap: c finds no room, and a's refusal counts as a use. Once b's pin goes, c evicts b
+    without asking the engine to remove a again."""
+    site = Site(tmp_path, cap="12")
+    a, b, c = (site.dataset(n, {"f": n * 6}) for n in "abc")
+
+    async def test():
+        hub, service = site.cache("hub"), site.cache("service")
+        (copy_a, _) = await hub.volume_for("ann", "nb-a", a, quiet)
+        await hub.release("nb-a")
+        (copy_b, _) = await hub.volume_for("ann", "nb-b", b, quiet)
+        real, tried = site.rt.remove_volume, []
+
+        async def in_use(name, node=""):
+            if name == copy_a.docker_volume:
+                tried.append(name)
+                raise EngineError("volume is in use", status=409)
+            return await real(name, node)
+
+        site.rt.remove_volume = in_use
+        assert await service.volume_for("ann", "job-1", c, quiet) == (None, None)
+        assert tried == [copy_a.docker_volume]
+        await hub.release("nb-b")
+        (copy_c, _) = await service.volume_for("ann", "job-2", c, quiet)
+        assert copy_c is not None and site.row(copy_b.docker_volume) is None
+        assert tried == [copy_a.docker_volume]  # not asked again
+        await hub.close()
+        await service.close()
 
     run_async(test())

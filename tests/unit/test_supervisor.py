@@ -76,7 +76,13 @@ class Lab:
             engine_retry_max=0.05,
             job_container_retention=0.0,
             object_stores={"local": {"kind": "filesystem", "root": str(store)}},
-            volume_grants=[{"store": "local", "bucket": "data"}],
+            # out/, rw/: the user's to write; the rest read-only (what the dataset cache
+            # shares)
+            volume_grants=[
+                {"store": "local", "bucket": "data", "prefix": "out"},
+                {"store": "local", "bucket": "data", "prefix": "rw"},
+                {"store": "local", "bucket": "data", "modes": ["ro"]},
+            ],
             **settings,
         )
         self.db = Database(f"sqlite:///{tmp_path / 'gpulab.sqlite'}")
@@ -1673,7 +1679,7 @@ def test_jobs_reading_one_dataset_pull_it_once_and_mount_it_read_only(tmp_path):
         newer = _mounted(lab, later)[0][0]
         assert newer != volume and newer.endswith("-8") and (volume, "") in lab.rt.volumes
         # a writable volume is never the cache's
-        rw = lab.submit(volumes=["data@local/mnist:/data:rw"], gpus=0)
+        rw = lab.submit(volumes=["data@local/rw:/data:rw"], gpus=0)
         await lab.place(rw)
         await lab.until(rw, J.RUNNING)
         assert not _mounted(lab, rw)[0][0].startswith(prefix)

@@ -68,7 +68,7 @@ from sqlalchemy import delete, select, update
 from ..db import Database, DatasetCopy
 from ..lifecycle import utcnow
 from ..runtime.base import EngineError
-from ..volumes import VolumeError, check_access
+from ..volumes import VolumeError, WorkspaceLocation, check_access
 from .sync import SyncOutcome, VolumeSync, WorkloadData
 
 log = logging.getLogger("gpulab.datasets")
@@ -80,6 +80,13 @@ PULLING, READY, EVICTING = "pulling", "ready", "evicting"
 LEASE = 60.0
 #: seconds between two looks of a waiting workload at a copy another one pulls
 POLL = 0.5
+#: seconds a workload waits for a copy (pulled by another, or by its own process for it)
+#: before it pulls its own volume, as without the cache
+WAIT = 900.0
+#: seconds between two looks at a waiting workload's interruption (``stop``)
+STOP_EVERY = 1.0
+#: copies one node's cache holds at most, whatever their sizes (each is a row and a volume)
+MAX_COPIES = 200
 
 
 def cache_prefix(instance: str) -> str:
@@ -91,6 +98,11 @@ def cache_volume_name(instance: str, vol: VolumeSync, content_key: str, size: in
     spec = vol.spec
     what = "\0".join((spec.store, spec.bucket, spec.prefix.strip("/"), content_key))
     return f"{cache_prefix(instance)}{hashlib.sha256(what.encode()).hexdigest()[:40]}-{size}"
+
+
+def pull_label_prefix(instance: str) -> str:
+    """The start of the workload label of every process's cache pulls (their helpers)."""
+    return f"{instance}/dataset/"
 
 
 def cached_size(instance: str, name: str) -> int | None:
@@ -107,22 +119,55 @@ def evictions(
     need: int,
     cap: int,
     in_use: frozenset[str] = frozenset(),
+    max_count: int = MAX_COPIES,
 ) -> list[str] | None:
     """Which cache volumes to remove, least recently used first, so that ``need`` more bytes
-    fit under ``cap`` beside the others (a pure rule). ``in_use``: volumes that cannot go (a
-    container uses them, a workload was handed them, a pull or an eviction holds them): they
-    stay and still count. Their names, or None when even removing every other one leaves no
-    room."""
-    if need > cap:
+    fit under ``cap`` beside the others, and one more copy under ``max_count`` (a pure rule).
+    ``in_use``: volumes that cannot go (a container uses them, a workload was handed them, a
+    pull or an eviction holds them): they stay and still count. Their names, or None when
+    even removing every other one leaves no room."""
+    if need > cap or max_count < 1:
         return None
-    total = sum(held.values())
+    total, count = sum(held.values()), len(held)
     out: list[str] = []
     for name in sorted(set(held) - in_use, key=lambda n: (last_used.get(n, 0.0), n)):
-        if total + need <= cap:
+        if total + need <= cap and count + 1 <= max_count:
             break
         out.append(name)
         total -= held[name]
-    return out if total + need <= cap else None
+        count -= 1
+    return out if total + need <= cap and count + 1 <= max_count else None
+
+
+def owner_may_write(owner: str, spec, grants, workspace: WorkspaceLocation | None) -> bool:
+    """Whether ``owner`` may change anything under ``spec``'s prefix, or under a prefix
+    inside it (a pure rule): a grant of theirs with a writable mode (rw, rwd) whose prefix
+    contains it or lies inside it, or their own workspace. Such a dataset is never cached:
+    every change would be a new copy, held by the node for one user."""
+    prefix = spec.prefix.strip("/")
+
+    def overlaps(other: str) -> bool:
+        other = other.strip("/")
+        return _within(prefix, other) or _within(other, prefix)
+
+    ours = workspace is not None and (spec.store, spec.bucket) == (
+        workspace.store,
+        workspace.bucket,
+    )
+    if ours and overlaps(f"{workspace.root.strip('/')}/{owner}"):
+        return True
+    for g in grants:
+        if (g.store, g.bucket) != (spec.store, spec.bucket) or not g.modes - {"ro"}:
+            continue
+        if g.users is not None and owner not in g.users:
+            continue
+        if overlaps(g.prefix):
+            return True
+    return False
+
+
+def _within(prefix: str, root: str) -> bool:
+    return not root or prefix == root or prefix.startswith(root + "/")
 
 
 def live_pins(pins: dict | None, now: float) -> dict[str, float]:
@@ -262,19 +307,20 @@ class DatasetCopies:
         holder: str,
         strays: dict[str, int],
         refused: frozenset[str] = frozenset(),
+        max_count: int = MAX_COPIES,
     ) -> Claim:
         """Claim the pull of ``volume`` (``size`` bytes) on ``node`` if the node's copies
         leave room under ``cap`` (one transaction, serialized per node: two processes cannot
         both take the last room); else mark what must go to make room. ``strays``: cache
         volumes on the node without a row (bytes by name); ``refused``: volumes the engine
-        would not remove (in use)."""
+        would not remove (in use); ``max_count``: the most copies the node may hold."""
         now = time.time()
         try:
-            return self._claim(node, volume, size, cap, holder, strays, refused, now)
+            return self._claim(node, volume, size, cap, holder, strays, refused, now, max_count)
         except _Raced:  # rolled back: nothing of it was written
             return Claim("taken")
 
-    def _claim(self, node, volume, size, cap, holder, strays, refused, now) -> Claim:
+    def _claim(self, node, volume, size, cap, holder, strays, refused, now, max_count) -> Claim:
         with self.db.session() as s:
             self.db.serialize(s, "gpulab-datasets", self.instance, node)
             rows = [
@@ -297,7 +343,7 @@ class DatasetCopies:
                 for r in rows
                 if (r.state != READY and not r.lapsed(now)) or live_pins(r.pins, now)
             }
-            plan = evictions(held, used, size, cap, frozenset(stay))
+            plan = evictions(held, used, size, cap, frozenset(stay), max_count)
             if plan is None:
                 return Claim("full")
             if plan:
@@ -363,14 +409,25 @@ class DatasetCache:
         self.holder = holder or default_holder()
         self.lease = LEASE
         self.poll = POLL
+        self.wait_limit = WAIT
+        self.max_copies = MAX_COPIES
         #: this process's pins, by copy (node, volume): renewed until released
         self.pinned: dict[tuple[str, str], set[str]] = {}
         #: this process's claims (pulls, evictions) under way: renewed until done
         self.claims: set[tuple[str, str]] = set()
+        #: this process's pulls under way, each a task of the cache's own (never a
+        #: workload's: a workload that stops waiting does not abort a pull others wait on)
+        self.pulling: dict[tuple[str, str], asyncio.Task] = {}
         #: the last pulls made (node, name): what the benchmark and the tests count
         self.pulls: deque[tuple[str, str]] = deque(maxlen=1000)
         self._renewing: asyncio.Task | None = None
         self._news: asyncio.Event | None = None
+
+    @property
+    def pull_label(self) -> str:
+        """The workload label of this process's cache pulls (their sync helpers): the
+        holder's, so that a sweep can tell a live process's helper from a dead one's."""
+        return f"{pull_label_prefix(self.settings.instance)}{self.holder}"
 
     async def _db(self, fn, *args, **kw):
         return await asyncio.to_thread(fn, *args, **kw)
@@ -444,25 +501,42 @@ class DatasetCache:
     # --- handing a copy out -----------------------------------------------------------------
 
     async def volume_for(
-        self, owner: str, workload: str, vol: VolumeSync, on_progress
+        self, owner: str, workload: str, vol: VolumeSync, on_progress, stop=None
     ) -> tuple[VolumeSync | None, SyncOutcome | None]:
         """``vol`` (a read-only volume of ``owner``'s ``workload``) through the cache: (the
         cache volume to mount, ready and pinned for the workload until :meth:`release`, and
         the outcome of the pull that filled it now, or None when it was there), or (None,
-        None) when it is not cached: the cache is off, the owner's grants do not cover it,
-        the dataset is empty or does not fit, the store cannot be listed, the pull failed or
-        the dataset changed during it. The workload then pulls its own volume as without the
-        cache, and that pull says what is wrong."""
+        None) when it is not cached: the cache is off, the owner's grants do not cover it or
+        let them write under it, the dataset is empty or does not fit, the store cannot be
+        listed, the pull failed or the dataset changed during it, the wait for it passed
+        ``wait_limit`` or ``stop`` (an async callable) said the workload is to stop, or
+        anything failed on the way (the engine, the database). The workload then pulls its
+        own volume as without the cache (or stops), and that pull says what is wrong."""
         s = self.settings
         cap = s.dataset_cache_max_size
         if not cap or vol.spec.mode != "ro":
             return None, None
+        grants, workspace = s.storage.grants, s.storage.workspace
         try:  # the grants of today, not only of the submission: a copy is never a way round
-            check_access(owner, vol.spec, s.storage.grants, s.storage.workspace)
+            check_access(owner, vol.spec, grants, workspace)
         except VolumeError as e:
             log.info("dataset %s not cached for %s: %s", vol.label, owner, e)
             return None, None
-        data = WorkloadData(self.runtime, s.storage.stores, s.sync_image, s.instance, "dataset")
+        if owner_may_write(owner, vol.spec, grants, workspace):
+            # the owner's own data (every change of theirs a new copy): only what the admin's
+            # grants give them read-only is shared
+            log.info("dataset %s not cached: %s may write under it", vol.label, owner)
+            return None, None
+        data = WorkloadData(
+            self.runtime, s.storage.stores, s.sync_image, s.instance, self.pull_label
+        )
+        try:
+            return await self._volume_for(workload, data, vol, on_progress, stop, cap)
+        except Exception as e:  # noqa: BLE001 - the workload's own pull then says what is wrong
+            log.warning("dataset %s not cached: %s", vol.label, e)
+            return None, None
+
+    async def _volume_for(self, workload, data, vol, on_progress, stop, cap):
         try:
             size, key = await asyncio.to_thread(data.listed_content, vol)
         except Exception as e:  # noqa: BLE001 - the workload's own pull then says what is wrong
@@ -472,24 +546,62 @@ class DatasetCache:
             # an empty volume is filled by the engine from its first container's image at the
             # mount: never one that other users' workloads mount
             return None, None
-        name = cache_volume_name(s.instance, vol, key, size)
+        name = cache_volume_name(self.settings.instance, vol, key, size)
         cached = VolumeSync(vol.spec, name, vol.label, vol.node)
-        got = await self._ready_or_claimed(workload, vol.node, name, size, cap)
-        if got is None:
-            return None, None
-        if got == READY:
-            return cached, None
-        outcome = await self._pull(workload, data, vol, cached, size, key, on_progress)
-        if outcome is None:
-            return None, None
-        return cached, outcome
+        until = time.monotonic() + self.wait_limit
+        outcome = None
+        while True:
+            got = await self._ready_or_claimed(workload, vol.node, name, size, cap, until, stop)
+            if got is None:
+                return None, None
+            if got == READY:
+                return cached, outcome
+            # claimed: pulled by a task of the cache's own, then pinned like a ready copy
+            relay = [on_progress]
+            task = self._start_pull(data, vol, cached, size, key, relay)
+            try:
+                outcome = await self._await_pull(task, until, stop)
+            finally:  # a workload that stops waiting hears no more of the pull
+                relay[0] = None
+            if outcome is None:
+                return None, None
+
+    def _start_pull(self, data, vol, cached, size, key, relay) -> asyncio.Task:
+        where = (cached.node, cached.docker_volume)
+
+        def progress(p: dict) -> None:
+            if relay[0] is not None:
+                relay[0](p)
+
+        task = asyncio.get_running_loop().create_task(
+            self._pull(data, vol, cached, size, key, progress)
+        )
+        self.pulling[where] = task
+        return task
+
+    async def _await_pull(self, task: asyncio.Task, until: float, stop) -> SyncOutcome | None:
+        """The pull's outcome, or None when it did not make a copy, ``until`` passed or
+        ``stop`` said so (the pull goes on for the others: a cancelled caller, too, leaves
+        it running)."""
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                log.warning("dataset cache: stopped waiting for the pull of its copy")
+                return None
+            done, _ = await asyncio.wait({task}, timeout=min(left, STOP_EVERY))
+            if done:
+                return None if task.cancelled() else task.result()
+            if stop is not None and await stop():
+                return None
 
     async def _ready_or_claimed(
-        self, workload: str, node: str, name: str, size: int, cap: int
+        self, workload: str, node: str, name: str, size: int, cap: int, until: float, stop
     ) -> str | None:
         """READY: the copy is there, pinned for ``workload``; PULLING: this process claimed
-        its pull; None: not cached (no room, a stray volume in use)."""
+        its pull (the caller starts it at once); None: not cached (no room, a stray volume
+        in use, the wait passed ``until``, ``stop``)."""
         refused: set[str] = set()
+        next_look = time.monotonic() + STOP_EVERY
         while True:
             c = await self._db(self.copies.get, node, name)
             now = time.time()
@@ -504,6 +616,7 @@ class DatasetCache:
                     self.holder,
                     strays,
                     frozenset(refused),
+                    self.max_copies,
                 )
                 if claim.outcome == "full":
                     where = f"node {node}" if node else "this host"
@@ -515,11 +628,7 @@ class DatasetCache:
                 if claim.outcome == "claimed":
                     self.claims.add((node, name))
                     self._keep_renewing()
-                    # a volume by that name without a row is not trusted: it goes first
-                    if await self._remove(node, name):
-                        return PULLING
-                    await self._give_up(node, name)
-                    return None
+                    return PULLING
                 continue  # taken meanwhile: read it
             if c.state == READY:
                 pins = {**live_pins(c.pins, now), workload: now + self.lease}
@@ -535,7 +644,7 @@ class DatasetCache:
                 if c is not None and c.state == READY:
                     await self._db(self.copies.drop, c)
                 continue
-            if c.lapsed(now):
+            if c.lapsed(now) and (node, name) not in self.pulling:
                 if c.state == EVICTING:  # its remover died: it was ready; the check above
                     await self._db(self.copies.change, c, state=READY, holder="", lease_until=None)
                     continue
@@ -544,12 +653,18 @@ class DatasetCache:
                 if await self._db(self.copies.change, c, holder=self.holder, lease_until=lease):
                     self.claims.add((node, name))
                     self._keep_renewing()
-                    if await self._remove(node, name):
-                        return PULLING
-                    await self._give_up(node, name)
-                    return None
+                    return PULLING
                 continue
-            await self._wait()  # pulled or removed by another: look again
+            # pulled or evicted by another (or by this process for another workload): wait,
+            # within bounds, then look again
+            if time.monotonic() >= until:
+                log.warning("dataset cache: %s not ready in time; pulled apart", name)
+                return None
+            if stop is not None and time.monotonic() >= next_look:
+                next_look = time.monotonic() + STOP_EVERY
+                if await stop():
+                    return None
+            await self._wait()
 
     async def _strays(self, node: str) -> dict[str, int]:
         """Cache volumes on ``node`` (with their sizes) that have no row."""
@@ -564,36 +679,58 @@ class DatasetCache:
 
     async def _evict(self, node: str, names: tuple[str, ...], refused: set[str]) -> None:
         """Remove the copies :meth:`DatasetCopies.claim` marked ``evicting`` for this process
-        (and the stray volumes it named); one a container uses goes back to ``ready``."""
+        (and the stray volumes it named); one a container uses goes back to ``ready``, as
+        used now (the next eviction tries the others first)."""
         for name in names:
+            where = (node, name)
             c = await self._db(self.copies.get, node, name)
             mine = c is not None and c.state == EVICTING and c.holder == self.holder
             if c is not None and not mine:
                 continue
             if mine:
-                self.claims.add((node, name))
+                self.claims.add(where)
             try:
                 removed = await self._remove(node, name)
-            finally:
-                self.claims.discard((node, name))
-            if not mine:
-                if not removed:
+                if not mine:
+                    if not removed:
+                        refused.add(name)
+                    continue
+                if removed:
+                    await self._settle(where, EVICTING, drop=True)
+                    log.info("dataset cache: removed %s (least recently used)", name)
+                else:
                     refused.add(name)
-                continue
-            c = await self._db(self.copies.get, node, name)
-            if c is None or c.state != EVICTING or c.holder != self.holder:
-                continue
-            if removed:
-                await self._db(self.copies.drop, c)
-                log.info("dataset cache: removed %s (least recently used)", name)
-            else:
-                refused.add(name)
-                await self._db(self.copies.change, c, state=READY, holder="", lease_until=None)
+                    await self._settle(
+                        where,
+                        EVICTING,
+                        state=READY,
+                        holder="",
+                        lease_until=None,
+                        last_used=utcnow(),
+                    )
+            finally:
+                self.claims.discard(where)
             self._told()
+
+    async def _settle(self, where: tuple[str, str], expect: str, drop=False, **values) -> bool:
+        """A compare-and-set (or with ``drop``, the removal) of this process's claim on
+        ``where``, read anew while only a renewal of its own (which bumps the version) came
+        between; False: the row is not this process's claim in ``expect`` any more."""
+        for _ in range(10):
+            c = await self._db(self.copies.get, *where)
+            if c is None or c.state != expect or c.holder != self.holder:
+                return False
+            if (
+                await self._db(self.copies.drop, c)
+                if drop
+                else await self._db(self.copies.change, c, **values)
+            ):
+                return True
+        log.warning("dataset cache: %s kept changing; its claim lapses", where[1])
+        return False
 
     async def _pull(
         self,
-        workload: str,
         data: WorkloadData,
         vol: VolumeSync,
         cached: VolumeSync,
@@ -601,46 +738,55 @@ class DatasetCache:
         key: str,
         on_progress,
     ) -> SyncOutcome | None:
-        """Pull the copy this process claimed: ready and pinned for ``workload`` (the
-        outcome), else removed and its row gone (None)."""
+        """(A task of the cache's own.) Pull the copy this process claimed: ready (the
+        outcome), else its claim ended, its volume removed while the claim was still
+        confirmed this process's, and its row gone (None). Whatever happens (a failure, an
+        error, a cancellation), the claim ends here: never left renewed by nobody's pull."""
         where = (cached.node, cached.docker_volume)
-        self.pulls.append(where)
-        outcome = await data.run("pull", cached, on_progress, max_bytes=size)
-        if outcome.ok:
+        ready = False
+        try:
+            # a volume by that name without a row is not trusted: it goes first
+            if not await self._remove(*where):
+                return None
+            self.pulls.append(where)
+            outcome = await data.run("pull", cached, on_progress, max_bytes=size)
+            if not outcome.ok:
+                return None
             try:
                 again = await asyncio.to_thread(data.listed_content, vol)
             except Exception:  # noqa: BLE001 - unchecked: not shared
                 again = None
             if again != (size, key):  # changed while it was pulled: not the named content
                 log.info("dataset %s changed during its pull: not cached", vol.label)
-                outcome = None
-        if outcome is None or not outcome.ok:
-            await self._remove(*where)
-            await self._give_up(*where)
+                return None
+            ready = await self._settle(
+                where, PULLING, state=READY, holder="", lease_until=None, last_used=utcnow()
+            )
+            if not ready:
+                # its claim lapsed and another process took it over (it removes what is there)
+                log.warning("dataset cache: the pull of %s lost its claim; not shared", where[1])
+                return None
+            return outcome
+        except Exception as e:  # noqa: BLE001 - not shared: the workloads pull their own
+            log.warning("dataset cache: the pull of %s failed: %s", where[1], e)
             return None
-        c = await self._db(self.copies.get, *where)
-        pins = {**live_pins(c.pins if c else {}, time.time()), workload: time.time() + self.lease}
-        mine = c is not None and c.state == PULLING and c.holder == self.holder
-        self.claims.discard(where)
-        if not mine or not await self._db(
-            self.copies.change,
-            c,
-            state=READY,
-            holder="",
-            lease_until=None,
-            pins=pins,
-            last_used=utcnow(),
-        ):
-            # its claim lapsed and another process took it over (it removes what is there)
-            log.warning("dataset cache: the pull of %s lost its claim; not shared", where[1])
+        finally:
+            if not ready:
+                await self._give_up(*where)
+            self.claims.discard(where)
+            self.pulling.pop(where, None)
             self._told()
-            return None
-        self._hold(where, workload)
-        self._told()
-        return outcome
 
     async def close(self) -> None:
-        """Stop renewing (a process that stops: what it holds lapses within a lease)."""
+        """Stop renewing and end this process's pulls (their claims given up): a process
+        that stops, or a service that lost its lease. What it still holds lapses within a
+        lease."""
+        pulls = list(self.pulling.values())
+        for task in pulls:
+            task.cancel()
+        for task in pulls:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         task, self._renewing = self._renewing, None
         if task is not None:
             task.cancel()
@@ -648,12 +794,21 @@ class DatasetCache:
                 await task
 
     async def _give_up(self, node: str, name: str) -> None:
-        """This process's claim ends without a copy: its row goes (if still its)."""
-        self.claims.discard((node, name))
-        c = await self._db(self.copies.get, node, name)
-        if c is not None and c.state == PULLING and c.holder == self.holder:
-            await self._db(self.copies.drop, c)
-        self._told()
+        """This process's claim ends without a copy: its volume is removed only while the
+        row confirms the claim is still this process's (its lease pushed first, so that no
+        other takes it over meanwhile), then its row goes. A claim another process took
+        over is left alone: the volume is the other's now."""
+        where = (node, name)
+        try:
+            if not await self._settle(where, PULLING, lease_until=_at(time.time() + self.lease)):
+                return
+            if not await self._remove(node, name):  # its helper still runs: a stray now,
+                log.info("dataset cache: %s left as a stray", name)  # removed before a pull
+            await self._settle(where, PULLING, drop=True)
+        except Exception as e:  # noqa: BLE001 - the claim lapses within a lease
+            log.warning("dataset cache: the claim on %s not given up (%s); it lapses", name, e)
+        finally:
+            self.claims.discard(where)
 
     async def _remove(self, node: str, name: str) -> bool:
         """Remove a volume (True, also when there was none); False when a container uses it."""

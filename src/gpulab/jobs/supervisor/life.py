@@ -95,9 +95,15 @@ async def _start_fresh(ctx: JobContext, job_id: str) -> tuple[JobSpec, list[Rank
             if isinstance(booked, SyncOutcome):
                 outcome = booked  # refused by the quota (or not listed): as without the cache
             else:
+
+                async def interrupted() -> bool:
+                    return await ctx.requested(job_id) == "interrupt"
+
                 shared, outcome = await ctx.datasets.volume_for(
-                    job["owner"], ctx.workload(job_id), vol, notes.on_progress
+                    job["owner"], ctx.workload(job_id), vol, notes.on_progress, interrupted
                 )
+                if shared is None and await interrupted():  # while it waited for a copy
+                    return await finalize(ctx, job_id, *_BEFORE_START, push=False)
         if shared is not None:
             cached[(str(vol.spec), vol.node)] = shared.docker_volume
             text = (

@@ -193,6 +193,8 @@ class JobSupervisor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self.tasks.clear()
+        if self.ctx.datasets is not None:  # its pulls end, their claims given up
+            await self.ctx.datasets.close()
 
     async def _keep_lease(self) -> None:
         """Renew the lease on a task of its own (never behind a long pass), and stop acting
