@@ -379,9 +379,10 @@ def test_a_notebook_mounts_the_node_s_copy_read_only_and_lets_its_pin_go(tmp_pat
     run_async(service.release("job-1"))
     w.start(volumes="data@local/mnist:/data:ro")
     mounts = w.rt.workloads[w.nb.container].spec.mounts
-    assert [(m.volume, m.read_only) for m in mounts if m.target == "/data"] == [
-        (copy.docker_volume, True)
+    assert [(m.volume, m.read_only, m.no_copy) for m in mounts if m.target == "/data"] == [
+        (copy.docker_volume, True, True)  # never filled from the image if it went missing
     ]
+    assert [m.no_copy for m in mounts if m.target != "/data"] == [False]  # the workspace
     pulls = [h for h in w.rt.helper_configs if h.command[0] == "pull"]
     assert [m.volume for h in pulls for m in h.mounts] == [copy.docker_volume]  # once
     assert any("the node's copy in the dataset cache" in m for _, m in w.events)
@@ -726,3 +727,21 @@ def test_a_copy_a_container_uses_is_not_tried_first_at_the_next_eviction(tmp_pat
         await service.close()
 
     run_async(test())
+
+
+def test_one_copy_mounted_at_two_paths_keeps_both_and_is_never_filled_from_the_image():
+    """A workload mounting one prefix twice gets the one cache volume at both paths: the
+    engine's binds are a list (a dict by volume kept only the last)."""
+    from gpulab.runtime.base import Mount, WorkloadSpec
+    from gpulab.runtime.objects import workload_container_config
+
+    copy = "t-dataset-abc-6"
+    spec = WorkloadSpec(
+        name="j",
+        image="i",
+        command=["x"],
+        runner=False,
+        mounts=[Mount(copy, "/a", True, True), Mount(copy, "/b", True, True), Mount("w", "/w")],
+    )
+    binds = workload_container_config(spec, "env", "/r.sh")["host_config"]["binds"]
+    assert binds == [f"{copy}:/a:ro,nocopy", f"{copy}:/b:ro,nocopy", "w:/w:rw"]

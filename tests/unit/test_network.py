@@ -118,7 +118,7 @@ def test_job_joins_only_its_owners_network(owner):
     else:
         assert "network_mode" not in host  # the engine's default bridge, as before
     assert cfg["command"][:2] == ["/bin/sh", "/opt/gpulab/run.sh"]
-    assert host["binds"]["/r.sh"] == {"bind": "/opt/gpulab/run.sh", "mode": "ro"}
+    assert host["binds"] == ["/r.sh:/opt/gpulab/run.sh:ro"]
 
 
 @pytest.mark.parametrize("owner", ["alice", None])
@@ -136,7 +136,7 @@ def test_a_notebook_s_port_is_published_only_off_its_owners_network(owner):
     cfg = workload_container_config(spec, "device_request", "/r.sh")
     host = cfg["host_config"]
     assert cfg["ports"] == [8888] and cfg["command"] == ["jupyterhub-singleuser"]
-    assert host["binds"] == {}  # no runner, no volume: nothing of the host
+    assert host["binds"] == []  # no runner, no volume: nothing of the host
     if owner:
         assert "port_bindings" not in host
     else:

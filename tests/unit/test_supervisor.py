@@ -1687,6 +1687,23 @@ def test_jobs_reading_one_dataset_pull_it_once_and_mount_it_read_only(tmp_path):
     lab_run(tmp_path, test)
 
 
+def test_a_job_mounting_one_dataset_twice_gets_the_copy_at_both_paths(tmp_path):
+    async def test(lab: Lab):
+        _dataset(lab)
+        job_id = lab.submit(volumes=["data@local/mnist:/a", "data@local/mnist:/b"], gpus=0)
+        await lab.place(job_id)
+        await lab.until(job_id, J.RUNNING)
+        (call,) = [
+            c for c in lab.rt.called("create_and_start") if c.args[0].name == lab.name(job_id)
+        ]
+        mounts = {m.target: (m.volume, m.read_only, m.no_copy) for m in call.args[0].mounts}
+        assert mounts["/a"] == mounts["/b"] and mounts["/a"][1:] == (True, True)
+        assert mounts["/a"][0].startswith(f"{INSTANCE}-dataset-")
+        assert len(_pulls_of(lab, f"{INSTANCE}-dataset-")) == 1
+
+    lab_run(tmp_path, test)
+
+
 def test_the_least_recently_used_dataset_no_container_uses_makes_room(tmp_path):
     """A cap of 10 bytes: two 6-byte datasets cannot be kept together. While a running job
     uses the older one the engine refuses its removal: the new one is the job's own volume.

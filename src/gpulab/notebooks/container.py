@@ -53,9 +53,11 @@ def notebook_mounts(
     workspace_dir: str,
     data_mounts: Sequence[tuple[str, str, bool]],
     home: tuple[str, str] | None = None,
+    no_copy: frozenset[str] = frozenset(),
 ) -> list[Mount]:
     """The workspace volume, the home's ((volume, home dir), where homes are kept) and the
-    user's data volumes ((volume, mount, read-only)).
+    user's data volumes ((volume, mount, read-only)); ``no_copy``: the volumes never filled
+    from the image (the dataset cache's copies).
 
     A new, empty home volume is filled by the engine with what the image has at the home dir
     (its .bashrc, .profile: Docker copies an image's directory into an empty named volume at
@@ -64,7 +66,7 @@ def notebook_mounts(
     return [
         Mount(volume_name, workspace_dir, False),
         *([Mount(home[0], home[1], False)] if home else []),
-        *(Mount(v, target, ro) for v, target, ro in data_mounts),
+        *(Mount(v, target, ro, v in no_copy) for v, target, ro in data_mounts),
     ]
 
 

@@ -8,7 +8,7 @@ volumes; this module says which volumes a notebook has and what its pushes mean 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..data.sync import (
     HOME_LABEL,
@@ -33,6 +33,9 @@ class NotebookData:
 
     sync: WorkloadData
     volumes: list[VolumeSync]
+    #: the volumes mounted from the nodes' dataset cache (in ``volumes``, in place of the
+    #: notebook's own)
+    cached: list[VolumeSync] = field(default_factory=list)
 
     @classmethod
     def of(

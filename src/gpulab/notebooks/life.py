@@ -598,6 +598,7 @@ async def _pull(nb: Notebook, data: NotebookData) -> None:
                 )
                 if shared is not None:  # mounted read-only from the node's copy
                     data.volumes[i] = shared
+                    data.cached.append(shared)
                     nb.progress(50, _cache_note(vol, shared, outcome))
                     continue
         if outcome is None:
@@ -665,6 +666,7 @@ async def _run_container(nb: Notebook, opts, hub: HubSide, data: NotebookData):
                 if v.label not in ("workspace", HOME_LABEL)
             ],
             (home_volume_name(nb.container), s.home_dir) if s.home_sync else None,
+            frozenset(v.docker_volume for v in data.volumes if v in data.cached),
         ),
         network_id=nb.held.network,
         node=nb.held.node,

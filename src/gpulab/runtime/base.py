@@ -36,11 +36,14 @@ RUNNER_PATH = "/opt/gpulab/run.sh"
 
 @dataclass(frozen=True)
 class Mount:
-    """A named volume on the workload's node, mounted at ``target``."""
+    """A named volume on the workload's node, mounted at ``target``. ``no_copy``: an empty
+    volume is never filled from the image at ``target`` (a dataset cache's copy: one that
+    went missing must not come back holding the image's files)."""
 
     volume: str
     target: str
     read_only: bool = False
+    no_copy: bool = False
 
 
 @dataclass

@@ -216,12 +216,15 @@ def workload_container_config(spec: WorkloadSpec, gpu_mode: str, runner: str) ->
             shm_size=spec.shm_size,
         )
     )
-    binds = {
-        m.volume: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts
-    }
+    # a list, not a dict by volume: one volume may be mounted at two paths (the dataset
+    # cache's one copy of a prefix a workload mounts twice)
+    binds = [
+        f"{m.volume}:{m.target}:{'ro' if m.read_only else 'rw'}{',nocopy' if m.no_copy else ''}"
+        for m in spec.mounts
+    ]
     command = list(spec.command)
     if spec.runner:
-        binds[runner] = {"bind": RUNNER_PATH, "mode": "ro"}
+        binds.append(f"{runner}:{RUNNER_PATH}:ro")
         command = ["/bin/sh", RUNNER_PATH, *command]
     extra_host = {"network_mode": spec.network_owner} if spec.network_owner else {}
     ports = {}

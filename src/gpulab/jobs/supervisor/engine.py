@@ -83,6 +83,7 @@ def workload_spec(
                     (cached or {}).get((str(v.spec), node), v.docker_volume),
                     v.spec.mount,
                     read_only=v.spec.mode == "ro",
+                    no_copy=(str(v.spec), node) in (cached or {}),
                 )
                 for v in ctx.volumes(job_id, spec, node)
             ),
