@@ -745,3 +745,44 @@ def test_one_copy_mounted_at_two_paths_keeps_both_and_is_never_filled_from_the_i
     )
     binds = workload_container_config(spec, "env", "/r.sh")["host_config"]["binds"]
     assert binds == [f"{copy}:/a:ro,nocopy", f"{copy}:/b:ro,nocopy", "w:/w:rw"]
+
+
+def test_a_pull_helper_whose_process_holds_no_live_claim_is_reaped(tmp_path):
+    """The helpers of cache pulls carry their process's holder: the hub's reconciliation and
+    the service's recovery remove those of a process with no live claim (one that died:
+    a takeover would otherwise find the volume in use until the helper ends)."""
+    from gpulab.runtime.base import Labelled
+
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        live, sweeper = site.cache("live"), site.cache("sweeper")
+        site.rt.gates["live"] = asyncio.Event()
+        pulling = asyncio.create_task(live.volume_for("ann", "job-1", vol, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        (label,) = {h.labels["org.gpulab.workload"] for h in site.rt.helper_configs}
+        assert label == "t/dataset/live"
+
+        def helper(holder):
+            labels = {"org.gpulab.workload": f"t/dataset/{holder}"}
+            return Labelled(f"id-{holder}", f"h-{holder}", labels, True)
+
+        removed = []
+
+        async def remove(cid):
+            removed.append(cid)
+            return True
+
+        site.rt.remove = remove
+        assert await sweeper.reap_helpers([helper("live"), helper("dead")]) == ["dead"]
+        assert removed == ["id-dead"]
+        site.rt.gates["live"].set()
+        await pulling
+        # its claim is over: a helper still labelled with it is an orphan now
+        assert await sweeper.reap_helpers([helper("live")]) == ["live"]
+        await live.close()
+        await sweeper.close()
+
+    run_async(test())

@@ -67,6 +67,7 @@ from sqlalchemy import delete, select, update
 
 from ..db import Database, DatasetCopy
 from ..lifecycle import utcnow
+from ..names import L_WORKLOAD
 from ..runtime.base import EngineError
 from ..volumes import VolumeError, WorkspaceLocation, check_access
 from .sync import SyncOutcome, VolumeSync, WorkloadData
@@ -776,6 +777,30 @@ class DatasetCache:
             self.claims.discard(where)
             self.pulling.pop(where, None)
             self._told()
+
+    async def reap_helpers(self, helpers) -> list[str]:
+        """Remove the cache pulls' sync helpers (``helpers``: the engine's, any process's)
+        whose process holds no live claim: one that died, or whose claim lapsed and was taken
+        over (its helper would still write into the volume). The holders reaped."""
+        prefix = pull_label_prefix(self.settings.instance)
+        pulls = [h for h in helpers if h.labels.get(L_WORKLOAD, "").startswith(prefix)]
+        if not pulls:
+            return []
+        now = time.time()
+        live = {
+            c.holder
+            for c in await self._db(self.copies.all)
+            if c.state == PULLING and not c.lapsed(now)
+        }
+        if self.pulling:
+            live.add(self.holder)
+        reaped = []
+        for h in pulls:
+            holder = h.labels[L_WORKLOAD][len(prefix) :]
+            if holder not in live and await self.runtime.remove(h.id):
+                log.warning("dataset cache: removed the pull helper of %s (no live claim)", holder)
+                reaped.append(holder)
+        return reaped
 
     async def close(self) -> None:
         """Stop renewing and end this process's pulls (their claims given up): a process

@@ -109,8 +109,11 @@ def repairs(
 class NotebookReconciler:
     """One per hub process (per instance); the spawners share it."""
 
-    def __init__(self, settings, records, ledger, runtime):
+    def __init__(self, settings, records, ledger, runtime, datasets=None):
         self.s, self.records, self.ledger, self.runtime = settings, records, ledger, runtime
+        #: the hub's dataset cache (gpulab/data/datasets.py): each pass reaps the helpers of
+        #: cache pulls (either process's) whose process holds no live claim
+        self.datasets = datasets
         self.busy: set[str] = set()  # workloads a spawner of this process is starting/stopping
         self._task: asyncio.Task | None = None
         self._lost_since: dict[str, float] = {}  # workload -> when its node was first seen lost
@@ -186,6 +189,11 @@ class NotebookReconciler:
                 removed.append(workload)
         if removed:
             log.warning("removed orphaned sync helpers of %s", ", ".join(removed))
+        if self.datasets is not None:
+            try:
+                await self.datasets.reap_helpers(helpers)
+            except Exception as e:  # noqa: BLE001 - the next pass tries again
+                log.warning("dataset cache pulls not reaped: %s", e)
         try:  # and what dead helpers left apart from themselves (a Swarm's secrets)
             left = await self.runtime.remove_helper_leftovers(instance)
         except EngineError as e:

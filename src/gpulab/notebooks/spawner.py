@@ -435,7 +435,7 @@ class NotebookSpawner(DockerSpawner):
         key = f"{self.settings.instance}|{self.settings.database_url}"
         if key not in self._reconcilers:
             self._reconcilers[key] = NotebookReconciler(
-                self.settings, self.records, self.ledger, self.runtime
+                self.settings, self.records, self.ledger, self.runtime, self.datasets
             )
         return self._reconcilers[key]
 

@@ -114,6 +114,8 @@ async def remove_orphan_helpers(ctx: JobContext) -> None:
             continue
         log.warning("removing sync helper %s left by an earlier service", h.id[:12])
         await ctx.runtime.remove(h.id)
+    if ctx.datasets is not None:  # the dataset cache's pulls whose process holds no claim
+        await ctx.datasets.reap_helpers(helpers)
     await remove_helper_leftovers(ctx)
 
 
