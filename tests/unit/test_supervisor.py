@@ -1687,6 +1687,34 @@ def test_jobs_reading_one_dataset_pull_it_once_and_mount_it_read_only(tmp_path):
     lab_run(tmp_path, test)
 
 
+def test_a_job_waiting_for_another_s_pull_of_its_dataset_is_interrupted_at_once(tmp_path):
+    from gpulab.data.datasets import cache_volume_name
+    from gpulab.data.sync import VolumeSync, WorkloadData
+    from gpulab.volumes import parse_volume
+
+    async def test(lab: Lab):
+        _dataset(lab)
+        stores = lab.settings.storage.stores
+        spec = parse_volume("data@local/mnist:/data:ro", stores)
+        vol = VolumeSync(spec, "x", str(spec), "")
+        data = WorkloadData(lab.rt, stores, lab.settings.sync_image, INSTANCE, "x")
+        size, key = data.listed_content(vol)
+        name = cache_volume_name(INSTANCE, vol, key, size)
+        # the hub's process pulls it (its claim renewed for a minute)
+        claim = lab.ctx.datasets.copies.claim("", name, size, 1 << 30, "hub", {})
+        assert claim.outcome == "claimed"
+        job_id = lab.submit(volumes=["data@local/mnist:/data"], gpus=0)
+        await lab.place(job_id)
+        await lab.until(job_id, J.INITIALIZING)
+        await asyncio.sleep(0.2)  # it waits for the hub's pull
+        lab.ctx.records.ask(job_id, "interrupt", states=frozenset({J.INITIALIZING}))
+        job = await lab.until(job_id, J.INTERRUPTED)
+        assert job["message"] == "interrupted before it started"
+        assert lab.rt.called("create_and_start") == [] and _pulls_of(lab, name) == []
+
+    lab_run(tmp_path, test)
+
+
 def test_a_job_mounting_one_dataset_twice_gets_the_copy_at_both_paths(tmp_path):
     async def test(lab: Lab):
         _dataset(lab)
