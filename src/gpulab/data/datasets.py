@@ -2,6 +2,10 @@
 another workload (a job or a notebook) pulled to a node is pulled once per node and shared,
 read-only, by the workloads that use it at the same time and after.
 
+- **Only what its owner may not write.** A prefix the owner may write (their workspace, a
+  writable grant covering it, inside it or around it: :func:`owner_may_write`) is never
+  cached: every change of theirs would be a new copy held by the node for one user.
+
 - **Keyed by content.** Before a read-only volume is pulled, the store is listed and a key made
   of every object's key, size and change token (``WorkloadData.listed_content``). The cache
   volume is named after the store, bucket, prefix and that key, and carries its size in its
@@ -11,14 +15,23 @@ read-only, by the workloads that use it at the same time and after.
   it: each copy is a row of ``dataset_copies`` per (node, volume) with its size, its state
   (``pulling``, ``ready``, ``evicting``), its last use and its pins. Every write is a
   compare-and-set on the state (and the row's version) it read, so that of two processes (or
-  two tasks) that race for one copy, one wins and the other reads again. A copy in ``ready``
-  was pulled complete and checked: a restart of either process keeps trusting it (its volume
-  must still exist; a row whose volume is gone is forgotten and the copy pulled again).
+  two tasks) that race for one copy, one wins and the other reads again (a process settling
+  its own claim reads again while only its own renewal, which bumps the version, came
+  between: :meth:`DatasetCache._settle`). Leases are instants of each process's
+  ``time.time()``: the hub and the service run on one host (or hosts whose clocks agree).
+  A copy in ``ready`` was pulled complete and checked: a restart of either process keeps
+  trusting it (its volume must still exist; a row whose volume is gone is forgotten and the
+  copy pulled again).
 - **Pulled once.** The process that claims a copy (a row in ``pulling``, inserted in the same
-  transaction that checks the node's room) pulls it; the others wait, polling the row, then
-  mount the same volume. The claim is a lease (``LEASE`` seconds) that its process renews while
-  it pulls: a process that died leaves a lapsed claim, which the next comer takes over (the
-  half-pulled volume is removed first). The pull is capped at the listed size and the store
+  transaction that checks the node's room) pulls it, in a task of the cache's own (never the
+  workload's: a workload cancelled or interrupted while it waits leaves the pull to the
+  others); the others wait, polling the row, at most ``WAIT`` seconds (or until ``stop``),
+  then mount the same volume or pull their own. The claim is a lease (``LEASE`` seconds) that
+  its process renews while it pulls, and the pull's task always ends it: ready, or given up
+  (its volume removed only while the row still confirms the claim is its own). A process that
+  died leaves a lapsed claim, which the next comer takes over (the half-pulled volume is
+  removed first); its sync helper, labelled with its holder, is reaped
+  (:meth:`DatasetCache.reap_helpers`). The pull is capped at the listed size and the store
   listed again after it: a dataset that changed meanwhile is not shared (the workload pulls its
   own). A volume with the cache's name but no row (one left by a process that died before its
   claim, or by an older gpulab) is never trusted: it is removed before the pull. An empty
@@ -27,20 +40,24 @@ read-only, by the workloads that use it at the same time and after.
 - **Pinned while a workload starts.** A copy handed to a workload is pinned (its row's
   ``pins``) until the workload's containers hold it (then the engine refuses its removal) or
   it gave up its start; its process renews the pin meanwhile, so a pin outlives no process by
-  more than ``LEASE`` seconds.
+  more than ``LEASE`` seconds. Workloads mount copies ``nocopy`` (on one Docker host; a Swarm
+  service's mounts do not say it yet): a copy removed after a lapsed pin is an empty
+  directory to the container, never filled from its image.
 - **Bounded.** ``dataset_cache_max_bytes`` per node, over both processes: a claim counts every
-  row on the node (and every cache volume without one) and is refused, or makes room, in one
-  transaction. Room is made by moving the least recently used ready, unpinned copies to
-  ``evicting`` (a compare-and-set: a pin that came first wins) and then removing their
-  volumes; a volume some container still uses (a running job's or notebook's, a finished job's
-  kept for ``job_container_retention``) is refused by the engine, its row goes back to
-  ``ready``, and it stays. A dataset that cannot fit is pulled into the workload's own volume,
+  row on the node (and every cache volume without one), and at most ``MAX_COPIES`` copies,
+  and is refused, or makes room, in one transaction. Room is made by moving the least
+  recently used ready, unpinned copies to ``evicting`` (a compare-and-set: a pin that came
+  first wins) and then removing their volumes; a volume some container still uses (a running
+  job's or notebook's, a finished job's kept for ``job_container_retention``) is refused by
+  the engine, its row goes back to ``ready`` as used now (the next eviction tries the others
+  first), and it stays. A dataset that cannot fit is pulled into the workload's own volume,
   as without the cache.
 - **Who pays.** Each workload's owner is charged the dataset's size against their disk quota as
   if the workload held a copy of its own (the caller books it under the workload's own volume
   before asking the cache; released with the workload's volumes): quotas mean what they
-  meant, and a dataset beyond the owner's quota is refused as before. The disk saved is the
-  platform's; the cache's own cap bounds what it keeps.
+  meant, and a dataset beyond the owner's quota is refused as before. (The charge is the
+  booking's listing: a dataset that grew before the cache's listing is charged the less.)
+  The disk saved is the platform's; the cache's own cap bounds what it keeps.
 - **Per node, on a Swarm too.** The runtime finds, lists and removes a node's volumes through
   that node's own engine (a manager sees none), and every row is keyed by its node.
 - **Isolation.** A copy is handed out only to an owner whose grants allow its store, bucket and
