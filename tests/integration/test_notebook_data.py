@@ -69,11 +69,11 @@ def keys(s3, bucket: str, prefix: str = "") -> set[str]:
     return {o["Key"] for page in pages for o in page.get("Contents", [])}
 
 
-def start(hub, server: str, options: dict) -> dict:
-    r = hub.spawn("alice", server, options, token=hub.token)
+def start(hub, server: str, options: dict, user: str = "alice", token: str = "") -> dict:
+    r = hub.spawn(user, server, options, token=token or hub.token)
     assert r.status_code in (201, 202), r.text
-    hub.wait_ready("alice", server, timeout=120)
-    return hub.notebook("alice", server).json()
+    hub.wait_ready(user, server, timeout=120)
+    return hub.notebook(user, server).json()
 
 
 def test_workspace_round_trip_across_stop_and_start(hub, s3, docker_client):
@@ -239,9 +239,10 @@ def test_ro_rw_rwd_volumes(hub, s3, docker_client):
 
 
 def test_a_job_and_a_notebook_reading_one_dataset_pull_it_once(hub, s3, docker_client):
-    """The dataset cache (on by default) across the service's jobs and the hub's notebooks:
-    a job pulls a read-only dataset into the host's copy, a notebook started after it mounts
-    that copy, read-only, and reads every byte; nothing pulls it a second time."""
+    """The dataset cache (on by default) across the service's jobs and the hub's notebooks,
+    and across users: alice's job pulls a read-only dataset (granted read-only to every
+    user) into the host's copy, bob's notebook started after it mounts that copy, read-only,
+    mounted twice, and reads every byte; nothing pulls it a second time."""
     from ..support.api import Api
 
     with contextlib.suppress(s3.client.exceptions.BucketAlreadyOwnedByYou):
@@ -266,17 +267,23 @@ def test_a_job_and_a_notebook_reading_one_dataset_pull_it_once(hub, s3, docker_c
     assert copy.startswith(prefix), pulled
     made = docker_client.volumes.get(copy).attrs["CreatedAt"]
 
-    nb = start(hub, "cached", {"volumes": ["datasets@s3/shared:/data"]})
+    bob = hub.create_user("bob")  # another user, with the same (read-only) grant
+    volumes = ["datasets@s3/shared:/data", "datasets@s3/shared:/again"]
+    nb = start(hub, "cached", {"volumes": volumes}, "bob", bob)
     mounts = docker_client.containers.get(nb["container"]).attrs["Mounts"]
-    assert [(m["Name"], m["RW"]) for m in mounts if m["Destination"] == "/data"] == [(copy, False)]
+    assert sorted((m["Destination"], m["Name"], m["RW"]) for m in mounts if m["Name"] == copy) == [
+        ("/again", copy, False),
+        ("/data", copy, False),
+    ]
     assert sh(docker_client, nb["container"], sums) == (0, expected)  # every byte
+    assert sh(docker_client, nb["container"], sums.replace("/data", "/again")) == (0, expected)
     assert sh(docker_client, nb["container"], "touch /data/x 2>&1")[0] != 0
     # one pull, the job's: the copy is the one it made (not removed and pulled again), and
     # the notebook has no volume of its own for the dataset
     assert docker_client.volumes.get(copy).attrs["CreatedAt"] == made
     own = [v.name for v in docker_client.volumes.list() if v.name.startswith(nb["container"])]
     assert not [v for v in own if v.startswith(nb["container"] + "-v-")], own
-    hub.stop_server("alice", "cached")
+    hub.stop_server("bob", "cached")
 
 
 @pytest.mark.parametrize(
