@@ -109,9 +109,9 @@ def test_a_share_is_told_its_fraction_and_nothing_else():
         assert w.env.get("GPULAB_GPU_FRACTION") == fraction, w.env
         assert not [k for k in w.env if k.startswith("CUDA_MPS_")], w.env
         host = workload_container_config(w, "device_request", "/r.sh")["host_config"]
-        assert host["binds"] == {
-            "gpulab-nb-ann--nb-workspace": {"bind": "/workspace", "mode": "rw"}
-        }, host["binds"]  # named volumes only: no path of the host
+        assert host["binds"] == ["gpulab-nb-ann--nb-workspace:/workspace:rw"], host[
+            "binds"
+        ]  # named volumes only: no path of the host
         swarm = service_spec(w, None, None)["TaskTemplate"]["ContainerSpec"]
         assert {m["Type"] for m in swarm["Mounts"]} == {"volume", "tmpfs"}, swarm["Mounts"]
         assert not [e for e in swarm["Env"] if e.startswith("CUDA_MPS_")], swarm["Env"]
