@@ -1715,6 +1715,33 @@ def test_a_job_waiting_for_another_s_pull_of_its_dataset_is_interrupted_at_once(
     lab_run(tmp_path, test)
 
 
+def test_a_service_that_loses_its_lease_gives_its_dataset_pulls_up(tmp_path):
+    """Its job tasks are cancelled (the pull is the cache's and would go on): the cache's
+    pulls end with them, their claims given up, not renewed by a process that stopped acting."""
+
+    async def test(lab: Lab):
+        _dataset(lab)
+        gate, real = asyncio.Event(), lab.rt.run_helper
+
+        async def slow(spec, on_line, node=""):
+            await gate.wait()
+            return await real(spec, on_line, node)
+
+        lab.rt.run_helper = slow
+        job_id = lab.submit(volumes=["data@local/mnist:/data"], gpus=0)
+        await lab.place(job_id)
+        cache = lab.ctx.datasets
+        deadline = time.monotonic() + 5
+        while not cache.pulling:
+            assert time.monotonic() < deadline, "no pull"
+            await asyncio.sleep(0.01)
+        assert [c.state for c in cache.copies.all()] == ["pulling"]
+        await lab.sv._abdicate()
+        assert cache.copies.all() == [] and cache.claims == set() and cache.pulling == {}
+
+    lab_run(tmp_path, test)
+
+
 def test_a_job_mounting_one_dataset_twice_gets_the_copy_at_both_paths(tmp_path):
     async def test(lab: Lab):
         _dataset(lab)
