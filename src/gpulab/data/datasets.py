@@ -791,8 +791,9 @@ class DatasetCache:
         finally:
             if not ready:
                 await self._give_up(*where)
-            self.claims.discard(where)
-            self.pulling.pop(where, None)
+            if self.pulling.get(where) is asyncio.current_task():  # (not a later claim's)
+                del self.pulling[where]
+                self.claims.discard(where)
             self._told()
 
     async def reap_helpers(self, helpers) -> list[str]:
@@ -849,8 +850,6 @@ class DatasetCache:
             await self._settle(where, PULLING, drop=True)
         except Exception as e:  # noqa: BLE001 - the claim lapses within a lease
             log.warning("dataset cache: the claim on %s not given up (%s); it lapses", name, e)
-        finally:
-            self.claims.discard(where)
 
     async def _remove(self, node: str, name: str) -> bool:
         """Remove a volume (True, also when there was none); False when a container uses it."""
