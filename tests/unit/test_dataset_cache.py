@@ -786,3 +786,43 @@ def test_a_pull_helper_whose_process_holds_no_live_claim_is_reaped(tmp_path):
         await sweeper.close()
 
     run_async(test())
+
+
+def test_a_pull_s_end_leaves_a_later_claim_of_the_same_copy_alone(tmp_path):
+    """A failed pull's row is gone before its task has finished ending: another workload of
+    the same process claims the copy meanwhile. The first task's end must not take that
+    claim's entry (unrenewed, and a clean stop would not end its pull)."""
+    site = Site(tmp_path)
+    vol = site.dataset("mnist", {"f": "abc"})
+
+    async def test():
+        cache = site.cache("service")
+        real_drop = cache.copies.drop
+
+        def slow_drop(seen):
+            gone = real_drop(seen)
+            if seen.state == PULLING:
+                time.sleep(0.3)  # the row is gone; its task resumes late
+            return gone
+
+        cache.copies.drop = slow_drop
+        site.rt.failing, site.rt.gate = True, asyncio.Event()
+        first = asyncio.create_task(cache.volume_for("ann", "job-1", vol, quiet))
+        while not site.pulls():
+            await asyncio.sleep(0.01)
+        (name,) = site.pulls()
+        second = asyncio.create_task(cache.volume_for("ann", "job-2", vol, quiet))
+        await asyncio.sleep(0.05)  # it waits for the first's pull
+        gate, site.rt.gate = site.rt.gate, asyncio.Event()  # the next pull is held
+        gate.set()  # the first pull fails
+        assert await asyncio.wait_for(first, 5) == (None, None)
+        assert len(site.pulls()) == 2  # the second's, under way
+        task = cache.pulling.get(("", name))
+        assert task is not None and not task.done() and ("", name) in cache.claims
+        site.rt.failing = False
+        site.rt.gate.set()
+        (copy, pulled) = await asyncio.wait_for(second, 5)
+        assert copy.docker_volume == name and pulled.ok
+        await cache.close()
+
+    run_async(test())
