@@ -1841,8 +1841,10 @@ def test_a_cached_dataset_counts_against_each_owner_s_quota_as_their_own_copy(tm
         ids = [lab.submit(volumes=["data@local/mnist:/data"], gpus=0) for _ in range(2)]
         for job_id in ids:
             await lab.place(job_id)
-        first = await lab.until(ids[0], J.RUNNING)
-        refused = await lab.until(ids[1], J.FAILED)  # 600 + 600 > 1000: as without the cache
+        # whichever booked first runs (their starts race); the other is refused
+        ended = [await lab.until(i, J.RUNNING, J.FAILED) for i in ids]
+        (first,) = [j for j in ended if j["state"] == J.RUNNING.value]
+        (refused,) = [j for j in ended if j["state"] == J.FAILED.value]  # 600 + 600 > 1000
         assert refused["reason"] == "PULL_FAILED" and "disk quota" in refused["message"]
         assert lab.ctx.disk.held(first["owner"]) == 600  # the running job's, booked
         assert len(_pulls_of(lab, f"{INSTANCE}-dataset-")) == 1
