@@ -740,10 +740,16 @@ class FakeRuntime(Runtime):
         self.volumes.discard((name, node))
         return True
 
-    async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
-        self._enter("volumes_named", prefix)
+    async def volumes_named(self, prefix: str, node: str | None = None) -> list[tuple[str, str]]:
+        self._enter("volumes_named", prefix, node=node)
         down = {n.hostname for n in self.node_list if not n.ready} if self.clustered else set()
-        return sorted(v for v in self.volumes if v[0].startswith(prefix) and v[1] not in down)
+        return sorted(
+            v
+            for v in self.volumes
+            if v[0].startswith(prefix)
+            and v[1] not in down
+            and (node is None or not self.clustered or v[1] == node)
+        )
 
     async def run_helper(self, spec: HelperSpec, on_line, node: str = "") -> HelperResult:
         self._enter("run_helper", spec, node=node)

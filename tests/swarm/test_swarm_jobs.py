@@ -286,6 +286,8 @@ def test_a_private_image_is_pulled_on_the_worker_with_its_owner_s_secret_only(
     service = swarm_lab.api().inspect_service(done["container"])["Spec"]
     container = service["TaskTemplate"]["ContainerSpec"]
     assert container["Image"] == pinned and "PullOptions" not in container, container
+    # (what is visible: Swarm keeps a service call's X-Registry-Auth where an inspection does
+    # not show it; tests/unit/test_registry_auth_sent.py checks that gpulab sends none)
     assert "s3cret" not in json.dumps(service)
     # the pull stored nothing on the node: the same repository is refused to its engine
     # alone (Docker then falls back to plain HTTP for a loopback registry: that is the error
@@ -749,13 +751,21 @@ def test_a_nodes_volumes_are_found_listed_and_removed_through_its_own_engine(
     volumes): a running workload's volume is found on its node and not on the other, listed
     with its node, and its removal is refused as in use (the engine's 409); once the workload
     is removed (its container gone from the node too, not only from the manager) the volume
-    goes at once, and a second removal finds none. A node not in the cluster has none."""
-    from gpulab.runtime.base import EngineError, Mount, WorkloadSpec
+    goes at once, and a second removal finds none. A node not in the cluster has none. A
+    listing of one node asks that node only. A helper's volume (a failed pull's) goes at
+    once after the helper ended: run_helper returns once the node removed its container."""
+    from gpulab.runtime.base import EngineError, HelperSpec, Mount, WorkloadSpec
     from gpulab.runtime.swarm import SwarmRuntime
 
     rt = SwarmRuntime(swarm_lab.api(), node_tls=swarm_lab.engine_tls())
     here, other = (w.hostname for w in swarm_lab.workers)
     vol = f"{swarm_objects}-data"
+    pulled = f"{swarm_objects}-pulled"
+    helper = HelperSpec(
+        image=swarm_lab.image("gpulab/debian:bookworm"),
+        command=["sh", "-c", "echo half-pulled; exit 3"],
+        mounts=[Mount(pulled, "/d")],
+    )
     spec = WorkloadSpec(
         name=f"{swarm_objects}-w",
         image=swarm_lab.image("gpulab/debian:bookworm"),
@@ -772,6 +782,9 @@ def test_a_nodes_volumes_are_found_listed_and_removed_through_its_own_engine(
         await rt.create_and_start(spec)
         found = [await rt.volume_exists(vol, n) for n in (here, other, "no-such-node")]
         listed = await rt.volumes_named(swarm_objects)
+        per_node = [await rt.volumes_named(swarm_objects, n) for n in (here, other, "none")]
+        ran = await rt.run_helper(helper, lambda _: None, here)
+        discarded = await rt.remove_volume(pulled, here)  # at once: no 409
         with pytest.raises(EngineError) as in_use:
             await rt.remove_volume(vol, here)
         await rt.remove(spec.name)
@@ -781,14 +794,18 @@ def test_a_nodes_volumes_are_found_listed_and_removed_through_its_own_engine(
             await rt.volumes_named(swarm_objects),
             await rt.remove_volume(vol, here),  # none there now: the engine's 404
         )
-        return found, listed, in_use.value, removed, after
+        return found, listed, in_use.value, removed, after, per_node, (ran, discarded)
 
     try:
-        found, listed, in_use, removed, after = run_async(go())
+        found, listed, in_use, removed, after, per_node, helped = run_async(go())
     finally:
         run_async(rt.remove(spec.name))
-        with contextlib.suppress(docker.errors.NotFound):  # gone already, or removed now
-            swarm_lab.worker_client(here).api.remove_volume(vol)
+        for name in (vol, pulled):
+            with contextlib.suppress(docker.errors.NotFound):  # gone already, or removed now
+                swarm_lab.worker_client(here).api.remove_volume(name)
     assert found == [True, False, False] and listed == [(vol, here)]
+    assert per_node == [[(vol, here)], [], []]
+    ran, discarded = helped
+    assert (ran.exit_code, ran.lines, discarded) == (3, ["half-pulled"], True)
     assert in_use.status == 409 and "in use" in str(in_use), in_use
     assert removed is True and after == (False, [], False)

@@ -243,6 +243,27 @@ def test_volumes_helpers_and_networks():
     assert rt.helper_configs == [HelperSpec("sync", ["pull"])] and rt.helper_nodes == [""]
 
 
+def test_volumes_are_listed_on_one_node_or_on_every_node():
+    """volumes_named(prefix, node): that node's only (a cluster's other nodes are not asked);
+    without one, every node's; one engine has one node ("") whatever is named."""
+    rt = FakeRuntime.cluster({"a": ("0",), "b": ("0",)})
+    for vol in [("vol-1", "a"), ("vol-1", "b"), ("vol-2", "b"), ("other", "a")]:
+        rt.add_volume(*vol)
+
+    async def go():
+        return [await rt.volumes_named("vol-", n) for n in (None, "a", "b", "x")]
+
+    assert run_async(go()) == [
+        [("vol-1", "a"), ("vol-1", "b"), ("vol-2", "b")],
+        [("vol-1", "a")],
+        [("vol-1", "b"), ("vol-2", "b")],
+        [],
+    ]
+    one = FakeRuntime()
+    one.add_volume("vol-1")
+    assert run_async(one.volumes_named("vol-", "")) == [("vol-1", "")]
+
+
 def test_a_cluster_places_on_nodes_and_a_node_down_loses_its_work():
     """What the Swarm backend reports: nodes with their GPUs, each workload on its node; a
     node down or drained: what ran there ends without an exit code (lost), the manager no

@@ -689,7 +689,7 @@ class DatasetCache:
         instance = self.settings.instance
         known = {c.volume for c in await self._db(self.copies.all, node)}
         out = {}
-        for vol, at in await self.runtime.volumes_named(cache_prefix(instance)):
+        for vol, at in await self.runtime.volumes_named(cache_prefix(instance), node):
             size = cached_size(instance, vol)
             if at == node and size is not None and vol not in known:
                 out[vol] = size

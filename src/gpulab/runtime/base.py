@@ -638,10 +638,12 @@ class Runtime:
         tries again later."""
         raise NotImplementedError
 
-    async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
+    async def volumes_named(self, prefix: str, node: str | None = None) -> list[tuple[str, str]]:
         """(volume, node) of the volumes whose name starts with ``prefix``: one engine's
         (node ""), or every workload node's of a cluster that answers (a node that is down
-        or does not answer is left out, logged: its volumes are found at a later call)."""
+        or does not answer is left out, logged: its volumes are found at a later call).
+        With ``node``, that node's only (on a cluster, only its engine is asked; a node
+        not in the cluster has none)."""
         raise NotImplementedError
 
     async def run_helper(self, spec: HelperSpec, on_line, node: str = "") -> HelperResult:

@@ -415,7 +415,8 @@ class DockerRuntime(Runtime):
                 return False
             raise
 
-    async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
+    async def volumes_named(self, prefix: str, node: str | None = None) -> list[tuple[str, str]]:
+        # (one engine: every node is this one)
         vols = await self.engine.call(self.client.volumes, filters={"name": prefix})
         return [
             (v["Name"], "")

@@ -54,6 +54,7 @@ from . import network as net
 from .base import (
     EngineError,
     EngineSurvey,
+    EngineUnreachable,
     ExecSession,
     HelperResult,
     HelperSpec,
@@ -360,7 +361,7 @@ class SwarmRuntime(Runtime):
             client, url = self.node_engines.of_node(self.client, node)
         except NodeMissing:
             return False
-        with engine_errors(url):
+        with self.node_engines.calling(url):
             try:
                 client.inspect_image(image)
                 return True
@@ -403,7 +404,7 @@ class SwarmRuntime(Runtime):
             client, url = self.node_engines.of_node(self.client, node)
         except NodeMissing as e:
             raise ImagePullFailed(f"{e}: {image} cannot be pulled there") from None
-        with engine_errors(url):
+        with self.node_engines.calling(url):
             pull_blocking(client, image, auth, on_progress, max_bytes, given_up)
 
     # --- workloads --------------------------------------------------------------------------
@@ -599,40 +600,40 @@ class SwarmRuntime(Runtime):
             raise EngineError(
                 f"service {name} is still there {REMOVE_TIMEOUT:g} s after its removal"
             )
-        self._wait_container_gone(svc, REMOVE_TIMEOUT)
+        hostname = (svc["Spec"].get("Labels") or {}).get(L_NODE, "")
+        self._wait_container_gone(svc["ID"], svc["Spec"].get("Name"), hostname, REMOVE_TIMEOUT)
         self._remove_secrets_of(svc)
         return True
 
-    def _wait_container_gone(self, svc: dict, timeout: float) -> None:
-        """Wait until the engine of the node ``svc`` was pinned to has removed the service's
-        containers: its agent does so a moment after the manager forgot the service (0.3 s
-        for an ended task in the lab; a running one's after its stop grace), and until then
-        the node refuses to remove the volumes they mount. A node that is down or gone, or
-        whose engine does not answer, is not waited for; nor is one past ``timeout`` (its
-        volumes' removal then says what holds them)."""
-        hostname = (svc["Spec"].get("Labels") or {}).get(L_NODE, "")
+    def _wait_container_gone(self, sid: str, name: str, hostname: str, timeout: float) -> None:
+        """Wait until the engine of node ``hostname`` has removed the containers of service
+        ``sid`` (named ``name``), removed from the manager: its agent does so a moment after
+        the manager forgot the service (0.3 s for an ended task in the lab; a running one's
+        after its stop grace), and until then the node refuses to remove the volumes they
+        mount. A node that is down or gone, or whose engine does not answer, is not waited
+        for; nor is one past ``timeout`` (its volumes' removal then says what holds them)."""
         if not hostname:
             return
-        label = f"com.docker.swarm.service.id={svc['ID']}"
+        label = f"com.docker.swarm.service.id={sid}"
         deadline = time.monotonic() + timeout
         try:
             client, url = self.node_engines.of_node(self.client, hostname)
             while True:
-                with engine_errors(url):
+                with self.node_engines.calling(url):
                     left = client.containers(all=True, filters={"label": label})
                 if not left:
                     return
                 if time.monotonic() > deadline:
                     log.warning(
                         "service %s: its container is still on node %s %g s after its removal",
-                        svc["Spec"].get("Name"),
+                        name,
                         hostname,
                         timeout,
                     )
                     return
                 time.sleep(0.1)
         except (NodeMissing, EngineError) as e:
-            log.info("service %s: its container on %s not waited for: %s", svc["ID"], hostname, e)
+            log.info("service %s: its container on %s not waited for: %s", name, hostname, e)
 
     def _remove_secrets_of(self, svc: dict) -> None:
         """The secrets that gpulab made for the removed service ``svc`` (labelled with its
@@ -686,7 +687,7 @@ class SwarmRuntime(Runtime):
 
     def _exec_blocking(self, name: str, command: list[str], timeout: float, cap: int):
         node, container = self.node_engines.locate(self.client, name)
-        with engine_errors(client_url(node)):  # the node's engine, not the manager
+        with self.node_engines.calling(client_url(node)):  # the node's engine, not the manager
             return run_command(node, container, command, timeout, cap)
 
     async def exec_run(
@@ -697,7 +698,7 @@ class SwarmRuntime(Runtime):
 
     def _session_blocking(self, name: str, cols: int, rows: int) -> ExecSession:
         node, container = self.node_engines.locate(self.client, name)
-        with engine_errors(client_url(node)):  # the node's engine, not the manager
+        with self.node_engines.calling(client_url(node)):  # the node's engine, not the manager
             return EngineExecSession(node, container, cols, rows)
 
     async def exec_session(self, name: str, cols: int = 80, rows: int = 24) -> ExecSession:
@@ -820,9 +821,11 @@ class SwarmRuntime(Runtime):
             return False
         try:
             client, url = self.node_engines.of_node(self.client, node)
-        except NodeMissing:
+        except NodeMissing as e:  # left the cluster, or down past its grace: gone with it
+            if remove:
+                log.warning("volume %s is left on node %s: %s", name, node, e)
             return False
-        with engine_errors(url):
+        with self.node_engines.calling(url):
             try:
                 if remove:  # (no force: a volume that is not there is the engine's 404)
                     client.remove_volume(name)
@@ -832,11 +835,15 @@ class SwarmRuntime(Runtime):
             except NotFound:
                 return False
 
-    async def volumes_named(self, prefix: str) -> list[tuple[str, str]]:
+    async def volumes_named(self, prefix: str, node: str | None = None) -> list[tuple[str, str]]:
         """Every workload node's, each asked at once through its own engine; a node that
-        does not answer is left out (logged)."""
-        own = await self.engine.call(self._own_node_id)
-        nodes = await self.engine.call(self.node_engines.workload_nodes, self.client, own)
+        does not answer is left out (logged). With ``node``, only that node's engine is
+        asked."""
+        if node is not None:
+            nodes = await self.engine.call(self._node_url, node)
+        else:
+            own = await self.engine.call(self._own_node_id)
+            nodes = await self.engine.call(self.node_engines.workload_nodes, self.client, own)
         found = await asyncio.gather(
             *(self.engine.call(self._volumes_on, url, prefix) for _, url in nodes),
             return_exceptions=True,
@@ -851,8 +858,19 @@ class SwarmRuntime(Runtime):
             out.extend((name, hostname) for name in names)
         return sorted(out)
 
+    def _node_url(self, hostname: str) -> list[tuple[str, str]]:
+        """[(hostname, its engine's URL)]; [] when the cluster has no such node. A node that
+        is down raises (EngineUnreachable)."""
+        try:
+            return [(hostname, self.node_engines.url_of(self.client, hostname))]
+        except NodeMissing:
+            return []
+        except EngineUnreachable as e:  # down, or silent a moment ago: as when all are asked
+            log.info("volumes on node %s not listed: %s", hostname, e)
+            return []
+
     def _volumes_on(self, url: str, prefix: str) -> list[str]:
-        with engine_errors(shown_url(url)):
+        with self.node_engines.calling(shown_url(url)):
             vols = self.node_engines.client(url).volumes(filters={"name": prefix})
         names = [v["Name"] for v in (vols or {}).get("Volumes") or []]
         return [n for n in names if n.startswith(prefix)]
@@ -884,6 +902,10 @@ class SwarmRuntime(Runtime):
         finally:
             if sid is not None:
                 with_suppress_notfound(client.remove_service, sid)
+                # its container, on the node, holds the volume a moment more: a caller that
+                # removes the volume next (a failed pull's) would be refused (409)
+                if node and self._wait_gone(sid, REMOVE_TIMEOUT):
+                    self._wait_container_gone(sid, name, node, REMOVE_TIMEOUT)
             for secret_id, _, _ in secrets:
                 _remove_secret(client, secret_id)
 

@@ -13,6 +13,7 @@ production it must take TLS with client certificates only (dockerd ``--tlsverify
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from ..resources import MODEL_RE, POOL_RE
 from .base import EngineError, EngineUnreachable, WorkloadGone
 from .engine import engine_errors, shown_url
 from .objects import gpu_delivery_refusal
+from .swarm_specs import engine_time
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,15 @@ CHECK_TIMEOUT = 5
 #: asked again, and before one that could hand them out is (its engine may have changed)
 RECHECK_KEPT_OUT = 30.0
 RECHECK_CLEARED = 300.0
+#: seconds a node's engine is given to accept a connection (its answer may take up to the
+#: client's time-out: a pull's progress, a removal)
+CONNECT_TIMEOUT = 5.0
+#: seconds a node's engine that gave no answer is not asked again (each call fails at once:
+#: a node that looks up but does not answer would otherwise hold every caller its time-out)
+SILENT_FOR = 30.0
+#: seconds after which a node the manager reports down counts as gone (as one no longer in
+#: the cluster: what it held is left there, logged), so that removals stop waiting for it
+DOWN_GRACE = 600.0
 #: the node labels that name its GPUs' model and its node pools (beside swarm_gpu_label's
 #: ``org.gpulab.gpus``), set with ``docker node update --label-add``
 MODEL_LABEL = "org.gpulab.gpu-model"
@@ -154,14 +165,27 @@ class NodeEngines:
     runs."""
 
     def __init__(
-        self, template: str, tls: TLSConfig | None = None, timeout: int = 60, plain: bool = False
+        self,
+        template: str,
+        tls: TLSConfig | None = None,
+        timeout: int = 60,
+        plain: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ):
         check_template(template)
         check_transport(template, tls, plain)
         self.template = template
         self.tls = tls
         self.timeout = timeout
+        #: seconds a node down counts as down (then: gone); the clocks, for tests
+        self.down_grace = DOWN_GRACE
+        self.clock, self.wall = clock, wall
         self._clients: dict[str, docker.APIClient] = {}
+        #: engine URL (as shown) -> when it last gave no answer (:data:`SILENT_FOR`)
+        self._silent: dict[str, float] = {}
+        #: node ID -> when it was first seen down (the manager's time of its change unread)
+        self._down_seen: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def url(self, node: dict) -> str:
@@ -174,23 +198,69 @@ class NodeEngines:
         return self.template.format(address=address, hostname=hostname, node_id=node["ID"])
 
     def client(self, url: str) -> docker.APIClient:
+        """The kept client of the engine at ``url``; EngineUnreachable at once when that
+        engine gave no answer a moment ago (:meth:`_check_silent`)."""
+        self._check_silent(shown_url(url))
         with self._lock:
             found = self._clients.get(url)
         if found is None:  # made outside the lock: version="auto" asks the engine
             found = NodeClient(
-                base_url=url, version="auto", timeout=self.timeout, tls=self.tls or False
+                base_url=url,
+                version="auto",
+                timeout=(CONNECT_TIMEOUT, self.timeout),  # (connect, read), as requests takes
+                tls=self.tls or False,
             )
             with self._lock:
                 found = self._clients.setdefault(url, found)
         return found
 
-    def of_node(self, manager: docker.APIClient, hostname: str) -> tuple[docker.APIClient, str]:
-        """Blocking: (a client of the engine of the node named ``hostname``, as gpulab's
-        placement names nodes, and its address as messages show it). :class:`NodeMissing`
-        when the cluster has no such node (it left, with what it held); EngineUnreachable,
-        without asking its engine, when the manager reports it down (a connection to a dead
-        machine would wait out its time-out). Of two nodes of that name (one left, then
-        joined again), the one that is not down."""
+    def _check_silent(self, url: str) -> None:
+        """EngineUnreachable, at once, when the engine at ``url`` gave no answer less than
+        :data:`SILENT_FOR` seconds ago."""
+        with self._lock:
+            at = self._silent.get(url)
+        if at is not None and self.clock() - at < SILENT_FOR:
+            raise EngineUnreachable(
+                f"Docker engine at {url} gave no answer {self.clock() - at:.0f} s ago: not "
+                f"asked again for {SILENT_FOR:g} s",
+                url=url,
+            )
+
+    @contextlib.contextmanager
+    def calling(self, url: str):
+        """Within the block, the node engine's errors as gpulab's (``engine_errors``); one
+        that says it gave no answer is remembered (:meth:`_check_silent`), one that answered
+        forgets it."""
+        try:
+            with engine_errors(url):
+                yield
+        except EngineUnreachable:
+            with self._lock:
+                if len(self._silent) > 1024:  # bounded: nodes are few
+                    self._silent.clear()
+                self._silent[url] = self.clock()
+            raise
+        except EngineError as e:
+            if e.status is not None:
+                with self._lock:
+                    self._silent.pop(url, None)
+            raise
+        with self._lock:
+            self._silent.pop(url, None)
+
+    def _down_for(self, node: dict) -> float:
+        """Seconds node ``node`` (down) has been down: since the manager's last change of it
+        (``UpdatedAt``: its going down, or a later label change), or since this process first
+        saw it down, whichever is longer known."""
+        first = self._down_seen.setdefault(node["ID"], self.clock())
+        if len(self._down_seen) > 1024:
+            self._down_seen.clear()
+        seen = self.clock() - first
+        since = engine_time(node.get("UpdatedAt") or "")
+        return max(seen, self.wall() - since) if since is not None else seen
+
+    def _named(self, manager: docker.APIClient, hostname: str) -> tuple[dict, str]:
+        """(the node named ``hostname``, its engine URL), as :meth:`of_node` says."""
         named = [
             n
             for n in manager.nodes()
@@ -201,10 +271,34 @@ class NodeEngines:
         node = min(named, key=lambda n: (n.get("Status") or {}).get("State") == "down")
         url = shown_url(self.url(node))
         if (node.get("Status") or {}).get("State") == "down":
+            down = self._down_for(node)
+            if down >= self.down_grace:
+                raise NodeMissing(
+                    f"node {hostname} has been down for {down / 60:.0f} min (over "
+                    f"{self.down_grace / 60:g}): it counts as gone"
+                )
             raise EngineUnreachable(
                 f"node {hostname} is down: its engine at {url} is not asked", url=url
             )
-        with engine_errors(url):
+        self._down_seen.pop(node["ID"], None)
+        self._check_silent(url)
+        return node, url
+
+    def url_of(self, manager: docker.APIClient, hostname: str) -> str:
+        """Blocking: the engine URL of the node named ``hostname`` (as :meth:`of_node`)."""
+        return self.url(self._named(manager, hostname)[0])
+
+    def of_node(self, manager: docker.APIClient, hostname: str) -> tuple[docker.APIClient, str]:
+        """Blocking: (a client of the engine of the node named ``hostname``, as gpulab's
+        placement names nodes, and its address as messages show it). :class:`NodeMissing`
+        when the cluster has no such node (it left, with what it held), or when the manager
+        has reported it down for :attr:`down_grace` seconds (it counts as gone);
+        EngineUnreachable, without asking its engine, when the manager reports it down
+        (a connection to a dead machine would wait out its time-out), or when its engine
+        gave no answer less than :data:`SILENT_FOR` seconds ago. Of two nodes of that name
+        (one left, then joined again), the one that is not down."""
+        node, url = self._named(manager, hostname)
+        with self.calling(url):
             return self.client(self.url(node)), url
 
     def workload_nodes(self, manager: docker.APIClient, own: str) -> list[tuple[str, str]]:
