@@ -928,6 +928,59 @@ def test_a_failed_push_keeps_the_volume_and_a_retry_finishes_the_job(tmp_path):
     lab_run(tmp_path, test)
 
 
+def test_cleanup_backs_off_a_job_its_engine_refuses_and_removes_jobs_at_once(tmp_path, caplog):
+    """An ended job whose removal fails (its node down) is tried again at the next pass, then
+    after a growing delay, with one WARNING, not one per pass; the other ended jobs go
+    meanwhile. Removals run at once: four jobs whose removal takes 0.3 s each take one
+    pass of about 0.3 s, not 1.2 s (a node that does not answer holds the pass for one of
+    its time-outs, not one per job)."""
+    import logging
+
+    assert housekeeping.cleanup_delay(1) == 0.0 and housekeeping.cleanup_delay(2) == 2.0
+    assert housekeeping.cleanup_delay(30) == housekeeping.CLEANUP_BACKOFF_MAX
+
+    async def ended(lab: Lab, n: int) -> list[str]:
+        ids = [lab.submit(gpus=0) for _ in range(n)]
+        for job_id in ids:
+            await lab.place(job_id)
+            await lab.until(job_id, J.RUNNING)
+            lab.rt.exits(lab.name(job_id), 0)
+            await lab.until(job_id, J.DONE)
+            await lab.settle(job_id)
+        return ids
+
+    async def test(lab: Lab):
+        stuck, other = await ended(lab, 2)
+        lab.rt.fail("remove", EngineError("node b is down"), name=lab.name(stuck), times=0)
+        with caplog.at_level(logging.DEBUG, logger="gpulab.jobs.supervisor"):
+            for _ in range(4):
+                await housekeeping.cleanup(lab.ctx, time.time())
+        assert lab.rt.names("remove").count(lab.name(stuck)) == 2  # then backed off
+        assert lab.name(other) not in lab.rt.workloads
+        said = [r for r in caplog.records if "volumes not removed yet" in r.getMessage()]
+        assert [r.levelname for r in said] == ["WARNING", "DEBUG"]
+        lab.rt.unfail("remove")
+        await housekeeping.cleanup(lab.ctx, time.time())  # not due yet
+        assert lab.name(stuck) in lab.rt.workloads
+        lab.ctx.cleanup_backoff[stuck] = (2, 0.0)  # its delay is over
+        await housekeeping.cleanup(lab.ctx, time.time())
+        assert lab.name(stuck) not in lab.rt.workloads and lab.ctx.cleanup_backoff == {}
+        slow = await ended(lab, 4)
+        removal = lab.rt.remove
+
+        async def remove_slowly(name: str) -> bool:
+            await asyncio.sleep(0.3)
+            return await removal(name)
+
+        lab.rt.remove = remove_slowly
+        began = time.monotonic()
+        await housekeeping.cleanup(lab.ctx, time.time())
+        assert time.monotonic() - began < 0.9
+        assert not [j for j in slow if lab.name(j) in lab.rt.workloads]
+
+    lab_run(tmp_path, test)
+
+
 # --- live pushes while a job runs (gpulab.live_push) -------------------------------------------
 
 

@@ -53,6 +53,9 @@ class JobContext:
     spawn: Callable[[str, bool], None] = _no_task
     #: consecutive faults per job, for the backoff (reset once its command runs)
     fault_streak: dict[str, int] = field(default_factory=dict)
+    #: ended jobs whose removal the engine refused: (failures, not tried again before this
+    #: time.monotonic()), for the cleanup's backoff (housekeeping.py)
+    cleanup_backoff: dict[str, tuple[int, float]] = field(default_factory=dict)
     #: sends the notices a job's owner asked for (its spec's ``notify``); None: none sent
     notifier: Notifier | None = None
     #: the live pushes of running jobs' volumes (one task per job at most)

@@ -4,7 +4,9 @@ and networks swept away. Functions handed a :class:`~.context.JobContext`."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from ...lifecycle import JobState, utcnow
 from ...names import L_WORKLOAD, rank_name
@@ -19,28 +21,61 @@ log = logging.getLogger("gpulab.jobs.supervisor")
 J = JobState
 #: seconds between sweeps for containers whose job record is gone
 ORPHAN_SWEEP_INTERVAL = 60.0
+#: ended jobs (and a gang's ranks) removed at once by a cleanup pass
+CLEANUP_AT_ONCE = 8
+#: the longest wait before a job whose removal failed is tried again
+CLEANUP_BACKOFF_MAX = 300.0
 
 
 async def cleanup(ctx: JobContext, last_sweep: float) -> float:
     """Remove finished jobs' containers and data volumes after the retention delay (the
     records and saved logs stay). A SYNC_FAILED job keeps both: its volumes hold the
-    output that is not pushed yet (a retried push, then the delay, removes them)."""
+    output that is not pushed yet (a retried push, then the delay, removes them).
+
+    Up to :data:`CLEANUP_AT_ONCE` jobs are removed at once, so that jobs on a node that does
+    not answer hold the pass for one of its time-outs, not one per job. A job whose removal
+    failed is tried again after a backoff (:func:`cleanup_delay`), logged at WARNING at its
+    first failure only."""
     now = utcnow().timestamp()
-    removed_any = False
+    due = []
+    clock = time.monotonic()
     for job_id, _container, updated, state, spec, node in await ctx.db(
         ctx.records.ended_with_container
     ):
         if state == J.SYNC_FAILED.value:
             continue
-        if now - updated.timestamp() > ctx.settings.job_container_retention:
+        if now - updated.timestamp() <= ctx.settings.job_container_retention:
+            continue
+        if ctx.cleanup_backoff.get(job_id, (0, 0.0))[1] > clock:
+            continue
+        due.append((job_id, spec, node))
+    gate = asyncio.Semaphore(CLEANUP_AT_ONCE)
+
+    async def one(job_id: str, spec: dict, node: str) -> bool:
+        async with gate:
             try:
                 await remove_from_engine(ctx, job_id, spec, node)
-            except EngineError as e:  # in use (a push retry?): try again next pass
-                log.warning("job %s: volumes not removed yet: %s", job_id, e)
-                continue
+            except EngineError as e:  # in use (a push retry?), a node down: try again later
+                failures = ctx.cleanup_backoff.get(job_id, (0, 0.0))[0] + 1
+                wait = cleanup_delay(failures)
+                if len(ctx.cleanup_backoff) < 10_000 or job_id in ctx.cleanup_backoff:
+                    ctx.cleanup_backoff[job_id] = (failures, time.monotonic() + wait)
+                level = logging.WARNING if failures == 1 else logging.DEBUG
+                log.log(
+                    level,
+                    "job %s: volumes not removed yet (tried %d times; again in %g s): %s",
+                    job_id,
+                    failures,
+                    wait,
+                    e,
+                )
+                return False
+            ctx.cleanup_backoff.pop(job_id, None)
             await ctx.db(ctx.records.forget_container, job_id)
-            removed_any = True
-    if removed_any:
+            return True
+
+    removed = await asyncio.gather(*(one(*d) for d in due))
+    if any(removed):
         await prune_networks(ctx)
     if now - last_sweep > ORPHAN_SWEEP_INTERVAL:
         last_sweep = now
@@ -49,12 +84,31 @@ async def cleanup(ctx: JobContext, last_sweep: float) -> float:
     return last_sweep
 
 
+def cleanup_delay(failures: int) -> float:
+    """Seconds before an ended job whose removal failed ``failures`` times is tried again:
+    none after the first (the next pass), then doubling from 2 s up to 5 minutes."""
+    if failures <= 1:
+        return 0.0
+    return min(CLEANUP_BACKOFF_MAX, 2.0 ** (failures - 1))
+
+
 async def remove_from_engine(ctx: JobContext, job_id: str, spec: dict, node: str) -> None:
-    """Remove an ended job's containers (every worker's) and its volumes (on each node it
-    ran on); the record and saved logs stay."""
+    """Remove an ended job's containers (every worker's, at once: each removal waits for
+    its node's engine) and its volumes (on each node it ran on); the record and saved logs
+    stay."""
     name = ctx.container_name(job_id)
-    for rank in range(spec_workers(spec)):
-        await ctx.runtime.remove(rank_name(name, rank))
+    gate = asyncio.Semaphore(CLEANUP_AT_ONCE)
+
+    async def rank(r: int) -> None:
+        async with gate:
+            await ctx.runtime.remove(rank_name(name, r))
+
+    # every rank tried, the first failure raised once all are done
+    ranks = range(spec_workers(spec))
+    done = await asyncio.gather(*(rank(r) for r in ranks), return_exceptions=True)
+    for res in done:
+        if isinstance(res, BaseException):
+            raise res
     await remove_volumes(ctx, job_id, JobSpec.from_json(spec), node)
 
 
