@@ -679,8 +679,9 @@ class GpulabSettings(Configurable):
 
     image_pull_timeout = Float(
         1800.0,
-        help="Seconds one pull of an image from a registry may take before it is given up "
-        "(the workload then fails with IMAGE_PULL_FAILED).",
+        help="Seconds the pull of a workload's image from a registry may take before it is "
+        "given up (the workload then fails with IMAGE_PULL_FAILED); on a Swarm, one deadline "
+        "for the pulls onto all of a job's nodes together.",
     ).tag(config=True)
 
     pids_limit = Integer(4096, help="Most processes one notebook container may run.").tag(

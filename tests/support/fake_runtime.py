@@ -498,9 +498,19 @@ class FakeRuntime(Runtime):
 
     async def image_exists(self, image: str, node: str = "") -> bool:
         self._enter("image_exists", image, node=node)
-        if self.clustered and node:  # the node's own engine
-            return self._node_answers(node) and image in self.node_images.get(node, set())
+        if self.clustered and node:  # the node's own engine; one gone is the engine's error
+            self._node_is_there(node)
+            return image in self.node_images.get(node, set())
         return self.images is None or image in self.images
+
+    def _node_is_there(self, hostname: str) -> None:
+        """As a Swarm's image calls on a node: one not in the cluster is an EngineError (the
+        workload placed there is placed again), one down EngineUnreachable."""
+        if not self._node_answers(hostname):
+            raise EngineError(
+                f"node {hostname or '(none)'} is not in the cluster: it was lost after the "
+                "workload was placed there"
+            )
 
     def _node_answers(self, hostname: str) -> bool:
         """A cluster's node's own engine: False when the node is not in the cluster (it has
@@ -551,8 +561,8 @@ class FakeRuntime(Runtime):
         max_bytes: int = 0,
     ) -> None:
         self._enter("pull_image", image, node=node)
-        if self.clustered and not self._node_answers(node):
-            raise ImagePullFailed(f"node {node or '(none)'} is not in the cluster")
+        if self.clustered:
+            self._node_is_there(node)
         self._registry_answer(image, auth)
         half = self.pull_bytes // 2
         on_progress(PullProgress(half, self.pull_bytes, 1, "Downloading"))

@@ -373,8 +373,10 @@ def test_on_a_cluster_each_node_is_asked_for_the_image_and_pulls_its_own_copy():
         "b",
     ]
     assert len(rt.names("registry_digest")) == 5  # the registry's consent, every time
-    with pytest.raises(ImagePullFailed, match="not in the cluster"):
-        fetch("gone", "always")
+    for policy in ("always", "if-not-present", "never"):  # the engine's error: not the user's
+        with pytest.raises(EngineError, match="not in the cluster") as lost:
+            fetch("gone", policy)
+        assert not isinstance(lost.value, ImagePullFailed)
     rt.node_down("b")
     with pytest.raises(EngineUnreachable, match="node b is down"):
         fetch("b", "always")
@@ -415,6 +417,40 @@ def test_on_a_cluster_a_gang_s_private_image_is_pulled_onto_each_rank_s_node(tmp
         runtime=rt,
         image_registries=["registry.example.org:5000/team/*"],
         secrets_keys=[Fernet.generate_key().decode()],
+    )
+
+
+def test_image_pull_timeout_is_one_deadline_for_a_gang_s_nodes(tmp_path):
+    """Two ranks on two nodes whose pulls take 0.3 s each: within an image_pull_timeout of
+    0.5 s each, not together: the job fails with IMAGE_PULL_FAILED naming the time-out."""
+    from cryptography.fernet import Fernet
+
+    rt = two_nodes()
+    rt.registry_images[PRIVATE] = (DIGEST, ("bob", "pw"))
+    pull = rt.pull_image
+
+    async def slow_pull(*args, **kw):
+        await asyncio.sleep(0.3)
+        return await pull(*args, **kw)
+
+    rt.pull_image = slow_pull
+
+    async def test(lab: Lab):
+        lab.ctx.secrets.put("ann", "regcred", "bob:pw")
+        body = {"image": PRIVATE, "image_pull_policy": "always"}
+        job_id = lab.submit(workers=2, image_pull_secret="regcred", **body)
+        await lab.place(job_id)
+        job = await lab.until(job_id, J.FAILED)
+        assert job["reason"] == "IMAGE_PULL_FAILED", job["message"]
+        assert job["message"] == f"image {PRIVATE} was not pulled within 0.5 s"
+
+    lab_run(
+        tmp_path,
+        test,
+        runtime=rt,
+        image_registries=["registry.example.org:5000/team/*"],
+        secrets_keys=[Fernet.generate_key().decode()],
+        image_pull_timeout=0.5,
     )
 
 

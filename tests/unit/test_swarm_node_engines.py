@@ -141,3 +141,39 @@ def test_a_volume_on_a_node_gone_is_recorded_as_left_there(caplog):
         assert run_async(rt.remove_volume("gl-job-1-v-data", "gpu-b")) is False
     assert "volume gl-job-1-v-data is left on node gpu-b" in caplog.text
     assert run_async(rt.volumes_named("gl-", "gpu-b")) == []  # gone: none listed
+
+
+def test_nodes_that_share_a_hostname_take_no_workload(caplog):
+    """Two nodes not down with one hostname: placement by hostname would match either, so
+    neither is active (an ERROR says so, once); a node down beside one up (it left and
+    joined again) is no clash."""
+    from gpulab.runtime.swarm import hostnames_shared
+
+    def listed(node_id, hostname, state="ready"):
+        return {**node(node_id, hostname, "10.0.0.9", state), "Spec": {"Availability": "active"}}
+
+    manager = Manager(
+        listed("m", "hub"),
+        listed("x1", "gpu-x"),
+        listed("x2", "gpu-x"),
+        listed("y1", "gpu-y", "down"),
+        listed("y2", "gpu-y"),
+    )
+    manager.info = lambda: {"Swarm": {"NodeID": "m"}}
+    rt = SwarmRuntime(lambda: manager, node_engine_plain=True)
+    with caplog.at_level(logging.ERROR, logger="gpulab.runtime.swarm"):
+        nodes = run_async(rt.nodes())
+        run_async(rt.nodes())
+    assert {n.id: n.active for n in nodes} == {
+        "m": False,
+        "x1": False,
+        "x2": False,
+        "y1": True,
+        "y2": True,
+    }
+    said = [r.getMessage() for r in caplog.records if "share the hostname" in r.getMessage()]
+    assert said == [
+        "nodes x1, x2 share the hostname gpu-x: gpulab places workloads by hostname, so "
+        "neither takes any until one is removed (docker node rm) or renamed"
+    ]
+    assert hostnames_shared(manager.nodes()) == {"gpu-x"}

@@ -433,7 +433,8 @@ class Runtime:
         """Whether ``image`` is there to run: asked of ``node``'s own engine when a node is
         named (a cluster's node, which runs what it holds), else where this runtime keeps its
         images (one engine's; a Swarm's registry, through its manager). An engine that does
-        not answer raises."""
+        not answer raises; so does a cluster's node that is gone (an EngineError, not the
+        image's: the workload placed there is placed again)."""
         raise NotImplementedError
 
     async def image_command(self, image: str) -> list[str] | None:

@@ -25,6 +25,9 @@ the service's spec, in its raft store, and hand them to every task). None is nee
 is pinned to the node that holds that digest, and a node's engine does not pull an image
 named by a digest it has; a task made again (a hang restart, a retry) runs on the same node.
 A job that moves (its node lost) goes through its image's preparation again, on its new node.
+Not covered: a node's copy removed (``docker image prune``) before a hang restart or a start
+of a stopped job; the new task's pull then goes without credentials and fails with the task's
+error (docs/images.md says so).
 """
 
 from __future__ import annotations
@@ -203,16 +206,21 @@ class SwarmRuntime(Runtime):
         ``gpus_refused`` says why not."""
         own = await self.engine.call(self._own_node_id)
         out, urls = [], {}
-        for n in await self.engine.call(self._nodes):
+        listed = await self.engine.call(self._nodes)
+        shared = hostnames_shared(listed)
+        for n in listed:
             spec, status = n.get("Spec") or {}, n.get("Status") or {}
             labels = spec.get("Labels") or {}
             gpus = tuple(g.strip() for g in labels.get(self.gpu_label, "").split(",") if g.strip())
+            hostname = (n.get("Description") or {}).get("Hostname", "")
             out.append(
                 Node(
                     id=n["ID"],
-                    hostname=(n.get("Description") or {}).get("Hostname", ""),
+                    hostname=hostname,
                     ready=status.get("State") == "ready",
-                    active=spec.get("Availability") == "active" and n["ID"] != own,
+                    active=spec.get("Availability") == "active"
+                    and n["ID"] != own
+                    and hostname not in shared,
                     gpus=gpus,
                     address=status.get("Addr", ""),
                     gpu_model=labelled_model(labels),
@@ -344,8 +352,8 @@ class SwarmRuntime(Runtime):
 
     async def image_exists(self, image: str, node: str = "") -> bool:
         """Without ``node``: asked of the registry (through the manager), what every node
-        will pull. With one: asked of that node's own engine (a node that left the cluster
-        has nothing)."""
+        will pull. With one: asked of that node's own engine; a node that left the cluster
+        (or counts as gone) is an EngineError: the workload placed there is placed again."""
         if node:
             return await self.engine.call(self._node_has_image, node, image)
         try:
@@ -359,8 +367,8 @@ class SwarmRuntime(Runtime):
     def _node_has_image(self, node: str, image: str) -> bool:
         try:
             client, url = self.node_engines.of_node(self.client, node)
-        except NodeMissing:
-            return False
+        except NodeMissing as e:  # the job's image is not the cause: it is placed again
+            raise _node_lost(e) from None
         with self.node_engines.calling(url):
             try:
                 client.inspect_image(image)
@@ -403,7 +411,7 @@ class SwarmRuntime(Runtime):
         try:
             client, url = self.node_engines.of_node(self.client, node)
         except NodeMissing as e:
-            raise ImagePullFailed(f"{e}: {image} cannot be pulled there") from None
+            raise _node_lost(e) from None
         with self.node_engines.calling(url):
             pull_blocking(client, image, auth, on_progress, max_bytes, given_up)
 
@@ -959,6 +967,41 @@ def _stopping(grace: float):
         task["ForceUpdate"] = int(task.get("ForceUpdate") or 0) + 1
 
     return change
+
+
+#: the hostnames already warned about as shared (read at every pass: one warning each)
+_SHARED_WARNED: set[str] = set()
+
+
+def hostnames_shared(nodes: Sequence[dict]) -> set[str]:
+    """The hostnames that two nodes not down have (from the manager's node list): gpulab
+    places by hostname (``node.hostname==``), which would match either, and reaches a node's
+    engine by it; such nodes take no workload (logged at ERROR once per hostname) until one
+    is removed (``docker node rm``) or renamed. A node down beside one that is not (it left
+    and joined again) is no clash."""
+    seen: dict[str, list[str]] = {}
+    for n in nodes:
+        if (n.get("Status") or {}).get("State") == "down":
+            continue
+        hostname = (n.get("Description") or {}).get("Hostname", "")
+        seen.setdefault(hostname, []).append(n["ID"])
+    shared = {h for h, ids in seen.items() if len(ids) > 1 and h}
+    for h in sorted(shared - _SHARED_WARNED):
+        if len(_SHARED_WARNED) < 256:
+            _SHARED_WARNED.add(h)
+        log.error(
+            "nodes %s share the hostname %s: gpulab places workloads by hostname, so neither "
+            "takes any until one is removed (docker node rm) or renamed",
+            ", ".join(seen[h][:4]),
+            h[:80],
+        )
+    return shared
+
+
+def _node_lost(e: NodeMissing) -> EngineError:
+    """The engine's error (not the user's image's: a job is placed again, as one whose node
+    was lost before its command ran) for a node gone after it was chosen."""
+    return EngineError(f"{e}: it was lost after the workload was placed there")
 
 
 def _named(obj: dict, name: str) -> bool:

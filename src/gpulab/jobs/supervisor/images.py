@@ -60,13 +60,13 @@ async def ready_image(ctx: JobContext, job_id: str, owner: str, spec: JobSpec, g
     await ctx.db(ctx.records.note, job_id, "progress", "IMAGE", f"preparing image {spec.image}")
     pinned = ""
     try:
-        for node in nodes_of(gang):  # each node that runs a worker needs its own copy
-            pinned = await asyncio.wait_for(
-                ctx.runtime.fetch_image(
+        # each node that runs a worker needs its own copy; image_pull_timeout is the job's
+        # (its nodes' pulls together), not each node's
+        async with asyncio.timeout(s.image_pull_timeout):
+            for node in nodes_of(gang):
+                pinned = await ctx.runtime.fetch_image(
                     spec.image, policy, auth, notes.on_progress, node, s.image_max_size
-                ),
-                s.image_pull_timeout,
-            )
+                )
     except EngineUnreachable:
         raise  # the engine did not answer: the supervisor's guard tries again
     except ImagePullFailed as e:
