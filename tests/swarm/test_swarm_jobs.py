@@ -290,9 +290,10 @@ def test_a_private_image_is_pulled_on_the_worker_with_its_owner_s_secret_only(
     # not show it; tests/unit/test_registry_auth_sent.py checks that gpulab sends none)
     assert "s3cret" not in json.dumps(service)
     # the pull stored nothing on the node: the same repository is refused to its engine
-    # alone (Docker then falls back to plain HTTP for a loopback registry: that is the error
-    # it reports), and given with bob's credentials (the control)
-    with pytest.raises(ImagePullFailed):
+    # alone, and given with bob's credentials (the control). Docker tries a loopback registry
+    # over plain HTTP once its HTTPS attempt failed: that is the error it reports (asserted,
+    # so that another failure, a missing tag, the registry down, does not pass for it)
+    with pytest.raises(ImagePullFailed, match="Client sent an HTTP request to an HTTPS server"):
         pull_blocking(worker.api, f"{private_registry}:2", None, lambda _: None)
     bob = {"username": "bob", "password": "s3cret"}
     pull_blocking(worker.api, f"{private_registry}:2", bob, lambda _: None)
