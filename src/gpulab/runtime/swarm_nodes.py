@@ -252,9 +252,10 @@ class NodeEngines:
         """Seconds node ``node`` (down) has been down: since the manager's last change of it
         (``UpdatedAt``: its going down, or a later label change), or since this process first
         saw it down, whichever is longer known."""
-        first = self._down_seen.setdefault(node["ID"], self.clock())
-        if len(self._down_seen) > 1024:
-            self._down_seen.clear()
+        with self._lock:
+            if len(self._down_seen) > 1024:  # bounded: nodes are few
+                self._down_seen.clear()
+            first = self._down_seen.setdefault(node["ID"], self.clock())
         seen = self.clock() - first
         since = engine_time(node.get("UpdatedAt") or "")
         return max(seen, self.wall() - since) if since is not None else seen
@@ -280,7 +281,8 @@ class NodeEngines:
             raise EngineUnreachable(
                 f"node {hostname} is down: its engine at {url} is not asked", url=url
             )
-        self._down_seen.pop(node["ID"], None)
+        with self._lock:
+            self._down_seen.pop(node["ID"], None)
         self._check_silent(url)
         return node, url
 
