@@ -745,6 +745,20 @@ def test_one_copy_mounted_at_two_paths_keeps_both_and_is_never_filled_from_the_i
     )
     binds = workload_container_config(spec, "env", "/r.sh")["host_config"]["binds"]
     assert binds == [f"{copy}:/a:ro,nocopy", f"{copy}:/b:ro,nocopy", "w:/w:rw"]
+    # on a Swarm too: both paths, read-only, and a copy missing on the node is never filled
+    # from the image
+    from gpulab.runtime.swarm_specs import service_spec
+
+    mounts = service_spec(spec, None, None)["TaskTemplate"]["ContainerSpec"]["Mounts"]
+    assert [
+        (m["Source"], m["Target"], m["ReadOnly"], m.get("VolumeOptions"))
+        for m in mounts
+        if m["Type"] == "volume"
+    ] == [
+        (copy, "/a", True, {"NoCopy": True}),
+        (copy, "/b", True, {"NoCopy": True}),
+        ("w", "/w", False, None),
+    ]
 
 
 def test_a_pull_helper_whose_process_holds_no_live_claim_is_reaped(tmp_path):

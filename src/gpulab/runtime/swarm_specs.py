@@ -47,7 +47,15 @@ def service_spec(spec: WorkloadSpec, runner_config: dict | None, network_id: str
     none; /dev/shm is a tmpfs of ``shm_size``; every capability is dropped."""
     env = {**spec.env, **visible_devices_env(spec.gpu_ids)}
     mounts = [
-        {"Type": "volume", "Source": m.volume, "Target": m.target, "ReadOnly": m.read_only}
+        {
+            "Type": "volume",
+            "Source": m.volume,
+            "Target": m.target,
+            "ReadOnly": m.read_only,
+            # a shared dataset copy missing on the node is mounted empty, never filled from
+            # the image (as ``nocopy`` on one engine)
+            **({"VolumeOptions": {"NoCopy": True}} if m.no_copy else {}),
+        }
         for m in spec.mounts
     ]
     mounts.append(
