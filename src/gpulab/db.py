@@ -20,6 +20,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -431,6 +432,14 @@ class Job(Base):
     """A training job: its submission (spec), where it is in its life, and what it holds."""
 
     __tablename__ = "jobs"
+    # what the pages and lists read, each a walk of one index that stops at the page's end
+    # or counts without the rows (revision 0010): the newest jobs (everyone's), a user's
+    # jobs by state (their counts, the admin's page of users), everyone's counts by state
+    __table_args__ = (
+        Index("ix_jobs_instance_submitted", "instance", "submitted", "id"),
+        Index("ix_jobs_instance_owner_state", "instance", "owner", "state", "kind"),
+        Index("ix_jobs_instance_state", "instance", "state", "kind"),
+    )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     instance: Mapped[str] = mapped_column(String(64), index=True)

@@ -190,16 +190,16 @@ def test_the_admins_overview_of_gpus_workloads_and_users(tmp_path):
 
 def test_the_users_table_counts_what_it_is_handed():
     settings = GpulabSettings(instance="t", disk_quota="1G", user_disk_quotas={"cy": None})
-    jobs = [  # newest first
-        {"id": "j3", "owner": "ann", "state": "QUEUED", "groups": ["new"]},
-        {"id": "j2", "owner": "ann", "state": "RUNNING", "groups": ["old"]},
-        {"id": "j1", "owner": "bob", "state": "DONE", "groups": []},
-    ]
-    notebooks = [{"user": "cy", "state": "RUNNING"}, {"user": "cy", "state": "STOPPED"}]
+    jobs = {  # as JobRecords.owner_rows counts them
+        "ann": {"jobs": 2, "jobs_active": 1, "jobs_queued": 1, "groups": ["new"]},
+        "bob": {"jobs": 1, "jobs_active": 0, "jobs_queued": 0, "groups": []},
+    }
+    notebooks = {"cy": {"notebooks": 2, "notebooks_running": 1}}
     allocations = [{"owner": "cy", "gpus": 0.25}, {"owner": "cy", "gpus": 0.25}]
     bookings = [{"owner": "bob", "bytes": 512}, {"owner": "bob", "bytes": 512}]
+    usage = {n: f"usage of {n}" for n in ("ann", "bob", "cy")}
     rows = overview.user_rows(
-        settings, notebooks, jobs, allocations, bookings, lambda name: f"usage of {name}"
+        settings, ["ann", "bob", "cy"], jobs, notebooks, allocations, bookings, usage
     )
     got = {
         r["name"]: (
@@ -221,6 +221,24 @@ def test_the_users_table_counts_what_it_is_handed():
         "bob": ([], 1, 0, 0, 0, 0, 0, "1.0 KiB", "1.0 GiB", "usage of bob"),
         "cy": ([], 0, 0, 0, 2, 1, 0.5, "0 B", "∞", "usage of cy"),  # no quota
     }
+    assert [r["name"] for r in rows] == ["ann", "bob", "cy"]  # the page's order
+
+
+def test_the_admins_users_come_a_page_at_a_time(lab):
+    """The admin page's users: a page by name, from jobs' owners and notebooks' users, the
+    next one after the last name; walked to the end, every user once."""
+    for name in ("dan", "ann", "eve", "bob"):
+        lab.job(name)
+    lab.notebook("cy", N.STARTING)
+    lab.notebook("ann", N.STARTING)
+    pages, after = [], ""
+    while after is not None:
+        names, after = overview.users_page(lab.jobs, lab.notebooks, after, 2)
+        pages.append(names)
+    assert pages == [["ann", "bob"], ["cy", "dan"], ["eve"]]
+    got = run_async(overview.admin_overview(lab.sup, lab.settings, lab.notebooks, users_after="cy"))
+    assert [u["name"] for u in got["users"]] == ["dan", "eve"]
+    assert (got["users_after"], got["users_next"]) == ("cy", None)
 
 
 def test_a_users_home(lab):

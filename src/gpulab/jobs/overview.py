@@ -28,13 +28,12 @@ from ..cuda import ImageBuild, cuda_refusal, cuda_shortfall
 from ..disk_quota import human
 from ..gpus import placement
 from ..gpus.usage import usage_of as readings_of
-from ..lifecycle import JobState, NotebookState, utcnow
+from ..lifecycle import JobState, utcnow
 from ..resources import format_memory
 from .queue import admin_line, share_of
 from .records import JobRecords
 from .refusals import Invalid
 from .spec import DEFAULT_CPUS, DEFAULT_GPUS, DEFAULT_MEMORY, MAX_WORKERS
-from .states import ACTIVE
 
 if TYPE_CHECKING:
     from ..frameworks import Catalog
@@ -45,9 +44,10 @@ log = logging.getLogger("gpulab.jobs")
 
 #: the newest jobs the admin's overview lists (the jobs page pages through all of them)
 RECENT_JOBS = 50
+#: the users, and the notebooks, a page of the admin's overview lists (a cursor continues)
+ADMIN_PAGE = 50
 #: the newest of a user's jobs their home page lists
 HOME_JOBS = 5
-_ACTIVE = frozenset(s.value for s in ACTIVE)
 
 
 class NotebookReads(Protocol):
@@ -57,6 +57,16 @@ class NotebookReads(Protocol):
     def list(self, user: str | None = None) -> list[dict]: ...
 
     def billed_minutes(self, user: str) -> int: ...
+
+    def billed_minutes_of(self, users: list[str]) -> dict[str, int]: ...
+
+    def users_after(self, after: str, limit: int) -> list[str]: ...
+
+    def user_rows(self, users: list[str]) -> dict[str, dict]: ...
+
+    def page_after(self, after: tuple[str, str] | None, limit: int) -> list[dict]: ...
+
+    def counts(self) -> dict[str, int]: ...
 
 
 def usage_of(jobs: JobRecords, notebooks: NotebookReads, user: str) -> dict:
@@ -202,52 +212,104 @@ def gpu_usage_rows(job: dict, readings: list) -> list[dict]:
 
 
 async def admin_overview(
-    sup: JobSupervisor, settings: GpulabSettings, notebooks: NotebookReads
+    sup: JobSupervisor,
+    settings: GpulabSettings,
+    notebooks: NotebookReads,
+    *,
+    users_after: str = "",
+    notebooks_after: tuple[str, str] | None = None,
 ) -> dict:
-    """The admin page's data: ``gpus`` (:func:`gpu_rows`), ``gpus_total`` and ``gpus_busy``
-    (devices configured, and devices with a booking), ``inventory`` (where the devices came
-    from), ``notebooks`` (every one), ``jobs`` (the :data:`RECENT_JOBS` newest) and
-    ``jobs_total``, ``users`` (:func:`user_rows`), ``default_limits`` (a user's without
-    an override), ``queue`` (:func:`gpulab.jobs.queue.admin_line`: queued jobs and
-    notebooks waiting for GPUs, in line), ``month_report`` (this month's billed job minutes
-    by user: :func:`month_usage`) and ``images`` (:func:`image_rows`: the catalog's images,
-    their builds from the engine's labels, judged against this host's driver)."""
+    """The admin page's data, counts and pages only (its cost does not grow with the
+    records kept): ``gpus`` (:func:`gpu_rows`), ``gpus_total`` and ``gpus_busy`` (devices
+    configured, and devices with a booking), ``inventory`` (where the devices came from),
+    ``notebooks`` (a page of :data:`ADMIN_PAGE`, by user and server, after
+    ``notebooks_after``; ``notebooks_next``: the cursor of the next page, None at the end)
+    and ``notebook_counts`` (how many in each state), ``jobs`` (the :data:`RECENT_JOBS`
+    newest), ``job_counts`` (how many in each state) and ``jobs_total``, ``users``
+    (:func:`user_rows`: a page of :data:`ADMIN_PAGE` users by name, after ``users_after``;
+    ``users_next``: the name the next page starts after, None at the end),
+    ``default_limits`` (a user's without an override), ``queue``
+    (:func:`gpulab.jobs.queue.admin_line`: queued jobs and notebooks waiting for GPUs, in
+    line), ``month_report`` (this month's billed job minutes of the page's users:
+    :func:`month_usage`) and ``images`` (:func:`image_rows`: the catalog's images, their
+    builds from the engine's labels, judged against this host's driver)."""
     readings = await sup.ctx.gpu_readings()  # what each device does now
-    found = await asyncio.to_thread(_platform, sup, settings, notebooks, readings)
+    found = await asyncio.to_thread(
+        _platform, sup, settings, notebooks, readings, users_after, notebooks_after
+    )
     runtime = sup.runtime
     builds = await runtime.image_builds(settings.catalog.images())
     return {**found, "images": image_rows(settings.catalog, builds, runtime.driver_cuda)}
 
 
+def users_page(
+    jobs: JobRecords, notebooks: NotebookReads, after: str, limit: int
+) -> tuple[list[str], str | None]:
+    """A page of the users with a job or a notebook record, by name, after ``after``: the
+    names and the cursor of the next page (the last name; None at the end). Each side's
+    index is walked only as far as the page needs."""
+    names = sorted(
+        set(jobs.owners_after(after, limit + 1)) | set(notebooks.users_after(after, limit + 1))
+    )
+    page = names[:limit]
+    return page, (page[-1] if len(names) > limit else None)
+
+
 def _platform(
-    sup: JobSupervisor, settings: GpulabSettings, notebooks: NotebookReads, readings: list
+    sup: JobSupervisor,
+    settings: GpulabSettings,
+    notebooks: NotebookReads,
+    readings: list,
+    users_after: str,
+    notebooks_after: tuple[str, str] | None,
 ) -> dict:
     """What :func:`admin_overview` reads of the records and ledgers (blocking)."""
+    records = sup.records
     allocations = sup.ledger.allocations()
-    nbs = notebooks.list(None)
-    jobs = sup.records.list(None)
-    jobs.sort(key=lambda j: j["submitted"] or "", reverse=True)
+    held_jobs = [a["workload"].split("/")[-1] for a in allocations if a["kind"] == "job"]
+    nbs = notebooks.page_after(notebooks_after, ADMIN_PAGE + 1)
+    recent, _ = records.page(None, None, None, RECENT_JOBS, 0, True, with_total=False)
+    job_counts = records.counts(None)
+    names, users_next = users_page(records, notebooks, users_after, ADMIN_PAGE)
+    month = month_of(utcnow())
     return {
-        "gpus": gpu_rows(sup.ledger.holdings(allocations), readings, {j["id"] for j in jobs}),
+        "gpus": gpu_rows(sup.ledger.holdings(allocations), readings, records.existing(held_jobs)),
         "gpus_total": len(sup.ledger.devices),
         "inventory": sup.runtime.inventory,
         "gpus_busy": len({a["device"] for a in allocations}),
-        "notebooks": nbs,
-        "jobs": jobs[:RECENT_JOBS],
-        "jobs_total": len(jobs),
+        "notebooks": nbs[:ADMIN_PAGE],
+        "notebooks_next": (
+            (nbs[ADMIN_PAGE - 1]["user"], nbs[ADMIN_PAGE - 1]["server"])
+            if len(nbs) > ADMIN_PAGE
+            else None
+        ),
+        "notebook_counts": notebooks.counts(),
+        "jobs": recent,
+        "job_counts": job_counts,
+        "jobs_total": sum(job_counts.values()),
         "users": user_rows(
             settings,
-            nbs,
-            jobs,
+            names,
+            records.owner_rows(names),
+            notebooks.user_rows(names),
             allocations,
             sup.disk.bookings(),
-            lambda name: usage_of(sup.records, notebooks, name),
+            _usage_of_page(records, notebooks, names),
         ),
+        "users_after": users_after,
+        "users_next": users_next,
         "default_limits": settings.limits_for("", []),
-        "queue": admin_line(settings, sup.records),
-        # this month's billed job minutes by user, from the kept totals (the report's API)
-        "month_report": month_usage(sup.records, None, None),
+        "queue": admin_line(settings, records),
+        # this month's billed job minutes of the page's users, from the kept totals
+        "month_report": {"month": month, "users": records.month_usage(month, None, names)},
     }
+
+
+def _usage_of_page(jobs: JobRecords, notebooks: NotebookReads, names: list[str]) -> dict:
+    """:func:`usage_of` of each of ``names``, read for the page at once."""
+    minutes = jobs.usage_of_owners(names)
+    nb = notebooks.billed_minutes_of(names)
+    return {n: {"user": n, **user_usage(minutes.get(n, 0), nb.get(n, 0))} for n in names}
 
 
 def image_rows(catalog: Catalog, builds: dict[str, ImageBuild], driver_cuda: str) -> list[dict]:
@@ -301,21 +363,20 @@ def gpu_rows(holdings: list[dict], readings: list, job_ids: set[str]) -> list[di
 
 def user_rows(
     settings: GpulabSettings,
-    notebooks: list[dict],
-    jobs: list[dict],
+    names: list[str],
+    jobs: dict[str, dict],
+    notebooks: dict[str, dict],
     allocations: list[dict],
     bookings: list[dict],
-    usage,
+    usage: dict[str, dict],
 ) -> list[dict]:
-    """A row per user with a notebook or a job (by name): their groups (as their newest job
-    remembers them), limits and quotas, their notebooks (running / all), jobs (active, queued
-    / all), the GPUs they hold (a shared device's slot counts as its fraction), the disk their
-    volumes and clones hold on nodes against their disk quota, and ``usage(name)``, their
-    billed minutes."""
-    names = sorted({n["user"] for n in notebooks} | {j["owner"] for j in jobs})
-    groups_of: dict[str, list[str]] = {}
-    for j in jobs:  # newest first: a job remembers its owner's groups when submitted
-        groups_of.setdefault(j["owner"], j["groups"])
+    """A row for each of ``names`` (a page of users): their groups (as their newest job
+    remembers them), limits and quotas, their notebooks (running / all), jobs (active,
+    queued / all), as the records count them for the page (``jobs``:
+    :meth:`JobRecords.owner_rows`; ``notebooks``: the notebooks' ``user_rows``), the GPUs
+    they hold (a shared device's slot counts as its fraction), the disk their volumes and
+    clones hold on nodes against their disk quota, and ``usage[name]``, their billed
+    minutes."""
     gpus_of: Counter = Counter()
     for a in allocations:
         gpus_of[a["owner"]] += a["gpus"]
@@ -324,8 +385,9 @@ def user_rows(
         disk_of[b["owner"]] += b["bytes"]
     rows = []
     for name in names:
-        groups = groups_of.get(name, [])
-        mine = [j for j in jobs if j["owner"] == name]
+        mine = jobs.get(name) or {}
+        nbs = notebooks.get(name) or {}
+        groups = mine.get("groups") or []
         limits = settings.limits_for(name, groups)
         disk_quota = settings.disk_quota_for(name, groups)
         rows.append(
@@ -335,17 +397,13 @@ def user_rows(
                 "quota": settings.quota_for(name, groups),
                 "limits": limits,
                 "limit_memory": format_memory(limits.memory),
-                "notebooks": sum(1 for n in notebooks if n["user"] == name),
-                "notebooks_running": sum(
-                    1
-                    for n in notebooks
-                    if n["user"] == name and n["state"] == NotebookState.RUNNING.value
-                ),
-                "jobs": len(mine),
-                "jobs_active": sum(1 for j in mine if j["state"] in _ACTIVE),
-                "jobs_queued": sum(1 for j in mine if j["state"] == JobState.QUEUED.value),
+                "notebooks": nbs.get("notebooks", 0),
+                "notebooks_running": nbs.get("notebooks_running", 0),
+                "jobs": mine.get("jobs", 0),
+                "jobs_active": mine.get("jobs_active", 0),
+                "jobs_queued": mine.get("jobs_queued", 0),
                 "gpus_held": round(gpus_of.get(name, 0), 4),
-                "usage": usage(name),
+                "usage": usage.get(name),
                 "disk_held": human(disk_of.get(name, 0)),
                 "disk_quota": human(disk_quota) if disk_quota is not None else "∞",
             }

@@ -23,7 +23,7 @@ from ..statelog import state_change
 from .gang import ranks, spec_workers
 from .spec.ports import job_path
 from .states import ACTIVE, ENDED, array_state
-from .usage import bills_of, month_report, owner_usage, settle
+from .usage import bills_of, month_report, owner_usage, owners_billed, settle
 
 #: what a user or the scheduler may ask of an active job ("" for nothing)
 REQUESTS = frozenset({"", "interrupt", "preempt"})
@@ -761,8 +761,10 @@ class JobRecords:
         limit: int,
         offset: int,
         newest_first: bool = False,
-    ) -> tuple[list[dict], int]:
-        """One page of :meth:`list` (oldest first, then by id) and how many match in all.
+        with_total: bool = True,
+    ) -> tuple[list[dict], int | None]:
+        """One page of :meth:`list` (oldest first, then by id) and how many match in all
+        (None unless ``with_total``: a count reads every matching row of the index).
 
         The filter runs on a light query (ids and specs, no histories); only the page's jobs
         are loaded whole, so a long history of jobs costs one page's work per request.
@@ -789,7 +791,11 @@ class JobRecords:
                 ]
                 total, wanted = len(ids), ids[offset : offset + limit]
             else:  # the database counts and pages
-                total = s.scalar(select(func.count()).select_from(Job).where(*where))
+                total = (
+                    s.scalar(select(func.count()).select_from(Job).where(*where))
+                    if with_total
+                    else None
+                )
                 wanted = list(
                     s.scalars(
                         select(Job.id).where(*where).order_by(*order).limit(limit).offset(offset)
@@ -812,10 +818,12 @@ class JobRecords:
         """Billed minutes of the owner's jobs (:func:`~gpulab.jobs.usage.owner_usage`)."""
         return owner_usage(self.db, self.instance, owner)
 
-    def month_usage(self, month: str, owner: str | None = None) -> list[dict]:
-        """Each user's (or ``owner``'s) billed job minutes in ``month`` ("YYYY-MM")
-        (:func:`~gpulab.jobs.usage.month_report`)."""
-        return month_report(self.db, self.instance, month, owner)
+    def month_usage(
+        self, month: str, owner: str | None = None, owners: list[str] | None = None
+    ) -> list[dict]:
+        """Each user's (or ``owner``'s, or only ``owners``') billed job minutes in ``month``
+        ("YYYY-MM") (:func:`~gpulab.jobs.usage.month_report`)."""
+        return month_report(self.db, self.instance, month, owner, owners)
 
     def counts(self, owner: str | None = None, *, runs: bool = False) -> dict[str, int]:
         """How many of the owner's (or everyone's) jobs are in each state (one grouped query):
@@ -947,3 +955,85 @@ class JobRecords:
         """Every job id of this instance (the sweep of orphaned containers compares)."""
         with self.db.read() as s:
             return set(s.scalars(select(Job.id).where(Job.instance == self.instance)))
+
+    # --- the admin page's reads: counts and pages, never every row -----------------------
+
+    def owners_after(self, after: str, limit: int) -> list[str]:
+        """Up to ``limit`` owners of jobs, by name, after ``after`` ("" from the first): a
+        walk of the (instance, owner) index that stops at the page's end."""
+        with self.db.read() as s:
+            return list(
+                s.scalars(
+                    select(Job.owner)
+                    .where(Job.instance == self.instance, Job.owner > after)
+                    .group_by(Job.owner)
+                    .order_by(Job.owner)
+                    .limit(limit)
+                )
+            )
+
+    def owner_rows(self, owners: list[str]) -> dict[str, dict]:
+        """For each of ``owners`` (a page of them) with a job: ``jobs`` (what runs: plain
+        jobs and arrays' tasks), ``jobs_active``, ``jobs_queued`` and ``groups`` (as their
+        newest job remembers them). Two grouped queries on the owners' rows only."""
+        if not owners:
+            return {}
+        mine = (Job.instance == self.instance, Job.owner.in_(owners))
+        out: dict[str, dict] = {}
+        active = {s.value for s in ACTIVE}
+        with self.db.read() as s:
+            for owner, state, n in s.execute(
+                select(Job.owner, Job.state, func.count())
+                .where(*mine, Job.kind != "array")
+                .group_by(Job.owner, Job.state)
+            ):
+                row = out.setdefault(
+                    owner, {"jobs": 0, "jobs_active": 0, "jobs_queued": 0, "groups": []}
+                )
+                row["jobs"] += n
+                if state in active:
+                    row["jobs_active"] += n
+                elif state == JobState.QUEUED.value:
+                    row["jobs_queued"] += n
+            newest = (
+                select(
+                    Job.owner,
+                    Job.groups,
+                    func.row_number()
+                    .over(partition_by=Job.owner, order_by=(Job.submitted.desc(), Job.id.desc()))
+                    .label("n"),
+                )
+                .where(*mine)
+                .subquery()
+            )
+            for owner, groups in s.execute(
+                select(newest.c.owner, newest.c.groups).where(newest.c.n == 1)
+            ):
+                row = out.setdefault(
+                    owner, {"jobs": 0, "jobs_active": 0, "jobs_queued": 0, "groups": []}
+                )
+                row["groups"] = [g for g in (groups or "").split(",") if g]
+        return out
+
+    def usage_of_owners(self, owners: list[str]) -> dict[str, int]:
+        """Billed job minutes of each of ``owners``, all time, as :meth:`usage` gives them
+        one by one (:func:`~gpulab.jobs.usage.owners_billed`): three queries for the page."""
+        return owners_billed(self.db, self.instance, owners)
+
+    def existing(self, ids: list[str]) -> set[str]:
+        """Which of ``ids`` are jobs of this instance (the GPU table links only those)."""
+        if not ids:
+            return set()
+        with self.db.read() as s:
+            return set(
+                s.scalars(select(Job.id).where(Job.instance == self.instance, Job.id.in_(ids)))
+            )
+
+    def total(self) -> int:
+        """How many job records there are (an array once, as its owner sees it)."""
+        with self.db.read() as s:
+            return s.scalar(
+                select(func.count())
+                .select_from(Job)
+                .where(Job.instance == self.instance, Job.kind != "task")
+            )

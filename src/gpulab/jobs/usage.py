@@ -20,11 +20,13 @@ from sqlalchemy import func, select
 
 from ..billing import billed_minutes, month_of, settled_minutes
 from ..db import BilledMonth, Database, Job, JobEvent
-from ..lifecycle import utcnow
+from ..lifecycle import JobState, utcnow
 from .gang import spec_workers
 from .states import ENDED
 
 _ENDED_VALUES = [e.value for e in ENDED]
+#: the states of live jobs, named (an IN on the state index; a NOT IN reads every row)
+_LIVE_VALUES = [s.value for s in JobState if s not in ENDED]
 
 
 def gpus_of(spec: dict | None) -> int:
@@ -101,7 +103,7 @@ def owner_usage(db: Database, instance: str, owner: str) -> dict:
             select(func.count()).select_from(Job).where(*mine, Job.state.in_(_ENDED_VALUES))
         ).scalar_one()
         live = conn.execute(
-            select(Job.id, Job.settled_minutes).where(*mine, Job.state.not_in(_ENDED_VALUES))
+            select(Job.id, Job.settled_minutes).where(*mine, Job.state.in_(_LIVE_VALUES))
         ).all()
         live_total = sum(unsettled(conn, live, now).values())
     return {
@@ -111,10 +113,47 @@ def owner_usage(db: Database, instance: str, owner: str) -> dict:
     }
 
 
-def month_report(db: Database, instance: str, month: str, owner: str | None = None) -> list[dict]:
-    """Every user's (or ``owner``'s) billed job minutes and GPU-minutes in ``month``
-    (``"YYYY-MM"``, UTC), by user: the kept totals, and for the current month what live
-    jobs' open periods add so far (settled in a later month if they close after it)."""
+def owners_billed(db: Database, instance: str, owners: list[str]) -> dict[str, int]:
+    """Each of ``owners``' billed job minutes, all time, as :func:`owner_usage` counts them
+    (kept totals plus live jobs' open periods), for a page of users at once: one grouped
+    query of the totals, one of their live jobs, one of those jobs' transitions."""
+    if not owners:
+        return {}
+    now = utcnow()
+    out = dict.fromkeys(owners, 0)
+    with db.read() as s:
+        conn = s.connection()
+        for owner, minutes in conn.execute(
+            select(BilledMonth.owner, func.sum(BilledMonth.minutes))
+            .where(BilledMonth.instance == instance, BilledMonth.owner.in_(owners))
+            .group_by(BilledMonth.owner)
+        ):
+            out[owner] += int(minutes or 0)
+        live = conn.execute(
+            select(Job.id, Job.owner, Job.settled_minutes).where(
+                Job.instance == instance,
+                Job.owner.in_(owners),
+                Job.kind != "array",
+                Job.state.in_(_LIVE_VALUES),
+            )
+        ).all()
+        more = unsettled(conn, live, now)
+        for job in live:
+            out[job.owner] += more[job.id]
+    return out
+
+
+def month_report(
+    db: Database,
+    instance: str,
+    month: str,
+    owner: str | None = None,
+    owners: Sequence[str] | None = None,
+) -> list[dict]:
+    """Every user's (or ``owner``'s, or only ``owners``': a page of users) billed job
+    minutes and GPU-minutes in ``month`` (``"YYYY-MM"``, UTC), by user: the kept totals, and
+    for the current month what live jobs' open periods add so far (settled in a later month
+    if they close after it)."""
     now = utcnow()
     out: dict[str, dict] = {}
 
@@ -128,6 +167,8 @@ def month_report(db: Database, instance: str, month: str, owner: str | None = No
         where = [BilledMonth.instance == instance, BilledMonth.month == month]
         if owner is not None:
             where.append(BilledMonth.owner == owner)
+        if owners is not None:
+            where.append(BilledMonth.owner.in_(list(owners)))
         for user, minutes, gpu_minutes in conn.execute(
             select(BilledMonth.owner, BilledMonth.minutes, BilledMonth.gpu_minutes).where(*where)
         ):
@@ -135,9 +176,11 @@ def month_report(db: Database, instance: str, month: str, owner: str | None = No
             r["jobs_billed_minutes"] += int(minutes)
             r["jobs_billed_gpu_minutes"] += int(gpu_minutes)
         if month == month_of(now):
-            mine = [Job.instance == instance, Job.state.not_in(_ENDED_VALUES)]
+            mine = [Job.instance == instance, Job.state.in_(_LIVE_VALUES)]
             if owner is not None:
                 mine.append(Job.owner == owner)
+            if owners is not None:
+                mine.append(Job.owner.in_(list(owners)))
             live = conn.execute(
                 select(Job.id, Job.owner, Job.spec, Job.settled_minutes).where(*mine)
             ).all()

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import selectinload
 
 from ..billing import billed_minutes
@@ -423,6 +423,79 @@ class NotebookRecords:
             per_notebook.setdefault(row.notebook_id, []).append(row)
         now = utcnow()
         return sum(billed_minutes(events, now) for events in per_notebook.values())
+
+    def billed_minutes_of(self, users: list[str]) -> dict[str, int]:
+        """:meth:`billed_minutes` of each of ``users`` (a page of them), in one query."""
+        if not users:
+            return {}
+        with self.db.read() as s:
+            rows = (
+                s.connection()
+                .execute(
+                    select(
+                        Notebook.user,
+                        NotebookEvent.notebook_id,
+                        NotebookEvent.state,
+                        NotebookEvent.at,
+                    )
+                    .join(Notebook, Notebook.id == NotebookEvent.notebook_id)
+                    .where(Notebook.instance == self.instance, Notebook.user.in_(users))
+                    .order_by(NotebookEvent.notebook_id, NotebookEvent.id)
+                )
+                .all()
+            )
+        per_notebook: dict[tuple[str, int], list] = {}
+        for row in rows:
+            per_notebook.setdefault((row.user, row.notebook_id), []).append(row)
+        now = utcnow()
+        out = dict.fromkeys(users, 0)
+        for (user, _), events in per_notebook.items():
+            out[user] += billed_minutes(events, now)
+        return out
+
+    def users_after(self, after: str, limit: int) -> list[str]:
+        """Up to ``limit`` users with a notebook record, by name, after ``after``."""
+        with self.db.read() as s:
+            return list(
+                s.scalars(
+                    select(Notebook.user)
+                    .where(Notebook.instance == self.instance, Notebook.user > after)
+                    .group_by(Notebook.user)
+                    .order_by(Notebook.user)
+                    .limit(limit)
+                )
+            )
+
+    def user_rows(self, users: list[str]) -> dict[str, dict]:
+        """For each of ``users`` with a notebook: ``notebooks`` and ``notebooks_running``."""
+        if not users:
+            return {}
+        out: dict[str, dict] = {}
+        with self.db.read() as s:
+            for user, state, n in s.execute(
+                select(Notebook.user, Notebook.state, func.count())
+                .where(Notebook.instance == self.instance, Notebook.user.in_(users))
+                .group_by(Notebook.user, Notebook.state)
+            ):
+                row = out.setdefault(user, {"notebooks": 0, "notebooks_running": 0})
+                row["notebooks"] += n
+                if state == NotebookState.RUNNING.value:
+                    row["notebooks_running"] += n
+        return out
+
+    def page_after(self, after: tuple[str, str] | None, limit: int) -> list[dict]:
+        """Up to ``limit`` notebooks by user, then server, after ``after`` (user, server;
+        None from the first): a page that a cursor continues."""
+        with self.db.read() as s:
+            q = select(Notebook).where(Notebook.instance == self.instance)
+            if after is not None:
+                user, server = after
+                q = q.where(
+                    or_(Notebook.user > user, and_(Notebook.user == user, Notebook.server > server))
+                )
+            q = q.options(selectinload(Notebook.events))
+            q = q.order_by(Notebook.user, Notebook.server).limit(limit)
+            return [notebook_json(nb) for nb in s.scalars(q)]
 
     def counts(self) -> dict[str, int]:
         """How many notebooks are in each state (one grouped query)."""

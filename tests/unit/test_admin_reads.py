@@ -1,0 +1,154 @@
+"""The admin page's and lists' reads as the record layer answers them (gpulab.jobs.records,
+gpulab.notebooks.records), on a real SQLite file: each count equals a Python scan of the same
+rows, and each cursor walks every row once, in order (issue #32: pages that read counts and
+pages, never every row)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from sqlalchemy import select
+
+from gpulab.db import Database, Job
+from gpulab.jobs.records import JobRecords
+from gpulab.jobs.states import ACTIVE
+from gpulab.lifecycle import JobState, NotebookState, utcnow
+from gpulab.notebooks.records import NotebookRecords
+
+J, N = JobState, NotebookState
+SPEC = {"image": "img", "command": ["true"], "resources": {"gpus": 1}, "workers": 1}
+PATHS = [
+    [],
+    [J.INITIALIZING],
+    [J.INITIALIZING, J.PENDING, J.RUNNING],
+    [J.INITIALIZING, J.PENDING, J.RUNNING, J.FINALIZING, J.DONE],
+    [J.INITIALIZING, J.PENDING, J.RUNNING, J.FAILED],
+]
+USERS = ["ann", "bob", "cy", "dan", "eve", "fay", "gus"]
+
+
+def seeded(tmp_path) -> tuple[JobRecords, NotebookRecords]:
+    rng = random.Random(32)
+    db = Database(f"sqlite:///{tmp_path / 'g.sqlite'}")
+    jobs, notebooks = JobRecords(db, "t"), NotebookRecords(db, "t")
+    other = JobRecords(db, "other")  # another instance's rows are never counted
+    other.create("ann", dict(SPEC), None)
+    for i in range(40):
+        owner = rng.choice(USERS[:-1])  # gus has notebooks only
+        groups = (f"g{i}",)
+        if i % 9 == 0:  # an array: one row to its owner, its tasks run (and are counted)
+            tasks = [{**SPEC, "task": {"index": k, "parameters": {}}} for k in range(3)]
+            jobs.create(owner, dict(SPEC), None, groups=groups, tasks=tasks)
+            continue
+        job_id = jobs.create(owner, dict(SPEC), None, groups=groups)["id"]
+        before = J.QUEUED
+        for state in rng.choice(PATHS):
+            jobs.transition(job_id, state, expect=before)
+            before = state
+    for user, server, states in [
+        ("gus", "", [N.STARTING, N.RUNNING]),
+        ("gus", "b", [N.STARTING, N.RUNNING, N.STOPPING, N.STOPPED]),
+        ("ann", "", [N.STARTING]),
+        ("cy", "x", [N.STARTING, N.RUNNING]),
+        ("cy", "y", [N.STARTING]),
+    ]:
+        for state in states:
+            notebooks.transition(user, server, state)
+    return jobs, notebooks
+
+
+def scan(jobs: JobRecords) -> list[Job]:
+    with jobs.db.read() as s:
+        return list(s.scalars(select(Job).where(Job.instance == "t")))
+
+
+def test_each_users_counts_equal_a_scan_of_their_jobs(tmp_path):
+    jobs, _ = seeded(tmp_path)
+    rows = scan(jobs)
+    got = jobs.owner_rows(USERS)
+    active = {s.value for s in ACTIVE}
+    for user in USERS:
+        mine = [j for j in rows if j.owner == user and j.kind != "array"]  # what runs
+        if not mine:
+            assert user not in got
+            continue
+        newest = max((j for j in rows if j.owner == user), key=lambda j: (j.submitted, j.id))
+        assert got[user] == {
+            "jobs": len(mine),
+            "jobs_active": sum(j.state in active for j in mine),
+            "jobs_queued": sum(j.state == "QUEUED" for j in mine),
+            "groups": newest.groups.split(","),
+        }, user
+    assert jobs.owner_rows([]) == {}
+
+
+def test_everyones_counts_and_total_equal_a_scan(tmp_path):
+    jobs, _ = seeded(tmp_path)
+    rows = [j for j in scan(jobs) if j.kind != "task"]  # an array once, as its owner sees it
+    assert jobs.counts(None) == dict(Counter(j.state for j in rows))
+    assert jobs.total() == len(rows) == sum(jobs.counts(None).values())
+    newest, total = jobs.page(None, None, None, 5, 0, True, with_total=False)
+    assert total is None
+    order = sorted(rows, key=lambda j: (j.submitted, j.id), reverse=True)
+    assert [j["id"] for j in newest] == [j.id for j in order[:5]]
+    some = [rows[0].id, rows[1].id, "jnone"]
+    assert jobs.existing(some) == {rows[0].id, rows[1].id}
+
+
+def test_the_owners_cursor_walks_every_owner_once(tmp_path):
+    jobs, notebooks = seeded(tmp_path)
+    owners = sorted({j.owner for j in scan(jobs)})
+    for size in (1, 2, 4, 100):
+        walked, after = [], ""
+        while True:
+            page = jobs.owners_after(after, size)
+            assert len(page) <= size
+            if not page:
+                break
+            walked += page
+            after = page[-1]
+        assert walked == owners, size
+    assert notebooks.users_after("", 10) == ["ann", "cy", "gus"]
+    assert notebooks.users_after("ann", 1) == ["cy"]
+
+
+def test_a_pages_billed_minutes_equal_each_users_own(tmp_path):
+    jobs, notebooks = seeded(tmp_path)
+    got = jobs.usage_of_owners(USERS)
+    assert got == {u: jobs.usage(u)["jobs_billed_minutes"] for u in USERS}
+    assert sum(got.values()) > 0  # some ran: the check is not of zeros
+    nb = notebooks.billed_minutes_of(USERS)
+    assert nb == {u: notebooks.billed_minutes(u) for u in USERS}
+    assert nb["gus"] >= 2  # two notebooks that ran, a commenced minute each
+
+
+def test_a_months_report_of_a_page_of_users_is_theirs_of_everyones(tmp_path):
+    jobs, _ = seeded(tmp_path)
+    month = utcnow().strftime("%Y-%m")
+    everyone = jobs.month_usage(month)
+    page = ["bob", "cy"]
+    assert jobs.month_usage(month, None, page) == [r for r in everyone if r["user"] in page]
+    assert everyone  # some ran this month
+
+
+def test_the_notebooks_cursor_walks_every_notebook_once(tmp_path):
+    _, notebooks = seeded(tmp_path)
+    every = [(n["user"], n["server"]) for n in notebooks.list(None)]
+    for size in (1, 2, 3, 10):
+        walked, after = [], None
+        while True:
+            page = notebooks.page_after(after, size)
+            if not page:
+                break
+            walked += [(n["user"], n["server"]) for n in page]
+            after = walked[-1]
+        assert walked == every, size
+    rows = notebooks.list(None)
+    assert notebooks.user_rows(["gus", "cy", "ann", "bob"]) == {
+        u: {
+            "notebooks": sum(n["user"] == u for n in rows),
+            "notebooks_running": sum(n["user"] == u and n["state"] == "RUNNING" for n in rows),
+        }
+        for u in ("gus", "cy", "ann")
+    }
