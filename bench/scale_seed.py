@@ -11,7 +11,8 @@ record layer's own ``JobRecords._new``, its later states are applied as ``transi
 applies them (state, reason, times, an event each, ``running_since``, the exit code), its
 billed minutes are settled by ``gpulab.jobs.usage.settle`` (the function every transition
 calls), and a thousand jobs are written per transaction. Notebooks go through
-``NotebookRecords.transition`` itself (200 x 4 transactions). The times are spread over the
+``NotebookRecords.transition`` itself (200 x 4 transactions), each user's recent GPU use
+(the fair share's row) through ``RecentUsage.accrue``. The times are spread over the
 year before now, so that the monthly totals span twelve months.
 """
 
@@ -58,8 +59,11 @@ def user_name(i: int) -> str:
     return f"u{i:04d}"
 
 
-def seed_jobs(db, instance: str, logs_dir: Path, jobs: int, users: int, batch: int = 1000):
-    """``jobs`` ended jobs, round-robin over ``users`` users, the newest ending a minute ago."""
+def seed_jobs(
+    db, instance: str, logs_dir: Path, jobs: int, users: int, batch: int = 1000, owner: str = ""
+):
+    """``jobs`` ended jobs, round-robin over ``users`` users (or all ``owner``'s), the newest
+    ending a minute ago."""
     from gpulab.db import JobEvent
     from gpulab.jobs.records import JobRecords
     from gpulab.jobs.usage import settle
@@ -73,11 +77,11 @@ def seed_jobs(db, instance: str, logs_dir: Path, jobs: int, users: int, batch: i
     while done < jobs:
         with db.session() as s:
             for i in range(done, min(jobs, done + batch)):
-                owner = user_name(i % users)
+                who = owner or user_name(i % users)
                 t0 = now - timedelta(minutes=5) - step * (jobs - i)
                 job_id = "j" + secrets.token_hex(6)
                 spec = {**SPEC, "resources": {**SPEC["resources"], "gpus": i % 2}}
-                job = records._new(job_id, owner, ("team",), f"job-{job_id[1:]}", spec, t0)
+                job = records._new(job_id, who, ("team",), f"job-{job_id[1:]}", spec, t0)
                 for state, reason, after in LIFE:
                     at = t0 + timedelta(seconds=after)
                     job.state, job.reason, job.message, job.updated = state, reason, "", at
@@ -97,6 +101,18 @@ def seed_jobs(db, instance: str, logs_dir: Path, jobs: int, users: int, batch: i
                 s.add(job)
                 (logs_dir / f"{job_id}.log").write_bytes(LOG)
         done = min(jobs, done + batch)
+
+
+def seed_fair_share(db, instance: str, users: int) -> None:
+    """Each user's recent GPU use and groups, as the supervisor keeps them (the fair share
+    the usage API and the queue read: one row a user)."""
+    from gpulab.gpus.recent_usage import RecentUsage
+    from gpulab.lifecycle import utcnow
+
+    names = [user_name(i) for i in range(users)]
+    RecentUsage(db, instance).accrue(
+        {n: 1.0 for n in names}, 3600.0, utcnow(), 7 * 86400.0, {n: ["team"] for n in names}
+    )
 
 
 def seed_notebooks(db, instance: str, notebooks: int, users: int) -> None:
@@ -126,6 +142,7 @@ def main() -> None:
     db = Database(f"sqlite:///{args.db}")
     seed_jobs(db, args.instance, args.logs, args.jobs, args.users)
     seed_notebooks(db, args.instance, args.notebooks, args.users)
+    seed_fair_share(db, args.instance, args.users)
     print(f"seeded {args.jobs} jobs, {args.notebooks} notebooks in {time.perf_counter() - t:.0f} s")
 
 

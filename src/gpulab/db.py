@@ -433,10 +433,12 @@ class Job(Base):
 
     __tablename__ = "jobs"
     # what the pages and lists read, each a walk of one index that stops at the page's end
-    # or counts without the rows (revision 0010): the newest jobs (everyone's), a user's
-    # jobs by state (their counts, the admin's page of users), everyone's counts by state
+    # or counts without the rows (revision 0010): the newest jobs (everyone's, a user's), a
+    # user's jobs by state (their counts, the admin's page of users), everyone's counts by
+    # state and the live jobs
     __table_args__ = (
         Index("ix_jobs_instance_submitted", "instance", "submitted", "id"),
+        Index("ix_jobs_instance_owner_submitted", "instance", "owner", "submitted", "id"),
         Index("ix_jobs_instance_owner_state", "instance", "owner", "state", "kind"),
         Index("ix_jobs_instance_state", "instance", "state", "kind"),
     )

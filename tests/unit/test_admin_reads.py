@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
 from sqlalchemy import select
 
 from gpulab.db import Database, Job
@@ -28,9 +29,11 @@ PATHS = [
 USERS = ["ann", "bob", "cy", "dan", "eve", "fay", "gus"]
 
 
-def seeded(tmp_path) -> tuple[JobRecords, NotebookRecords]:
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory) -> tuple[JobRecords, NotebookRecords]:
+    """One platform for the module's tests (they only read it)."""
     rng = random.Random(32)
-    db = Database(f"sqlite:///{tmp_path / 'g.sqlite'}")
+    db = Database(f"sqlite:///{tmp_path_factory.mktemp('admin-reads') / 'g.sqlite'}")
     jobs, notebooks = JobRecords(db, "t"), NotebookRecords(db, "t")
     other = JobRecords(db, "other")  # another instance's rows are never counted
     other.create("ann", dict(SPEC), None)
@@ -63,8 +66,8 @@ def scan(jobs: JobRecords) -> list[Job]:
         return list(s.scalars(select(Job).where(Job.instance == "t")))
 
 
-def test_each_users_counts_equal_a_scan_of_their_jobs(tmp_path):
-    jobs, _ = seeded(tmp_path)
+def test_each_users_counts_equal_a_scan_of_their_jobs(seeded):
+    jobs, _ = seeded
     rows = scan(jobs)
     got = jobs.owner_rows(USERS)
     active = {s.value for s in ACTIVE}
@@ -83,8 +86,8 @@ def test_each_users_counts_equal_a_scan_of_their_jobs(tmp_path):
     assert jobs.owner_rows([]) == {}
 
 
-def test_everyones_counts_and_total_equal_a_scan(tmp_path):
-    jobs, _ = seeded(tmp_path)
+def test_everyones_counts_and_total_equal_a_scan(seeded):
+    jobs, _ = seeded
     rows = [j for j in scan(jobs) if j.kind != "task"]  # an array once, as its owner sees it
     assert jobs.counts(None) == dict(Counter(j.state for j in rows))
     assert jobs.total() == len(rows) == sum(jobs.counts(None).values())
@@ -96,8 +99,8 @@ def test_everyones_counts_and_total_equal_a_scan(tmp_path):
     assert jobs.existing(some) == {rows[0].id, rows[1].id}
 
 
-def test_the_owners_cursor_walks_every_owner_once(tmp_path):
-    jobs, notebooks = seeded(tmp_path)
+def test_the_owners_cursor_walks_every_owner_once(seeded):
+    jobs, notebooks = seeded
     owners = sorted({j.owner for j in scan(jobs)})
     for size in (1, 2, 4, 100):
         walked, after = [], ""
@@ -113,8 +116,8 @@ def test_the_owners_cursor_walks_every_owner_once(tmp_path):
     assert notebooks.users_after("ann", 1) == ["cy"]
 
 
-def test_a_pages_billed_minutes_equal_each_users_own(tmp_path):
-    jobs, notebooks = seeded(tmp_path)
+def test_a_pages_billed_minutes_equal_each_users_own(seeded):
+    jobs, notebooks = seeded
     got = jobs.usage_of_owners(USERS)
     assert got == {u: jobs.usage(u)["jobs_billed_minutes"] for u in USERS}
     assert sum(got.values()) > 0  # some ran: the check is not of zeros
@@ -123,8 +126,8 @@ def test_a_pages_billed_minutes_equal_each_users_own(tmp_path):
     assert nb["gus"] >= 2  # two notebooks that ran, a commenced minute each
 
 
-def test_a_months_report_of_a_page_of_users_is_theirs_of_everyones(tmp_path):
-    jobs, _ = seeded(tmp_path)
+def test_a_months_report_of_a_page_of_users_is_theirs_of_everyones(seeded):
+    jobs, _ = seeded
     month = utcnow().strftime("%Y-%m")
     everyone = jobs.month_usage(month)
     page = ["bob", "cy"]
@@ -132,8 +135,8 @@ def test_a_months_report_of_a_page_of_users_is_theirs_of_everyones(tmp_path):
     assert everyone  # some ran this month
 
 
-def test_the_notebooks_cursor_walks_every_notebook_once(tmp_path):
-    _, notebooks = seeded(tmp_path)
+def test_the_notebooks_cursor_walks_every_notebook_once(seeded):
+    _, notebooks = seeded
     every = [(n["user"], n["server"]) for n in notebooks.list(None)]
     for size in (1, 2, 3, 10):
         walked, after = [], None

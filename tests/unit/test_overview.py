@@ -224,7 +224,7 @@ def test_the_users_table_counts_what_it_is_handed():
     assert [r["name"] for r in rows] == ["ann", "bob", "cy"]  # the page's order
 
 
-def test_the_admins_users_come_a_page_at_a_time(lab):
+def test_the_admins_users_come_a_page_at_a_time(lab, monkeypatch):
     """The admin page's users: a page by name, from jobs' owners and notebooks' users, the
     next one after the last name; walked to the end, every user once."""
     for name in ("dan", "ann", "eve", "bob"):
@@ -239,6 +239,37 @@ def test_the_admins_users_come_a_page_at_a_time(lab):
     got = run_async(overview.admin_overview(lab.sup, lab.settings, lab.notebooks, users_after="cy"))
     assert [u["name"] for u in got["users"]] == ["dan", "eve"]
     assert (got["users_after"], got["users_next"]) == ("cy", None)
+    html = admin_html(lab, got)
+    assert 'data-user="dan"' in html and 'data-user="ann"' not in html
+    assert 'id="users-next"' not in html and "after cy" in html  # the last page
+    monkeypatch.setattr(overview, "ADMIN_PAGE", 1)  # a page of one user, of one notebook
+    got = run_async(overview.admin_overview(lab.sup, lab.settings, lab.notebooks))
+    assert [u["name"] for u in got["users"]] == ["ann"] and got["users_next"] == "ann"
+    assert [(n["user"], n["server"]) for n in got["notebooks"]] == [("ann", "")]
+    assert got["notebooks_next"] == ("ann", "")
+    assert got["job_counts"] == {"QUEUED": 4} and got["jobs_total"] == 4
+    html = admin_html(lab, got)
+    assert 'href="/p/admin?users_after=ann#users"' in html
+    assert 'href="/p/admin?nb_user=ann&amp;nb_server=#all-notebooks"' in html
+    assert "4 QUEUED" in html
+    got = run_async(
+        overview.admin_overview(lab.sup, lab.settings, lab.notebooks, notebooks_after=("ann", ""))
+    )
+    assert [(n["user"], n["server"]) for n in got["notebooks"]] == [("cy", "")]
+    assert got["notebooks_next"] is None
+
+
+def admin_html(lab: Lab, overview_data: dict) -> str:
+    """The admin page as the service renders it (its template, this data)."""
+    from gpulab.resources import format_memory
+    from gpulab.service.pages.base import _env
+
+    base = {"me": {"name": "root"}, "is_admin": True, "prefix": "/p/", "hub": "/hub/"}
+    base |= {"users_prefix": "/user/", "static": "/s/", "xsrf_token": "x", "request_path": "/"}
+    base["xsrf_form_html"] = lambda: ""
+    return _env.get_template("admin.html").render(
+        **base, **overview_data, settings=lab.settings, format_memory=format_memory
+    )
 
 
 def test_a_users_home(lab):

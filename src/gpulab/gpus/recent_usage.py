@@ -8,11 +8,18 @@ rows; a row nobody adds to decays when it is read. So the cost of a look is the 
 users holding GPUs, and of a read the number of users, never the number of jobs.
 
 Time the service was down is not counted: the first look after a start only sets the clock.
+
+The readers that only show the fair share (the usage API, the admin's line: not the
+scheduler) may take the rows read in the last :data:`SHOWN_MAX_AGE` seconds by this process
+(``read(..., max_age=...)``): with a thousand users a read is a thousand rows to parse, for
+a figure that moves by a half-life of days; an accrual in this process drops them at once.
 """
 
 from __future__ import annotations
 
 import json
+import time
+import weakref
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 
@@ -26,6 +33,12 @@ from ..lifecycle import utcnow
 ACCRUE_EVERY = 15.0
 #: the most groups kept per user (a hub's groups are few; the cap bounds a row)
 MAX_GROUPS = 64
+
+
+#: seconds the rows read to show the fair share may be reused by this process
+SHOWN_MAX_AGE = 5.0
+#: the rows read last, per database and instance, with when (see :meth:`RecentUsage._rows`)
+_READ: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _groups(text: str) -> list[str]:
@@ -43,6 +56,28 @@ class RecentUsage:
         self.db = db
         self.instance = instance
 
+    def _rows(self, max_age: float) -> list[tuple[str, float, datetime, list[str]]]:
+        """(user, gpu_seconds, as_of, groups) of every row: read now, or (``max_age`` > 0)
+        as this process read them at most ``max_age`` seconds ago."""
+        mine = _READ.setdefault(self.db, {})
+        hit = mine.get(self.instance)
+        if max_age > 0 and hit is not None and time.monotonic() - hit[0] < max_age:
+            return hit[1]
+        with self.db.read() as s:
+            rows = [
+                (user, value, as_of, _groups(g))
+                for user, value, as_of, g in s.execute(
+                    select(
+                        FairShareUsage.user,
+                        FairShareUsage.gpu_seconds,
+                        FairShareUsage.as_of,
+                        FairShareUsage.groups,
+                    ).where(FairShareUsage.instance == self.instance)
+                )
+            ]
+        mine[self.instance] = (time.monotonic(), rows)
+        return rows
+
     def accrue(
         self,
         held: Mapping[str, float],
@@ -58,6 +93,7 @@ class RecentUsage:
         users = sorted(set(held) | set(groups))
         if not users:
             return
+        _READ.get(self.db, {}).pop(self.instance, None)
         with self.db.session() as s:
             rows = {
                 r.user: r
@@ -89,19 +125,24 @@ class RecentUsage:
         """Keep ``user``'s groups as they are now (a notebook's start: jobs carry theirs)."""
         self.accrue({}, 0.0, utcnow(), 0.0, {user: groups})
 
-    def read(self, now: datetime, half_life: float) -> tuple[dict[str, float], dict[str, list]]:
-        """Every user's usage decayed to ``now`` (GPU-seconds), and their groups."""
+    def groups_of(self, user: str) -> list:
+        """``user``'s groups as last seen ([] if never): one row, not everyone's."""
         with self.db.read() as s:
-            rows = s.execute(
-                select(
-                    FairShareUsage.user,
-                    FairShareUsage.gpu_seconds,
-                    FairShareUsage.as_of,
-                    FairShareUsage.groups,
-                ).where(FairShareUsage.instance == self.instance)
-            ).all()
+            raw = s.scalar(
+                select(FairShareUsage.groups).where(
+                    FairShareUsage.instance == self.instance, FairShareUsage.user == user
+                )
+            )
+        return _groups(raw) if raw is not None else []
+
+    def read(
+        self, now: datetime, half_life: float, max_age: float = 0.0
+    ) -> tuple[dict[str, float], dict[str, list]]:
+        """Every user's usage decayed to ``now`` (GPU-seconds), and their groups; ``max_age``
+        (seconds): rows this process read that recently will do (only to show them)."""
+        rows = self._rows(max_age)
         usage = {
             user: decayed(value, (now - as_of).total_seconds(), half_life)
             for user, value, as_of, _g in rows
         }
-        return usage, {user: _groups(g) for user, _v, _a, g in rows}
+        return usage, {user: groups for user, _v, _a, groups in rows}

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from ..fairshare import SOLO, FairShare, Standing, accounts, fair_share
 from ..gpus.placement import Want
-from ..gpus.recent_usage import RecentUsage
+from ..gpus.recent_usage import SHOWN_MAX_AGE, RecentUsage
 from ..gpus.waits import GpuWaits
 from ..lifecycle import JobState, utcnow
 from .scheduler import QueuedJob, queue_order
@@ -26,11 +26,15 @@ NOTEBOOK_PRIORITY = 50
 
 
 def fair_share_now(
-    settings, recent: RecentUsage, waiting: Iterable[tuple[str, Iterable[str]]]
+    settings,
+    recent: RecentUsage,
+    waiting: Iterable[tuple[str, Iterable[str]]],
+    max_age: float = 0.0,
 ) -> FairShare:
     """The fair share now: every user's recent usage, their groups, and the owners (with
-    their groups) of the work that waits."""
-    usage, groups_of = recent.read(utcnow(), settings.fair_share_half_life)
+    their groups) of the work that waits; ``max_age``: usage rows read that many seconds
+    ago will do (only where it is shown: :meth:`RecentUsage.read`)."""
+    usage, groups_of = recent.read(utcnow(), settings.fair_share_half_life, max_age)
     return fair_share(
         usage,
         groups_of,
@@ -96,6 +100,7 @@ def _line(settings, records) -> tuple[list[QueuedJob], FairShare, dict[str, dict
         settings,
         recent,
         [(j["owner"], j["groups"]) for j in jobs] + [(w["owner"], w["groups"]) for w in rows],
+        SHOWN_MAX_AGE,  # shown, never scheduled by: rows a few seconds old will do
     )
     line = sorted(queued_jobs(jobs, fs) + waiting_notebooks(rows, fs), key=queue_order)
     return line, fs, {w["workload"]: w for w in rows}
@@ -123,7 +128,7 @@ def share_of(settings, records, user: str) -> dict:
     if mine:
         groups = sorted(mine[-1].groups)
     else:
-        groups = RecentUsage(records.db, records.instance).read(utcnow(), 0)[1].get(user, [])
+        groups = RecentUsage(records.db, records.instance).groups_of(user)
     judged_by = min(
         accounts(user, groups),
         key=lambda g: fs.groups[g].factor if g in fs.groups else 1.0,

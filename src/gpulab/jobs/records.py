@@ -803,9 +803,10 @@ class JobRecords:
                 )
             if not wanted:
                 return [], total
-            rows = s.scalars(
-                select(Job).where(Job.instance == self.instance, Job.id.in_(wanted))
-            ).all()
+            # by id alone (the ids are this instance's, picked above in this snapshot): with
+            # the instance too, SQLite's planner may walk an (instance, ...) index through
+            # every job instead of looking up the page's ids
+            rows = s.scalars(select(Job).where(Job.id.in_(wanted))).all()
             now = utcnow()
             bills = bills_of(s, [(j.id, j.state, j.updated) for j in rows], now)
             by_id = {j.id: job_json(j, now, billed=bills[j.id]) for j in rows}
@@ -863,7 +864,10 @@ class JobRecords:
                     "running_since": _iso(j.running_since),
                     "devices": j.devices or "",  # as stored: each rank's, ";"-separated
                 }
-                for j in s.scalars(q.order_by(Job.submitted))
+                # sorted here, not by the database: an ORDER BY submitted leads SQLite's planner
+                # to walk the submission index through every ended job instead of the
+                # (instance, state) one through the few live ones
+                for j in sorted(s.scalars(q), key=lambda j: (j.submitted, j.id))
             ]
 
     def ended_with_container(self) -> list[tuple[str, str, datetime, str, dict, str]]:
@@ -916,7 +920,8 @@ class JobRecords:
                 return []
             ids = [r.id for r in rows]
             s.execute(delete(JobEvent).where(JobEvent.job_id.in_(ids)))
-            s.execute(delete(Job).where(Job.instance == self.instance, Job.id.in_(ids)))
+            # by id alone (picked above, this instance's): see page()
+            s.execute(delete(Job).where(Job.id.in_(ids)))
         return [{"id": r.id, "node": r.node or "", "spec": r.spec, "owner": r.owner} for r in rows]
 
     def _with_tasks_retained(self, s, rows: list) -> list:
@@ -1025,9 +1030,8 @@ class JobRecords:
         if not ids:
             return set()
         with self.db.read() as s:
-            return set(
-                s.scalars(select(Job.id).where(Job.instance == self.instance, Job.id.in_(ids)))
-            )
+            found = s.execute(select(Job.id, Job.instance).where(Job.id.in_(ids)))
+            return {i for i, instance in found if instance == self.instance}
 
     def total(self) -> int:
         """How many job records there are (an array once, as its owner sees it)."""
