@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from gpulab.db import Database, Job
+from gpulab.jobs import overview
 from gpulab.jobs.records import JobRecords
 from gpulab.jobs.states import ACTIVE
 from gpulab.lifecycle import JobState, NotebookState, utcnow
@@ -155,3 +156,21 @@ def test_the_notebooks_cursor_walks_every_notebook_once(seeded):
         }
         for u in ("gus", "cy", "ann")
     }
+
+
+def test_the_months_report_pages_walk_every_user_once(seeded):
+    jobs, _ = seeded
+    month = utcnow().strftime("%Y-%m")
+    everyone = overview.month_usage(jobs, month, None)["users"]
+    assert len(everyone) >= 3
+    for size in (1, 2, 100):
+        walked, after = [], None
+        while True:
+            page = overview.month_usage(jobs, month, None, after, size)
+            assert len(page["users"]) <= size
+            walked += page["users"]
+            after = page["next_after"]
+            if after is None:
+                break
+            assert after == walked[-1]["user"]
+        assert walked == everyone, size

@@ -505,7 +505,13 @@ def fair_share_lines(fs) -> list[str]:
 def _month_report(args: argparse.Namespace, client: Client, params: list) -> int:
     if args.month != "now":
         params.append(("month", args.month))
-    data = client.json("GET", "/usage/report", params=params)
+    data = client.json("GET", "/usage/report", params=[*params, ("limit", "500")])
+    users = list(data.get("users") or [])
+    while data.get("next"):  # every page of users (the next one's cursor: after NAME)
+        after = [("after", users[-1]["user"])] if users else []
+        data = client.json("GET", "/usage/report", params=[*params, ("limit", "500"), *after])
+        users += data.get("users") or []
+    data = {"month": data.get("month"), "users": users}
     if args.output == "json":
         print_json(data)
     else:

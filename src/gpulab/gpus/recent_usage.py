@@ -37,7 +37,7 @@ MAX_GROUPS = 64
 
 #: seconds the rows read to show the fair share may be reused by this process
 SHOWN_MAX_AGE = 5.0
-#: the rows read last, per database and instance, with when (see :meth:`RecentUsage._rows`)
+#: the rows read last, per database and instance, with when (see :meth:`RecentUsage.rows`)
 _READ: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -56,7 +56,7 @@ class RecentUsage:
         self.db = db
         self.instance = instance
 
-    def _rows(self, max_age: float) -> list[tuple[str, float, datetime, list[str]]]:
+    def rows(self, max_age: float) -> list[tuple[str, float, datetime, list[str]]]:
         """(user, gpu_seconds, as_of, groups) of every row: read now, or (``max_age`` > 0)
         as this process read them at most ``max_age`` seconds ago."""
         mine = _READ.setdefault(self.db, {})
@@ -140,7 +140,7 @@ class RecentUsage:
     ) -> tuple[dict[str, float], dict[str, list]]:
         """Every user's usage decayed to ``now`` (GPU-seconds), and their groups; ``max_age``
         (seconds): rows this process read that recently will do (only to show them)."""
-        rows = self._rows(max_age)
+        rows = self.rows(max_age)
         usage = {
             user: decayed(value, (now - as_of).total_seconds(), half_life)
             for user, value, as_of, _g in rows

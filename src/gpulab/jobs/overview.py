@@ -85,18 +85,30 @@ def usage_and_share(sup: JobSupervisor, notebooks: NotebookReads, user: str) -> 
     }
 
 
-def month_usage(jobs: JobRecords, month: str | None, user: str | None) -> dict:
+def month_usage(
+    jobs: JobRecords,
+    month: str | None,
+    user: str | None,
+    after: str | None = None,
+    limit: int | None = None,
+) -> dict:
     """The monthly usage report: every user's (``user``: only theirs) billed job minutes and
     GPU-minutes in ``month`` ("YYYY-MM", UTC; None: this month), from the kept totals
-    (:func:`gpulab.jobs.usage.month_report`). A month that is not one is refused
-    (:class:`~gpulab.jobs.refusals.Invalid`, field ``month``)."""
+    (:func:`gpulab.jobs.usage.month_report`); ``after`` and ``limit``: a page of ``users``
+    by name, ``next_after`` the name the next one starts after (None at the end). A month
+    that is not one is refused (:class:`~gpulab.jobs.refusals.Invalid`, field ``month``)."""
     if month is None:  # an empty one is refused below: no silent default
         month = month_of(utcnow())
     try:
         month = parse_month(month)
     except ValueError as e:
         raise Invalid(str(e), field="month") from None
-    return {"month": month, "users": jobs.month_usage(month, user)}
+    if limit is None:
+        return {"month": month, "users": jobs.month_usage(month, user)}
+    rows = jobs.month_usage(month, user, None, after, limit + 1)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"month": month, "users": rows, "next_after": rows[-1]["user"] if more else None}
 
 
 def home_overview(
@@ -269,7 +281,7 @@ def _platform(
     held_jobs = [a["workload"].split("/")[-1] for a in allocations if a["kind"] == "job"]
     nbs = notebooks.page_after(notebooks_after, ADMIN_PAGE + 1)
     recent, _ = records.page(None, None, None, RECENT_JOBS, 0, True, with_total=False)
-    job_counts = records.counts(None)
+    job_counts = records.everyones_counts()
     names, users_next = users_page(records, notebooks, users_after, ADMIN_PAGE)
     month = month_of(utcnow())
     return {

@@ -5,6 +5,8 @@ in the order the scheduler considers them (:func:`.scheduler.queue_order`)."""
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 
@@ -32,16 +34,33 @@ def fair_share_now(
     max_age: float = 0.0,
 ) -> FairShare:
     """The fair share now: every user's recent usage, their groups, and the owners (with
-    their groups) of the work that waits; ``max_age``: usage rows read that many seconds
-    ago will do (only where it is shown: :meth:`RecentUsage.read`)."""
+    their groups) of the work that waits; ``max_age`` (only where it is shown, never to
+    schedule by): the fair share this process computed that many seconds ago for the same
+    waiting owners will do (with a thousand users it is a thousand standings to compute)."""
+    waiting = [(u, tuple(sorted(gs))) for u, gs in waiting]
+    if max_age > 0:
+        key = tuple(sorted(set(waiting)))
+        rows = recent.rows(max_age)  # the same rows as the last time: nothing accrued since
+        mine = _SHOWN.setdefault(recent.db, {})
+        hit = mine.get(recent.instance)
+        if hit is not None and hit[1] == key and hit[3] is rows:
+            return hit[2]
     usage, groups_of = recent.read(utcnow(), settings.fair_share_half_life, max_age)
-    return fair_share(
+    fs = fair_share(
         usage,
         groups_of,
         waiting,
         settings.fair_share_user_weights,
         settings.fair_share_group_weights,
     )
+    if max_age > 0:
+        mine[recent.instance] = (time.monotonic(), key, fs, rows)
+    return fs
+
+
+#: the fair share last shown, per database and instance: (when, waiting owners, FairShare,
+#: the usage rows it was computed from)
+_SHOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _ts(iso: str | None) -> float:

@@ -149,11 +149,14 @@ def month_report(
     month: str,
     owner: str | None = None,
     owners: Sequence[str] | None = None,
+    after: str | None = None,
+    limit: int | None = None,
 ) -> list[dict]:
     """Every user's (or ``owner``'s, or only ``owners``': a page of users) billed job
     minutes and GPU-minutes in ``month`` (``"YYYY-MM"``, UTC), by user: the kept totals, and
     for the current month what live jobs' open periods add so far (settled in a later month
-    if they close after it)."""
+    if they close after it). ``after`` and ``limit``: only the first ``limit`` users by name
+    after ``after`` (a page: the totals' (instance, owner, month) index walked that far)."""
     now = utcnow()
     out: dict[str, dict] = {}
 
@@ -169,9 +172,12 @@ def month_report(
             where.append(BilledMonth.owner == owner)
         if owners is not None:
             where.append(BilledMonth.owner.in_(list(owners)))
-        for user, minutes, gpu_minutes in conn.execute(
-            select(BilledMonth.owner, BilledMonth.minutes, BilledMonth.gpu_minutes).where(*where)
-        ):
+        if after is not None:
+            where.append(BilledMonth.owner > after)
+        kept = select(BilledMonth.owner, BilledMonth.minutes, BilledMonth.gpu_minutes).where(*where)
+        if limit is not None:
+            kept = kept.order_by(BilledMonth.owner).limit(limit)
+        for user, minutes, gpu_minutes in conn.execute(kept):
             r = row(user)
             r["jobs_billed_minutes"] += int(minutes)
             r["jobs_billed_gpu_minutes"] += int(gpu_minutes)
@@ -181,6 +187,8 @@ def month_report(
                 mine.append(Job.owner == owner)
             if owners is not None:
                 mine.append(Job.owner.in_(list(owners)))
+            if after is not None:
+                mine.append(Job.owner > after)
             live = conn.execute(
                 select(Job.id, Job.owner, Job.spec, Job.settled_minutes).where(*mine)
             ).all()
@@ -190,7 +198,9 @@ def month_report(
                     r = row(job.owner)
                     r["jobs_billed_minutes"] += more[job.id]
                     r["jobs_billed_gpu_minutes"] += more[job.id] * gpus_of(job.spec)
-    return [out[user] for user in sorted(out)]
+    # a page: the kept totals gave the first ``limit`` names with a row; a live job's owner
+    # without one sorts among them or after (then it is on a later page)
+    return [out[user] for user in sorted(out)][:limit]
 
 
 def bills_of(s, jobs, now: datetime) -> dict[str, int]:

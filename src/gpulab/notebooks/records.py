@@ -63,8 +63,9 @@ def _iso(t) -> str | None:
     return t.isoformat().replace("+00:00", "Z") if t else None
 
 
-def notebook_json(nb: Notebook) -> dict:
-    return {
+def notebook_json(nb: Notebook, history: bool = True) -> dict:
+    """A notebook as the API shows it; ``history``: with its events (read for it)."""
+    out = {
         "user": nb.user,
         "server": nb.server,
         "state": nb.state,
@@ -79,7 +80,9 @@ def notebook_json(nb: Notebook) -> dict:
         # the live pushes of its workspace, home and writable volumes (gpulab.live_push)
         "push_requested": _iso(nb.push_requested),
         "live_push": live_push_json(nb.live_push),
-        "history": [
+    }
+    if history:
+        out["history"] = [
             {
                 "state": e.state,
                 "at": e.at.isoformat().replace("+00:00", "Z"),
@@ -88,8 +91,8 @@ def notebook_json(nb: Notebook) -> dict:
                 "exit_code": e.exit_code,
             }
             for e in nb.events
-        ],
-    }
+        ]
+    return out
 
 
 def live_push_json(raw: dict | None) -> dict | None:
@@ -485,7 +488,7 @@ class NotebookRecords:
 
     def page_after(self, after: tuple[str, str] | None, limit: int) -> list[dict]:
         """Up to ``limit`` notebooks by user, then server, after ``after`` (user, server;
-        None from the first): a page that a cursor continues."""
+        None from the first): a page that a cursor continues (without their histories)."""
         with self.db.read() as s:
             q = select(Notebook).where(Notebook.instance == self.instance)
             if after is not None:
@@ -493,9 +496,8 @@ class NotebookRecords:
                 q = q.where(
                     or_(Notebook.user > user, and_(Notebook.user == user, Notebook.server > server))
                 )
-            q = q.options(selectinload(Notebook.events))
             q = q.order_by(Notebook.user, Notebook.server).limit(limit)
-            return [notebook_json(nb) for nb in s.scalars(q)]
+            return [notebook_json(nb, history=False) for nb in s.scalars(q)]
 
     def counts(self) -> dict[str, int]:
         """How many notebooks are in each state (one grouped query)."""

@@ -560,6 +560,13 @@ PATHS: dict[str, dict] = {
                     },
                 },
                 {"name": "user", "in": "query", "schema": {"type": "string"}},
+                PAGE_PARAMS[0],
+                {
+                    "name": "after",
+                    "in": "query",
+                    "description": "the page after this user's name (the cursor `next` carries)",
+                    "schema": {"type": "string", "maxLength": 255},
+                },
             ],
             "responses": {"200": _json(_ref("UsageReport"), "the report"), **_errors(400, 403)},
         }
@@ -867,6 +874,11 @@ def document(job_submission: dict | None = None) -> dict:
                     "type": "object",
                     "properties": {
                         "month": {"type": "string"},
+                        "limit": {"type": "integer"},
+                        "next": {
+                            "type": ["string", "null"],
+                            "description": "path and query of the next page of users",
+                        },
                         "users": {
                             "type": "array",
                             "items": {
