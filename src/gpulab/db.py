@@ -497,7 +497,11 @@ class BilledMonth(Base):
     (gpulab.jobs.records; the rule is gpulab.billing's)."""
 
     __tablename__ = "billed_months"
-    __table_args__ = (UniqueConstraint("instance", "owner", "month"),)
+    # a month's report pages through its users by name (revision 0010)
+    __table_args__ = (
+        UniqueConstraint("instance", "owner", "month"),
+        Index("ix_billed_months_instance_month", "instance", "month", "owner"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     instance: Mapped[str] = mapped_column(String(64))

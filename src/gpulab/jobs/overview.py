@@ -45,7 +45,7 @@ log = logging.getLogger("gpulab.jobs")
 #: the newest jobs the admin's overview lists (the jobs page pages through all of them)
 RECENT_JOBS = 50
 #: the users, and the notebooks, a page of the admin's overview lists (a cursor continues)
-ADMIN_PAGE = 50
+ADMIN_PAGE = 25
 #: the newest of a user's jobs their home page lists
 HOME_JOBS = 5
 
@@ -243,8 +243,9 @@ async def admin_overview(
     ``default_limits`` (a user's without an override), ``queue``
     (:func:`gpulab.jobs.queue.admin_line`: queued jobs and notebooks waiting for GPUs, in
     line), ``month_report`` (this month's billed job minutes of the page's users:
-    :func:`month_usage`) and ``images`` (:func:`image_rows`: the catalog's images, their
-    builds from the engine's labels, judged against this host's driver)."""
+    :func:`month_usage`; each user's row has theirs as ``month``, None if none) and
+    ``images`` (:func:`image_rows`: the catalog's images, their builds from the engine's
+    labels, judged against this host's driver)."""
     readings = await sup.ctx.gpu_readings()  # what each device does now
     found = await asyncio.to_thread(
         _platform, sup, settings, notebooks, readings, users_after, notebooks_after
@@ -284,6 +285,19 @@ def _platform(
     job_counts = records.everyones_counts()
     names, users_next = users_page(records, notebooks, users_after, ADMIN_PAGE)
     month = month_of(utcnow())
+    billed = records.month_usage(month, None, names)
+    users = user_rows(
+        settings,
+        names,
+        records.owner_rows(names),
+        notebooks.user_rows(names),
+        allocations,
+        sup.disk.bookings(),
+        _usage_of_page(records, notebooks, names),
+    )
+    this_month = {r["user"]: r for r in billed}
+    for u in users:  # the month's column of the users' table
+        u["month"] = this_month.get(u["name"])
     return {
         "gpus": gpu_rows(sup.ledger.holdings(allocations), readings, records.existing(held_jobs)),
         "gpus_total": len(sup.ledger.devices),
@@ -299,21 +313,13 @@ def _platform(
         "jobs": recent,
         "job_counts": job_counts,
         "jobs_total": sum(job_counts.values()),
-        "users": user_rows(
-            settings,
-            names,
-            records.owner_rows(names),
-            notebooks.user_rows(names),
-            allocations,
-            sup.disk.bookings(),
-            _usage_of_page(records, notebooks, names),
-        ),
+        "users": users,
         "users_after": users_after,
         "users_next": users_next,
         "default_limits": settings.limits_for("", []),
         "queue": admin_line(settings, records),
         # this month's billed job minutes of the page's users, from the kept totals
-        "month_report": {"month": month, "users": records.month_usage(month, None, names)},
+        "month_report": {"month": month, "users": billed},
     }
 
 
