@@ -13,7 +13,8 @@ from sqlalchemy import select
 
 from gpulab.db import Database, Job
 from gpulab.jobs import overview
-from gpulab.jobs.records import JobRecords
+from gpulab.jobs.actions import list_jobs
+from gpulab.jobs.records import JobRecords, job_cursor, parse_job_cursor
 from gpulab.jobs.states import ACTIVE
 from gpulab.lifecycle import JobState, NotebookState, utcnow
 from gpulab.notebooks.records import NotebookRecords
@@ -174,3 +175,34 @@ def test_the_months_report_pages_walk_every_user_once(seeded):
                 break
             assert after == walked[-1]["user"]
         assert walked == everyone, size
+
+
+def test_a_job_lists_cursor_walks_every_job_once_in_order(seeded):
+    """GET /api/jobs and the jobs page: each next page after the last job of the one
+    before, newest or oldest first, filtered or not; the total is of every match."""
+    jobs, _ = seeded
+    rows = [j for j in scan(jobs) if j.kind != "task"]
+    for owner, states, newest in ((None, "", True), ("ann", "", False), (None, "QUEUED", False)):
+        mine = [j for j in rows if owner in (None, j.owner) and states in ("", j.state)]
+        mine.sort(key=lambda j: (j.submitted, j.id), reverse=newest)
+        for size in ("1", "3", "500"):
+            walked, cursor = [], None
+            while True:
+                page = list_jobs(
+                    jobs, owner, states=states, limit=size, newest_first=newest, cursor=cursor
+                )
+                assert page.total == len(mine)
+                walked += [j["id"] for j in page.jobs]
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+            assert walked == [j.id for j in mine], (owner, states, newest, size)
+    # labels filter the same walk (every seeded job has none: a label nobody has)
+    assert list_jobs(jobs, None, labels=["team=x"]).jobs == []
+    labelled = list_jobs(
+        jobs, None, labels=["team=x"], cursor=job_cursor(list_jobs(jobs, None).jobs[0])
+    )
+    assert labelled.jobs == [] and labelled.total == 0
+    assert (
+        parse_job_cursor(job_cursor({"submitted": "2026-11-27T10:00:00.5Z", "id": "j1"}))[1] == "j1"
+    )

@@ -56,7 +56,7 @@ class _Records:
     def __init__(self, total: int = 3):
         self.total, self.asked = total, []
 
-    def page(self, owner, states, labels, limit, offset, newest_first=False):
+    def page(self, owner, states, labels, limit, offset, newest_first=False, cursor=None):
         self.asked.append((owner, states, labels, limit, offset, newest_first))
         return [{"id": "j1"}], self.total
 
@@ -73,12 +73,13 @@ def test_a_job_list_is_read_as_the_reader_asked():
         newest_first=True,
     )
     assert found == JobList(["DONE", "QUEUED"], [{"id": "j1"}], 3, 10, 20)
+    # one more than the page is read: whether there is a next page
     assert records.asked == [
-        ("ann", {"DONE", "QUEUED"}, {"team": "b", "stage": "x=y"}, 10, 20, True)
+        ("ann", {"DONE", "QUEUED"}, {"team": "b", "stage": "x=y"}, 11, 20, True)
     ]
     # nothing asked: every state, no label, the first default page, oldest first
     assert list_jobs(records, None) == JobList([], [{"id": "j1"}], 3, DEFAULT_PAGE, 0)
-    assert records.asked[-1] == (None, None, None, DEFAULT_PAGE, 0, False)
+    assert records.asked[-1] == (None, None, None, DEFAULT_PAGE + 1, 0, False)
 
 
 @pytest.mark.parametrize(
@@ -96,6 +97,8 @@ def test_a_job_list_is_read_as_the_reader_asked():
         ({"limit": "²"}, "limit", "limit must be a whole number"),
         ({"offset": "-1"}, "offset", "offset must be a whole number of at least 0"),
         ({"offset": "1000000000"}, "offset", "offset must be a whole number of at least 0"),
+        ({"cursor": "not-one"}, "cursor", "cursor is not one this service gave"),
+        ({"cursor": "x" * 129}, "cursor", "cursor is not one this service gave"),
     ],
 )
 def test_a_job_list_query_is_refused_naming_the_first_argument_at_fault(query, field, message):

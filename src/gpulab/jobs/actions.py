@@ -29,7 +29,15 @@ from ..lifecycle import InvalidTransition, JobState
 from ..resources import Quota
 from ..runtime.base import EngineError
 from .gang import workers_of
-from .records import ACTIVE, ENDED, JobRecords, QueueFull, QuotaFull
+from .records import (
+    ACTIVE,
+    ENDED,
+    JobRecords,
+    QueueFull,
+    QuotaFull,
+    job_cursor,
+    parse_job_cursor,
+)
 from .refusals import Conflict, Invalid, JobRefused, NotAllowed, NotFound
 from .scheduler import can_ever_fit
 from .spec import MAX_PRIORITY, WORKSPACE_DIR, JobSpec, job_spec_schema, parse_job_spec
@@ -486,13 +494,16 @@ async def act(
 @dataclass(frozen=True)
 class JobList:
     """A page of a job list: the states it was filtered on (as parsed, in the order given;
-    none: every state), the page's jobs, how many match in all, and the page's window."""
+    none: every state), the page's jobs, how many match in all, the page's window and the
+    next page's cursor."""
 
     states: list[str]
     jobs: list[dict]
     total: int
     limit: int
     offset: int
+    #: the cursor of the next page (its first job follows this page's last), None at the end
+    next_cursor: str | None = None
 
 
 def list_jobs(
@@ -504,20 +515,32 @@ def list_jobs(
     limit: str | None = None,
     offset: str | None = None,
     newest_first: bool = False,
+    cursor: str | None = None,
 ) -> JobList:
     """A page of ``owner``'s jobs (None: everyone's; who may ask for whose, the adapters
     decide), from the reader's query as sent: ``states``, a state filter
     (:func:`~gpulab.jobs.states.parse_state_filter`), ``labels``, ``key=value`` filters,
     ``limit`` and ``offset``, the page's window (:func:`gpulab.bounds.page_window`; None: the
-    defaults). Oldest first, or ``newest_first``. Invalid (400) naming the first argument at
-    fault, in that order. Blocking: one read of the records."""
+    defaults), ``cursor``, where the page starts (a :class:`JobList`'s ``next_cursor``: the
+    jobs after that one, however many were added or deleted before it meanwhile). Oldest
+    first, or ``newest_first``. Invalid (400) naming the first argument at fault, in that
+    order. Blocking: one read of the records."""
     chosen = parse_state_filter(states)
     try:
         wanted = checks.label_filters(FieldError, labels)
         first, skip = page_window(limit, offset)
     except FieldError as e:
         raise Invalid(str(e), field=e.field) from None
+    after = None
+    if cursor is not None:
+        try:
+            after = parse_job_cursor(cursor)
+        except ValueError as e:
+            raise Invalid(str(e), field="cursor") from None
+    # one more than the page: whether a next one exists, wherever the cursor stands
     rows, total = records.page(
-        owner, set(chosen) or None, wanted or None, first, skip, newest_first
+        owner, set(chosen) or None, wanted or None, first + 1, skip, newest_first, cursor=after
     )
-    return JobList(chosen, rows, total, first, skip)
+    more = len(rows) > first
+    rows = rows[:first]
+    return JobList(chosen, rows, total, first, skip, job_cursor(rows[-1]) if more else None)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import secrets
 import time
 import weakref
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, or_, select, update
-from sqlalchemy.orm import selectinload
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.orm import aliased, selectinload
 
 from ..billing import BILLED_STATES, billed_minutes
 from ..db import Database, Job, JobEvent
@@ -88,6 +89,32 @@ class QueueFull(Exception):
 
 def _iso(t: datetime | None) -> str | None:
     return t.isoformat().replace("+00:00", "Z") if t else None
+
+
+#: the longest cursor a job list takes (an ISO time and a job id, encoded)
+MAX_CURSOR = 128
+
+
+def job_cursor(job: dict) -> str:
+    """The cursor of a list's next page after ``job`` (its last row): its submission time
+    and id, URL-safe and opaque to readers (:func:`parse_job_cursor`)."""
+    raw = f"{job['submitted']}|{job['id']}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def parse_job_cursor(text: str) -> tuple[datetime, str]:
+    """(submitted, id) of a :func:`job_cursor`; ValueError if it is not one."""
+    try:
+        if len(text) > MAX_CURSOR:
+            raise ValueError
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+        when, job_id = raw.split("|")
+        at = datetime.fromisoformat(when.replace("Z", "+00:00"))
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("cursor is not one this service gave (a list's next page)") from None
+    if at.tzinfo is None or not job_id:
+        raise ValueError("cursor is not one this service gave (a list's next page)")
+    return at, job_id
 
 
 def event_json(e: JobEvent) -> dict:
@@ -791,9 +818,12 @@ class JobRecords:
         offset: int,
         newest_first: bool = False,
         with_total: bool = True,
+        cursor: tuple[datetime, str] | None = None,
     ) -> tuple[list[dict], int | None]:
         """One page of :meth:`list` (oldest first, then by id) and how many match in all
-        (None unless ``with_total``: a count reads every matching row of the index).
+        (None unless ``with_total``: a count reads every matching row of the index);
+        ``cursor`` (submitted, id: :func:`parse_job_cursor`): only the jobs after that one
+        in the page's order (then ``offset`` counts from there).
 
         The filter runs on a light query (ids and specs, no histories); only the page's jobs
         are loaded whole, so a long history of jobs costs one page's work per request.
@@ -808,17 +838,33 @@ class JobRecords:
             order = (
                 (Job.submitted.desc(), Job.id.desc()) if newest_first else (Job.submitted, Job.id)
             )
+            past = []  # the rows after the cursor (the count is of them all)
+            if cursor is not None:
+                at, last = cursor
+                if newest_first:
+                    past.append(or_(Job.submitted < at, and_(Job.submitted == at, Job.id < last)))
+                else:
+                    past.append(or_(Job.submitted > at, and_(Job.submitted == at, Job.id > last)))
             if labels:  # labels live in the spec's JSON: filtered here, on ids and specs only
+
+                def matches(spec) -> bool:
+                    return all(
+                        ((spec or {}).get("labels") or {}).get(k) == v for k, v in labels.items()
+                    )
+
                 ids = [
                     job_id
                     for job_id, spec in s.execute(
-                        select(Job.id, Job.spec).where(*where).order_by(*order)
+                        select(Job.id, Job.spec).where(*where, *past).order_by(*order)
                     )
-                    if all(
-                        ((spec or {}).get("labels") or {}).get(k) == v for k, v in labels.items()
-                    )
+                    if matches(spec)
                 ]
-                total, wanted = len(ids), ids[offset : offset + limit]
+                total = (
+                    sum(matches(spec) for (spec,) in s.execute(select(Job.spec).where(*where)))
+                    if past
+                    else len(ids)
+                )
+                wanted = ids[offset : offset + limit]
             else:  # the database counts and pages
                 if not with_total:
                     total = None
@@ -828,7 +874,11 @@ class JobRecords:
                     total = s.scalar(select(func.count()).select_from(Job).where(*where))
                 wanted = list(
                     s.scalars(
-                        select(Job.id).where(*where).order_by(*order).limit(limit).offset(offset)
+                        select(Job.id)
+                        .where(*where, *past)
+                        .order_by(*order)
+                        .limit(limit)
+                        .offset(offset)
                     )
                 )
             if not wanted:
@@ -1057,24 +1107,19 @@ class JobRecords:
                     row["jobs_active"] += n
                 elif state == JobState.QUEUED.value:
                     row["jobs_queued"] += n
-            # each owner's newest submission (the (instance, owner, submitted) index alone),
-            # then those rows' groups
-            newest = dict(
-                s.execute(
-                    select(Job.owner, func.max(Job.submitted)).where(*mine).group_by(Job.owner)
-                ).all()
+            # each owner's newest job's groups: one seek of the (instance, owner, submitted)
+            # index per owner of the page
+            newest = aliased(Job)
+            groups_of = (
+                select(newest.groups)
+                .where(newest.instance == self.instance, newest.owner == Job.owner)
+                .order_by(newest.submitted.desc(), newest.id.desc())
+                .limit(1)
+                .scalar_subquery()
             )
-            picked: dict[str, tuple] = {}
-            for owner, groups, submitted, job_id in s.execute(
-                select(Job.owner, Job.groups, Job.submitted, Job.id).where(
-                    *mine, Job.submitted.in_(set(newest.values()))
-                )
+            for owner, groups in s.execute(
+                select(Job.owner, groups_of).where(*mine).group_by(Job.owner)
             ):
-                if submitted == newest.get(owner) and (
-                    owner not in picked or job_id > picked[owner][0]
-                ):
-                    picked[owner] = (job_id, groups)
-            for owner, (_, groups) in picked.items():
                 row = out.setdefault(
                     owner, {"jobs": 0, "jobs_active": 0, "jobs_queued": 0, "groups": []}
                 )

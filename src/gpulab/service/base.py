@@ -428,14 +428,29 @@ class BaseHandler(HubOAuthenticated, JsonErrors):
             raise ApiError(400, f"{name} must be true or false, not {shown(raw)}", field=name)
         return raw.lower() == "true"
 
-    def write_page(self, key: str, rows: list, total: int, limit: int, offset: int) -> None:
-        """A page of a list, with the total and the URL of the next page (None at the end)."""
+    def write_page(
+        self,
+        key: str,
+        rows: list,
+        total: int,
+        limit: int,
+        offset: int,
+        cursor: str | bool = False,
+    ) -> None:
+        """A page of a list, with the total and the URL of the next page (None at the end):
+        ``cursor`` (a list read by cursor: the next page's, None at the end) in it, else the
+        next ``offset``."""
         nxt = None
-        if offset + len(rows) < total:
+        more = bool(cursor) if cursor is not False else offset + len(rows) < total
+        if more:
             args = {
                 k: self.get_arguments(k) for k in self.request.arguments if k not in _SECRET_ARGS
             }
-            args["offset"] = [str(offset + len(rows))]
+            if cursor is not False:
+                args.pop("offset", None)
+                args["cursor"] = [cursor]
+            else:
+                args["offset"] = [str(offset + len(rows))]
             args["limit"] = [str(limit)]
             query = urlencode([(k, v) for k, vs in args.items() for v in vs])
             nxt = f"{self.request.path}?{query}"

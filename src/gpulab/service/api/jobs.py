@@ -19,7 +19,8 @@ from ..base import JOBS_MANAGE, JOBS_READ, BaseHandler, answer_refusals, authent
 class JobsHandler(BaseHandler):
     @authenticated
     async def get(self):
-        """List jobs: yours (admins: ?user=NAME or ?all=true), ?state=A,B, ?label=k=v."""
+        """List jobs: yours (admins: ?user=NAME or ?all=true), ?state=A,B, ?label=k=v; a page
+        (?limit=), after ?cursor= (the previous page's ``next`` carries it) or ?offset=."""
         me = self.require(JOBS_READ)
         user = self.get_argument("user", me["name"])
         user = self.whose(
@@ -36,9 +37,12 @@ class JobsHandler(BaseHandler):
                     labels=self.get_arguments("label"),
                     limit=limit,
                     offset=offset,
+                    cursor=self.get_argument("cursor", None, strip=False),
                 )
             )
-        self.write_page("jobs", found.jobs, found.total, found.limit, found.offset)
+        self.write_page(
+            "jobs", found.jobs, found.total, found.limit, found.offset, found.next_cursor
+        )
 
     @authenticated
     async def post(self):

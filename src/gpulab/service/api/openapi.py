@@ -365,6 +365,13 @@ PATHS: dict[str, dict] = {
                 {"name": "user", "in": "query", "schema": {"type": "string"}},
                 ALL,
                 *PAGE_PARAMS,
+                {
+                    "name": "cursor",
+                    "in": "query",
+                    "description": "the page after the job this names (opaque: the previous "
+                    "page's `next` carries it; `offset` then counts from there)",
+                    "schema": {"type": "string", "maxLength": 128},
+                },
             ],
             "responses": {
                 "200": _json(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from urllib.parse import urlencode
 
 from ...jobs import actions, output
 from ...jobs.gang import workers_of
@@ -15,7 +16,7 @@ from ..base import JOBS_MANAGE, JOBS_READ, ApiError, answer_refusals, authentica
 from .base import ACTIVE_STATES, ENDED_STATES, JOB_STATES, PageHandler
 from .job_form import FORM_FIELDS, form_field, form_to_job
 
-#: jobs the jobs page shows (the newest; the REST API pages through all of them)
+#: jobs a page of the jobs page shows (newest first; "older jobs" continues after the last)
 JOBS_PAGE_ROWS = 200
 
 
@@ -27,20 +28,30 @@ class JobsPage(PageHandler):
         user = self.whose(
             me, None if want_all else me["name"], "Only administrators may list other users' jobs."
         )
+        state = self.get_argument("state", "", strip=False)
+        cursor = self.get_argument("cursor", None, strip=False)
         with answer_refusals():
-            # the newest page only: a page that rendered every job ever run would grow forever
+            # a page at a time, newest first, the next one after the last job shown: a page
+            # that rendered every job ever run would grow forever
             found = await asyncio.to_thread(
                 functools.partial(
                     actions.list_jobs,
                     self.jobs,
                     user,
-                    states=self.get_argument("state", "", strip=False),
+                    states=state,
                     limit=str(JOBS_PAGE_ROWS),
                     newest_first=True,
+                    cursor=cursor,
                 )
             )
+        keep = [(k, v) for k, v in (("all", "true" if want_all else ""), ("state", state)) if v]
         self.render_page(
             "jobs.html",
+            cursor=cursor,
+            first_page=f"?{urlencode(keep)}" if keep else "",
+            next_page=f"?{urlencode([*keep, ('cursor', found.next_cursor)])}"
+            if found.next_cursor
+            else "",
             jobs=found.jobs,
             jobs_total=found.total,
             states=JOB_STATES,
