@@ -7,7 +7,7 @@ a walk of the index that stops at the page's end, or counts without reading the 
 Nothing moves; building them reads the jobs table once (seconds for 100,000 jobs).
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-11-27
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0010"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
