@@ -551,7 +551,11 @@ JOB_SPEC_SCHEMA: dict[str, Any] = {
                 },
                 "additionalProperties": {
                     "anyOf": [
-                        {"type": "string", "maxLength": MAX_PARAMETER_VALUE_CHARS},
+                        {
+                            "type": "string",
+                            "maxLength": MAX_PARAMETER_VALUE_CHARS,
+                            "pattern": _NO_NUL,
+                        },
                         {"type": "number"},
                     ]
                 },

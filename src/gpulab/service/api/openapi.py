@@ -369,7 +369,8 @@ PATHS: dict[str, dict] = {
                     "name": "cursor",
                     "in": "query",
                     "description": "the page after the job this names (opaque: the previous "
-                    "page's `next` carries it; `offset` then counts from there)",
+                    "page's `next` carries it; `offset` then counts from there); one this "
+                    "service did not give is a 400 naming `cursor`",
                     "schema": {"type": "string", "maxLength": 128},
                 },
             ],
