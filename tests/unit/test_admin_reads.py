@@ -206,3 +206,53 @@ def test_a_job_lists_cursor_walks_every_job_once_in_order(seeded):
     assert (
         parse_job_cursor(job_cursor({"submitted": "2026-11-27T10:00:00.5Z", "id": "j1"}))[1] == "j1"
     )
+
+
+def test_a_cursor_walks_jobs_submitted_at_the_same_instant_once_each(tmp_path):
+    """Ties on the submission time are broken by the id, newest and oldest first, whatever
+    the page size; a job deleted between two pages does not break the walk."""
+    from sqlalchemy import update
+
+    db = Database(f"sqlite:///{tmp_path / 'g.sqlite'}")
+    jobs = JobRecords(db, "t")
+    ids = [jobs.create("ann", dict(SPEC), None)["id"] for _ in range(7)]
+    same = utcnow()
+    with db.session() as s:
+        s.execute(update(Job).where(Job.id.in_(ids[:5])).values(submitted=same))
+    order = sorted((j.submitted, j.id) for j in scan(jobs))
+    for newest in (True, False):
+        wanted = [i for _, i in (reversed(order) if newest else order)]
+        for size in ("1", "2", "3"):
+            walked, cursor = [], None
+            while True:
+                page = list_jobs(jobs, "ann", limit=size, newest_first=newest, cursor=cursor)
+                walked += [j["id"] for j in page.jobs]
+                if page.next_cursor is None:
+                    break
+                cursor = page.next_cursor
+            assert walked == wanted, (newest, size)
+    # a job deleted between pages: the rest are walked all the same
+    first = list_jobs(jobs, "ann", limit="2", newest_first=True)
+    jobs.transition(first.jobs[-1]["id"], JobState.INITIALIZING, expect=JobState.QUEUED)
+    jobs.transition(first.jobs[-1]["id"], JobState.FAILED, expect=JobState.INITIALIZING)
+    jobs.delete(first.jobs[-1]["id"])
+    rest = list_jobs(jobs, "ann", limit="10", newest_first=True, cursor=first.next_cursor)
+    assert [j["id"] for j in first.jobs[:1] + rest.jobs] == [
+        i for _, i in reversed(order) if i != first.jobs[-1]["id"]
+    ]
+
+
+def test_a_cursor_is_refused_unless_this_service_could_have_given_it():
+    """A cursor names a job's id as the service makes them and a time in UTC: one naming a
+    NUL (a 500 on PostgreSQL) or any other id is refused; another time zone is read as the
+    instant it names."""
+    import base64
+
+    def made(text: str) -> str:
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+    for bad in ("2026-11-27T10:00:00Z|\x00", "2026-11-27T10:00:00Z|J1", "2026-11-27T10:00:00|j1"):
+        with pytest.raises(ValueError, match="not one this service gave"):
+            parse_job_cursor(made(bad))
+    at, job_id = parse_job_cursor(made("2026-11-27T15:00:00+05:00|j1"))
+    assert (at.isoformat(), job_id) == ("2026-11-27T10:00:00+00:00", "j1")

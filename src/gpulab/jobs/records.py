@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 import secrets
+import threading
 import time
 import weakref
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import aliased, selectinload
 
 from ..billing import BILLED_STATES, billed_minutes
@@ -108,13 +110,15 @@ def parse_job_cursor(text: str) -> tuple[datetime, str]:
         if len(text) > MAX_CURSOR:
             raise ValueError
         raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
-        when, job_id = raw.split("|")
+        when, job_id = raw.rsplit("|", 1)
         at = datetime.fromisoformat(when.replace("Z", "+00:00"))
     except (ValueError, UnicodeDecodeError):
         raise ValueError("cursor is not one this service gave (a list's next page)") from None
-    if at.tzinfo is None or not job_id:
+    # a job's id as this service makes them (never a NUL or another character a database
+    # refuses), and a time in UTC, as the records keep it
+    if at.tzinfo is None or not re.fullmatch(r"[a-z0-9]{1,32}", job_id):
         raise ValueError("cursor is not one this service gave (a list's next page)")
-    return at, job_id
+    return at.astimezone(UTC), job_id
 
 
 def event_json(e: JobEvent) -> dict:
@@ -219,6 +223,7 @@ def _with_tasks(out: dict, tasks: list[dict], listed: bool = False) -> None:
 COUNTS_MAX_AGE = 5.0
 #: per database: {instance: [generation, (generation, read at, counts) or None]}
 _COUNTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COUNTS_LOCK = threading.Lock()
 
 
 def _changes_counts(method):
@@ -230,7 +235,8 @@ def _changes_counts(method):
         try:
             return method(self, *args, **kwargs)
         finally:
-            self._counts_slot()[0] += 1
+            with _COUNTS_LOCK:  # the record layer's writers run on several threads
+                self._counts_slot()[0] += 1
 
     return wrapper
 
@@ -841,10 +847,12 @@ class JobRecords:
             past = []  # the rows after the cursor (the count is of them all)
             if cursor is not None:
                 at, last = cursor
+                # the plain bound first: an index range (instance, submitted), so that a deep
+                # page costs what a first one does (the OR alone walked from the newest job)
                 if newest_first:
-                    past.append(or_(Job.submitted < at, and_(Job.submitted == at, Job.id < last)))
+                    past += [Job.submitted <= at, or_(Job.submitted < at, Job.id < last)]
                 else:
-                    past.append(or_(Job.submitted > at, and_(Job.submitted == at, Job.id > last)))
+                    past += [Job.submitted >= at, or_(Job.submitted > at, Job.id > last)]
             if labels:  # labels live in the spec's JSON: filtered here, on ids and specs only
 
                 def matches(spec) -> bool:

@@ -40,6 +40,9 @@ class UsageReportHandler(BaseHandler):
         after = self.get_argument("after", None, strip=False)
         if after is not None and len(after) > MAX_AFTER:
             raise ApiError(400, f"after must be at most {MAX_AFTER} characters", field="after")
+        if after is not None and any(ord(c) < 32 or ord(c) == 127 for c in after):
+            # no user's name has one (and PostgreSQL refuses a NUL in a query: a 500)
+            raise ApiError(400, "after must not contain control characters", field="after")
         try:
             limit, _ = page_window(self.get_argument("limit", None, strip=False), None)
         except FieldError as e:

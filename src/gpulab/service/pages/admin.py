@@ -37,4 +37,6 @@ class AdminPage(PageHandler):
         raw = self.get_argument(name, "", strip=False)
         if len(raw) > MAX_CURSOR:
             raise ApiError(400, f"{name} must be at most {MAX_CURSOR} characters", field=name)
+        if any(ord(c) < 32 or ord(c) == 127 for c in raw):  # no name has one (a database
+            raise ApiError(400, f"{name} must not contain control characters", field=name)
         return raw
