@@ -582,9 +582,10 @@ def test_a_new_spawn_goes_behind_those_waiting_in_line(tmp_path, answers, monkey
 
     async def go():
         spawn = asyncio.create_task(life.start(w.nb, w.options(gpus="1"), hub_side(w), {}))
-        row = await until(lambda: waits.get(w.nb.workload_id))
+        # (its row is written, then its progress said: both, before the spawn looks again)
+        said = lambda: any("other notebooks wait in line" in m for _, m in w.events)  # noqa: E731
+        row = await until(lambda: said() and waits.get(w.nb.workload_id))
         assert not row["granted"] and w.held_gpus() == []  # both GPUs free, yet it waits
-        assert any("other notebooks wait in line" in m for _, m in w.events)
         await sv.refresh_inventory()
         await sv.schedule()  # bob first (in line first): both GPUs
         assert waits.get("t/notebook/bob/nb")["granted"]
