@@ -30,6 +30,8 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from scale_seed import SPEC  # noqa: E402  (bench/: the benchmarks' one seeded job spec)
+
 from tests.support.hub import Hub  # noqa: E402
 
 
@@ -47,21 +49,7 @@ def seed_jobs(hub: Hub, owner: str, n: int) -> list[str]:
     records = JobRecords(
         Database(f"sqlite:///{hub.workdir / 'data' / 'gpulab.sqlite'}"), hub.instance
     )
-    spec = {
-        "name": "bench",
-        "image": "gpulab/python:3.11",
-        "command": ["true"],
-        "args": [],
-        "env": {},
-        "labels": {"project": "bench"},
-        "resources": {"gpus": 0, "cpus": 0.25, "memory": 268435456},
-        "volumes": [],
-        "priority": 50,
-        "preemptible": False,
-        "retries": 0,
-        "timeout": 3600,
-        "hang_restart": {"enabled": False, "period": 600},
-    }
+    spec = SPEC
     ids = []
     path = [
         (J.INITIALIZING, J.QUEUED),

@@ -21,24 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+from scale_seed import SPEC  # noqa: E402  (bench/: the benchmarks' one seeded job spec)
+
 from gpulab.db import Database  # noqa: E402
 from gpulab.jobs.records import JobRecords  # noqa: E402
-
-SPEC = {
-    "name": "bench",
-    "image": "gpulab/python:3.11",
-    "command": ["true"],
-    "args": [],
-    "env": {},
-    "labels": {},
-    "resources": {"gpus": 0, "cpus": 0.25, "memory": 268435456},
-    "volumes": [],
-    "priority": 50,
-    "preemptible": False,
-    "retries": 0,
-    "timeout": 3600,
-    "hang_restart": {"enabled": False, "period": 600},
-}
 
 
 def one_round(queued: bool, threads: int, writes: int) -> tuple[float, list[float]]:
