@@ -917,3 +917,52 @@ def test_snapshot_of_a_jobs_volume(capsys, monkeypatch):
     assert cli.main(["snapshot", "create", "r1", "--job", "j1abc"]) == 2
     assert "--job and --volume go together" in capsys.readouterr().err
     assert cli.main(["snapshot", "create", "r1", "--job", "j1", "--notebook", "nb"]) == 2
+
+
+def test_lists_follow_the_services_next_pages_whatever_its_base_url(capsys):
+    """`gpulab job list` and `gpulab usage --month` read each next page the service names
+    (its cursor and filters, never an offset of their own: a job that ended or went between
+    two pages neither skips a row nor repeats one); only the query of `next` is read, so a
+    hub behind a base URL works; the total and the month are the first page's."""
+    from gpulab.cli import commands as cli_commands
+
+    pages = {
+        "": {
+            "jobs": [{"id": "j3"}, {"id": "j2"}],
+            "total": 3,
+            "next": "/lab/services/gpulab/api/jobs?state=DONE&limit=500&cursor=abc",
+        },
+        "abc": {"jobs": [{"id": "j1"}], "total": 1, "next": None},
+    }
+    asked = []
+
+    class FakeClient:
+        def json(self, method, path, **kw):
+            params = dict(kw["params"])
+            asked.append((path, params))
+            if path == "/jobs":
+                return pages[params.get("cursor", "")]
+            after = params.get("after")
+            if after is None:
+                return {
+                    "month": "2026-11",
+                    "users": [{"user": "ann"}],
+                    "next": "/services/gpulab/api/usage/report?month=2026-11&after=ann&limit=500",
+                }
+            return {"month": "2026-12", "users": [{"user": "bob"}], "next": None}
+
+    data = cli_commands._all_pages(FakeClient(), "/jobs", [("state", "DONE")], "jobs")
+    assert [j["id"] for j in data["jobs"]] == ["j3", "j2", "j1"] and data["total"] == 3
+    assert asked == [
+        ("/jobs", {"state": "DONE", "limit": "500"}),
+        ("/jobs", {"state": "DONE", "limit": "500", "cursor": "abc"}),
+    ]
+    args = parse("usage", "--month", "now")
+    args.output = "json"
+    asked.clear()
+    assert cli_commands._month_report(args, FakeClient(), []) == 0
+    assert asked[1] == ("/usage/report", {"month": "2026-11", "after": "ann", "limit": "500"})
+    assert json.loads(capsys.readouterr().out) == {
+        "month": "2026-11",  # the first page's: a page read after midnight is of it still
+        "users": [{"user": "ann"}, {"user": "bob"}],
+    }

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from .client import (
     ENDED,
@@ -334,16 +335,27 @@ def _list_params(args: argparse.Namespace) -> list[tuple[str, str]]:
     return params
 
 
+def _next_params(answer: dict) -> list[tuple[str, str]] | None:
+    """The query of a list's ``next`` page (its cursor, limit and filters), as the service
+    wrote it; None at the end. Only the query is read: the path is the one asked already
+    (whatever base URL the hub is behind)."""
+    nxt = answer.get("next")
+    return parse_qsl(urlsplit(nxt).query, keep_blank_values=True) if nxt else None
+
+
 def _all_pages(client: Client, path: str, params: list[tuple[str, str]], key: str) -> dict:
-    """Every page of a list endpoint (500 items a request), as one answer."""
-    rows: list = []
-    offset = 0
-    while True:
-        data = client.json("GET", path, params=[*params, ("limit", "500"), ("offset", str(offset))])
+    """Every page of a list endpoint (500 items a request), as one answer: each next page is
+    the one the service names (a cursor after the last row: nothing skipped or read twice
+    when jobs end or go meanwhile); the total is the first page's."""
+    data = client.json("GET", path, params=[*params, ("limit", "500")])
+    rows: list = list(data.get(key, []))
+    total = data.get("total", len(rows))
+    following = _next_params(data)
+    while following is not None and data.get(key):
+        data = client.json("GET", path, params=following)
         rows += data.get(key, [])
-        if not data.get("next") or not data.get(key):
-            return {key: rows, "total": data.get("total", len(rows))}
-        offset = len(rows)
+        following = _next_params(data)
+    return {key: rows, "total": total}
 
 
 def cmd_job_list(args: argparse.Namespace, client: Client) -> int:
@@ -507,11 +519,13 @@ def _month_report(args: argparse.Namespace, client: Client, params: list) -> int
         params.append(("month", args.month))
     data = client.json("GET", "/usage/report", params=[*params, ("limit", "500")])
     users = list(data.get("users") or [])
-    while data.get("next"):  # every page of users (the next one's cursor: after NAME)
-        after = [("after", users[-1]["user"])] if users else []
-        data = client.json("GET", "/usage/report", params=[*params, ("limit", "500"), *after])
+    month = data.get("month")
+    following = _next_params(data)  # the service's next page: its month, after the last user
+    while following is not None and data.get("users"):
+        data = client.json("GET", "/usage/report", params=following)
         users += data.get("users") or []
-    data = {"month": data.get("month"), "users": users}
+        following = _next_params(data)
+    data = {"month": month, "users": users}
     if args.output == "json":
         print_json(data)
     else:
