@@ -349,3 +349,36 @@ def test_a_job_queued_again_counts_like_a_new_one(tmp_path):
         jobs.transition(first[0], J.QUEUED, counts=("ann", 2, None), **resume)
     assert jobs.get(first[0])["state"] == "INTERRUPTED"  # refused: nothing changed
     assert jobs.transition(first[0], J.QUEUED, counts=("ann", 5, 3), **resume)["state"] == "QUEUED"
+
+
+def test_the_shown_fair_share_is_reused_for_its_age_while_the_scheduler_reads_anew(
+    tmp_path, monkeypatch
+):
+    """The fair share shown (GET usage, the admin's line) is computed at most every
+    ``max_age`` seconds for the same waiting owners, even while the scheduler's pass reads
+    the usage rows again and a held GPU accrues to them; the scheduler's own (max_age 0) is
+    computed anew each time."""
+    from datetime import timedelta
+
+    from gpulab.db import Database
+    from gpulab.gpus.recent_usage import RecentUsage
+    from gpulab.jobs import queue
+    from gpulab.lifecycle import utcnow
+    from gpulab.settings import GpulabSettings
+
+    s = GpulabSettings(gpu_devices=[{"id": "0"}], discover_gpus=False)
+    recent = RecentUsage(Database(f"sqlite:///{tmp_path / 'g.sqlite'}"), "t")
+    now = utcnow()
+    recent.accrue({"ann": 1}, 60, now, s.fair_share_half_life)
+    clock = [1000.0]
+    monkeypatch.setattr(queue.time, "monotonic", lambda: clock[0])
+    waiting = [("ann", ()), ("bob", ())]
+    shown = queue.fair_share_now(s, recent, waiting, 5.0)
+    recent.accrue({"ann": 1}, 60, now + timedelta(seconds=60), s.fair_share_half_life)
+    recent.rows(0)  # the scheduler's pass: the rows read again
+    clock[0] += 4
+    assert queue.fair_share_now(s, recent, waiting, 5.0) is shown  # reused
+    assert queue.fair_share_now(s, recent, waiting, 0.0) is not shown  # the scheduler's
+    assert queue.fair_share_now(s, recent, waiting[:1], 5.0) is not shown  # others wait
+    clock[0] += 6
+    assert queue.fair_share_now(s, recent, waiting[:1], 5.0) is not shown  # too old now

@@ -39,11 +39,13 @@ def fair_share_now(
     waiting owners will do (with a thousand users it is a thousand standings to compute)."""
     waiting = [(u, tuple(sorted(gs))) for u, gs in waiting]
     if max_age > 0:
+        # computed at most max_age seconds ago for the same waiting owners: not "from the
+        # same usage rows", which the scheduler's pass reads again (and a held GPU accrues
+        # to) every half second, so that on a busy platform nothing was ever reused
         key = tuple(sorted(set(waiting)))
-        rows = recent.rows(max_age)  # the same rows as the last time: nothing accrued since
         mine = _SHOWN.setdefault(recent.db, {})
         hit = mine.get(recent.instance)
-        if hit is not None and hit[1] == key and hit[3] is rows:
+        if hit is not None and hit[1] == key and time.monotonic() - hit[0] < max_age:
             return hit[2]
     usage, groups_of = recent.read(utcnow(), settings.fair_share_half_life, max_age)
     fs = fair_share(
@@ -54,12 +56,11 @@ def fair_share_now(
         settings.fair_share_group_weights,
     )
     if max_age > 0:
-        mine[recent.instance] = (time.monotonic(), key, fs, rows)
+        mine[recent.instance] = (time.monotonic(), key, fs)
     return fs
 
 
-#: the fair share last shown, per database and instance: (when, waiting owners, FairShare,
-#: the usage rows it was computed from)
+#: the fair share last shown, per database and instance: (when, waiting owners, FairShare)
 _SHOWN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
