@@ -46,7 +46,7 @@ from .objects import (
     helper_files_archive,
     workload_container_config,
 )
-from .pulls import GiveUp, pull_blocking, registry_digest_blocking
+from .pulls import pull_blocking, pull_on_pool, registry_digest_blocking
 from .survey import refs, survey_engine
 
 log = logging.getLogger(__name__)
@@ -148,19 +148,9 @@ class DockerRuntime(Runtime):
         node: str = "",
         max_bytes: int = 0,
     ) -> None:
-        loop = asyncio.get_running_loop()
-
-        def threadsafe(progress: PullProgress) -> None:
-            loop.call_soon_threadsafe(on_progress, progress)
-
-        given_up = GiveUp()  # a caller's time-out: the pool's thread stops reading
-        try:
-            await self.engine.call(
-                pull_blocking, self.client, image, auth, threadsafe, max_bytes, given_up
-            )
-        except asyncio.CancelledError:
-            given_up.set()
-            raise
+        await pull_on_pool(
+            self.engine.call, pull_blocking, self.client, image, auth, on_progress, max_bytes
+        )
 
     async def image_command(self, image: str) -> list[str] | None:
         try:

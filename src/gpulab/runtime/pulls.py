@@ -11,6 +11,7 @@ given no credentials).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
@@ -186,3 +187,21 @@ def pull_blocking(
         close = getattr(events, "close", None)
         if close is not None:
             close()
+
+
+async def pull_on_pool(call, pull: Callable, target, image: str, auth, on_progress, max_bytes: int):
+    """``pull(target, image, auth, progress, max_bytes, given_up)`` (:func:`pull_blocking`, or
+    a runtime's own that ends in it) on the engine's pool through ``call``: its progress
+    handed to ``on_progress`` on the event loop, and a caller that gives up (cancelled: its
+    time-out) hangs the pull up (:class:`GiveUp`)."""
+    loop = asyncio.get_running_loop()
+
+    def threadsafe(progress: PullProgress) -> None:
+        loop.call_soon_threadsafe(on_progress, progress)
+
+    given_up = GiveUp()
+    try:
+        await call(pull, target, image, auth, threadsafe, max_bytes, given_up)
+    except asyncio.CancelledError:
+        given_up.set()
+        raise

@@ -84,7 +84,7 @@ from .engine import (
 from .execution import EngineExecSession, run_command
 from .gateway import Gateway
 from .objects import helper_container_config
-from .pulls import GiveUp, pull_blocking, registry_digest_blocking
+from .pulls import pull_blocking, pull_on_pool, registry_digest_blocking
 from .survey import survey_engine
 from .swarm_network import SwarmNetwork, service_named
 from .swarm_nodes import (
@@ -393,19 +393,9 @@ class SwarmRuntime(Runtime):
         pull's ``X-Registry-Auth`` header only (``docker pull`` stores them nowhere)."""
         if not node:
             raise ImagePullFailed("an image is pulled onto the node that runs it: none was named")
-        loop = asyncio.get_running_loop()
-
-        def threadsafe(progress: PullProgress) -> None:
-            loop.call_soon_threadsafe(on_progress, progress)
-
-        given_up = GiveUp()  # a caller's time-out: the pool's thread stops reading
-        try:
-            await self.engine.call(
-                self._pull_on_node, node, image, auth, threadsafe, max_bytes, given_up
-            )
-        except asyncio.CancelledError:
-            given_up.set()
-            raise
+        await pull_on_pool(
+            self.engine.call, self._pull_on_node, node, image, auth, on_progress, max_bytes
+        )
 
     def _pull_on_node(self, node: str, image: str, auth, on_progress, max_bytes, given_up):
         try:
