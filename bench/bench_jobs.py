@@ -39,11 +39,34 @@ IMAGE = "gpulab/python:3.11"
 BARE = ["docker", "run", "--rm", "--cpus", "0.25", "--memory", "256m", "--user", "1000:100"]
 
 
-def bare_loop(jobs: int, concurrency: int) -> float:
+#: the network of its own each of gpulab's users' workloads joins (runtime/network.py), made
+#: for the isolated loop
+BARE_NETWORK = "gpulab-bench-isolated"
+#: the same, isolated as gpulab isolates a job (runtime/objects.py): a user-defined bridge of
+#: its own instead of the default bridge, no capabilities, no new privileges, a process cap,
+#: a rotated log
+ISOLATED = [
+    *BARE,
+    "--network",
+    BARE_NETWORK,
+    "--cap-drop",
+    "ALL",
+    "--security-opt",
+    "no-new-privileges:true",
+    "--pids-limit",
+    "4096",
+    "--log-opt",
+    "max-size=10m",
+    "--log-opt",
+    "max-file=3",
+]
+
+
+def bare_loop(jobs: int, concurrency: int, command: list[str] = BARE) -> float:
     """Seconds for ``jobs`` ``docker run --rm IMAGE true``, ``concurrency`` at a time."""
 
     def one(_: int) -> None:
-        subprocess.run([*BARE, IMAGE, "true"], check=True, capture_output=True, timeout=300)
+        subprocess.run([*command, IMAGE, "true"], check=True, capture_output=True, timeout=300)
 
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
@@ -84,12 +107,22 @@ def latency(args, submit, wait, s: requests.Session, api: str) -> None:
 
 def throughput(args, hub: Hub) -> None:
     """``--jobs`` short jobs of a user of their own (so that the counts are theirs only),
-    queued at once, until every one ended; the bare loop before and after."""
+    queued at once, until every one ended; the bare loop and the isolated one before and
+    after (in reverse order after: each pair's mean is taken at the same middle time)."""
+    bare_loop(args.concurrency, args.concurrency)  # warm-up: the image's layers in the cache
+    subprocess.run(["docker", "network", "create", BARE_NETWORK], capture_output=True)
+    try:
+        bare_before = bare_loop(args.jobs, args.concurrency)
+        isolated_before = bare_loop(args.jobs, args.concurrency, ISOLATED)
+        gpulab(args, hub, bare_before, isolated_before)
+    finally:
+        subprocess.run(["docker", "network", "rm", BARE_NETWORK], capture_output=True)
+
+
+def gpulab(args, hub: Hub, bare_before: float, isolated_before: float) -> None:
     s = requests.Session()
     s.headers["Authorization"] = f"token {hub.create_user('burst')}"
     api = f"{hub.url}/services/gpulab/api"
-    bare_loop(args.concurrency, args.concurrency)  # warm-up: the image's layers in the cache
-    bare_before = bare_loop(args.jobs, args.concurrency)
 
     def submit(_: int) -> str:
         body = {"command": ["true"], "resources": SMALL}
@@ -104,15 +137,18 @@ def throughput(args, hub: Hub) -> None:
 
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(submit, range(args.jobs)))
+        ids = list(pool.map(submit, range(args.jobs)))
     submitted = time.perf_counter() - t0
     while ended("DONE,FAILED,ERROR") < args.jobs:
         time.sleep(0.2)
     wall = time.perf_counter() - t0
     ok = ended("DONE")
+    isolated_after = bare_loop(args.jobs, args.concurrency, ISOLATED)
     bare_after = bare_loop(args.jobs, args.concurrency)
     bare = (bare_before + bare_after) / 2
+    isolated = (isolated_before + isolated_after) / 2
     rate, bare_rate = args.jobs / wall * 60, args.jobs / bare * 60
+    isolated_rate = args.jobs / isolated * 60
     print(f"\n{args.jobs} short jobs queued at once, {args.concurrency} at a time")
     print(
         f"  gpulab: submitted in {submitted:.1f} s; all ended in {wall:.1f} s; {ok} DONE; "
@@ -122,7 +158,40 @@ def throughput(args, hub: Hub) -> None:
         f"  bare docker run --rm loop: {bare_before:.1f} s before, {bare_after:.1f} s after; "
         f"{bare_rate:.0f} jobs/min"
     )
+    print(
+        f"  the same loop isolated as gpulab isolates a job (own network, no capabilities): "
+        f"{isolated_before:.1f} s before, {isolated_after:.1f} s after; "
+        f"{isolated_rate:.0f} jobs/min"
+    )
     print(f"  gpulab / bare: {rate / bare_rate:.2f}x   (target: at least 0.9x)")
+    print(f"  isolated loop / bare: {isolated_rate / bare_rate:.2f}x")
+    print(f"  gpulab / isolated loop: {rate / isolated_rate:.2f}x")
+    phases(s, api, ids, args.concurrency)
+
+
+def phases(s: requests.Session, api: str, ids: list[str], concurrency: int) -> None:
+    """Where a slot's time goes, from the jobs' histories: each phase's median and p90, and
+    the hand-over (a slot freed by a job's end until the next job is PENDING in it)."""
+    hists = []
+    for job_id in ids:
+        events = s.get(f"{api}/jobs/{job_id}/events", timeout=60).json()["events"]
+        first: dict[str, float] = {}
+        for e in events:
+            first.setdefault(e["state"], ts(e["at"]))
+        hists.append(first)
+    print("  phases (median / p90, from the jobs' histories):")
+    for a, b in (("PENDING", "RUNNING"), ("RUNNING", "FINALIZING"), ("FINALIZING", "DONE")):
+        d = [h[b] - h[a] for h in hists if a in h and b in h]
+        if d:
+            print(f"    {a} -> {b}: {statistics.median(d):.2f} s / {pct(d, 90):.2f} s")
+    pending = sorted(h["PENDING"] for h in hists if "PENDING" in h)
+    done = sorted(h["DONE"] for h in hists if "DONE" in h)
+    hand = [p - d for p, d in zip(pending[concurrency:], done, strict=False)]
+    if hand:
+        print(
+            f"    a slot freed (DONE) -> the next job PENDING: {statistics.median(hand):.2f} s / "
+            f"{pct(hand, 90):.2f} s"
+        )
 
 
 def api_latency(args, hub: Hub, token: str) -> None:
