@@ -5,13 +5,14 @@ records filtered on labels."""
 from __future__ import annotations
 
 import pytest
+from sqlalchemy import delete
 
-from gpulab.db import Database
+from gpulab.db import Database, Notebook, NotebookEvent
 from gpulab.errors import FieldError
 from gpulab.lifecycle import NotebookState as S
 from gpulab.notebooks import output
 from gpulab.notebooks.output import NoOutput, read_output, tail_lines
-from gpulab.notebooks.records import NotebookRecords
+from gpulab.notebooks.records import NotebookRecords, notebook_cursor, parse_notebook_cursor
 from gpulab.runtime.base import WorkloadSpec
 
 from ..support.fake_runtime import FakeRuntime, FakeWorkload
@@ -90,3 +91,42 @@ def test_the_list_filters_on_labels(tmp_path):
     assert servers("ann", {"team": "vision"}, limit=1, offset=1) == (["c"], 2)
     assert servers(None, {"team": "vision"}) == (["a", "c", "a"], 3)
     assert records.get("ann", "c")["options"]["labels"] == {"team": "vision", "run": "2"}
+
+
+def test_the_list_pages_by_cursor_through_every_notebook_once(tmp_path):
+    """GET /api/notebooks's pages (issue #32: every list by cursor): each page starts after
+    the last row of the one before, however many rows went before it meanwhile; the total
+    counts them all; with labels, only the labelled ones; a cursor not given is refused."""
+    records = NotebookRecords(Database(f"sqlite:///{tmp_path / 'n.sqlite'}"), "t")
+    made = []
+    for user in ("ann", "bob", "cy"):
+        for server in ("", "a", "b"):
+            labels = {"team": "vision"} if server != "a" else {}
+            records.transition(user, server, S.STARTING, options={"labels": labels})
+            made.append((user, server))
+
+    def walk(size, labels=None):
+        walked, after = [], None
+        while True:
+            rows, total = records.page(None, size + 1, 0, labels, after)
+            more, rows = len(rows) > size, rows[:size]
+            walked += [(r["user"], r["server"]) for r in rows]
+            if not more:
+                return walked, total
+            after = parse_notebook_cursor(notebook_cursor(rows[-1]))
+
+    for size in (1, 2, 4, 20):
+        assert walk(size) == (made, 9), size
+        assert walk(size, {"team": "vision"}) == ([m for m in made if m[1] != "a"], 6), size
+    # the row a cursor names went meanwhile: the next page starts after where it was
+    rows, _ = records.page(None, 2, 0, None, None)
+    cursor = notebook_cursor(rows[-1])  # ("ann", "a")
+    with records.db.session() as s:  # (a removed user's rows)
+        s.execute(delete(NotebookEvent))
+        s.execute(delete(Notebook).where(Notebook.user == "ann", Notebook.server == "a"))
+    rows, total = records.page(None, 2, 0, None, parse_notebook_cursor(cursor))
+    assert [(r["user"], r["server"]) for r in rows] == [("ann", "b"), ("bob", "")]
+    assert total == 8
+    for bad in ("", "x" * 2000, "bm90IGpzb24", "WzEsMl0", "WyJhIl0"):  # not json, [1,2], ["a"]
+        with pytest.raises(ValueError, match="cursor"):
+            parse_notebook_cursor(bad)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -20,6 +22,35 @@ S = NotebookState
 log = logging.getLogger("gpulab.notebooks")
 #: notebook states in which a notebook's container may hold CPUs, memory and GPUs
 HOLDING_COMPUTE = frozenset({S.STARTING.value, S.RUNNING.value, S.STOPPING.value})
+
+
+#: the longest cursor of a notebook list accepted (a user's and a server's names, encoded)
+MAX_CURSOR = 1024
+
+
+def notebook_cursor(nb: dict) -> str:
+    """The cursor of a list's next page after ``nb`` (its last row): its user and server,
+    URL-safe and opaque to readers (:func:`parse_notebook_cursor`)."""
+    raw = json.dumps([nb["user"], nb["server"]], separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def parse_notebook_cursor(text: str) -> tuple[str, str]:
+    """(user, server) of a :func:`notebook_cursor`; ValueError if it is not one."""
+    bad = ValueError("cursor is not one this service gave (a list's next page)")
+    try:
+        if len(text) > MAX_CURSOR:
+            raise bad
+        got = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode())
+    except (ValueError, UnicodeDecodeError):
+        raise bad from None
+    if (
+        not isinstance(got, list)
+        or len(got) != 2
+        or not all(isinstance(x, str) and len(x) <= 255 and "\x00" not in x for x in got)
+    ):
+        raise bad
+    return got[0], got[1]
 
 
 class LimitExceeded(Exception):
@@ -381,30 +412,51 @@ class NotebookRecords:
         limit: int,
         offset: int,
         labels: Mapping[str, str] | None = None,
+        after: tuple[str, str] | None = None,
     ) -> tuple[list[dict], int]:
         """One page of :meth:`list` (by user, then server) and how many there are in all;
-        ``labels``: only those whose options carry every one of these labels."""
+        ``labels``: only those whose options carry every one of these labels; ``after``:
+        only those after this (user, server) (a cursor: :func:`parse_notebook_cursor`;
+        ``offset`` then counts from there, the total still counts them all)."""
         with self.db.read() as s:
             where = [Notebook.instance == self.instance]
             if user is not None:
                 where.append(Notebook.user == user)
             order = (Notebook.user, Notebook.server)
+            # after the cursor's row in the database's own order (its collation), wherever
+            # that row is now
+            past = []
+            if after is not None:
+                user_after, server_after = after
+                past.append(
+                    or_(
+                        Notebook.user > user_after,
+                        and_(Notebook.user == user_after, Notebook.server > server_after),
+                    )
+                )
             if labels:  # labels live in the options' JSON: filtered here, on ids and options
-                ids = [
-                    nb_id
-                    for nb_id, options in s.execute(
-                        select(Notebook.id, Notebook.options).where(*where).order_by(*order)
-                    )
-                    if all(
-                        ((options or {}).get("labels") or {}).get(k) == v for k, v in labels.items()
-                    )
-                ]
-                total = len(ids)
-                where.append(Notebook.id.in_(ids[offset : offset + limit]))
-                window = select(Notebook).where(*where)
+
+                def labelled(*extra) -> list[int]:
+                    return [
+                        nb_id
+                        for nb_id, options in s.execute(
+                            select(Notebook.id, Notebook.options)
+                            .where(*where, *extra)
+                            .order_by(*order)
+                        )
+                        if all(
+                            ((options or {}).get("labels") or {}).get(k) == v
+                            for k, v in labels.items()
+                        )
+                    ]
+
+                ids = labelled(*past)
+                total = len(ids) if not past else len(labelled())
+                window = select(Notebook).where(Notebook.id.in_(ids[offset : offset + limit]))
             else:
                 total = s.scalar(select(func.count()).select_from(Notebook).where(*where))
-                window = select(Notebook).where(*where).limit(limit).offset(offset)
+                window = select(Notebook).where(*where, *past).order_by(*order)
+                window = window.limit(limit).offset(offset)
             q = window.options(selectinload(Notebook.events)).order_by(*order)
             return [notebook_json(nb) for nb in s.scalars(q)], total
 

@@ -13,6 +13,7 @@ from ... import checks
 from ...errors import FieldError
 from ...notebooks.life import NotebookRefused
 from ...notebooks.output import NoOutput, read_output, tail_lines
+from ...notebooks.records import notebook_cursor, parse_notebook_cursor
 from ..base import (
     NB_MANAGE,
     NB_READ,
@@ -29,7 +30,8 @@ class NotebooksHandler(BaseHandler):
     @authenticated
     async def get(self):
         """The caller's notebooks; admins may ask for ?user=NAME or ?all=true; ?label=k=v
-        (repeatable) keeps those with every one of these labels."""
+        (repeatable) keeps those with every one of these labels; a page (?limit=), after
+        ?cursor= (the previous page's ``next`` carries it) or ?offset=."""
         me = self.require(NB_READ)
         user = self.get_argument("user", me["name"])
         user = self.whose(
@@ -42,8 +44,19 @@ class NotebooksHandler(BaseHandler):
         except FieldError as e:
             raise ApiError(400, str(e), field=e.field) from None
         limit, offset = self.page_args()
-        rows, total = await read(self.records.page, user, limit, offset, labels)
-        self.write_page("notebooks", rows, total, limit, offset)
+        cursor = self.get_argument("cursor", None, strip=False)
+        after = None
+        if cursor is not None:
+            try:
+                after = parse_notebook_cursor(cursor)
+            except ValueError as e:
+                raise ApiError(400, str(e), field="cursor") from None
+        # one more than the page: whether a next one exists, wherever the cursor stands
+        rows, total = await read(self.records.page, user, limit + 1, offset, labels, after)
+        more = len(rows) > limit
+        rows = rows[:limit]
+        nxt = notebook_cursor(rows[-1]) if more else None
+        self.write_page("notebooks", rows, total, limit, offset, nxt)
 
 
 class NotebookHandler(BaseHandler):

@@ -138,6 +138,14 @@ PATHS: dict[str, dict] = {
                 {"name": "user", "in": "query", "schema": {"type": "string"}},
                 ALL,
                 *PAGE_PARAMS,
+                {
+                    "name": "cursor",
+                    "in": "query",
+                    "description": "the page after the notebook this names (opaque: the "
+                    "previous page's `next` carries it; `offset` then counts from there); one "
+                    "this service did not give is a 400 naming `cursor`",
+                    "schema": {"type": "string", "maxLength": 1024},
+                },
             ],
             "responses": {
                 "200": _json(
