@@ -259,6 +259,30 @@ def test_the_admins_users_come_a_page_at_a_time(lab, monkeypatch):
     assert got["notebooks_next"] is None
 
 
+def test_the_admins_users_are_reused_until_a_job_changes_or_5_s_pass(lab, monkeypatch):
+    """The table of users is read again once a job of this process changed state, or once
+    USERS_MAX_AGE passed (what another process changed: a notebook); never the same objects
+    twice (a reader's edits do not reach the next)."""
+    clock = [1000.0]
+    monkeypatch.setattr(overview.time, "monotonic", lambda: clock[0])
+    job = lab.job("ann")
+
+    def users() -> dict:
+        got = run_async(overview.admin_overview(lab.sup, lab.settings, lab.notebooks))
+        return {u["name"]: (u["jobs_active"], u["notebooks"]) for u in got["users"]}
+
+    first = run_async(overview.admin_overview(lab.sup, lab.settings, lab.notebooks))["users"]
+    first[0]["name"] = "edited by a reader"
+    assert users() == {"ann": (0, 0)}
+    lab.notebook("bob", N.STARTING)  # as the hub's process writes it: not seen yet
+    clock[0] += overview.USERS_MAX_AGE - 1
+    assert users() == {"ann": (0, 0)}
+    clock[0] += 1  # its age is up
+    assert users() == {"ann": (0, 0), "bob": (0, 1)}
+    lab.jobs.transition(job, J.INITIALIZING, expect=J.QUEUED)  # a job of this process
+    assert users() == {"ann": (1, 0), "bob": (0, 1)}
+
+
 def admin_html(lab: Lab, overview_data: dict) -> str:
     """The admin page as the service renders it (its template, this data)."""
     from gpulab.resources import format_memory

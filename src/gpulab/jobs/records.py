@@ -936,6 +936,12 @@ class JobRecords:
     def _counts_slot(self) -> list:
         return _COUNTS.setdefault(self.db, {}).setdefault(self.instance, [0, None])
 
+    def generation(self) -> int:
+        """How many times a job of this process may have changed state: a reader that kept
+        something these changes make stale compares it (:meth:`everyones_counts`, the
+        admin page's users: :func:`gpulab.jobs.overview.admin_overview`)."""
+        return self._counts_slot()[0]
+
     def everyones_counts(self) -> dict[str, int]:
         """:meth:`counts` of everyone's jobs, reused while no job of this process changed
         state and for at most :data:`COUNTS_MAX_AGE` seconds: a count reads every job's
