@@ -210,3 +210,36 @@ def test_the_backends_call_the_engine_through_their_engine_client():
             ):
                 found.append(f"{path.name}:{node.lineno}")
     assert found == []
+
+
+def test_a_known_network_id_is_reused_for_a_while_and_forgotten_on_demand(monkeypatch):
+    """16 jobs of one user starting at once no longer each list the engine's networks: an
+    ID this process found is given again for KNOWN_FOR seconds to a caller that may reuse it
+    (the create path, which asks again when the engine says it is gone)."""
+    from gpulab.runtime import network as net
+
+    class Client:
+        base_url = "http+docker://test-reuse"
+
+        def __init__(self):
+            self.listed = 0
+
+        def networks(self, names=None, filters=None):
+            self.listed += 1
+            labels = {"org.gpulab.instance": "i"}
+            return [{"Name": names[0], "Id": f"id{self.listed}", "Labels": labels}]
+
+    clock = [100.0]
+    monkeypatch.setattr(net.time, "monotonic", lambda: clock[0])
+    client = Client()
+    first = net.ensure_user_network(client, "i", "ann", reuse=True)
+    assert client.listed == 1
+    assert net.ensure_user_network(client, "i", "ann", reuse=True) == first
+    assert client.listed == 1
+    assert net.ensure_user_network(client, "i", "ann") != first  # a caller that may not
+    assert client.listed == 2
+    clock[0] += net.KNOWN_FOR
+    assert net.ensure_user_network(client, "i", "ann", reuse=True) == "id3"  # too old
+    net.forget_user_network(client, "i", "ann")
+    assert net.ensure_user_network(client, "i", "ann", reuse=True) == "id4"
+    assert net.ensure_user_network(client, "i", "bob", reuse=True) == "id5"  # per user

@@ -187,9 +187,8 @@ class DockerRuntime(Runtime):
         instance = spec.labels.get(L_INSTANCE, "")
 
         def create():
-            for attempt in (1, 2):
-                with contextlib.suppress(NotFound):
-                    client.remove_container(spec.name, force=True)
+            cleared = False  # a container left by an earlier attempt under this name removed
+            for attempt in (1, 2, 3):
                 extra = {}
                 if spec.network_job:  # a distributed job's own network, with its rank's name
                     owner = spec.labels.get(L_USER, "")
@@ -201,7 +200,7 @@ class DockerRuntime(Runtime):
                     )
                 elif spec.network_owner:  # joined by ID: unambiguous while a duplicate exists
                     host["network_mode"] = net.ensure_user_network(
-                        client, instance, spec.network_owner
+                        client, instance, spec.network_owner, reuse=attempt == 1
                     )
                     if L_NETWORK in spec.labels:
                         # the network it really joins (made again if a concurrent stop removed
@@ -216,10 +215,27 @@ class DockerRuntime(Runtime):
                     client.start(spec.name)
                     return
                 except APIError as e:
-                    # pruned between our look-up and our start: make it again, once
+                    if attempt == 3:
+                        raise
+                    if e.status_code == 409 and "already in use" in str(e.explanation or e):
+                        # an earlier attempt's container (a start cut short, a service that
+                        # stopped between create and start): removed, then made anew, once
+                        if cleared:
+                            raise
+                        with contextlib.suppress(NotFound):
+                            client.remove_container(spec.name, force=True)
+                        cleared = True
+                        continue
+                    # pruned between our look-up and our start (or the ID this process
+                    # knew of it was stale): look again and make it again, once
                     joined = spec.network_owner or spec.network_job
                     if attempt == 2 or not (joined and net.is_missing_network(e)):
                         raise
+                    if spec.network_owner:
+                        net.forget_user_network(client, instance, spec.network_owner)
+                    with contextlib.suppress(NotFound):  # created, its start refused
+                        client.remove_container(spec.name, force=True)
+                    cleared = True
 
         try:
             await self.engine.call(create)

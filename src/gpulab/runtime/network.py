@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 
 from docker.errors import APIError, NotFound
 
@@ -216,8 +217,25 @@ def _lock_for(name: str) -> threading.Lock:
         return _locks.setdefault(name, threading.Lock())
 
 
+#: seconds the ID of a user's network that this process found or made is given again to a
+#: caller that may reuse it (``reuse``) without asking the engine: 16 jobs of one user
+#: starting at once each listed the engine's networks in turn, under the network's lock
+KNOWN_FOR = 10.0
+#: (engine, network name) -> (its ID, time.monotonic() when found)
+_known: dict[tuple[str, str], tuple[str, float]] = {}
+
+
+def _known_key(client, name: str) -> tuple[str, str]:
+    return (str(getattr(client, "base_url", "")), name)
+
+
 def ensure_user_network(
-    client, instance: str, user: str, driver: str = "bridge", encrypted: bool = False
+    client,
+    instance: str,
+    user: str,
+    driver: str = "bridge",
+    encrypted: bool = False,
+    reuse: bool = False,
 ) -> str:
     """Create-or-get the user's network (blocking); returns the ID of the one to join.
 
@@ -225,10 +243,25 @@ def ensure_user_network(
     prune that removes the network between our look-up and our create (we look again).
     Containers join by ID, not by name: while a duplicate made by a racing process still
     exists (or is kept because a container joined it), the name is ambiguous to the engine.
+    ``reuse``: an ID this process found within :data:`KNOWN_FOR` seconds will do (for a
+    caller that asks again, after :func:`forget_user_network`, when the engine says that
+    network is gone: :func:`is_missing_network`).
     """
     config = user_network_config(instance, user, driver, encrypted)
+    key = _known_key(client, config["name"])
     with _lock_for(config["name"]):  # threads of one process: one create; others: below
-        return _ensure(client, instance, config)
+        known = _known.get(key)
+        if reuse and known is not None and time.monotonic() - known[1] < KNOWN_FOR:
+            return known[0]
+        found = _ensure(client, instance, config)
+        _known[key] = (found, time.monotonic())
+        return found
+
+
+def forget_user_network(client, instance: str, user: str, driver: str = "bridge") -> None:
+    """The ID this process knows of the user's network is not to be given again (the engine
+    said it is gone, or this process removed it)."""
+    _known.pop(_known_key(client, user_network_name(instance, user, driver)), None)
 
 
 #: overlays found unencrypted where encryption is wanted (warned about once per process)
@@ -297,6 +330,7 @@ def remove_user_network_if_unused(
     for n in _named(client, name):
         if (n.get("Labels") or {}).get(L_INSTANCE) != instance:
             continue
+        forget_user_network(client, instance, user, driver)
         try:
             client.remove_network(n["Id"])
             removed = True
