@@ -98,6 +98,10 @@ class Notebook(Base):
     # an owner's "push now" not yet started, and the last live push (gpulab.live_push)
     push_requested: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     live_push: Mapped[dict | None] = mapped_column(JSONText, nullable=True)
+    # billed time (microseconds) of the history that retention deleted (closed periods only:
+    # gpulab.notebooks.records.prune_history), which its usage adds to what the kept history
+    # bills (revision 0011)
+    billed_pruned_us: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
     events: Mapped[list[NotebookEvent]] = relationship(
         back_populates="notebook", order_by="NotebookEvent.id", cascade="all, delete-orphan"
@@ -435,8 +439,10 @@ class Job(Base):
     # what the pages and lists read, each a walk of one index that stops at the page's end
     # or counts without the rows (revision 0010): the newest jobs (everyone's, a user's), a
     # user's jobs by state (their counts, the admin's page of users), everyone's counts by
-    # state and the live jobs
+    # state and the live jobs; and retention's pick of the jobs that ended longest ago
+    # (revision 0011)
     __table_args__ = (
+        Index("ix_jobs_instance_updated", "instance", "updated"),
         Index("ix_jobs_instance_submitted", "instance", "submitted", "id"),
         Index("ix_jobs_instance_owner_submitted", "instance", "owner", "submitted", "id"),
         Index("ix_jobs_instance_owner_state", "instance", "owner", "state", "kind"),

@@ -236,3 +236,72 @@ def test_the_schema_says_the_sites_longest_retention():
     )
     number = schema["properties"]["auto_delete_after"]["oneOf"][0]
     assert (number["minimum"], number["maximum"]) == (60, 30 * DAY)
+
+
+def test_a_job_changed_between_the_pick_and_the_deletion_is_kept(tmp_path, monkeypatch):
+    """The pick is a read without the write lock: the deletion re-reads each job with the
+    same conditions, its row locked, and deletes only those still due (a compare-and-set)."""
+    lab = Lab(tmp_path, monkeypatch)
+    resumed = lab.job([J.INTERRUPTED])
+    pushing = lab.job(RUN + [J.DONE])
+    kept_due = lab.job(RUN + [J.DONE])
+    spec = {"command": ["x"], "resources": {"gpus": 1}, "completions": 2, "parallelism": 2}
+    tasks = [{**spec, "task": {"index": i}} for i in range(2)]
+    array = lab.records.create("ann", spec, "a", tasks=tasks)["id"]
+    task_ids = [t["id"] for t in lab.records.get(array)["tasks"]]
+    for task_id in task_ids:
+        state = J.QUEUED
+        for new in [*RUN, J.DONE]:
+            lab.at += timedelta(seconds=90)
+            lab.records.transition(task_id, new, expect=state)
+            state = new
+    lab.at += timedelta(days=2)
+    real = lab.records._due
+
+    def meanwhile(*a, **kw):
+        picked = real(*a, **kw)
+        assert {resumed, pushing, kept_due, array} <= set(picked)
+        lab.records.transition(resumed, J.QUEUED, expect=J.INTERRUPTED)  # its owner resumes
+        with lab.records.db.session() as s:  # another writer: not retained any more
+            for job_id in (pushing, task_ids[1]):
+                s.get(Job, job_id).state = J.SYNC_FAILED.value
+        return picked
+
+    monkeypatch.setattr(lab.records, "_due", meanwhile)
+    assert lab.sweep(default=DAY) == [kept_due]
+    assert lab.kept(resumed, pushing, kept_due, array, *task_ids) == [
+        True, True, False, True, True, True
+    ]  # fmt: skip
+
+
+def test_the_pick_walks_an_index_to_its_batch_and_takes_the_oldest_due_first(tmp_path, monkeypatch):
+    """Each rule's pick is a walk of one index that stops at the batch (SQLite's plan: no
+    scan of the ended jobs, no sort of them), and the two rules' picks merge oldest due first."""
+    lab = Lab(tmp_path, monkeypatch)
+    first = lab.job(RUN + [J.DONE])  # the site's rule: due a day after its end
+    lab.at += timedelta(hours=1)
+    own = lab.job(RUN + [J.DONE], own=60)  # its own: due a minute after its end
+    lab.at += timedelta(hours=1)
+    last = lab.job(RUN + [J.DONE])
+    lab.at += timedelta(days=2)
+    plans = []
+    engine = lab.records.db.engine
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT JOBS.ID, JOBS.") and "LIMIT" in statement:
+            plans.append(
+                " ".join(
+                    r[3]
+                    for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + statement, parameters)
+                )
+            )
+
+    with lab.records.db.read() as s:
+        assert lab.records._due(s, lab.at, DAY, 2) == [first, own]
+    event.remove(engine, "before_cursor_execute", explain)
+    assert len(plans) == 2, plans
+    assert "INDEX ix_jobs_delete_at" in plans[0] and "ix_jobs_instance_updated" in plans[1]
+    assert not any("TEMP B-TREE" in p or "SCAN" in p for p in plans), plans
+    assert lab.sweep(default=DAY, batch=2) == [first, own] and lab.kept(last) == [True]

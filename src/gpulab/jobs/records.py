@@ -13,6 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import aliased, selectinload
+from sqlalchemy.sql.elements import UnaryExpression
+from sqlalchemy.sql.operators import custom_op
 
 from ..billing import BILLED_STATES, billed_minutes
 from ..db import Database, Job, JobEvent
@@ -42,6 +44,11 @@ INTERRUPTIBLE_TASK = frozenset(ACTIVE - {JobState.FINALIZING})
 #: for a push, and a record is how its owner retries it)
 RETAINED = frozenset(ENDED - {JobState.SYNC_FAILED})
 _RETAINED_VALUES = [s.value for s in RETAINED]
+
+
+def _unindexed(column):
+    """``column`` as SQLite's planner may not use an index for (its unary +)."""
+    return UnaryExpression(column, operator=custom_op("+"), type_=column.type)
 
 
 class _Rows:
@@ -1014,36 +1021,85 @@ class JobRecords:
 
     @_changes_counts
     def delete_expired(self, now: datetime, default: float | None, limit: int) -> list[dict]:
-        """Delete up to ``limit`` ended jobs whose retention is over, with their events, in
-        one transaction; their (id, node, spec) as :meth:`delete` returns them. Over: an own
+        """Delete up to ``limit`` ended jobs whose retention is over, with their events; their
+        (id, node, spec) as :meth:`delete` returns them, the oldest due first. Over: an own
         ``auto_delete_after`` (``delete_at``) reached, else ``default`` seconds (None: never)
         since the job ended. Only DONE, FAILED, INTERRUPTED and ERROR jobs (never one that is
-        not ended, nor SYNC_FAILED), checked in the same statement that picks them, the rows
-        locked: a job resumed meanwhile is not in it."""
-        due = [Job.delete_at <= now]
-        if default is not None:
-            due.append(Job.delete_at.is_(None) & (Job.updated <= now - timedelta(seconds=default)))
+        not ended, nor SYNC_FAILED).
+
+        Two steps, so that the write lock is held for the deletion alone: the candidates are
+        picked by a read (a snapshot, beside the writers), each rule a walk of one index that
+        stops at ``limit`` (:meth:`_due`); then one short write transaction re-reads them by
+        id with the same conditions, their rows locked (a compare-and-set: a job resumed or
+        made SYNC_FAILED since the pick is not deleted), and deletes those."""
+        with self.db.read() as s:
+            picked = self._due(s, now, default, limit)
+        if not picked:
+            return []
         with self.db.session() as s:
             rows = s.execute(
                 select(Job.id, Job.node, Job.spec, Job.owner, Job.container, Job.kind)
-                .where(
-                    Job.instance == self.instance,
-                    Job.state.in_(_RETAINED_VALUES),
-                    Job.kind != "task",  # a task goes with its array, never alone
-                    or_(*due),
-                )
-                .order_by(Job.updated)
-                .limit(limit)
+                .where(Job.id.in_(picked), *self._expired(now, default))
                 .with_for_update()
             ).all()
-            rows = self._with_tasks_retained(s, rows)
+            order = {job_id: i for i, job_id in enumerate(picked)}
+            rows = self._with_tasks_retained(s, sorted(rows, key=lambda r: order[r.id]))
             if not rows:
                 return []
             ids = [r.id for r in rows]
             s.execute(delete(JobEvent).where(JobEvent.job_id.in_(ids)))
-            # by id alone (picked above, this instance's): see page()
+            # by id alone (re-read above with every condition, this instance's, locked)
             s.execute(delete(Job).where(Job.id.in_(ids)))
         return [{"id": r.id, "node": r.node or "", "spec": r.spec, "owner": r.owner} for r in rows]
+
+    def _expired(self, now: datetime, default: float | None) -> tuple:
+        """What makes a job retention's to delete, as SQL conditions (the pick's and the
+        deletion's compare-and-set alike)."""
+        due = [Job.delete_at <= now]
+        if default is not None:
+            due.append(Job.delete_at.is_(None) & (Job.updated <= now - timedelta(seconds=default)))
+        return (
+            Job.instance == self.instance,
+            Job.state.in_(_RETAINED_VALUES),
+            Job.kind != "task",  # a task goes with its array, never alone
+            or_(*due),
+        )
+
+    def _due(self, s, now: datetime, default: float | None, limit: int) -> list[str]:
+        """Up to ``limit`` ids of jobs whose retention is over, the oldest due first: those
+        with their own ``delete_at`` (a walk of the (delete_at) index from the oldest) and,
+        with a site default, the others by their end (a walk of (instance, updated), revision
+        0011, up to the cut-off). Each walk stops at ``limit`` matches; what the second passes
+        over on the way are the jobs unchanged since before the cut-off that it may not
+        delete: those not ended (a long run), SYNC_FAILED, or with a later ``delete_at`` of
+        their own (longer than the site's): a few, never the ended jobs due after the batch."""
+        # SQLite's planner, without statistics, would take the states' index (every ended
+        # job) and sort them: its unary + keeps a column's other indexes out of each walk
+        bare = _unindexed if s.get_bind().dialect.name == "sqlite" else (lambda c: c)
+        retained = (bare(Job.state).in_(_RETAINED_VALUES), bare(Job.kind) != "task")
+        own = (
+            select(Job.id, Job.delete_at)
+            .where(bare(Job.instance) == self.instance, *retained, Job.delete_at <= now)
+            .order_by(Job.delete_at)
+            .limit(limit)
+        )
+        due: list[tuple[datetime, str]] = [(at, i) for i, at in s.execute(own)]
+        if default is not None:
+            cutoff = now - timedelta(seconds=default)
+            by_end = (
+                select(Job.id, Job.updated)
+                .where(
+                    Job.instance == self.instance,
+                    *retained,
+                    bare(Job.delete_at).is_(None),
+                    Job.updated <= cutoff,
+                )
+                .order_by(Job.updated)
+                .limit(limit)
+            )
+            due.extend((at, i) for i, at in s.execute(by_end))
+        due.sort(key=lambda d: (d[0], d[1]))
+        return [i for _, i in due[:limit]]
 
     def _with_tasks_retained(self, s, rows: list) -> list:
         """Retention's picks, each array with its tasks when every one of them is retained

@@ -6,12 +6,12 @@ import base64
 import json
 import logging
 from collections.abc import Callable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.orm import selectinload
 
-from ..billing import billed_minutes
+from ..billing import BILLED_STATES, billed_time
 from ..db import Database, Notebook, NotebookEvent
 from ..lifecycle import InvalidTransition, NotebookState, check_notebook_transition, utcnow
 from ..live_push import STALE_S, ended_push, iso_seconds, push_busy, trim_live_pushes
@@ -20,6 +20,9 @@ from ..statelog import state_change
 
 S = NotebookState
 log = logging.getLogger("gpulab.notebooks")
+#: the newest events of a notebook's history that retention always keeps (what the pages show
+#: of its recent starts and stops), however old
+HISTORY_KEPT = 20
 #: notebook states in which a notebook's container may hold CPUs, memory and GPUs
 HOLDING_COMPUTE = frozenset({S.STARTING.value, S.RUNNING.value, S.STOPPING.value})
 
@@ -51,6 +54,27 @@ def parse_notebook_cursor(text: str) -> tuple[str, str]:
     ):
         raise bad
     return got[0], got[1]
+
+
+def history_cut(events, before: datetime, keep: int, limit: int) -> int:
+    """How many of a notebook's oldest events (``events`` in time order, each with ``state``
+    and ``at``) retention may delete: at most ``limit``, none of the ``keep`` newest, each
+    older than ``before``, and the last one deleted in an unbilled state, so that no billed
+    period crosses the cut (0: none may go)."""
+    last = min(len(events) - keep, limit)
+    for n in range(last, 0, -1):
+        event = events[n - 1]
+        if event.at < before and str(event.state) not in BILLED_STATES:
+            return n
+    return 0
+
+
+def _billed(events, pruned_us: int, now: datetime) -> int:
+    """Commenced minutes billed of one notebook: its kept history's billed time and that of
+    the history retention deleted (pure)."""
+    total = billed_time(events, now) + timedelta(microseconds=pruned_us)
+    minutes, rest = divmod(total, timedelta(minutes=1))
+    return minutes + (1 if rest else 0)
 
 
 class LimitExceeded(Exception):
@@ -473,11 +497,16 @@ class NotebookRecords:
                 )
                 .all()
             )
+            pruned = self._pruned(s, Notebook.user == user)
         per_notebook: dict[int, list] = {}
         for row in rows:
             per_notebook.setdefault(row.notebook_id, []).append(row)
         now = utcnow()
-        return sum(billed_minutes(events, now) for events in per_notebook.values())
+        return sum(
+            _billed(per_notebook.get(nb_id, []), us, now)
+            for nb_id, (_, us) in pruned.items()
+            if nb_id in per_notebook or us
+        )
 
     def billed_minutes_of(self, users: list[str]) -> dict[str, int]:
         """:meth:`billed_minutes` of each of ``users`` (a page of them), in one query."""
@@ -499,14 +528,84 @@ class NotebookRecords:
                 )
                 .all()
             )
-        per_notebook: dict[tuple[str, int], list] = {}
+            pruned = self._pruned(s, Notebook.user.in_(users))
+        per_notebook: dict[int, list] = {}
         for row in rows:
-            per_notebook.setdefault((row.user, row.notebook_id), []).append(row)
+            per_notebook.setdefault(row.notebook_id, []).append(row)
         now = utcnow()
         out = dict.fromkeys(users, 0)
-        for (user, _), events in per_notebook.items():
-            out[user] += billed_minutes(events, now)
+        for nb_id, (user, us) in pruned.items():
+            if nb_id in per_notebook or us:
+                out[user] += _billed(per_notebook.get(nb_id, []), us, now)
         return out
+
+    def _pruned(self, s, which) -> dict[int, tuple[str, int]]:
+        """{notebook id: (user, billed microseconds of its deleted history)} of ``which``."""
+        return {
+            nb_id: (user, us or 0)
+            for nb_id, user, us in s.execute(
+                select(Notebook.id, Notebook.user, Notebook.billed_pruned_us).where(
+                    Notebook.instance == self.instance, which
+                )
+            )
+        }
+
+    # --- retention of histories -----------------------------------------------------------
+
+    def prune_history(self, before: datetime, keep: int = HISTORY_KEPT, limit: int = 1000) -> int:
+        """Delete up to ``limit`` history events older than ``before`` of notebooks with
+        more than ``keep`` events, never one of a notebook's ``keep`` newest; how many went.
+
+        Each notebook loses an oldest part of its history that ends with an event in an
+        unbilled state (STOPPED, FAILED ...: no billed period runs across the cut), and the
+        billed time of that part is added to its ``billed_pruned_us`` in the same
+        transaction: its usage (:meth:`billed_minutes`) is the same to the microsecond before
+        and after. The notebooks are picked by a read (no write lock); each one's cut is
+        made in a short write transaction of its own, its row locked and its history read
+        again there (a compare-and-set: events added since the pick only move the cut)."""
+        with self.db.read() as s:
+            candidates = list(
+                s.scalars(
+                    select(NotebookEvent.notebook_id)
+                    .join(Notebook, Notebook.id == NotebookEvent.notebook_id)
+                    .where(Notebook.instance == self.instance)
+                    .group_by(NotebookEvent.notebook_id)
+                    .having(func.count() > keep, func.min(NotebookEvent.at) < before)
+                    .order_by(NotebookEvent.notebook_id)
+                )
+            )
+        gone = 0
+        for nb_id in candidates:
+            if gone >= limit:
+                break
+            gone += self._prune_one(nb_id, before, keep, limit - gone)
+        return gone
+
+    def _prune_one(self, nb_id: int, before: datetime, keep: int, limit: int) -> int:
+        with self.db.session() as s:
+            locked = s.scalar(select(Notebook.id).where(Notebook.id == nb_id).with_for_update())
+            if locked is None:
+                return 0
+            events = s.execute(
+                select(NotebookEvent.id, NotebookEvent.state, NotebookEvent.at)
+                .where(NotebookEvent.notebook_id == nb_id)
+                .order_by(NotebookEvent.at, NotebookEvent.id)
+            ).all()
+            cut = history_cut(events, before, keep, limit)
+            if not cut:
+                return 0
+            prefix = events[:cut]
+            carried = billed_time(prefix, before)  # closed periods only: no `now` in it
+            s.execute(
+                update(Notebook)
+                .where(Notebook.id == nb_id)
+                .values(
+                    billed_pruned_us=Notebook.billed_pruned_us
+                    + carried // timedelta(microseconds=1)
+                )
+            )
+            s.execute(delete(NotebookEvent).where(NotebookEvent.id.in_([e.id for e in prefix])))
+            return cut
 
     def users_after(self, after: str, limit: int) -> list[str]:
         """Up to ``limit`` users with a notebook record, by name, after ``after``."""
