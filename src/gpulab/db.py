@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -208,6 +209,10 @@ def upgrade_database(url: str) -> tuple[str | None, str]:
 #: without this: a burst of writes beside a long read (a backup, a big report) left a log as
 #: large as the burst on disk for good.
 WAL_SIZE_LIMIT = 16 * 1024 * 1024
+#: the most a checkpoint of :meth:`Database.checkpoint` waits for the reads that still use
+#: the log (milliseconds; it holds the write lock meanwhile): past it, it gives up until the
+#: next one
+CHECKPOINT_WAIT_MS = 20
 
 
 def connect(url: str) -> Engine:
@@ -413,6 +418,41 @@ class Database:
         lock (API reads no longer queue behind one another and the supervisor's writes)."""
         with self._readers() as s, s.begin():
             yield s
+
+    def wal_bytes(self) -> int:
+        """The size of SQLite's write-ahead log file (0: none, or not SQLite)."""
+        if self._writing is None or not self.engine.url.database:
+            return 0
+        try:
+            return Path(self.engine.url.database + "-wal").stat().st_size
+        except OSError:
+            return 0
+
+    def checkpoint(self) -> tuple[int, int, float] | None:
+        """Copy SQLite's write-ahead log into the database and cut the file to nothing:
+        SQLite's own checkpoints (every 4 MiB of writes) copy what no read still needs but
+        start the log over only at a moment when no read uses it, which reads without pause
+        (API clients, pages) never leave: under a steady load beside them the file grew past
+        ``WAL_SIZE_LIMIT`` by every write (``bench/bench_storage.py``). First a passive
+        checkpoint, beside the writers, copies what it can; then, holding the write lock
+        (this process's and SQLite's), ``PRAGMA wal_checkpoint(TRUNCATE)`` copies the rest
+        and cuts the file, waiting at most :data:`CHECKPOINT_WAIT_MS` for the reads still on
+        the log (each a page's read) and giving up rather than wait longer. (busy: 1 when it
+        gave up, pages in the log, seconds the write lock was held); None on PostgreSQL."""
+        if self._writing is None:
+            return None
+        with self.engine.connect() as conn:
+            raw = conn.connection.driver_connection
+            raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            raw.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+            try:
+                with self._writing:
+                    start = time.perf_counter()
+                    busy, pages, _ = raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    held = time.perf_counter() - start
+            finally:
+                raw.execute("PRAGMA busy_timeout=30000")
+        return busy, pages, held
 
     @staticmethod
     def serialize(s: Session, *key: str) -> None:

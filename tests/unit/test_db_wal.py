@@ -54,3 +54,45 @@ def test_without_a_limit_the_log_keeps_the_bursts_size(tmp_path, monkeypatch):
     monkeypatch.setattr(db, "WAL_SIZE_LIMIT", -1)
     grown, after = _burst_beside_a_reader(tmp_path / "y.sqlite", monkeypatch, None)
     assert after >= grown
+
+
+def test_reads_that_overlap_keep_the_log_growing_and_the_services_checkpoint_cuts_it(tmp_path):
+    """SQLite starts its log over only when no read uses it: reads that overlap (two here,
+    taking turns, as API clients do) keep it growing past WAL_SIZE_LIMIT whatever its own
+    checkpoints do. Database.checkpoint cuts it to nothing once the reads on it have ended,
+    and gives up (busy) within its short wait while an older read still holds it, never
+    holding the write lock for SQLite's 30 s busy timeout."""
+    from gpulab.service.tasks import checkpoint as task
+    from tests.conftest import run_async
+
+    base = db.Database(f"sqlite:///{tmp_path / 'z.sqlite'}")
+    wal = tmp_path / "z.sqlite-wal"
+    with base.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE t (x BLOB)"))
+
+    def reader():
+        conn = base.engine.connect().execution_options(gpulab_read_only=True)
+        conn.begin()
+        conn.execute(text("SELECT count(*) FROM t")).scalar()  # holds its snapshot
+        return conn
+
+    readers = [reader()]
+    for i in range(400):  # 25 MiB, a reader always open on the log
+        with base.session() as s:
+            s.execute(text("INSERT INTO t VALUES (randomblob(65536))"))
+        if i % 10 == 9:
+            readers.append(reader())
+            readers.pop(0).close()
+    grown = wal.stat().st_size
+    assert grown > db.WAL_SIZE_LIMIT
+    assert run_async(task.checkpoint_once(base)) is not None  # past the threshold: it acts
+    busy, pages, held = base.checkpoint()
+    assert busy == 1 and pages > 0 and held < 1.0  # the open read: given up, not waited for
+    assert wal.stat().st_size >= grown
+    readers.pop(0).close()
+    busy, _, held = base.checkpoint()
+    assert (busy, wal.stat().st_size) == (0, 0) and held < 1.0
+    assert run_async(task.checkpoint_once(base)) is None  # nothing to do below the threshold
+    with base.read() as s:
+        assert s.execute(text("SELECT count(*) FROM t")).scalar() == 400
+    base.engine.dispose()

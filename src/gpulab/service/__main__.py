@@ -33,6 +33,7 @@ from ..secrets import store_for
 from ..settings import ConfigError, GpulabSettings, load_config
 from ..statelog import json_formatter, register_sensitive
 from .app import make_app
+from .tasks.checkpoint import checkpoint_loop
 from .tasks.idle import idle_loop
 from .tasks.live_push import live_push_loop
 from .tasks.retention import retention_loop
@@ -173,6 +174,7 @@ async def main(argv: list[str] | None = None) -> None:
         watchdog_loop(settings, supervisor),
         idle_loop(settings, supervisor),
         retention_loop(settings, supervisor),
+        checkpoint_loop(supervisor.records.db),
         live_push_loop(settings, supervisor, app.settings["notebook_pushes"]),
         follow_parent(),
     )

@@ -1,0 +1,37 @@
+"""Keeps SQLite's write-ahead log bounded under a steady load: every :data:`INTERVAL`
+seconds, once the log is past SQLite's own checkpoint size, the service checkpoints it and
+cuts it to nothing (:meth:`gpulab.db.Database.checkpoint`). Nothing on PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from ...db import Database
+
+log = logging.getLogger(__name__)
+
+#: seconds between two looks at the log's size
+INTERVAL = 5.0
+#: bytes of log past which the service checkpoints: SQLite's own checkpoint size (1000
+#: pages of 4 KiB), which a log below it needs no help with
+THRESHOLD = 1000 * 4096
+
+
+async def checkpoint_once(db: Database) -> tuple[int, int, float] | None:
+    """Checkpoint the log if it is past :data:`THRESHOLD` (off the event loop): what
+    :meth:`~gpulab.db.Database.checkpoint` answers, or None when there was nothing to do."""
+    if db.wal_bytes() <= THRESHOLD:
+        return None
+    return await asyncio.to_thread(db.checkpoint)
+
+
+async def checkpoint_loop(db: Database) -> None:
+    """:func:`checkpoint_once` every :data:`INTERVAL` seconds, in every service (the
+    standby's too: the log is the file's, whoever writes it)."""
+    while True:
+        await asyncio.sleep(INTERVAL)
+        try:
+            await checkpoint_once(db)
+        except Exception:
+            log.exception("checkpoint of the database's log failed")
