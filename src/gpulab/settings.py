@@ -1012,10 +1012,14 @@ class GpulabSettings(Configurable):
         allow_none=True,
         help="""Seconds an ended job's record, history, events and saved logs are kept after
         its end before the service deletes them in the background (a job's own
-        `auto_delete_after` wins). None (the default): kept forever, as before this setting:
+        `auto_delete_after` wins); notebooks' history events older than this go too (each
+        notebook's newest 20 stay). None (the default): kept forever, as before this setting:
         deleting what users may still want to read is the operator's choice, not a default.
-        Billing is kept apart (monthly totals), so deleting records never changes what was
-        billed. A job whose push failed (SYNC_FAILED) is never deleted.""",
+        Set it to bound the database and the log directory (docs/jobs.md#retention-and-storage:
+        about 2 KB of database and the log's size per job). Billing is kept apart (monthly
+        totals, and a notebook's deleted history's billed time on its row), so deleting
+        records never changes what was billed. A job whose push failed (SYNC_FAILED) is
+        never deleted.""",
     ).tag(config=True)
 
     job_retention_max = Float(

@@ -117,6 +117,30 @@ def test_records_on_postgres(postgres_url):
     assert [e["state"] for e in notebooks.get("ann", "nb")["history"]] == ["STARTING", "RUNNING"]
 
 
+def test_retention_on_postgres(postgres_url):
+    """Retention's pick (a read) and its deletion (the picked jobs re-read, rows locked), and
+    a notebook's history cut with its billed time kept, on PostgreSQL's SQL."""
+    from datetime import timedelta
+
+    from gpulab.lifecycle import utcnow
+
+    db = Database(postgres_url)
+    jobs = JobRecords(db, "pg")
+    ended, live = (jobs.create("ann", {"priority": 50}, None)["id"] for _ in range(2))
+    jobs.transition(ended, JobState.INTERRUPTED, expect=JobState.QUEUED)
+    later = utcnow() + timedelta(days=2)
+    assert [j["id"] for j in jobs.delete_expired(later, 86400.0, 10)] == [ended]
+    assert jobs.get(ended) is None and jobs.get(live) is not None
+    notebooks = NotebookRecords(db, "pg")
+    for _ in range(3):
+        for state in (NotebookState.STARTING, NotebookState.RUNNING, NotebookState.STOPPED):
+            notebooks.transition("ann", "nb", state)
+    minutes = notebooks.billed_minutes("ann")
+    assert notebooks.prune_history(later, keep=2) == 7  # up to the last STOPPED but two
+    assert len(notebooks.get("ann", "nb")["history"]) == 2
+    assert notebooks.billed_minutes("ann") == minutes
+
+
 def test_compare_and_set_queue_cap_and_lease_hold_on_postgres(postgres_url):
     """What SQLite gets from its database-wide write lock, PostgreSQL gets from row locks
     and advisory locks: racing processes (one engine each) never both win."""
