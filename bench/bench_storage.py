@@ -118,10 +118,18 @@ def run_sweeps(records: JobRecords, logs: Path, retention: float, stop: threadin
     settings = SimpleNamespace(job_retention=retention, job_retention_batch=100)
     sup = SimpleNamespace(records=records, saved_logs=lambda i: [logs / f"{i}.log"])
 
-    async def main():
-        while not stop.is_set():
+    async def sweeps():
+        while True:
             await task.sweep(settings, sup)
             await asyncio.sleep(0.1)
+
+    async def main():  # a sweep of 100,000 jobs takes minutes: stopped where it is
+        sweeping = asyncio.create_task(sweeps())
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        sweeping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeping
 
     asyncio.run(main())
 
