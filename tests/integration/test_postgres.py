@@ -132,12 +132,14 @@ def test_retention_on_postgres(postgres_url):
     assert [j["id"] for j in jobs.delete_expired(later, 86400.0, 10)] == [ended]
     assert jobs.get(ended) is None and jobs.get(live) is not None
     notebooks = NotebookRecords(db, "pg")
+    life = (NotebookState.STARTING, NotebookState.RUNNING)
     for _ in range(3):
-        for state in (NotebookState.STARTING, NotebookState.RUNNING, NotebookState.STOPPED):
+        for state in (*life, NotebookState.STOPPING, NotebookState.STOPPED):
             notebooks.transition("ann", "nb", state)
     minutes = notebooks.billed_minutes("ann")
-    assert notebooks.prune_history(later, keep=2) == 7  # up to the last STOPPED but two
-    assert len(notebooks.get("ann", "nb")["history"]) == 2
+    # 12 events, the newest 2 kept: the cut ends on the third life's STARTING (not RUNNING)
+    assert notebooks.prune_history(later, keep=2) == 9
+    assert len(notebooks.get("ann", "nb")["history"]) == 3
     assert notebooks.billed_minutes("ann") == minutes
 
 
