@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 
 import pytest
@@ -24,6 +25,7 @@ from gpulab.jobs.supervisor import ending, engine, housekeeping, life
 from gpulab.jobs.supervisor.supervisor import JobSupervisor
 from gpulab.lifecycle import JobState, utcnow
 from gpulab.runtime.base import HelperSpec, NetworkUnavailable, StillRunning, WorkloadRefused
+from gpulab.service.base import read
 from gpulab.settings import GpulabSettings
 from tests.conftest import run_async
 from tests.support.fake_runtime import EngineError, FakeRuntime
@@ -1144,6 +1146,74 @@ def test_a_new_supervisor_reattaches_a_running_job_and_never_starts_it_twice(tmp
         await asyncio.gather(*again.tasks.values())
 
     lab_run(tmp_path, test)
+
+
+def test_a_restarted_supervisor_answers_before_it_has_reconciled_its_running_jobs(tmp_path, caplog):
+    """Restart at scale (issue #32 item 4, measured by bench/bench_restart.py): with many
+    running jobs recorded, a new supervisor's start returns and the API's reads answer while
+    the engine has not yet said a word about any job (reconciliation runs in the background,
+    never before the service listens); once the engine answers, every job is confirmed
+    exactly once and none is started again."""
+    jobs = 40
+
+    async def test(lab: Lab):
+        ids = [lab.submit(gpus=0) for _ in range(jobs)]
+        lab.sv.leading.set()
+        await lab.sv.refresh_inventory()
+        for _ in range(100):
+            await lab.sv.schedule()
+            if all(lab.job(i)["state"] == J.RUNNING.value for i in ids):
+                break
+            await asyncio.sleep(0.02)
+        states = {(lab.job(i)["state"], lab.job(i)["message"]) for i in ids}
+        assert states == {(J.RUNNING.value, "the command runs")}, states
+        await lab.close()  # the service dies; the containers run on
+        created = list(lab.rt.names("create_and_start"))
+        gate = asyncio.Event()  # the engine answers nothing until the test opens it
+        looked = lab.rt.state
+
+        async def slow_state(name: str):
+            await gate.wait()
+            return await looked(name)
+
+        lab.rt.state = slow_state
+        again = JobSupervisor(lab.settings, lab.db, lab.rt, tmp_path / "logs", holder="next")
+        try:
+            with caplog.at_level(logging.INFO, logger="gpulab.jobs"):
+                await asyncio.wait_for(again.start(), 2)
+                for _ in range(500):  # the lease taken, every job handed its task
+                    if len(again.tasks) == jobs:
+                        break
+                    await asyncio.sleep(0.01)
+                assert len(again.tasks) == jobs
+                # the API answers from its own pool meanwhile (a user's page of jobs)
+                rows, total = await asyncio.wait_for(
+                    read(lab.ctx.records.page, "ann", None, None, 20, 0), 2
+                )
+                assert total == jobs and len(rows) == 20
+                assert not [r for r in caplog.records if "restarted in" in r.getMessage()]
+                gate.set()
+                for _ in range(500):
+                    said = [r.getMessage() for r in caplog.records]
+                    if sum("the service restarted in" in m for m in said) >= jobs:
+                        break
+                    await asyncio.sleep(0.01)
+            confirmed = [m for m in said if "the service restarted in" in m]
+            assert sorted(m.split(":")[0].split()[1] for m in confirmed) == sorted(ids)
+            assert all(m.endswith("in RUNNING, container running: attach") for m in confirmed)
+            assert lab.rt.names("create_and_start") == created
+            assert lab.rt.names("start_again") == []
+            assert all(lab.job(i)["state"] == J.RUNNING.value for i in ids)
+        finally:
+            await again.stop()
+
+    lab_run(
+        tmp_path,
+        test,
+        max_job_workers=jobs,
+        job_quota={"gpus": None, "jobs": None},
+        supervisor_interval=0.2,
+    )
 
 
 def test_recovery_removes_what_has_no_record(tmp_path):
