@@ -115,9 +115,12 @@ def load() -> str:
 
 
 def engine_view(api: docker.APIClient, instance: str) -> dict[str, tuple]:
-    """Every container of the instance: name -> (id, created, started at, restarts, running)."""
+    """Every job's and notebook's container of the instance: name -> (id, created, started
+    at, restarts, running)."""
     out = {}
     for c in api.containers(all=True, filters={"label": f"org.gpulab.instance={instance}"}):
+        if c["Labels"].get("org.gpulab.kind") not in ("job", "notebook"):
+            continue  # a sync helper comes and goes with a live push
         info = api.inspect_container(c["Id"])
         out[info["Name"].lstrip("/")] = (
             info["Id"],
@@ -183,7 +186,7 @@ class Bench:
         """Up to ``n`` named servers, ``wave`` at a time, each wave ready before the next;
         stops before a wave that would leave less than ``reserve`` bytes available (by what
         the waves so far cost) or once ``budget`` seconds are spent."""
-        hub, servers = self.hub, []
+        hub, servers, failed = self.hub, [], 0
         before = mem_available()
         t0 = time.perf_counter()
         while len(servers) < n:
@@ -200,14 +203,25 @@ class Bench:
                 for i in range(len(servers), len(servers) + k)
             ]
 
-            def one(server: tuple[str, str]) -> None:
+            def one(server: tuple[str, str]) -> bool:
                 r = hub.spawn(*server, NOTEBOOK)  # the hub answers after up to 10 s
-                assert r.status_code in (201, 202), (server, r.status_code, r.text)
-                hub.wait_ready(*server, timeout=300)
+                if r.status_code not in (201, 202):
+                    print(f"  {server}: {r.status_code} {r.text[:300]}")
+                    return False
+                try:
+                    hub.wait_ready(*server, timeout=300)
+                except Exception as e:
+                    print(f"  {server}: not ready: {str(e)[:300]}")
+                    return False
+                return True
 
             with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
-                list(pool.map(one, batch))
-            servers += batch
+                ready = list(pool.map(one, batch))
+            failed += ready.count(False)
+            servers += [b for b, ok in zip(batch, ready, strict=True) if ok]
+            if failed:
+                print(f"notebooks: stopping at {len(servers)}: {failed} spawns failed")
+                break
             print(
                 f"  {len(servers)} notebooks ready after {time.perf_counter() - t0:.0f} s; "
                 f"{(before - mem_available()) / len(servers) / 2**20:.0f} MiB each; "
@@ -259,9 +273,10 @@ class Bench:
             time.sleep(0.02)
         serving = max(first.values()) - started
         # meanwhile the API keeps answering: polled until every job is confirmed
-        worst, lease_at, done_at, confirmed = 0.0, None, None, {}
+        worst, lease_at, done_at = 0.0, None, None
         deadline = time.monotonic() + 180
         while True:
+            confirmed: dict[str, list] = {}  # the log read again from the kill on
             t = time.perf_counter()
             r = self.get(paths[-1], user, timeout=30)
             assert r.status_code == 200, (r.status_code, r.text[:200])
@@ -351,6 +366,8 @@ def main() -> None:
         # a hub's start polls every server: the default's time-outs are for a live site
         "c.JupyterHub.init_spawners_timeout = 60\n"
         "c.NotebookSpawner.http_timeout = 120\n"
+        # a user's notebooks together: 0.5 CPU each (the default allows 2 CPUs a user)
+        f'c.GpulabSettings.max_resources = {{"cpus": {per_user}, "memory": "16G", "gpus": 2}}\n'
     )
     hub = Hub(workdir=Path(tempfile.mkdtemp(prefix="gpulab-bench-restart-")), extra_config=config)
     t_run = time.perf_counter()
