@@ -366,6 +366,8 @@ def main() -> None:
         # a hub's start polls every server: the default's time-outs are for a live site
         "c.JupyterHub.init_spawners_timeout = 60\n"
         "c.NotebookSpawner.http_timeout = 120\n"
+        # the hub's own give-up (60 s by default) came first at a load average of 25
+        "c.NotebookSpawner.start_timeout = 300\n"
         # a user's notebooks together: 0.5 CPU each (the default allows 2 CPUs a user)
         f'c.GpulabSettings.max_resources = {{"cpus": {per_user}, "memory": "16G", "gpus": 2}}\n'
     )
