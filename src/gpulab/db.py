@@ -444,6 +444,7 @@ class Database:
         with self.engine.connect() as conn:
             raw = conn.connection.driver_connection
             raw.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            (was,) = raw.execute("PRAGMA busy_timeout").fetchone()  # the connection's own
             raw.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
             try:
                 with self._writing:
@@ -451,7 +452,7 @@ class Database:
                     busy, pages, _ = raw.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                     held = time.perf_counter() - start
             finally:
-                raw.execute("PRAGMA busy_timeout=30000")
+                raw.execute(f"PRAGMA busy_timeout={int(was)}")
         return busy, pages, held
 
     @staticmethod

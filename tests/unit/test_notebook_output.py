@@ -4,6 +4,8 @@ records filtered on labels."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 from sqlalchemy import delete
 
@@ -127,6 +129,7 @@ def test_the_list_pages_by_cursor_through_every_notebook_once(tmp_path):
     rows, total = records.page(None, 2, 0, None, parse_notebook_cursor(cursor))
     assert [(r["user"], r["server"]) for r in rows] == [("ann", "b"), ("bob", "")]
     assert total == 8
-    for bad in ("", "x" * 2000, "bm90IGpzb24", "WzEsMl0", "WyJhIl0"):  # not json, [1,2], ["a"]
-        with pytest.raises(ValueError, match="cursor"):
+    surrogate = base64.urlsafe_b64encode(b'["\\ud800","x"]').decode()  # no name is one
+    for bad in ("", "x" * 2000, "bm90IGpzb24", "WzEsMl0", "WyJhIl0", surrogate):
+        with pytest.raises(ValueError, match="cursor"):  # not json, [1,2], ["a"]
             parse_notebook_cursor(bad)

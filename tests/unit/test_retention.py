@@ -141,6 +141,12 @@ def test_an_array_goes_whole_once_every_task_may_go_and_never_a_task_alone(tmp_p
     assert not any(lab.saved_logs(t)[0].exists() for t in done_tasks)
     # the array whose task waits for a push stays whole, its FAILED task too
     assert lab.kept(pushing, *pushing_tasks) == [True, True, True]
+    # arrays kept so, however many, never hold the line: the job due behind them goes
+    held = [array(first=J.FAILED, second=J.SYNC_FAILED)[0] for _ in range(3)]
+    behind = lab.job(RUN + [J.DONE])
+    lab.at += timedelta(days=8)
+    assert lab.sweep(default=7 * DAY, batch=2) == [behind]
+    assert lab.kept(pushing, *held) == [True] * 4
 
 
 def seed(lab: Lab, n: int) -> list[str]:

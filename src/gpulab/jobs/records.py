@@ -11,7 +11,7 @@ import time
 import weakref
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, exists, func, or_, select, update
 from sqlalchemy.orm import aliased, selectinload
 from sqlalchemy.sql.elements import UnaryExpression
 from sqlalchemy.sql.operators import custom_op
@@ -1077,12 +1077,21 @@ class JobRecords:
         with a site default, the others by their end (a walk of (instance, updated), revision
         0011, up to the cut-off). Each walk stops at ``limit`` matches; what the second passes
         over on the way are the jobs unchanged since before the cut-off that it may not
-        delete: those not ended (a long run), SYNC_FAILED, or with a later ``delete_at`` of
-        their own (longer than the site's): a few, never the ended jobs due after the batch."""
+        delete: those not ended (a long run), SYNC_FAILED, arrays kept for a task's push, or
+        with a later ``delete_at`` of their own (longer than the site's)."""
         # SQLite's planner, without statistics, would take the states' index (every ended
         # job) and sort them: its unary + keeps a column's other indexes out of each walk
         bare = _unindexed if s.get_bind().dialect.name == "sqlite" else (lambda c: c)
-        retained = (bare(Job.state).in_(_RETAINED_VALUES), bare(Job.kind) != "task")
+        # an array with a task that is not retained (its output waiting for a push) is kept
+        # whole (:meth:`_with_tasks_retained`): never picked, or a batch of them at the head
+        # of the line would stop every sweep for good (a walk of the tasks' parent index)
+        task = aliased(Job)
+        held = exists().where(task.parent == Job.id, task.state.not_in(_RETAINED_VALUES))
+        retained = (
+            bare(Job.state).in_(_RETAINED_VALUES),
+            bare(Job.kind) != "task",
+            or_(bare(Job.kind) != "array", ~held),
+        )
         own = (
             select(Job.id, Job.delete_at)
             .where(bare(Job.instance) == self.instance, *retained, Job.delete_at <= now)

@@ -53,6 +53,11 @@ def parse_notebook_cursor(text: str) -> tuple[str, str]:
         or not all(isinstance(x, str) and len(x) <= 255 and "\x00" not in x for x in got)
     ):
         raise bad
+    try:  # a lone surrogate is no name a database holds (nor can bind)
+        for x in got:
+            x.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad from None
     return got[0], got[1]
 
 
@@ -75,6 +80,11 @@ def _billed(events, pruned_us: int, now: datetime) -> int:
     total = billed_time(events, now) + timedelta(microseconds=pruned_us)
     minutes, rest = divmod(total, timedelta(minutes=1))
     return minutes + (1 if rest else 0)
+
+
+#: the most history events one notebook's cut deletes in one write transaction (what the
+#: write lock is held for)
+CUT_MAX = 1000
 
 
 class LimitExceeded(Exception):
@@ -578,19 +588,29 @@ class NotebookRecords:
         for nb_id in candidates:
             if gone >= limit:
                 break
-            gone += self._prune_one(nb_id, before, keep, limit - gone)
+            most = min(limit - gone, CUT_MAX)
+            # a notebook with nothing to cut (its old part ends in a billed state: a long
+            # run) costs a read, not a write transaction at every sweep
+            with self.db.read() as s:
+                if not history_cut(self._history(s, nb_id), before, keep, most):
+                    continue
+            gone += self._prune_one(nb_id, before, keep, most)
         return gone
+
+    @staticmethod
+    def _history(s, nb_id: int) -> list:
+        return s.execute(
+            select(NotebookEvent.id, NotebookEvent.state, NotebookEvent.at)
+            .where(NotebookEvent.notebook_id == nb_id)
+            .order_by(NotebookEvent.at, NotebookEvent.id)
+        ).all()
 
     def _prune_one(self, nb_id: int, before: datetime, keep: int, limit: int) -> int:
         with self.db.session() as s:
             locked = s.scalar(select(Notebook.id).where(Notebook.id == nb_id).with_for_update())
             if locked is None:
                 return 0
-            events = s.execute(
-                select(NotebookEvent.id, NotebookEvent.state, NotebookEvent.at)
-                .where(NotebookEvent.notebook_id == nb_id)
-                .order_by(NotebookEvent.at, NotebookEvent.id)
-            ).all()
+            events = self._history(s, nb_id)
             cut = history_cut(events, before, keep, limit)
             if not cut:
                 return 0

@@ -188,6 +188,7 @@ class DockerRuntime(Runtime):
 
         def create():
             cleared = False  # a container left by an earlier attempt under this name removed
+            looked = False  # the network looked for again after the engine said it was gone
             for attempt in (1, 2, 3):
                 extra = {}
                 if spec.network_job:  # a distributed job's own network, with its rank's name
@@ -200,7 +201,7 @@ class DockerRuntime(Runtime):
                     )
                 elif spec.network_owner:  # joined by ID: unambiguous while a duplicate exists
                     host["network_mode"] = net.ensure_user_network(
-                        client, instance, spec.network_owner, reuse=attempt == 1
+                        client, instance, spec.network_owner, reuse=not looked
                     )
                     if L_NETWORK in spec.labels:
                         # the network it really joins (made again if a concurrent stop removed
@@ -229,8 +230,9 @@ class DockerRuntime(Runtime):
                     # pruned between our look-up and our start (or the ID this process
                     # knew of it was stale): look again and make it again, once
                     joined = spec.network_owner or spec.network_job
-                    if attempt == 2 or not (joined and net.is_missing_network(e)):
+                    if looked or not (joined and net.is_missing_network(e)):
                         raise
+                    looked = True
                     if spec.network_owner:
                         net.forget_user_network(client, instance, spec.network_owner)
                     with contextlib.suppress(NotFound):  # created, its start refused

@@ -221,12 +221,13 @@ def _lock_for(name: str) -> threading.Lock:
 #: caller that may reuse it (``reuse``) without asking the engine: 16 jobs of one user
 #: starting at once each listed the engine's networks in turn, under the network's lock
 KNOWN_FOR = 10.0
-#: (engine, network name) -> (its ID, time.monotonic() when found)
-_known: dict[tuple[str, str], tuple[str, float]] = {}
+#: (engine client, network name) -> (its ID, time.monotonic() when found)
+_known: dict[tuple[int, str], tuple[str, float]] = {}
 
 
-def _known_key(client, name: str) -> tuple[str, str]:
-    return (str(getattr(client, "base_url", "")), name)
+def _known_key(client, name: str) -> tuple[int, str]:
+    # the client object, not its URL: every local socket's is http+docker://localhost
+    return (id(client), name)
 
 
 def ensure_user_network(
