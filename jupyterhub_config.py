@@ -123,6 +123,10 @@ c.GpulabSettings.volume_grants = [
 from gpulab.notebooks.spawner import report_at_hub_start  # noqa: E402
 
 report_at_hub_start()
+# c.GpulabSettings.event_loop_watch (off by default): the hub's slow callbacks in its log too
+from gpulab.loopwatch import watch_hub_at_start  # noqa: E402
+
+watch_hub_at_start()
 
 # Idle notebooks: GPU notebooks with no activity for an hour are stopped like a user stop
 # (workspace pushed, GPUs released, reason IDLE); CPU ones are not. Per flavor, e.g.

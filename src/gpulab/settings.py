@@ -1467,6 +1467,24 @@ class GpulabSettings(Configurable):
         fields, for a log collector). The hub's own log follows JupyterHub's settings.""",
     ).tag(config=True)
 
+    event_loop_watch = Float(
+        0.0,
+        help="""Seconds: when above 0, the gpulab service (and the hub) time every callback
+        their event loop runs and log at WARNING (logger gpulab.loop) each one that held the
+        loop longer than this, with its duration and what it was (a task's coroutine and the
+        lines it ran between), and the service also each sample of its loop's lag
+        (``gpulab_event_loop_lag_seconds``, always on) over it. 0: off. For measuring
+        (bench/bench_loop.py uses 0.02): it costs two clock readings per callback, less than
+        asyncio's debug mode, which is never turned on.""",
+    ).tag(config=True)
+
+    @validate("event_loop_watch")
+    def _event_loop_watch_valid(self, proposal):
+        value = proposal["value"]
+        if not value >= 0:  # NaN too
+            raise TraitError(f"event_loop_watch must be 0 (off) or more seconds, not {value}")
+        return value
+
     @cached_property
     def catalog(self) -> Catalog:
         return Catalog.from_config(self.frameworks, self.editors, self.default_framework)

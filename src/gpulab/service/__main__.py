@@ -26,6 +26,7 @@ from .. import __version__, logscrub
 from ..bounds import body_backstop
 from ..db import Database, SchemaMismatch
 from ..jobs.supervisor.supervisor import JobSupervisor
+from ..loopwatch import LoopWatch, lag_loop
 from ..metrics import GpuUsageCollector, StateCollector
 from ..notebooks.records import NotebookRecords
 from ..runtime import EngineError, make_runtime, pools_warning, users_counted
@@ -107,6 +108,8 @@ async def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         log.error("invalid configuration: %s", e)
         sys.exit(2)
+    # each callback that holds the loop past event_loop_watch, logged (bench/bench_loop.py)
+    watch = LoopWatch(settings.event_loop_watch).install() if settings.event_loop_watch else None
     if settings.log_format == "json":
         for handler in logging.getLogger().handlers:
             handler.setFormatter(json_formatter())
@@ -177,6 +180,7 @@ async def main(argv: list[str] | None = None) -> None:
         checkpoint_loop(supervisor.records.db),
         live_push_loop(settings, supervisor, app.settings["notebook_pushes"]),
         follow_parent(),
+        lag_loop(late=watch.late if watch else None),
     )
 
 

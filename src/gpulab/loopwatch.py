@@ -1,0 +1,187 @@
+"""How long a process's event loop is held: the gpulab service's (and, on request, the hub's).
+
+Two measures, both for ``GpulabSettings.event_loop_watch`` and the metrics:
+
+- the lag (:func:`lag_loop`, always on in the service): a task that sleeps :data:`PERIOD` and
+  records how late it woke, the time the loop was busy with other callbacks when it was due
+  (``gpulab_event_loop_lag_seconds``). Ten wake-ups a second, each a few microseconds.
+- the slow callbacks (:class:`LoopWatch`, only when ``event_loop_watch`` is above 0): every
+  callback the loop runs is timed (``asyncio.Handle._run``, which every loop calls for its
+  ready callbacks, timers and I/O callbacks alike), and each that held the loop longer than
+  the threshold is logged at WARNING with its duration and its name: for a task's step, the
+  coroutine and the lines it ran between (where it resumed, where it stopped again), else the
+  callback itself. asyncio's debug mode logs the same (``loop.slow_callback_duration``), but
+  also records a stack for every callback scheduled, which costs more than the work measured;
+  this costs two clock readings per callback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from types import CodeType
+
+from prometheus_client import Counter, Histogram
+
+#: seconds between the lag's samples
+PERIOD = 0.1
+
+LAG = Histogram(
+    "gpulab_event_loop_lag_seconds",
+    "How late the service's event loop ran a timer that was due (sampled every 0.1 s): the "
+    "time other callbacks held the loop",
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+SLOW = Counter(
+    "gpulab_event_loop_slow_callbacks",
+    "Callbacks that held the service's event loop longer than event_loop_watch (counted "
+    "only while that setting is above 0)",
+)
+
+log = logging.getLogger("gpulab.loop")
+
+
+async def lag_loop(
+    period: float = PERIOD,
+    observe: Callable[[float], None] = LAG.observe,
+    late: Callable[[float], None] | None = None,
+) -> None:
+    """Forever: sleep ``period``, ``observe`` how late the wake-up was (seconds), and call
+    ``late`` with it as well (the watch's report of a lag over its threshold)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + period
+        await asyncio.sleep(period)
+        lag = max(0.0, loop.time() - due)
+        observe(lag)
+        if late is not None:
+            late(lag)
+
+
+#: the event loop's own plumbing, named only when nothing else is
+_PLUMBING = ("/asyncio/", "/tornado/")
+
+
+def _innermost(coro) -> tuple[CodeType, int] | None:
+    """(code, line) where a suspended coroutine chain waits: its innermost frame outside
+    asyncio and tornado (the line of the caller's code that awaited), else its innermost."""
+    where = ours = None
+    seen = 0
+    while coro is not None and seen < 32:
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+        if frame is None:
+            break
+        where = (frame.f_code, frame.f_lineno)
+        if not any(m in frame.f_code.co_filename for m in _PLUMBING):
+            ours = where
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+        seen += 1
+    return ours or where
+
+
+def _place(where: tuple[CodeType, int] | None) -> str:
+    if where is None:
+        return "?"
+    code, line = where
+    path = code.co_filename
+    for marker in ("/site-packages/", "/src/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+            break
+    return f"{code.co_qualname} ({path}:{line})"
+
+
+def _task_of(handle: asyncio.Handle) -> asyncio.Task | None:
+    owner = getattr(handle._callback, "__self__", None)
+    return owner if isinstance(owner, asyncio.Task) else None
+
+
+def describe(handle: asyncio.Handle, before: tuple[CodeType, int] | None) -> str:
+    """A callback's name for the log: a task's coroutine and the lines its step ran between,
+    else the callback (its repr, cut to 300 characters)."""
+    task = _task_of(handle)
+    if task is not None:
+        coro = task.get_coro()
+        name = getattr(coro, "__qualname__", repr(coro))
+        after = _place(_innermost(coro)) if not task.done() else "its end"
+        return f"task {name}: from {_place(before)} to {after}"
+    text = repr(handle)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class LoopWatch:
+    """Times every callback of every event loop in this process (one per process: the
+    service's, or the hub's) while installed; those over ``threshold`` seconds are logged and
+    counted, and the worst kept (:attr:`worst`)."""
+
+    installed: LoopWatch | None = None
+
+    def __init__(self, threshold: float, logger: logging.Logger = log):
+        self.threshold = threshold
+        self.log = logger
+        self.worst: tuple[float, str] = (0.0, "")
+        self.count = 0
+        self._original = None
+
+    def install(self) -> LoopWatch:
+        if LoopWatch.installed is not None:
+            LoopWatch.installed.uninstall()
+        original = asyncio.Handle._run
+        watch = self
+
+        def _run(handle: asyncio.Handle) -> None:
+            task = _task_of(handle)
+            before = _innermost(task.get_coro()) if task is not None else None
+            t0 = time.perf_counter()
+            try:
+                original(handle)
+            finally:
+                took = time.perf_counter() - t0
+                if took > watch.threshold:
+                    watch.slow(took, describe(handle, before))
+
+        self._original = original
+        asyncio.Handle._run = _run  # TimerHandle inherits it
+        LoopWatch.installed = self
+        return self
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            asyncio.Handle._run = self._original
+            self._original = None
+        if LoopWatch.installed is self:
+            LoopWatch.installed = None
+
+    def slow(self, took: float, name: str) -> None:
+        self.count += 1
+        SLOW.inc()
+        if took > self.worst[0]:
+            self.worst = (took, name)
+        self.log.warning("event loop held %.1f ms by %s", took * 1000, name)
+
+    def late(self, lag: float) -> None:
+        """A lag sample (lag_loop's): logged when over the threshold."""
+        if lag > self.threshold:
+            self.log.warning("event loop late by %.1f ms (lag sample)", lag * 1000)
+
+
+def watch_hub_at_start() -> None:
+    """Called from the hub's configuration file: once the hub has read all of it, time its
+    event loop's callbacks when ``GpulabSettings.event_loop_watch`` is above 0 (logged to the
+    hub's log). Outside the hub's process, nothing (the service starts its own)."""
+    from .hub_process import starting_hub
+    from .settings import GpulabSettings
+
+    starting = starting_hub()
+    if starting is None:
+        return
+    hub, loop = starting
+
+    def start() -> None:
+        threshold = GpulabSettings(config=hub.config, check=False).event_loop_watch
+        if threshold > 0:
+            LoopWatch(threshold, logging.getLogger("gpulab.loop")).install()
+
+    loop.call_soon(start)

@@ -1,0 +1,79 @@
+"""The event loop's watch (gpulab/loopwatch.py): a callback that holds the loop past the
+threshold is logged with its duration and what it was; the lag sampler sees a held loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from gpulab.loopwatch import LoopWatch, lag_loop
+from gpulab.settings import GpulabSettings
+from tests.conftest import run_async
+
+
+async def _holds_the_loop() -> None:
+    await asyncio.sleep(0)
+    time.sleep(0.06)  # the step from the line above to the next await
+    await asyncio.sleep(0)
+
+
+def test_a_slow_step_is_logged_with_its_coroutine_and_lines(caplog):
+    caplog.set_level(logging.WARNING, "gpulab.loop")
+    original = asyncio.Handle._run
+
+    async def main():
+        watch = LoopWatch(0.03).install()
+        try:
+            await asyncio.create_task(_holds_the_loop())
+            await asyncio.sleep(0.01)  # quick steps: not logged
+        finally:
+            watch.uninstall()
+        return watch
+
+    watch = run_async(main())
+    assert watch.count == 1, caplog.text
+    took, name = watch.worst
+    assert took >= 0.06
+    assert "task _holds_the_loop: from _holds_the_loop" in name and "test_loopwatch.py:" in name
+    assert "event loop held" in caplog.text
+    assert LoopWatch.installed is None and asyncio.Handle._run is original
+
+
+def test_a_plain_callback_is_named():
+    async def main():
+        watch = LoopWatch(0.01).install()
+        try:
+            asyncio.get_running_loop().call_soon(time.sleep, 0.02)
+            await asyncio.sleep(0.05)
+        finally:
+            watch.uninstall()
+        return watch
+
+    watch = run_async(main())
+    assert watch.count == 1 and "sleep(0.02)" in watch.worst[1]
+
+
+def test_the_lag_sampler_sees_a_held_loop():
+    lags: list[float] = []
+
+    async def main():
+        sampler = asyncio.create_task(lag_loop(0.01, lags.append))
+        await asyncio.sleep(0.05)
+        time.sleep(0.1)  # the loop held past the sampler's wake-up
+        await asyncio.sleep(0.05)
+        sampler.cancel()
+
+    run_async(main())
+    assert max(lags) >= 0.05
+    assert sorted(lags)[len(lags) // 2] < 0.05  # most samples on time
+
+
+def test_the_setting_refuses_a_negative_threshold():
+    from traitlets import TraitError
+
+    with pytest.raises(TraitError, match="event_loop_watch"):
+        GpulabSettings(event_loop_watch=-1)
+    assert GpulabSettings().event_loop_watch == 0  # off by default
