@@ -88,7 +88,9 @@ c.DockerSpawner.name_template = "{{prefix}}-{{username}}--{{servername}}"
 GPULAB_OPTIONS = {"framework": "python", "cpus": 2, "memory": "2G", "gpus": 0}
 SMALL = {"gpus": 0, "cpus": 0.25, "memory": "256M"}
 
-HELD = re.compile(r"event loop held ([0-9.]+) ms by (.*)")
+HELD = re.compile(
+    r"event loop held ([0-9.]+) ms \(CPU ([0-9.]+) ms, ([0-9]+) waits, ([0-9]+) preempted\) by (.*)"
+)
 LATE = re.compile(r"event loop late by ([0-9.]+) ms")
 
 
@@ -141,7 +143,8 @@ class Phase:
     def __init__(self) -> None:
         self.latency: dict[str, list[float]] = collections.defaultdict(list)
         self.errors = 0
-        self.held: list[tuple[float, str]] = []
+        #: (ms, CPU ms, waits, preempted, what) of each callback over the watch's threshold
+        self.held: list[tuple[float, float, int, int, str]] = []
         self.late: list[float] = []
         self.buckets: dict[float, float] = {}
         self.jobs = 0
@@ -150,7 +153,8 @@ class Phase:
     def read_log(self, text: str) -> None:
         for line in text.splitlines():
             if m := HELD.search(line):
-                self.held.append((float(m.group(1)), m.group(2).strip()))
+                ms, cpu, waits, preempted, what = m.groups()
+                self.held.append((float(ms), float(cpu), int(waits), int(preempted), what.strip()))
             elif m := LATE.search(line):
                 self.late.append(float(m.group(1)))
 
@@ -229,19 +233,36 @@ def report_loop(phases: dict[str, list[Phase]], sides: list[str]) -> None:
             rows["lag p99 (ms)"].append(f"{quantile(merged, 0.99) * 1000:.1f}")
         rows["lag max (ms)"].append(f"{max(late):.1f}" if late else f"< {WATCH * 1000:.0f}")
         rows[f"callbacks > {WATCH * 1000:.0f} ms"].append(str(len(held)))
-        rows["worst callback (ms)"].append(f"{max(held)[0]:.1f}" if held else "none")
+        own = [h for h in held if h[1] > WATCH * 1000]
+        rows[f"  of which CPU > {WATCH * 1000:.0f} ms"].append(str(len(own)))
+        worst = max(held) if held else None
+        rows["worst callback (ms)"].append(
+            f"{worst[0]:.1f} (CPU {worst[1]:.1f})" if worst else "none"
+        )
     for name, cols in rows.items():
         print(f"  {name:28s}" + "".join(f"{c:>22s}" for c in cols))
     for side in sides:
-        held = [h for p in phases[side] for h in p.held]
-        if not held:
-            continue
-        by_name: dict[str, list[float]] = collections.defaultdict(list)
-        for ms, name in held:
-            by_name[name].append(ms)
-        print(f"\n  {side}: callbacks over {WATCH * 1000:.0f} ms (worst first, at most 12)")
-        for name, v in sorted(by_name.items(), key=lambda kv: -max(kv[1]))[:12]:
-            print(f"    {max(v):7.1f} ms max, {len(v):4d}x  {name[:220]}")
+        print_held(side, [h for p in phases[side] for h in p.held])
+
+
+def print_held(side: str, held: list[tuple[float, float, int, int, str]]) -> None:
+    """The callbacks over the threshold by what they were, the worst first."""
+    if not held:
+        return
+    by_name: dict[str, list[tuple]] = collections.defaultdict(list)
+    for h in held:
+        by_name[h[4]].append(h)
+    print(
+        f"\n  {side}: callbacks over {WATCH * 1000:.0f} ms, by what they were (worst first, at "
+        "most 12): the worst's ms, CPU ms, waits, preemptions; how many; CPU p50 of all"
+    )
+    for name, v in sorted(by_name.items(), key=lambda kv: -max(kv[1])[0])[:12]:
+        ms, cpu, waits, preempted, _ = max(v)
+        median_cpu = sorted(h[1] for h in v)[len(v) // 2]
+        print(
+            f"    {ms:7.1f} ms (CPU {cpu:5.1f}, {waits:3d} w, {preempted:3d} p) {len(v):4d}x "
+            f"(CPU p50 {median_cpu:5.1f})  {name[:200]}"
+        )
 
 
 def report_latency(phases: dict[str, list[Phase]], sides: list[str], names: list[str]) -> None:
@@ -409,16 +430,16 @@ def hub_part(args) -> None:
             list(hubs),
             ["GET /hub/api/users", "POST .../server (start)", "DELETE .../server (stop)"],
         )
-        print(f"\n  hub's event loop{'':12s}" + "".join(f"{s:>22s}" for s in hubs))
-        cols = []
         for side in hubs:
             held = [h for p in phases[side] for h in p.held]
-            cols.append(f"{len(held)} > 20 ms, max {max(held)[0]:.0f}" if held else "none > 20 ms")
-        print(f"  {'callbacks':28s}" + "".join(f"{c:>22s}" for c in cols))
+            own = [h for h in held if h[1] > WATCH * 1000]
+            worst = f", the worst {max(held)[0]:.1f} ms (CPU {max(held)[1]:.1f})" if held else ""
+            print(
+                f"  {side} hub's event loop: {len(held)} callbacks over "
+                f"{WATCH * 1000:.0f} ms ({len(own)} of them on the CPU that long){worst}"
+            )
         for side in hubs:
-            held = sorted((h for p in phases[side] for h in p.held), reverse=True)
-            for ms, what in held[:8]:
-                print(f"    {side}: {ms:7.1f} ms  {what[:200]}")
+            print_held(side, [h for p in phases[side] for h in p.held])
     finally:
         for hub, _ in hubs.values():
             hub.stop()

@@ -8,17 +8,21 @@ Two measures, both for ``GpulabSettings.event_loop_watch`` and the metrics:
 - the slow callbacks (:class:`LoopWatch`, only when ``event_loop_watch`` is above 0): every
   callback the loop runs is timed (``asyncio.Handle._run``, which every loop calls for its
   ready callbacks, timers and I/O callbacks alike), and each that held the loop longer than
-  the threshold is logged at WARNING with its duration and its name: for a task's step, the
-  coroutine and the lines it ran between (where it resumed, where it stopped again), else the
-  callback itself. asyncio's debug mode logs the same (``loop.slow_callback_duration``), but
-  also records a stack for every callback scheduled, which costs more than the work measured;
-  this costs two clock readings per callback.
+  the threshold is logged at WARNING with its duration (and how much of it on the CPU, how
+  often it waited, how often the machine's other work preempted it) and its name: for a
+  task's step, the coroutine and the lines it ran between (where it resumed, where it stopped
+  again), else the callback itself. asyncio's debug mode logs the same
+  (``loop.slow_callback_duration``), but also records a stack for every callback scheduled,
+  which costs more than the work measured; this costs a clock reading and a getrusage per
+  callback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import resource
 import time
 from collections.abc import Callable
 from types import CodeType
@@ -59,6 +63,11 @@ async def lag_loop(
         if late is not None:
             late(lag)
 
+
+#: this thread's CPU time and context switches (Linux: RUSAGE_THREAD; elsewhere the process's)
+_usage = functools.partial(
+    resource.getrusage, getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+)
 
 #: the event loop's own plumbing, named only when nothing else is
 _PLUMBING = ("/asyncio/", "/tornado/")
@@ -134,13 +143,18 @@ class LoopWatch:
         def _run(handle: asyncio.Handle) -> None:
             task = _task_of(handle)
             before = _innermost(task.get_coro()) if task is not None else None
+            u0 = _usage()
             t0 = time.perf_counter()
             try:
                 original(handle)
             finally:
                 took = time.perf_counter() - t0
                 if took > watch.threshold:
-                    watch.slow(took, describe(handle, before))
+                    u1 = _usage()
+                    cpu = u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime
+                    waits = u1.ru_nvcsw - u0.ru_nvcsw
+                    preempted = u1.ru_nivcsw - u0.ru_nivcsw
+                    watch.slow(took, describe(handle, before), cpu, waits, preempted)
 
         self._original = original
         asyncio.Handle._run = _run  # TimerHandle inherits it
@@ -154,12 +168,24 @@ class LoopWatch:
         if LoopWatch.installed is self:
             LoopWatch.installed = None
 
-    def slow(self, took: float, name: str) -> None:
+    def slow(
+        self, took: float, name: str, cpu: float = 0.0, waits: int = 0, preempted: int = 0
+    ) -> None:
+        """A callback that held the loop ``took`` seconds: ``cpu`` of them on the CPU, the
+        rest waiting (``waits`` times: for I/O, a lock, the GIL) or ready but not running
+        (``preempted`` times: the machine's other work)."""
         self.count += 1
         SLOW.inc()
         if took > self.worst[0]:
             self.worst = (took, name)
-        self.log.warning("event loop held %.1f ms by %s", took * 1000, name)
+        self.log.warning(
+            "event loop held %.1f ms (CPU %.1f ms, %d waits, %d preempted) by %s",
+            took * 1000,
+            cpu * 1000,
+            waits,
+            preempted,
+            name,
+        )
 
     def late(self, lag: float) -> None:
         """A lag sample (lag_loop's): logged when over the threshold."""
