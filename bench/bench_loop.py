@@ -92,6 +92,7 @@ HELD = re.compile(
     r"event loop held ([0-9.]+) ms \(CPU ([0-9.]+) ms, ([0-9]+) waits, ([0-9]+) preempted\) by (.*)"
 )
 LATE = re.compile(r"event loop late by ([0-9.]+) ms")
+GC = re.compile(r"garbage collection of generation ([0-9]) took ([0-9.]+) ms \(CPU ([0-9.]+) ms")
 
 
 def log_since(hub: Hub, offset: int) -> str:
@@ -146,17 +147,25 @@ class Phase:
         #: (ms, CPU ms, waits, preempted, what) of each callback over the watch's threshold
         self.held: list[tuple[float, float, int, int, str]] = []
         self.late: list[float] = []
+        #: (generation, ms, CPU ms) of each garbage collection over the watch's threshold
+        self.gc: list[tuple[int, float, float]] = []
         self.buckets: dict[float, float] = {}
         self.jobs = 0
         self.wall = 0.0
 
-    def read_log(self, text: str) -> None:
+    def read_log(self, text: str, logger: str) -> None:
+        """The lines of ``logger`` (the service's gpulab.loop, the hub's gpulab.hub_loop: both
+        write to the hub's log)."""
         for line in text.splitlines():
+            if f" {logger}]" not in line and f" {logger} " not in line:
+                continue
             if m := HELD.search(line):
                 ms, cpu, waits, preempted, what = m.groups()
                 self.held.append((float(ms), float(cpu), int(waits), int(preempted), what.strip()))
             elif m := LATE.search(line):
                 self.late.append(float(m.group(1)))
+            elif m := GC.search(line):
+                self.gc.append((int(m.group(1)), float(m.group(2)), float(m.group(3))))
 
 
 def hammer(plan: list[tuple[str, str, str]], clients: int, until: float, phase: Phase) -> None:
@@ -235,6 +244,10 @@ def report_loop(phases: dict[str, list[Phase]], sides: list[str]) -> None:
         rows[f"callbacks > {WATCH * 1000:.0f} ms"].append(str(len(held)))
         own = [h for h in held if h[1] > WATCH * 1000]
         rows[f"  of which CPU > {WATCH * 1000:.0f} ms"].append(str(len(own)))
+        gcs = [(ms, cpu) for p in runs for _, ms, cpu in p.gc]
+        rows[f"collections > {WATCH * 1000:.0f} ms"].append(
+            f"{len(gcs)}, max {max(gcs)[0]:.0f} (CPU {max(gcs)[1]:.0f})" if gcs else "0"
+        )
         worst = max(held) if held else None
         rows["worst callback (ms)"].append(
             f"{worst[0]:.1f} (CPU {worst[1]:.1f})" if worst else "none"
@@ -341,7 +354,7 @@ def service_part(args) -> None:
                 phase.wall = time.perf_counter() - t0
                 after = lag_buckets(hub, hub.admin_token)
                 phase.buckets = {b: after[b] - before.get(b, 0) for b in after}
-                phase.read_log(log_since(hub, offset))
+                phase.read_log(log_since(hub, offset), "gpulab.loop")
                 phase.jobs = wait_ended(api, tokens[name], ids)
                 print(
                     f"round {r + 1} {name}: {sum(map(len, phase.latency.values()))} requests, "
@@ -413,7 +426,7 @@ def hub_part(args) -> None:
                     for f in spawning:
                         f.result()
                 phase.wall = time.perf_counter() - t0
-                phase.read_log(log_since(hub, offset))
+                phase.read_log(log_since(hub, offset), "gpulab.hub_loop")
                 print(
                     f"round {r + 1} {name}: {len(phase.latency['GET /hub/api/users'])} lists, "
                     f"{cycles[0]} start/stop cycles in {phase.wall:.0f} s, "
@@ -434,9 +447,12 @@ def hub_part(args) -> None:
             held = [h for p in phases[side] for h in p.held]
             own = [h for h in held if h[1] > WATCH * 1000]
             worst = f", the worst {max(held)[0]:.1f} ms (CPU {max(held)[1]:.1f})" if held else ""
+            gcs = [ms for p in phases[side] for _, ms, _ in p.gc]
             print(
                 f"  {side} hub's event loop: {len(held)} callbacks over "
-                f"{WATCH * 1000:.0f} ms ({len(own)} of them on the CPU that long){worst}"
+                f"{WATCH * 1000:.0f} ms ({len(own)} of them on the CPU that long){worst}; "
+                f"{len(gcs)} garbage collections over it"
+                + (f" (max {max(gcs):.0f} ms)" if gcs else "")
             )
         for side in hubs:
             print_held(side, [h for p in phases[side] for h in p.held])

@@ -1470,13 +1470,13 @@ class GpulabSettings(Configurable):
     event_loop_watch = Float(
         0.0,
         help="""Seconds: when above 0, the gpulab service (and the hub) time every callback
-        their event loop runs and log at WARNING (logger gpulab.loop) each one that held the
-        loop longer than this, with its duration (its CPU time, its waits and preemptions)
-        and what it was (a task's coroutine and the lines it ran between), and the service
-        also each sample of its loop's lag (``gpulab_event_loop_lag_seconds``, always on)
-        over it. 0: off. For measuring (bench/bench_loop.py uses 0.02): it costs a clock
-        reading and a getrusage per callback, less than asyncio's debug mode, which is never
-        turned on.""",
+        their event loop runs and log at WARNING (logger gpulab.loop; the hub's
+        gpulab.hub_loop) each one that held the loop longer than this, with its duration (its
+        CPU time, its waits and preemptions) and what it was (a task's coroutine and the
+        lines it ran between), each garbage collection that took longer, and (the service)
+        each sample of its loop's lag (``gpulab_event_loop_lag_seconds``, always on) over it.
+        0: off. For measuring (bench/bench_loop.py uses 0.02): it costs a clock reading and a
+        getrusage per callback, less than asyncio's debug mode, which is never turned on.""",
     ).tag(config=True)
 
     @validate("event_loop_watch")

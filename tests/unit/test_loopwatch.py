@@ -77,3 +77,31 @@ def test_the_setting_refuses_a_negative_threshold():
     with pytest.raises(TraitError, match="event_loop_watch"):
         GpulabSettings(event_loop_watch=-1)
     assert GpulabSettings().event_loop_watch == 0  # off by default
+
+
+def test_a_long_garbage_collection_is_logged(caplog):
+    import gc
+
+    caplog.set_level(logging.WARNING, "gpulab.loop")
+    watch = LoopWatch(0.0).install()  # every collection is "long"
+    try:
+        gc.collect(2)
+    finally:
+        watch.uninstall()
+    assert "garbage collection of generation 2 took" in caplog.text
+    assert watch._collected not in gc.callbacks
+
+
+def test_settling_the_heap_takes_start_ups_objects_out_of_the_collections():
+    import gc
+
+    from gpulab.loopwatch import settle_heap
+
+    kept = [{"start-up": i} for i in range(10_000)]  # made at start-up, kept for good
+    try:
+        frozen = settle_heap()
+        assert frozen >= 10_000 and gc.get_freeze_count() == frozen
+        # a full collection walks what is tracked outside the permanent generation only
+        assert not any(o is kept[0] for o in gc.get_objects(2))
+    finally:
+        gc.unfreeze()

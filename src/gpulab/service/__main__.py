@@ -26,7 +26,7 @@ from .. import __version__, logscrub
 from ..bounds import body_backstop
 from ..db import Database, SchemaMismatch
 from ..jobs.supervisor.supervisor import JobSupervisor
-from ..loopwatch import LoopWatch, lag_loop
+from ..loopwatch import LoopWatch, lag_loop, settle_heap
 from ..metrics import GpuUsageCollector, StateCollector
 from ..notebooks.records import NotebookRecords
 from ..runtime import EngineError, make_runtime, pools_warning, users_counted
@@ -173,6 +173,10 @@ async def main(argv: list[str] | None = None) -> None:
         max_body_size=body_backstop(settings.max_request_body),
     )
     log.info("gpulab service %s listening on %s", __version__, url.geturl())
+    # what start-up made (modules, settings, the app, the supervisor) lives as long as the
+    # process: out of the collector's sight, so that its full collections (which hold the GIL,
+    # and so the event loop, whichever thread runs them) walk only what requests make
+    settle_heap()
     await asyncio.gather(
         watchdog_loop(settings, supervisor),
         idle_loop(settings, supervisor),
