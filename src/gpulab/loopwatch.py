@@ -234,7 +234,8 @@ def settle_heap() -> int:
 def watch_hub_at_start() -> None:
     """Called from the hub's configuration file: once the hub has read all of it, time its
     event loop's callbacks when ``GpulabSettings.event_loop_watch`` is above 0 (logged to the
-    hub's log, logger ``gpulab.hub_loop``). Outside the hub's process, nothing (the service starts its own)."""
+    hub's log, logger ``gpulab.hub_loop``). Outside the hub's process, nothing (the service
+    starts its own)."""
     from .hub_process import starting_hub
     from .settings import GpulabSettings
 
