@@ -165,6 +165,11 @@ async def main(argv: list[str] | None = None) -> None:
         )
     )
     app = make_app(settings, supervisor)
+    # what start-up made (modules, settings, the app, the supervisor) lives as long as the
+    # process: out of the collector's sight, so that its full collections (which hold the GIL,
+    # and so the event loop, whichever thread runs them) walk only what requests make; before
+    # listening, so that no request waits for this one full collection
+    settle_heap()
     # tornado stops reading a chunked body past this; below it (and for any declared body up
     # to 64 times the cap) the answer is a JSON 413 that names max_request_body (service/base.py)
     app.listen(
@@ -173,10 +178,6 @@ async def main(argv: list[str] | None = None) -> None:
         max_body_size=body_backstop(settings.max_request_body),
     )
     log.info("gpulab service %s listening on %s", __version__, url.geturl())
-    # what start-up made (modules, settings, the app, the supervisor) lives as long as the
-    # process: out of the collector's sight, so that its full collections (which hold the GIL,
-    # and so the event loop, whichever thread runs them) walk only what requests make
-    settle_heap()
     await asyncio.gather(
         watchdog_loop(settings, supervisor),
         idle_loop(settings, supervisor),

@@ -31,7 +31,9 @@ class AdminPage(PageHandler):
             users_after=users_after,
             notebooks_after=(nb_user, nb_server) if nb_user else None,
         )
-        self.render_page("admin.html", **overview, settings=s, format_memory=format_memory)
+        await self.render_big_page(
+            "admin.html", **overview, settings=s, format_memory=format_memory
+        )
 
     def _cursor(self, name: str) -> str:
         raw = self.get_argument(name, "", strip=False)

@@ -45,7 +45,7 @@ class JobsPage(PageHandler):
                 )
             )
         keep = [(k, v) for k, v in (("all", "true" if want_all else ""), ("state", state)) if v]
-        self.render_page(
+        await self.render_big_page(
             "jobs.html",
             cursor=cursor,
             first_page=f"?{urlencode(keep)}" if keep else "",
