@@ -94,7 +94,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("shared: the GPUs", frozenset({"gpus"})),
     ("shared: the runtime", frozenset({"runtime"})),
     ("shared: a workload's data", frozenset({"data"})),
-    ("shared: the configuration", frozenset({"settings", "hub_login"})),
+    ("shared: the configuration", frozenset({"settings", "hub_login", "loopwatch"})),
     ("the operator's programs", frozenset(PROGRAMS)),
     ("the domains", frozenset(DOMAINS)),
     ("the service", frozenset(ADAPTERS)),
