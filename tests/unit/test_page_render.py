@@ -23,7 +23,9 @@ def test_a_big_page_is_rendered_off_the_event_loop(monkeypatch):
             return "<p>jobs</p>"
 
     monkeypatch.setattr(pages._env, "get_template", lambda name: Template())
-    request = httputil.HTTPServerRequest(method="GET", uri="/jobs", connection=mock.Mock())
+    request = httputil.HTTPServerRequest(
+        connection=mock.Mock(), start_line=httputil.RequestStartLine("GET", "/jobs", "HTTP/1.1")
+    )
     handler = pages.PageHandler(web.Application(), request)
     sent: list = []
     handler._send_page = lambda html, status: sent.append((html, status))
