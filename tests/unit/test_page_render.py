@@ -24,7 +24,9 @@ def test_a_big_page_is_rendered_off_the_event_loop(monkeypatch):
 
     monkeypatch.setattr(pages._env, "get_template", lambda name: Template())
     request = httputil.HTTPServerRequest(
-        connection=mock.Mock(), start_line=httputil.RequestStartLine("GET", "/jobs", "HTTP/1.1")
+        connection=mock.Mock(),
+        start_line=httputil.RequestStartLine("GET", "/jobs", "HTTP/1.1"),
+        headers=httputil.HTTPHeaders({"Host": "127.0.0.1"}),
     )
     handler = pages.PageHandler(web.Application(), request)
     sent: list = []
