@@ -374,6 +374,9 @@ def service_part(args) -> None:
         for hub in hubs.values():
             hub.stop()
             hub.remove_workloads()
+            # the copied database and logs (hundreds of MB): only the hub's log is kept
+            shutil.rmtree(hub.workdir / "data", ignore_errors=True)
+        print(f"the hubs' logs: {root}/*/hub.log")
 
 
 def hub_part(args) -> None:
