@@ -32,6 +32,7 @@ follow_hub_log()
 from gpulab import logscrub  # noqa: E402
 
 logscrub.install(loggers=(*logscrub.TORNADO_LOGGERS, "JupyterHub"))
+logscrub.install_in_hub()  # the hub log's handlers: gpulab's lines reach them unfiltered
 
 
 def _docker_bridge_gateway() -> str:

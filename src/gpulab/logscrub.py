@@ -146,3 +146,20 @@ def install(
     for handler in handlers:
         if _FILTER not in handler.filters:
             handler.addFilter(_FILTER)
+
+
+def install_in_hub() -> None:
+    """In the hub's process (from its configuration file): every line its log's handlers
+    write scrubbed, whichever logger it came from. A filter on the ``JupyterHub`` logger
+    scrubs only the records that logger makes: gpulab's loggers (``gpulab.*``), sent to the
+    hub's log (:func:`gpulab.statelog.follow_hub_log`), reach its handlers unfiltered. The
+    handlers there now, and once the hub has set up its logging (its ``extra_log_file``'s
+    handler among them). Elsewhere, nothing."""
+    from .hub_process import starting_hub
+
+    starting = starting_hub()
+    if starting is None:
+        return
+    hub, loop = starting
+    install(handlers=hub.log.handlers, loggers=())
+    loop.call_soon(lambda: install(handlers=hub.log.handlers, loggers=()))

@@ -16,8 +16,9 @@ Two measures, both for ``GpulabSettings.event_loop_watch`` and the metrics:
   task's step, the coroutine and the lines it ran between (where it resumed, where it stopped
   again), else the callback itself. asyncio's debug mode logs the same
   (``loop.slow_callback_duration``), but also records a stack for every callback scheduled,
-  which costs more than the work measured; this costs a clock reading and a getrusage per
-  callback.
+  which costs more than the work measured; this costs two clock readings and a getrusage per
+  callback, and for a task's step a walk of its coroutine chain (at most 32 frames) before
+  it runs.
 """
 
 from __future__ import annotations
@@ -37,28 +38,37 @@ from prometheus_client import Counter, Histogram
 #: seconds between the lag's samples
 PERIOD = 0.1
 
-LAG = Histogram(
-    "gpulab_event_loop_lag_seconds",
-    "How late the service's event loop ran a timer that was due (sampled every 0.1 s): the "
-    "time other callbacks held the loop",
-    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-)
-SLOW = Counter(
-    "gpulab_event_loop_slow_callbacks",
-    "Callbacks that held the service's event loop longer than event_loop_watch (counted "
-    "only while that setting is above 0)",
-)
+
+@functools.cache
+def metrics() -> tuple[Histogram, Counter]:
+    """The service's loop metrics (registered on first use: the hub, which imports this
+    module for its own watch, shows none of them)."""
+    lag = Histogram(
+        "gpulab_event_loop_lag_seconds",
+        "How late the service's event loop ran a timer that was due (sampled every 0.1 s): "
+        "the time other callbacks held the loop",
+        buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+    )
+    slow = Counter(
+        "gpulab_event_loop_slow_callbacks",
+        "Callbacks that held the service's event loop longer than event_loop_watch (counted "
+        "only while that setting is above 0)",
+    )
+    return lag, slow
+
 
 log = logging.getLogger("gpulab.loop")
 
 
 async def lag_loop(
     period: float = PERIOD,
-    observe: Callable[[float], None] = LAG.observe,
+    observe: Callable[[float], None] | None = None,
     late: Callable[[float], None] | None = None,
 ) -> None:
-    """Forever: sleep ``period``, ``observe`` how late the wake-up was (seconds), and call
-    ``late`` with it as well (the watch's report of a lag over its threshold)."""
+    """Forever: sleep ``period``, ``observe`` how late the wake-up was (seconds; default the
+    lag histogram), and call ``late`` with it as well (the watch's report of a lag over its
+    threshold)."""
+    observe = observe or metrics()[0].observe
     loop = asyncio.get_running_loop()
     while True:
         due = loop.time() + period
@@ -112,17 +122,31 @@ def _task_of(handle: asyncio.Handle) -> asyncio.Task | None:
     return owner if isinstance(owner, asyncio.Task) else None
 
 
+def _callable_name(fn) -> str:
+    """A callable's qualified name and where it is defined, never its arguments (a
+    ``functools.partial``'s or a handle's arguments may be a token, a URL with one, a line of
+    a workload's output: nothing of them reaches a log)."""
+    seen = 0
+    while isinstance(fn, functools.partial) and seen < 8:
+        fn, seen = fn.func, seen + 1
+    fn = getattr(fn, "__func__", fn)  # a bound method: its function
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return _place((code, code.co_firstlineno))
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{getattr(fn, '__module__', '') or ''}.{name}".lstrip(".")
+
+
 def describe(handle: asyncio.Handle, before: tuple[CodeType, int] | None) -> str:
     """A callback's name for the log: a task's coroutine and the lines its step ran between,
-    else the callback (its repr, cut to 300 characters)."""
+    else the callback's function (:func:`_callable_name`: never its arguments)."""
     task = _task_of(handle)
     if task is not None:
         coro = task.get_coro()
-        name = getattr(coro, "__qualname__", repr(coro))
+        name = getattr(coro, "__qualname__", None) or type(coro).__qualname__
         after = _place(_innermost(coro)) if not task.done() else "its end"
         return f"task {name}: from {_place(before)} to {after}"
-    text = repr(handle)
-    return text if len(text) <= 300 else text[:297] + "..."
+    return _callable_name(handle._callback)
 
 
 class LoopWatch:
@@ -132,9 +156,11 @@ class LoopWatch:
 
     installed: LoopWatch | None = None
 
-    def __init__(self, threshold: float, logger: logging.Logger = log):
+    def __init__(self, threshold: float, logger: logging.Logger = log, count=None):
         self.threshold = threshold
         self.log = logger
+        #: what counts a slow callback (the service's counter; the hub's watch: none)
+        self._counter = count
         self.worst: tuple[float, str] = (0.0, "")
         self.count = 0
         self._original = None
@@ -147,20 +173,28 @@ class LoopWatch:
         watch = self
 
         def _run(handle: asyncio.Handle) -> None:
-            task = _task_of(handle)
-            before = _innermost(task.get_coro()) if task is not None else None
-            u0 = _usage()
+            # the measuring never raises: outside Handle._run's own handling, an error here
+            # would end the loop, and a setting that measures would stop the service
+            try:
+                task = _task_of(handle)
+                before = _innermost(task.get_coro()) if task is not None else None
+                u0 = _usage()
+            except Exception:  # noqa: BLE001
+                before = u0 = None
             t0 = time.perf_counter()
             try:
                 original(handle)
             finally:
                 took = time.perf_counter() - t0
-                if took > watch.threshold:
-                    u1 = _usage()
-                    cpu = u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime
-                    waits = u1.ru_nvcsw - u0.ru_nvcsw
-                    preempted = u1.ru_nivcsw - u0.ru_nivcsw
-                    watch.slow(took, describe(handle, before), cpu, waits, preempted)
+                if took > watch.threshold and u0 is not None:
+                    try:
+                        u1 = _usage()
+                        cpu = u1.ru_utime + u1.ru_stime - u0.ru_utime - u0.ru_stime
+                        waits = u1.ru_nvcsw - u0.ru_nvcsw
+                        preempted = u1.ru_nivcsw - u0.ru_nivcsw
+                        watch.slow(took, describe(handle, before), cpu, waits, preempted)
+                    except Exception:  # noqa: BLE001
+                        pass
 
         self._original = original
         asyncio.Handle._run = _run  # TimerHandle inherits it
@@ -184,7 +218,8 @@ class LoopWatch:
         rest waiting (``waits`` times: for I/O, a lock, the GIL) or ready but not running
         (``preempted`` times: the machine's other work)."""
         self.count += 1
-        SLOW.inc()
+        if self._counter is not None:
+            self._counter.inc()
         if took > self.worst[0]:
             self.worst = (took, name)
         self.log.warning(

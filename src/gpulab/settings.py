@@ -1473,10 +1473,12 @@ class GpulabSettings(Configurable):
         their event loop runs and log at WARNING (logger gpulab.loop; the hub's
         gpulab.hub_loop) each one that held the loop longer than this, with its duration (its
         CPU time, its waits and preemptions) and what it was (a task's coroutine and the
-        lines it ran between), each garbage collection that took longer, and (the service)
-        each sample of its loop's lag (``gpulab_event_loop_lag_seconds``, always on) over it.
-        0: off. For measuring (bench/bench_loop.py uses 0.02): it costs a clock reading and a
-        getrusage per callback, less than asyncio's debug mode, which is never turned on.""",
+        lines it ran between, or the callback's function: never its arguments), each garbage
+        collection that took longer, and (the service) each sample of its loop's lag
+        (``gpulab_event_loop_lag_seconds``, always on) over it. 0: off. For measuring
+        (bench/bench_loop.py uses 0.02): it costs two clock readings and a getrusage per
+        callback, and a walk of a task's coroutine chain before each of its steps; less than
+        asyncio's debug mode, which is never turned on.""",
     ).tag(config=True)
 
     @validate("event_loop_watch")

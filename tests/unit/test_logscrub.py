@@ -187,3 +187,41 @@ def test_the_service_handlers_log_no_token_without_any_filter(caplog):
         f"404 GET {summary.format('missing')}",
         f"500 GET {summary.format('broken')}",
     ]
+
+
+def test_in_the_hub_gpulabs_lines_are_scrubbed_on_the_hubs_handlers(monkeypatch):
+    """gpulab's loggers send their lines to the hub's log (statelog.follow_hub_log): a
+    filter on the JupyterHub logger does not see them (a logger's filters see only the
+    records it makes), its handlers do: install_in_hub puts the filter there, for the
+    handlers the hub has at its configuration and those it adds once it starts."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from gpulab import hub_process, logscrub
+
+    hub_log = logging.getLogger("test-hub-scrub")
+    hub_log.propagate = False
+    early, late = io.StringIO(), io.StringIO()
+    hub_log.addHandler(logging.StreamHandler(early))
+    child = logging.getLogger("test-hub-scrub-gpulab.loop")
+    child.parent = hub_log
+    logscrub.install(loggers=("test-hub-scrub",))  # what the configuration did before
+    secret = "http://hub/api/users?token=0123456789abcdef0123"
+
+    async def hub_starts():
+        loop = asyncio.get_running_loop()
+        monkeypatch.setattr(
+            hub_process, "starting_hub", lambda: (SimpleNamespace(log=hub_log), loop)
+        )
+        logscrub.install_in_hub()
+        hub_log.addHandler(logging.StreamHandler(late))  # its extra_log_file's, at start
+        await asyncio.sleep(0)
+
+    try:
+        run_async(hub_starts())
+        child.warning("held by %s", secret)
+    finally:
+        for h in list(hub_log.handlers):
+            hub_log.removeHandler(h)
+    for out in (early, late):
+        assert "held by" in out.getvalue() and "0123456789abcdef" not in out.getvalue()

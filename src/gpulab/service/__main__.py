@@ -27,6 +27,7 @@ from ..bounds import body_backstop
 from ..db import Database, SchemaMismatch
 from ..jobs.supervisor.supervisor import JobSupervisor
 from ..loopwatch import LoopWatch, lag_loop, settle_heap
+from ..loopwatch import metrics as loop_metrics
 from ..metrics import GpuUsageCollector, StateCollector
 from ..notebooks.records import NotebookRecords
 from ..runtime import EngineError, make_runtime, pools_warning, users_counted
@@ -109,7 +110,9 @@ async def main(argv: list[str] | None = None) -> None:
         log.error("invalid configuration: %s", e)
         sys.exit(2)
     # each callback that holds the loop past event_loop_watch, logged (bench/bench_loop.py)
-    watch = LoopWatch(settings.event_loop_watch).install() if settings.event_loop_watch else None
+    watch = None
+    if settings.event_loop_watch:
+        watch = LoopWatch(settings.event_loop_watch, count=loop_metrics()[1]).install()
     if settings.log_format == "json":
         for handler in logging.getLogger().handlers:
             handler.setFormatter(json_formatter())

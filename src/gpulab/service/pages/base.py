@@ -13,7 +13,6 @@ token`` are not affected.
 
 from __future__ import annotations
 
-import functools
 import os
 import shlex
 from datetime import UTC, datetime
@@ -156,7 +155,11 @@ class PageHandler(BaseHandler):
         users and notebooks): rendered on the API's read pool, not on the event loop, where
         it held every other request for 7 ms, and at times over 20 ms (bench/bench_loop.py)."""
         base = self._page_context()
-        html = await read(functools.partial(_env.get_template(template).render, **base, **ctx))
+
+        def render() -> str:  # the template's first compile off the loop too
+            return _env.get_template(template).render(**base, **ctx)
+
+        html = await read(render)
         self._send_page(html, status)
 
     def _send_page(self, html: str, status: int) -> None:
