@@ -40,7 +40,8 @@ def test_terminal_panel_runs_a_command_and_shows_its_output(hub, new_page, shots
         page.keyboard.type("exit 4")
         page.keyboard.press("Enter")
         page.wait_for_selector('#terminal-card[data-connected="false"]')
-        assert "exit code 4" in rows.inner_text()
+        # xterm.js draws what it is given at its next frame, after the card said so
+        wait_until(lambda: "exit code 4" in rows.inner_text(), timeout=10, what="the exit code")
         events = api.call("GET", f"/jobs/{job['id']}/events").json()["events"]
         assert "shell opened by tara" in [e["message"] for e in events]
         # the cookie alone does not open a shell: the page's XSRF token must come with it

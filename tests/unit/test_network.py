@@ -104,6 +104,12 @@ def test_missing_network_is_told_apart_from_other_engine_errors():
     image = APIError("x", _Response(404), explanation="No such image: gpulab/python:3.11")
     assert not is_missing_network(image)
     assert not is_missing_network(APIError("x", _Response(500), explanation="network down"))
+    # Engine 20.10's start of a container created on a network ID that went meanwhile
+    said = (
+        "Could not attach to network 33b48b: rpc error: code = NotFound desc = network "
+        "33b48b not found"
+    )
+    assert is_missing_network(APIError("x", _Response(500), explanation=said))
     assert not is_missing_network(ValueError("network not found"))
 
 

@@ -196,11 +196,15 @@ def explain_create_error(name: str, explanation: str) -> str:
 
 
 def is_missing_network(error: Exception) -> bool:
-    """True for the engine's answer to a container whose network was removed meanwhile."""
+    """True for the engine's answer to a container whose network was removed meanwhile: a
+    create's 404, or a start's 500 ("Could not attach to network ...: network ... not
+    found": a container created on a network ID that went before its start)."""
     if not isinstance(error, APIError):
         return False
     text = str(error.explanation or error)
-    return error.status_code == 404 and "network" in text
+    if error.status_code == 404:
+        return "network" in text
+    return error.status_code == 500 and "attach to network" in text and "not found" in text
 
 
 def _named(client, name: str) -> list[dict]:
