@@ -93,6 +93,33 @@ def user_job_ids(hub: Hub, user: str, n: int) -> list[str]:
     return [r["id"] for r in rows]
 
 
+#: item 1's requests that are pages (fewer per client: each is a rendered list)
+PAGES = ("jobs page", "admin page")
+
+
+def serve(name: str, hub: Hub, user: str) -> tuple[str, dict[str, tuple[list[str], str]]]:
+    """Start ``hub`` (saying how long it took) and make ``user`` there: their token, and
+    item 1's requests, each name with its URLs and the token it is sent with (the user's, or
+    the hub's admin's)."""
+    t = time.perf_counter()
+    hub.start(timeout=180)
+    print(f"{name} hub serving in {time.perf_counter() - t:.1f} s")
+    token = hub.create_user(user)
+    admin = hub.admin_token
+    api = f"{hub.url}/services/gpulab/api"
+    pages = f"{hub.url}/services/gpulab"
+    ids = user_job_ids(hub, user, 50)
+    return token, {
+        "GET a job": ([f"{api}/jobs/{j}" for j in ids], token),
+        "GET usage": ([f"{api}/usage"], token),
+        "user's jobs, 1st page": ([f"{api}/jobs?limit=20"], token),
+        "admin's jobs, 1st page": ([f"{api}/jobs?all=true&limit=20"], admin),
+        "jobs page": ([f"{pages}/jobs"], token),
+        "admin page": ([f"{pages}/admin"], admin),
+        "month report (admin)": ([f"{api}/usage/report"], admin),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--jobs", type=int, default=100_000, help="ended jobs on the loaded hub")
@@ -122,22 +149,10 @@ def main() -> None:
         print(f"copied, upgraded and topped up in {time.perf_counter() - t:.0f} s")
         plans = {}
         for name, hub in hubs.items():
-            t = time.perf_counter()
-            hub.start(timeout=180)
-            print(f"{name} hub serving in {time.perf_counter() - t:.1f} s")
-            token = hub.create_user(user)
-            admin = hub.admin_token
-            api = f"{hub.url}/services/gpulab/api"
-            pages = f"{hub.url}/services/gpulab"
-            ids = user_job_ids(hub, user, 50)
+            _, requests_ = serve(name, hub, user)
             plans[name] = {
-                "GET a job": ([f"{api}/jobs/{j}" for j in ids], token, args.requests),
-                "GET usage": ([f"{api}/usage"], token, args.requests),
-                "user's jobs, 1st page": ([f"{api}/jobs?limit=20"], token, args.requests),
-                "admin's jobs, 1st page": ([f"{api}/jobs?all=true&limit=20"], admin, args.requests),
-                "jobs page": ([f"{pages}/jobs"], token, args.page_requests),
-                "admin page": ([f"{pages}/admin"], admin, args.page_requests),
-                "month report (admin)": ([f"{api}/usage/report"], admin, args.requests),
+                k: (urls, tok, args.page_requests if k in PAGES else args.requests)
+                for k, (urls, tok) in requests_.items()
             }
         names = [k for k in plans["empty"] if args.only in k]
         for name in names:  # warm-up: connections, token caches, templates
