@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ...db import Database
 from ...jobs.supervisor.supervisor import JobSupervisor
 from ...notebooks.records import NotebookRecords
 from ...settings import GpulabSettings
@@ -23,10 +22,13 @@ class RunTimeWatchdog:
     async def check(self) -> list[tuple[str, str]]:
         """One pass; returns the (user, server) pairs it stopped."""
         acted = []
-        for nb in self.records.running_longer_than(self.max_run_time):
+        # the records' reads and writes off the event loop (blocking database calls)
+        late = await asyncio.to_thread(self.records.running_longer_than, self.max_run_time)
+        for nb in late:
             user, server = nb["user"], nb["server"]
             hours = self.max_run_time / 3600
-            self.records.set_stop_reason(
+            await asyncio.to_thread(
+                self.records.set_stop_reason,
                 user,
                 server,
                 "MAX_RUN_TIME",
@@ -48,7 +50,7 @@ class RunTimeWatchdog:
 async def watchdog_loop(settings: GpulabSettings, supervisor: JobSupervisor) -> None:
     """Every ``watchdog_interval`` seconds, while this service leads: stop notebooks past
     their maximum run time (and restart those that asked for it)."""
-    records = NotebookRecords(Database(settings.database_url), settings.instance)
+    records = NotebookRecords(supervisor.records.db, settings.instance)  # the service's one
     dog = RunTimeWatchdog(records, HubClient(), settings.max_run_time)
     while True:
         await asyncio.sleep(settings.watchdog_interval)
